@@ -1,0 +1,80 @@
+// Helpers shared by the tests: seeds, temporary directories, random configs.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+
+#include "ptc/config.h"
+#include "ptc/view.h"
+
+namespace ptc::testing {
+
+// A seed from PTCFS_TEST_SEED, else random; printed so a failure can be replayed.
+inline uint64_t TestSeed() {
+  const char* env = std::getenv("PTCFS_TEST_SEED");
+  uint64_t seed = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+  std::printf("PTCFS_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
+  return seed;
+}
+
+// A fresh directory under $TMPDIR, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "ptcfs-test-XXXXXX").string();
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Divisors of n up to `max`.
+inline std::vector<int> Divisors(int64_t n, int max) {
+  std::vector<int> out;
+  for (int d = 1; d <= max; ++d) {
+    if (n % d == 0) out.push_back(d);
+  }
+  return out;
+}
+
+// A random valid config for spec: tp dividing every split rule, pp even or
+// uneven, dp 1-3, zero 0/1 when there is optimizer state, per_worker 1-8.
+inline ParallelConfig RandomConfig(std::mt19937_64& rng, const ModelSpec& spec, int max_tp = 4, int max_pp = 4) {
+  while (true) {
+    ParallelConfig c;
+    auto tps = Divisors(spec.dims.kv_heads, max_tp);
+    c.tp = tps[rng() % tps.size()];
+    c.pp = 1 + rng() % std::min<int64_t>(max_pp, spec.dims.layers);
+    c.dp = 1 + rng() % 3;
+    c.zero = spec.optimizer ? static_cast<int>(rng() % 2) : 0;
+    c.per_worker = 1 + rng() % 8;
+    if (spec.dims.layers % c.pp != 0 || rng() % 3 == 0) {
+      // Uneven stages: random positive counts summing to layers.
+      c.pp_layers.assign(c.pp, 1);
+      for (int64_t left = spec.dims.layers - c.pp; left > 0; --left) c.pp_layers[rng() % c.pp]++;
+    }
+    if (ValidateConfig(spec, c).ok()) return c;
+  }
+}
+
+inline ModelSpec Spec(const std::string& schema, const std::string& dims, DType dtype = DType::kF32,
+                      bool optimizer = false) {
+  ModelSpec s;
+  s.schema = *LoadSchema(schema);
+  s.dims = *ParseDims(dims);
+  s.dtype = dtype;
+  s.optimizer = optimizer;
+  return s;
+}
+
+}  // namespace ptc::testing
