@@ -68,6 +68,28 @@ bool Contains(const Box& outer, const Box& inner) {
   return true;
 }
 
+std::vector<Box> Subtract(const Box& a, const Box& b) {
+  auto common = Intersect(a, b);
+  if (!common) return {a};
+  std::vector<Box> out;
+  Box rest = a;  // shrinks dimension by dimension towards the common part
+  for (size_t d = 0; d < a.rank(); ++d) {
+    if (rest.begin[d] < common->begin[d]) {
+      Box lo = rest;
+      lo.end[d] = common->begin[d];
+      out.push_back(lo);
+    }
+    if (common->end[d] < rest.end[d]) {
+      Box hi = rest;
+      hi.begin[d] = common->end[d];
+      out.push_back(hi);
+    }
+    rest.begin[d] = common->begin[d];
+    rest.end[d] = common->end[d];
+  }
+  return out;
+}
+
 Box Translate(const Box& box, const std::vector<Index>& delta) {
   Box r = box;
   for (size_t d = 0; d < box.rank(); ++d) {

@@ -52,6 +52,8 @@ struct Box {
 std::optional<Box> Intersect(const Box& a, const Box& b);
 // True when `inner` lies within `outer` (an empty inner box is contained anywhere).
 bool Contains(const Box& outer, const Box& inner);
+// a minus b as at most 2*rank disjoint boxes (a itself when they do not meet).
+std::vector<Box> Subtract(const Box& a, const Box& b);
 // `box` moved by `delta` per dimension.
 Box Translate(const Box& box, const std::vector<Index>& delta);
 

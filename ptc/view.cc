@@ -150,6 +150,16 @@ LocalTensor ZeroPiece(const std::vector<Placement>& params, const ParallelConfig
 
 }  // namespace
 
+std::vector<ShardKey> StoredShards(const LocalTensor& local) {
+  std::vector<ShardKey> keys;
+  for (const Segment& s : local.segments) {
+    auto it = std::find_if(keys.begin(), keys.end(), [&](const ShardKey& k) { return k.tensor == s.tensor; });
+    if (it == keys.end()) it = keys.insert(keys.end(), ShardKey{s.tensor, {}});
+    it->boxes.push_back(s.box);
+  }
+  return keys;
+}
+
 std::pair<Index, Index> StageLayers(const ParallelConfig& config, Index layers, int stage) {
   if (config.pp_layers.empty()) {
     const Index per = layers / config.pp;
@@ -226,8 +236,10 @@ Status ValidateConfig(const ModelSpec& spec, const ParallelConfig& config) {
       }
     }
     if (units % config.tp != 0) {
-      std::string what = rule.tp.units.empty() ? "size " + std::to_string(seg)
-                                               : rule.tp.units + "=" + std::to_string(units);
+      std::string what = !rule.tp.units.empty() ? rule.tp.units + "=" + std::to_string(units)
+                         : rule.tp.segments == 1 ? rule.shape[rule.tp.dim] + "=" + std::to_string(seg)
+                         : "(" + rule.shape[rule.tp.dim] + ")/" + std::to_string(rule.tp.segments) + "=" +
+                               std::to_string(seg);
       return InvalidArgumentError(r + ": tp=" + std::to_string(config.tp) + " does not divide " + what);
     }
   }

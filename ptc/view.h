@@ -74,6 +74,17 @@ Status ValidateConfig(const ModelSpec& spec, const ParallelConfig& config);
 // \error as ValidateConfig; InvalidArgument when rank is outside the world.
 Result<RankView> ComputeView(const ModelSpec& spec, const ParallelConfig& config, int rank);
 
+// What a store keeps of one local tensor: for each global tensor it touches
+// (in order of first appearance), the boxes of its segments. A stored shard's
+// data is these boxes densely, one after another.
+struct ShardKey {
+  std::string tensor;
+  std::vector<Box> boxes;
+  friend bool operator==(const ShardKey&, const ShardKey&) = default;
+  friend auto operator<=>(const ShardKey&, const ShardKey&) = default;
+};
+std::vector<ShardKey> StoredShards(const LocalTensor& local);
+
 // First global layer and layer count of pipeline stage `stage`.
 std::pair<Index, Index> StageLayers(const ParallelConfig& config, Index layers, int stage);
 

@@ -116,3 +116,41 @@ TEST(Box, FlatRangeToBoxesTilesTheRangeInOrder) {
 
 }  // namespace
 }  // namespace ptc
+
+namespace ptc {
+namespace {
+
+TEST(Box, SubtractLeavesDisjointBoxesCoveringTheRest) {
+  std::mt19937_64 rng(Seed());
+  for (int iter = 0; iter < 300; ++iter) {
+    size_t rank = 1 + rng() % 3;
+    Shape shape(rank);
+    for (auto& s : shape) s = 1 + rng() % 6;
+    Box full = Box::Full(shape);
+    Box a = RandomBoxIn(rng, full), b = RandomBoxIn(rng, full);
+    std::vector<int> hits(full.volume(), 0);
+    for (const Box& piece : Subtract(a, b)) {
+      ASSERT_TRUE(Contains(a, piece));
+      ASSERT_FALSE(Intersect(piece, b).has_value());
+      for (auto [off, len] : ByteRanges(full, piece, 1)) {
+        for (uint64_t i = off; i < off + len; ++i) hits[i]++;
+      }
+    }
+    // Every element of a outside b is covered exactly once.
+    for (Index flat = 0; flat < full.volume(); ++flat) {
+      Box e;
+      auto strides = RowMajorStrides(shape);
+      Index rem = flat;
+      for (size_t d = 0; d < rank; ++d) {
+        e.begin.push_back(rem / strides[d]);
+        e.end.push_back(rem / strides[d] + 1);
+        rem %= strides[d];
+      }
+      bool in_a = Contains(a, e) && !a.empty(), in_b = Intersect(e, b).has_value();
+      ASSERT_EQ(hits[flat], in_a && !in_b ? 1 : 0) << a.ToString() << " - " << b.ToString();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ptc

@@ -1,2 +1,36 @@
-#include <cstdio>
-int main() { std::puts("ptcfs"); return 0; }
+// ptcfs: parallelizable tensor collections, served as files.
+#include <CLI/CLI.hpp>
+
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "ptcfs keeps a training job's state (model and optimizer tensors) as a parallelizable tensor\n"
+      "collection and hands it out in any parallel layout (tp, pp, dp, ZeRO-1), bit for bit.\n\n"
+      "Typical flow:\n"
+      "  ptcfs synth  --schema llama --dims layers=4,hidden=64,heads=8,kv_heads=4,vocab=512,seq=64 \\\n"
+      "               --config tp=2,pp=2 --optimizer adam ckpt/     # or your own per-rank files\n"
+      "  ptcfs import --schema llama --dims ... --config tp=2,pp=2 ckpt/ store/\n"
+      "  ptcfs plan      store/ --to tp=4,pp=1,dp=2,zero=1            # what would move\n"
+      "  ptcfs transform store/ --to tp=4,pp=1,dp=2,zero=1            # new generation in that layout\n"
+      "  ptcfs export --config tp=4,pp=1,dp=2,zero=1 store/ out/\n"
+      "  ptcfs verify store/",
+      "ptcfs"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  ptcfs::AddSynthCommand(app, &exit_code);
+  ptcfs::AddImportCommand(app, &exit_code);
+  ptcfs::AddExportCommand(app, &exit_code);
+  ptcfs::AddInspectCommand(app, &exit_code);
+  ptcfs::AddVerifyCommand(app, &exit_code);
+  ptcfs::AddDiffCommand(app, &exit_code);
+  ptcfs::AddSchemaCommand(app, &exit_code);
+  ptcfs::AddPlanCommand(app, &exit_code);
+  ptcfs::AddTransformCommand(app, &exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return exit_code;
+}

@@ -1,0 +1,22 @@
+// `ptcfs export`: the committed generation of a store as a per-rank
+// checkpoint of any parallel config, in safetensors or npy.
+//
+// Every tensor is read from the stored shards (checksums verified on first
+// use); each rank's files are written one local tensor at a time. The output
+// directory must not exist or be empty; on failure it is removed again.
+#pragma once
+
+#include <string>
+
+#include "ptc/checkpoint.h"
+#include "ptc/store.h"
+
+namespace ptc {
+
+// \error InvalidArgument when out_dir exists and is not empty; as ValidateConfig
+//        for `config`; as GenerationReader::Read (Corruption for a bad shard);
+//        as WriteRankCheckpoint.
+Status ExportCheckpoint(const Store& store, const ParallelConfig& config, const std::string& out_dir,
+                        CheckpointFormat format, const ProgressFn& progress = {});
+
+}  // namespace ptc

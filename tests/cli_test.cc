@@ -1,0 +1,270 @@
+// The `ptcfs` command line end to end: every listed bad input gives a clear
+// message (asserted) and leaves the store byte-for-byte unchanged (asserted
+// by snapshotting every file of the store before and after).
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "ptc/checkpoint.h"
+#include "ptc/safetensors.h"
+#include "test_util.h"
+
+namespace ptc {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+constexpr const char* kDims = "layers=4,hidden=32,heads=4,vocab=128,seq=16";
+
+struct CmdResult {
+  int code;
+  std::string out;  // stdout and stderr
+};
+
+CmdResult Ptcfs(const std::string& args) {
+  std::string cmd = std::string(PTCFS_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string Slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void Spit(const fs::path& p, const std::string& data) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out << data;
+}
+
+std::map<std::string, std::string> Snapshot(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    files[fs::relative(e.path(), dir).string()] = e.is_regular_file() ? Slurp(e.path()) : "<dir>";
+  }
+  return files;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CmdResult r = Ptcfs("synth --schema megatron-gpt --dims " + std::string(kDims) +
+                  " --config tp=2,pp=2,dp=2 --optimizer adam " + tmp_ / "ckpt");
+    ASSERT_EQ(r.code, 0) << r.out;
+    r = Ptcfs("import --schema megatron-gpt --dims " + std::string(kDims) + " --config tp=2,pp=2,dp=2 " +
+              tmp_ / "ckpt" + " " + tmp_ / "store");
+    ASSERT_EQ(r.code, 0) << r.out;
+    before_ = Snapshot(tmp_ / "store");
+    // A second checkpoint to damage; the store must not change when it is imported.
+    fs::copy(tmp_ / "ckpt", tmp_ / "bad", fs::copy_options::recursive);
+  }
+
+  CmdResult ImportBad(const std::string& config = "tp=2,pp=2,dp=2") {
+    return Ptcfs("import --schema megatron-gpt --dims " + std::string(kDims) + " --config " + config + " " +
+                 tmp_ / "bad" + " " + tmp_ / "store");
+  }
+
+  void ExpectStoreUnchanged() { EXPECT_TRUE(Snapshot(tmp_ / "store") == before_) << "the store changed"; }
+
+  TempDir tmp_;
+  std::map<std::string, std::string> before_;
+};
+
+TEST_F(CliTest, HelpTeaches) {
+  CmdResult r = Ptcfs("--help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* cmd : {"synth", "import", "export", "inspect", "verify", "diff"}) {
+    EXPECT_NE(r.out.find(cmd), std::string::npos) << cmd;
+  }
+  r = Ptcfs("export --help");
+  EXPECT_NE(r.out.find("--config"), std::string::npos);
+  EXPECT_NE(r.out.find("npy"), std::string::npos);
+}
+
+TEST_F(CliTest, ImportExportVerifyInspectDiff) {
+  CmdResult r = Ptcfs("verify " + tmp_ / "store");
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = Ptcfs("inspect --json " + tmp_ / "store");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["generation"], 1);
+  EXPECT_EQ(j["config"], "tp=2,pp=2,dp=2,per_worker=8");
+  EXPECT_EQ(j["model"]["optimizer"], true);
+  r = Ptcfs("export --config tp=4,pp=1,dp=1,zero=1 " + tmp_ / "store" + " " + tmp_ / "out");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = Ptcfs("diff --schema megatron-gpt --dims " + std::string(kDims) + " --config-a tp=2,pp=2,dp=2 --config-b " +
+            "tp=4,pp=1,dp=1,zero=1 " + tmp_ / "ckpt" + " " + tmp_ / "out");
+  EXPECT_EQ(r.code, 0) << r.out;
+  ExpectStoreUnchanged();
+}
+
+TEST_F(CliTest, DiffNamesTheFirstDifferingTensorAndElement) {
+  // Flip one byte of a tensor present once (tp split, dp=2 replica 0 and 1
+  // both hold it: flip it in both so the checkpoint stays self-consistent).
+  const std::string tensor = "language_model.encoder.layers.1.mlp.dense_4h_to_h.weight";
+  for (int rank : {0, 2}) {  // tp=0, dp=0 and dp=1 of stage 0
+    const std::string path = ModelFilePath(tmp_ / "bad", rank);
+    auto header = ReadSafetensorsHeader(Env::Default(), path);
+    ASSERT_TRUE(header.ok());
+    std::string bytes = Slurp(path);
+    bytes[header->Find(tensor)->offset + 4 * 5] ^= 0x01;  // row 0, column 5 (F32)
+    Spit(path, bytes);
+  }
+  CmdResult r = Ptcfs("diff --schema megatron-gpt --dims " + std::string(kDims) +
+                " --config-a tp=2,pp=2,dp=2 --config-b tp=2,pp=2,dp=2 " + tmp_ / "ckpt" + " " + tmp_ / "bad");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("'" + tensor + "' differs at [0, 5]"), std::string::npos) << r.out;
+  // Only one replica changed: the replicas inside B disagree.
+  Spit(ModelFilePath(tmp_ / "bad", 2), Slurp(ModelFilePath(tmp_ / "ckpt", 2)));
+  r = Ptcfs("diff --schema megatron-gpt --dims " + std::string(kDims) +
+            " --config-a tp=2,pp=2,dp=2 --config-b tp=2,pp=2,dp=2 " + tmp_ / "ckpt" + " " + tmp_ / "bad");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("replicas of '" + tensor + "' disagree"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, TruncatedSafetensorsHeader) {
+  const std::string path = ModelFilePath(tmp_ / "bad", 1);
+  Spit(path, Slurp(path).substr(0, 5));
+  CmdResult r = ImportBad();
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find(path), std::string::npos) << r.out;
+  ExpectStoreUnchanged();
+}
+
+TEST_F(CliTest, LyingSafetensorsHeaderLength) {
+  const std::string path = ModelFilePath(tmp_ / "bad", 3);
+  std::string bytes = Slurp(path);
+  bytes[0] = static_cast<char>(0xff);
+  bytes[5] = 0x7f;  // a header length far beyond the file
+  Spit(path, bytes);
+  CmdResult r = ImportBad();
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find(path), std::string::npos) << r.out;
+  ExpectStoreUnchanged();
+}
+
+TEST_F(CliTest, MissingRankFile) {
+  fs::remove(ModelFilePath(tmp_ / "bad", 5));
+  CmdResult r = ImportBad();
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find(ModelFilePath(tmp_ / "bad", 5) + ": missing"), std::string::npos) << r.out;
+  ExpectStoreUnchanged();
+}
+
+// Rewrites rank 2's model file with `edit` applied to its tensor list; data zero.
+void RewriteModelFile(const std::string& path, const std::function<void(std::vector<TensorSpec>&)>& edit) {
+  auto header = ReadSafetensorsHeader(Env::Default(), path);
+  ASSERT_TRUE(header.ok());
+  std::vector<TensorSpec> specs;
+  for (const SafetensorsEntry& e : header->tensors) specs.push_back({e.name, e.dtype, e.shape});
+  edit(specs);
+  auto w = SafetensorsWriter::Create(Env::Default(), path, specs, {});
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  for (const TensorSpec& s : specs) {
+    std::string zeros(NumElements(s.shape) * DTypeSize(s.dtype), '\0');
+    ASSERT_TRUE((*w)->Append(zeros.data(), zeros.size()).ok());
+  }
+  ASSERT_TRUE((*w)->Finish().ok());
+}
+
+TEST_F(CliTest, WrongShape) {
+  const std::string path = ModelFilePath(tmp_ / "bad", 2);
+  RewriteModelFile(path, [](std::vector<TensorSpec>& specs) {
+    for (TensorSpec& s : specs) {
+      if (s.name == "language_model.encoder.layers.0.self_attention.dense.weight") s.shape = {32, 32};
+    }
+  });
+  CmdResult r = ImportBad();
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find(path + ": tensor 'language_model.encoder.layers.0.self_attention.dense.weight' has shape "
+                              "[32, 32], expected [32, 16]"),
+            std::string::npos)
+      << r.out;
+  ExpectStoreUnchanged();
+}
+
+TEST_F(CliTest, UnknownTensor) {
+  const std::string path = ModelFilePath(tmp_ / "bad", 2);
+  RewriteModelFile(path, [](std::vector<TensorSpec>& specs) { specs.push_back({"rotary.inv_freq", DType::kF32, {8}}); });
+  CmdResult r = ImportBad();
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find(path + ": unknown tensor 'rotary.inv_freq'"), std::string::npos) << r.out;
+  ExpectStoreUnchanged();
+}
+
+TEST_F(CliTest, ConfigThatDoesNotDivide) {
+  CmdResult r = ImportBad("tp=3,pp=2,dp=2");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("rule 'language_model.embedding.word_embeddings.weight'"), std::string::npos) << r.out;
+  r = Ptcfs("export --config tp=2,pp=3 " + tmp_ / "store " + tmp_ / "never");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("pp=3 does not divide layers=4"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(tmp_ / "never"));
+  ExpectStoreUnchanged();
+}
+
+TEST_F(CliTest, ReplicasThatDisagree) {
+  // dp rank 1 of stage 0, tp 0 is rank 2: change one of its bytes.
+  const std::string path = ModelFilePath(tmp_ / "bad", 2);
+  auto header = ReadSafetensorsHeader(Env::Default(), path);
+  ASSERT_TRUE(header.ok());
+  std::string bytes = Slurp(path);
+  bytes[header->Find("language_model.encoder.layers.0.input_layernorm.bias")->offset] ^= 0x10;
+  Spit(path, bytes);
+  CmdResult r = ImportBad();
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("replicas disagree: tensor 'language_model.encoder.layers.0.input_layernorm.bias'"),
+            std::string::npos)
+      << r.out;
+  ExpectStoreUnchanged();
+}
+
+TEST_F(CliTest, CorruptedShardIsNamedByVerifyAndExport) {
+  auto m = nlohmann::json::parse(Slurp(tmp_ / "store/gen-000001/manifest.json"));
+  const auto& shard = m["shards"][7];
+  const std::string file = tmp_ / "store" + "/" + shard["file"].get<std::string>();
+  std::string bytes = Slurp(file);
+  bytes[shard["offset"].get<size_t>() + 1] ^= 0x40;
+  Spit(file, bytes);
+  before_ = Snapshot(tmp_ / "store");
+  CmdResult r = Ptcfs("verify " + tmp_ / "store");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find(shard["tensor"].get<std::string>()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 of"), std::string::npos) << r.out;
+  r = Ptcfs("export --config tp=1,pp=1 " + tmp_ / "store " + tmp_ / "out");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find(shard["tensor"].get<std::string>()), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(tmp_ / "out"));
+  ExpectStoreUnchanged();
+}
+
+TEST_F(CliTest, BadStorePaths) {
+  CmdResult r = Ptcfs("inspect " + tmp_ / "nowhere");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find(tmp_ / "nowhere"), std::string::npos) << r.out;
+  Spit(tmp_ / "garbage.json", "{");
+  fs::create_directories(tmp_ / "g");
+  Spit(tmp_ / "g/manifest.json", "not json");
+  r = Ptcfs("verify " + tmp_ / "g");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("manifest.json"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace ptc

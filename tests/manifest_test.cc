@@ -1,0 +1,226 @@
+// Generation manifest JSON: round trip, validation messages, checksums, and a
+// randomised mutation test with a printed seed (override: PTCFS_TEST_SEED).
+#include "ptc/manifest.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <functional>
+#include <random>
+
+#include "ptc/checksum.h"
+
+namespace ptc {
+namespace {
+
+using json = nlohmann::json;
+
+uint64_t Seed() {
+  const char* env = std::getenv("PTCFS_TEST_SEED");
+  uint64_t seed = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+  std::printf("PTCFS_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed));
+  return seed;
+}
+
+GenerationManifest Sample() {
+  GenerationManifest m;
+  m.generation = 3;
+  m.parent = 2;
+  m.schema = json::parse(R"({"name":"gpt","rules":[{"pattern":"layers.{L}.w","tp":{"split":0}}]})");
+  m.dims = "layers=4,hidden=64";
+  m.config = "tp=2,pp=1,dp=1";
+  m.tensors = {{"layers.0.w", DType::kBF16, {8, 4}}, {"mask", DType::kBool, {5}}, {"scalar", DType::kF32, {}},
+               {"f8", DType::kF8E4M3, {2, 3, 4}}};
+  m.shards.push_back({"layers.0.w", {Box{{0, 0}, {4, 4}}}, 0, "gen-000003/worker-00/layers.0.w.s0.h5", 2048, 32,
+                      0x0123456789abcdefULL});
+  m.shards.push_back({"layers.0.w", {Box{{4, 0}, {8, 4}}}, 1, "gen-000001/worker-01/layers.0.w.s0.h5", 4096, 32, 7});
+  m.shards.push_back({"mask", {Box{{0}, {2}}, Box{{3}, {5}}}, 0, "gen-000003/worker-00/mask.s0.h5", 100, 4, 0});
+  m.shards.push_back({"scalar", {Box{{}, {}}}, 0, "gen-000003/worker-00/scalar.s0.h5", 100, 4, ~0ULL});
+  m.shards.push_back({"f8", {Box{{0, 0, 0}, {2, 3, 4}}}, 2, "gen-000003/worker-02/f8.s0.h5", 0, 24, 1});
+  m.extra = {{"dataset", {{"epoch", 1}, {"consumed", 1000}}}};
+  return m;
+}
+
+TEST(Checksum, KnownValuesAndStreaming) {
+  EXPECT_EQ(Xxh64("", 0), 0xef46db3751d8e999ULL);
+  std::string data(100000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 31 + 7);
+  Xxh64Stream s;
+  for (size_t pos = 0; pos < data.size(); pos += 777) s.Update(data.data() + pos, std::min<size_t>(777, data.size() - pos));
+  EXPECT_EQ(s.Digest(), Xxh64(data.data(), data.size()));
+  s.Reset();
+  EXPECT_EQ(s.Digest(), 0xef46db3751d8e999ULL);
+}
+
+TEST(Checksum, StringForm) {
+  EXPECT_EQ(ChecksumToString(0xef46db3751d8e999ULL), "xxh64:ef46db3751d8e999");
+  EXPECT_EQ(ChecksumToString(1), "xxh64:0000000000000001");
+  EXPECT_EQ(*ParseChecksum("xxh64:EF46DB3751D8E999"), 0xef46db3751d8e999ULL);
+  for (const char* bad : {"", "xxh64:", "xxh64:123", "crc32:ef46db3751d8e999", "xxh64:ef46db3751d8e99g",
+                          "xxh64:ef46db3751d8e9990"}) {
+    Result<uint64_t> r = ParseChecksum(bad);
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
+  }
+}
+
+TEST(Manifest, RoundTripIsExactAndStable) {
+  GenerationManifest m = Sample();
+  std::string text = EncodeManifest(m);
+  Result<GenerationManifest> back = DecodeManifest("m.json", text);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, m);
+  EXPECT_EQ(EncodeManifest(*back), text);
+  EXPECT_EQ(text.find("\"format\""), text.find('"'));  // fixed key order: format first
+  EXPECT_NE(text.find("\"checksum\": \"xxh64:0123456789abcdef\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"parent\": 2"), std::string::npos);
+
+  m.parent.reset();
+  m.shards.clear();
+  back = DecodeManifest("m.json", EncodeManifest(m));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, m);
+}
+
+TEST(Manifest, FindTensorAndSafePaths) {
+  GenerationManifest m = Sample();
+  ASSERT_NE(FindTensor(m, "mask"), nullptr);
+  EXPECT_EQ(FindTensor(m, "nope"), nullptr);
+  EXPECT_TRUE(IsSafeRelativePath("gen-000001/worker-00/x.s0.h5"));
+  for (const char* bad : {"", "/abs", "a/../b", "..", "a//b", "a/./b", "a/"}) EXPECT_FALSE(IsSafeRelativePath(bad)) << bad;
+}
+
+struct BadCase {
+  const char* what;
+  std::function<void(json&)> mutate;
+  const char* expect;  // substring of the message
+};
+
+TEST(Manifest, ValidationMessagesNameTheFault) {
+  const std::vector<BadCase> cases = {
+      {"unknown dtype", [](json& j) { j["tensors"][1]["dtype"] = "F12"; }, "tensor 1 ('mask'): unknown dtype 'F12'"},
+      {"duplicate tensor", [](json& j) { j["tensors"][1]["name"] = "layers.0.w"; }, "'layers.0.w' is listed twice"},
+      {"negative dim", [](json& j) { j["tensors"][0]["shape"][0] = -1; }, "shape must hold non-negative"},
+      {"unknown tensor", [](json& j) { j["shards"][2]["tensor"] = "ghost"; }, "shard 2: unknown tensor 'ghost'"},
+      {"box outside", [](json& j) { j["shards"][0]["boxes"][0][1][0] = 9; }, "shard 0: tensor 'layers.0.w' shape [8, 4]: box"},
+      {"begin > end", [](json& j) { j["shards"][0]["boxes"][0][0][0] = 5; }, "begin > end"},
+      {"wrong rank", [](json& j) { j["shards"][1]["boxes"][0] = json::parse("[[4],[8]]"); }, "expected rank 2"},
+      {"nbytes", [](json& j) { j["shards"][1]["nbytes"] = 33; }, "nbytes 33 != 16 elements * 2 bytes (BF16)"},
+      {"dotdot", [](json& j) { j["shards"][0]["file"] = "gen-000001/../../etc/passwd"; }, "must be a relative path"},
+      {"absolute", [](json& j) { j["shards"][0]["file"] = "/etc/passwd"; }, "must be a relative path"},
+      {"checksum", [](json& j) { j["shards"][3]["checksum"] = "xxh64:zz"; }, "shard 3 (tensor 'scalar'): bad checksum"},
+      {"checksum type", [](json& j) { j["shards"][3]["checksum"] = 5; }, "\"checksum\" must be a string"},
+      {"missing offset", [](json& j) { j["shards"][4].erase("offset"); }, "shard 4 (tensor 'f8'): \"offset\" is missing"},
+      {"float offset", [](json& j) { j["shards"][4]["offset"] = 1.5; }, "\"offset\" must be a non-negative integer"},
+      {"format", [](json& j) { j["format"] = "other"; }, "\"format\" is 'other'"},
+      {"version", [](json& j) { j["version"] = 2; }, "this build reads version 1"},
+      {"parent", [](json& j) { j["parent"] = 3; }, "\"parent\" must be lower"},
+      {"tensors type", [](json& j) { j["tensors"] = json::object(); }, "\"tensors\" must be an array"},
+      {"extra type", [](json& j) { j["extra"] = 1; }, "\"extra\" must be an object"},
+      {"box shape", [](json& j) { j["shards"][0]["boxes"][0] = json::array({1}); }, "box 0 must be [[begin...], [end...]]"},
+      {"not object", [](json& j) { j = json::array(); }, "must be a JSON object"},
+  };
+  const json good = json::parse(EncodeManifest(Sample()));
+  for (const BadCase& c : cases) {
+    json j = good;
+    c.mutate(j);
+    Result<GenerationManifest> r = DecodeManifest("STORE/gen-000003/manifest.json", j.dump());
+    ASSERT_FALSE(r.ok()) << c.what;
+    EXPECT_EQ(r.status().code(), Code::kCorruption) << c.what;
+    EXPECT_EQ(r.status().message().rfind("STORE/gen-000003/manifest.json: ", 0), 0u) << r.status().message();
+    EXPECT_NE(r.status().message().find(c.expect), std::string::npos) << c.what << ": " << r.status().message();
+  }
+  Result<GenerationManifest> r = DecodeManifest("x.json", "{\"format\": ");
+  EXPECT_EQ(r.status().message(), "x.json: not valid JSON");
+}
+
+// ---------------------------------------------------------------- mini fuzz
+
+void CollectPointers(const json& j, const json::json_pointer& at, std::vector<json::json_pointer>& out) {
+  out.push_back(at);
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) CollectPointers(it.value(), at / it.key(), out);
+  } else if (j.is_array()) {
+    for (size_t i = 0; i < j.size(); ++i) CollectPointers(j[i], at / i, out);
+  }
+}
+
+json RandomValue(std::mt19937_64& rng) {
+  static const std::vector<json> kValues = {
+      nullptr, true, -1, 0, 1, 2, 7, 1.5, 1e300, "", "x", "BF16", "xxh64:0000000000000000", "../x",
+      json::array(), json::object(), json::parse("[[0],[1]]"), json::parse("[[[0,0],[1,1]]]"),
+      json(18446744073709551615ULL), json(9223372036854775807LL), json(-9223372036854775807LL - 1)};
+  return kValues[rng() % kValues.size()];
+}
+
+std::string MutateText(std::string text, std::mt19937_64& rng) {
+  static const std::vector<std::string> kTokens = {"{", "}", "[", "]", ",", ":", "\"", "\\", "null", "-", "0",
+                                                   "1e999", "\xff", "\xc3", " ", "\"tensors\"", "\"x\":"};
+  const int edits = 1 + static_cast<int>(rng() % 4);
+  for (int e = 0; e < edits && !text.empty(); ++e) {
+    const size_t pos = rng() % text.size();
+    switch (rng() % 5) {
+      case 0: text[pos] = static_cast<char>(rng() % 256); break;
+      case 1: text.erase(pos, 1 + rng() % 16); break;
+      case 2: text.insert(pos, kTokens[rng() % kTokens.size()]); break;
+      case 3: text.insert(pos, text.substr(rng() % text.size(), 1 + rng() % 32)); break;
+      case 4: text.resize(pos); break;
+    }
+  }
+  return text;
+}
+
+void CheckDecodeIsSafe(const std::string& text, const std::string& what) {
+  Result<GenerationManifest> r = DecodeManifest("fuzz.json", text);
+  if (!r.ok()) {
+    ASSERT_EQ(r.status().code(), Code::kCorruption) << what;
+    ASSERT_EQ(r.status().message().rfind("fuzz.json: ", 0), 0u) << what << ": " << r.status().message();
+    ASSERT_GT(r.status().message().size(), std::string("fuzz.json: ").size()) << what;
+    return;
+  }
+  // Whatever decodes re-encodes to something that decodes to the same manifest.
+  Result<GenerationManifest> again = DecodeManifest("fuzz.json", EncodeManifest(*r));
+  ASSERT_TRUE(again.ok()) << what << ": " << again.status().ToString();
+  ASSERT_EQ(*again, *r) << what;
+}
+
+TEST(ManifestFuzz, TextMutationsNeverCrash) {
+  const uint64_t seed = Seed();
+  std::mt19937_64 rng(seed);
+  const std::string good = EncodeManifest(Sample());
+  for (int i = 0; i < 4000; ++i) {
+    std::string text = MutateText(good, rng);
+    CheckDecodeIsSafe(text, "seed " + std::to_string(seed) + " iteration " + std::to_string(i));
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(ManifestFuzz, StructuralMutationsNeverCrash) {
+  const uint64_t seed = Seed();
+  std::mt19937_64 rng(seed);
+  const json good = json::parse(EncodeManifest(Sample()));
+  int accepted = 0;
+  for (int i = 0; i < 4000; ++i) {
+    json j = good;
+    const int edits = 1 + static_cast<int>(rng() % 3);
+    for (int e = 0; e < edits; ++e) {
+      std::vector<json::json_pointer> pointers;
+      CollectPointers(j, json::json_pointer(), pointers);
+      const json::json_pointer& p = pointers[rng() % pointers.size()];
+      if (p.empty()) continue;
+      if (rng() % 4 == 0) {
+        json& parent = j[p.parent_pointer()];
+        if (parent.is_object()) parent.erase(p.back());
+        else if (parent.is_array() && !parent.empty()) parent.erase(parent.size() - 1);
+      } else {
+        j[p] = RandomValue(rng);
+      }
+    }
+    CheckDecodeIsSafe(j.dump(), "seed " + std::to_string(seed) + " iteration " + std::to_string(i));
+    if (HasFatalFailure()) return;
+    accepted += DecodeManifest("x", j.dump()).ok();
+  }
+  std::printf("structural mutations accepted: %d of 4000\n", accepted);
+}
+
+}  // namespace
+}  // namespace ptc

@@ -1,0 +1,324 @@
+// The repartitioning engine: planner properties, transform round trips
+// against synth, and fault injection at every mutating operation.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "ptc/fault_injection_env.h"
+#include "ptc/export.h"
+#include "ptc/import.h"
+#include "ptc/model_spec.h"
+#include "ptc/synth_checkpoint.h"
+#include "test_util.h"
+#include "transform/execute.h"
+
+namespace ptc {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::RandomConfig;
+using testing::Spec;
+using testing::TempDir;
+using testing::TestSeed;
+
+std::string Slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::map<std::string, std::string> Snapshot(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) files[fs::relative(e.path(), dir).string()] = Slurp(e.path());
+  }
+  return files;
+}
+
+// A store holding synth(spec, config) as generation 1.
+void MakeStore(const TempDir& tmp, const ModelSpec& spec, const ParallelConfig& config, uint64_t seed) {
+  ASSERT_TRUE(WriteSynthCheckpoint(Env::Default(), spec, config, seed, tmp / "src").ok());
+  auto r = ImportCheckpoint(Env::Default(), tmp / "src", tmp / "store", spec.schema, spec.dims, config);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  fs::remove_all(tmp / "src");
+}
+
+// export(config) of the store equals synth(config), file for file.
+void ExpectStoreHolds(const TempDir& tmp, const ModelSpec& spec, const ParallelConfig& config, uint64_t seed) {
+  auto store = Store::Open(Env::Default(), tmp / "store");
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  fs::remove_all(tmp / "out");
+  fs::remove_all(tmp / "ref");
+  Status s = ExportCheckpoint(**store, config, tmp / "out", CheckpointFormat::kSafetensors);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_TRUE(WriteSynthCheckpoint(Env::Default(), spec, config, seed, tmp / "ref").ok());
+  ASSERT_TRUE(Snapshot(tmp / "out") == Snapshot(tmp / "ref")) << "export after transform differs from synth";
+}
+
+ExecuteOptions Options(int threads = 2) {
+  ExecuteOptions o;
+  o.threads = threads;
+  o.chunk_bytes = 1024;  // small chunks: every shard is assembled in many pieces
+  return o;
+}
+
+const std::vector<std::pair<const char*, const char*>> kModels = {
+    {"megatron-gpt", "layers=4,hidden=16,heads=4,vocab=64,seq=8"},
+    {"megatron-gpt", "layers=3,hidden=24,heads=2,vocab=40,seq=4,ffn=40"},
+    {"llama", "layers=4,hidden=16,heads=4,kv_heads=2,vocab=32,seq=8,ffn=24"},
+    {"llama", "layers=5,hidden=32,heads=8,kv_heads=4,vocab=48,seq=8,ffn=40"},
+};
+
+ModelSpec RandomSpec(std::mt19937_64& rng) {
+  const auto& [schema, dims] = kModels[rng() % kModels.size()];
+  return Spec(schema, dims, rng() % 2 ? DType::kBF16 : DType::kF32, rng() % 3 != 0);
+}
+
+TEST(Transform, RandomConfigPairsMatchSynth) {
+  std::mt19937_64 rng(TestSeed());
+  for (int iter = 0; iter < 16; ++iter) {
+    ModelSpec spec = RandomSpec(rng);
+    ParallelConfig from = RandomConfig(rng, spec), to = RandomConfig(rng, spec);
+    SCOPED_TRACE(spec.schema.name + " " + spec.dims.ToString() + (spec.optimizer ? " adam " : " ") + from.ToString() +
+                 " -> " + to.ToString());
+    TempDir tmp;
+    const uint64_t seed = rng();
+    MakeStore(tmp, spec, from, seed);
+    auto store = Store::Open(Env::Default(), tmp / "store");
+    ASSERT_TRUE(store.ok());
+    auto r = Transform(**store, to, Options(1 + iter % 3));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->generation, 2u);
+    ASSERT_TRUE(VerifyGeneration(**store, (*store)->current()).ok());
+    ExpectStoreHolds(tmp, spec, to, seed);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(Transform, ChainOfFive) {
+  std::mt19937_64 rng(TestSeed());
+  for (const char* schema : {"megatron-gpt", "llama"}) {
+    ModelSpec spec = Spec(schema, schema == std::string("llama") ? kModels[2].second : kModels[0].second,
+                          DType::kBF16, true);
+    TempDir tmp;
+    ParallelConfig config = RandomConfig(rng, spec);
+    MakeStore(tmp, spec, config, 11);
+    for (int step = 0; step < 5; ++step) {
+      ParallelConfig next = RandomConfig(rng, spec);
+      SCOPED_TRACE(std::string(schema) + " step " + std::to_string(step) + ": " + config.ToString() + " -> " +
+                   next.ToString());
+      auto store = Store::Open(Env::Default(), tmp / "store");
+      ASSERT_TRUE(store.ok());
+      auto r = Transform(**store, next, Options());
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      ASSERT_TRUE((*store)->CollectGarbage().ok());
+      ExpectStoreHolds(tmp, spec, next, 11);
+      if (HasFatalFailure()) return;
+      config = next;
+    }
+  }
+}
+
+TEST(Transform, PipelineAndDataOnlyChangesWriteNoTensorBytes) {
+  ModelSpec spec = Spec("llama", kModels[3].second, DType::kBF16, true);
+  TempDir tmp;
+  MakeStore(tmp, spec, *ParseConfig("tp=2,pp=1,dp=1,per_worker=2"), 5);
+  auto store = Store::Open(Env::Default(), tmp / "store");
+  ASSERT_TRUE(store.ok());
+  for (const char* to : {"tp=2,pp=5,dp=1,per_worker=2", "tp=2,pp=2,pp_layers=1+4,dp=2,per_worker=2",
+                         "tp=2,pp=1,dp=3,per_worker=2"}) {
+    auto r = Transform(**store, *ParseConfig(to), Options());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->bytes_written, 0u) << to;
+    EXPECT_EQ(r->shards_written, 0u) << to;
+  }
+  ExpectStoreHolds(tmp, spec, *ParseConfig("tp=2,pp=1,dp=3,per_worker=2"), 5);
+}
+
+// Plan properties on the metadata of a real store.
+struct Planned {
+  std::shared_ptr<const GenerationManifest> source;
+  ModelSpec spec;
+  Plan plan;
+};
+
+void CheckPlanProperties(const GenerationManifest& source, const ModelSpec& spec, const ParallelConfig& to,
+                         const std::optional<std::set<int>>& alive) {
+  auto plan = MakePlan({&source, spec, to, {2}, alive});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  auto live = [&](const ShardRecord& s) { return !alive || alive->count(s.worker); };
+  std::map<std::string, size_t> elem;
+  for (const TensorRecord& t : source.tensors) elem[t.name] = DTypeSize(t.dtype);
+  uint64_t lower_bound = 0, written = 0;
+  for (size_t t = 0; t < plan->targets.size(); ++t) {
+    const TargetShard& target = plan->targets[t];
+    if (target.kept) {
+      ASSERT_EQ(source.shards[*target.kept].worker, target.worker);
+      continue;
+    }
+    // Every element of the target written exactly once, unless reported missing.
+    for (const Box& box : target.key.boxes) {
+      std::vector<int> hits(box.volume(), 0);
+      for (const Copy& c : plan->copies) {
+        if (c.target != t || !Intersect(c.region, box)) continue;
+        ASSERT_TRUE(Contains(box, c.region));
+        ASSERT_TRUE(live(source.shards[c.source]));
+        for (auto [off, len] : ByteRanges(box, c.region, 1)) {
+          for (uint64_t i = off; i < off + len; ++i) hits[i]++;
+        }
+      }
+      const Box full = Box::Full(box.shape());
+      for (Index i = 0; i < box.volume(); ++i) {
+        ASSERT_LE(hits[i], 1) << target.key.tensor << " element written twice";
+        if (hits[i] == 1) written += elem[target.key.tensor];
+        // Independent lower bound: is any live replica of this element on the target's worker?
+        const std::vector<Index> strides = RowMajorStrides(box.shape());
+        Box e;
+        Index rem = i;
+        for (size_t d = 0; d < box.rank(); ++d) {
+          e.begin.push_back(box.begin[d] + rem / strides[d]);
+          e.end.push_back(e.begin.back() + 1);
+          rem %= strides[d];
+        }
+        bool local = false;
+        for (const ShardRecord& s : source.shards) {
+          if (s.tensor != target.key.tensor || s.worker != target.worker || !live(s)) continue;
+          for (const Box& b : s.boxes) local |= Contains(b, e);
+        }
+        if (!local) lower_bound += elem[target.key.tensor];
+      }
+    }
+  }
+  EXPECT_EQ(plan->lower_bound, lower_bound);
+  if (plan->missing.empty()) {
+    EXPECT_EQ(plan->bytes_moved, plan->lower_bound) << "moved bytes must equal the lower bound";
+    EXPECT_EQ(written + plan->bytes_kept, plan->bytes_total);
+  }
+}
+
+TEST(Plan, MovedEqualsLowerBoundAndEveryByteOnce) {
+  std::mt19937_64 rng(TestSeed());
+  for (int iter = 0; iter < 10; ++iter) {
+    ModelSpec spec = RandomSpec(rng);
+    ParallelConfig from = RandomConfig(rng, spec), to = RandomConfig(rng, spec);
+    SCOPED_TRACE(spec.schema.name + " " + from.ToString() + " -> " + to.ToString());
+    TempDir tmp;
+    MakeStore(tmp, spec, from, 1);
+    auto store = Store::Open(Env::Default(), tmp / "store");
+    ASSERT_TRUE(store.ok());
+    CheckPlanProperties((*store)->current(), spec, to, std::nullopt);
+    // Some workers lost: the bound still holds, unreachable regions are reported.
+    std::set<int> alive;
+    for (int w = 0; w < from.num_workers(); ++w) {
+      if (rng() % 3) alive.insert(w);
+    }
+    CheckPlanProperties((*store)->current(), spec, to, alive);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// A plan as comparable data: source shards by identity, not by index.
+std::vector<std::string> Describe(const Plan& p, const GenerationManifest& m) {
+  std::vector<std::string> out;
+  for (const Copy& c : p.copies) {
+    const ShardRecord& s = m.shards[c.source];
+    std::string line = p.targets[c.target].key.tensor + "@" + std::to_string(p.targets[c.target].worker) + " <- " +
+                       s.tensor + "@" + std::to_string(s.worker) + " " + c.region.ToString();
+    for (const Box& b : s.boxes) line += " " + b.ToString();
+    out.push_back(line);
+  }
+  return out;
+}
+
+TEST(Plan, DeterministicUnderRepeatAndShuffledInput) {
+  std::mt19937_64 rng(TestSeed());
+  ModelSpec spec = Spec("llama", kModels[3].second, DType::kBF16, true);
+  TempDir tmp;
+  MakeStore(tmp, spec, *ParseConfig("tp=2,pp=1,dp=3,zero=1,per_worker=2"), 1);
+  auto store = Store::Open(Env::Default(), tmp / "store");
+  ASSERT_TRUE(store.ok());
+  GenerationManifest m = (*store)->current();
+  const ParallelConfig to = *ParseConfig("tp=4,pp=1,dp=2,per_worker=4");
+  auto a = MakePlan({&m, spec, to, {1}, std::nullopt});
+  auto b = MakePlan({&m, spec, to, {1}, std::nullopt});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(Describe(*a, m), Describe(*b, m));
+  GenerationManifest shuffled = m;
+  std::shuffle(shuffled.shards.begin(), shuffled.shards.end(), rng);
+  auto c = MakePlan({&shuffled, spec, to, {1}, std::nullopt});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(Describe(*a, m), Describe(*c, shuffled));
+  EXPECT_EQ(a->bytes_moved, c->bytes_moved);
+  EXPECT_EQ(a->bottleneck, c->bottleneck);
+}
+
+TEST(Plan, LostWorkerWithoutReplicaIsNamed) {
+  ModelSpec spec = Spec("megatron-gpt", kModels[0].second);
+  TempDir tmp;
+  MakeStore(tmp, spec, *ParseConfig("tp=2,pp=2,dp=1,per_worker=2"), 1);  // worker 1 holds stage 1 alone
+  auto store = Store::Open(Env::Default(), tmp / "store");
+  ASSERT_TRUE(store.ok());
+  auto plan = MakePlan({&(*store)->current(), spec, *ParseConfig("tp=1,pp=1"), {}, std::set<int>{0}});
+  ASSERT_TRUE(plan.ok());
+  ASSERT_FALSE(plan->missing.empty());
+  EXPECT_EQ(plan->missing.front().first.rfind("language_model.encoder.layers.2.", 0), 0u) << plan->missing.front().first;
+  auto r = ExecutePlan(**store, (*store)->CurrentSnapshot(), spec, *ParseConfig("tp=1,pp=1"), *plan, Options());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("no live copy of: language_model.encoder.layers.2."), std::string::npos)
+      << r.status().message();
+  EXPECT_EQ((*store)->current_generation(), 1u);
+  // With a dp replica on a live worker the same loss is harmless.
+  TempDir tmp2;
+  MakeStore(tmp2, spec, *ParseConfig("tp=2,pp=2,dp=2,per_worker=2"), 1);
+  auto store2 = Store::Open(Env::Default(), tmp2 / "store");
+  ASSERT_TRUE(store2.ok());
+  auto plan2 = MakePlan({&(*store2)->current(), spec, *ParseConfig("tp=1,pp=1"), {}, std::set<int>{0, 1, 2}});
+  ASSERT_TRUE(plan2.ok());
+  EXPECT_TRUE(plan2->missing.empty());
+}
+
+TEST(Transform, FaultAtEveryOperationLeavesThePreviousGeneration) {
+  ModelSpec spec = Spec("llama", kModels[2].second, DType::kBF16, true);
+  TempDir tmp;
+  MakeStore(tmp, spec, *ParseConfig("tp=2,pp=2,per_worker=2"), 9);
+  const auto before = Snapshot(tmp / "store");
+  const ParallelConfig to = *ParseConfig("tp=1,pp=1,dp=2,zero=1");
+  FaultInjectionEnv faulty(Env::Default());
+  bool committed = false;
+  int n = 0;
+  for (; n < 5000 && !committed; ++n) {
+    faulty.Disarm();
+    auto store = Store::Open(&faulty, tmp / "store");
+    ASSERT_TRUE(store.ok()) << "op " << n << ": " << store.status().ToString();
+    faulty.FailAfter(n);
+    auto r = Transform(**store, to, Options(1 + n % 2));
+    faulty.Disarm();
+    auto reopened = Store::Open(Env::Default(), tmp / "store");
+    ASSERT_TRUE(reopened.ok()) << "op " << n << ": " << reopened.status().ToString();
+    // Only the directory fsync after the commit rename may fail with the new
+    // generation current; the error says so.
+    if (r.ok() || (*reopened)->current_generation() == 2) {
+      if (!r.ok()) EXPECT_NE(r.status().message().find("committed but not durable"), std::string::npos);
+      committed = true;
+      break;
+    }
+    // The previous generation is current, intact and verifies.
+    ASSERT_EQ((*reopened)->current_generation(), 1u) << "op " << n << ": " << r.status().ToString();
+    ASSERT_TRUE(VerifyGeneration(**reopened, (*reopened)->current()).ok()) << "op " << n;
+    auto now = Snapshot(tmp / "store");
+    for (const auto& [path, bytes] : before) {
+      ASSERT_TRUE(now.count(path) && now[path] == bytes) << "op " << n << " changed " << path;
+    }
+  }
+  ASSERT_TRUE(committed) << "transform never succeeded";
+  EXPECT_GT(n, 20) << "too few operations injected";
+  ExpectStoreHolds(tmp, spec, to, 9);
+}
+
+}  // namespace
+}  // namespace ptc

@@ -1,0 +1,155 @@
+// ptcfs plan / ptcfs transform: repartition the store for another config.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "ptc/kv_text.h"
+#include "ptc/model_spec.h"
+#include "tools/commands.h"
+#include "tools/progress.h"
+#include "transform/execute.h"
+
+namespace ptcfs {
+namespace {
+
+struct PlanArgs {
+  std::string store, to, alive;
+  int workers_per_host = 1;
+  int threads = 2;
+  bool json = false;
+  bool keep_old = false;
+};
+
+ptc::Result<std::optional<std::set<int>>> ParseAlive(const std::string& text) {
+  if (text.empty()) return std::optional<std::set<int>>();
+  std::set<int> alive;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (item == "0") {
+      alive.insert(0);
+    } else {
+      PTC_ASSIGN_OR_RETURN(int64_t w, ptc::ParsePositiveInt(item), "--alive");
+      alive.insert(static_cast<int>(w));
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return std::optional<std::set<int>>(alive);
+}
+
+nlohmann::json PlanJson(const ptc::Plan& p, const std::string& from, const std::string& to) {
+  nlohmann::json messages = nlohmann::json::array();
+  for (const auto& [link, bytes] : p.messages) messages.push_back({{"from", link.first}, {"to", link.second}, {"bytes", bytes}});
+  nlohmann::json missing = nlohmann::json::array();
+  for (const auto& [tensor, box] : p.missing) missing.push_back({{"tensor", tensor}, {"box", box.ToString()}});
+  size_t kept = 0;
+  for (const ptc::TargetShard& t : p.targets) kept += t.kept.has_value();
+  return {{"from", from}, {"to", to}, {"target_shards", p.targets.size()}, {"kept_shards", kept},
+          {"copies", p.copies.size()}, {"bytes_total", p.bytes_total}, {"bytes_kept", p.bytes_kept},
+          {"bytes_local", p.bytes_local}, {"bytes_moved", p.bytes_moved}, {"lower_bound", p.lower_bound},
+          {"bottleneck", p.bottleneck}, {"bytes_to_write", ptc::BytesToWrite(p)},
+          {"links", {{"local", p.links.local}, {"same_host", p.links.same_host}, {"cross_host", p.links.cross_host}}},
+          {"messages", messages}, {"missing", missing}};
+}
+
+ptc::Status RunPlan(const PlanArgs& a) {
+  PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig to, ptc::ParseConfig(a.to), "--to");
+  PTC_ASSIGN_OR_RETURN(auto alive, ParseAlive(a.alive));
+  PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::Open(ptc::Env::Default(), a.store));
+  if (!store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
+  auto source = store->CurrentSnapshot();
+  PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(*source));
+  const auto start = std::chrono::steady_clock::now();
+  PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({source.get(), spec, to, {a.workers_per_host}, alive}));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  nlohmann::json j = PlanJson(plan, source->config, to.ToString());
+  if (a.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("plan %s -> %s (%.3f s)\n", source->config.c_str(), to.ToString().c_str(), secs);
+    std::printf("  target shards  %zu (%zu kept as they are)\n", plan.targets.size(), j["kept_shards"].get<size_t>());
+    std::printf("  bytes          %s total, %s kept, %s copied on-worker, %s moved between workers\n",
+                HumanBytes(plan.bytes_total).c_str(), HumanBytes(plan.bytes_kept).c_str(),
+                HumanBytes(plan.bytes_local).c_str(), HumanBytes(plan.bytes_moved).c_str());
+    std::printf("  lower bound    %s (no replica on the receiving worker); bottleneck %s per worker\n",
+                HumanBytes(plan.lower_bound).c_str(), HumanBytes(plan.bottleneck).c_str());
+    std::printf("  to write here  %s (shared store: identical shards are referenced)\n",
+                HumanBytes(ptc::BytesToWrite(plan)).c_str());
+    for (const auto& m : j["missing"]) {
+      std::printf("  MISSING        %s %s\n", m["tensor"].get<std::string>().c_str(), m["box"].get<std::string>().c_str());
+    }
+  }
+  if (!plan.missing.empty()) {
+    return ptc::FailedPreconditionError(std::to_string(plan.missing.size()) + " regions have no live copy");
+  }
+  return ptc::Status::OK();
+}
+
+ptc::Status RunTransform(const PlanArgs& a) {
+  PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig to, ptc::ParseConfig(a.to), "--to");
+  PTC_ASSIGN_OR_RETURN(auto alive, ParseAlive(a.alive));
+  PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::Open(ptc::Env::Default(), a.store));
+  if (!store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
+  auto source = store->CurrentSnapshot();
+  PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(*source));
+  PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({source.get(), spec, to, {a.workers_per_host}, alive}));
+  ptc::ExecuteResult r;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    Progress progress("transform", ptc::BytesToWrite(plan));
+    ptc::ExecuteOptions options;
+    options.threads = a.threads;
+    options.progress = progress.fn();
+    PTC_ASSIGN_OR_RETURN(r, ptc::ExecutePlan(*store, source, spec, to, plan, options));
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!a.keep_old) PTC_RETURN_IF_ERROR(store->CollectGarbage(), "removing old generations");
+  std::printf("generation %llu (%s) committed in %.2f s: %llu shards written (%s), %llu referenced unchanged\n",
+              static_cast<unsigned long long>(r.generation), to.ToString().c_str(), secs,
+              static_cast<unsigned long long>(r.shards_written), HumanBytes(r.bytes_written).c_str(),
+              static_cast<unsigned long long>(r.shards_referenced));
+  return ptc::Status::OK();
+}
+
+void AddCommonOptions(CLI::App* sub, PlanArgs* a) {
+  sub->add_option("--to", a->to, "target parallel config, e.g. tp=4,pp=1,dp=2,zero=1")->required();
+  sub->add_option("--alive", a->alive, "comma-separated workers whose shards can be read (default: all)");
+  sub->add_option("--workers-per-host", a->workers_per_host, "topology: workers sharing a host (for link classes)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("STORE", a->store, "store directory")->required();
+}
+
+}  // namespace
+
+void AddPlanCommand(CLI::App& app, int* exit_code) {
+  auto a = std::make_shared<PlanArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "plan",
+      "Show what changing the store's current generation to --to would move, without moving\n"
+      "anything: bytes kept, copied on-worker and moved between workers, the lower bound (bytes\n"
+      "with no replica on their new worker), the per-worker bottleneck, and regions with no live\n"
+      "copy when --alive excludes workers (exit 1).");
+  AddCommonOptions(sub, a.get());
+  sub->add_flag("--json", a->json, "machine-readable plan summary (docs/cli.md)");
+  sub->callback([a, exit_code] { *exit_code = Report("plan", RunPlan(*a)); });
+}
+
+void AddTransformCommand(CLI::App& app, int* exit_code) {
+  auto a = std::make_shared<PlanArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "transform",
+      "Rewrite the store for --to as a new generation: shards that do not change are referenced\n"
+      "(a pp-only or dp-only change writes no tensor bytes), the rest is streamed from the source\n"
+      "shards in bounded chunks on --threads threads. On failure the previous generation stays\n"
+      "current. Older generations are removed after the commit unless --keep-old.");
+  AddCommonOptions(sub, a.get());
+  sub->add_option("--threads", a->threads, "writer threads")->check(CLI::Range(1, 256));
+  sub->add_flag("--keep-old", a->keep_old, "keep earlier generations' files");
+  sub->callback([a, exit_code] { *exit_code = Report("transform", RunTransform(*a)); });
+}
+
+}  // namespace ptcfs

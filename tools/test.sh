@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Sets up, builds (Release, then AddressSanitizer+UBSan) and runs every test.
+# This is the README's test command and what CI runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/setup-deps.sh
+for kind in release asan; do
+  echo "== build ($kind)"
+  bash tools/build.sh "$kind"
+  dir=build; [ "$kind" = asan ] && dir=build-asan
+  echo "== test ($kind)"
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir "$dir" -j "$(nproc)" --output-on-failure
+done
+echo "== all tests passed"

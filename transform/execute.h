@@ -1,0 +1,53 @@
+// The executor: runs a Plan against a store on one machine (all workers'
+// directories in one store), writing the target config as a new generation.
+//
+// - Kept target shards, and shards identical to a source on another worker
+//   (a shared store can read those files), are referenced: no bytes written.
+// - Every other target shard is assembled in bounded chunks (rows of its
+//   boxes, at most chunk_bytes each) from the plan's copies, read straight
+//   from the source shard files at their offsets, and streamed into the new
+//   HDF5 shard file; its checksum is computed on the way. Source checksums
+//   are verified on first use. Target shards are written in parallel.
+// - Commit uses the store's atomic protocol: on any failure the previous
+//   generation stays current and the partial one is removed.
+//
+// Peak memory: threads * chunk_bytes plus the plan; independent of model size.
+#pragma once
+
+#include <cstdint>
+
+#include "ptc/checkpoint.h"
+#include "ptc/store.h"
+#include "transform/plan.h"
+
+namespace ptc {
+
+struct ExecuteOptions {
+  int threads = 2;
+  uint64_t chunk_bytes = 8ull << 20;
+  ProgressFn progress;  // bytes written
+};
+
+struct ExecuteResult {
+  uint64_t generation = 0;
+  uint64_t shards_written = 0;
+  uint64_t shards_referenced = 0;
+  uint64_t bytes_written = 0;
+};
+
+// Total bytes ExecutePlan will write for `plan` (for a progress bar).
+uint64_t BytesToWrite(const Plan& plan);
+
+// REQUIRES: plan made from `source`, which is the store's current generation.
+// \error FailedPrecondition naming the tensors when plan.missing is not empty.
+// \error as GenerationReader (Corruption for a bad source shard), GenerationWriter and Commit.
+Result<ExecuteResult> ExecutePlan(Store& store, std::shared_ptr<const GenerationManifest> source,
+                                  const ModelSpec& spec, const ParallelConfig& target, const Plan& plan,
+                                  const ExecuteOptions& options);
+
+// Plans and executes a change of the store's current generation to `target`.
+// \error as MakePlan and ExecutePlan.
+Result<ExecuteResult> Transform(Store& store, const ParallelConfig& target, const ExecuteOptions& options,
+                                const Topology& topology = {});
+
+}  // namespace ptc

@@ -1,0 +1,182 @@
+#include "transform/plan.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace ptc {
+namespace {
+
+// Source shards by canonical order, indexed for the planner's lookups.
+struct SourceIndex {
+  const std::vector<ShardRecord>* shards;
+  std::vector<bool> live;
+  std::map<std::string, std::vector<size_t>> by_tensor;   // live only, canonical order
+  std::map<std::pair<ShardKey, int>, size_t> by_key_worker;
+  std::map<ShardKey, std::vector<size_t>> by_key;         // live only, canonical order
+
+  SourceIndex(const GenerationManifest& m, const std::optional<std::set<int>>& alive) : shards(&m.shards) {
+    const auto& s = m.shards;
+    std::vector<size_t> order(s.size());
+    std::iota(order.begin(), order.end(), 0);
+    // Canonical order makes the plan independent of the manifest's order.
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return std::tie(s[a].tensor, s[a].boxes, s[a].worker, s[a].file) <
+             std::tie(s[b].tensor, s[b].boxes, s[b].worker, s[b].file);
+    });
+    live.resize(s.size());
+    for (size_t i : order) {
+      live[i] = !alive || alive->count(s[i].worker) > 0;
+      if (!live[i]) continue;
+      ShardKey key{s[i].tensor, s[i].boxes};
+      by_tensor[s[i].tensor].push_back(i);
+      by_key_worker.try_emplace({key, s[i].worker}, i);
+      by_key[key].push_back(i);
+    }
+  }
+};
+
+class Planner {
+ public:
+  Planner(const PlanRequest& req, const SourceIndex& index, Plan* plan)
+      : req_(req), index_(index), plan_(plan) {}
+
+  void PlanTarget(size_t t) {
+    TargetShard& target = plan_->targets[t];
+    if (auto it = index_.by_key_worker.find({target.key, target.worker}); it != index_.by_key_worker.end()) {
+      target.kept = it->second;
+      plan_->bytes_kept += target.nbytes;
+      return;
+    }
+    if (auto it = index_.by_key.find(target.key); it != index_.by_key.end()) target.same = it->second.front();
+    const size_t elem = DTypeSize(target.dtype);
+    auto found = index_.by_tensor.find(target.key.tensor);
+    const std::vector<size_t> none;
+    const std::vector<size_t>& sources = found == index_.by_tensor.end() ? none : found->second;
+    for (const Box& box : target.key.boxes) {
+      std::vector<Box> missing = {box};
+      for (size_t s : sources) {
+        if ((*index_.shards)[s].worker == target.worker) Cover(t, s, elem, &missing);
+      }
+      for (const Box& m : missing) plan_->lower_bound += m.volume() * elem;
+      CoverRemote(t, sources, elem, &missing);
+      for (const Box& m : missing) plan_->missing.emplace_back(target.key.tensor, m);
+    }
+  }
+
+  std::map<int, uint64_t> sent, received;
+
+ private:
+  // Copies every part of `missing` that source s holds; returns bytes copied.
+  uint64_t Cover(size_t t, size_t s, size_t elem, std::vector<Box>* missing) {
+    uint64_t bytes = 0;
+    for (const Box& held : (*index_.shards)[s].boxes) {
+      std::vector<Box> still;
+      for (const Box& want : *missing) {
+        auto hit = Intersect(want, held);
+        if (!hit) {
+          still.push_back(want);
+          continue;
+        }
+        const uint64_t n = hit->volume() * elem;
+        plan_->copies.push_back({t, s, *hit, n});
+        bytes += n;
+        for (Box& rest : Subtract(want, held)) still.push_back(std::move(rest));
+      }
+      *missing = std::move(still);
+    }
+    const int from = (*index_.shards)[s].worker, to = plan_->targets[t].worker;
+    if (from == to) {
+      plan_->bytes_local += bytes;
+      plan_->links.local += bytes;
+    } else if (bytes > 0) {
+      plan_->bytes_moved += bytes;
+      plan_->messages[{from, to}] += bytes;
+      (req_.topology.HostOf(from) == req_.topology.HostOf(to) ? plan_->links.same_host : plan_->links.cross_host) +=
+          bytes;
+      sent[from] += bytes;
+      received[to] += bytes;
+    }
+    return bytes;
+  }
+
+  bool Touches(size_t s, const std::vector<Box>& missing) const {
+    for (const Box& held : (*index_.shards)[s].boxes) {
+      for (const Box& want : missing) {
+        if (Intersect(want, held)) return true;
+      }
+    }
+    return false;
+  }
+
+  // Remote pieces: repeatedly the best sender among live replicas on other
+  // workers: same host first, then least bytes sent so far, then lowest id.
+  void CoverRemote(size_t t, const std::vector<size_t>& sources, size_t elem, std::vector<Box>* missing) {
+    const int to = plan_->targets[t].worker;
+    std::vector<size_t> candidates;
+    for (size_t s : sources) {
+      if ((*index_.shards)[s].worker != to && Touches(s, *missing)) candidates.push_back(s);
+    }
+    while (!missing->empty() && !candidates.empty()) {
+      auto rank = [&](size_t s) {
+        const int w = (*index_.shards)[s].worker;
+        return std::make_tuple(req_.topology.HostOf(w) != req_.topology.HostOf(to), sent[w], w);
+      };
+      auto best = std::min_element(candidates.begin(), candidates.end(),
+                                   [&](size_t a, size_t b) { return rank(a) < rank(b); });
+      const size_t s = *best;
+      candidates.erase(best);
+      if (Touches(s, *missing)) Cover(t, s, elem, missing);
+    }
+  }
+
+  const PlanRequest& req_;
+  const SourceIndex& index_;
+  Plan* plan_;
+};
+
+}  // namespace
+
+Result<std::vector<std::pair<ShardKey, int>>> TargetShardKeys(const ModelSpec& spec, const ParallelConfig& config) {
+  PTC_RETURN_IF_ERROR(ValidateConfig(spec, config));
+  std::vector<std::pair<ShardKey, int>> out;
+  std::set<std::pair<ShardKey, int>> seen;
+  for (int rank = 0; rank < config.world_size(); ++rank) {
+    PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(spec, config, rank));
+    const int worker = config.WorkerOf(rank);
+    for (const auto* list : {&view.model, &view.optim}) {
+      for (const LocalTensor& t : *list) {
+        for (ShardKey& key : StoredShards(t)) {
+          if (seen.insert({key, worker}).second) out.emplace_back(std::move(key), worker);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+Result<Plan> MakePlan(const PlanRequest& req) {
+  PTC_ASSIGN_OR_RETURN(auto keys, TargetShardKeys(req.spec, req.target));
+  std::map<std::string, DType> dtypes;
+  for (const TensorRecord& t : req.source->tensors) dtypes[t.name] = t.dtype;
+  Plan plan;
+  for (auto& [key, worker] : keys) {
+    auto dt = dtypes.find(key.tensor);
+    if (dt == dtypes.end()) {
+      return CorruptionError("generation " + std::to_string(req.source->generation) + " has no tensor '" +
+                             key.tensor + "' that the target config needs");
+    }
+    uint64_t elems = 0;
+    for (const Box& b : key.boxes) elems += b.volume();
+    TargetShard t{std::move(key), worker, dt->second, elems * DTypeSize(dt->second), {}, {}};
+    plan.bytes_total += t.nbytes;
+    plan.targets.push_back(std::move(t));
+  }
+  SourceIndex index(*req.source, req.alive);
+  Planner planner(req, index, &plan);
+  for (size_t t = 0; t < plan.targets.size(); ++t) planner.PlanTarget(t);
+  for (const auto& [w, n] : planner.sent) plan.bottleneck = std::max(plan.bottleneck, n);
+  for (const auto& [w, n] : planner.received) plan.bottleneck = std::max(plan.bottleneck, n);
+  return plan;
+}
+
+}  // namespace ptc
