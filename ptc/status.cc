@@ -14,6 +14,7 @@ std::string_view CodeName(Code code) {
     case Code::kIOError: return "IOError";
     case Code::kFailedPrecondition: return "FailedPrecondition";
     case Code::kAlreadyExists: return "AlreadyExists";
+    case Code::kPermissionDenied: return "PermissionDenied";
     case Code::kUnimplemented: return "Unimplemented";
     case Code::kInternal: return "Internal";
   }

@@ -25,6 +25,7 @@ enum class Code {
   kIOError,             // the operating system failed a call
   kFailedPrecondition,  // the store is not in a state that allows the operation
   kAlreadyExists,
+  kPermissionDenied,    // the operation is not allowed on this object (a read-only file)
   kUnimplemented,
   kInternal,            // a broken invariant of ours
 };

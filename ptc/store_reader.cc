@@ -52,8 +52,8 @@ Status GenerationReader::ReadShard(const ShardRecord& shard, const Box& region, 
   return InternalError("region " + region.ToString() + " is not inside one box of a shard of '" + shard.tensor + "'");
 }
 
-Status GenerationReader::Read(const std::string& tensor, const Box& region, void* dst, const Box& dst_box,
-                              const Layout& dst_layout, int prefer_worker) const {
+Status GenerationReader::Cover(const std::string& tensor, const Box& region, int prefer_worker,
+                               const PartFn& fn) const {
   auto it = by_tensor_.find(tensor);
   if (it == by_tensor_.end()) return NotFoundError("tensor '" + tensor + "' has no stored shard");
   std::vector<const ShardRecord*> order = it->second;
@@ -72,9 +72,7 @@ Status GenerationReader::Read(const std::string& tensor, const Box& region, void
           still.push_back(want);
           continue;
         }
-        PTC_ASSIGN_OR_RETURN(const RandomAccessFile* file, File(*shard));
-        FileTensor src{file, base, stored, DenseLayout(stored), elem};
-        PTC_RETURN_IF_ERROR(ReadRegion(src, *hit, dst, dst_box, dst_layout), "tensor '" + tensor + "'");
+        PTC_RETURN_IF_ERROR(fn(*shard, stored, base, *hit));
         for (Box& rest : Subtract(want, stored)) still.push_back(std::move(rest));
       }
       missing = std::move(still);
@@ -86,6 +84,18 @@ Status GenerationReader::Read(const std::string& tensor, const Box& region, void
                          " (generation " + std::to_string(manifest_->generation) + ")");
   }
   return Status::OK();
+}
+
+Status GenerationReader::Read(const std::string& tensor, const Box& region, void* dst, const Box& dst_box,
+                              const Layout& dst_layout, int prefer_worker) const {
+  auto known = dtype_size_.find(tensor);
+  const size_t elem = known == dtype_size_.end() ? 0 : known->second;  // unknown: Cover reports it
+  return Cover(tensor, region, prefer_worker,
+               [&](const ShardRecord& shard, const Box& stored, uint64_t base, const Box& part) -> Status {
+                 PTC_ASSIGN_OR_RETURN(const RandomAccessFile* file, File(shard));
+                 FileTensor src{file, base, stored, DenseLayout(stored), elem};
+                 return ReadRegion(src, part, dst, dst_box, dst_layout).WithContext("tensor '" + tensor + "'");
+               });
 }
 
 }  // namespace ptc

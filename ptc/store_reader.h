@@ -8,6 +8,7 @@
 // Thread safety: Read may be called from several threads at once.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,6 +35,19 @@ class GenerationReader {
   Status Read(const std::string& tensor, const Box& region, void* dst, const Box& dst_box, const Layout& dst_layout,
               int prefer_worker = -1) const;
 
+  // Calls fn(shard, stored_box, data_offset_of_that_box_in_file, part) for
+  // parts that tile `region`, each taken from one stored copy (preferred
+  // worker first). The mapping without the reading, for callers that serve
+  // bytes straight from the files.
+  // \error NotFound as Read; errors of fn are returned as they are.
+  using PartFn = std::function<Status(const ShardRecord&, const Box&, uint64_t, const Box&)>;
+  Status Cover(const std::string& tensor, const Box& region, int prefer_worker, const PartFn& fn) const;
+
+  // The open file of a shard, its checksum verified first when verify is on.
+  // The pointer stays valid as long as the reader.
+  // \error Corruption naming the shard; NotFound / IOError from the Env.
+  Result<const RandomAccessFile*> File(const ShardRecord& shard) const;
+
   // Copies `region` out of one given shard of this generation.
   // REQUIRES: region lies inside one box of `shard`.
   // \error as Read.
@@ -41,8 +55,6 @@ class GenerationReader {
                    const Layout& dst_layout) const;
 
  private:
-  Result<const RandomAccessFile*> File(const ShardRecord& shard) const;
-
   const Store& store_;
   std::shared_ptr<const GenerationManifest> manifest_;
   const bool verify_;

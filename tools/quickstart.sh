@@ -1,34 +1,41 @@
 #!/usr/bin/env bash
 # The main job, end to end, on a small synthetic model:
 #   synthesise a Llama checkpoint saved by tp=2,pp=2 ranks (bf16, Adam state),
-#   import it into a store, verify it, re-partition it for tp=4,dp=2 with ZeRO-1,
-#   read it back with numpy, and prove it equals the reference bit for bit.
+#   import it into a store, mount it, list a rank's files, reconfigure the
+#   running mount to tp=4,pp=1 (progress shown), read the new files back with
+#   numpy and compare them bit for bit with a reference, verify, unmount.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup-deps.sh
 bash tools/build.sh release >/dev/null
 ptcfs=build/tools/ptcfs
 work="${PTCFS_QUICKSTART_DIR:-$(mktemp -d /tmp/ptcfs-quickstart.XXXXXX)}"
+mnt="$work/mnt"
 dims=layers=4,hidden=128,heads=8,kv_heads=4,vocab=1024,seq=256
+mkdir -p "$mnt"
+trap 'fusermount3 -u "$mnt" 2>/dev/null || true' EXIT
 set -x
 $ptcfs synth --schema llama --dims $dims --config tp=2,pp=2 --dtype bf16 --optimizer adam "$work/saved-tp2pp2"
 $ptcfs import --schema llama --dims $dims --config tp=2,pp=2 "$work/saved-tp2pp2" "$work/store"
-$ptcfs inspect "$work/store"
-$ptcfs verify "$work/store"
-$ptcfs export --config tp=4,pp=1,dp=2,zero=1 "$work/store" "$work/load-tp4dp2"
-$ptcfs export --config tp=4,pp=1,dp=2,zero=1 --format npy "$work/store" "$work/load-npy"
-$ptcfs diff --schema llama --dims $dims --config-a tp=2,pp=2 --config-b tp=4,pp=1,dp=2,zero=1 \
-  "$work/saved-tp2pp2" "$work/load-tp4dp2"
-/usr/bin/python3 - "$work/load-npy" <<'PY'
+$ptcfs mount "$work/store" "$mnt"
+ls -l "$mnt/model" "$mnt/model/rank-00003"
+cat "$mnt/.ptcfs/status"
+cmp "$mnt/model/rank-00003/model.safetensors" "$work/saved-tp2pp2/rank-00003/model.safetensors"
+PTCFS_PROGRESS=1 $ptcfs reconfigure "$mnt" --to tp=4,pp=1
+ls "$mnt/model"
+$ptcfs synth --schema llama --dims $dims --config tp=4,pp=1 --dtype bf16 --optimizer adam "$work/reference-tp4"
+/usr/bin/python3 tests/clients/compare_tensors.py "$mnt/model" "$work/reference-tp4"
+/usr/bin/python3 - "$mnt/model" <<'PY'
 import json, pathlib, sys
 import numpy as np
-root = pathlib.Path(sys.argv[1])
-t = root / "rank-00003" / "tensors"
+t = pathlib.Path(sys.argv[1]) / "rank-00003" / "tensors"
 dtypes = json.loads((t / "dtypes.json").read_text())
 fc1 = np.load(t / "decoder.layers.0.mlp.linear_fc1.weight.npy")
-opt = np.load(t / "optimizer.exp_avg.npy")
-print(f"rank 3 holds {len(dtypes)} tensors; fc1 {fc1.shape} stored as {dtypes['decoder.layers.0.mlp.linear_fc1.weight.npy']};"
-      f" ZeRO-1 exp_avg piece {opt.shape} {opt.dtype}")
+print(f"rank 3 of tp=4 holds {len(dtypes)} tensors; its [gate; up] fc1 shard is {fc1.shape}, "
+      f"{dtypes['decoder.layers.0.mlp.linear_fc1.weight.npy']} stored as numpy {fc1.dtype}")
 PY
+$ptcfs verify "$work/store"
+$ptcfs umount "$mnt"
 set +x
+trap - EXIT
 echo "quickstart OK: files in $work"

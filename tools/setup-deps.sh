@@ -5,7 +5,7 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
-  libhdf5-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libgtest-dev
+  libhdf5-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libgtest-dev libfuse3-dev fuse3
   python3 python3-numpy python3-h5py
 )
 missing=()

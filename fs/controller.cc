@@ -1,0 +1,106 @@
+#include "fs/controller.h"
+
+#include <nlohmann/json.hpp>
+
+#include "ptc/model_spec.h"
+#include "transform/execute.h"
+
+namespace ptcfs {
+namespace {
+
+// A config from what was written: the config text itself or {"config": "..."}.
+ptc::Result<ptc::ParallelConfig> ParseRequest(const std::string& raw) {
+  std::string text = raw;
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\0')) text.pop_back();
+  if (!text.empty() && text.front() == '{') {
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("config") || !j["config"].is_string()) {
+      return ptc::InvalidArgumentError(".ptcfs/config: expected a config such as tp=4,pp=1 or {\"config\": \"tp=4,pp=1\"}");
+    }
+    text = j["config"].get<std::string>();
+  }
+  return ptc::ParseConfig(text);
+}
+
+}  // namespace
+
+Controller::Controller(ptc::Store* store, int worker, int threads,
+                       std::function<void(std::shared_ptr<const Snapshot>)> serve)
+    : store_(store), worker_(worker), threads_(threads), serve_(std::move(serve)) {}
+
+Controller::~Controller() {
+  std::thread t;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    t = std::move(worker_thread_);
+  }
+  if (t.joinable()) t.join();
+}
+
+void Controller::RecordError(const std::string& error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_error_ = error;
+}
+
+ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_ptr<const Snapshot>& current) {
+  auto fail = [&](const ptc::Status& s) {
+    RecordError(s.message());
+    return s;
+  };
+  auto config = ParseRequest(text);
+  if (!config.ok()) return fail(ptc::InvalidArgumentError(config.status().message()));
+  const ptc::ModelSpec& spec = current->spec();
+  if (ptc::Status s = ptc::ValidateConfig(spec, *config); !s.ok()) return fail(s);
+  // The new layout, served at once from the shards of the current generation.
+  auto lazy = Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, *config, worker_);
+  if (!lazy.ok()) return fail(ptc::InvalidArgumentError(lazy.status().message()));
+  std::thread previous;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == "repartitioning") {
+      return ptc::FailedPreconditionError("a reconfiguration is still running; wait for .ptcfs/status to say serving");
+    }
+    state_ = "repartitioning";
+    last_error_.clear();
+    done_ = 0;
+    total_ = 0;
+    previous = std::move(worker_thread_);
+  }
+  if (previous.joinable()) previous.join();  // finished: its state was set
+  serve_(*lazy);
+  std::lock_guard<std::mutex> lock(mu_);
+  worker_thread_ = std::thread([this, c = *config, spec] { Rewrite(c, spec); });
+  return ptc::Status::OK();
+}
+
+void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec) {
+  ptc::ExecuteOptions options;
+  options.threads = threads_;
+  options.progress = [this](uint64_t n) { done_ += n; };
+  auto result = [&]() -> ptc::Result<std::shared_ptr<const Snapshot>> {
+    auto source = store_->CurrentSnapshot();
+    PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({source.get(), spec, config, {}, std::nullopt}));
+    total_ = ptc::BytesToWrite(plan);
+    PTC_RETURN_IF_ERROR(ptc::ExecutePlan(*store_, source, spec, config, plan, options).status());
+    return Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, config, worker_);
+  }();
+  if (result.ok()) serve_(*result);
+  std::lock_guard<std::mutex> lock(mu_);
+  state_ = result.ok() ? "serving" : "failed";
+  if (!result.ok()) last_error_ = result.status().message();
+}
+
+std::string Controller::StatusJson(const std::shared_ptr<const Snapshot>& current) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  nlohmann::json j = {
+      {"generation", current->generation()},
+      {"config", current->config().ToString()},
+      {"state", state_},
+      {"bytes_done", done_.load()},
+      {"bytes_total", total_.load()},
+      {"last_error", last_error_.empty() ? nlohmann::json(nullptr) : nlohmann::json(last_error_)},
+  };
+  return j.dump(2) + "\n";
+}
+
+}  // namespace ptcfs

@@ -1,0 +1,54 @@
+// Reconfiguration of a mounted store: validates a requested config, switches
+// the served layout at once (new views over the current generation's
+// shards), rewrites the store in the background with the repartitioning
+// engine, and switches to the new generation when it commits. Keeps the
+// status that .ptcfs/status shows.
+//
+// Thread safety: all methods may be called concurrently; one reconfiguration
+// runs at a time.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "fs/snapshot.h"
+#include "ptc/store.h"
+
+namespace ptcfs {
+
+class Controller {
+ public:
+  // `serve` installs a snapshot as the one the mount shows.
+  Controller(ptc::Store* store, int worker, int threads,
+             std::function<void(std::shared_ptr<const Snapshot>)> serve);
+  ~Controller();  // waits for a running rewrite
+
+  // Parses "tp=4,pp=1" or {"config": "tp=4,pp=1"}, validates it against the
+  // model, switches the layout and starts the rewrite.
+  // \error InvalidArgument naming what is wrong (also kept as last_error);
+  // \error FailedPrecondition while a rewrite runs.
+  ptc::Status Reconfigure(const std::string& text, const std::shared_ptr<const Snapshot>& current);
+
+  // The status document (docs/mount_format.md).
+  std::string StatusJson(const std::shared_ptr<const Snapshot>& current) const;
+  void RecordError(const std::string& error);
+
+ private:
+  void Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec);
+
+  ptc::Store* store_;
+  const int worker_;
+  const int threads_;
+  std::function<void(std::shared_ptr<const Snapshot>)> serve_;
+  mutable std::mutex mu_;
+  std::string state_ = "serving";  // GUARDED_BY(mu_): serving | repartitioning | failed
+  std::string last_error_;         // GUARDED_BY(mu_)
+  std::thread worker_thread_;      // GUARDED_BY(mu_)
+  std::atomic<uint64_t> done_{0}, total_{0};
+};
+
+}  // namespace ptcfs

@@ -1,0 +1,335 @@
+#include "fs/filesystem.h"
+
+#include <fcntl.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "ptc/checkpoint.h"
+#include "ptc/model_spec.h"
+#include "ptc/npy.h"
+
+namespace ptcfs {
+
+// Model entries are cached by the kernel for long: a layout change replaces
+// them with new inodes and invalidates explicitly.
+constexpr double kModelTimeout = 3600;
+
+struct Node {
+  enum Kind { kDir, kConfig, kStatus, kModelFile, kOptimFile, kNpyFile, kDTypesFile } kind = kDir;
+  std::map<std::string, uint64_t> children;  // kDir
+  std::shared_ptr<const Snapshot> snap;      // files under model/
+  size_t view = 0;                           // index into snap->views()
+  size_t tensor = 0;                         // kNpyFile: index into model then optim tensors
+  uint64_t size = 0;
+  std::string literal;                       // kDTypesFile
+  uint64_t ino = 0;
+  uint64_t lookups = 0;                      // GUARDED_BY(Filesystem::mu_)
+};
+
+struct Filesystem::Handle {
+  std::shared_ptr<Node> node;
+  std::unique_ptr<VirtualFile> file;  // model files
+  std::string text;                   // .ptcfs files: content at open / written so far
+};
+
+int ErrnoOf(const ptc::Status& s) {
+  switch (s.code()) {
+    case ptc::Code::kOk: return 0;
+    case ptc::Code::kInvalidArgument: return EINVAL;
+    case ptc::Code::kNotFound: return ENOENT;
+    case ptc::Code::kAlreadyExists: return EEXIST;
+    case ptc::Code::kPermissionDenied: return EACCES;
+    case ptc::Code::kFailedPrecondition: return EBUSY;
+    case ptc::Code::kUnimplemented: return ENOSYS;
+    case ptc::Code::kCorruption:
+    case ptc::Code::kIOError:
+    case ptc::Code::kInternal: return EIO;
+  }
+  return EIO;
+}
+
+Filesystem::Filesystem(const MountOptions& options) : options_(options) {}
+Filesystem::~Filesystem() { controller_.reset(); }
+
+ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& options) {
+  std::unique_ptr<Filesystem> fs(new Filesystem(options));
+  PTC_ASSIGN_OR_RETURN(fs->store_, ptc::Store::Open(ptc::Env::Default(), options.store));
+  if (!fs->store_->has_generation()) {
+    return ptc::FailedPreconditionError(options.store + ": the store holds no generation yet (import one first)");
+  }
+  auto generation = fs->store_->CurrentSnapshot();
+  PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(*generation));
+  PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig config, ptc::ConfigFromManifest(*generation));
+  PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*fs->store_, generation, spec, config, options.worker));
+  Filesystem* self = fs.get();
+  fs->controller_ = std::make_unique<Controller>(fs->store_.get(), options.worker, options.transform_threads,
+                                                 [self](std::shared_ptr<const Snapshot> s) { self->Serve(s); });
+  std::lock_guard<std::mutex> lock(fs->mu_);
+  auto root = std::make_shared<Node>();
+  fs->AddNode(root);
+  auto meta = std::make_shared<Node>();
+  root->children[".ptcfs"] = fs->AddNode(meta);
+  auto config_node = std::make_shared<Node>();
+  config_node->kind = Node::kConfig;
+  meta->children["config"] = fs->AddNode(config_node);
+  auto status_node = std::make_shared<Node>();
+  status_node->kind = Node::kStatus;
+  meta->children["status"] = fs->AddNode(status_node);
+  fs->snapshot_ = snap;
+  root->children["model"] = fs->AddNode(fs->BuildModelTree(snap));
+  return fs;
+}
+
+void Filesystem::SetInvalidateCallback(std::function<void(uint64_t, const std::string&)> fn) {
+  invalidate_ = std::move(fn);
+}
+
+uint64_t Filesystem::AddNode(std::shared_ptr<Node> node) {
+  node->ino = next_ino_++;
+  nodes_[node->ino] = node;
+  return node->ino;
+}
+
+std::shared_ptr<Node> Filesystem::NodeOf(uint64_t ino) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = nodes_.find(ino);
+  return it == nodes_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<const Snapshot> Filesystem::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return snapshot_;
+}
+
+std::shared_ptr<Node> Filesystem::BuildModelTree(const std::shared_ptr<const Snapshot>& snap) {
+  auto model = std::make_shared<Node>();
+  auto file = [&](Node::Kind kind, size_t view, size_t tensor, uint64_t size) {
+    auto n = std::make_shared<Node>();
+    n->kind = kind;
+    n->snap = snap;
+    n->view = view;
+    n->tensor = tensor;
+    n->size = size;
+    return AddNode(n);
+  };
+  for (size_t v = 0; v < snap->views().size(); ++v) {
+    const ptc::RankView& view = snap->views()[v];
+    auto dir = std::make_shared<Node>();
+    if (options_.safetensors) {
+      const auto meta = snap->Metadata(view.rank);
+      dir->children["model.safetensors"] = file(Node::kModelFile, v, 0, *SafetensorsFileSize(view.model, meta));
+      if (!view.optim.empty()) {
+        dir->children["optim.safetensors"] = file(Node::kOptimFile, v, 0, *SafetensorsFileSize(view.optim, meta));
+      }
+    }
+    if (options_.npy) {
+      auto tensors = std::make_shared<Node>();
+      std::map<std::string, ptc::DType> dtypes;
+      size_t i = 0;
+      for (const auto* list : {&view.model, &view.optim}) {
+        for (const ptc::LocalTensor& t : *list) {
+          tensors->children[t.name + ".npy"] = file(Node::kNpyFile, v, i++, NpyFileSize(t));
+          dtypes[t.name + ".npy"] = t.dtype;
+        }
+      }
+      auto d = std::make_shared<Node>();
+      d->kind = Node::kDTypesFile;
+      d->literal = *ptc::EncodeNpyDTypes(dtypes);
+      d->size = d->literal.size();
+      tensors->children[std::string(ptc::kNpyDTypesFile)] = AddNode(d);
+      dir->children["tensors"] = AddNode(tensors);
+    }
+    model->children[ptc::RankDirName(view.rank)] = AddNode(dir);
+  }
+  return model;
+}
+
+void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshot_ = snap;
+    std::shared_ptr<Node> root = nodes_.at(kRootInode);
+    // The old model/ subtree stays in nodes_ until the kernel forgets it.
+    root->children["model"] = AddNode(BuildModelTree(snap));
+  }
+  if (invalidate_) invalidate_(kRootInode, "model");
+}
+
+struct stat Filesystem::Attr(const Node& n) const {
+  struct stat st = {};
+  st.st_ino = n.ino;
+  st.st_nlink = n.kind == Node::kDir ? 2 : 1;
+  st.st_mode = n.kind == Node::kDir ? S_IFDIR | 0555 : n.kind == Node::kConfig ? S_IFREG | 0644 : S_IFREG | 0444;
+  st.st_size = static_cast<off_t>(n.size);
+  st.st_blksize = 512 * 1024;
+  st.st_blocks = static_cast<blkcnt_t>((n.size + 511) / 512);
+  return st;
+}
+
+ptc::Result<Entry> Filesystem::Lookup(uint64_t parent, const std::string& name) {
+  std::shared_ptr<Node> node;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto p = nodes_.find(parent);
+    if (p == nodes_.end() || p->second->kind != Node::kDir) return ptc::NotFoundError("no directory " + std::to_string(parent));
+    auto c = p->second->children.find(name);
+    if (c == p->second->children.end()) return ptc::NotFoundError(name);
+    node = nodes_.at(c->second);
+    node->lookups++;
+  }
+  return Entry{node->ino, Attr(*node), Timeout(*node)};
+}
+
+void Filesystem::Forget(uint64_t ino, uint64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = nodes_.find(ino);
+  if (it == nodes_.end() || ino == kRootInode) return;
+  Node& node = *it->second;
+  node.lookups = node.lookups > n ? node.lookups - n : 0;
+  // Nodes of replaced trees go once the kernel has forgotten them.
+  if (node.lookups == 0 && node.snap && node.snap != snapshot_) nodes_.erase(it);
+}
+
+double Filesystem::Timeout(const Node& node) {
+  return node.kind == Node::kConfig || node.kind == Node::kStatus ? 0.0 : kModelTimeout;
+}
+
+ptc::Result<Entry> Filesystem::GetAttr(uint64_t ino) {
+  std::shared_ptr<Node> node = NodeOf(ino);
+  if (!node) return ptc::NotFoundError("inode " + std::to_string(ino));
+  struct stat st = Attr(*node);
+  if (node->kind == Node::kConfig) st.st_size = static_cast<off_t>(snapshot()->config().ToString().size() + 1);
+  if (node->kind == Node::kStatus) st.st_size = static_cast<off_t>(controller_->StatusJson(snapshot()).size());
+  return Entry{ino, st, Timeout(*node)};
+}
+
+ptc::Result<std::vector<DirEntry>> Filesystem::ReadDir(uint64_t ino) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = nodes_.find(ino);
+  if (it == nodes_.end()) return ptc::NotFoundError("inode " + std::to_string(ino));
+  if (it->second->kind != Node::kDir) return ptc::InvalidArgumentError("not a directory");
+  std::vector<DirEntry> out;
+  for (const auto& [name, child] : it->second->children) {
+    const Node& c = *nodes_.at(child);
+    out.push_back({name, child, c.kind == Node::kDir ? mode_t(S_IFDIR) : mode_t(S_IFREG)});
+  }
+  return out;
+}
+
+ptc::Result<std::unique_ptr<VirtualFile>> Filesystem::Render(const Node& n) const {
+  const Snapshot& snap = *n.snap;
+  const ptc::RankView& view = snap.views()[n.view];
+  const int worker = snap.WorkerOf(view.rank);
+  switch (n.kind) {
+    case Node::kModelFile: return MakeSafetensorsFile(snap.reader(), view.model, snap.Metadata(view.rank), worker);
+    case Node::kOptimFile: return MakeSafetensorsFile(snap.reader(), view.optim, snap.Metadata(view.rank), worker);
+    case Node::kNpyFile: {
+      const ptc::LocalTensor& t = n.tensor < view.model.size() ? view.model[n.tensor]
+                                                                : view.optim[n.tensor - view.model.size()];
+      return MakeNpyFile(snap.reader(), t, worker);
+    }
+    default: return ptc::InternalError("not a rendered file");
+  }
+}
+
+ptc::Result<OpenReply> Filesystem::Open(uint64_t ino, int flags) {
+  std::shared_ptr<Node> node = NodeOf(ino);
+  if (!node) return ptc::NotFoundError("inode " + std::to_string(ino));
+  if (node->kind == Node::kDir) return ptc::Status(ptc::Code::kInvalidArgument, "is a directory");
+  const bool writing = (flags & O_ACCMODE) != O_RDONLY;
+  if (writing && node->kind != Node::kConfig) {
+    return ptc::Status(ptc::Code::kPermissionDenied, "model files are read-only");
+  }
+  auto h = std::make_shared<Handle>();
+  h->node = node;
+  OpenReply reply;
+  if (node->kind == Node::kConfig || node->kind == Node::kStatus) {
+    reply.direct_io = true;  // content changes; never cached
+    if (!writing) {
+      h->text = node->kind == Node::kConfig ? snapshot()->config().ToString() + "\n" : controller_->StatusJson(snapshot());
+    }
+  } else if (node->kind != Node::kDTypesFile) {
+    auto file = Render(*node);
+    if (!file.ok()) {
+      controller_->RecordError(file.status().message());
+      return file.status();
+    }
+    h->file = std::move(file).value();
+    reply.keep_cache = true;
+  } else {
+    h->text = node->literal;
+    reply.keep_cache = true;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  reply.fh = next_fh_++;
+  handles_[reply.fh] = std::move(h);
+  return reply;
+}
+
+ptc::Result<ReadReply> Filesystem::Read(uint64_t fh, uint64_t offset, size_t size) {
+  std::shared_ptr<Handle> h;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = handles_.find(fh);
+    if (it == handles_.end()) return ptc::InvalidArgumentError("bad file handle");
+    h = it->second;
+  }
+  ReadReply reply;
+  if (!h->file) {
+    if (offset < h->text.size()) {
+      const size_t n = std::min<size_t>(size, h->text.size() - offset);
+      reply.bytes.assign(h->text.data() + offset, h->text.data() + offset + n);
+    }
+    return reply;
+  }
+  const Snapshot& snap = *h->node->snap;
+  auto check = [&](const ptc::ShardRecord& shard) { return snap.Check(shard); };
+  VirtualFile::FdRange range = h->file->SingleShardRange(offset, size);
+  if (range.fd >= 0) {
+    if (ptc::Status s = check(*range.shard); !s.ok()) {
+      controller_->RecordError(s.message());
+      return s;
+    }
+    reply.fd_range = range;
+    reply.fd_length = static_cast<size_t>(std::min<uint64_t>(size, h->file->size() - offset));
+    return reply;
+  }
+  reply.bytes.resize(size);
+  auto n = h->file->Read(offset, size, reply.bytes.data(), check);
+  if (!n.ok()) {
+    controller_->RecordError(n.status().message());
+    return n.status();
+  }
+  reply.bytes.resize(*n);
+  return reply;
+}
+
+ptc::Result<size_t> Filesystem::Write(uint64_t fh, const char* data, size_t size, uint64_t offset) {
+  std::shared_ptr<Handle> h;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = handles_.find(fh);
+    if (it == handles_.end()) return ptc::InvalidArgumentError("bad file handle");
+    h = it->second;
+  }
+  if (h->node->kind != Node::kConfig) return ptc::Status(ptc::Code::kPermissionDenied, "read-only file");
+  if (offset != h->text.size()) return ptc::InvalidArgumentError("write the config in one go from the start");
+  h->text.append(data, size);
+  PTC_RETURN_IF_ERROR(controller_->Reconfigure(h->text, snapshot()));
+  return size;
+}
+
+ptc::Status Filesystem::Truncate(uint64_t ino, uint64_t size) {
+  std::shared_ptr<Node> node = NodeOf(ino);
+  if (!node) return ptc::NotFoundError("inode " + std::to_string(ino));
+  if (node->kind != Node::kConfig) return ptc::Status(ptc::Code::kPermissionDenied, "read-only file");
+  return ptc::Status::OK();  // the config is replaced as a whole by the next write
+}
+
+void Filesystem::Release(uint64_t fh) {
+  std::lock_guard<std::mutex> lock(mu_);
+  handles_.erase(fh);
+}
+
+}  // namespace ptcfs

@@ -1,0 +1,120 @@
+// The mounted filesystem as a plain object: the inode table, the snapshot
+// being served and the operations the FUSE callbacks call. Every operation
+// returns a Result; fuse_ops.cc turns it into exactly one reply. Testable
+// without a mount.
+//
+// Layout (docs/mount_format.md):
+//   .ptcfs/config                          current config; write one to reconfigure
+//   .ptcfs/status                          JSON: generation, config, state, progress, last error
+//   model/rank-RRRRR/model.safetensors     (+ optim.safetensors with optimizer state)
+//   model/rank-RRRRR/tensors/<name>.npy    (+ dtypes.json)
+//
+// Thread safety: all methods may be called concurrently. Lock order: the
+// Controller's lock, then mu_; mu_ is never held while calling the
+// Controller, sending a reply or notifying the kernel.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fs/controller.h"
+#include "fs/snapshot.h"
+#include "fs/virtual_file.h"
+
+namespace ptcfs {
+
+constexpr uint64_t kRootInode = 1;
+
+struct MountOptions {
+  std::string store;
+  int worker = -1;  // -1: every rank of the config
+  bool safetensors = true;
+  bool npy = true;
+  int transform_threads = 2;
+};
+
+struct Node;
+
+struct Entry {
+  uint64_t ino = 0;
+  struct stat attr = {};
+  double timeout = 0;  // seconds the kernel may cache the entry and its attributes
+};
+
+struct DirEntry {
+  std::string name;
+  uint64_t ino;
+  mode_t mode;
+};
+
+// What a read returns: bytes, or a range of a shard file to splice.
+struct ReadReply {
+  std::vector<char> bytes;
+  VirtualFile::FdRange fd_range;  // fd >= 0: reply from this file instead
+  size_t fd_length = 0;
+};
+
+struct OpenReply {
+  uint64_t fh = 0;
+  bool direct_io = false;
+  bool keep_cache = false;
+};
+
+class Filesystem {
+ public:
+  // \error as Store::Open (missing or invalid store: names the path),
+  //        FailedPrecondition for an empty store, as Snapshot::Create.
+  static ptc::Result<std::unique_ptr<Filesystem>> Create(const MountOptions& options);
+  ~Filesystem();
+
+  // Called (outside any lock) when entries under model/ must be dropped by the kernel.
+  void SetInvalidateCallback(std::function<void(uint64_t parent, const std::string& name)> fn);
+
+  ptc::Result<Entry> Lookup(uint64_t parent, const std::string& name);
+  void Forget(uint64_t ino, uint64_t n);
+  ptc::Result<Entry> GetAttr(uint64_t ino);
+  ptc::Result<std::vector<DirEntry>> ReadDir(uint64_t ino);
+  ptc::Result<OpenReply> Open(uint64_t ino, int flags);
+  ptc::Result<ReadReply> Read(uint64_t fh, uint64_t offset, size_t size);
+  ptc::Result<size_t> Write(uint64_t fh, const char* data, size_t size, uint64_t offset);
+  ptc::Status Truncate(uint64_t ino, uint64_t size);
+  void Release(uint64_t fh);
+
+  Controller& controller() { return *controller_; }
+  std::shared_ptr<const Snapshot> snapshot() const;
+
+ private:
+  explicit Filesystem(const MountOptions& options);
+  std::shared_ptr<Node> NodeOf(uint64_t ino) const;
+  uint64_t AddNode(std::shared_ptr<Node> node);             // REQUIRES: mu_ held
+  std::shared_ptr<Node> BuildModelTree(const std::shared_ptr<const Snapshot>& snap);  // REQUIRES: mu_ held
+  void Serve(std::shared_ptr<const Snapshot> snap);         // swaps the tree, then invalidates
+  struct stat Attr(const Node& node) const;
+  static double Timeout(const Node& node);
+  ptc::Result<std::unique_ptr<VirtualFile>> Render(const Node& node) const;
+
+  MountOptions options_;
+  std::unique_ptr<ptc::Store> store_;
+  std::unique_ptr<Controller> controller_;
+  std::function<void(uint64_t, const std::string&)> invalidate_;
+  mutable std::mutex mu_;
+  std::shared_ptr<const Snapshot> snapshot_;                     // GUARDED_BY(mu_)
+  std::map<uint64_t, std::shared_ptr<Node>> nodes_;              // GUARDED_BY(mu_)
+  uint64_t next_ino_ = kRootInode;                               // GUARDED_BY(mu_)
+  struct Handle;
+  std::map<uint64_t, std::shared_ptr<Handle>> handles_;          // GUARDED_BY(mu_)
+  uint64_t next_fh_ = 1;                                         // GUARDED_BY(mu_)
+};
+
+// The errno for a Status at the FUSE boundary (the one mapping).
+int ErrnoOf(const ptc::Status& status);
+
+}  // namespace ptcfs

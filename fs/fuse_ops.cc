@@ -1,0 +1,190 @@
+// The FUSE edge: each callback calls one Filesystem method and sends exactly
+// one reply. Nothing here decides anything.
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "fs/mount.h"
+
+namespace ptcfs {
+namespace {
+
+// Spliced replies above ~1 MiB need a larger pipe than root may configure
+// here; libfuse would silently copy. Reads are capped at 512 KiB.
+constexpr unsigned kMaxIo = 512 * 1024;
+
+Filesystem* Fs(fuse_req_t req) { return static_cast<Filesystem*>(fuse_req_userdata(req)); }
+
+void OpInit(void* userdata, struct fuse_conn_info* conn) {
+  conn->max_write = kMaxIo;  // also sets max_pages, hence the largest read
+  conn->max_read = kMaxIo;   // must match the max_read mount option
+  conn->max_readahead = kMaxIo;
+  if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
+  if (conn->capable & FUSE_CAP_SPLICE_MOVE) conn->want |= FUSE_CAP_SPLICE_MOVE;
+  conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;  // invalidation is explicit
+}
+
+void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  auto e = Fs(req)->Lookup(parent, name);
+  if (!e.ok()) {
+    fuse_reply_err(req, ErrnoOf(e.status()));
+    return;
+  }
+  struct fuse_entry_param p = {};
+  p.ino = e->ino;
+  p.attr = e->attr;
+  p.attr_timeout = e->timeout;
+  p.entry_timeout = e->timeout;
+  fuse_reply_entry(req, &p);
+}
+
+void OpForget(fuse_req_t req, fuse_ino_t ino, uint64_t n) {
+  Fs(req)->Forget(ino, n);
+  fuse_reply_none(req);
+}
+
+void OpForgetMulti(fuse_req_t req, size_t count, struct fuse_forget_data* forgets) {
+  for (size_t i = 0; i < count; ++i) Fs(req)->Forget(forgets[i].ino, forgets[i].nlookup);
+  fuse_reply_none(req);
+}
+
+void OpGetAttr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info*) {
+  auto e = Fs(req)->GetAttr(ino);
+  if (!e.ok()) {
+    fuse_reply_err(req, ErrnoOf(e.status()));
+    return;
+  }
+  fuse_reply_attr(req, &e->attr, e->timeout);
+}
+
+void OpSetAttr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, struct fuse_file_info* fi) {
+  if (to_set & FUSE_SET_ATTR_SIZE) {
+    ptc::Status s = Fs(req)->Truncate(ino, attr->st_size);
+    if (!s.ok()) {
+      fuse_reply_err(req, ErrnoOf(s));
+      return;
+    }
+  }
+  OpGetAttr(req, ino, fi);
+}
+
+void OpReadDir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info*) {
+  auto entries = Fs(req)->ReadDir(ino);
+  if (!entries.ok()) {
+    fuse_reply_err(req, ErrnoOf(entries.status()));
+    return;
+  }
+  std::vector<char> buf(size);
+  size_t used = 0;
+  for (size_t i = static_cast<size_t>(off); i < entries->size(); ++i) {
+    struct stat st = {};
+    st.st_ino = (*entries)[i].ino;
+    st.st_mode = (*entries)[i].mode;
+    size_t need = fuse_add_direntry(req, buf.data() + used, size - used, (*entries)[i].name.c_str(), &st,
+                                    static_cast<off_t>(i + 1));
+    if (need > size - used) break;
+    used += need;
+  }
+  fuse_reply_buf(req, buf.data(), used);
+}
+
+void OpOpen(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
+  auto r = Fs(req)->Open(ino, fi->flags);
+  if (!r.ok()) {
+    fuse_reply_err(req, ErrnoOf(r.status()));
+    return;
+  }
+  fi->fh = r->fh;
+  fi->direct_io = r->direct_io;
+  fi->keep_cache = r->keep_cache;
+  fuse_reply_open(req, fi);
+}
+
+void OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, struct fuse_file_info* fi) {
+  auto r = Fs(req)->Read(fi->fh, static_cast<uint64_t>(off), size);
+  if (!r.ok()) {
+    fuse_reply_err(req, ErrnoOf(r.status()));
+    return;
+  }
+  if (r->fd_range.fd >= 0) {
+    struct fuse_bufvec buf = FUSE_BUFVEC_INIT(r->fd_length);
+    buf.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+    buf.buf[0].fd = r->fd_range.fd;
+    buf.buf[0].pos = static_cast<off_t>(r->fd_range.position);
+    fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
+    return;
+  }
+  fuse_reply_buf(req, r->bytes.data(), r->bytes.size());
+}
+
+void OpWrite(fuse_req_t req, fuse_ino_t, const char* data, size_t size, off_t off, struct fuse_file_info* fi) {
+  auto r = Fs(req)->Write(fi->fh, data, size, static_cast<uint64_t>(off));
+  if (!r.ok()) {
+    fuse_reply_err(req, ErrnoOf(r.status()));
+    return;
+  }
+  fuse_reply_write(req, *r);
+}
+
+void OpRelease(fuse_req_t req, fuse_ino_t, struct fuse_file_info* fi) {
+  Fs(req)->Release(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+void OpFlush(fuse_req_t req, fuse_ino_t, struct fuse_file_info*) { fuse_reply_err(req, 0); }
+
+struct fuse_lowlevel_ops MakeOps() {
+  struct fuse_lowlevel_ops ops = {};
+  ops.init = OpInit;
+  ops.lookup = OpLookup;
+  ops.forget = OpForget;
+  ops.forget_multi = OpForgetMulti;
+  ops.getattr = OpGetAttr;
+  ops.setattr = OpSetAttr;
+  ops.readdir = OpReadDir;
+  ops.open = OpOpen;
+  ops.read = OpRead;
+  ops.write = OpWrite;
+  ops.release = OpRelease;
+  ops.flush = OpFlush;
+  return ops;
+}
+
+}  // namespace
+
+ptc::Status MountAndServe(const MountOptions& options, const SessionOptions& session) {
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<Filesystem> fs, Filesystem::Create(options));
+  const struct fuse_lowlevel_ops ops = MakeOps();
+  std::vector<std::string> argv_s = {"ptcfs", "-o", "fsname=ptcfs,subtype=ptcfs,max_read=" + std::to_string(kMaxIo)};
+  std::vector<char*> argv;
+  for (std::string& a : argv_s) argv.push_back(a.data());
+  struct fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
+  struct fuse_session* se = fuse_session_new(&args, &ops, sizeof(ops), fs.get());
+  if (se == nullptr) return ptc::IOError("fuse_session_new failed");
+  fs->SetInvalidateCallback([se](uint64_t parent, const std::string& name) {
+    fuse_lowlevel_notify_inval_entry(se, parent, name.c_str(), name.size());
+  });
+  ptc::Status result;
+  if (fuse_set_signal_handlers(se) != 0) {
+    result = ptc::IOError("cannot install signal handlers");
+  } else if (fuse_session_mount(se, session.mountpoint.c_str()) != 0) {
+    result = ptc::IOError(session.mountpoint + ": mount failed (does the directory exist? is FUSE available?)");
+  } else {
+    if (!session.foreground) fuse_daemonize(0);
+    struct fuse_loop_config* config = fuse_loop_cfg_create();
+    fuse_loop_cfg_set_max_threads(config, static_cast<unsigned>(session.threads));
+    fuse_loop_cfg_set_clone_fd(config, 1);
+    if (fuse_session_loop_mt(se, config) != 0) result = ptc::IOError("FUSE session loop failed");
+    fuse_loop_cfg_destroy(config);
+    fuse_session_unmount(se);
+  }
+  fuse_remove_signal_handlers(se);
+  fuse_session_destroy(se);
+  fuse_opt_free_args(&args);
+  return result;
+}
+
+}  // namespace ptcfs

@@ -1,0 +1,59 @@
+// A Snapshot is what the mount serves at one moment: one parallel config
+// over one committed generation, for the ranks of one worker. When the config
+// changes before the store is rewritten, the new config's views are served
+// from the old generation's shards (lazy layout); once the rewrite commits,
+// a snapshot over the new generation replaces it.
+//
+// Open files hold their snapshot, so a file keeps serving the generation it
+// was opened in. Thread safety: immutable but for the checksum cache, which
+// is internally locked.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fs/virtual_file.h"
+#include "ptc/store.h"
+#include "ptc/store_reader.h"
+#include "ptc/view.h"
+
+namespace ptcfs {
+
+class Snapshot {
+ public:
+  // `worker` < 0: all ranks.
+  // \error as ValidateConfig and ComputeView.
+  static ptc::Result<std::shared_ptr<const Snapshot>> Create(const ptc::Store& store,
+                                                             std::shared_ptr<const ptc::GenerationManifest> generation,
+                                                             const ptc::ModelSpec& spec,
+                                                             const ptc::ParallelConfig& config, int worker);
+
+  const ptc::ParallelConfig& config() const { return config_; }
+  const ptc::ModelSpec& spec() const { return spec_; }
+  uint64_t generation() const { return generation_->generation; }
+  const std::vector<ptc::RankView>& views() const { return views_; }
+  const ptc::GenerationReader& reader() const { return reader_; }
+  int WorkerOf(int rank) const { return config_.WorkerOf(rank); }
+  std::map<std::string, std::string> Metadata(int rank) const;
+
+  // The shard's checksum, verified once per snapshot (cached, also failures).
+  ptc::Status Check(const ptc::ShardRecord& shard) const;
+
+ private:
+  Snapshot(const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation,
+           const ptc::ModelSpec& spec, const ptc::ParallelConfig& config);
+
+  const ptc::Store& store_;
+  std::shared_ptr<const ptc::GenerationManifest> generation_;
+  ptc::ModelSpec spec_;
+  ptc::ParallelConfig config_;
+  std::vector<ptc::RankView> views_;
+  ptc::GenerationReader reader_;
+  mutable std::mutex mu_;
+  mutable std::map<const ptc::ShardRecord*, ptc::Status> checked_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace ptcfs

@@ -1,0 +1,87 @@
+// Virtual files: a file of the mount rendered on read from stored shards.
+//
+// A VirtualFile is a list of extents tiling [0, size): literal bytes (a
+// safetensors or npy header), zeros (ZeRO padding), or a byte range of one
+// stored shard file. A read of [a, b) copies literals and preads shard
+// ranges; a read that falls inside one shard extent can be handed to the
+// kernel as a file-descriptor buffer (splice) instead. Nothing is rendered
+// whole in memory: the extents are metadata, built once per open file.
+//
+// Thread safety: immutable after construction; Read may run concurrently.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ptc/store_reader.h"
+#include "ptc/view.h"
+
+namespace ptcfs {
+
+struct Extent {
+  uint64_t offset = 0;  // in the virtual file
+  uint64_t length = 0;
+  enum Kind { kLiteral, kZero, kShard } kind = kZero;
+  uint64_t literal = 0;                          // kLiteral: offset into the literal bytes
+  const ptc::RandomAccessFile* file = nullptr;  // kShard
+  uint64_t file_offset = 0;                      // kShard
+  const ptc::ShardRecord* shard = nullptr;       // kShard: the record, for checksum checks
+};
+
+// Checks a shard before its bytes are served (the checksum, once per shard).
+using ShardCheck = std::function<ptc::Status(const ptc::ShardRecord&)>;
+
+class VirtualFile {
+ public:
+  VirtualFile(std::string literal, std::vector<Extent> extents, uint64_t size);
+
+  uint64_t size() const { return size_; }
+  size_t extent_count() const { return extents_.size(); }
+
+  // Copies [offset, offset + n) clipped to the file into dst; returns bytes
+  // copied. Every shard touched passes `check` first.
+  // \error as `check` and RandomAccessFile::Read, naming the shard file.
+  ptc::Result<size_t> Read(uint64_t offset, size_t n, void* dst, const ShardCheck& check) const;
+
+  // When [offset, offset + n) lies inside one shard extent: its descriptor
+  // and position, for a zero-copy reply. Otherwise fd = -1.
+  struct FdRange {
+    int fd = -1;
+    uint64_t position = 0;
+    const ptc::ShardRecord* shard = nullptr;
+  };
+  FdRange SingleShardRange(uint64_t offset, size_t n) const;
+
+ private:
+  const Extent* Find(uint64_t offset) const;
+
+  std::string literal_;
+  std::vector<Extent> extents_;  // sorted, tiling [0, size_)
+  uint64_t size_;
+};
+
+// The bytes a local tensor occupies in the virtual file, mapped onto shards.
+// Appends extents for `tensor` placed at virtual offset `base`.
+// \error as GenerationReader::Cover / File (Corruption for a shard whose checksum fails).
+ptc::Status AppendTensorExtents(const ptc::GenerationReader& reader, const ptc::LocalTensor& tensor, uint64_t base,
+                                int prefer_worker, std::vector<Extent>* out);
+
+// A rank's safetensors file of `tensors` (model or optimizer part).
+ptc::Result<std::unique_ptr<VirtualFile>> MakeSafetensorsFile(const ptc::GenerationReader& reader,
+                                                             const std::vector<ptc::LocalTensor>& tensors,
+                                                             const std::map<std::string, std::string>& metadata,
+                                                             int prefer_worker);
+// One tensor as a .npy file.
+ptc::Result<std::unique_ptr<VirtualFile>> MakeNpyFile(const ptc::GenerationReader& reader,
+                                                     const ptc::LocalTensor& tensor, int prefer_worker);
+
+// Sizes without building extents (for stat before any read).
+ptc::Result<uint64_t> SafetensorsFileSize(const std::vector<ptc::LocalTensor>& tensors,
+                                          const std::map<std::string, std::string>& metadata);
+uint64_t NpyFileSize(const ptc::LocalTensor& tensor);
+
+}  // namespace ptcfs

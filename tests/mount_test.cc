@@ -1,0 +1,280 @@
+// The mount, for real: files read with cmp and Python (numpy), reconfigured
+// under concurrent readers, and bad inputs. Every test unmounts, also when it
+// fails (the Mount object's destructor).
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace ptc {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+const std::string kDims = "layers=4,hidden=32,heads=4,vocab=128,seq=16";
+
+std::pair<int, std::string> Sh(const std::string& cmd) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::pair<int, std::string> Ptcfs(const std::string& args) { return Sh(std::string(PTCFS_BINARY) + " " + args); }
+
+std::string Slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A mounted store; unmounted by the destructor whatever happened.
+class Mount {
+ public:
+  Mount(const std::string& store, const std::string& dir, const std::string& extra = "") : dir_(dir) {
+    fs::create_directories(dir);
+    auto [code, out] = Ptcfs("mount " + extra + " " + store + " " + dir);
+    mounted_ = code == 0;
+    EXPECT_EQ(code, 0) << out;
+  }
+  ~Mount() {
+    if (mounted_) Sh("fusermount3 -u " + dir_);
+  }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  bool mounted_ = false;
+};
+
+nlohmann::json Status(const std::string& mnt) { return nlohmann::json::parse(Slurp(mnt + "/.ptcfs/status")); }
+
+// Writes `text` into .ptcfs/config; returns the errno of the write (0: accepted).
+int WriteConfig(const std::string& mnt, const std::string& text) {
+  int fd = open((mnt + "/.ptcfs/config").c_str(), O_WRONLY | O_TRUNC);
+  if (fd < 0) return errno;
+  ssize_t n = write(fd, text.data(), text.size());
+  int err = n < 0 ? errno : 0;
+  close(fd);
+  return err;
+}
+
+void WaitServing(const std::string& mnt) {
+  for (int i = 0; i < 600; ++i) {
+    auto s = Status(mnt);
+    if (s["state"] == "serving") return;
+    ASSERT_NE(s["state"], "failed") << s.dump();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  FAIL() << "reconfiguration did not finish";
+}
+
+class MountTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (access("/dev/fuse", R_OK | W_OK) != 0) {
+      std::printf("SKIP: /dev/fuse is not usable here (FUSE mount tests need it, and root)\n");
+      std::exit(77);
+    }
+  }
+  void Synth(const std::string& config, const std::string& dir) {
+    auto [code, out] = Ptcfs("synth --schema megatron-gpt --dims " + kDims + " --optimizer adam --dtype bf16 --config " +
+                             config + " " + dir);
+    ASSERT_EQ(code, 0) << out;
+  }
+  void MakeStore(const std::string& config) {
+    Synth(config, tmp_ / "src");
+    auto [code, out] = Ptcfs("import --schema megatron-gpt --dims " + kDims + " --config " + config + " " +
+                             tmp_ / "src " + tmp_ / "store");
+    ASSERT_EQ(code, 0) << out;
+  }
+  // Reference files of `config`: its synth checkpoint.
+  std::string Reference(const std::string& config) {
+    const std::string dir = tmp_ / ("ref-" + std::to_string(refs_++));
+    Synth(config, dir);
+    return dir;
+  }
+  TempDir tmp_;
+  int refs_ = 0;
+};
+
+TEST_F(MountTest, FilesEqualExportForCmpNumpyAndPython) {
+  MakeStore("tp=2,pp=2,dp=2,per_worker=4");
+  Mount m(tmp_ / "store", tmp_ / "mnt");
+  auto [code, out] = Ptcfs("export --config tp=2,pp=2,dp=2,per_worker=4 " + tmp_ / "store " + tmp_ / "exp");
+  ASSERT_EQ(code, 0) << out;
+  auto [c2, o2] = Ptcfs("export --format npy --config tp=2,pp=2,dp=2,per_worker=4 " + tmp_ / "store " + tmp_ / "exp");
+  ASSERT_NE(c2, 0);  // export refuses a non-empty directory
+  for (int r = 0; r < 8; ++r) {
+    char rank[32];
+    std::snprintf(rank, sizeof(rank), "rank-%05d", r);
+    for (const char* f : {"model.safetensors", "optim.safetensors"}) {
+      auto [c, o] = Sh("cmp " + m.dir() + "/model/" + rank + "/" + f + " " + tmp_ / "exp/" + rank + "/" + f);
+      EXPECT_EQ(c, 0) << o;
+      struct stat st;
+      ASSERT_EQ(stat((m.dir() + "/model/" + rank + "/" + f).c_str(), &st), 0);
+      EXPECT_EQ(static_cast<uintmax_t>(st.st_size), fs::file_size(tmp_ / "exp/" + rank + "/" + f));
+    }
+  }
+  // ls -lR and cp -r work; npy files through numpy equal an npy export.
+  EXPECT_EQ(Sh("ls -lR " + m.dir() + " > /dev/null").first, 0);
+  EXPECT_EQ(Sh("cp -r " + m.dir() + "/model " + tmp_ / "copy").first, 0);
+  EXPECT_EQ(Sh("cmp " + tmp_ / "copy/rank-00005/model.safetensors " + tmp_ / "exp/rank-00005/model.safetensors").first, 0);
+  auto [c3, o3] = Ptcfs("export --format npy --config tp=2,pp=2,dp=2,per_worker=4 " + tmp_ / "store " + tmp_ / "npy");
+  ASSERT_EQ(c3, 0) << o3;
+  for (const auto& e : fs::directory_iterator(tmp_ / "npy")) {
+    fs::copy(e.path() / "tensors", tmp_ / "exp" / e.path().filename() / "tensors", fs::copy_options::recursive);
+  }
+  auto [c4, o4] = Sh("/usr/bin/python3 " + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/compare_tensors.py " +
+                     m.dir() + "/model " + tmp_ / "exp");
+  EXPECT_EQ(c4, 0) << o4;
+  EXPECT_NE(o4.find("equal:"), std::string::npos) << o4;
+}
+
+TEST_F(MountTest, ReconfigureUnderConcurrentReaders) {
+  const std::vector<std::string> configs = {"tp=2,pp=2,dp=1", "tp=4,pp=1,dp=1", "tp=1,pp=2,pp_layers=1+3,dp=2,zero=1",
+                                            "tp=2,pp=1,dp=3,zero=1", "tp=2,pp=2,dp=1"};
+  MakeStore(configs[0]);
+  Mount m(tmp_ / "store", tmp_ / "mnt");
+  std::vector<std::string> refs;
+  for (const std::string& c : configs) refs.push_back(Reference(c));
+  for (size_t step = 1; step < configs.size(); ++step) {
+    SCOPED_TRACE(configs[step - 1] + " -> " + configs[step]);
+    // Each file a reader reads must equal the old or the new config's file completely.
+    std::map<std::string, std::set<std::string>> allowed;
+    for (size_t k : {step - 1, step}) {
+      for (const auto& e : fs::directory_iterator(refs[k])) {
+        allowed[e.path().filename().string()].insert(Slurp(e.path() / "model.safetensors"));
+      }
+    }
+    std::atomic<bool> stop{false};
+    std::atomic<int> reads{0}, bad{0};
+    std::vector<std::thread> readers;
+    for (int t = 0; t < 4; ++t) {
+      readers.emplace_back([&, t] {
+        while (!stop) {
+          std::error_code ec;
+          for (const auto& e : fs::directory_iterator(m.dir() + "/model", ec)) {
+            std::string bytes = Slurp(e.path() / "model.safetensors");
+            if (bytes.empty()) continue;  // the rank vanished with the old layout
+            const auto& ok = allowed[e.path().filename().string()];
+            if (!ok.count(bytes)) bad++;
+            reads++;
+          }
+        }
+      });
+    }
+    ASSERT_EQ(WriteConfig(m.dir(), configs[step] + "\n"), 0);
+    WaitServing(m.dir());
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    stop = true;
+    for (auto& r : readers) r.join();
+    EXPECT_EQ(bad, 0) << "a reader saw a file mixed from two layouts";
+    EXPECT_GT(reads, 0);
+    auto s = Status(m.dir());
+    EXPECT_EQ(s["generation"], step + 1);
+    // After the commit every file equals the new config's reference.
+    for (const auto& e : fs::directory_iterator(refs[step])) {
+      const std::string rank = e.path().filename().string();
+      for (const char* f : {"model.safetensors", "optim.safetensors"}) {
+        auto [cc, oo] = Sh("cmp " + m.dir() + "/model/" + rank + "/" + f + " " + (e.path() / f).string());
+        EXPECT_EQ(cc, 0) << oo;
+      }
+    }
+  }
+}
+
+TEST_F(MountTest, OpenFileKeepsItsGeneration) {
+  MakeStore("tp=2,pp=1");
+  Mount m(tmp_ / "store", tmp_ / "mnt");
+  const std::string old_ref = Reference("tp=2,pp=1");
+  std::ifstream held(m.dir() + "/model/rank-00000/model.safetensors", std::ios::binary);
+  ASSERT_TRUE(held.good());
+  ASSERT_EQ(WriteConfig(m.dir(), "tp=4"), 0);
+  WaitServing(m.dir());
+  std::stringstream s;
+  s << held.rdbuf();
+  EXPECT_TRUE(s.str() == Slurp(old_ref + "/rank-00000/model.safetensors")) << "an open file changed generation";
+}
+
+TEST_F(MountTest, BadInputs) {
+  MakeStore("tp=2,pp=2");
+  {
+    Mount m(tmp_ / "store", tmp_ / "mnt");
+    EXPECT_EQ(WriteConfig(m.dir(), "this is not a config"), EINVAL);
+    EXPECT_NE(Status(m.dir())["last_error"].get<std::string>().find("not key=value"), std::string::npos);
+    EXPECT_EQ(WriteConfig(m.dir(), "tp=3,pp=2"), EINVAL);
+    EXPECT_NE(Status(m.dir())["last_error"].get<std::string>().find("tp=3 does not divide"), std::string::npos)
+        << Status(m.dir()).dump();
+    EXPECT_EQ(Status(m.dir())["config"], "tp=2,pp=2,dp=1,per_worker=8");
+    EXPECT_EQ(Status(m.dir())["generation"], 1);
+    int fd = open((m.dir() + "/model/rank-00000/model.safetensors").c_str(), O_WRONLY);
+    EXPECT_LT(fd, 0);
+    EXPECT_EQ(errno, EACCES);
+    auto [c, o] = Ptcfs("reconfigure " + m.dir() + " --to tp=5");
+    EXPECT_NE(c, 0);
+    EXPECT_NE(o.find("tp=5 does not divide"), std::string::npos) << o;
+  }
+  // A corrupted shard: reads of files built from it fail with EIO; status names it.
+  auto manifest = nlohmann::json::parse(Slurp(tmp_ / "store/gen-000001/manifest.json"));
+  std::string tensor, file;
+  size_t offset = 0;
+  for (const auto& s : manifest["shards"]) {
+    if (s["tensor"] == "language_model.encoder.layers.0.self_attention.dense.weight") {
+      tensor = s["tensor"];
+      file = s["file"];
+      offset = s["offset"];
+      break;
+    }
+  }
+  ASSERT_FALSE(file.empty());
+  {
+    std::fstream f(tmp_ / "store/" + file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(offset + 3));
+    f.put('\x5a');
+  }
+  {
+    Mount m(tmp_ / "store", tmp_ / "mnt");
+    auto [c, o] = Sh("(cat " + m.dir() + "/model/rank-00000/model.safetensors >/dev/null)");
+    EXPECT_NE(c, 0);
+    EXPECT_NE(o.find("Input/output error"), std::string::npos) << o;
+    EXPECT_NE(Status(m.dir())["last_error"].get<std::string>().find(tensor), std::string::npos)
+        << Status(m.dir()).dump();
+  }
+  // Missing or invalid store: clear error, non-zero exit, nothing mounted.
+  fs::create_directories(tmp_ / "mnt2");
+  auto [c, o] = Ptcfs("mount " + tmp_ / "nowhere " + tmp_ / "mnt2");
+  EXPECT_NE(c, 0);
+  EXPECT_NE(o.find(tmp_ / "nowhere"), std::string::npos) << o;
+  EXPECT_NE(Sh("mountpoint -q " + tmp_ / "mnt2").first, 0);
+  fs::create_directories(tmp_ / "junk");
+  std::ofstream(tmp_ / "junk/manifest.json") << "{]";
+  std::tie(c, o) = Ptcfs("mount " + tmp_ / "junk " + tmp_ / "mnt2");
+  EXPECT_NE(c, 0);
+  EXPECT_NE(o.find("manifest.json"), std::string::npos) << o;
+  EXPECT_NE(Sh("mountpoint -q " + tmp_ / "mnt2").first, 0);
+}
+
+}  // namespace
+}  // namespace ptc

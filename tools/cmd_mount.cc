@@ -1,0 +1,134 @@
+// ptcfs mount / reconfigure / umount.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "fs/mount.h"
+#include "tools/commands.h"
+#include "tools/progress.h"
+
+namespace ptcfs {
+namespace {
+
+struct MountArgs {
+  std::string store, mountpoint, format = "both";
+  int worker = -1;
+  int threads = 8;
+  int transform_threads = 2;
+  bool foreground = false;
+};
+
+ptc::Status RunMount(const MountArgs& a) {
+  MountOptions options;
+  // The daemon changes its directory to /: keep the store path absolute.
+  options.store = std::filesystem::absolute(a.store).lexically_normal().string();
+  options.worker = a.worker;
+  options.safetensors = a.format != "npy";
+  options.npy = a.format != "safetensors";
+  options.transform_threads = a.transform_threads;
+  return MountAndServe(options, {a.mountpoint, a.foreground, a.threads});
+}
+
+ptc::Result<nlohmann::json> ReadStatus(const std::string& mountpoint) {
+  std::ifstream in(mountpoint + "/.ptcfs/status");
+  if (!in) return ptc::NotFoundError(mountpoint + ": not a ptcfs mount (no .ptcfs/status)");
+  std::stringstream s;
+  s << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(s.str(), nullptr, false);
+  if (j.is_discarded()) return ptc::CorruptionError(mountpoint + "/.ptcfs/status: not JSON");
+  return j;
+}
+
+ptc::Status RunReconfigure(const std::string& mountpoint, const std::string& to, bool wait) {
+  PTC_ASSIGN_OR_RETURN(nlohmann::json before, ReadStatus(mountpoint));
+  const std::string path = mountpoint + "/.ptcfs/config";
+  int fd = open(path.c_str(), O_WRONLY | O_TRUNC);
+  if (fd < 0) return ptc::ErrnoError(path, errno);
+  const std::string text = to + "\n";
+  ssize_t n = write(fd, text.data(), text.size());
+  int err = errno;
+  close(fd);
+  if (n != static_cast<ssize_t>(text.size())) {
+    auto status = ReadStatus(mountpoint);
+    std::string why = status.ok() && (*status)["last_error"].is_string() ? (*status)["last_error"].get<std::string>()
+                                                                          : std::strerror(err);
+    return ptc::InvalidArgumentError("rejected: " + why);
+  }
+  if (!wait) return ptc::Status::OK();
+  std::unique_ptr<Progress> progress;
+  uint64_t shown = 0;
+  while (true) {
+    PTC_ASSIGN_OR_RETURN(nlohmann::json s, ReadStatus(mountpoint));
+    if (!progress && s["bytes_total"].get<uint64_t>() > 0) {
+      progress = std::make_unique<Progress>("reconfigure", s["bytes_total"].get<uint64_t>());
+    }
+    if (progress && s["bytes_done"].get<uint64_t>() > shown) {
+      progress->Add(s["bytes_done"].get<uint64_t>() - shown);
+      shown = s["bytes_done"].get<uint64_t>();
+    }
+    const std::string state = s["state"];
+    if (state == "serving") {
+      progress.reset();
+      std::printf("%s: serving %s, generation %llu\n", mountpoint.c_str(), s["config"].get<std::string>().c_str(),
+                  static_cast<unsigned long long>(s["generation"].get<uint64_t>()));
+      return ptc::Status::OK();
+    }
+    if (state == "failed") return ptc::IOError("rewrite failed: " + s["last_error"].dump());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+}  // namespace
+
+void AddMountCommands(CLI::App& app, int* exit_code) {
+  auto m = std::make_shared<MountArgs>();
+  CLI::App* mount = app.add_subcommand(
+      "mount",
+      "Serve STORE at MOUNTPOINT: model/rank-RRRRR/model.safetensors (+ optim.safetensors) and\n"
+      "model/rank-RRRRR/tensors/<name>.npy for the ranks of --worker (all ranks without it),\n"
+      "rendered on read from the stored shards; .ptcfs/config and .ptcfs/status control it\n"
+      "(docs/mount_format.md). Returns once mounted; `ptcfs umount` stops it.");
+  mount->add_option("STORE", m->store, "store directory")->required();
+  mount->add_option("MOUNTPOINT", m->mountpoint, "an existing empty directory")->required();
+  mount->add_option("--worker", m->worker, "show only the ranks of this worker");
+  mount->add_option("--format", m->format, "which files to show")->check(CLI::IsMember({"safetensors", "npy", "both"}));
+  mount->add_flag("-f,--foreground", m->foreground, "stay in the foreground");
+  mount->add_option("--threads", m->threads, "FUSE threads")->check(CLI::Range(1, 256));
+  mount->add_option("--transform-threads", m->transform_threads, "threads rewriting the store on reconfigure")
+      ->check(CLI::Range(1, 256));
+  mount->callback([m, exit_code] { *exit_code = Report("mount", RunMount(*m)); });
+
+  auto to = std::make_shared<std::string>();
+  auto mountpoint = std::make_shared<std::string>();
+  auto no_wait = std::make_shared<bool>(false);
+  CLI::App* re = app.add_subcommand(
+      "reconfigure",
+      "Change the parallel config of a mounted store. The new layout is readable at once (served\n"
+      "from the current shards); the store is rewritten in the background and this command waits\n"
+      "for the commit, showing progress (unless --no-wait). A bad config is rejected, nothing changes.");
+  re->add_option("MOUNTPOINT", *mountpoint, "a ptcfs mount")->required();
+  re->add_option("--to", *to, "new parallel config, e.g. tp=4,pp=1")->required();
+  re->add_flag("--no-wait", *no_wait, "return once the new layout is served");
+  re->callback([=] { *exit_code = Report("reconfigure", RunReconfigure(*mountpoint, *to, !*no_wait)); });
+
+  auto target = std::make_shared<std::string>();
+  CLI::App* um = app.add_subcommand("umount", "Unmount a ptcfs mount (fusermount3 -u).");
+  um->add_option("MOUNTPOINT", *target, "a ptcfs mount")->required();
+  um->callback([target, exit_code] {
+    std::string cmd = "fusermount3 -u '" + *target + "'";
+    *exit_code = std::system(cmd.c_str()) == 0 ? 0 : 1;
+  });
+}
+
+}  // namespace ptcfs
