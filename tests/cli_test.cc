@@ -3,8 +3,6 @@
 // by snapshotting every file of the store before and after).
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -21,61 +19,29 @@ namespace ptc {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Ptcfs;
+using testing::Slurp;
+using testing::Snapshot;
+using testing::Spit;
 using testing::TempDir;
 
 constexpr const char* kDims = "layers=4,hidden=32,heads=4,vocab=128,seq=16";
 
-struct CmdResult {
-  int code;
-  std::string out;  // stdout and stderr
-};
-
-CmdResult Ptcfs(const std::string& args) {
-  std::string cmd = std::string(PTCFS_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string Slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void Spit(const fs::path& p, const std::string& data) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << data;
-}
-
-std::map<std::string, std::string> Snapshot(const std::string& dir) {
-  std::map<std::string, std::string> files;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    files[fs::relative(e.path(), dir).string()] = e.is_regular_file() ? Slurp(e.path()) : "<dir>";
-  }
-  return files;
-}
-
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    CmdResult r = Ptcfs("synth --schema megatron-gpt --dims " + std::string(kDims) +
+    auto r = Ptcfs("synth --schema megatron-gpt --dims " + std::string(kDims) +
                   " --config tp=2,pp=2,dp=2 --optimizer adam " + tmp_ / "ckpt");
-    ASSERT_EQ(r.code, 0) << r.out;
+    ASSERT_EQ(r.first, 0) << r.second;
     r = Ptcfs("import --schema megatron-gpt --dims " + std::string(kDims) + " --config tp=2,pp=2,dp=2 " +
               tmp_ / "ckpt" + " " + tmp_ / "store");
-    ASSERT_EQ(r.code, 0) << r.out;
+    ASSERT_EQ(r.first, 0) << r.second;
     before_ = Snapshot(tmp_ / "store");
     // A second checkpoint to damage; the store must not change when it is imported.
     fs::copy(tmp_ / "ckpt", tmp_ / "bad", fs::copy_options::recursive);
   }
 
-  CmdResult ImportBad(const std::string& config = "tp=2,pp=2,dp=2") {
+  std::pair<int, std::string> ImportBad(const std::string& config = "tp=2,pp=2,dp=2") {
     return Ptcfs("import --schema megatron-gpt --dims " + std::string(kDims) + " --config " + config + " " +
                  tmp_ / "bad" + " " + tmp_ / "store");
   }
@@ -87,30 +53,30 @@ class CliTest : public ::testing::Test {
 };
 
 TEST_F(CliTest, HelpTeaches) {
-  CmdResult r = Ptcfs("--help");
-  EXPECT_EQ(r.code, 0);
+  auto r = Ptcfs("--help");
+  EXPECT_EQ(r.first, 0);
   for (const char* cmd : {"synth", "import", "export", "inspect", "verify", "diff"}) {
-    EXPECT_NE(r.out.find(cmd), std::string::npos) << cmd;
+    EXPECT_NE(r.second.find(cmd), std::string::npos) << cmd;
   }
   r = Ptcfs("export --help");
-  EXPECT_NE(r.out.find("--config"), std::string::npos);
-  EXPECT_NE(r.out.find("npy"), std::string::npos);
+  EXPECT_NE(r.second.find("--config"), std::string::npos);
+  EXPECT_NE(r.second.find("npy"), std::string::npos);
 }
 
 TEST_F(CliTest, ImportExportVerifyInspectDiff) {
-  CmdResult r = Ptcfs("verify " + tmp_ / "store");
-  EXPECT_EQ(r.code, 0) << r.out;
+  auto r = Ptcfs("verify " + tmp_ / "store");
+  EXPECT_EQ(r.first, 0) << r.second;
   r = Ptcfs("inspect --json " + tmp_ / "store");
-  ASSERT_EQ(r.code, 0) << r.out;
-  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(r.first, 0) << r.second;
+  auto j = nlohmann::json::parse(r.second);
   EXPECT_EQ(j["generation"], 1);
   EXPECT_EQ(j["config"], "tp=2,pp=2,dp=2,per_worker=8");
   EXPECT_EQ(j["model"]["optimizer"], true);
   r = Ptcfs("export --config tp=4,pp=1,dp=1,zero=1 " + tmp_ / "store" + " " + tmp_ / "out");
-  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(r.first, 0) << r.second;
   r = Ptcfs("diff --schema megatron-gpt --dims " + std::string(kDims) + " --config-a tp=2,pp=2,dp=2 --config-b " +
             "tp=4,pp=1,dp=1,zero=1 " + tmp_ / "ckpt" + " " + tmp_ / "out");
-  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.first, 0) << r.second;
   ExpectStoreUnchanged();
 }
 
@@ -126,24 +92,24 @@ TEST_F(CliTest, DiffNamesTheFirstDifferingTensorAndElement) {
     bytes[header->Find(tensor)->offset + 4 * 5] ^= 0x01;  // row 0, column 5 (F32)
     Spit(path, bytes);
   }
-  CmdResult r = Ptcfs("diff --schema megatron-gpt --dims " + std::string(kDims) +
+  auto r = Ptcfs("diff --schema megatron-gpt --dims " + std::string(kDims) +
                 " --config-a tp=2,pp=2,dp=2 --config-b tp=2,pp=2,dp=2 " + tmp_ / "ckpt" + " " + tmp_ / "bad");
-  EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find("'" + tensor + "' differs at [0, 5]"), std::string::npos) << r.out;
+  EXPECT_EQ(r.first, 1) << r.second;
+  EXPECT_NE(r.second.find("'" + tensor + "' differs at [0, 5]"), std::string::npos) << r.second;
   // Only one replica changed: the replicas inside B disagree.
   Spit(ModelFilePath(tmp_ / "bad", 2), Slurp(ModelFilePath(tmp_ / "ckpt", 2)));
   r = Ptcfs("diff --schema megatron-gpt --dims " + std::string(kDims) +
             " --config-a tp=2,pp=2,dp=2 --config-b tp=2,pp=2,dp=2 " + tmp_ / "ckpt" + " " + tmp_ / "bad");
-  EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find("replicas of '" + tensor + "' disagree"), std::string::npos) << r.out;
+  EXPECT_EQ(r.first, 1) << r.second;
+  EXPECT_NE(r.second.find("replicas of '" + tensor + "' disagree"), std::string::npos) << r.second;
 }
 
 TEST_F(CliTest, TruncatedSafetensorsHeader) {
   const std::string path = ModelFilePath(tmp_ / "bad", 1);
   Spit(path, Slurp(path).substr(0, 5));
-  CmdResult r = ImportBad();
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find(path), std::string::npos) << r.out;
+  auto r = ImportBad();
+  EXPECT_NE(r.first, 0);
+  EXPECT_NE(r.second.find(path), std::string::npos) << r.second;
   ExpectStoreUnchanged();
 }
 
@@ -153,17 +119,17 @@ TEST_F(CliTest, LyingSafetensorsHeaderLength) {
   bytes[0] = static_cast<char>(0xff);
   bytes[5] = 0x7f;  // a header length far beyond the file
   Spit(path, bytes);
-  CmdResult r = ImportBad();
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find(path), std::string::npos) << r.out;
+  auto r = ImportBad();
+  EXPECT_NE(r.first, 0);
+  EXPECT_NE(r.second.find(path), std::string::npos) << r.second;
   ExpectStoreUnchanged();
 }
 
 TEST_F(CliTest, MissingRankFile) {
   fs::remove(ModelFilePath(tmp_ / "bad", 5));
-  CmdResult r = ImportBad();
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.out.find(ModelFilePath(tmp_ / "bad", 5) + ": missing"), std::string::npos) << r.out;
+  auto r = ImportBad();
+  EXPECT_EQ(r.first, 2);
+  EXPECT_NE(r.second.find(ModelFilePath(tmp_ / "bad", 5) + ": missing"), std::string::npos) << r.second;
   ExpectStoreUnchanged();
 }
 
@@ -190,31 +156,31 @@ TEST_F(CliTest, WrongShape) {
       if (s.name == "language_model.encoder.layers.0.self_attention.dense.weight") s.shape = {32, 32};
     }
   });
-  CmdResult r = ImportBad();
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.out.find(path + ": tensor 'language_model.encoder.layers.0.self_attention.dense.weight' has shape "
+  auto r = ImportBad();
+  EXPECT_EQ(r.first, 2);
+  EXPECT_NE(r.second.find(path + ": tensor 'language_model.encoder.layers.0.self_attention.dense.weight' has shape "
                               "[32, 32], expected [32, 16]"),
             std::string::npos)
-      << r.out;
+      << r.second;
   ExpectStoreUnchanged();
 }
 
 TEST_F(CliTest, UnknownTensor) {
   const std::string path = ModelFilePath(tmp_ / "bad", 2);
   RewriteModelFile(path, [](std::vector<TensorSpec>& specs) { specs.push_back({"rotary.inv_freq", DType::kF32, {8}}); });
-  CmdResult r = ImportBad();
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.out.find(path + ": unknown tensor 'rotary.inv_freq'"), std::string::npos) << r.out;
+  auto r = ImportBad();
+  EXPECT_EQ(r.first, 2);
+  EXPECT_NE(r.second.find(path + ": unknown tensor 'rotary.inv_freq'"), std::string::npos) << r.second;
   ExpectStoreUnchanged();
 }
 
 TEST_F(CliTest, ConfigThatDoesNotDivide) {
-  CmdResult r = ImportBad("tp=3,pp=2,dp=2");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.out.find("rule 'language_model.embedding.word_embeddings.weight'"), std::string::npos) << r.out;
+  auto r = ImportBad("tp=3,pp=2,dp=2");
+  EXPECT_EQ(r.first, 2);
+  EXPECT_NE(r.second.find("rule 'language_model.embedding.word_embeddings.weight'"), std::string::npos) << r.second;
   r = Ptcfs("export --config tp=2,pp=3 " + tmp_ / "store " + tmp_ / "never");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.out.find("pp=3 does not divide layers=4"), std::string::npos) << r.out;
+  EXPECT_EQ(r.first, 2);
+  EXPECT_NE(r.second.find("pp=3 does not divide layers=4"), std::string::npos) << r.second;
   EXPECT_FALSE(fs::exists(tmp_ / "never"));
   ExpectStoreUnchanged();
 }
@@ -227,11 +193,11 @@ TEST_F(CliTest, ReplicasThatDisagree) {
   std::string bytes = Slurp(path);
   bytes[header->Find("language_model.encoder.layers.0.input_layernorm.bias")->offset] ^= 0x10;
   Spit(path, bytes);
-  CmdResult r = ImportBad();
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.out.find("replicas disagree: tensor 'language_model.encoder.layers.0.input_layernorm.bias'"),
+  auto r = ImportBad();
+  EXPECT_EQ(r.first, 2);
+  EXPECT_NE(r.second.find("replicas disagree: tensor 'language_model.encoder.layers.0.input_layernorm.bias'"),
             std::string::npos)
-      << r.out;
+      << r.second;
   ExpectStoreUnchanged();
 }
 
@@ -243,27 +209,27 @@ TEST_F(CliTest, CorruptedShardIsNamedByVerifyAndExport) {
   bytes[shard["offset"].get<size_t>() + 1] ^= 0x40;
   Spit(file, bytes);
   before_ = Snapshot(tmp_ / "store");
-  CmdResult r = Ptcfs("verify " + tmp_ / "store");
-  EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find(shard["tensor"].get<std::string>()), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("1 of"), std::string::npos) << r.out;
+  auto r = Ptcfs("verify " + tmp_ / "store");
+  EXPECT_EQ(r.first, 1) << r.second;
+  EXPECT_NE(r.second.find(shard["tensor"].get<std::string>()), std::string::npos) << r.second;
+  EXPECT_NE(r.second.find("1 of"), std::string::npos) << r.second;
   r = Ptcfs("export --config tp=1,pp=1 " + tmp_ / "store " + tmp_ / "out");
-  EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find(shard["tensor"].get<std::string>()), std::string::npos) << r.out;
+  EXPECT_EQ(r.first, 1) << r.second;
+  EXPECT_NE(r.second.find(shard["tensor"].get<std::string>()), std::string::npos) << r.second;
   EXPECT_FALSE(fs::exists(tmp_ / "out"));
   ExpectStoreUnchanged();
 }
 
 TEST_F(CliTest, BadStorePaths) {
-  CmdResult r = Ptcfs("inspect " + tmp_ / "nowhere");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find(tmp_ / "nowhere"), std::string::npos) << r.out;
+  auto r = Ptcfs("inspect " + tmp_ / "nowhere");
+  EXPECT_NE(r.first, 0);
+  EXPECT_NE(r.second.find(tmp_ / "nowhere"), std::string::npos) << r.second;
   Spit(tmp_ / "garbage.json", "{");
   fs::create_directories(tmp_ / "g");
   Spit(tmp_ / "g/manifest.json", "not json");
   r = Ptcfs("verify " + tmp_ / "g");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("manifest.json"), std::string::npos) << r.out;
+  EXPECT_NE(r.first, 0);
+  EXPECT_NE(r.second.find("manifest.json"), std::string::npos) << r.second;
 }
 
 }  // namespace

@@ -3,8 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "ptc/export.h"
 #include "ptc/import.h"
@@ -18,14 +16,8 @@ namespace fs = std::filesystem;
 using testing::RandomConfig;
 using testing::Spec;
 using testing::TempDir;
+using testing::Slurp;
 using testing::TestSeed;
-
-std::string Slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // Every file under a equals the file of the same name under b, and no file is extra.
 void ExpectSameTree(const std::string& a, const std::string& b) {

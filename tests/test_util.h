@@ -1,11 +1,18 @@
 // Helpers shared by the tests: seeds, temporary directories, random configs.
 #pragma once
 
+#include <sys/wait.h>
+
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <random>
+#include <sstream>
 #include <string>
+#include <utility>
 
 #include "ptc/config.h"
 #include "ptc/view.h"
@@ -37,6 +44,44 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// The whole content of a file ("" when it cannot be read).
+inline std::string Slurp(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+inline void Spit(const std::filesystem::path& path, const std::string& data) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << data;
+}
+
+// Everything under `dir` (relative path -> file content, or "<dir>"), to
+// assert that a tree did not change at all.
+inline std::map<std::string, std::string> Snapshot(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    files[std::filesystem::relative(e.path(), dir).string()] = e.is_directory() ? "<dir>" : Slurp(e.path());
+  }
+  return files;
+}
+
+// Runs a shell command; returns its exit status and stdout+stderr.
+inline std::pair<int, std::string> Sh(const std::string& command) {
+  FILE* p = popen(("(" + command + ") 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Runs the ptcfs binary under test with `args`.
+inline std::pair<int, std::string> Ptcfs(const std::string& args) {
+  return Sh(std::string(PTCFS_BINARY) + " " + args);
+}
 
 // Divisors of n up to `max`.
 inline std::vector<int> Divisors(int64_t n, int max) {

@@ -4,9 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include "ptc/fault_injection_env.h"
 #include "ptc/export.h"
@@ -23,22 +21,8 @@ namespace fs = std::filesystem;
 using testing::RandomConfig;
 using testing::Spec;
 using testing::TempDir;
+using testing::Snapshot;
 using testing::TestSeed;
-
-std::string Slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::map<std::string, std::string> Snapshot(const std::string& dir) {
-  std::map<std::string, std::string> files;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (e.is_regular_file()) files[fs::relative(e.path(), dir).string()] = Slurp(e.path());
-  }
-  return files;
-}
 
 // A store holding synth(spec, config) as generation 1.
 void MakeStore(const TempDir& tmp, const ModelSpec& spec, const ParallelConfig& config, uint64_t seed) {
@@ -283,11 +267,12 @@ TEST(Plan, LostWorkerWithoutReplicaIsNamed) {
 }
 
 TEST(Transform, FaultAtEveryOperationLeavesThePreviousGeneration) {
-  ModelSpec spec = Spec("llama", kModels[2].second, DType::kBF16, true);
+  // Without optimizer state: fewer shards, so every operation index stays cheap to try.
+  ModelSpec spec = Spec("llama", kModels[2].second, DType::kBF16, false);
   TempDir tmp;
   MakeStore(tmp, spec, *ParseConfig("tp=2,pp=2,per_worker=2"), 9);
   const auto before = Snapshot(tmp / "store");
-  const ParallelConfig to = *ParseConfig("tp=1,pp=1,dp=2,zero=1");
+  const ParallelConfig to = *ParseConfig("tp=1,pp=1,dp=2");
   FaultInjectionEnv faulty(Env::Default());
   bool committed = false;
   int n = 0;
@@ -310,9 +295,15 @@ TEST(Transform, FaultAtEveryOperationLeavesThePreviousGeneration) {
     // The previous generation is current, intact and verifies.
     ASSERT_EQ((*reopened)->current_generation(), 1u) << "op " << n << ": " << r.status().ToString();
     ASSERT_TRUE(VerifyGeneration(**reopened, (*reopened)->current()).ok()) << "op " << n;
-    auto now = Snapshot(tmp / "store");
-    for (const auto& [path, bytes] : before) {
-      ASSERT_TRUE(now.count(path) && now[path] == bytes) << "op " << n << " changed " << path;
+    // Everything of generation 1 is as it was; a half-written generation 2 or
+    // a temporary root manifest may be left behind when the fault also hit
+    // their removal (readers ignore them; the next writer removes them).
+    for (const auto& [path, content] : Snapshot(tmp / "store")) {
+      if (path.rfind("gen-000002", 0) == 0 || path == "manifest.json.tmp") continue;
+      ASSERT_TRUE(before.count(path) && before.at(path) == content) << "op " << n << " changed " << path;
+    }
+    for (const auto& [path, content] : before) {
+      ASSERT_TRUE(fs::exists(tmp / ("store/" + path))) << "op " << n << " removed " << path;
     }
   }
   ASSERT_TRUE(committed) << "transform never succeeded";

@@ -56,16 +56,36 @@ nlohmann::json PlanJson(const ptc::Plan& p, const std::string& from, const std::
           {"messages", messages}, {"missing", missing}};
 }
 
-ptc::Status RunPlan(const PlanArgs& a) {
-  PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig to, ptc::ParseConfig(a.to), "--to");
+// The store, its current generation and the plan to `--to`.
+struct Planned {
+  std::unique_ptr<ptc::Store> store;
+  std::shared_ptr<const ptc::GenerationManifest> source;
+  ptc::ModelSpec spec;
+  ptc::ParallelConfig to;
+  ptc::Plan plan;
+  double seconds = 0;  // planning time
+};
+
+ptc::Result<Planned> MakePlanned(const PlanArgs& a) {
+  Planned p;
+  PTC_ASSIGN_OR_RETURN(p.to, ptc::ParseConfig(a.to), "--to");
   PTC_ASSIGN_OR_RETURN(auto alive, ParseAlive(a.alive));
-  PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::Open(ptc::Env::Default(), a.store));
-  if (!store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
-  auto source = store->CurrentSnapshot();
-  PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(*source));
+  PTC_ASSIGN_OR_RETURN(p.store, ptc::Store::Open(ptc::Env::Default(), a.store));
+  if (!p.store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
+  p.source = p.store->CurrentSnapshot();
+  PTC_ASSIGN_OR_RETURN(p.spec, ptc::SpecFromManifest(*p.source));
   const auto start = std::chrono::steady_clock::now();
-  PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({source.get(), spec, to, {a.workers_per_host}, alive}));
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  PTC_ASSIGN_OR_RETURN(p.plan, ptc::MakePlan({p.source.get(), p.spec, p.to, {a.workers_per_host}, alive}));
+  p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return p;
+}
+
+ptc::Status RunPlan(const PlanArgs& a) {
+  PTC_ASSIGN_OR_RETURN(Planned p, MakePlanned(a));
+  const ptc::Plan& plan = p.plan;
+  const ptc::ParallelConfig& to = p.to;
+  const double secs = p.seconds;
+  const auto& source = p.source;
   nlohmann::json j = PlanJson(plan, source->config, to.ToString());
   if (a.json) {
     std::printf("%s\n", j.dump(2).c_str());
@@ -90,26 +110,20 @@ ptc::Status RunPlan(const PlanArgs& a) {
 }
 
 ptc::Status RunTransform(const PlanArgs& a) {
-  PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig to, ptc::ParseConfig(a.to), "--to");
-  PTC_ASSIGN_OR_RETURN(auto alive, ParseAlive(a.alive));
-  PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::Open(ptc::Env::Default(), a.store));
-  if (!store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
-  auto source = store->CurrentSnapshot();
-  PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(*source));
-  PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({source.get(), spec, to, {a.workers_per_host}, alive}));
+  PTC_ASSIGN_OR_RETURN(Planned p, MakePlanned(a));
   ptc::ExecuteResult r;
   const auto start = std::chrono::steady_clock::now();
   {
-    Progress progress("transform", ptc::BytesToWrite(plan));
+    Progress progress("transform", ptc::BytesToWrite(p.plan));
     ptc::ExecuteOptions options;
     options.threads = a.threads;
     options.progress = progress.fn();
-    PTC_ASSIGN_OR_RETURN(r, ptc::ExecutePlan(*store, source, spec, to, plan, options));
+    PTC_ASSIGN_OR_RETURN(r, ptc::ExecutePlan(*p.store, p.source, p.spec, p.to, p.plan, options));
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!a.keep_old) PTC_RETURN_IF_ERROR(store->CollectGarbage(), "removing old generations");
+  if (!a.keep_old) PTC_RETURN_IF_ERROR(p.store->CollectGarbage(), "removing old generations");
   std::printf("generation %llu (%s) committed in %.2f s: %llu shards written (%s), %llu referenced unchanged\n",
-              static_cast<unsigned long long>(r.generation), to.ToString().c_str(), secs,
+              static_cast<unsigned long long>(r.generation), p.to.ToString().c_str(), secs,
               static_cast<unsigned long long>(r.shards_written), HumanBytes(r.bytes_written).c_str(),
               static_cast<unsigned long long>(r.shards_referenced));
   return ptc::Status::OK();
