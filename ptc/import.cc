@@ -98,6 +98,8 @@ Result<ImportResult> ImportInto(Store* store, Env* env, const std::string& src, 
   Importer importer(env, src, config, writer.get(), progress);
   for (const RankView& view : views) PTC_RETURN_IF_ERROR(importer.ImportRank(view));
   GenerationManifest meta;
+  // State kept beside the tensors (the dataset position) carries over.
+  if (store->has_generation()) meta.extra = store->current().extra;
   PTC_RETURN_IF_ERROR(DescribeModel(spec, config, &meta));
   PTC_RETURN_IF_ERROR(writer->Commit(std::move(meta)));
   importer.result.generation = writer->generation();

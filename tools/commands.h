@@ -20,6 +20,7 @@ void AddSchemaCommand(CLI::App& app, int* exit_code);
 void AddPlanCommand(CLI::App& app, int* exit_code);
 void AddTransformCommand(CLI::App& app, int* exit_code);
 void AddMountCommands(CLI::App& app, int* exit_code);  // mount, reconfigure, umount
+void AddDataCommand(CLI::App& app, int* exit_code);
 
 // Prints "ptcfs <command>: <message>" to stderr and returns the exit status
 // for `status` (0 when OK, 2 for InvalidArgument/NotFound, else 1).

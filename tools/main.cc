@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   ptcfs::AddPlanCommand(app, &exit_code);
   ptcfs::AddTransformCommand(app, &exit_code);
   ptcfs::AddMountCommands(app, &exit_code);
+  ptcfs::AddDataCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
