@@ -70,6 +70,9 @@ class Env {
   virtual Status Remove(const std::string& path) = 0;       // a file or an empty directory
   virtual Status RemoveTree(const std::string& path) = 0;   // rm -r; OK if absent
   virtual Status SyncDir(const std::string& path) = 0;      // fsync a directory (after rename)
+  // Makes everything written to the file system holding `path` durable
+  // (syncfs): one call instead of an fsync per file before a commit.
+  virtual Status SyncFileSystem(const std::string& path) = 0;
   virtual bool IsDirectory(const std::string& path) = 0;
 };
 

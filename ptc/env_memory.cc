@@ -173,6 +173,8 @@ class MemEnv final : public Env {
   Status Remove(const std::string& path) override;
   Status RemoveTree(const std::string& path) override;
 
+  Status SyncFileSystem(const std::string& path) override { return Status::OK(); }
+
   Status SyncDir(const std::string& path) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!DirExists(Normalize(path))) return NotFoundError(path + ": fsync directory: No such file or directory");

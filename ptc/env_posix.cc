@@ -180,6 +180,16 @@ class PosixEnv final : public Env {
     return Status::OK();
   }
 
+  Status SyncFileSystem(const std::string& path) override {
+    int fd = OpenRetry(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return ErrnoError(path + ": open directory for syncfs", errno);
+    int rc = ::syncfs(fd);
+    int err = errno;
+    ::close(fd);
+    if (rc != 0) return ErrnoError(path + ": syncfs", err);
+    return Status::OK();
+  }
+
   Status SyncDir(const std::string& path) override {
     int fd = OpenRetry(path, O_RDONLY | O_DIRECTORY);
     if (fd < 0) return ErrnoError(path + ": open directory for fsync", errno);

@@ -136,6 +136,11 @@ Status FaultInjectionEnv::RemoveTree(const std::string& path) {
   PTC_RETURN_IF_ERROR(MaybeFail(Op::kRemoveTree, path));
   return base_->RemoveTree(path);
 }
+Status FaultInjectionEnv::SyncFileSystem(const std::string& path) {
+  PTC_RETURN_IF_ERROR(MaybeFail(Op::kSync, path));
+  return base_->SyncFileSystem(path);
+}
+
 Status FaultInjectionEnv::SyncDir(const std::string& path) {
   PTC_RETURN_IF_ERROR(MaybeFail(Op::kSyncDir, path));
   return base_->SyncDir(path);

@@ -61,6 +61,7 @@ class FaultInjectionEnv final : public Env {
   Status Remove(const std::string& path) override;
   Status RemoveTree(const std::string& path) override;
   Status SyncDir(const std::string& path) override;
+  Status SyncFileSystem(const std::string& path) override;  // counted as a kSync
   bool IsDirectory(const std::string& path) override;
 
   // Counts one op of kind `op` on `path`; returns the injected error when it

@@ -273,7 +273,7 @@ Result<ShardRecord> ShardSink::Finish() {
     return FailedPreconditionError(record_.file + ": " + std::to_string(written_) + " of " +
                                    std::to_string(record_.nbytes) + " bytes written (tensor '" + record_.tensor + "')");
   }
-  PTC_RETURN_IF_ERROR(file_->Sync());
+  // Not synced here: Commit makes all shard files durable at once (SyncFileSystem).
   PTC_RETURN_IF_ERROR(file_->Close());
   finished_ = true;
   record_.checksum = hash_.Digest();
@@ -297,8 +297,7 @@ Status PositionalShardSink::PWrite(uint64_t offset_in_shard, const void* data, s
 
 Result<ShardRecord> PositionalShardSink::Finish(std::optional<uint64_t> checksum) {
   if (finished_) return FailedPreconditionError(record_.file + ": Finish called twice");
-  PTC_RETURN_IF_ERROR(file_->Sync());
-  PTC_RETURN_IF_ERROR(file_->Close());
+  PTC_RETURN_IF_ERROR(file_->Close());  // durable at Commit (SyncFileSystem)
   finished_ = true;
   if (checksum) {
     record_.checksum = *checksum;
@@ -387,6 +386,9 @@ Status GenerationWriter::WriteGeneration(const GenerationManifest& m) {
     std::lock_guard<std::mutex> lock(mu_);
     workers = workers_;
   }
+  // Shard files are not synced one by one as they are written; one syncfs
+  // makes them durable before the manifest that names them.
+  PTC_RETURN_IF_ERROR(env->SyncFileSystem(store_->root()));
   for (int w : workers) PTC_RETURN_IF_ERROR(env->SyncDir(store_->AbsPath(JoinPath(dir_, WorkerDirName(w)))));
   const std::string path = store_->AbsPath(JoinPath(dir_, kManifestName));
   PTC_RETURN_IF_ERROR(WriteFileAtomic(env, path, EncodeManifest(m)));

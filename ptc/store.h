@@ -112,7 +112,7 @@ class ShardSink {
   ~ShardSink();
   // \error InvalidArgument when more than nbytes would be written; IOError from the Env.
   Status Append(const void* data, size_t n);
-  // Checks that exactly nbytes were written, fsyncs and closes the file, and
+  // Checks that exactly nbytes were written, closes the file (made durable by Commit), and
   // returns the record (to pass to GenerationWriter::AddShard).
   // \error FailedPrecondition when fewer bytes were written or Finish was called before.
   Result<ShardRecord> Finish();
@@ -136,7 +136,7 @@ class PositionalShardSink {
   // Writes n bytes at `offset_in_shard`.
   // \error InvalidArgument when the range leaves [0, nbytes); IOError from the Env.
   Status PWrite(uint64_t offset_in_shard, const void* data, size_t n);
-  // Fsyncs and closes the file and returns the record. The checksum is the
+  // Closes the file (made durable by Commit) and returns the record. The checksum is the
   // caller's `checksum` when given (the caller hashed the shard in order), else
   // it is computed by re-reading the shard's bytes from the file. Bytes never
   // written read as zero.
