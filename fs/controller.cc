@@ -8,25 +8,44 @@
 namespace ptcfs {
 namespace {
 
-// A config from what was written: the config text itself or {"config": "..."}.
-ptc::Result<ptc::ParallelConfig> ParseRequest(const std::string& raw) {
+struct Request {
+  ptc::ParallelConfig config;
+  std::optional<uint64_t> step, epoch;
+};
+
+// What was written: the config text itself, or
+// {"config": "...", "step": S, "epoch": E} (step and epoch optional).
+ptc::Result<Request> ParseRequest(const std::string& raw) {
   std::string text = raw;
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\0')) text.pop_back();
+  Request r;
   if (!text.empty() && text.front() == '{') {
+    const auto bad = ptc::InvalidArgumentError(
+        ".ptcfs/config: expected a config such as tp=4,pp=1 or {\"config\": \"tp=4,pp=1\", \"step\": 100}");
     nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("config") || !j["config"].is_string()) {
-      return ptc::InvalidArgumentError(".ptcfs/config: expected a config such as tp=4,pp=1 or {\"config\": \"tp=4,pp=1\"}");
+    if (j.is_discarded() || !j.is_object() || !j.contains("config") || !j["config"].is_string()) return bad;
+    for (const auto& [key, value] : j.items()) {
+      if (key == "config") continue;
+      if (key != "step" && key != "epoch") {
+        return ptc::InvalidArgumentError(".ptcfs/config: unknown field '" + key + "' (config, step, epoch)");
+      }
+      if (!value.is_number_unsigned()) {
+        return ptc::InvalidArgumentError(".ptcfs/config: '" + key + "' must be a non-negative integer");
+      }
+      (key == "step" ? r.step : r.epoch) = value.get<uint64_t>();
     }
+    if (r.epoch && !r.step) return ptc::InvalidArgumentError(".ptcfs/config: 'epoch' needs a 'step'");
     text = j["config"].get<std::string>();
   }
-  return ptc::ParseConfig(text);
+  PTC_ASSIGN_OR_RETURN(r.config, ptc::ParseConfig(text));
+  return r;
 }
 
 }  // namespace
 
-Controller::Controller(ptc::Store* store, int worker, int threads,
+Controller::Controller(ptc::Store* store, int worker, int threads, std::shared_ptr<const ptc::DatasetSource> source,
                        std::function<void(std::shared_ptr<const Snapshot>)> serve)
-    : store_(store), worker_(worker), threads_(threads), serve_(std::move(serve)) {}
+    : store_(store), worker_(worker), threads_(threads), source_(std::move(source)), serve_(std::move(serve)) {}
 
 Controller::~Controller() {
   std::thread t;
@@ -47,12 +66,20 @@ ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_p
     RecordError(s.message());
     return s;
   };
-  auto config = ParseRequest(text);
-  if (!config.ok()) return fail(ptc::InvalidArgumentError(config.status().message()));
+  auto request = ParseRequest(text);
+  if (!request.ok()) return fail(ptc::InvalidArgumentError(request.status().message()));
+  const ptc::ParallelConfig& config = request->config;
   const ptc::ModelSpec& spec = current->spec();
-  if (ptc::Status s = ptc::ValidateConfig(spec, *config); !s.ok()) return fail(s);
+  if (ptc::Status s = ptc::ValidateConfig(spec, config); !s.ok()) return fail(s);
+  std::optional<ptc::DatasetState> dataset = current->dataset();
+  if (request->step) {
+    if (!dataset) return fail(ptc::InvalidArgumentError(".ptcfs/config: 'step' given but the store holds no dataset"));
+    auto moved = ptc::StateAtStep(*dataset, *request->step, request->epoch);
+    if (!moved.ok()) return fail(moved.status());
+    dataset = *moved;
+  }
   // The new layout, served at once from the shards of the current generation.
-  auto lazy = Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, *config, worker_);
+  auto lazy = Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, config, worker_, dataset, source_);
   if (!lazy.ok()) return fail(ptc::InvalidArgumentError(lazy.status().message()));
   std::thread previous;
   {
@@ -69,20 +96,21 @@ ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_p
   if (previous.joinable()) previous.join();  // finished: its state was set
   serve_(*lazy);
   std::lock_guard<std::mutex> lock(mu_);
-  worker_thread_ = std::thread([this, c = *config, spec] { Rewrite(c, spec); });
+  worker_thread_ = std::thread([this, config, spec, dataset] { Rewrite(config, spec, dataset); });
   return ptc::Status::OK();
 }
 
-void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec) {
+void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset) {
   ptc::ExecuteOptions options;
   options.threads = threads_;
+  if (dataset) options.extra["dataset"] = ptc::EncodeDatasetState(*dataset);
   options.progress = [this](uint64_t n) { done_ += n; };
   auto result = [&]() -> ptc::Result<std::shared_ptr<const Snapshot>> {
     auto source = store_->CurrentSnapshot();
     PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({source.get(), spec, config, {}, std::nullopt}));
     total_ = ptc::BytesToWrite(plan);
     PTC_RETURN_IF_ERROR(ptc::ExecutePlan(*store_, source, spec, config, plan, options).status());
-    return Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, config, worker_);
+    return Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, config, worker_, dataset, source_);
   }();
   if (result.ok()) serve_(*result);
   std::lock_guard<std::mutex> lock(mu_);
@@ -99,7 +127,12 @@ std::string Controller::StatusJson(const std::shared_ptr<const Snapshot>& curren
       {"bytes_done", done_.load()},
       {"bytes_total", total_.load()},
       {"last_error", last_error_.empty() ? nlohmann::json(nullptr) : nlohmann::json(last_error_)},
+      {"dataset", nullptr},
   };
+  if (const auto& d = current->dataset()) {
+    j["dataset"] = {{"epoch", d->epoch}, {"step", d->step()}, {"consumed", d->consumed},
+                    {"samples", d->num_samples}, {"global_batch", d->global_batch}};
+  }
   return j.dump(2) + "\n";
 }
 

@@ -22,13 +22,16 @@ namespace ptcfs {
 
 class Controller {
  public:
-  // `serve` installs a snapshot as the one the mount shows.
-  Controller(ptc::Store* store, int worker, int threads,
+  // `serve` installs a snapshot as the one the mount shows. `source`: the
+  // store's opened dataset, or null when it has none.
+  Controller(ptc::Store* store, int worker, int threads, std::shared_ptr<const ptc::DatasetSource> source,
              std::function<void(std::shared_ptr<const Snapshot>)> serve);
   ~Controller();  // waits for a running rewrite
 
-  // Parses "tp=4,pp=1" or {"config": "tp=4,pp=1"}, validates it against the
-  // model, switches the layout and starts the rewrite.
+  // Parses "tp=4,pp=1" or {"config": "tp=4,pp=1", "step": S, "epoch": E},
+  // validates it against the model (and the step against the dataset),
+  // switches the layout and data position and starts the rewrite, which
+  // commits the new dataset position with the new layout.
   // \error InvalidArgument naming what is wrong (also kept as last_error);
   // \error FailedPrecondition while a rewrite runs.
   ptc::Status Reconfigure(const std::string& text, const std::shared_ptr<const Snapshot>& current);
@@ -38,11 +41,12 @@ class Controller {
   void RecordError(const std::string& error);
 
  private:
-  void Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec);
+  void Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset);
 
   ptc::Store* store_;
   const int worker_;
   const int threads_;
+  const std::shared_ptr<const ptc::DatasetSource> source_;
   std::function<void(std::shared_ptr<const Snapshot>)> serve_;
   mutable std::mutex mu_;
   std::string state_ = "serving";  // GUARDED_BY(mu_): serving | repartitioning | failed

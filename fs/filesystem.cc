@@ -4,8 +4,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <set>
 
 #include "ptc/checkpoint.h"
+#include "ptc/dataset_state.h"
 #include "ptc/model_spec.h"
 #include "ptc/npy.h"
 
@@ -16,12 +18,14 @@ namespace ptcfs {
 constexpr double kModelTimeout = 3600;
 
 struct Node {
-  enum Kind { kDir, kConfig, kStatus, kModelFile, kOptimFile, kNpyFile, kDTypesFile } kind = kDir;
+  enum Kind { kDir, kConfig, kStatus, kModelFile, kOptimFile, kNpyFile, kDTypesFile, kDataFile } kind = kDir;
   std::map<std::string, uint64_t> children;  // kDir
-  std::shared_ptr<const Snapshot> snap;      // files under model/
+  std::shared_ptr<const Snapshot> snap;      // nodes under model/ and data/
   size_t view = 0;                           // index into snap->views()
   size_t tensor = 0;                         // kNpyFile: index into model then optim tensors
-  uint64_t size = 0;
+  ptc::ViewFile data_file = ptc::ViewFile::kIds;  // kDataFile, of the rank's dp coordinate
+  std::optional<size_t> group;                    // kDataFile: the length group, if any
+  uint64_t size = 0;                         // but kDataFile: its view knows
   std::string literal;                       // kDTypesFile
   uint64_t ino = 0;
   uint64_t lookups = 0;                      // GUARDED_BY(Filesystem::mu_)
@@ -30,6 +34,7 @@ struct Node {
 struct Filesystem::Handle {
   std::shared_ptr<Node> node;
   std::unique_ptr<VirtualFile> file;  // model files
+  std::shared_ptr<const ptc::RankDataView> data;  // data files
   std::string text;                   // .ptcfs files: content at open / written so far
 };
 
@@ -61,9 +66,15 @@ ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& 
   auto generation = fs->store_->CurrentSnapshot();
   PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(*generation));
   PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig config, ptc::ConfigFromManifest(*generation));
-  PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*fs->store_, generation, spec, config, options.worker));
+  PTC_ASSIGN_OR_RETURN(std::optional<ptc::DatasetState> dataset, ptc::LoadDatasetState(*fs->store_));
+  std::shared_ptr<const ptc::DatasetSource> source;
+  if (dataset) {
+    PTC_ASSIGN_OR_RETURN(source, ptc::OpenDatasetSource(ptc::Env::Default(), *fs->store_, *dataset),
+                         options.store + ": the store's dataset");
+  }
+  PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*fs->store_, generation, spec, config, options.worker, dataset, source));
   Filesystem* self = fs.get();
-  fs->controller_ = std::make_unique<Controller>(fs->store_.get(), options.worker, options.transform_threads,
+  fs->controller_ = std::make_unique<Controller>(fs->store_.get(), options.worker, options.transform_threads, source,
                                                  [self](std::shared_ptr<const Snapshot> s) { self->Serve(s); });
   std::lock_guard<std::mutex> lock(fs->mu_);
   auto root = std::make_shared<Node>();
@@ -77,7 +88,7 @@ ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& 
   status_node->kind = Node::kStatus;
   meta->children["status"] = fs->AddNode(status_node);
   fs->snapshot_ = snap;
-  root->children["model"] = fs->AddNode(fs->BuildModelTree(snap));
+  fs->AddTrees(*root, snap);
   return fs;
 }
 
@@ -102,8 +113,52 @@ std::shared_ptr<const Snapshot> Filesystem::snapshot() const {
   return snapshot_;
 }
 
+void Filesystem::AddTrees(Node& root, const std::shared_ptr<const Snapshot>& snap) {
+  // The replaced trees stay in nodes_ until the kernel forgets them.
+  root.children["model"] = AddNode(BuildModelTree(snap));
+  if (snap->dataset()) root.children["data"] = AddNode(BuildDataTree(snap));
+}
+
+std::shared_ptr<Node> Filesystem::NewDir(const std::shared_ptr<const Snapshot>& snap) {
+  auto dir = std::make_shared<Node>();
+  dir->snap = snap;  // so that Forget can drop it once replaced
+  return dir;
+}
+
+std::shared_ptr<Node> Filesystem::BuildDataTree(const std::shared_ptr<const Snapshot>& snap) {
+  const ptc::DatasetState& state = *snap->dataset();
+  const size_t groups = state.length_buckets.size();
+  auto data = NewDir(snap);
+  auto add_files = [&](Node& dir, int dp_rank, std::optional<size_t> group) {
+    for (ptc::ViewFile f : ptc::ViewFiles(state.format)) {
+      auto n = std::make_shared<Node>();
+      n->kind = Node::kDataFile;
+      n->snap = snap;
+      n->tensor = static_cast<size_t>(dp_rank);
+      n->group = group;
+      n->data_file = f;
+      dir.children[std::string(ptc::ViewFileName(f))] = AddNode(n);
+    }
+  };
+  for (const ptc::RankView& view : snap->views()) {
+    auto dir = NewDir(snap);
+    const int dp_rank = snap->config().CoordsOf(view.rank).dp;
+    if (groups == 0) {
+      add_files(*dir, dp_rank, std::nullopt);
+    } else {
+      for (size_t g = 0; g < groups; ++g) {
+        auto group_dir = NewDir(snap);
+        add_files(*group_dir, dp_rank, g);
+        dir->children["group-" + std::to_string(g)] = AddNode(group_dir);
+      }
+    }
+    data->children[ptc::RankDirName(view.rank)] = AddNode(dir);
+  }
+  return data;
+}
+
 std::shared_ptr<Node> Filesystem::BuildModelTree(const std::shared_ptr<const Snapshot>& snap) {
-  auto model = std::make_shared<Node>();
+  auto model = NewDir(snap);
   auto file = [&](Node::Kind kind, size_t view, size_t tensor, uint64_t size) {
     auto n = std::make_shared<Node>();
     n->kind = kind;
@@ -115,7 +170,7 @@ std::shared_ptr<Node> Filesystem::BuildModelTree(const std::shared_ptr<const Sna
   };
   for (size_t v = 0; v < snap->views().size(); ++v) {
     const ptc::RankView& view = snap->views()[v];
-    auto dir = std::make_shared<Node>();
+    auto dir = NewDir(snap);
     if (options_.safetensors) {
       const auto meta = snap->Metadata(view.rank);
       dir->children["model.safetensors"] = file(Node::kModelFile, v, 0, *SafetensorsFileSize(view.model, meta));
@@ -124,7 +179,7 @@ std::shared_ptr<Node> Filesystem::BuildModelTree(const std::shared_ptr<const Sna
       }
     }
     if (options_.npy) {
-      auto tensors = std::make_shared<Node>();
+      auto tensors = NewDir(snap);
       std::map<std::string, ptc::DType> dtypes;
       size_t i = 0;
       for (const auto* list : {&view.model, &view.optim}) {
@@ -146,24 +201,48 @@ std::shared_ptr<Node> Filesystem::BuildModelTree(const std::shared_ptr<const Sna
 }
 
 void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
+  std::set<uint64_t> live;  // generations open files still read, when the generation changes
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (snap->generation() != snapshot_->generation()) {
+      for (const auto& [fh, h] : handles_) {
+        if (h->node->snap) live.insert(h->node->snap->generation());
+      }
+      live.insert(snap->generation());
+    }
     snapshot_ = snap;
-    std::shared_ptr<Node> root = nodes_.at(kRootInode);
-    // The old model/ subtree stays in nodes_ until the kernel forgets it.
-    root->children["model"] = AddNode(BuildModelTree(snap));
+    // Nodes of the replaced trees that the kernel does not know go now; the
+    // others when it forgets them (Forget).
+    std::erase_if(nodes_, [](const auto& kv) { return kv.second->snap && kv.second->lookups == 0; });
+    AddTrees(*nodes_.at(kRootInode), snap);
   }
-  if (invalidate_) invalidate_(kRootInode, "model");
+  if (invalidate_) {
+    invalidate_(kRootInode, "model");
+    if (snap->dataset()) invalidate_(kRootInode, "data");
+  }
+  // A rewrite committed: remove the generations no open file reads. Fails
+  // harmlessly (kept for the next commit) when another rewrite started.
+  if (!live.empty()) {
+    if (ptc::Status s = store_->CollectGarbage(live); !s.ok() && s.code() != ptc::Code::kFailedPrecondition) {
+      controller_->RecordError("removing replaced generations: " + s.message());
+    }
+  }
 }
 
-struct stat Filesystem::Attr(const Node& n) const {
+ptc::Result<uint64_t> Filesystem::SizeOf(const Node& n) const {
+  if (n.kind != Node::kDataFile) return n.size;
+  PTC_ASSIGN_OR_RETURN(auto view, n.snap->DataView(static_cast<int>(n.tensor), n.group));
+  return view->FileSize(n.data_file);
+}
+
+struct stat Filesystem::Attr(const Node& n, uint64_t size) const {
   struct stat st = {};
   st.st_ino = n.ino;
   st.st_nlink = n.kind == Node::kDir ? 2 : 1;
   st.st_mode = n.kind == Node::kDir ? S_IFDIR | 0555 : n.kind == Node::kConfig ? S_IFREG | 0644 : S_IFREG | 0444;
-  st.st_size = static_cast<off_t>(n.size);
+  st.st_size = static_cast<off_t>(size);
   st.st_blksize = 512 * 1024;
-  st.st_blocks = static_cast<blkcnt_t>((n.size + 511) / 512);
+  st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
   return st;
 }
 
@@ -175,10 +254,16 @@ ptc::Result<Entry> Filesystem::Lookup(uint64_t parent, const std::string& name) 
     if (p == nodes_.end() || p->second->kind != Node::kDir) return ptc::NotFoundError("no directory " + std::to_string(parent));
     auto c = p->second->children.find(name);
     if (c == p->second->children.end()) return ptc::NotFoundError(name);
-    node = nodes_.at(c->second);
+    auto n = nodes_.find(c->second);
+    if (n == nodes_.end()) return ptc::NotFoundError(name + ": replaced by a reconfiguration");
+    node = n->second;
+  }
+  PTC_ASSIGN_OR_RETURN(uint64_t size, SizeOf(*node));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
     node->lookups++;
   }
-  return Entry{node->ino, Attr(*node), Timeout(*node)};
+  return Entry{node->ino, Attr(*node, size), Timeout(*node)};
 }
 
 void Filesystem::Forget(uint64_t ino, uint64_t n) {
@@ -198,7 +283,8 @@ double Filesystem::Timeout(const Node& node) {
 ptc::Result<Entry> Filesystem::GetAttr(uint64_t ino) {
   std::shared_ptr<Node> node = NodeOf(ino);
   if (!node) return ptc::NotFoundError("inode " + std::to_string(ino));
-  struct stat st = Attr(*node);
+  PTC_ASSIGN_OR_RETURN(uint64_t size, SizeOf(*node));
+  struct stat st = Attr(*node, size);
   if (node->kind == Node::kConfig) st.st_size = static_cast<off_t>(snapshot()->config().ToString().size() + 1);
   if (node->kind == Node::kStatus) st.st_size = static_cast<off_t>(controller_->StatusJson(snapshot()).size());
   return Entry{ino, st, Timeout(*node)};
@@ -211,8 +297,9 @@ ptc::Result<std::vector<DirEntry>> Filesystem::ReadDir(uint64_t ino) {
   if (it->second->kind != Node::kDir) return ptc::InvalidArgumentError("not a directory");
   std::vector<DirEntry> out;
   for (const auto& [name, child] : it->second->children) {
-    const Node& c = *nodes_.at(child);
-    out.push_back({name, child, c.kind == Node::kDir ? mode_t(S_IFDIR) : mode_t(S_IFREG)});
+    auto c = nodes_.find(child);
+    if (c == nodes_.end()) continue;  // of a replaced tree, forgotten
+    out.push_back({name, child, c->second->kind == Node::kDir ? mode_t(S_IFDIR) : mode_t(S_IFREG)});
   }
   return out;
 }
@@ -249,6 +336,14 @@ ptc::Result<OpenReply> Filesystem::Open(uint64_t ino, int flags) {
     if (!writing) {
       h->text = node->kind == Node::kConfig ? snapshot()->config().ToString() + "\n" : controller_->StatusJson(snapshot());
     }
+  } else if (node->kind == Node::kDataFile) {
+    auto view = node->snap->DataView(static_cast<int>(node->tensor), node->group);
+    if (!view.ok()) {
+      controller_->RecordError(view.status().message());
+      return view.status();
+    }
+    h->data = *view;
+    reply.keep_cache = true;
   } else if (node->kind != Node::kDTypesFile) {
     auto file = Render(*node);
     if (!file.ok()) {
@@ -276,6 +371,16 @@ ptc::Result<ReadReply> Filesystem::Read(uint64_t fh, uint64_t offset, size_t siz
     h = it->second;
   }
   ReadReply reply;
+  if (h->data) {
+    reply.bytes.resize(size);
+    auto n = h->data->Read(h->node->data_file, offset, size, reply.bytes.data());
+    if (!n.ok()) {
+      controller_->RecordError(n.status().message());
+      return n.status();
+    }
+    reply.bytes.resize(*n);
+    return reply;
+  }
   if (!h->file) {
     if (offset < h->text.size()) {
       const size_t n = std::min<size_t>(size, h->text.size() - offset);

@@ -8,6 +8,8 @@
 //   .ptcfs/status                          JSON: generation, config, state, progress, last error
 //   model/rank-RRRRR/model.safetensors     (+ optim.safetensors with optimizer state)
 //   model/rank-RRRRR/tensors/<name>.npy    (+ dtypes.json)
+//   data/rank-RRRRR/{ids.txt,samples.idx,samples.bin | samples.jsonl}  when the store has a dataset
+//                                          (under group-G/ per length group)
 //
 // Thread safety: all methods may be called concurrently. Lock order: the
 // Controller's lock, then mu_; mu_ is never held while calling the
@@ -95,9 +97,15 @@ class Filesystem {
   explicit Filesystem(const MountOptions& options);
   std::shared_ptr<Node> NodeOf(uint64_t ino) const;
   uint64_t AddNode(std::shared_ptr<Node> node);             // REQUIRES: mu_ held
-  std::shared_ptr<Node> BuildModelTree(const std::shared_ptr<const Snapshot>& snap);  // REQUIRES: mu_ held
+  // model/ and data/ of `snap` under `root`. REQUIRES: mu_ held (all three).
+  void AddTrees(Node& root, const std::shared_ptr<const Snapshot>& snap);
+  std::shared_ptr<Node> BuildModelTree(const std::shared_ptr<const Snapshot>& snap);
+  std::shared_ptr<Node> BuildDataTree(const std::shared_ptr<const Snapshot>& snap);
+  std::shared_ptr<Node> NewDir(const std::shared_ptr<const Snapshot>& snap);
   void Serve(std::shared_ptr<const Snapshot> snap);         // swaps the tree, then invalidates
-  struct stat Attr(const Node& node) const;
+  // The file's size: data files ask their view (built on first use).
+  ptc::Result<uint64_t> SizeOf(const Node& node) const;
+  struct stat Attr(const Node& node, uint64_t size) const;
   static double Timeout(const Node& node);
   ptc::Result<std::unique_ptr<VirtualFile>> Render(const Node& node) const;
 

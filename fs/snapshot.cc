@@ -9,13 +9,17 @@ Snapshot::Snapshot(const ptc::Store& store, std::shared_ptr<const ptc::Generatio
 
 ptc::Result<std::shared_ptr<const Snapshot>> Snapshot::Create(
     const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation, const ptc::ModelSpec& spec,
-    const ptc::ParallelConfig& config, int worker) {
+    const ptc::ParallelConfig& config, int worker, std::optional<ptc::DatasetState> dataset,
+    std::shared_ptr<const ptc::DatasetSource> source) {
   PTC_RETURN_IF_ERROR(ptc::ValidateConfig(spec, config));
   if (worker >= config.num_workers()) {
     return ptc::InvalidArgumentError("worker " + std::to_string(worker) + " does not exist in config " +
                                      config.ToString() + " (" + std::to_string(config.num_workers()) + " workers)");
   }
+  if (dataset && !source) return ptc::InternalError("a snapshot with a dataset needs its source");
   std::shared_ptr<Snapshot> s(new Snapshot(store, std::move(generation), spec, config));
+  s->dataset_ = std::move(dataset);
+  s->source_ = std::move(source);
   for (int rank = 0; rank < config.world_size(); ++rank) {
     if (worker >= 0 && config.WorkerOf(rank) != worker) continue;
     PTC_ASSIGN_OR_RETURN(ptc::RankView view, ptc::ComputeView(spec, config, rank));
@@ -26,6 +30,22 @@ ptc::Result<std::shared_ptr<const Snapshot>> Snapshot::Create(
 
 std::map<std::string, std::string> Snapshot::Metadata(int rank) const {
   return {{"format", "pt"}, {"ptcfs.rank", std::to_string(rank)}, {"ptcfs.config", config_.ToString()}};
+}
+
+ptc::Result<std::shared_ptr<const ptc::RankDataView>> Snapshot::DataView(int dp_rank,
+                                                                        std::optional<size_t> group) const {
+  if (!dataset_) return ptc::NotFoundError("the store holds no dataset");
+  const std::pair<int, size_t> key{dp_rank, group.value_or(0)};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = data_views_.find(key); it != data_views_.end()) return it->second;
+  }
+  // Built outside the lock (grouped streams read every remaining length); a
+  // concurrent first use may build twice, and the first one stored wins.
+  PTC_ASSIGN_OR_RETURN(auto samples, ptc::RankSamplesFor(*dataset_, source_, config_.dp, dp_rank, group));
+  auto view = std::make_shared<const ptc::RankDataView>(source_, std::move(samples));
+  std::lock_guard<std::mutex> lock(mu_);
+  return data_views_.emplace(key, std::move(view)).first->second;
 }
 
 ptc::Status Snapshot::Check(const ptc::ShardRecord& shard) const {

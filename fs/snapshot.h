@@ -12,10 +12,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "fs/virtual_file.h"
+#include "ptc/dataset_state.h"
+#include "ptc/dataset_view.h"
 #include "ptc/store.h"
 #include "ptc/store_reader.h"
 #include "ptc/view.h"
@@ -24,12 +27,15 @@ namespace ptcfs {
 
 class Snapshot {
  public:
-  // `worker` < 0: all ranks.
+  // `worker` < 0: all ranks. `dataset`: the dataset position served under
+  // data/ (none: no data/ tree); `source` must be its opened source.
   // \error as ValidateConfig and ComputeView.
   static ptc::Result<std::shared_ptr<const Snapshot>> Create(const ptc::Store& store,
                                                              std::shared_ptr<const ptc::GenerationManifest> generation,
                                                              const ptc::ModelSpec& spec,
-                                                             const ptc::ParallelConfig& config, int worker);
+                                                             const ptc::ParallelConfig& config, int worker,
+                                                             std::optional<ptc::DatasetState> dataset = std::nullopt,
+                                                             std::shared_ptr<const ptc::DatasetSource> source = nullptr);
 
   const ptc::ParallelConfig& config() const { return config_; }
   const ptc::ModelSpec& spec() const { return spec_; }
@@ -38,6 +44,12 @@ class Snapshot {
   const ptc::GenerationReader& reader() const { return reader_; }
   int WorkerOf(int rank) const { return config_.WorkerOf(rank); }
   std::map<std::string, std::string> Metadata(int rank) const;
+  const std::optional<ptc::DatasetState>& dataset() const { return dataset_; }
+
+  // The data view of data-parallel rank `dp_rank` (of length group `group`),
+  // built on first use and shared by the ranks of that dp coordinate.
+  // \error as RankSamplesFor.
+  ptc::Result<std::shared_ptr<const ptc::RankDataView>> DataView(int dp_rank, std::optional<size_t> group) const;
 
   // The shard's checksum, verified once per snapshot (cached, also failures).
   ptc::Status Check(const ptc::ShardRecord& shard) const;
@@ -52,8 +64,11 @@ class Snapshot {
   ptc::ParallelConfig config_;
   std::vector<ptc::RankView> views_;
   ptc::GenerationReader reader_;
+  std::optional<ptc::DatasetState> dataset_;
+  std::shared_ptr<const ptc::DatasetSource> source_;
   mutable std::mutex mu_;
   mutable std::map<const ptc::ShardRecord*, ptc::Status> checked_;  // GUARDED_BY(mu_)
+  mutable std::map<std::pair<int, size_t>, std::shared_ptr<const ptc::RankDataView>> data_views_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace ptcfs

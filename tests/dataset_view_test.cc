@@ -19,60 +19,7 @@
 namespace ptc {
 namespace {
 
-// The independent reader: parses Megatron .idx files with struct/numpy only.
-constexpr const char* kReader = R"PY(
-import struct, sys
-try:
-    import numpy as np
-except ImportError:
-    print("numpy is missing: install python3-numpy (apt-get install python3-numpy)")
-    sys.exit(3)
 
-DT = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
-
-def read_idx(path):
-    b = open(path, 'rb').read()
-    assert b[:9] == b'MMIDIDX\x00\x00', path + ": magic"
-    assert struct.unpack('<Q', b[9:17])[0] == 1, path + ": version"
-    code = b[17]
-    n, d = struct.unpack('<QQ', b[18:34])
-    assert len(b) == 34 + 12 * n + 8 * d, path + ": size"
-    sizes = np.frombuffer(b, dtype='<i4', count=n, offset=34)
-    ptrs = np.frombuffer(b, dtype='<i8', count=n, offset=34 + 4 * n)
-    docs = np.frombuffer(b, dtype='<i8', count=d, offset=34 + 12 * n)
-    return np.dtype(DT[code]), sizes, ptrs, docs
-
-src_prefix, view_dir = sys.argv[1], sys.argv[2]
-sdt, ssizes, sptrs, _ = read_idx(src_prefix + '.idx')
-sbin = np.fromfile(src_prefix + '.bin', dtype=np.uint8)
-vdt, vsizes, vptrs, vdocs = read_idx(view_dir + '/samples.idx')
-vbin = np.fromfile(view_dir + '/samples.bin', dtype=np.uint8)
-ids = [int(line) for line in open(view_dir + '/ids.txt')]
-assert vdt == sdt, "dtype"
-assert len(ids) == len(vsizes), "ids.txt and samples.idx disagree on the count"
-assert np.array_equal(vdocs, np.arange(len(ids) + 1)), "document index"
-expect = 0
-for j, i in enumerate(ids):
-    assert vptrs[j] == expect, "offset of view sample %d" % j
-    a = vbin[vptrs[j]:vptrs[j] + vsizes[j] * vdt.itemsize].view(vdt)
-    b = sbin[sptrs[i]:sptrs[i] + ssizes[i] * sdt.itemsize].view(sdt)
-    assert np.array_equal(a, b), "tokens of view sample %d (sample %d)" % (j, i)
-    expect += vsizes[j] * vdt.itemsize
-assert expect == len(vbin), "samples.bin size"
-print("READER OK", len(ids))
-)PY";
-
-std::string RunReader(const std::string& src_prefix, const std::string& view_dir, const std::string& script) {
-  const std::string cmd = "/usr/bin/python3 " + script + " " + src_prefix + " " + view_dir + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 3) ADD_FAILURE() << out;  // numpy missing: fail, saying so
-  return out;
-}
 
 // Reads a whole view file in random-sized chunks (random access from the start).
 std::string ReadAll(const RankDataView& v, ViewFile f, std::mt19937_64& rng) {
@@ -88,15 +35,12 @@ std::string ReadAll(const RankDataView& v, ViewFile f, std::mt19937_64& rng) {
   return out;
 }
 
-void Write(const std::string& path, const std::string& data) { std::ofstream(path, std::ios::binary) << data; }
-
 class DatasetViewTest : public ::testing::Test {
  protected:
   void SetUp() override {
     spec_ = {.samples = 3001, .min_len = 0, .max_len = 40, .vocab = 70000, .seed = 9};  // i32 tokens
     ASSERT_TRUE(WriteSynthDataset(env_, spec_, tmp_ / "d").ok());
     store_ = std::move(Store::Create(env_, tmp_ / "store")).value();
-    Write(tmp_ / "reader.py", kReader);
   }
   void Import(std::vector<uint64_t> buckets = {}) {
     DatasetImportOptions o{.format = DatasetFormat::kMegatron, .source = tmp_ / "d", .global_batch = 37,
@@ -115,9 +59,9 @@ class DatasetViewTest : public ::testing::Test {
     const std::string dir = tmp_ / name;
     std::filesystem::create_directories(dir);
     for (ViewFile f : {ViewFile::kIds, ViewFile::kIdx, ViewFile::kBin}) {
-      Write(dir + "/" + std::string(ViewFileName(f)), ReadAll(v, f, rng));
+      testing::Spit(dir + "/" + std::string(ViewFileName(f)), ReadAll(v, f, rng));
     }
-    const std::string out = RunReader(tmp_ / "d", dir, tmp_ / "reader.py");
+    const std::string out = testing::RunMegatronViewReader(tmp_ / "d", dir);
     EXPECT_NE(out.find("READER OK " + std::to_string(v.num_samples())), std::string::npos) << out;
   }
 
@@ -227,7 +171,7 @@ TEST_F(DatasetViewTest, JsonlViewGivesTheLines) {
     lines.push_back("{\"i\":" + std::to_string(i) + ",\"pad\":\"" + std::string(i % 13, 'x') + "\"}");
     text += lines.back() + (i % 50 == 0 ? "\r\n\n" : "\n");
   }
-  Write(tmp_ / "x.jsonl", text);
+  testing::Spit(tmp_ / "x.jsonl", text);
   DatasetImportOptions o{.format = DatasetFormat::kJsonl, .source = tmp_ / "x.jsonl", .global_batch = 16,
                          .seed = 1, .length_buckets = {}};
   auto imported = ImportDataset(*store_, o);

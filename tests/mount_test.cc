@@ -20,67 +20,26 @@
 
 #include <nlohmann/json.hpp>
 
-#include "test_util.h"
+#include "mount_util.h"
 
 namespace ptc {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Mount;
 using testing::Ptcfs;
+using testing::WaitServing;
+using testing::WriteConfig;
 using testing::Sh;
 using testing::Slurp;
 using testing::TempDir;
 
 const std::string kDims = "layers=4,hidden=32,heads=4,vocab=128,seq=16";
 
-// A mounted store; unmounted by the destructor whatever happened.
-class Mount {
- public:
-  Mount(const std::string& store, const std::string& dir, const std::string& extra = "") : dir_(dir) {
-    fs::create_directories(dir);
-    auto [code, out] = Ptcfs("mount " + extra + " " + store + " " + dir);
-    mounted_ = code == 0;
-    EXPECT_EQ(code, 0) << out;
-  }
-  ~Mount() {
-    if (mounted_) Sh("fusermount3 -u " + dir_);
-  }
-  const std::string& dir() const { return dir_; }
-
- private:
-  std::string dir_;
-  bool mounted_ = false;
-};
-
-nlohmann::json Status(const std::string& mnt) { return nlohmann::json::parse(Slurp(mnt + "/.ptcfs/status")); }
-
-// Writes `text` into .ptcfs/config; returns the errno of the write (0: accepted).
-int WriteConfig(const std::string& mnt, const std::string& text) {
-  int fd = open((mnt + "/.ptcfs/config").c_str(), O_WRONLY | O_TRUNC);
-  if (fd < 0) return errno;
-  ssize_t n = write(fd, text.data(), text.size());
-  int err = n < 0 ? errno : 0;
-  close(fd);
-  return err;
-}
-
-void WaitServing(const std::string& mnt) {
-  for (int i = 0; i < 600; ++i) {
-    auto s = Status(mnt);
-    if (s["state"] == "serving") return;
-    ASSERT_NE(s["state"], "failed") << s.dump();
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  FAIL() << "reconfiguration did not finish";
-}
-
 class MountTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (access("/dev/fuse", R_OK | W_OK) != 0) {
-      std::printf("SKIP: /dev/fuse is not usable here (FUSE mount tests need it, and root)\n");
-      std::exit(77);
-    }
+    testing::RequireFuse();
   }
   void Synth(const std::string& config, const std::string& dir) {
     auto [code, out] = Ptcfs("synth --schema megatron-gpt --dims " + kDims + " --optimizer adam --dtype bf16 --config " +
@@ -176,7 +135,7 @@ TEST_F(MountTest, ReconfigureUnderConcurrentReaders) {
     for (auto& r : readers) r.join();
     EXPECT_EQ(bad, 0) << "a reader saw a file mixed from two layouts";
     EXPECT_GT(reads, 0);
-    auto s = Status(m.dir());
+    auto s = testing::MountStatus(m.dir());
     EXPECT_EQ(s["generation"], step + 1);
     // After the commit every file equals the new config's reference.
     for (const auto& e : fs::directory_iterator(refs[step])) {
@@ -200,6 +159,22 @@ TEST_F(MountTest, OpenFileKeepsItsGeneration) {
   std::stringstream s;
   s << held.rdbuf();
   EXPECT_TRUE(s.str() == Slurp(old_ref + "/rank-00000/model.safetensors")) << "an open file changed generation";
+  EXPECT_TRUE(fs::exists(tmp_ / "store/gen-000001/manifest.json")) << "removed while a file of it was open";
+  held.close();
+  // The next commit removes what no open file and no current shard needs.
+  ASSERT_EQ(WriteConfig(m.dir(), "tp=2"), 0);
+  WaitServing(m.dir());
+  const auto manifest = nlohmann::json::parse(Slurp(tmp_ / "store/gen-000003/manifest.json"));
+  std::set<std::string> referenced, present;
+  for (const auto& shard : manifest["shards"]) referenced.insert(shard["file"].get<std::string>());
+  for (const auto& e : fs::recursive_directory_iterator(tmp_ / "store")) {
+    if (e.path().extension() == ".h5") present.insert(fs::relative(e.path(), tmp_ / "store").string());
+  }
+  EXPECT_EQ(present, referenced);
+  EXPECT_FALSE(fs::exists(tmp_ / "store/gen-000001/manifest.json"));
+  EXPECT_FALSE(fs::exists(tmp_ / "store/gen-000002/manifest.json"));
+  auto [code, out] = Ptcfs("verify " + tmp_ / "store");
+  EXPECT_EQ(code, 0) << out;
 }
 
 TEST_F(MountTest, BadInputs) {
@@ -207,12 +182,12 @@ TEST_F(MountTest, BadInputs) {
   {
     Mount m(tmp_ / "store", tmp_ / "mnt");
     EXPECT_EQ(WriteConfig(m.dir(), "this is not a config"), EINVAL);
-    EXPECT_NE(Status(m.dir())["last_error"].get<std::string>().find("not key=value"), std::string::npos);
+    EXPECT_NE(testing::MountStatus(m.dir())["last_error"].get<std::string>().find("not key=value"), std::string::npos);
     EXPECT_EQ(WriteConfig(m.dir(), "tp=3,pp=2"), EINVAL);
-    EXPECT_NE(Status(m.dir())["last_error"].get<std::string>().find("tp=3 does not divide"), std::string::npos)
-        << Status(m.dir()).dump();
-    EXPECT_EQ(Status(m.dir())["config"], "tp=2,pp=2,dp=1,per_worker=8");
-    EXPECT_EQ(Status(m.dir())["generation"], 1);
+    EXPECT_NE(testing::MountStatus(m.dir())["last_error"].get<std::string>().find("tp=3 does not divide"), std::string::npos)
+        << testing::MountStatus(m.dir()).dump();
+    EXPECT_EQ(testing::MountStatus(m.dir())["config"], "tp=2,pp=2,dp=1,per_worker=8");
+    EXPECT_EQ(testing::MountStatus(m.dir())["generation"], 1);
     int fd = open((m.dir() + "/model/rank-00000/model.safetensors").c_str(), O_WRONLY);
     EXPECT_LT(fd, 0);
     EXPECT_EQ(errno, EACCES);
@@ -243,8 +218,8 @@ TEST_F(MountTest, BadInputs) {
     auto [c, o] = Sh("cat " + m.dir() + "/model/rank-00000/model.safetensors >/dev/null");
     EXPECT_NE(c, 0);
     EXPECT_NE(o.find("Input/output error"), std::string::npos) << o;
-    EXPECT_NE(Status(m.dir())["last_error"].get<std::string>().find(tensor), std::string::npos)
-        << Status(m.dir()).dump();
+    EXPECT_NE(testing::MountStatus(m.dir())["last_error"].get<std::string>().find(tensor), std::string::npos)
+        << testing::MountStatus(m.dir()).dump();
   }
   // Missing or invalid store: clear error, non-zero exit, nothing mounted.
   fs::create_directories(tmp_ / "mnt2");

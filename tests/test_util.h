@@ -83,6 +83,14 @@ inline std::pair<int, std::string> Ptcfs(const std::string& args) {
   return Sh(std::string(PTCFS_BINARY) + " " + args);
 }
 
+// The independent Python reader of a rank's dataset view (tests/clients/
+// read_megatron_view.py) over VIEW_DIR against the source SOURCE_PREFIX.
+// Its output ends with "READER OK <count>" when the view is right.
+inline std::string RunMegatronViewReader(const std::string& source_prefix, const std::string& view_dir) {
+  return Sh("/usr/bin/python3 " + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/read_megatron_view.py " +
+            source_prefix + " " + view_dir).second;
+}
+
 // Divisors of n up to `max`.
 inline std::vector<int> Divisors(int64_t n, int max) {
   std::vector<int> out;

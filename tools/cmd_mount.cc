@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -50,12 +51,27 @@ ptc::Result<nlohmann::json> ReadStatus(const std::string& mountpoint) {
   return j;
 }
 
-ptc::Status RunReconfigure(const std::string& mountpoint, const std::string& to, bool wait) {
+struct ReconfigureArgs {
+  std::string mountpoint, to;
+  std::optional<uint64_t> step, epoch;
+  bool no_wait = false;
+};
+
+// What .ptcfs/config is written: the config, or JSON with the data position.
+std::string ConfigRequest(const ReconfigureArgs& a) {
+  if (!a.step) return a.to + "\n";
+  nlohmann::json j = {{"config", a.to}, {"step", *a.step}};
+  if (a.epoch) j["epoch"] = *a.epoch;
+  return j.dump() + "\n";
+}
+
+ptc::Status RunReconfigure(const ReconfigureArgs& a) {
+  const std::string& mountpoint = a.mountpoint;
   PTC_ASSIGN_OR_RETURN(nlohmann::json before, ReadStatus(mountpoint));
   const std::string path = mountpoint + "/.ptcfs/config";
   int fd = open(path.c_str(), O_WRONLY | O_TRUNC);
   if (fd < 0) return ptc::ErrnoError(path, errno);
-  const std::string text = to + "\n";
+  const std::string text = ConfigRequest(a);
   ssize_t n = write(fd, text.data(), text.size());
   int err = errno;
   close(fd);
@@ -65,7 +81,7 @@ ptc::Status RunReconfigure(const std::string& mountpoint, const std::string& to,
                                                                           : std::strerror(err);
     return ptc::InvalidArgumentError("rejected: " + why);
   }
-  if (!wait) return ptc::Status::OK();
+  if (a.no_wait) return ptc::Status::OK();
   std::unique_ptr<Progress> progress;
   uint64_t shown = 0;
   while (true) {
@@ -97,7 +113,8 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
       "mount",
       "Serve STORE at MOUNTPOINT: model/rank-RRRRR/model.safetensors (+ optim.safetensors) and\n"
       "model/rank-RRRRR/tensors/<name>.npy for the ranks of --worker (all ranks without it),\n"
-      "rendered on read from the stored shards; .ptcfs/config and .ptcfs/status control it\n"
+      "rendered on read from the stored shards, and data/rank-RRRRR/{ids.txt,samples.idx,samples.bin}\n"
+      "when the store holds a dataset; .ptcfs/config and .ptcfs/status control it\n"
       "(docs/mount_format.md). Returns once mounted; `ptcfs umount` stops it.");
   mount->add_option("STORE", m->store, "store directory")->required();
   mount->add_option("MOUNTPOINT", m->mountpoint, "an existing empty directory")->required();
@@ -109,18 +126,23 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(1, 256));
   mount->callback([m, exit_code] { *exit_code = Report("mount", RunMount(*m)); });
 
-  auto to = std::make_shared<std::string>();
-  auto mountpoint = std::make_shared<std::string>();
-  auto no_wait = std::make_shared<bool>(false);
+  auto r = std::make_shared<ReconfigureArgs>();
   CLI::App* re = app.add_subcommand(
       "reconfigure",
       "Change the parallel config of a mounted store. The new layout is readable at once (served\n"
       "from the current shards); the store is rewritten in the background and this command waits\n"
       "for the commit, showing progress (unless --no-wait). A bad config is rejected, nothing changes.");
-  re->add_option("MOUNTPOINT", *mountpoint, "a ptcfs mount")->required();
-  re->add_option("--to", *to, "new parallel config, e.g. tp=4,pp=1")->required();
-  re->add_flag("--no-wait", *no_wait, "return once the new layout is served");
-  re->callback([=] { *exit_code = Report("reconfigure", RunReconfigure(*mountpoint, *to, !*no_wait)); });
+  re->footer("With --step S the dataset position moves too: data/rank-RRRRR/ shows, for the new config,\n"
+             "the samples each rank reads from step S on (consumed = S x global batch), committed with the\n"
+             "new layout. Examples:\n"
+             "  ptcfs reconfigure /mnt/ptc --to tp=4,pp=1\n"
+             "  ptcfs reconfigure /mnt/ptc --to tp=2,pp=2,dp=3 --step 1200");
+  re->add_option("MOUNTPOINT", r->mountpoint, "a ptcfs mount")->required();
+  re->add_option("--to", r->to, "new parallel config, e.g. tp=4,pp=1")->required();
+  re->add_option("--step", r->step, "training steps taken in the epoch: the data position from which ranks read");
+  re->add_option("--epoch", r->epoch, "with --step: the epoch (default: the current one)")->needs("--step");
+  re->add_flag("--no-wait", r->no_wait, "return once the new layout is served");
+  re->callback([r, exit_code] { *exit_code = Report("reconfigure", RunReconfigure(*r)); });
 
   auto target = std::make_shared<std::string>();
   CLI::App* um = app.add_subcommand("umount", "Unmount a ptcfs mount (fusermount3 -u).");

@@ -116,6 +116,7 @@ Result<ExecuteResult> ExecutePlan(Store& store, std::shared_ptr<const Generation
   result.shards_written = to_write.size();
   GenerationManifest meta;
   meta.extra = source->extra;
+  for (const auto& [key, value] : options.extra.items()) meta.extra[key] = value;
   PTC_RETURN_IF_ERROR(DescribeModel(spec, target, &meta));
   PTC_RETURN_IF_ERROR(writer->Commit(std::move(meta)));
   result.generation = writer->generation();

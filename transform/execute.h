@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include <nlohmann/json.hpp>
+
 #include "ptc/checkpoint.h"
 #include "ptc/store.h"
 #include "transform/plan.h"
@@ -26,6 +28,9 @@ struct ExecuteOptions {
   int threads = 2;
   uint64_t chunk_bytes = 1ull << 20;  // 8 MiB buffers fall out of cache: measured 1.6x slower
   ProgressFn progress;  // bytes written
+  // Entries set in the new manifest's `extra` over the source's (e.g. "dataset":
+  // a new data position committed with the new layout).
+  nlohmann::json extra = nlohmann::json::object();
 };
 
 struct ExecuteResult {

@@ -1,0 +1,77 @@
+// Helpers of the tests that mount for real: a mount that is always unmounted
+// (also when the test fails), the status document, config writes.
+#pragma once
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace ptc::testing {
+
+// Exits the test binary with 77 (ctest: skipped) when FUSE cannot be used.
+inline void RequireFuse() {
+  if (access("/dev/fuse", R_OK | W_OK) != 0) {
+    std::printf("SKIP: /dev/fuse is not usable here (FUSE mount tests need it, and root)\n");
+    std::exit(77);
+  }
+}
+
+// A mounted store; unmounted by the destructor whatever happened.
+class Mount {
+ public:
+  Mount(const std::string& store, const std::string& dir, const std::string& extra = "") : dir_(dir) {
+    std::filesystem::create_directories(dir);
+    auto [code, out] = Ptcfs("mount " + extra + " " + store + " " + dir);
+    mounted_ = code == 0;
+    EXPECT_EQ(code, 0) << out;
+  }
+  ~Mount() {
+    if (mounted_) Sh("fusermount3 -u " + dir_);
+  }
+  Mount(const Mount&) = delete;
+  Mount& operator=(const Mount&) = delete;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  bool mounted_ = false;
+};
+
+inline nlohmann::json MountStatus(const std::string& mnt) {
+  return nlohmann::json::parse(Slurp(mnt + "/.ptcfs/status"));
+}
+
+// Writes `text` into .ptcfs/config; returns the errno of the write (0: accepted).
+inline int WriteConfig(const std::string& mnt, const std::string& text) {
+  int fd = open((mnt + "/.ptcfs/config").c_str(), O_WRONLY | O_TRUNC);
+  if (fd < 0) return errno;
+  ssize_t n = write(fd, text.data(), text.size());
+  int err = n < 0 ? errno : 0;
+  close(fd);
+  return err;
+}
+
+// Waits until the mount serves (a rewrite committed); fails the test when it failed.
+inline void WaitServing(const std::string& mnt) {
+  for (int i = 0; i < 600; ++i) {
+    auto s = MountStatus(mnt);
+    if (s["state"] == "serving") return;
+    ASSERT_NE(s["state"], "failed") << s.dump();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  FAIL() << "reconfiguration did not finish";
+}
+
+}  // namespace ptc::testing
