@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS="${RUNS:-5}"
-ptcfs="$PWD/build/tools/ptcfs"
+ptcfs="${PTCFS:-$PWD/build/tools/ptcfs}"  # PTCFS=...: another binary
 work="${PTCFS_BENCH_DIR:-/tmp/ptcfs-bench-mount}"
 dims=layers=24,hidden=1024,heads=16,vocab=32768,seq=2048
 mnt="$work/mnt"

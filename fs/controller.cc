@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ptc/megatron_import.h"
 #include "ptc/model_spec.h"
 #include "transform/execute.h"
 
@@ -43,9 +44,11 @@ ptc::Result<Request> ParseRequest(const std::string& raw) {
 
 }  // namespace
 
-Controller::Controller(ptc::Store* store, int worker, int threads, std::shared_ptr<const ptc::DatasetSource> source,
+Controller::Controller(ptc::Store* store, int worker, int threads, std::shared_ptr<ShardChecks> checks,
+                       std::shared_ptr<const ptc::DatasetSource> source,
                        std::function<void(std::shared_ptr<const Snapshot>)> serve)
-    : store_(store), worker_(worker), threads_(threads), source_(std::move(source)), serve_(std::move(serve)) {}
+    : store_(store), worker_(worker), threads_(threads), checks_(std::move(checks)), source_(std::move(source)),
+      serve_(std::move(serve)) {}
 
 Controller::~Controller() {
   std::thread t;
@@ -79,13 +82,13 @@ ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_p
     dataset = *moved;
   }
   // The new layout, served at once from the shards of the current generation.
-  auto lazy = Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, config, worker_, dataset, source_);
+  auto lazy = Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, config, worker_, checks_, dataset, source_);
   if (!lazy.ok()) return fail(ptc::InvalidArgumentError(lazy.status().message()));
   std::thread previous;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (state_ == "repartitioning") {
-      return ptc::FailedPreconditionError("a reconfiguration is still running; wait for .ptcfs/status to say serving");
+    if (state_ == "repartitioning" || state_ == "saving") {
+      return ptc::FailedPreconditionError("a reconfiguration or save is still running; wait for .ptcfs/status to say serving");
     }
     state_ = "repartitioning";
     last_error_.clear();
@@ -110,12 +113,51 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
     PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({source.get(), spec, config, {}, std::nullopt}));
     total_ = ptc::BytesToWrite(plan);
     PTC_RETURN_IF_ERROR(ptc::ExecutePlan(*store_, source, spec, config, plan, options).status());
-    return Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, config, worker_, dataset, source_);
+    return Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, config, worker_, checks_, dataset, source_);
   }();
   if (result.ok()) serve_(*result);
   std::lock_guard<std::mutex> lock(mu_);
   state_ = result.ok() ? "serving" : "failed";
   if (!result.ok()) last_error_ = result.status().message();
+}
+
+ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iteration,
+                              const std::shared_ptr<const Snapshot>& current) {
+  std::string before;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == "repartitioning" || state_ == "saving") {
+      return ptc::FailedPreconditionError("a reconfiguration or save is running; save again once .ptcfs/status "
+                                          "says serving");
+    }
+    before = state_;
+    state_ = "saving";
+  }
+  auto result = [&]() -> ptc::Status {
+    const ptc::ModelSpec& spec = current->spec();
+    ptc::ParallelConfig config = current->config();
+    if (config.zero == 1) {
+      return ptc::InvalidArgumentError("saves through megatron/ need zero=0: Megatron's model_optim_rng.pt does not "
+                                       "hold ZeRO-1 optimizer state");
+    }
+    ptc::MegatronImportOptions o{staging_root, spec.schema, spec.dims, iteration, std::nullopt};
+    PTC_ASSIGN_OR_RETURN(ptc::CheckpointSource source, ptc::OpenMegatronCheckpoint(store_->env(), o));
+    if (source.config.tp != config.tp || source.config.pp != config.pp) {
+      if (source.config.pp != config.pp) config.pp_layers.clear();
+      config.tp = source.config.tp;
+      config.pp = source.config.pp;
+    }
+    source.config = config;
+    PTC_RETURN_IF_ERROR(ptc::ImportInto(store_, source).status());
+    PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*store_, store_->CurrentSnapshot(), source.spec, config, worker_,
+                                                     checks_, current->dataset(), source_));
+    serve_(snap);
+    return ptc::Status::OK();
+  }();
+  std::lock_guard<std::mutex> lock(mu_);
+  state_ = result.ok() ? "serving" : before;
+  if (!result.ok()) last_error_ = "save of iteration " + std::to_string(iteration) + ": " + result.message();
+  return result;
 }
 
 std::string Controller::StatusJson(const std::shared_ptr<const Snapshot>& current) const {

@@ -22,9 +22,11 @@ namespace ptcfs {
 
 class Controller {
  public:
-  // `serve` installs a snapshot as the one the mount shows. `source`: the
-  // store's opened dataset, or null when it has none.
-  Controller(ptc::Store* store, int worker, int threads, std::shared_ptr<const ptc::DatasetSource> source,
+  // `serve` installs a snapshot as the one the mount shows. `checks`: the
+  // mount's shard verifications. `source`: the store's opened dataset, or null
+  // when it has none.
+  Controller(ptc::Store* store, int worker, int threads, std::shared_ptr<ShardChecks> checks,
+             std::shared_ptr<const ptc::DatasetSource> source,
              std::function<void(std::shared_ptr<const Snapshot>)> serve);
   ~Controller();  // waits for a running rewrite
 
@@ -36,6 +38,16 @@ class Controller {
   // \error FailedPrecondition while a rewrite runs.
   ptc::Status Reconfigure(const std::string& text, const std::shared_ptr<const Snapshot>& current);
 
+  // Commits the Megatron save of `iteration` staged under `staging_root`
+  // (megatron/ writes, fs/staging.h) as a new generation, in the current
+  // config with the save's tp and pp, and serves it. Blocks until committed;
+  // on any error the current generation stays (also kept as last_error).
+  // \error FailedPrecondition while a rewrite runs; InvalidArgument with
+  //        zero=1 (Megatron's files do not hold ZeRO-1 state); as
+  //        OpenMegatronCheckpoint and ImportInto (a missing rank names it).
+  ptc::Status Ingest(const std::string& staging_root, uint64_t iteration,
+                     const std::shared_ptr<const Snapshot>& current);
+
   // The status document (docs/mount_format.md).
   std::string StatusJson(const std::shared_ptr<const Snapshot>& current) const;
   void RecordError(const std::string& error);
@@ -46,10 +58,11 @@ class Controller {
   ptc::Store* store_;
   const int worker_;
   const int threads_;
+  const std::shared_ptr<ShardChecks> checks_;
   const std::shared_ptr<const ptc::DatasetSource> source_;
   std::function<void(std::shared_ptr<const Snapshot>)> serve_;
   mutable std::mutex mu_;
-  std::string state_ = "serving";  // GUARDED_BY(mu_): serving | repartitioning | failed
+  std::string state_ = "serving";  // GUARDED_BY(mu_): serving | repartitioning | saving | failed
   std::string last_error_;         // GUARDED_BY(mu_)
   std::thread worker_thread_;      // GUARDED_BY(mu_)
   std::atomic<uint64_t> done_{0}, total_{0};

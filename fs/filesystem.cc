@@ -1,42 +1,20 @@
 #include "fs/filesystem.h"
 
 #include <fcntl.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <set>
 
+#include "fs/megatron_file.h"
+#include "fs/node.h"
 #include "ptc/checkpoint.h"
 #include "ptc/dataset_state.h"
 #include "ptc/model_spec.h"
 #include "ptc/npy.h"
 
 namespace ptcfs {
-
-// Model entries are cached by the kernel for long: a layout change replaces
-// them with new inodes and invalidates explicitly.
-constexpr double kModelTimeout = 3600;
-
-struct Node {
-  enum Kind { kDir, kConfig, kStatus, kModelFile, kOptimFile, kNpyFile, kDTypesFile, kDataFile } kind = kDir;
-  std::map<std::string, uint64_t> children;  // kDir
-  std::shared_ptr<const Snapshot> snap;      // nodes under model/ and data/
-  size_t view = 0;                           // index into snap->views()
-  size_t tensor = 0;                         // kNpyFile: index into model then optim tensors
-  ptc::ViewFile data_file = ptc::ViewFile::kIds;  // kDataFile, of the rank's dp coordinate
-  std::optional<size_t> group;                    // kDataFile: the length group, if any
-  uint64_t size = 0;                         // but kDataFile: its view knows
-  std::string literal;                       // kDTypesFile
-  uint64_t ino = 0;
-  uint64_t lookups = 0;                      // GUARDED_BY(Filesystem::mu_)
-};
-
-struct Filesystem::Handle {
-  std::shared_ptr<Node> node;
-  std::unique_ptr<VirtualFile> file;  // model files
-  std::shared_ptr<const ptc::RankDataView> data;  // data files
-  std::string text;                   // .ptcfs files: content at open / written so far
-};
 
 int ErrnoOf(const ptc::Status& s) {
   switch (s.code()) {
@@ -54,7 +32,12 @@ int ErrnoOf(const ptc::Status& s) {
   return EIO;
 }
 
-Filesystem::Filesystem(const MountOptions& options) : options_(options) {}
+Filesystem::Handle::~Handle() {
+  if (fd >= 0) ::close(fd);
+}
+
+Filesystem::Filesystem(const MountOptions& options)
+    : options_(options), staging_(options.store + "/" + std::string(kStagingDir)) {}
 Filesystem::~Filesystem() { controller_.reset(); }
 
 ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& options) {
@@ -72,9 +55,11 @@ ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& 
     PTC_ASSIGN_OR_RETURN(source, ptc::OpenDatasetSource(ptc::Env::Default(), *fs->store_, *dataset),
                          options.store + ": the store's dataset");
   }
-  PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*fs->store_, generation, spec, config, options.worker, dataset, source));
+  auto checks = std::make_shared<ShardChecks>();
+  PTC_ASSIGN_OR_RETURN(auto snap,
+                       Snapshot::Create(*fs->store_, generation, spec, config, options.worker, checks, dataset, source));
   Filesystem* self = fs.get();
-  fs->controller_ = std::make_unique<Controller>(fs->store_.get(), options.worker, options.transform_threads, source,
+  fs->controller_ = std::make_unique<Controller>(fs->store_.get(), options.worker, options.transform_threads, checks, source,
                                                  [self](std::shared_ptr<const Snapshot> s) { self->Serve(s); });
   std::lock_guard<std::mutex> lock(fs->mu_);
   auto root = std::make_shared<Node>();
@@ -117,6 +102,15 @@ void Filesystem::AddTrees(Node& root, const std::shared_ptr<const Snapshot>& sna
   // The replaced trees stay in nodes_ until the kernel forgets them.
   root.children["model"] = AddNode(BuildModelTree(snap));
   if (snap->dataset()) root.children["data"] = AddNode(BuildDataTree(snap));
+  if (options_.megatron) {
+    auto megatron = BuildMegatronTree(snap);
+    if (megatron.ok()) {
+      root.children["megatron"] = AddNode(*megatron);
+    } else {
+      root.children.erase("megatron");
+      controller_->RecordError("megatron/: " + megatron.status().message());
+    }
+  }
 }
 
 std::shared_ptr<Node> Filesystem::NewDir(const std::shared_ptr<const Snapshot>& snap) {
@@ -189,7 +183,7 @@ std::shared_ptr<Node> Filesystem::BuildModelTree(const std::shared_ptr<const Sna
         }
       }
       auto d = std::make_shared<Node>();
-      d->kind = Node::kDTypesFile;
+      d->kind = Node::kLiteralFile;
       d->literal = *ptc::EncodeNpyDTypes(dtypes);
       d->size = d->literal.size();
       tensors->children[std::string(ptc::kNpyDTypesFile)] = AddNode(d);
@@ -217,8 +211,7 @@ void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
     AddTrees(*nodes_.at(kRootInode), snap);
   }
   if (invalidate_) {
-    invalidate_(kRootInode, "model");
-    if (snap->dataset()) invalidate_(kRootInode, "data");
+    for (const char* tree : {"model", "data", "megatron"}) invalidate_(kRootInode, tree);
   }
   // A rewrite committed: remove the generations no open file reads. Fails
   // harmlessly (kept for the next commit) when another rewrite started.
@@ -230,6 +223,10 @@ void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
 }
 
 ptc::Result<uint64_t> Filesystem::SizeOf(const Node& n) const {
+  if (n.kind == Node::kStagedFile) {
+    PTC_ASSIGN_OR_RETURN(struct stat st, staging_.Stat(n.staged));
+    return static_cast<uint64_t>(st.st_size);
+  }
   if (n.kind != Node::kDataFile) return n.size;
   PTC_ASSIGN_OR_RETURN(auto view, n.snap->DataView(static_cast<int>(n.tensor), n.group));
   return view->FileSize(n.data_file);
@@ -238,8 +235,10 @@ ptc::Result<uint64_t> Filesystem::SizeOf(const Node& n) const {
 struct stat Filesystem::Attr(const Node& n, uint64_t size) const {
   struct stat st = {};
   st.st_ino = n.ino;
-  st.st_nlink = n.kind == Node::kDir ? 2 : 1;
-  st.st_mode = n.kind == Node::kDir ? S_IFDIR | 0555 : n.kind == Node::kConfig ? S_IFREG | 0644 : S_IFREG | 0444;
+  const bool writable = n.kind == Node::kConfig || n.kind == Node::kLatestFile || n.kind == Node::kStagedFile ||
+                        n.kind == Node::kMegatronDir || n.kind == Node::kStagedDir;
+  st.st_nlink = n.is_dir() ? 2 : 1;
+  st.st_mode = (n.is_dir() ? S_IFDIR | 0555 : S_IFREG | 0444) | (writable ? 0200 : 0);
   st.st_size = static_cast<off_t>(size);
   st.st_blksize = 512 * 1024;
   st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
@@ -251,7 +250,7 @@ ptc::Result<Entry> Filesystem::Lookup(uint64_t parent, const std::string& name) 
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto p = nodes_.find(parent);
-    if (p == nodes_.end() || p->second->kind != Node::kDir) return ptc::NotFoundError("no directory " + std::to_string(parent));
+    if (p == nodes_.end() || !p->second->is_dir()) return ptc::NotFoundError("no directory " + std::to_string(parent));
     auto c = p->second->children.find(name);
     if (c == p->second->children.end()) return ptc::NotFoundError(name);
     auto n = nodes_.find(c->second);
@@ -277,7 +276,13 @@ void Filesystem::Forget(uint64_t ino, uint64_t n) {
 }
 
 double Filesystem::Timeout(const Node& node) {
-  return node.kind == Node::kConfig || node.kind == Node::kStatus ? 0.0 : kModelTimeout;
+  switch (node.kind) {
+    case Node::kConfig: case Node::kStatus: case Node::kMegatronDir: case Node::kLatestFile:
+    case Node::kStagedDir: case Node::kStagedFile:
+      return 0.0;  // change without a new inode
+    default:
+      return kModelTimeout;
+  }
 }
 
 ptc::Result<Entry> Filesystem::GetAttr(uint64_t ino) {
@@ -294,12 +299,12 @@ ptc::Result<std::vector<DirEntry>> Filesystem::ReadDir(uint64_t ino) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = nodes_.find(ino);
   if (it == nodes_.end()) return ptc::NotFoundError("inode " + std::to_string(ino));
-  if (it->second->kind != Node::kDir) return ptc::InvalidArgumentError("not a directory");
+  if (!it->second->is_dir()) return ptc::InvalidArgumentError("not a directory");
   std::vector<DirEntry> out;
   for (const auto& [name, child] : it->second->children) {
     auto c = nodes_.find(child);
     if (c == nodes_.end()) continue;  // of a replaced tree, forgotten
-    out.push_back({name, child, c->second->kind == Node::kDir ? mode_t(S_IFDIR) : mode_t(S_IFREG)});
+    out.push_back({name, child, c->second->is_dir() ? mode_t(S_IFDIR) : mode_t(S_IFREG)});
   }
   return out;
 }
@@ -311,6 +316,7 @@ ptc::Result<std::unique_ptr<VirtualFile>> Filesystem::Render(const Node& n) cons
   switch (n.kind) {
     case Node::kModelFile: return MakeSafetensorsFile(snap.reader(), view.model, snap.Metadata(view.rank), worker);
     case Node::kOptimFile: return MakeSafetensorsFile(snap.reader(), view.optim, snap.Metadata(view.rank), worker);
+    case Node::kMegatronFile: return RenderMegatron(snap, view, worker);
     case Node::kNpyFile: {
       const ptc::LocalTensor& t = n.tensor < view.model.size() ? view.model[n.tensor]
                                                                 : view.optim[n.tensor - view.model.size()];
@@ -323,8 +329,9 @@ ptc::Result<std::unique_ptr<VirtualFile>> Filesystem::Render(const Node& n) cons
 ptc::Result<OpenReply> Filesystem::Open(uint64_t ino, int flags) {
   std::shared_ptr<Node> node = NodeOf(ino);
   if (!node) return ptc::NotFoundError("inode " + std::to_string(ino));
-  if (node->kind == Node::kDir) return ptc::Status(ptc::Code::kInvalidArgument, "is a directory");
+  if (node->is_dir()) return ptc::Status(ptc::Code::kInvalidArgument, "is a directory");
   const bool writing = (flags & O_ACCMODE) != O_RDONLY;
+  if (node->kind == Node::kStagedFile || node->kind == Node::kLatestFile) return OpenMegatronWritable(node, flags);
   if (writing && node->kind != Node::kConfig) {
     return ptc::Status(ptc::Code::kPermissionDenied, "model files are read-only");
   }
@@ -344,7 +351,7 @@ ptc::Result<OpenReply> Filesystem::Open(uint64_t ino, int flags) {
     }
     h->data = *view;
     reply.keep_cache = true;
-  } else if (node->kind != Node::kDTypesFile) {
+  } else if (node->kind != Node::kLiteralFile) {
     auto file = Render(*node);
     if (!file.ok()) {
       controller_->RecordError(file.status().message());
@@ -371,6 +378,13 @@ ptc::Result<ReadReply> Filesystem::Read(uint64_t fh, uint64_t offset, size_t siz
     h = it->second;
   }
   ReadReply reply;
+  if (h->fd >= 0) {
+    reply.bytes.resize(size);
+    const ssize_t n = ::pread(h->fd, reply.bytes.data(), size, static_cast<off_t>(offset));
+    if (n < 0) return ptc::ErrnoError(staging_.Path(h->node->staged), errno);
+    reply.bytes.resize(static_cast<size_t>(n));
+    return reply;
+  }
   if (h->data) {
     reply.bytes.resize(size);
     auto n = h->data->Read(h->node->data_file, offset, size, reply.bytes.data());
@@ -418,6 +432,9 @@ ptc::Result<size_t> Filesystem::Write(uint64_t fh, const char* data, size_t size
     if (it == handles_.end()) return ptc::InvalidArgumentError("bad file handle");
     h = it->second;
   }
+  if (h->node->kind == Node::kStagedFile || h->node->kind == Node::kLatestFile) {
+    return WriteMegatron(*h, data, size, offset);
+  }
   if (h->node->kind != Node::kConfig) return ptc::Status(ptc::Code::kPermissionDenied, "read-only file");
   if (offset != h->text.size()) return ptc::InvalidArgumentError("write the config in one go from the start");
   h->text.append(data, size);
@@ -428,8 +445,11 @@ ptc::Result<size_t> Filesystem::Write(uint64_t fh, const char* data, size_t size
 ptc::Status Filesystem::Truncate(uint64_t ino, uint64_t size) {
   std::shared_ptr<Node> node = NodeOf(ino);
   if (!node) return ptc::NotFoundError("inode " + std::to_string(ino));
-  if (node->kind != Node::kConfig) return ptc::Status(ptc::Code::kPermissionDenied, "read-only file");
-  return ptc::Status::OK();  // the config is replaced as a whole by the next write
+  if (node->kind == Node::kStagedFile) return staging_.Truncate(node->staged, size);
+  if (node->kind != Node::kConfig && node->kind != Node::kLatestFile) {
+    return ptc::Status(ptc::Code::kPermissionDenied, "read-only file");
+  }
+  return ptc::Status::OK();  // replaced as a whole by the next write
 }
 
 void Filesystem::Release(uint64_t fh) {

@@ -8,6 +8,8 @@
 //   .ptcfs/status                          JSON: generation, config, state, progress, last error
 //   model/rank-RRRRR/model.safetensors     (+ optim.safetensors with optimizer state)
 //   model/rank-RRRRR/tensors/<name>.npy    (+ dtypes.json)
+//   megatron/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt  (+ latest_checkpointed_iteration.txt)
+//                                          with --format megatron|all
 //   data/rank-RRRRR/{ids.txt,samples.idx,samples.bin | samples.jsonl}  when the store has a dataset
 //                                          (under group-G/ per length group)
 //
@@ -25,21 +27,26 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fs/controller.h"
 #include "fs/snapshot.h"
+#include "fs/staging.h"
 #include "fs/virtual_file.h"
 
 namespace ptcfs {
 
 constexpr uint64_t kRootInode = 1;
+// The staging area of saves into megatron/, under the store root.
+constexpr std::string_view kStagingDir = "ingest";
 
 struct MountOptions {
   std::string store;
   int worker = -1;  // -1: every rank of the config
   bool safetensors = true;
   bool npy = true;
+  bool megatron = false;  // megatron/ (Megatron-LM torch files)
   int transform_threads = 2;
 };
 
@@ -90,10 +97,23 @@ class Filesystem {
   ptc::Status Truncate(uint64_t ino, uint64_t size);
   void Release(uint64_t fh);
 
+  // Saves into megatron/ (docs/megatron_format.md): new directories and files
+  // under megatron/ go to the staging area; a write of
+  // latest_checkpointed_iteration.txt commits the iteration it names when the
+  // file is flushed (close), and the close fails (EIO) if the save does not.
+  // Elsewhere: PermissionDenied (EACCES).
+  ptc::Result<Entry> Mkdir(uint64_t parent, const std::string& name);
+  ptc::Result<std::pair<Entry, OpenReply>> Create(uint64_t parent, const std::string& name, int flags);
+  ptc::Status Rename(uint64_t parent, const std::string& name, uint64_t new_parent, const std::string& new_name);
+  ptc::Status Unlink(uint64_t parent, const std::string& name, bool directory);
+  ptc::Status Flush(uint64_t fh);
+  ptc::Status Fsync(uint64_t fh);
+
   Controller& controller() { return *controller_; }
   std::shared_ptr<const Snapshot> snapshot() const;
 
  private:
+  struct Handle;
   explicit Filesystem(const MountOptions& options);
   std::shared_ptr<Node> NodeOf(uint64_t ino) const;
   uint64_t AddNode(std::shared_ptr<Node> node);             // REQUIRES: mu_ held
@@ -101,6 +121,15 @@ class Filesystem {
   void AddTrees(Node& root, const std::shared_ptr<const Snapshot>& snap);
   std::shared_ptr<Node> BuildModelTree(const std::shared_ptr<const Snapshot>& snap);
   std::shared_ptr<Node> BuildDataTree(const std::shared_ptr<const Snapshot>& snap);
+  // megatron/: latest_checkpointed_iteration.txt, iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt.
+  // \error as Snapshot::megatron and PlanMegatronFile.
+  ptc::Result<std::shared_ptr<Node>> BuildMegatronTree(const std::shared_ptr<const Snapshot>& snap);
+  // Nodes for what the staging area holds under `dir` (recursively).
+  void AddStaged(Node& dir, const std::shared_ptr<const Snapshot>& snap);
+  ptc::Result<OpenReply> OpenMegatronWritable(const std::shared_ptr<Node>& node, int flags);
+  ptc::Result<size_t> WriteMegatron(Handle& h, const char* data, size_t size, uint64_t offset);
+  // The directory `parent` if saves may write in it. REQUIRES: mu_ not held.
+  ptc::Result<std::shared_ptr<Node>> StagingParent(uint64_t parent);
   std::shared_ptr<Node> NewDir(const std::shared_ptr<const Snapshot>& snap);
   void Serve(std::shared_ptr<const Snapshot> snap);         // swaps the tree, then invalidates
   // The file's size: data files ask their view (built on first use).
@@ -108,18 +137,23 @@ class Filesystem {
   struct stat Attr(const Node& node, uint64_t size) const;
   static double Timeout(const Node& node);
   ptc::Result<std::unique_ptr<VirtualFile>> Render(const Node& node) const;
+  // Reads the rank's tensors once per (config, rank, iteration) for the CRCs.
+  ptc::Result<std::unique_ptr<VirtualFile>> RenderMegatron(const Snapshot& snap, const ptc::RankView& view,
+                                                           int worker) const;
 
   MountOptions options_;
   std::unique_ptr<ptc::Store> store_;
+  Staging staging_;
   std::unique_ptr<Controller> controller_;
   std::function<void(uint64_t, const std::string&)> invalidate_;
   mutable std::mutex mu_;
   std::shared_ptr<const Snapshot> snapshot_;                     // GUARDED_BY(mu_)
   std::map<uint64_t, std::shared_ptr<Node>> nodes_;              // GUARDED_BY(mu_)
   uint64_t next_ino_ = kRootInode;                               // GUARDED_BY(mu_)
-  struct Handle;
   std::map<uint64_t, std::shared_ptr<Handle>> handles_;          // GUARDED_BY(mu_)
   uint64_t next_fh_ = 1;                                         // GUARDED_BY(mu_)
+  // CRC-32 of the storages of Megatron files, by (config, rank, iteration).
+  mutable std::map<std::tuple<std::string, int, uint64_t>, std::vector<uint32_t>> megatron_crcs_;  // GUARDED_BY(mu_)
 };
 
 // The errno for a Status at the FUSE boundary (the one mapping).

@@ -27,17 +27,22 @@ void OpInit(void* userdata, struct fuse_conn_info* conn) {
   conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;  // invalidation is explicit
 }
 
+struct fuse_entry_param EntryParam(const Entry& e) {
+  struct fuse_entry_param p = {};
+  p.ino = e.ino;
+  p.attr = e.attr;
+  p.attr_timeout = e.timeout;
+  p.entry_timeout = e.timeout;
+  return p;
+}
+
 void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   auto e = Fs(req)->Lookup(parent, name);
   if (!e.ok()) {
     fuse_reply_err(req, ErrnoOf(e.status()));
     return;
   }
-  struct fuse_entry_param p = {};
-  p.ino = e->ino;
-  p.attr = e->attr;
-  p.attr_timeout = e->timeout;
-  p.entry_timeout = e->timeout;
+  struct fuse_entry_param p = EntryParam(*e);
   fuse_reply_entry(req, &p);
 }
 
@@ -134,7 +139,53 @@ void OpRelease(fuse_req_t req, fuse_ino_t, struct fuse_file_info* fi) {
   fuse_reply_err(req, 0);
 }
 
-void OpFlush(fuse_req_t req, fuse_ino_t, struct fuse_file_info*) { fuse_reply_err(req, 0); }
+void OpFlush(fuse_req_t req, fuse_ino_t, struct fuse_file_info* fi) {
+  fuse_reply_err(req, ErrnoOf(Fs(req)->Flush(fi->fh)));
+}
+
+void OpFsync(fuse_req_t req, fuse_ino_t, int, struct fuse_file_info* fi) {
+  fuse_reply_err(req, ErrnoOf(Fs(req)->Fsync(fi->fh)));
+}
+
+void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t) {
+  auto e = Fs(req)->Mkdir(parent, name);
+  if (!e.ok()) {
+    fuse_reply_err(req, ErrnoOf(e.status()));
+    return;
+  }
+  struct fuse_entry_param p = EntryParam(*e);
+  fuse_reply_entry(req, &p);
+}
+
+void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t, struct fuse_file_info* fi) {
+  auto r = Fs(req)->Create(parent, name, fi->flags);
+  if (!r.ok()) {
+    fuse_reply_err(req, ErrnoOf(r.status()));
+    return;
+  }
+  const auto& [e, open] = *r;
+  struct fuse_entry_param p = EntryParam(e);
+  fi->fh = open.fh;
+  fi->direct_io = open.direct_io;
+  fuse_reply_create(req, &p, fi);
+}
+
+void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t new_parent, const char* new_name,
+              unsigned int flags) {
+  if (flags != 0) {  // RENAME_EXCHANGE / RENAME_NOREPLACE
+    fuse_reply_err(req, EINVAL);
+    return;
+  }
+  fuse_reply_err(req, ErrnoOf(Fs(req)->Rename(parent, name, new_parent, new_name)));
+}
+
+void OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  fuse_reply_err(req, ErrnoOf(Fs(req)->Unlink(parent, name, /*directory=*/false)));
+}
+
+void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  fuse_reply_err(req, ErrnoOf(Fs(req)->Unlink(parent, name, /*directory=*/true)));
+}
 
 struct fuse_lowlevel_ops MakeOps() {
   struct fuse_lowlevel_ops ops = {};
@@ -150,6 +201,12 @@ struct fuse_lowlevel_ops MakeOps() {
   ops.write = OpWrite;
   ops.release = OpRelease;
   ops.flush = OpFlush;
+  ops.fsync = OpFsync;
+  ops.mkdir = OpMkdir;
+  ops.create = OpCreate;
+  ops.rename = OpRename;
+  ops.unlink = OpUnlink;
+  ops.rmdir = OpRmdir;
   return ops;
 }
 

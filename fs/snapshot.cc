@@ -9,7 +9,8 @@ Snapshot::Snapshot(const ptc::Store& store, std::shared_ptr<const ptc::Generatio
 
 ptc::Result<std::shared_ptr<const Snapshot>> Snapshot::Create(
     const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation, const ptc::ModelSpec& spec,
-    const ptc::ParallelConfig& config, int worker, std::optional<ptc::DatasetState> dataset,
+    const ptc::ParallelConfig& config, int worker, std::shared_ptr<ShardChecks> checks,
+    std::optional<ptc::DatasetState> dataset,
     std::shared_ptr<const ptc::DatasetSource> source) {
   PTC_RETURN_IF_ERROR(ptc::ValidateConfig(spec, config));
   if (worker >= config.num_workers()) {
@@ -20,6 +21,14 @@ ptc::Result<std::shared_ptr<const Snapshot>> Snapshot::Create(
   std::shared_ptr<Snapshot> s(new Snapshot(store, std::move(generation), spec, config));
   s->dataset_ = std::move(dataset);
   s->source_ = std::move(source);
+  s->checks_ = std::move(checks);
+  const std::string manifest = store.AbsPath(ptc::Store::GenerationDirName(s->generation()) + "/manifest.json");
+  auto megatron = ptc::megatron::LoadMegatronState(s->generation_->extra, manifest);
+  if (megatron.ok()) {
+    s->megatron_ = std::move(megatron).value();
+  } else {
+    s->megatron_error_ = megatron.status();
+  }
   for (int rank = 0; rank < config.world_size(); ++rank) {
     if (worker >= 0 && config.WorkerOf(rank) != worker) continue;
     PTC_ASSIGN_OR_RETURN(ptc::RankView view, ptc::ComputeView(spec, config, rank));
@@ -30,6 +39,11 @@ ptc::Result<std::shared_ptr<const Snapshot>> Snapshot::Create(
 
 std::map<std::string, std::string> Snapshot::Metadata(int rank) const {
   return {{"format", "pt"}, {"ptcfs.rank", std::to_string(rank)}, {"ptcfs.config", config_.ToString()}};
+}
+
+ptc::Result<ptc::megatron::MegatronState> Snapshot::megatron() const {
+  if (!megatron_error_.ok()) return megatron_error_;
+  return megatron_;
 }
 
 ptc::Result<std::shared_ptr<const ptc::RankDataView>> Snapshot::DataView(int dp_rank,
@@ -48,14 +62,15 @@ ptc::Result<std::shared_ptr<const ptc::RankDataView>> Snapshot::DataView(int dp_
   return data_views_.emplace(key, std::move(view)).first->second;
 }
 
-ptc::Status Snapshot::Check(const ptc::ShardRecord& shard) const {
+ptc::Status ShardChecks::Check(const ptc::Store& store, const ptc::ShardRecord& shard) {
+  Key key{shard.file, shard.offset, shard.nbytes, shard.checksum};
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = checked_.find(&shard); it != checked_.end()) return it->second;
+    if (auto it = checked_.find(key); it != checked_.end()) return it->second;
   }
-  ptc::Status s = ptc::VerifyShard(store_.env(), store_, shard);
+  ptc::Status s = ptc::VerifyShard(store.env(), store, shard);
   std::lock_guard<std::mutex> lock(mu_);
-  return checked_.emplace(&shard, s).first->second;
+  return checked_.emplace(std::move(key), s).first->second;
 }
 
 }  // namespace ptcfs

@@ -14,16 +14,33 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fs/virtual_file.h"
 #include "ptc/dataset_state.h"
 #include "ptc/dataset_view.h"
+#include "ptc/megatron.h"
 #include "ptc/store.h"
 #include "ptc/store_reader.h"
 #include "ptc/view.h"
 
 namespace ptcfs {
+
+// Which shard files were verified against their checksums, for the whole
+// mount: a shard (file, offset, size, checksum) is read whole once, whatever
+// snapshot serves it. Failures are kept too, so a corrupt shard keeps failing.
+// Thread safety: internally locked; a shard may be verified twice when two
+// threads first need it at once.
+class ShardChecks {
+ public:
+  ptc::Status Check(const ptc::Store& store, const ptc::ShardRecord& shard);
+
+ private:
+  using Key = std::tuple<std::string, uint64_t, uint64_t, uint64_t>;
+  std::mutex mu_;
+  std::map<Key, ptc::Status> checked_;  // GUARDED_BY(mu_)
+};
 
 class Snapshot {
  public:
@@ -34,6 +51,7 @@ class Snapshot {
                                                              std::shared_ptr<const ptc::GenerationManifest> generation,
                                                              const ptc::ModelSpec& spec,
                                                              const ptc::ParallelConfig& config, int worker,
+                                                             std::shared_ptr<ShardChecks> checks,
                                                              std::optional<ptc::DatasetState> dataset = std::nullopt,
                                                              std::shared_ptr<const ptc::DatasetSource> source = nullptr);
 
@@ -45,14 +63,17 @@ class Snapshot {
   int WorkerOf(int rank) const { return config_.WorkerOf(rank); }
   std::map<std::string, std::string> Metadata(int rank) const;
   const std::optional<ptc::DatasetState>& dataset() const { return dataset_; }
+  // The Megatron iteration and kept entries of the generation (ptc/megatron.h);
+  // an error when its manifest's extra["megatron"] is malformed.
+  ptc::Result<ptc::megatron::MegatronState> megatron() const;
 
   // The data view of data-parallel rank `dp_rank` (of length group `group`),
   // built on first use and shared by the ranks of that dp coordinate.
   // \error as RankSamplesFor.
   ptc::Result<std::shared_ptr<const ptc::RankDataView>> DataView(int dp_rank, std::optional<size_t> group) const;
 
-  // The shard's checksum, verified once per snapshot (cached, also failures).
-  ptc::Status Check(const ptc::ShardRecord& shard) const;
+  // The shard's checksum, verified once per mount (ShardChecks).
+  ptc::Status Check(const ptc::ShardRecord& shard) const { return checks_->Check(store_, shard); }
 
  private:
   Snapshot(const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation,
@@ -66,8 +87,10 @@ class Snapshot {
   ptc::GenerationReader reader_;
   std::optional<ptc::DatasetState> dataset_;
   std::shared_ptr<const ptc::DatasetSource> source_;
+  std::shared_ptr<ShardChecks> checks_;
+  ptc::megatron::MegatronState megatron_;
+  ptc::Status megatron_error_;
   mutable std::mutex mu_;
-  mutable std::map<const ptc::ShardRecord*, ptc::Status> checked_;  // GUARDED_BY(mu_)
   mutable std::map<std::pair<int, size_t>, std::shared_ptr<const ptc::RankDataView>> data_views_;  // GUARDED_BY(mu_)
 };
 

@@ -113,30 +113,31 @@ Status WriteRankCheckpoint(Env* env, const std::string& dir, const ParallelConfi
 }
 
 Result<std::unique_ptr<RankCheckpoint>> RankCheckpoint::Open(Env* env, const std::string& dir, const RankView& view) {
-  std::unique_ptr<RankCheckpoint> ckpt(new RankCheckpoint());
-  auto open = [&](const std::string& path, const std::vector<LocalTensor>& expected, File* out) -> Status {
+  std::vector<std::unique_ptr<RandomAccessFile>> files;
+  std::map<std::string, Location> where;
+  auto open = [&](const std::string& path, const std::vector<LocalTensor>& expected) -> Status {
     if (!env->Exists(path)) {
       return NotFoundError(path + ": missing (rank " + std::to_string(view.rank) + " of the config has no file)");
     }
-    PTC_ASSIGN_OR_RETURN(out->header, ReadSafetensorsHeader(env, path));
-    PTC_RETURN_IF_ERROR(CheckFile(path, out->header, expected));
-    PTC_ASSIGN_OR_RETURN(out->file, env->OpenRead(path));
+    PTC_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(env, path));
+    PTC_RETURN_IF_ERROR(CheckFile(path, header, expected));
+    PTC_ASSIGN_OR_RETURN(files.emplace_back(), env->OpenRead(path));
+    for (const LocalTensor& t : expected) where[t.name] = {files.back().get(), header.Find(t.name)->offset};
     return Status::OK();
   };
-  PTC_RETURN_IF_ERROR(open(ModelFilePath(dir, view.rank), view.model, &ckpt->model_));
+  PTC_RETURN_IF_ERROR(open(ModelFilePath(dir, view.rank), view.model));
   const std::string optim = OptimFilePath(dir, view.rank);
   if (!view.optim.empty()) {
-    PTC_RETURN_IF_ERROR(open(optim, view.optim, &ckpt->optim_));
+    PTC_RETURN_IF_ERROR(open(optim, view.optim));
   } else if (env->Exists(optim)) {
     return InvalidArgumentError(optim + ": optimizer state present, but rank 0 has none");
   }
-  return ckpt;
+  return std::make_unique<RankCheckpoint>(std::move(files), std::move(where));
 }
 
 FileTensor RankCheckpoint::Locate(const LocalTensor& tensor, const Segment& segment) const {
-  const File* f = model_.header.Find(tensor.name) ? &model_ : &optim_;
-  const SafetensorsEntry* e = f->header.Find(tensor.name);
-  return FileTensor{f->file.get(), e->offset, segment.box, segment.layout, DTypeSize(tensor.dtype)};
+  const Location& at = where_.at(tensor.name);
+  return FileTensor{at.file, at.offset, segment.box, segment.layout, DTypeSize(tensor.dtype)};
 }
 
 Result<ModelSpec> InferModelSpec(Env* env, const std::string& dir, const Schema& schema, const ModelDims& dims) {

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ptc/env.h"
 #include "ptc/region_io.h"
@@ -46,26 +47,33 @@ Status WriteRankCheckpoint(Env* env, const std::string& dir, const ParallelConfi
                            const FillFn& fill, const ProgressFn& progress = {},
                            CheckpointFormat format = CheckpointFormat::kSafetensors);
 
-// The files of one rank, checked against its view.
+// The files of one rank, checked against its view: where each local tensor's
+// elements lie (row-major, contiguous) in which file.
 class RankCheckpoint {
  public:
+  // rank-RRRRR/model.safetensors (+ optim.safetensors) under `dir`.
   // \error NotFound naming the missing file.
   // \error InvalidArgument naming the file and tensor: a tensor of the view is
   //        missing, has another dtype or shape, or the file holds a tensor the
   //        view does not know; malformed safetensors headers as ParseSafetensorsHeader.
   static Result<std::unique_ptr<RankCheckpoint>> Open(Env* env, const std::string& dir, const RankView& view);
 
+  struct Location {
+    const RandomAccessFile* file;  // one of `files`
+    uint64_t offset;               // of the tensor's first element
+  };
+  // A rank of any file format: `where` maps every local tensor name of the
+  // view to its bytes, which the caller has checked.
+  RankCheckpoint(std::vector<std::unique_ptr<RandomAccessFile>> files, std::map<std::string, Location> where)
+      : files_(std::move(files)), where_(std::move(where)) {}
+
   // Where the elements of `segment` of `tensor` (a local tensor of the view)
   // lie in its file.
   FileTensor Locate(const LocalTensor& tensor, const Segment& segment) const;
 
  private:
-  struct File {
-    std::unique_ptr<RandomAccessFile> file;
-    SafetensorsHeader header;
-  };
-  RankCheckpoint() = default;
-  File model_, optim_;
+  std::vector<std::unique_ptr<RandomAccessFile>> files_;
+  std::map<std::string, Location> where_;
 };
 
 // The model a checkpoint directory holds: the given schema and dims, the

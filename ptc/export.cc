@@ -31,12 +31,16 @@ Status ExportCheckpoint(const Store& store, const ParallelConfig& config, const 
   if (!store.has_generation()) return FailedPreconditionError(store.root() + ": the store holds no generation yet");
   PTC_ASSIGN_OR_RETURN(ModelSpec spec, SpecFromManifest(store.current()));
   PTC_RETURN_IF_ERROR(ValidateConfig(spec, config));
+  return WriteFreshDirectory(env, out_dir, [&] { return ExportRanks(store, spec, config, out_dir, format, progress); });
+}
+
+Status WriteFreshDirectory(Env* env, const std::string& out_dir, const std::function<Status()>& write) {
   const bool existed = env->Exists(out_dir);
   if (existed) {
     PTC_ASSIGN_OR_RETURN(auto names, env->ListDir(out_dir));
     if (!names.empty()) return InvalidArgumentError(out_dir + ": exists and is not empty (export writes a fresh directory)");
   }
-  Status s = ExportRanks(store, spec, config, out_dir, format, progress);
+  Status s = write();
   if (!s.ok()) (void)env->RemoveTree(out_dir);
   if (!s.ok() && existed) (void)env->CreateDirs(out_dir);
   return s;

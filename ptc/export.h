@@ -6,6 +6,7 @@
 // directory must not exist or be empty; on failure it is removed again.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "ptc/checkpoint.h"
@@ -18,5 +19,10 @@ namespace ptc {
 //        as WriteRankCheckpoint.
 Status ExportCheckpoint(const Store& store, const ParallelConfig& config, const std::string& out_dir,
                         CheckpointFormat format, const ProgressFn& progress = {});
+
+// Runs `write` to fill `out_dir`, which must not exist or be empty; on failure
+// removes what it wrote (an empty directory that existed stays).
+// \error InvalidArgument when out_dir exists and is not empty; as `write`.
+Status WriteFreshDirectory(Env* env, const std::string& out_dir, const std::function<Status()>& write);
 
 }  // namespace ptc

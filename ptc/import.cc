@@ -21,13 +21,12 @@ std::string BoxesText(const std::vector<Box>& boxes) {
 
 class Importer {
  public:
-  Importer(Env* env, const std::string& src, const ParallelConfig& config, GenerationWriter* writer,
-           const ProgressFn& progress)
-      : env_(env), src_(src), config_(config), writer_(writer), progress_(progress) {}
+  Importer(const CheckpointSource& source, GenerationWriter* writer, const ProgressFn& progress)
+      : source_(source), writer_(writer), progress_(progress) {}
 
   Status ImportRank(const RankView& view) {
-    PTC_ASSIGN_OR_RETURN(auto ckpt, RankCheckpoint::Open(env_, src_, view));
-    const int worker = config_.WorkerOf(view.rank);
+    PTC_ASSIGN_OR_RETURN(auto ckpt, source_.open_rank(view));
+    const int worker = source_.config.WorkerOf(view.rank);
     for (const auto* list : {&view.model, &view.optim}) {
       for (const LocalTensor& t : *list) {
         for (const ShardKey& key : StoredShards(t)) PTC_RETURN_IF_ERROR(ImportShard(*ckpt, view.rank, worker, t, key));
@@ -75,15 +74,13 @@ class Importer {
     auto [it, first] = seen_.try_emplace(key, checksum, rank);
     if (!first && it->second.first != checksum) {
       return InvalidArgumentError("replicas disagree: tensor '" + key.tensor + "' " + BoxesText(key.boxes) +
-                                  " differs between " + ModelFilePath(src_, it->second.second) + " and rank " +
-                                  std::to_string(rank) + " ('" + t.name + "')");
+                                  " differs between " + source_.rank_file(it->second.second) + " and " +
+                                  source_.rank_file(rank) + " ('" + t.name + "')");
     }
     return Status::OK();
   }
 
-  Env* env_;
-  const std::string& src_;
-  const ParallelConfig& config_;
+  const CheckpointSource& source_;
   GenerationWriter* writer_;
   const ProgressFn& progress_;
   std::vector<unsigned char> buf_;
@@ -91,35 +88,55 @@ class Importer {
   std::map<ShardKey, std::pair<uint64_t, int>> seen_;      // key -> (checksum, first rank)
 };
 
-Result<ImportResult> ImportInto(Store* store, Env* env, const std::string& src, const ModelSpec& spec,
-                                const ParallelConfig& config, const std::vector<RankView>& views,
+Result<ImportResult> ImportInto(Store* store, const CheckpointSource& source, const std::vector<RankView>& views,
                                 const ProgressFn& progress) {
   PTC_ASSIGN_OR_RETURN(auto writer, store->BeginGeneration());
-  Importer importer(env, src, config, writer.get(), progress);
+  Importer importer(source, writer.get(), progress);
   for (const RankView& view : views) PTC_RETURN_IF_ERROR(importer.ImportRank(view));
   GenerationManifest meta;
   // State kept beside the tensors (the dataset position) carries over.
   if (store->has_generation()) meta.extra = store->current().extra;
-  PTC_RETURN_IF_ERROR(DescribeModel(spec, config, &meta));
+  for (const auto& [key, value] : source.extra.items()) meta.extra[key] = value;
+  PTC_RETURN_IF_ERROR(DescribeModel(source.spec, source.config, &meta));
   PTC_RETURN_IF_ERROR(writer->Commit(std::move(meta)));
   importer.result.generation = writer->generation();
   return importer.result;
 }
 
+// The views of every rank, each rank's files opened (checked) once.
+Result<std::vector<RankView>> CheckedViews(const CheckpointSource& source) {
+  PTC_RETURN_IF_ERROR(ValidateConfig(source.spec, source.config));
+  std::vector<RankView> views;
+  for (int r = 0; r < source.config.world_size(); ++r) {
+    PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(source.spec, source.config, r));
+    PTC_ASSIGN_OR_RETURN(auto ckpt, source.open_rank(view));
+    views.push_back(std::move(view));
+  }
+  return views;
+}
+
 }  // namespace
+
+Result<ImportResult> ImportInto(Store* store, const CheckpointSource& source, const ProgressFn& progress) {
+  PTC_ASSIGN_OR_RETURN(std::vector<RankView> views, CheckedViews(source));
+  return ImportInto(store, source, views, progress);
+}
 
 Result<ImportResult> ImportCheckpoint(Env* env, const std::string& src_dir, const std::string& store_path,
                                       const Schema& schema, const ModelDims& dims, const ParallelConfig& config,
                                       const ProgressFn& progress) {
-  PTC_ASSIGN_OR_RETURN(ModelSpec spec, InferModelSpec(env, src_dir, schema, dims));
-  PTC_RETURN_IF_ERROR(ValidateConfig(spec, config));
+  CheckpointSource source;
+  PTC_ASSIGN_OR_RETURN(source.spec, InferModelSpec(env, src_dir, schema, dims));
+  source.config = config;
+  source.open_rank = [env, src_dir](const RankView& view) { return RankCheckpoint::Open(env, src_dir, view); };
+  source.rank_file = [src_dir](int rank) { return ModelFilePath(src_dir, rank); };
+  return ImportFrom(env, source, store_path, progress);
+}
+
+Result<ImportResult> ImportFrom(Env* env, const CheckpointSource& source, const std::string& store_path,
+                                const ProgressFn& progress) {
   // Check every rank's files before the store is touched.
-  std::vector<RankView> views;
-  for (int r = 0; r < config.world_size(); ++r) {
-    PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(spec, config, r));
-    PTC_ASSIGN_OR_RETURN(auto ckpt, RankCheckpoint::Open(env, src_dir, view));
-    views.push_back(std::move(view));
-  }
+  PTC_ASSIGN_OR_RETURN(std::vector<RankView> views, CheckedViews(source));
   const bool existed = env->Exists(JoinPath(store_path, "manifest.json"));
   std::unique_ptr<Store> store;
   if (existed) {
@@ -127,7 +144,7 @@ Result<ImportResult> ImportCheckpoint(Env* env, const std::string& src_dir, cons
   } else {
     const bool dir_existed = env->Exists(store_path);
     PTC_ASSIGN_OR_RETURN(store, Store::Create(env, store_path));
-    auto result = ImportInto(store.get(), env, src_dir, spec, config, views, progress);
+    auto result = ImportInto(store.get(), source, views, progress);
     if (!result.ok()) {
       store.reset();
       // Best effort: the store did not exist before this call.
@@ -140,7 +157,7 @@ Result<ImportResult> ImportCheckpoint(Env* env, const std::string& src_dir, cons
     }
     return result;
   }
-  return ImportInto(store.get(), env, src_dir, spec, config, views, progress);
+  return ImportInto(store.get(), source, views, progress);
 }
 
 }  // namespace ptc

@@ -1,6 +1,7 @@
 // ptcfs export: the store's current generation in any parallel config.
 #include <memory>
 
+#include "fs/megatron_file.h"
 #include "ptc/export.h"
 #include "ptc/model_spec.h"
 #include "ptc/synth_checkpoint.h"
@@ -14,8 +15,37 @@ struct ExportArgs {
   std::string config, format = "safetensors", store, out;
 };
 
+// Bytes of tensors in the Megatron files of `config` (data-parallel rank 0).
+ptc::Result<uint64_t> MegatronBytes(const ptc::ModelSpec& spec, const ptc::ParallelConfig& config) {
+  uint64_t total = 0;
+  for (int rank = 0; rank < config.world_size(); ++rank) {
+    PTC_ASSIGN_OR_RETURN(ptc::RankView view, ptc::ComputeView(spec, config, rank));
+    if (view.coords.dp != 0) continue;
+    for (const auto* list : {&view.model, &view.optim}) {
+      if (list == &view.optim && config.zero == 1) continue;
+      for (const ptc::LocalTensor& t : *list) total += ptc::NumElements(t.shape) * ptc::DTypeSize(t.dtype);
+    }
+  }
+  return total;
+}
+
+ptc::Status RunExportMegatron(const ExportArgs& a, const ptc::ParallelConfig& config) {
+  ptc::Env* env = ptc::Env::Default();
+  PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::Open(env, a.store));
+  if (!store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
+  auto generation = store->CurrentSnapshot();
+  PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(*generation));
+  PTC_RETURN_IF_ERROR(ptc::ValidateConfig(spec, config));
+  PTC_ASSIGN_OR_RETURN(uint64_t total, MegatronBytes(spec, config));
+  Progress progress("export", total);
+  return ptc::WriteFreshDirectory(env, a.out, [&] {
+    return ExportMegatron(env, *store, generation, spec, config, a.out, progress.fn());
+  });
+}
+
 ptc::Status RunExport(const ExportArgs& a) {
   PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig config, ptc::ParseConfig(a.config));
+  if (a.format == "megatron") return RunExportMegatron(a, config);
   PTC_ASSIGN_OR_RETURN(ptc::CheckpointFormat format, ptc::ParseCheckpointFormat(a.format));
   PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::Open(ptc::Env::Default(), a.store));
   if (!store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
@@ -38,8 +68,10 @@ void AddExportCommand(CLI::App& app, int* exit_code) {
   sub->add_option("--config", a->config, "target parallel config, e.g. tp=4,pp=2,dp=2,zero=1")->required();
   sub->add_option("--format", a->format,
                   "safetensors: rank-RRRRR/model.safetensors (+ optim.safetensors); npy: "
-                  "rank-RRRRR/tensors/<name>.npy with tensors/dtypes.json")
-      ->check(CLI::IsMember({"safetensors", "npy"}));
+                  "rank-RRRRR/tensors/<name>.npy with tensors/dtypes.json; megatron: Megatron-LM's\n"
+                  "latest_checkpointed_iteration.txt + iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt\n"
+                  "(torch.save files; docs/megatron_format.md)")
+      ->check(CLI::IsMember({"safetensors", "npy", "megatron"}));
   sub->add_option("STORE", a->store, "store directory")->required();
   sub->add_option("OUT_DIR", a->out, "directory to write")->required();
   sub->callback([a, exit_code] { *exit_code = Report("export", RunExport(*a)); });

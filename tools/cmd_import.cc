@@ -1,8 +1,10 @@
 // ptcfs import: a per-rank checkpoint into a store, as a new generation.
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "ptc/import.h"
+#include "ptc/megatron_import.h"
 #include "ptc/synth_checkpoint.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
@@ -12,21 +14,39 @@ namespace {
 
 struct ImportArgs {
   std::string schema, dims, config, format = "safetensors", src, store;
+  std::optional<uint64_t> iteration;
 };
+
+ptc::Result<ptc::CheckpointSource> MegatronSource(ptc::Env* env, const ImportArgs& a, ptc::Schema schema,
+                                                  ptc::ModelDims dims) {
+  ptc::MegatronImportOptions o{a.src, std::move(schema), std::move(dims), a.iteration, std::nullopt};
+  if (!a.config.empty()) {
+    PTC_ASSIGN_OR_RETURN(o.config, ptc::ParseConfig(a.config));
+  }
+  return ptc::OpenMegatronCheckpoint(env, o);
+}
 
 ptc::Status RunImport(const ImportArgs& a) {
   PTC_ASSIGN_OR_RETURN(ptc::Schema schema, ptc::LoadSchema(a.schema));
   PTC_ASSIGN_OR_RETURN(ptc::ModelDims dims, ptc::ParseDims(a.dims));
-  PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig config, ptc::ParseConfig(a.config));
   ptc::Env* env = ptc::Env::Default();
-  uint64_t total = 0;
-  if (auto spec = ptc::InferModelSpec(env, a.src, schema, dims); spec.ok()) {
-    if (auto bytes = ptc::CheckpointBytes(*spec, config); bytes.ok()) total = *bytes;
+  ptc::CheckpointSource source;
+  if (a.format == "megatron") {
+    PTC_ASSIGN_OR_RETURN(source, MegatronSource(env, a, std::move(schema), std::move(dims)));
+  } else {
+    if (a.config.empty()) return ptc::InvalidArgumentError("--config is required for --format " + a.format);
+    if (a.iteration) return ptc::InvalidArgumentError("--iteration applies to --format megatron only");
+    PTC_ASSIGN_OR_RETURN(source.config, ptc::ParseConfig(a.config));
+    PTC_ASSIGN_OR_RETURN(source.spec, ptc::InferModelSpec(env, a.src, schema, dims));
+    source.open_rank = [env, src = a.src](const ptc::RankView& view) { return ptc::RankCheckpoint::Open(env, src, view); };
+    source.rank_file = [src = a.src](int rank) { return ptc::ModelFilePath(src, rank); };
   }
+  uint64_t total = 0;
+  if (auto bytes = ptc::CheckpointBytes(source.spec, source.config); bytes.ok()) total = *bytes;
   ptc::ImportResult result;
   {
     Progress progress("import", total);
-    PTC_ASSIGN_OR_RETURN(result, ptc::ImportCheckpoint(env, a.src, a.store, schema, dims, config, progress.fn()));
+    PTC_ASSIGN_OR_RETURN(result, ptc::ImportFrom(env, source, a.store, progress.fn()));
   }
   std::printf("imported %s into %s: generation %llu, %llu shards, %s stored (%s read)\n", a.src.c_str(),
               a.store.c_str(), static_cast<unsigned long long>(result.generation),
@@ -45,10 +65,19 @@ void AddImportCommand(CLI::App& app, int* exit_code) {
       "written under --config into STORE as a new generation. Every file is checked against\n"
       "the schema first (names, shapes, dtypes, replicas agreeing); on any error the store is\n"
       "left exactly as it was. STORE is created when it does not exist.");
+  sub->footer("--format megatron reads a Megatron-LM checkpoint tree instead: SRC_DIR holds\n"
+              "latest_checkpointed_iteration.txt and iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt;\n"
+              "tp and pp come from the directories (--config is optional, e.g. for uneven pp_layers),\n"
+              "args, rng_state and the iteration are kept (docs/megatron_format.md). Examples:\n"
+              "  ptcfs import --schema megatron-gpt --dims layers=24,hidden=1024,heads=16,vocab=32768,seq=2048 \\\n"
+              "      --config tp=2,pp=2 ckpt/ store/\n"
+              "  ptcfs import --format megatron --schema megatron-gpt --dims ... megatron_ckpt/ store/");
   sub->add_option("--schema", a->schema, "built-in schema (megatron-gpt, llama) or schema JSON file")->required();
   sub->add_option("--dims", a->dims, "model dims, e.g. layers=4,hidden=64,heads=4,vocab=1024,seq=128")->required();
-  sub->add_option("--config", a->config, "the parallel config the files were written in")->required();
-  sub->add_option("--format", a->format, "format of the rank files")->check(CLI::IsMember({"safetensors"}));
+  sub->add_option("--config", a->config, "the parallel config the files were written in (megatron: optional)");
+  sub->add_option("--format", a->format, "format of the rank files")
+      ->check(CLI::IsMember({"safetensors", "megatron"}));
+  sub->add_option("--iteration", a->iteration, "megatron: the iteration to import (default: the latest)");
   sub->add_option("SRC_DIR", a->src, "per-rank checkpoint directory")->required();
   sub->add_option("STORE", a->store, "store directory")->required();
   sub->callback([a, exit_code] { *exit_code = Report("import", RunImport(*a)); });

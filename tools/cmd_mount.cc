@@ -35,8 +35,9 @@ ptc::Status RunMount(const MountArgs& a) {
   // The daemon changes its directory to /: keep the store path absolute.
   options.store = std::filesystem::absolute(a.store).lexically_normal().string();
   options.worker = a.worker;
-  options.safetensors = a.format != "npy";
-  options.npy = a.format != "safetensors";
+  options.safetensors = a.format == "safetensors" || a.format == "both" || a.format == "all";
+  options.npy = a.format == "npy" || a.format == "both" || a.format == "all";
+  options.megatron = a.format == "megatron" || a.format == "all";
   options.transform_threads = a.transform_threads;
   return MountAndServe(options, {a.mountpoint, a.foreground, a.threads});
 }
@@ -119,7 +120,10 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
   mount->add_option("STORE", m->store, "store directory")->required();
   mount->add_option("MOUNTPOINT", m->mountpoint, "an existing empty directory")->required();
   mount->add_option("--worker", m->worker, "show only the ranks of this worker");
-  mount->add_option("--format", m->format, "which files to show")->check(CLI::IsMember({"safetensors", "npy", "both"}));
+  mount->add_option("--format", m->format,
+                    "which model files to show: safetensors, npy, both (the two; default), megatron\n"
+                    "(megatron/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt), or all")
+      ->check(CLI::IsMember({"safetensors", "npy", "both", "megatron", "all"}));
   mount->add_flag("-f,--foreground", m->foreground, "stay in the foreground");
   mount->add_option("--threads", m->threads, "FUSE threads")->check(CLI::Range(1, 256));
   mount->add_option("--transform-threads", m->transform_threads, "threads rewriting the store on reconfigure")

@@ -3,7 +3,8 @@
 #   synthesise a Llama checkpoint saved by tp=2,pp=2 ranks (bf16, Adam state),
 #   import it into a store, mount it, list a rank's files, reconfigure the
 #   running mount to tp=4,pp=1 (progress shown), read the new files back with
-#   numpy and compare them bit for bit with a reference, verify, unmount.
+#   numpy and compare them bit for bit with a reference, load Megatron-LM's
+#   view of the new layout with torch, verify, unmount.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup-deps.sh
@@ -17,7 +18,7 @@ trap 'fusermount3 -u "$mnt" 2>/dev/null || true' EXIT
 set -x
 $ptcfs synth --schema llama --dims $dims --config tp=2,pp=2 --dtype bf16 --optimizer adam "$work/saved-tp2pp2"
 $ptcfs import --schema llama --dims $dims --config tp=2,pp=2 "$work/saved-tp2pp2" "$work/store"
-$ptcfs mount "$work/store" "$mnt"
+$ptcfs mount --format all "$work/store" "$mnt"
 ls -l "$mnt/model" "$mnt/model/rank-00003"
 cat "$mnt/.ptcfs/status"
 cmp "$mnt/model/rank-00003/model.safetensors" "$work/saved-tp2pp2/rank-00003/model.safetensors"
@@ -33,6 +34,13 @@ dtypes = json.loads((t / "dtypes.json").read_text())
 fc1 = np.load(t / "decoder.layers.0.mlp.linear_fc1.weight.npy")
 print(f"rank 3 of tp=4 holds {len(dtypes)} tensors; its [gate; up] fc1 shard is {fc1.shape}, "
       f"{dtypes['decoder.layers.0.mlp.linear_fc1.weight.npy']} stored as numpy {fc1.dtype}")
+PY
+/usr/bin/python3 - "$mnt" <<'PY'
+import sys, torch
+sd = torch.load(f"{sys.argv[1]}/megatron/iter_0000000/mp_rank_03/model_optim_rng.pt", weights_only=True)
+w = sd["model"]["decoder.layers.0.mlp.linear_fc1.weight"]
+print(f"Megatron's tp rank 3 file: {len(sd['model'])} tensors, fc1 {tuple(w.shape)} {w.dtype}, "
+      f"Adam state of {len(sd['optimizer']['optimizer']['state'])} parameters")
 PY
 $ptcfs verify "$work/store"
 $ptcfs umount "$mnt"

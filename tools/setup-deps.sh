@@ -7,6 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libhdf5-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libgtest-dev libfuse3-dev fuse3
   python3 python3-numpy python3-h5py
+  zlib1g-dev python3-torch
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

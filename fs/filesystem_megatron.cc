@@ -1,0 +1,274 @@
+// Filesystem: the megatron/ tree. Rendered files of the current iteration
+// (fs/megatron_file.h), and saves written into it by a framework: directories
+// and files land in the staging area (fs/staging.h); writing
+// latest_checkpointed_iteration.txt commits the iteration it names on flush.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+
+#include "fs/filesystem.h"
+#include "fs/megatron_file.h"
+#include "fs/node.h"
+
+namespace ptcfs {
+namespace {
+
+bool Writing(int flags) { return (flags & O_ACCMODE) != O_RDONLY; }
+
+// The iteration a framework wrote into the latest file.
+ptc::Result<uint64_t> ParseIteration(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\r')) text.pop_back();
+  uint64_t it = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), it);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+    return ptc::InvalidArgumentError(std::string(ptc::megatron::kLatestFile) + ": '" + text +
+                                     "' is not an iteration number");
+  }
+  return it;
+}
+
+}  // namespace
+
+ptc::Result<std::shared_ptr<Node>> Filesystem::BuildMegatronTree(const std::shared_ptr<const Snapshot>& snap) {
+  PTC_ASSIGN_OR_RETURN(ptc::megatron::MegatronState state, snap->megatron());
+  auto megatron = NewDir(snap);
+  megatron->kind = Node::kMegatronDir;
+  auto latest = std::make_shared<Node>();
+  latest->kind = Node::kLatestFile;
+  latest->snap = snap;
+  latest->literal = std::to_string(state.iteration);
+  latest->size = latest->literal.size();
+  megatron->children[std::string(ptc::megatron::kLatestFile)] = AddNode(latest);
+  auto iter = NewDir(snap);
+  const ptc::ParallelConfig& config = snap->config();
+  for (size_t v : MegatronRanks(snap->views())) {
+    const ptc::RankView& view = snap->views()[v];
+    PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan, PlanMegatronFile(snap->spec(), config, view, state),
+                         ptc::RankDirName(view.rank));
+    auto file = std::make_shared<Node>();
+    file->kind = Node::kMegatronFile;
+    file->snap = snap;
+    file->view = v;
+    file->size = plan.size;
+    auto dir = NewDir(snap);
+    dir->children[std::string(ptc::megatron::kRankFile)] = AddNode(file);
+    iter->children[ptc::megatron::RankDirName(view.coords.tp, view.coords.pp, config.pp)] = AddNode(dir);
+  }
+  megatron->children[ptc::megatron::IterationDirName(state.iteration)] = AddNode(iter);
+  AddStaged(*megatron, snap);
+  return megatron;
+}
+
+void Filesystem::AddStaged(Node& dir, const std::shared_ptr<const Snapshot>& snap) {
+  for (const auto& [name, is_dir] : staging_.List(dir.staged)) {
+    if (dir.children.count(name)) continue;  // rendered entries win (saves cannot create them)
+    auto n = std::make_shared<Node>();
+    n->kind = is_dir ? Node::kStagedDir : Node::kStagedFile;
+    n->snap = snap;
+    n->staged = dir.staged.empty() ? name : dir.staged + "/" + name;
+    if (is_dir) AddStaged(*n, snap);
+    dir.children[name] = AddNode(n);
+  }
+}
+
+ptc::Result<std::unique_ptr<VirtualFile>> Filesystem::RenderMegatron(const Snapshot& snap, const ptc::RankView& view,
+                                                                    int worker) const {
+  PTC_ASSIGN_OR_RETURN(ptc::megatron::MegatronState state, snap.megatron());
+  PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan, PlanMegatronFile(snap.spec(), snap.config(), view, state));
+  // The same config and iteration give the same bytes, whichever generation holds them.
+  const auto key = std::make_tuple(snap.config().ToString(), view.rank, state.iteration);
+  std::vector<uint32_t> crcs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = megatron_crcs_.find(key); it != megatron_crcs_.end()) crcs = it->second;
+  }
+  if (crcs.empty() && !plan.state.storages.empty()) {
+    auto check = [&](const ptc::ShardRecord& shard) { return snap.Check(shard); };
+    PTC_ASSIGN_OR_RETURN(crcs, StorageCrcs(snap.reader(), plan, worker, check));
+    std::lock_guard<std::mutex> lock(mu_);
+    megatron_crcs_[key] = crcs;
+  }
+  return MakeMegatronFile(snap.reader(), plan, crcs, worker);
+}
+
+ptc::Result<std::shared_ptr<Node>> Filesystem::StagingParent(uint64_t parent) {
+  std::shared_ptr<Node> p = NodeOf(parent);
+  if (!p) return ptc::NotFoundError("inode " + std::to_string(parent));
+  if (p->kind != Node::kMegatronDir && p->kind != Node::kStagedDir) {
+    return ptc::Status(ptc::Code::kPermissionDenied, "only megatron/ takes new files (saves)");
+  }
+  return p;
+}
+
+ptc::Result<Entry> Filesystem::Mkdir(uint64_t parent, const std::string& name) {
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> p, StagingParent(parent));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (p->children.count(name)) return ptc::AlreadyExistsError(name);
+  }
+  PTC_ASSIGN_OR_RETURN(std::string rel, Staging::Join(p->staged, name));
+  PTC_RETURN_IF_ERROR(staging_.Mkdir(rel));
+  auto n = std::make_shared<Node>();
+  n->kind = Node::kStagedDir;
+  n->snap = p->snap;
+  n->staged = rel;
+  std::lock_guard<std::mutex> lock(mu_);
+  p->children[name] = AddNode(n);
+  n->lookups++;
+  return Entry{n->ino, Attr(*n, 0), Timeout(*n)};
+}
+
+ptc::Result<std::pair<Entry, OpenReply>> Filesystem::Create(uint64_t parent, const std::string& name, int flags) {
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> p, StagingParent(parent));
+  std::shared_ptr<Node> n;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = p->children.find(name); it != p->children.end()) {
+      auto c = nodes_.find(it->second);
+      if (c == nodes_.end()) return ptc::NotFoundError(name + ": replaced by a reconfiguration");
+      n = c->second;
+    }
+  }
+  if (n == nullptr) {
+    PTC_ASSIGN_OR_RETURN(std::string rel, Staging::Join(p->staged, name));
+    PTC_ASSIGN_OR_RETURN(int fd, staging_.Open(rel, O_WRONLY | O_CREAT | O_TRUNC));
+    ::close(fd);
+    n = std::make_shared<Node>();
+    n->kind = Node::kStagedFile;
+    n->snap = p->snap;
+    n->staged = rel;
+    std::lock_guard<std::mutex> lock(mu_);
+    p->children[name] = AddNode(n);
+  }
+  PTC_ASSIGN_OR_RETURN(OpenReply reply, OpenMegatronWritable(n, flags));
+  PTC_ASSIGN_OR_RETURN(uint64_t size, SizeOf(*n));
+  std::lock_guard<std::mutex> lock(mu_);
+  n->lookups++;
+  return std::make_pair(Entry{n->ino, Attr(*n, size), Timeout(*n)}, reply);
+}
+
+ptc::Result<OpenReply> Filesystem::OpenMegatronWritable(const std::shared_ptr<Node>& node, int flags) {
+  auto h = std::make_shared<Handle>();
+  h->node = node;
+  OpenReply reply;
+  reply.direct_io = true;  // the kernel must not cache what a save may still change
+  if (node->kind == Node::kStagedFile) {
+    const int access = flags & (O_ACCMODE | O_TRUNC | O_APPEND);
+    PTC_ASSIGN_OR_RETURN(h->fd, staging_.Open(node->staged, access));
+  } else if (!Writing(flags)) {
+    h->text = node->literal;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  reply.fh = next_fh_++;
+  handles_[reply.fh] = std::move(h);
+  return reply;
+}
+
+ptc::Result<size_t> Filesystem::WriteMegatron(Handle& h, const char* data, size_t size, uint64_t offset) {
+  if (h.fd >= 0) {
+    const ssize_t n = ::pwrite(h.fd, data, size, static_cast<off_t>(offset));
+    if (n < 0) return ptc::ErrnoError(staging_.Path(h.node->staged), errno);
+    return static_cast<size_t>(n);
+  }
+  if (offset > 64 || offset + size > 64) return ptc::InvalidArgumentError("an iteration number is short");
+  if (h.text.size() < offset + size) h.text.resize(offset + size);
+  h.text.replace(offset, size, data, size);
+  h.written = true;
+  return size;
+}
+
+ptc::Status Filesystem::Flush(uint64_t fh) {
+  std::shared_ptr<Handle> h;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = handles_.find(fh);
+    if (it == handles_.end()) return ptc::InvalidArgumentError("bad file handle");
+    h = it->second;
+    if (h->node->kind != Node::kLatestFile || !h->written) return ptc::Status::OK();
+    h->written = false;  // one commit per write
+  }
+  auto iteration = ParseIteration(h->text);
+  if (!iteration.ok()) {
+    controller_->RecordError(iteration.status().message());
+    return iteration.status();
+  }
+  if (ptc::Status s = controller_->Ingest(staging_.root(), *iteration, snapshot()); !s.ok()) {
+    // close() fails with EIO, or EBUSY while a reconfiguration runs.
+    return s.code() == ptc::Code::kFailedPrecondition ? s : ptc::IOError(s.message());
+  }
+  // Committed: the staged iteration is in the store now.
+  return staging_.RemoveTree(ptc::megatron::IterationDirName(*iteration));
+}
+
+ptc::Status Filesystem::Fsync(uint64_t fh) {
+  std::shared_ptr<Handle> h;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = handles_.find(fh);
+    if (it == handles_.end()) return ptc::InvalidArgumentError("bad file handle");
+    h = it->second;
+  }
+  if (h->fd >= 0 && ::fsync(h->fd) != 0) return ptc::ErrnoError(staging_.Path(h->node->staged), errno);
+  return ptc::Status::OK();
+}
+
+ptc::Status Filesystem::Rename(uint64_t parent, const std::string& name, uint64_t new_parent,
+                               const std::string& new_name) {
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> from_dir, StagingParent(parent));
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> to_dir, StagingParent(new_parent));
+  std::shared_ptr<Node> node;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = from_dir->children.find(name);
+    if (it == from_dir->children.end() || !nodes_.count(it->second)) return ptc::NotFoundError(name);
+    node = nodes_.at(it->second);
+    if (node->kind != Node::kStagedFile && node->kind != Node::kStagedDir) {
+      return ptc::Status(ptc::Code::kPermissionDenied, name + ": rendered files cannot be moved");
+    }
+    if (auto t = to_dir->children.find(new_name); t != to_dir->children.end() && nodes_.count(t->second)) {
+      const Node& target = *nodes_.at(t->second);
+      if (target.kind != Node::kStagedFile && target.kind != Node::kStagedDir) {
+        return ptc::Status(ptc::Code::kPermissionDenied, new_name + ": rendered files cannot be replaced");
+      }
+    }
+  }
+  PTC_ASSIGN_OR_RETURN(std::string to, Staging::Join(to_dir->staged, new_name));
+  PTC_RETURN_IF_ERROR(staging_.Rename(node->staged, to));
+  std::lock_guard<std::mutex> lock(mu_);
+  from_dir->children.erase(name);
+  to_dir->children[new_name] = node->ino;
+  // The node and everything under it now live at the new path.
+  const std::string old_prefix = node->staged;
+  std::vector<Node*> stack = {node.get()};
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    n->staged = to + n->staged.substr(old_prefix.size());
+    for (const auto& [unused, ino] : n->children) {
+      if (auto c = nodes_.find(ino); c != nodes_.end()) stack.push_back(c->second.get());
+    }
+  }
+  return ptc::Status::OK();
+}
+
+ptc::Status Filesystem::Unlink(uint64_t parent, const std::string& name, bool directory) {
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> dir, StagingParent(parent));
+  std::shared_ptr<Node> node;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = dir->children.find(name);
+    if (it == dir->children.end() || !nodes_.count(it->second)) return ptc::NotFoundError(name);
+    node = nodes_.at(it->second);
+  }
+  if (node->kind != (directory ? Node::kStagedDir : Node::kStagedFile)) {
+    return ptc::Status(ptc::Code::kPermissionDenied, name + ": only files and directories of saves can be removed");
+  }
+  PTC_RETURN_IF_ERROR(directory ? staging_.Rmdir(node->staged) : staging_.Unlink(node->staged));
+  std::lock_guard<std::mutex> lock(mu_);
+  dir->children.erase(name);
+  return ptc::Status::OK();
+}
+
+}  // namespace ptcfs

@@ -1,0 +1,67 @@
+// Megatron-LM torch files rendered from the store (layout: ptc/megatron.h):
+// the mount's megatron/ tree and `ptcfs export --format megatron`.
+//
+// A rank's model_optim_rng.pt is a stored zip (ptc/torch_file.h) whose storage
+// members are the rank's local tensors. Its size and every offset follow from
+// the view alone, so `stat` is exact at once. The zip headers also hold each
+// member's CRC-32, which needs the bytes: MakeMegatronFile reads the rank's
+// tensors once to compute them (about the cost of one read of the file), and
+// the file is then served like a safetensors file, literal pieces plus shard
+// extents. The mount keeps the CRCs per snapshot and rank, so only the first
+// open of a file pays for them.
+//
+// Thread safety: pure functions, and reads of the store.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fs/virtual_file.h"
+#include "ptc/checkpoint.h"
+#include "ptc/megatron.h"
+#include "ptc/store.h"
+#include "ptc/torch_file.h"
+
+namespace ptcfs {
+
+// What one rank's file holds, and its zip members (CRCs of storages unset).
+struct MegatronFilePlan {
+  ptc::megatron::RankState state;
+  ptc::TorchFilePlan torch;
+  uint64_t size = 0;  // of the whole file
+};
+
+inline constexpr const char* kMegatronArchive = "model_optim_rng";
+
+// \error as BuildRankState and PlanTorchFile.
+ptc::Result<MegatronFilePlan> PlanMegatronFile(const ptc::ModelSpec& spec, const ptc::ParallelConfig& config,
+                                               const ptc::RankView& view, const ptc::megatron::MegatronState& state);
+
+// The CRC-32 of each storage of `plan`, reading the tensors from the store
+// (every shard passes `check` first).
+// \error as `check`, GenerationReader::Cover / File and the reads.
+ptc::Result<std::vector<uint32_t>> StorageCrcs(const ptc::GenerationReader& reader, const MegatronFilePlan& plan,
+                                               int prefer_worker, const ShardCheck& check);
+
+// The file, given its storages' CRCs.
+// \error as StorageCrcs' mapping and LayoutTorchFile.
+ptc::Result<std::unique_ptr<VirtualFile>> MakeMegatronFile(const ptc::GenerationReader& reader,
+                                                          const MegatronFilePlan& plan,
+                                                          const std::vector<uint32_t>& crcs, int prefer_worker);
+
+// The ranks a Megatron tree shows among `views`: one per (tp, pp), the one
+// with the lowest dp index (Megatron's data-parallel rank 0 saves and every
+// data-parallel rank loads it). Indices into `views`, in rank order.
+std::vector<size_t> MegatronRanks(const std::vector<ptc::RankView>& views);
+
+// `ptcfs export --format megatron`: OUT/latest_checkpointed_iteration.txt and
+// OUT/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt for every (tp, pp).
+// \error as ValidateConfig, the store reads and the Env (naming the file).
+ptc::Status ExportMegatron(ptc::Env* env, const ptc::Store& store,
+                           std::shared_ptr<const ptc::GenerationManifest> generation, const ptc::ModelSpec& spec,
+                           const ptc::ParallelConfig& config, const std::string& out_dir,
+                           const ptc::ProgressFn& progress = {});
+
+}  // namespace ptcfs

@@ -1,0 +1,178 @@
+// The Megatron checkpoint layout (ptc/megatron.h): directory names, where each
+// tensor sits in the state dict, and that the state dict of a rank finds back
+// exactly its view's tensors (model, and optimizer state with and without
+// ZeRO-1), with the kept entries carried and their parallel sizes rewritten.
+#include "ptc/megatron.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+
+#include "test_util.h"
+
+namespace ptc::megatron {
+namespace {
+
+using pickle::Value;
+
+TEST(MegatronNames, DirectoriesRoundTrip) {
+  EXPECT_EQ(IterationDirName(100), "iter_0000100");
+  EXPECT_EQ(RankDirName(1, 0, 1), "mp_rank_01");
+  EXPECT_EQ(RankDirName(3, 2, 4), "mp_rank_03_002");
+  auto d = ParseRankDirName("mp_rank_03_002");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->tp_rank, 3);
+  EXPECT_EQ(d->pp_rank, 2);
+  EXPECT_EQ(ParseRankDirName("mp_rank_07")->pp_rank, -1);
+  for (const char* bad : {"mp_rank_7", "mp_rank_07_2", "mp_rank_07_002_1", "rank_07", "mp_rank_0a"}) {
+    EXPECT_FALSE(ParseRankDirName(bad).ok()) << bad;
+  }
+}
+
+TEST(MegatronNames, KeyPathsNestLikeMegatron) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(ModelKeyPath("megatron-gpt", "language_model.embedding.word_embeddings.weight"),
+            (V{"model", "language_model", "embedding", "word_embeddings", "weight"}));
+  EXPECT_EQ(ModelKeyPath("megatron-gpt", "language_model.encoder.layers.3.mlp.dense_h_to_4h.bias"),
+            (V{"model", "language_model", "encoder", "layers.3.mlp.dense_h_to_4h.bias"}));
+  EXPECT_EQ(ModelKeyPath("megatron-gpt", "word_embeddings_for_head.weight"),
+            (V{"model", "word_embeddings_for_head", "weight"}));
+  EXPECT_EQ(ModelKeyPath("llama", "decoder.layers.0.mlp.linear_fc1.weight"),
+            (V{"model", "decoder.layers.0.mlp.linear_fc1.weight"}));
+}
+
+// A Namespace as argparse pickles it.
+Value Namespace(int tp, int pp) {
+  pickle::Object o;
+  o.callable = {"argparse", "Namespace"};
+  o.build = pickle::Object::Build::kNewObj;
+  Value state = Value::Dict();
+  state.Set("tensor_model_parallel_size", Value::Int(tp));
+  state.Set("pipeline_model_parallel_size", Value::Int(pp));
+  state.Set("lr", Value::Float(3e-4));
+  o.state = pickle::Boxed<Value>(std::move(state));
+  return Value::FromObject(std::move(o));
+}
+
+TEST(MegatronState, FindsBackEveryTensorOfEveryRank) {
+  for (const char* schema : {"megatron-gpt", "llama"}) {
+    for (const char* cfg : {"tp=2,pp=2", "tp=2,pp=2,dp=2,zero=1", "tp=1,pp=3,pp_layers=1+1+2"}) {
+      const std::string dims = std::string(schema) == "llama"
+                                   ? "layers=4,hidden=32,heads=4,kv_heads=2,ffn=48,vocab=64,seq=16"
+                                   : "layers=4,hidden=32,heads=4,vocab=64,seq=16";
+      const ModelSpec spec = testing::Spec(schema, dims, DType::kBF16, /*optimizer=*/true);
+      const ParallelConfig config = *ParseConfig(cfg);
+      Value carried = Value::Dict();
+      carried.Set("args", Namespace(8, 8));
+      carried.Set("rng_state", Value::List({Value::Str("kept")}));
+      for (int rank = 0; rank < config.world_size(); ++rank) {
+        SCOPED_TRACE(std::string(schema) + " " + cfg + " rank " + std::to_string(rank));
+        const RankView view = *ComputeView(spec, config, rank);
+        const MegatronState kept{42, carried, {{"c0", DType::kU8, 3, "abc"}}};
+        auto state = BuildRankState(spec, config, view, kept);
+        ASSERT_TRUE(state.ok()) << state.status().ToString();
+        const bool optim = config.zero == 0;  // ZeRO-1 state is not in these files
+        ASSERT_EQ(state->storages.size(), view.model.size() + (optim ? view.optim.size() : 0) + 1);
+        std::map<std::string, const RankState::Storage*> by_key;
+        for (const auto& st : state->storages) by_key[st.key] = &st;
+        ASSERT_EQ(by_key.size(), state->storages.size()) << "storage keys repeat";
+        EXPECT_EQ(by_key.at("c0")->carried, &kept.tensors[0]);
+        // Through a pickle round trip, as a reader of the file sees it.
+        auto root = pickle::Unpickle(pickle::Pickle(state->root), "test");
+        ASSERT_TRUE(root.ok()) << root.status().ToString();
+        RankView model_only = view;
+        if (!optim) model_only.optim.clear();
+        auto found = FindRankTensors(spec, config, model_only, *root, "test");
+        ASSERT_TRUE(found.ok()) << found.status().ToString();
+        ASSERT_EQ(found->size(), state->storages.size() - 1);
+        // The i-th tensor found is the storage that holds that local tensor.
+        std::vector<const LocalTensor*> order;
+        for (const auto* list : {&model_only.model, &model_only.optim}) {
+          for (const LocalTensor& t : *list) order.push_back(&t);
+        }
+        for (size_t i = 0; i < order.size(); ++i) {
+          const RankState::Storage* st = by_key.at((*found)[i].storage_key);
+          ASSERT_NE(st->tensor, nullptr);
+          EXPECT_EQ(st->tensor->name, order[i]->name);
+        }
+        EXPECT_EQ(root->Find("iteration")->as_int(), 42);
+        EXPECT_EQ(root->Find("rng_state")->items()[0].as_str(), "kept");
+        const Value* args = root->Find("args");
+        EXPECT_EQ(args->GetAttr("tensor_model_parallel_size")->as_int(), config.tp);
+        EXPECT_EQ(args->GetAttr("pipeline_model_parallel_size")->as_int(), config.pp);
+        EXPECT_EQ(args->GetAttr("data_parallel_size"), nullptr);  // not invented
+        EXPECT_EQ(args->GetAttr("lr")->as_float(), 3e-4);
+      }
+    }
+  }
+}
+
+TEST(MegatronState, WrongTensorsAreNamed) {
+  const ModelSpec spec = testing::Spec("megatron-gpt", "layers=2,hidden=32,heads=4,vocab=64,seq=16");
+  const ParallelConfig config = *ParseConfig("tp=2");
+  const RankView view = *ComputeView(spec, config, 0);
+  Value root = BuildRankState(spec, config, view, MegatronState{})->root;
+  Value* emb = root.Find("model")->Find("language_model")->Find("embedding")->Find("word_embeddings");
+  auto expect_error = [&](const Value& r, const std::string& needle) {
+    auto found = FindRankTensors(spec, config, view, r, "f.pt");
+    ASSERT_FALSE(found.ok());
+    EXPECT_NE(found.status().message().find(needle), std::string::npos) << found.status().message();
+  };
+  Value wrong = root;
+  wrong.Find("model")->Find("language_model")->Find("embedding")->Find("word_embeddings")->Find("weight")->tensor().shape = {64, 32};
+  expect_error(wrong, "f.pt: model/language_model/embedding/word_embeddings/weight: shape [64, 32], the schema and config say [32, 32]");
+  wrong = root;
+  wrong.Find("model")->Find("language_model")->Find("embedding")->Find("word_embeddings")->Find("weight")->tensor().dtype = DType::kF16;
+  expect_error(wrong, "dtype F16, the schema says F32");
+  wrong = root;
+  wrong.Find("model")->Find("language_model")->Find("encoder")->Erase("layers.1.mlp.dense_4h_to_h.bias");
+  expect_error(wrong, "f.pt: model/language_model/encoder/layers.1.mlp.dense_4h_to_h.bias: missing");
+  wrong = root;
+  emb = wrong.Find("model")->Find("language_model")->Find("embedding")->Find("word_embeddings");
+  emb->Set("weight", Value::Int(3));
+  expect_error(wrong, "a int, not a tensor");
+  wrong = root;
+  emb = wrong.Find("model")->Find("language_model")->Find("embedding")->Find("word_embeddings");
+  std::swap(emb->Find("weight")->tensor().stride[0], emb->Find("weight")->tensor().stride[1]);
+  expect_error(wrong, "not contiguous");
+}
+
+TEST(MegatronState, KeptEntriesRoundTripThroughTheManifest) {
+  Value root = Value::Dict();
+  root.Set("args", Namespace(2, 1));
+  root.Set("model", Value::Dict());
+  root.Set("optimizer", Value::Dict());
+  root.Set("opt_param_scheduler", Value::Dict({{Value::Str("num_steps"), Value::Int(7)}}));
+  const MegatronState state{300, CarriedEntries(root), {{"c0", DType::kI64, 2, std::string(16, '\x07')}}};
+  EXPECT_EQ(state.carried.Find("model"), nullptr);
+  EXPECT_EQ(state.carried.Find("optimizer"), nullptr);
+  nlohmann::json extra = {{"megatron", EncodeMegatronState(state)}};
+  auto back = LoadMegatronState(extra, "m.json");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->iteration, 300u);
+  EXPECT_EQ(back->carried, state.carried);
+  ASSERT_EQ(back->tensors.size(), 1u);
+  EXPECT_EQ(back->tensors[0].bytes, state.tensors[0].bytes);
+  EXPECT_EQ(back->tensors[0].dtype, DType::kI64);
+  EXPECT_EQ(LoadMegatronState(nlohmann::json::object(), "m.json")->iteration, 0u);  // not from Megatron
+  // Malformed records name the field.
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> cases = {
+      {[](nlohmann::json& j) { j["iteration"] = -1; }, "m.json: extra.megatron: 'iteration' must be"},
+      {[](nlohmann::json& j) { j["carried"] = "abc"; }, "m.json: extra.megatron.carried: odd hex length"},
+      {[](nlohmann::json& j) { j["carried"] = "zz"; }, "m.json: extra.megatron.carried: not hex at 0"},
+      {[](nlohmann::json& j) { j["tensors"][0]["numel"] = 3u; }, "extra.megatron.tensors[0]: 16 bytes for 3 elements of I64"},
+      {[](nlohmann::json& j) { j["tensors"][0]["dtype"] = "Q8"; }, "extra.megatron.tensors[0]"},
+      {[](nlohmann::json& j) { j["tensors"] = 5; }, "'tensors' must be an array"},
+  };
+  for (const auto& [damage, needle] : cases) {
+    nlohmann::json bad = extra;
+    damage(bad["megatron"]);
+    auto r = LoadMegatronState(bad, "m.json");
+    ASSERT_FALSE(r.ok()) << needle;
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace ptc::megatron

@@ -1,0 +1,162 @@
+// Megatron-LM torch checkpoints with real torch (Debian's python3-torch):
+// files written by torch.save in Megatron's layout are imported, re-split to
+// other configs, rendered (export and mount) and torch.load-ed back, every
+// tensor equal to a reference reshard done in torch (tests/clients/
+// megatron_ckpt.py); bad inputs are named and change nothing.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "mount_util.h"
+
+namespace ptc {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Ptcfs;
+using testing::Sh;
+using testing::TempDir;
+
+const std::string kModel = "--schema megatron-gpt --dims layers=4,hidden=32,heads=4,vocab=128,seq=16";
+
+std::string Client() { return "/usr/bin/python3 " + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/megatron_ckpt.py "; }
+
+class MegatronTorchTest : public ::testing::Test {
+ protected:
+  // A Megatron checkpoint written by torch.save.
+  std::string Make(const std::string& name, const std::string& options) {
+    const std::string dir = tmp_ / name;
+    auto [code, out] = Sh(Client() + "make " + dir + " " + options);
+    EXPECT_EQ(code, 0) << out;
+    return dir;
+  }
+  void Import(const std::string& src, const std::string& store) {
+    auto [code, out] = Ptcfs("import --format megatron " + kModel + " " + src + " " + store);
+    ASSERT_EQ(code, 0) << out;
+  }
+  // The reference reshard of SRC (tp, pp) compared with the tree OUT (tp2, pp2).
+  void Check(const std::string& src, const std::string& from, const std::string& out, const std::string& to,
+             const std::string& extra = "") {
+    auto [code, text] = Sh(Client() + "check " + src + " " + from + " " + out + " " + to + " " + extra);
+    EXPECT_EQ(code, 0) << text;
+    EXPECT_NE(text.find("CHECK OK"), std::string::npos) << text;
+  }
+  TempDir tmp_;
+};
+
+TEST_F(MegatronTorchTest, ImportReshardExportAndLoad) {
+  const std::string src = Make("src", "--tp 2 --pp 2 --args --optimizer --iteration 300");
+  Import(src, tmp_ / "store");
+  for (const auto& [config, tp_pp] : std::vector<std::pair<std::string, std::string>>{
+           {"tp=4,pp=1", "4 1"}, {"tp=1,pp=4", "1 4"}, {"tp=2,pp=2", "2 2"}}) {
+    SCOPED_TRACE(config);
+    const std::string out = tmp_ / ("out-" + config);
+    auto [code, text] = Ptcfs("export --format megatron --config " + config + " " + tmp_ / "store " + out);
+    ASSERT_EQ(code, 0) << text;
+    Check(src, "2 2", out, tp_pp);
+    EXPECT_EQ(testing::Slurp(out + "/latest_checkpointed_iteration.txt"), "300");
+  }
+  auto [zc, zout] = Sh("/usr/bin/python3 -m zipfile -t " + tmp_ / "out-tp=1,pp=4/iter_0000300/mp_rank_00_002/model_optim_rng.pt");
+  EXPECT_EQ(zc, 0) << zout;
+  // Through the store's other formats and back: the same bytes as the first export.
+  auto [c1, o1] = Ptcfs("transform " + tmp_ / "store --to tp=4,pp=1");
+  ASSERT_EQ(c1, 0) << o1;
+  auto [c2, o2] = Ptcfs("export --format megatron --config tp=2,pp=2 " + tmp_ / "store " + tmp_ / "again");
+  ASSERT_EQ(c2, 0) << o2;
+  auto [c3, o3] = Sh("diff -r " + tmp_ / "again " + tmp_ / "out-tp=2,pp=2");
+  EXPECT_EQ(c3, 0) << o3;
+}
+
+TEST_F(MegatronTorchTest, WeightsOnlyLoadWithoutNamespace) {
+  const std::string src = Make("src", "--tp 2 --pp 1 --optimizer --dtype f16");
+  Import(src, tmp_ / "store");
+  auto [code, text] = Ptcfs("export --format megatron --config tp=1,pp=2 " + tmp_ / "store " + tmp_ / "out");
+  ASSERT_EQ(code, 0) << text;
+  Check(src, "2 1", tmp_ / "out", "1 2", "--weights-only");
+}
+
+TEST_F(MegatronTorchTest, MountRendersEveryConfig) {
+  testing::RequireFuse();
+  const std::string src = Make("src", "--tp 2 --pp 2 --args --optimizer");
+  Import(src, tmp_ / "store");
+  testing::Mount m(tmp_ / "store", tmp_ / "mnt", "--format all");
+  Check(src, "2 2", m.dir() + "/megatron", "2 2");
+  auto [code, text] = Ptcfs("reconfigure " + m.dir() + " --to tp=4,pp=1");
+  ASSERT_EQ(code, 0) << text;
+  Check(src, "2 2", m.dir() + "/megatron", "4 1");
+  auto [zc, zout] = Sh("/usr/bin/python3 -m zipfile -t " + m.dir() + "/megatron/iter_0000100/mp_rank_03/model_optim_rng.pt");
+  EXPECT_EQ(zc, 0) << zout;
+  // The mounted files are the bytes export writes.
+  auto [ec, eout] = Ptcfs("export --format megatron --config tp=4,pp=1 " + tmp_ / "store " + tmp_ / "exp");
+  ASSERT_EQ(ec, 0) << eout;
+  auto [dc, dout] = Sh("diff -r " + m.dir() + "/megatron " + tmp_ / "exp");
+  EXPECT_EQ(dc, 0) << dout;
+}
+
+TEST_F(MegatronTorchTest, SaveThroughTheMountThenReadAnotherConfig) {
+  testing::RequireFuse();
+  const std::string src = Make("src", "--tp 2 --pp 2 --args --optimizer");
+  Import(src, tmp_ / "store");
+  testing::Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron");
+  const std::string megatron = m.dir() + "/megatron";
+  // A save with a rank missing is refused: close() fails, nothing is committed.
+  auto [fc, fout] = Sh(Client() + "save " + megatron + " " + tmp_ / "partial --iteration 150 --skip mp_rank_01_001");
+  EXPECT_EQ(fc, 4) << fout;
+  EXPECT_NE(fout.find("SAVE FAILED"), std::string::npos) << fout;
+  auto status = testing::MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], 1) << status.dump();
+  EXPECT_NE(status["last_error"].get<std::string>().find("iter_0000150/mp_rank_01_001: missing"), std::string::npos)
+      << status.dump();
+  EXPECT_EQ(testing::Slurp(megatron + "/latest_checkpointed_iteration.txt"), "100");
+  // A whole save commits as a new generation and is read back in another config.
+  auto [sc, sout] = Sh(Client() + "save " + megatron + " " + tmp_ / "saved --iteration 200");
+  ASSERT_EQ(sc, 0) << sout;
+  status = testing::MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], 2) << status.dump();
+  EXPECT_EQ(testing::Slurp(megatron + "/latest_checkpointed_iteration.txt"), "200");
+  Check(tmp_ / "saved", "2 2", megatron, "2 2");
+  auto [rc, rout] = Ptcfs("reconfigure " + m.dir() + " --to tp=1,pp=4");
+  ASSERT_EQ(rc, 0) << rout;
+  Check(tmp_ / "saved", "2 2", megatron, "1 4");
+  // The committed save left the staging area; the refused one stays there (and in megatron/).
+  std::vector<std::string> staged;
+  for (const auto& e : fs::directory_iterator(tmp_ / "store/ingest")) staged.push_back(e.path().filename());
+  EXPECT_EQ(staged, std::vector<std::string>{"iter_0000150"});
+  EXPECT_TRUE(fs::exists(megatron + "/iter_0000150/mp_rank_00_000/model_optim_rng.pt"));
+}
+
+TEST_F(MegatronTorchTest, BadCheckpointsAreNamedAndChangeNothing) {
+  const std::string good = Make("good", "--tp 2 --pp 2");
+  Import(good, tmp_ / "store");
+  const auto before = testing::Snapshot(tmp_ / "store");
+  // Each case copies the good tree, runs `damage` with $F = its rank file
+  // (tp 1, pp 1), and imports with `model`.
+  auto bad = [&](const std::string& name, const std::string& damage, const std::string& needle,
+                 const std::string& model = kModel) {
+    SCOPED_TRACE(name);
+    const std::string dir = tmp_ / name;
+    Sh("cp -r " + good + " " + dir);
+    auto [dc, dout] = Sh("F=" + dir + "/iter_0000100/mp_rank_01_001/model_optim_rng.pt; " + damage);
+    ASSERT_EQ(dc, 0) << dout;
+    auto [code, out] = Ptcfs("import --format megatron " + model + " " + dir + " " + tmp_ / "store");
+    EXPECT_NE(code, 0);
+    EXPECT_NE(out.find(needle), std::string::npos) << out;
+    EXPECT_TRUE(testing::Snapshot(tmp_ / "store") == before) << "the store changed";
+  };
+  bad("truncated", "truncate -s 3000 $F", "truncated/iter_0000100/mp_rank_01_001/model_optim_rng.pt");
+  bad("crc", "/usr/bin/python3 -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, \"rb\").read()); "
+             "b[len(b) // 2] ^= 0xff; open(p, \"wb\").write(b)' $F",
+      "bad CRC-32 in member 'model_optim_rng/data/");
+  bad("global", "/usr/bin/python3 -c 'import os, sys, torch; p = sys.argv[1]; d = torch.load(p); "
+                "d[\"hook\"] = os.system; torch.save(d, p)' $F",
+      "unknown global 'posix.system'");
+  bad("missing", "rm -r $(dirname $F)", "missing/iter_0000100/mp_rank_01_001: missing");
+  bad("shape", "true", "shape [64, 32], the schema and config say [64, 64]",
+      "--schema megatron-gpt --dims layers=4,hidden=64,heads=4,vocab=128,seq=16");
+  bad("latest", "echo -n latest > $(dirname $(dirname $(dirname $F)))/latest_checkpointed_iteration.txt",
+      "'latest' is not an iteration number");
+}
+
+}  // namespace
+}  // namespace ptc
