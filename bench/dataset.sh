@@ -10,6 +10,10 @@
 #    default 10^7, of 1-16 tokens), and MB/s of samples.bin against reading the
 #    source .bin, for those short samples and for PTCFS_BENCH_LONG_SAMPLES
 #    (default 10^5) samples of 512-4096 tokens. Median of 5 runs each.
+# 3. The same files through a real mount (needs /dev/fuse and root): `cat` of
+#    data/rank-00000/ids.txt and samples.bin on a fresh mount (first read) and
+#    again (page cache), against `cat` of the source .bin; interleaved, after
+#    `sync; sleep 8`, median of 5.
 #
 # Needs the bench target: add_subdirectory(bench) in the top-level CMakeLists.txt
 # (or ORDER_BENCH=/path/to/dataset_order_bench in the environment).
@@ -86,6 +90,49 @@ VIEW_TABLE=$(
     "$L_BYTES" "$T_LSRC"
 )
 
+echo "the same files through a mount..." >&2
+# A tiny model: the mount serves a model store; the dataset is what is measured.
+MODEL="--schema megatron-gpt --dims layers=2,hidden=32,heads=4,vocab=128,seq=16 --config tp=1,pp=1"
+mount_store() {  # DATASET_PREFIX STORE
+  "$PTCFS" synth $MODEL "$2-ck" >/dev/null
+  "$PTCFS" import $MODEL "$2-ck" "$2" >/dev/null
+  "$PTCFS" data import --format megatron "$1" "$2" --global-batch 1024 --seed 1 >/dev/null
+}
+mount_store "$TMP/s" "$TMP/ms"
+mount_store "$TMP/l" "$TMP/ml"
+MNT=$TMP/mnt
+mkdir -p "$MNT"
+trap 'fusermount3 -u "$MNT" 2>/dev/null || true; rm -rf "$TMP"' EXIT
+timed() { local t0; t0=$(now); "$@" >/dev/null; awk -v a="$t0" -v b="$(now)" 'BEGIN {print b - a}'; }
+declare -A M
+for store in ms ml; do
+  first=(); again=(); src=()
+  file=ids.txt; [ "$store" = ml ] && file=samples.bin
+  for _ in 1 2 3 4 5; do
+    "$PTCFS" mount "$TMP/$store" "$MNT"
+    sync; sleep 8
+    first+=("$(timed cat "$MNT/data/rank-00000/$file")")
+    again+=("$(timed cat "$MNT/data/rank-00000/$file")")
+    fusermount3 -u "$MNT"
+    sync; sleep 8
+    src+=("$(timed cat "$TMP/${store#m}.bin")")
+  done
+  M[$store-first]=$(printf '%s\n' "${first[@]}" | median)
+  M[$store-again]=$(printf '%s\n' "${again[@]}" | median)
+  M[$store-src]=$(printf '%s\n' "${src[@]}" | median)
+done
+MIDS_BYTES=$IDS_BYTES
+MOUNT_TABLE=$(
+  echo '| file through the mount | first read | again (page cache) | source .bin via `cat` | first / source | again / source |'
+  echo '|---|---|---|---|---|---|'
+  awk -v n="$SAMPLES" -v b="$MIDS_BYTES" -v f="${M[ms-first]}" -v a="${M[ms-again]}" -v sb="$S_BYTES" -v s="${M[ms-src]}" 'BEGIN {
+    printf "| ids.txt, dp=1 (%d ids) | %.1f M ids/s, %.0f MB/s | %.1f M ids/s, %.0f MB/s | %.0f MB/s | %.2f (bytes) | %.2f (bytes) |\n",
+      n, n / f / 1e6, b / f / 1e6, n / a / 1e6, b / a / 1e6, sb / s / 1e6, (b / f) / (sb / s), (b / a) / (sb / s) }'
+  awk -v b="$L_BYTES" -v f="${M[ml-first]}" -v a="${M[ml-again]}" -v s="${M[ml-src]}" 'BEGIN {
+    printf "| samples.bin, dp=1 (%s samples of 512-4096 tokens) | %.0f MB/s | %.0f MB/s | %.0f MB/s | %.2f | %.2f |\n",
+      "'"$LONG_SAMPLES"'", b / f / 1e6, b / a / 1e6, b / s / 1e6, (b / f) / (b / s), (b / a) / (b / s) }'
+)
+
 SECTION=$(cat <<EOF
 <!-- dataset:begin -->
 ## Dataset order and views
@@ -104,6 +151,13 @@ fingerprint (hashing the .idx). samples.bin reads each sample with its own pread
 order, page cache warm: short samples are its worst case.
 
 $VIEW_TABLE
+
+Through a real mount (\`ptcfs mount\`, files under \`data/rank-00000/\`): \`cat\` of the whole file on a
+fresh mount ("first read": rendered by the daemon) and once more ("again": the kernel's page
+cache), against \`cat\` of the source .bin (page cache warm); \`sync; sleep 8\` before each, median of
+5. samples.bin is in permuted order, so its first read is one pread per sample from the source.
+
+$MOUNT_TABLE
 <!-- dataset:end -->
 EOF
 )
