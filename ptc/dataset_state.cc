@@ -4,6 +4,7 @@
 
 #include "ptc/checksum.h"
 #include "ptc/dataset_order.h"
+#include "ptc/json_fields.h"
 #include "ptc/manifest.h"
 
 namespace ptc {
@@ -13,42 +14,7 @@ using json = nlohmann::json;
 
 std::string U(uint64_t v) { return std::to_string(v); }
 
-// Parsed text gives unsigned numbers; a json built in code may hold signed ones.
-bool IsCount(const json& v) { return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0); }
-
-// Typed access to one JSON object's members; errors name the field.
-class Fields {
- public:
-  Fields(const json& obj, std::string where) : obj_(obj), where_(std::move(where)) {}
-  Status Error(std::string_view key, std::string_view what) const {
-    return CorruptionError(where_ + ": \"" + std::string(key) + "\" " + std::string(what));
-  }
-  const json* Find(std::string_view key) const {
-    auto it = obj_.find(key);
-    return it == obj_.end() ? nullptr : &*it;
-  }
-  Result<const json*> Get(std::string_view key) const {
-    const json* v = Find(key);
-    if (v == nullptr) return Error(key, "is missing");
-    return v;
-  }
-  Result<std::string> String(std::string_view key) const {
-    PTC_ASSIGN_OR_RETURN(const json* v, Get(key));
-    if (!v->is_string()) return Error(key, "must be a string");
-    return v->get<std::string>();
-  }
-  Result<uint64_t> Unsigned(std::string_view key) const {
-    PTC_ASSIGN_OR_RETURN(const json* v, Get(key));
-    if (!IsCount(*v)) return Error(key, "must be a non-negative integer");
-    return v->get<uint64_t>();
-  }
-
- private:
-  const json& obj_;
-  std::string where_;
-};
-
-Result<std::vector<DatasetFile>> DecodeFiles(const Fields& f, const std::string& where, DatasetFormat format) {
+Result<std::vector<DatasetFile>> DecodeFiles(const JsonFields& f, const std::string& where, DatasetFormat format) {
   PTC_ASSIGN_OR_RETURN(const json* files, f.Get("files"));
   const size_t want = format == DatasetFormat::kMegatron ? 2 : 1;
   if (!files->is_array() || files->size() != want) {
@@ -58,7 +24,7 @@ Result<std::vector<DatasetFile>> DecodeFiles(const Fields& f, const std::string&
   for (size_t i = 0; i < files->size(); ++i) {
     const json& e = (*files)[i];
     if (!e.is_object()) return f.Error("files", "entry " + U(i) + " must be an object");
-    Fields g(e, where + ": files[" + U(i) + "]");
+    JsonFields g(e, where + ": files[" + U(i) + "]");
     DatasetFile file;
     PTC_ASSIGN_OR_RETURN(file.path, g.String("path"));
     if (file.path.empty()) return g.Error("path", "must not be empty");
@@ -68,13 +34,13 @@ Result<std::vector<DatasetFile>> DecodeFiles(const Fields& f, const std::string&
   return out;
 }
 
-Result<std::vector<uint64_t>> DecodeBuckets(const Fields& f) {
+Result<std::vector<uint64_t>> DecodeBuckets(const JsonFields& f) {
   std::vector<uint64_t> out;
   const json* b = f.Find("length_buckets");
   if (b == nullptr) return out;
   if (!b->is_array()) return f.Error("length_buckets", "must be an array of positive integers");
   for (const json& e : *b) {
-    if (!IsCount(e)) return f.Error("length_buckets", "must be an array of positive integers");
+    if (!IsNonNegativeInteger(e)) return f.Error("length_buckets", "must be an array of positive integers");
     out.push_back(e.get<uint64_t>());
   }
   Status s = CheckLengthBounds(out);
@@ -82,7 +48,7 @@ Result<std::vector<uint64_t>> DecodeBuckets(const Fields& f) {
   return out;
 }
 
-Status DecodeSource(const Fields& f, DatasetState& s) {
+Status DecodeSource(const JsonFields& f, DatasetState& s) {
   PTC_ASSIGN_OR_RETURN(std::string format, f.String("format"));
   Result<DatasetFormat> parsed = ParseDatasetFormat(format);
   if (!parsed.ok()) return f.Error("format", "is '" + format + "', expected 'megatron' or 'jsonl'");
@@ -100,7 +66,7 @@ Status DecodeSource(const Fields& f, DatasetState& s) {
   return Status::OK();
 }
 
-Status DecodePosition(const Fields& f, DatasetState& s) {
+Status DecodePosition(const JsonFields& f, DatasetState& s) {
   PTC_ASSIGN_OR_RETURN(s.num_samples, f.Unsigned("samples"));
   if (s.num_samples == 0) return f.Error("samples", "must be at least 1");
   PTC_ASSIGN_OR_RETURN(s.global_batch, f.Unsigned("global_batch"));
@@ -137,7 +103,7 @@ json EncodeDatasetState(const DatasetState& s) {
 Result<DatasetState> DecodeDatasetState(std::string_view label, const json& j) {
   const std::string where = std::string(label) + ": dataset";
   if (!j.is_object()) return CorruptionError(where + ": must be a JSON object");
-  Fields f(j, where);
+  JsonFields f(j, where);
   DatasetState s;
   PTC_RETURN_IF_ERROR(DecodeSource(f, s));
   PTC_ASSIGN_OR_RETURN(s.files, DecodeFiles(f, where, s.format));

@@ -2,9 +2,10 @@
 // allow_exceptions=false and every access checks the type first.
 #include "ptc/manifest.h"
 
-#include <set>
+#include <unordered_map>
 
 #include "ptc/checksum.h"
+#include "ptc/json_fields.h"
 
 namespace ptc {
 namespace {
@@ -41,44 +42,6 @@ ordered_json ShardToJson(const ShardRecord& s) {
   return j;
 }
 
-// Typed access to the members of one JSON object; errors name `where`.
-class Fields {
- public:
-  Fields(const json& obj, std::string where) : obj_(obj), where_(std::move(where)) {}
-
-  Status Error(std::string_view key, std::string_view what) const {
-    return CorruptionError(where_ + ": \"" + std::string(key) + "\" " + std::string(what));
-  }
-  const json* Find(std::string_view key) const {
-    auto it = obj_.find(key);
-    return it == obj_.end() ? nullptr : &*it;
-  }
-  Result<const json*> Get(std::string_view key) const {
-    const json* v = Find(key);
-    if (v == nullptr) return Error(key, "is missing");
-    return v;
-  }
-  Result<std::string> String(std::string_view key) const {
-    PTC_ASSIGN_OR_RETURN(const json* v, Get(key));
-    if (!v->is_string()) return Error(key, "must be a string");
-    return v->get<std::string>();
-  }
-  Result<uint64_t> Unsigned(std::string_view key) const {
-    PTC_ASSIGN_OR_RETURN(const json* v, Get(key));
-    if (!v->is_number_unsigned()) return Error(key, "must be a non-negative integer");
-    return v->get<uint64_t>();
-  }
-  Result<const json*> Array(std::string_view key) const {
-    PTC_ASSIGN_OR_RETURN(const json* v, Get(key));
-    if (!v->is_array()) return Error(key, "must be an array");
-    return v;
-  }
-
- private:
-  const json& obj_;
-  std::string where_;
-};
-
 Result<std::vector<Index>> DecodeIndexList(const json& j, const std::string& where, std::string_view what) {
   if (!j.is_array()) return CorruptionError(where + ": " + std::string(what) + " must be an array of integers");
   std::vector<Index> out;
@@ -93,7 +56,7 @@ Result<std::vector<Index>> DecodeIndexList(const json& j, const std::string& whe
 
 Result<TensorRecord> DecodeTensor(const json& j, const std::string& where) {
   if (!j.is_object()) return CorruptionError(where + ": must be an object");
-  Fields f(j, where);
+  JsonFields f(j, where);
   TensorRecord t;
   PTC_ASSIGN_OR_RETURN(t.name, f.String("name"));
   if (t.name.empty()) return f.Error("name", "must not be empty");
@@ -124,11 +87,11 @@ Result<std::vector<Box>> DecodeBoxes(const json& j, const std::string& where) {
 
 Result<ShardRecord> DecodeShard(const json& j, const std::string& where) {
   if (!j.is_object()) return CorruptionError(where + ": must be an object");
-  Fields f(j, where);
+  JsonFields f(j, where);
   ShardRecord s;
   PTC_ASSIGN_OR_RETURN(s.tensor, f.String("tensor"));
   const std::string at = where + " (tensor '" + s.tensor + "')";
-  Fields g(j, at);
+  JsonFields g(j, at);
   PTC_ASSIGN_OR_RETURN(uint64_t worker, g.Unsigned("worker"));
   if (worker > 1'000'000) return g.Error("worker", "is out of range");
   s.worker = static_cast<int>(worker);
@@ -144,7 +107,7 @@ Result<ShardRecord> DecodeShard(const json& j, const std::string& where) {
   return s;
 }
 
-Status DecodeHeader(const Fields& f, GenerationManifest& m) {
+Status DecodeHeader(const JsonFields& f, GenerationManifest& m) {
   PTC_ASSIGN_OR_RETURN(std::string format, f.String("format"));
   if (format != kFormat) return f.Error("format", "is '" + format + "', expected '" + std::string(kFormat) + "'");
   PTC_ASSIGN_OR_RETURN(uint64_t version, f.Unsigned("version"));
@@ -164,22 +127,26 @@ Status DecodeHeader(const Fields& f, GenerationManifest& m) {
   return Status::OK();
 }
 
-Status DecodeBody(const Fields& f, const std::string& label, GenerationManifest& m) {
+Status DecodeBody(const JsonFields& f, const std::string& label, GenerationManifest& m) {
   PTC_ASSIGN_OR_RETURN(const json* tensors, f.Array("tensors"));
-  std::set<std::string_view> names;
   for (size_t i = 0; i < tensors->size(); ++i) {
     PTC_ASSIGN_OR_RETURN(TensorRecord t, DecodeTensor((*tensors)[i], label + ": tensor " + std::to_string(i)));
     m.tensors.push_back(std::move(t));
   }
+  std::unordered_map<std::string_view, const TensorRecord*> by_name;  // a model has thousands of shards
   for (const TensorRecord& t : m.tensors) {
-    if (!names.insert(t.name).second) return CorruptionError(label + ": tensor '" + t.name + "' is listed twice");
+    if (!by_name.emplace(t.name, &t).second) {
+      return CorruptionError(label + ": tensor '" + t.name + "' is listed twice");
+    }
   }
   PTC_ASSIGN_OR_RETURN(const json* shards, f.Array("shards"));
+  m.shards.reserve(shards->size());
   for (size_t i = 0; i < shards->size(); ++i) {
     const std::string where = label + ": shard " + std::to_string(i);
     PTC_ASSIGN_OR_RETURN(ShardRecord s, DecodeShard((*shards)[i], where));
-    const TensorRecord* t = FindTensor(m, s.tensor);
-    if (t == nullptr) return CorruptionError(where + ": unknown tensor '" + s.tensor + "'");
+    auto found = by_name.find(s.tensor);
+    if (found == by_name.end()) return CorruptionError(where + ": unknown tensor '" + s.tensor + "'");
+    const TensorRecord* t = found->second;
     Status valid = ValidateShard(s, *t);
     if (!valid.ok()) return CorruptionError(where + ": " + valid.message());
     m.shards.push_back(std::move(s));
@@ -269,7 +236,7 @@ Result<GenerationManifest> DecodeManifest(std::string_view label, std::string_vi
   json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return CorruptionError(where + ": not valid JSON");
   if (!j.is_object()) return CorruptionError(where + ": must be a JSON object");
-  Fields f(j, where);
+  JsonFields f(j, where);
   GenerationManifest m;
   PTC_RETURN_IF_ERROR(DecodeHeader(f, m));
   PTC_RETURN_IF_ERROR(DecodeBody(f, where, m));

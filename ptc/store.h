@@ -112,14 +112,15 @@ class ShardSink {
   ~ShardSink();
   // \error InvalidArgument when more than nbytes would be written; IOError from the Env.
   Status Append(const void* data, size_t n);
-  // Checks that exactly nbytes were written, closes the file (made durable by Commit), and
-  // returns the record (to pass to GenerationWriter::AddShard).
+  // Checks that exactly nbytes were written, closes the file (made durable by Commit; its
+  // writeback starts now), and returns the record (to pass to GenerationWriter::AddShard).
   // \error FailedPrecondition when fewer bytes were written or Finish was called before.
   Result<ShardRecord> Finish();
 
  private:
   friend class GenerationWriter;
-  ShardSink(ShardRecord record, std::unique_ptr<WritableFile> file);
+  ShardSink(std::string abs_path, ShardRecord record, std::unique_ptr<WritableFile> file);
+  std::string abs_path_;
   ShardRecord record_;  // offset/nbytes/file set; checksum on Finish
   std::unique_ptr<WritableFile> file_;
   Xxh64Stream hash_;
@@ -196,7 +197,7 @@ class GenerationWriter {
   GenerationWriter(Store* store, uint64_t generation);
   Result<std::string> PrepareShardFile(const std::string& tensor, DType dtype, const std::vector<Box>& boxes,
                                        int worker, ShardRecord& record);
-  Status WriteGeneration(const GenerationManifest& m);
+  Status WriteGeneration(std::string_view manifest_text);
   Status SwitchRoot();
 
   Store* const store_;
@@ -215,6 +216,51 @@ class GenerationWriter {
 // \error NotFound / IOError / Corruption from the Env (a short file), naming the file.
 Status ReadShardBytes(Env* env, const Store& store, const ShardRecord& shard, uint64_t offset_in_shard, size_t n,
                       void* dst);
+
+// Reads one shard's bytes front to back and hashes them on the way, so that a
+// caller that consumes a whole shard in order (the transform executor) checks
+// its checksum without reading it a second time. Used by one thread at a time.
+class VerifyingShardReader {
+ public:
+  // `shard` must outlive the reader.
+  // \error NotFound / IOError from the Env.
+  static Result<std::unique_ptr<VerifyingShardReader>> Open(Env* env, const Store& store, const ShardRecord& shard);
+  ~VerifyingShardReader();
+
+  const ShardRecord& shard() const { return shard_; }
+  // Bytes of the shard read so far.
+  uint64_t position() const { return pos_; }
+
+  // Reads the next n bytes of the shard into dst.
+  // \error InvalidArgument when that goes past the shard's end.
+  // \error Corruption naming the tensor, its boxes and the file when the file is short;
+  //        IOError from the Env.
+  Status Read(size_t n, void* dst);
+  // The next n bytes of the shard, hashed as Read does, without copying them
+  // where possible: a pointer into a read-only mapping of the file (a window of
+  // a few MiB) when the Env's file has a descriptor, else `scratch` (at least n
+  // bytes) filled by Read. Valid until the next call or the reader's end. A
+  // mapped file that another process truncates meanwhile raises SIGBUS: shard
+  // files are immutable.
+  // \error as Read.
+  Result<const char*> Next(size_t n, char* scratch);
+  // Compares the checksum of everything read with the manifest's.
+  // \error Corruption naming the tensor, its boxes and the file when it differs,
+  //        or when fewer than shard().nbytes bytes were read.
+  Status Finish() const;
+
+ private:
+  VerifyingShardReader(const ShardRecord& shard, std::unique_ptr<RandomAccessFile> file);
+  bool MapWindow(size_t n);
+  const ShardRecord& shard_;
+  std::unique_ptr<RandomAccessFile> file_;
+  Xxh64Stream hash_;
+  uint64_t pos_ = 0;
+  bool mappable_;                 // fd, large enough, file not short
+  char* map_ = nullptr;           // mapping of file bytes [map_begin_, map_begin_ + map_len_)
+  uint64_t map_begin_ = 0;
+  size_t map_len_ = 0;
+};
 
 // Streams the shard's bytes in 4 MiB chunks and compares their xxh64.
 // \error Corruption naming the tensor, its boxes and the file when the checksum differs

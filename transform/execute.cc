@@ -1,10 +1,12 @@
 #include "transform/execute.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "ptc/model_spec.h"
 #include "ptc/store_reader.h"
 #include "transform/parallel.h"
+#include "transform/stream.h"
 
 namespace ptc {
 namespace {
@@ -24,24 +26,20 @@ std::string MissingText(const Plan& plan) {
   return s;
 }
 
+// The general path, for targets whose group StreamGroup cannot sweep (boxes
+// not in row order): each target assembled chunk by chunk through a
+// GenerationReader, which verifies a source shard (a separate read of the
+// whole shard) before its first use.
 class Executor {
  public:
-  Executor(GenerationWriter* writer, const GenerationReader& reader, const Plan& plan, const ExecuteOptions& options)
-      : writer_(writer), reader_(reader), plan_(plan), options_(options), first_copy_(plan.targets.size() + 1) {
-    // Copies are grouped by target: first_copy_[t] .. first_copy_[t+1].
-    size_t c = 0;
-    for (size_t t = 0; t < plan.targets.size(); ++t) {
-      first_copy_[t] = c;
-      while (c < plan.copies.size() && plan.copies[c].target == t) ++c;
-    }
-    first_copy_[plan.targets.size()] = c;
-  }
+  Executor(GenerationWriter* writer, const GenerationReader& reader, const Plan& plan,
+           const std::vector<size_t>& first_copy, const ExecuteOptions& options)
+      : writer_(writer), reader_(reader), plan_(plan), options_(options), first_copy_(first_copy) {}
 
-  Status WriteTarget(size_t t) {
+  Status WriteTarget(size_t t, internal::Scratch* scratch) {
     const TargetShard& target = plan_.targets[t];
     PTC_ASSIGN_OR_RETURN(auto sink, writer_->NewShard(target.key.tensor, target.dtype, target.key.boxes, target.worker));
     const size_t elem = DTypeSize(target.dtype);
-    std::vector<unsigned char> buf;
     for (const Box& box : target.key.boxes) {
       const Index rows = box.rank() ? box.end[0] - box.begin[0] : 1;
       const uint64_t row_bytes = rows ? box.volume() * elem / rows : 0;
@@ -49,10 +47,11 @@ class Executor {
       for (Index r = 0; r < rows; r += step) {
         Box chunk = box;
         if (box.rank()) chunk.begin[0] = box.begin[0] + r, chunk.end[0] = box.begin[0] + std::min(rows, r + step);
-        buf.assign(chunk.volume() * elem, 0);
-        PTC_RETURN_IF_ERROR(FillChunk(t, chunk, buf.data()));
-        PTC_RETURN_IF_ERROR(sink->Append(buf.data(), buf.size()));
-        if (options_.progress) options_.progress(buf.size());
+        const size_t n = chunk.volume() * elem;
+        char* buf = scratch->Get(n);
+        PTC_RETURN_IF_ERROR(FillChunk(t, chunk, buf));
+        PTC_RETURN_IF_ERROR(sink->Append(buf, n));
+        if (options_.progress) options_.progress(n);
       }
     }
     PTC_ASSIGN_OR_RETURN(ShardRecord record, sink->Finish());
@@ -76,8 +75,30 @@ class Executor {
   const GenerationReader& reader_;
   const Plan& plan_;
   const ExecuteOptions& options_;
-  std::vector<size_t> first_copy_;
+  const std::vector<size_t>& first_copy_;
 };
+
+// A unit of work for one thread: a streamable group, or one target of a group
+// that is not.
+struct Task {
+  size_t group;
+  std::optional<size_t> target;
+  uint64_t bytes;
+};
+
+std::vector<Task> Tasks(const std::vector<internal::CopyGroup>& groups, const Plan& plan, bool sweep) {
+  std::vector<Task> tasks;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (sweep && groups[g].streamable) {
+      tasks.push_back({g, std::nullopt, groups[g].bytes});
+      continue;
+    }
+    for (size_t t : groups[g].targets) tasks.push_back({g, t, plan.targets[t].nbytes});
+  }
+  // Largest first: the threads finish together.
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.bytes > b.bytes; });
+  return tasks;
+}
 
 }  // namespace
 
@@ -110,9 +131,17 @@ Result<ExecuteResult> ExecutePlan(Store& store, std::shared_ptr<const Generation
     writer->AddShard(std::move(record));
     result.shards_referenced++;
   }
-  Executor executor(writer.get(), reader, plan, options);
-  PTC_RETURN_IF_ERROR(ParallelFor(to_write.size(), options.threads,
-                                  [&](size_t i) { return executor.WriteTarget(to_write[i]); }));
+  const std::vector<size_t> first_copy = internal::FirstCopies(plan);
+  const std::vector<internal::CopyGroup> groups = internal::GroupTargets(plan, first_copy, to_write, *source);
+  const std::vector<Task> tasks = Tasks(groups, plan, options.sweep);
+  Executor executor(writer.get(), reader, plan, first_copy, options);
+  std::vector<internal::Scratch> scratch(std::max(1, options.threads));
+  PTC_RETURN_IF_ERROR(ParallelFor(tasks.size(), options.threads, [&](size_t i, int thread) -> Status {
+    const Task& task = tasks[i];
+    if (task.target) return executor.WriteTarget(*task.target, &scratch[thread]);
+    return internal::StreamGroup(groups[task.group], plan, first_copy, store, *source, writer.get(), options,
+                                 &scratch[thread]);
+  }));
   result.shards_written = to_write.size();
   GenerationManifest meta;
   meta.extra = source->extra;

@@ -3,15 +3,19 @@
 //
 // - Kept target shards, and shards identical to a source on another worker
 //   (a shared store can read those files), are referenced: no bytes written.
-// - Every other target shard is assembled in bounded chunks (rows of its
-//   boxes, at most chunk_bytes each) from the plan's copies, read straight
-//   from the source shard files at their offsets, and streamed into the new
-//   HDF5 shard file; its checksum is computed on the way. Source checksums
-//   are verified on first use. Target shards are written in parallel.
+// - Every other target shard is written in bounded chunks, in parallel over
+//   groups of shards (stream.h): where the shards of a group store their boxes
+//   in row order (every layout of the built-in schemas), one sweep over rows reads
+//   each source shard whole and in order, checks its checksum from those same
+//   bytes (no second read) and appends the target rows assembled from them,
+//   hashing the new shard on the way. Otherwise each target is assembled from
+//   the plan's copies, read at their offsets, after a separate verification
+//   of each source shard on first use.
 // - Commit uses the store's atomic protocol: on any failure the previous
 //   generation stays current and the partial one is removed.
 //
-// Peak memory: threads * chunk_bytes plus the plan; independent of model size.
+// Peak memory: threads * chunk_bytes (or one row of every shard of a group when
+// that is more) plus the plan; independent of model size.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +32,8 @@ struct ExecuteOptions {
   int threads = 2;
   uint64_t chunk_bytes = 1ull << 20;  // 8 MiB buffers fall out of cache: measured 1.6x slower
   ProgressFn progress;  // bytes written
+  // false: every target through the general path (tests compare the two).
+  bool sweep = true;
   // Entries set in the new manifest's `extra` over the source's (e.g. "dataset":
   // a new data position committed with the new layout).
   nlohmann::json extra = nlohmann::json::object();

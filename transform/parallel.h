@@ -12,14 +12,16 @@
 
 namespace ptc {
 
-inline Status ParallelFor(size_t n, int threads, const std::function<Status(size_t)>& fn) {
+// As below, and fn also gets the index in [0, threads) of the thread that runs
+// it, so that a caller can keep one scratch buffer per thread.
+inline Status ParallelFor(size_t n, int threads, const std::function<Status(size_t i, int thread)>& fn) {
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   std::mutex mu;
   Status first;  // GUARDED_BY(mu)
-  auto work = [&] {
+  auto work = [&](int thread) {
     for (size_t i; !failed && (i = next++) < n;) {
-      Status s = fn(i);
+      Status s = fn(i, thread);
       if (!s.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         if (first.ok()) first = s;
@@ -28,10 +30,14 @@ inline Status ParallelFor(size_t n, int threads, const std::function<Status(size
     }
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < threads && static_cast<size_t>(t) < n; ++t) pool.emplace_back(work);
-  work();
+  for (int t = 1; t < threads && static_cast<size_t>(t) < n; ++t) pool.emplace_back(work, t);
+  work(0);
   for (std::thread& t : pool) t.join();
   return first;
+}
+
+inline Status ParallelFor(size_t n, int threads, const std::function<Status(size_t)>& fn) {
+  return ParallelFor(n, threads, [&](size_t i, int) { return fn(i); });
 }
 
 }  // namespace ptc
