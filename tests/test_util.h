@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -15,6 +16,7 @@
 #include <utility>
 
 #include "ptc/config.h"
+#include "ptc/env.h"
 #include "ptc/view.h"
 
 namespace ptc::testing {
@@ -90,6 +92,23 @@ inline std::string RunMegatronViewReader(const std::string& source_prefix, const
   return Sh("/usr/bin/python3 " + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/read_megatron_view.py " +
             source_prefix + " " + view_dir).second;
 }
+
+// A RandomAccessFile over bytes in memory (parsers' tests read from it).
+class StringFile final : public RandomAccessFile {
+ public:
+  StringFile(std::string data, std::string path) : data_(std::move(data)), path_(std::move(path)) {}
+  Status Read(uint64_t offset, size_t n, void* dst) const override {
+    if (offset > data_.size() || n > data_.size() - offset) return CorruptionError(path_ + ": read past the end");
+    std::memcpy(dst, data_.data() + offset, n);
+    return Status::OK();
+  }
+  uint64_t Size() const override { return data_.size(); }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string data_;
+  std::string path_;
+};
 
 // Divisors of n up to `max`.
 inline std::vector<int> Divisors(int64_t n, int max) {

@@ -23,21 +23,7 @@ using pickle::Value;
 const std::string kPython = "/usr/bin/python3";
 const std::string kClient = kPython + " " + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/torch_roundtrip.py";
 
-class StringFile final : public RandomAccessFile {
- public:
-  StringFile(std::string data, std::string path) : data_(std::move(data)), path_(std::move(path)) {}
-  Status Read(uint64_t offset, size_t n, void* dst) const override {
-    if (offset > data_.size() || n > data_.size() - offset) return CorruptionError(path_ + ": read past the end");
-    std::memcpy(dst, data_.data() + offset, n);
-    return Status::OK();
-  }
-  uint64_t Size() const override { return data_.size(); }
-  const std::string& path() const override { return path_; }
-
- private:
-  std::string data_;
-  std::string path_;
-};
+using ::ptc::testing::StringFile;
 
 void ExpectError(const Status& s, std::initializer_list<std::string> parts) {
   ASSERT_FALSE(s.ok()) << "accepted, expected an error mentioning " << *parts.begin();

@@ -20,22 +20,7 @@ using ::ptc::testing::TestSeed;
 
 const std::string kPython = "/usr/bin/python3";
 
-// A RandomAccessFile over a string.
-class StringFile final : public RandomAccessFile {
- public:
-  StringFile(std::string data, std::string path = "test.zip") : data_(std::move(data)), path_(std::move(path)) {}
-  Status Read(uint64_t offset, size_t n, void* dst) const override {
-    if (offset > data_.size() || n > data_.size() - offset) return CorruptionError(path_ + ": read past the end");
-    std::memcpy(dst, data_.data() + offset, n);
-    return Status::OK();
-  }
-  uint64_t Size() const override { return data_.size(); }
-  const std::string& path() const override { return path_; }
-
- private:
-  std::string data_;
-  std::string path_;
-};
+using ::ptc::testing::StringFile;
 
 std::string RandomBytes(std::mt19937_64& rng, size_t n) {
   std::string s(n, '\0');
