@@ -155,7 +155,8 @@ Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOp
     const RankCoords c = config.CoordsOf(rank);
     return RankFile(tree, c.tp, c.pp);
   };
-  auto verified = std::make_shared<std::set<std::string>>();  // CRCs checked once per file
+  // CRCs are checked once per file; the first rank's were checked above.
+  auto verified = std::make_shared<std::set<std::string>>(std::set<std::string>{first});
   source.open_rank = [env, tree, spec = source.spec, config = source.config,
                       verified](const RankView& view) -> Result<std::unique_ptr<RankCheckpoint>> {
     const std::string path = RankFile(tree, view.coords.tp, view.coords.pp);
