@@ -403,15 +403,15 @@ ptc::Result<ReadReply> Filesystem::Read(uint64_t fh, uint64_t offset, size_t siz
     return reply;
   }
   const Snapshot& snap = *h->node->snap;
-  auto check = [&](const ptc::ShardRecord& shard) { return snap.Check(shard); };
+  auto check = [&](const ptc::ShardRecord& shard, uint64_t at, uint64_t n) { return snap.Check(shard, at, n); };
   VirtualFile::FdRange range = h->file->SingleShardRange(offset, size);
   if (range.fd >= 0) {
-    if (ptc::Status s = check(*range.shard); !s.ok()) {
+    reply.fd_length = static_cast<size_t>(std::min<uint64_t>(size, h->file->size() - offset));
+    if (ptc::Status s = check(*range.shard, range.position - range.shard->offset, reply.fd_length); !s.ok()) {
       controller_->RecordError(s.message());
       return s;
     }
     reply.fd_range = range;
-    reply.fd_length = static_cast<size_t>(std::min<uint64_t>(size, h->file->size() - offset));
     return reply;
   }
   reply.bytes.resize(size);

@@ -85,7 +85,7 @@ ptc::Result<std::unique_ptr<VirtualFile>> Filesystem::RenderMegatron(const Snaps
     if (auto it = megatron_crcs_.find(key); it != megatron_crcs_.end()) crcs = it->second;
   }
   if (crcs.empty() && !plan.state.storages.empty()) {
-    auto check = [&](const ptc::ShardRecord& shard) { return snap.Check(shard); };
+    auto check = [&](const ptc::ShardRecord& shard, uint64_t at, uint64_t n) { return snap.Check(shard, at, n); };
     PTC_ASSIGN_OR_RETURN(crcs, StorageCrcs(snap.reader(), plan, worker, check));
     std::lock_guard<std::mutex> lock(mu_);
     megatron_crcs_[key] = crcs;

@@ -148,7 +148,7 @@ ptc::Status ExportMegatron(ptc::Env* env, const ptc::Store& store,
       if (!tensors[storage]) {
         PTC_ASSIGN_OR_RETURN(tensors[storage], TensorFile(reader, *s.tensor, -1));
       }
-      PTC_ASSIGN_OR_RETURN(size_t got, tensors[storage]->Read(offset, n, dst, [](const ptc::ShardRecord&) {
+      PTC_ASSIGN_OR_RETURN(size_t got, tensors[storage]->Read(offset, n, dst, [](const ptc::ShardRecord&, uint64_t, uint64_t) {
         return ptc::Status::OK();  // the reader verifies each shard when it opens it
       }));
       if (got != n) return ptc::InternalError(path + ": short tensor read");

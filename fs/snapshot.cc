@@ -1,5 +1,7 @@
 #include "fs/snapshot.h"
 
+#include <algorithm>
+
 namespace ptcfs {
 
 Snapshot::Snapshot(const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation,
@@ -62,15 +64,29 @@ ptc::Result<std::shared_ptr<const ptc::RankDataView>> Snapshot::DataView(int dp_
   return data_views_.emplace(key, std::move(view)).first->second;
 }
 
-ptc::Status ShardChecks::Check(const ptc::Store& store, const ptc::ShardRecord& shard) {
+ptc::Status ShardChecks::Check(const ptc::Store& store, const ptc::ShardRecord& shard, uint64_t offset, uint64_t n) {
+  if (n == 0 || offset >= shard.nbytes) return ptc::Status::OK();
+  n = std::min(n, shard.nbytes - offset);
+  const size_t first = ptc::BlockOf(shard, offset), last = ptc::BlockOf(shard, offset + n - 1);
   Key key{shard.file, shard.offset, shard.nbytes, shard.checksum};
+  size_t lo = last + 1, hi = first;  // the blocks not yet verified lie in [lo, hi]
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = checked_.find(key); it != checked_.end()) return it->second;
+    Entry& e = shards_[key];
+    if (!e.failure.ok()) return e.failure;
+    if (e.verified.empty()) e.verified.resize(ptc::BlockCount(shard));
+    for (size_t b = first; b <= last; ++b) {
+      if (!e.verified[b]) lo = std::min(lo, b), hi = std::max(hi, b);
+    }
   }
-  ptc::Status s = ptc::VerifyShard(store.env(), store, shard);
+  if (lo > hi) return ptc::Status::OK();
+  const uint64_t begin = ptc::BlockBegin(shard, lo);
+  ptc::Status s = ptc::VerifyShardRange(store.env(), store, shard, begin, ptc::BlockEnd(shard, hi) - begin);
   std::lock_guard<std::mutex> lock(mu_);
-  return checked_.emplace(std::move(key), s).first->second;
+  Entry& e = shards_[key];
+  if (!s.ok()) return e.failure = s;
+  for (size_t b = lo; b <= hi; ++b) e.verified[b] = true;
+  return s;
 }
 
 }  // namespace ptcfs

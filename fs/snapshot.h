@@ -27,19 +27,26 @@
 
 namespace ptcfs {
 
-// Which shard files were verified against their checksums, for the whole
-// mount: a shard (file, offset, size, checksum) is read whole once, whatever
-// snapshot serves it. Failures are kept too, so a corrupt shard keeps failing.
-// Thread safety: internally locked; a shard may be verified twice when two
+// Which checksum blocks of which shards were verified, for the whole mount: a
+// block of a shard (file, offset, size, checksum) is read once, whatever
+// snapshot serves it, and only when a read first needs its bytes. A failure
+// is kept for the shard, so a corrupt shard keeps failing.
+// Thread safety: internally locked; a block may be verified twice when two
 // threads first need it at once.
 class ShardChecks {
  public:
-  ptc::Status Check(const ptc::Store& store, const ptc::ShardRecord& shard);
+  // Verifies the blocks holding bytes [offset, offset + n) of the shard that were not yet.
+  // \error as ptc::VerifyShardRange, or the shard's earlier failure.
+  ptc::Status Check(const ptc::Store& store, const ptc::ShardRecord& shard, uint64_t offset, uint64_t n);
 
  private:
   using Key = std::tuple<std::string, uint64_t, uint64_t, uint64_t>;
+  struct Entry {
+    std::vector<bool> verified;  // per block
+    ptc::Status failure;
+  };
   std::mutex mu_;
-  std::map<Key, ptc::Status> checked_;  // GUARDED_BY(mu_)
+  std::map<Key, Entry> shards_;  // GUARDED_BY(mu_)
 };
 
 class Snapshot {
@@ -72,8 +79,10 @@ class Snapshot {
   // \error as RankSamplesFor.
   ptc::Result<std::shared_ptr<const ptc::RankDataView>> DataView(int dp_rank, std::optional<size_t> group) const;
 
-  // The shard's checksum, verified once per mount (ShardChecks).
-  ptc::Status Check(const ptc::ShardRecord& shard) const { return checks_->Check(store_, shard); }
+  // The checksums of the shard's blocks that hold [offset, offset + n), verified once per mount (ShardChecks).
+  ptc::Status Check(const ptc::ShardRecord& shard, uint64_t offset, uint64_t n) const {
+    return checks_->Check(store_, shard, offset, n);
+  }
 
  private:
   Snapshot(const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation,

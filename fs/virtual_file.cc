@@ -77,7 +77,7 @@ ptc::Result<size_t> VirtualFile::Read(uint64_t offset, size_t n, void* dst, cons
       case Extent::kLiteral: std::memcpy(out + done, literal_.data() + e->literal + skip, take); break;
       case Extent::kZero: std::memset(out + done, 0, take); break;
       case Extent::kShard:
-        PTC_RETURN_IF_ERROR(check(*e->shard));
+        PTC_RETURN_IF_ERROR(check(*e->shard, e->file_offset + skip - e->shard->offset, take));
         PTC_RETURN_IF_ERROR(e->file->Read(e->file_offset + skip, take, out + done));
         break;
     }

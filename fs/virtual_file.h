@@ -32,8 +32,9 @@ struct Extent {
   const ptc::ShardRecord* shard = nullptr;       // kShard: the record, for checksum checks
 };
 
-// Checks a shard before its bytes are served (the checksum, once per shard).
-using ShardCheck = std::function<ptc::Status(const ptc::ShardRecord&)>;
+// Checks bytes [offset, offset + n) of a shard before they are served (the
+// checksums of the blocks that hold them).
+using ShardCheck = std::function<ptc::Status(const ptc::ShardRecord&, uint64_t offset, uint64_t n)>;
 
 class VirtualFile {
  public:
@@ -43,7 +44,7 @@ class VirtualFile {
   size_t extent_count() const { return extents_.size(); }
 
   // Copies [offset, offset + n) clipped to the file into dst; returns bytes
-  // copied. Every shard touched passes `check` first.
+  // copied. Every shard range touched passes `check` first.
   // \error as `check` and RandomAccessFile::Read, naming the shard file.
   ptc::Result<size_t> Read(uint64_t offset, size_t n, void* dst, const ShardCheck& check) const;
 

@@ -55,12 +55,12 @@ class Importer {
   Status ImportShard(const RankCheckpoint& ckpt, int rank, int worker, const LocalTensor& t, const ShardKey& key) {
     uint64_t checksum;
     if (stored_.count({key, worker})) {
-      Xxh64Stream hash;
+      ShardHasher hash;
       PTC_RETURN_IF_ERROR(ReadShard(ckpt, t, key, [&](const void* p, size_t n) {
         hash.Update(p, n);
         return Status::OK();
       }));
-      checksum = hash.Digest();
+      checksum = hash.Finish().checksum;
     } else {
       PTC_ASSIGN_OR_RETURN(auto sink, writer_->NewShard(key.tensor, t.dtype, key.boxes, worker));
       PTC_RETURN_IF_ERROR(ReadShard(ckpt, t, key, [&](const void* p, size_t n) { return sink->Append(p, n); }));

@@ -2,6 +2,7 @@
 // allow_exceptions=false and every access checks the type first.
 #include "ptc/manifest.h"
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "ptc/checksum.h"
@@ -39,6 +40,7 @@ ordered_json ShardToJson(const ShardRecord& s) {
   j["offset"] = s.offset;
   j["nbytes"] = s.nbytes;
   j["checksum"] = ChecksumToString(s.checksum);
+  if (!s.block_checksums.empty()) j["block_checksums"] = BlockChecksumsToString(s.block_checksums);
   return j;
 }
 
@@ -104,6 +106,21 @@ Result<ShardRecord> DecodeShard(const json& j, const std::string& where) {
   Result<uint64_t> sum = ParseChecksum(checksum);
   if (!sum.ok()) return CorruptionError(at + ": " + sum.status().message());
   s.checksum = *sum;
+  if (const json* blocks = g.Find("block_checksums")) {
+    if (!blocks->is_string()) return g.Error("block_checksums", "must be a string");
+    Result<std::vector<uint64_t>> parsed = ParseBlockChecksums(blocks->get<std::string>());
+    if (!parsed.ok()) return CorruptionError(at + ": " + parsed.status().message());
+    s.block_checksums = std::move(parsed).value();
+    const uint64_t expect = (s.nbytes + kChecksumBlockBytes - 1) / kChecksumBlockBytes;
+    if (s.nbytes <= kChecksumBlockBytes || s.block_checksums.size() != expect) {
+      return g.Error("block_checksums", "has " + std::to_string(s.block_checksums.size()) + " blocks; a shard of " +
+                                            std::to_string(s.nbytes) + " bytes has " +
+                                            (s.nbytes <= kChecksumBlockBytes ? "none" : std::to_string(expect)));
+    }
+    if (CombineBlockChecksums(s.block_checksums) != s.checksum) {
+      return g.Error("block_checksums", "do not hash to the shard checksum " + ChecksumToString(s.checksum));
+    }
+  }
   return s;
 }
 
@@ -155,6 +172,22 @@ Status DecodeBody(const JsonFields& f, const std::string& label, GenerationManif
 }
 
 }  // namespace
+
+size_t BlockCount(const ShardRecord& s) { return s.block_checksums.empty() ? 1 : s.block_checksums.size(); }
+
+size_t BlockOf(const ShardRecord& s, uint64_t offset_in_shard) {
+  return s.block_checksums.empty() ? 0 : static_cast<size_t>(offset_in_shard / kChecksumBlockBytes);
+}
+
+uint64_t BlockBegin(const ShardRecord& s, size_t i) { return s.block_checksums.empty() ? 0 : i * kChecksumBlockBytes; }
+
+uint64_t BlockEnd(const ShardRecord& s, size_t i) {
+  return s.block_checksums.empty() ? s.nbytes : std::min<uint64_t>(s.nbytes, (i + 1) * kChecksumBlockBytes);
+}
+
+uint64_t BlockChecksum(const ShardRecord& s, size_t i) {
+  return s.block_checksums.empty() ? s.checksum : s.block_checksums[i];
+}
 
 const TensorRecord* FindTensor(const GenerationManifest& m, std::string_view name) {
   for (const TensorRecord& t : m.tensors) {

@@ -36,9 +36,20 @@ struct ShardRecord {
   std::string file;         // relative to the store root; may point into an older generation
   uint64_t offset = 0;      // byte offset of the data in the file (HDF5 contiguous dataset)
   uint64_t nbytes = 0;      // sum of box volumes * dtype size
-  uint64_t checksum = 0;    // xxh64 of the nbytes
+  uint64_t checksum = 0;    // ptc/checksum.h: of the bytes, or of the block checksums
+  std::vector<uint64_t> block_checksums;  // per kChecksumBlockBytes block; empty: one block
   friend bool operator==(const ShardRecord&, const ShardRecord&) = default;
 };
+
+// A shard's checksum blocks: kChecksumBlockBytes each (the last shorter) when
+// it has block checksums, else one block of all its bytes.
+size_t BlockCount(const ShardRecord& s);
+// The block holding byte `offset_in_shard` (< nbytes).
+size_t BlockOf(const ShardRecord& s, uint64_t offset_in_shard);
+// Bytes [BlockBegin, BlockEnd) of the shard are block i.
+uint64_t BlockBegin(const ShardRecord& s, size_t i);
+uint64_t BlockEnd(const ShardRecord& s, size_t i);
+uint64_t BlockChecksum(const ShardRecord& s, size_t i);
 
 struct GenerationManifest {
   uint64_t generation = 0;
@@ -65,7 +76,8 @@ std::string EncodeManifest(const GenerationManifest& m);
 //        the format or version is not ours, a dtype name is unknown, a tensor name
 //        repeats, a shard names no tensor, a box has the wrong rank or leaves the tensor
 //        shape, nbytes != sum of box volumes * dtype size, a file path is absolute,
-//        empty or contains "..", or a checksum is malformed. The message names the
+//        empty or contains "..", a checksum is malformed, or the block checksums do not
+//        fit nbytes or the shard checksum. The message names the
 //        tensor or shard (by index and tensor) at fault.
 Result<GenerationManifest> DecodeManifest(std::string_view label, std::string_view json);
 

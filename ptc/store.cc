@@ -299,43 +299,9 @@ Result<ShardRecord> ShardSink::Finish() {
   PTC_RETURN_IF_ERROR(file_->Close());
   finished_ = true;
   StartWriteback(abs_path_);
-  record_.checksum = hash_.Digest();
-  return record_;
-}
-
-PositionalShardSink::PositionalShardSink(Env* env, std::string abs_path, ShardRecord record,
-                                         std::unique_ptr<WritableFile> file)
-    : env_(env), abs_path_(std::move(abs_path)), record_(std::move(record)), file_(std::move(file)) {}
-PositionalShardSink::~PositionalShardSink() = default;
-
-Status PositionalShardSink::PWrite(uint64_t offset_in_shard, const void* data, size_t n) {
-  if (finished_) return FailedPreconditionError(record_.file + ": write after Finish");
-  if (offset_in_shard > record_.nbytes || n > record_.nbytes - offset_in_shard) {
-    return InvalidArgumentError(record_.file + ": write of " + std::to_string(n) + " bytes at " +
-                                std::to_string(offset_in_shard) + " leaves the shard of " +
-                                std::to_string(record_.nbytes) + " bytes (tensor '" + record_.tensor + "')");
-  }
-  return file_->PWrite(record_.offset + offset_in_shard, data, n);
-}
-
-Result<ShardRecord> PositionalShardSink::Finish(std::optional<uint64_t> checksum) {
-  if (finished_) return FailedPreconditionError(record_.file + ": Finish called twice");
-  PTC_RETURN_IF_ERROR(file_->Close());  // durable at Commit (SyncFileSystem)
-  finished_ = true;
-  if (checksum) {
-    record_.checksum = *checksum;
-    return record_;
-  }
-  PTC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env_->OpenRead(abs_path_));
-  Xxh64Stream hash;
-  const size_t chunk = std::min<uint64_t>(kVerifyChunk, record_.nbytes);
-  auto buf = std::make_unique_for_overwrite<char[]>(chunk);
-  for (uint64_t pos = 0; pos < record_.nbytes; pos += chunk) {
-    const size_t n = std::min<uint64_t>(chunk, record_.nbytes - pos);
-    PTC_RETURN_IF_ERROR(file->Read(record_.offset + pos, n, buf.get()));
-    hash.Update(buf.get(), n);
-  }
-  record_.checksum = hash.Digest();
+  ShardDigest digest = hash_.Finish();
+  record_.checksum = digest.checksum;
+  record_.block_checksums = std::move(digest.blocks);
   return record_;
 }
 
@@ -384,17 +350,6 @@ Result<std::unique_ptr<ShardSink>> GenerationWriter::NewShard(const std::string&
   PTC_ASSIGN_OR_RETURN(std::string abs, PrepareShardFile(tensor, dtype, boxes, worker, record));
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store_->env()->OpenExisting(abs));
   return std::unique_ptr<ShardSink>(new ShardSink(std::move(abs), std::move(record), std::move(file)));
-}
-
-Result<std::unique_ptr<PositionalShardSink>> GenerationWriter::NewPositionalShard(const std::string& tensor,
-                                                                                  DType dtype,
-                                                                                  std::vector<Box> boxes,
-                                                                                  int worker) {
-  ShardRecord record;
-  PTC_ASSIGN_OR_RETURN(std::string abs, PrepareShardFile(tensor, dtype, boxes, worker, record));
-  PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store_->env()->OpenExisting(abs));
-  return std::unique_ptr<PositionalShardSink>(
-      new PositionalShardSink(store_->env(), abs, std::move(record), std::move(file)));
 }
 
 void GenerationWriter::AddShard(ShardRecord record) {
@@ -495,8 +450,9 @@ constexpr uint64_t kMapMin = 256 << 10;
 constexpr size_t kMapWindow = 8 << 20;
 }  // namespace
 
-VerifyingShardReader::VerifyingShardReader(const ShardRecord& shard, std::unique_ptr<RandomAccessFile> file)
-    : shard_(shard), file_(std::move(file)),
+VerifyingShardReader::VerifyingShardReader(const ShardRecord& shard, std::unique_ptr<RandomAccessFile> file,
+                                           size_t block)
+    : shard_(shard), file_(std::move(file)), block_(block), pos_(BlockBegin(shard, block)),
       mappable_(file_->fd() >= 0 && shard.nbytes >= kMapMin && file_->Size() >= shard.offset + shard.nbytes) {}
 
 VerifyingShardReader::~VerifyingShardReader() {
@@ -504,23 +460,56 @@ VerifyingShardReader::~VerifyingShardReader() {
 }
 
 Result<std::unique_ptr<VerifyingShardReader>> VerifyingShardReader::Open(Env* env, const Store& store,
-                                                                         const ShardRecord& shard) {
+                                                                         const ShardRecord& shard, size_t block) {
+  if (block >= BlockCount(shard)) {
+    return InvalidArgumentError(ShardLabel(shard) + ": no checksum block " + std::to_string(block));
+  }
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->OpenRead(store.AbsPath(shard.file)));
-  return std::unique_ptr<VerifyingShardReader>(new VerifyingShardReader(shard, std::move(file)));
+  return std::unique_ptr<VerifyingShardReader>(new VerifyingShardReader(shard, std::move(file), block));
 }
 
-Status VerifyingShardReader::Read(size_t n, void* dst) {
+Status VerifyingShardReader::CheckRange(size_t n) const {
   if (n > shard_.nbytes - pos_) {
     return InvalidArgumentError(ShardLabel(shard_) + ": read of " + std::to_string(n) + " bytes at " +
                                 std::to_string(pos_) + " leaves the shard of " + std::to_string(shard_.nbytes) +
                                 " bytes");
   }
+  return Status::OK();
+}
+
+Status VerifyingShardReader::Consume(const char* p, size_t n) {
+  while (n > 0) {
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(n, BlockEnd(shard_, block_) - pos_));
+    hash_.Update(p, take);
+    pos_ += take;
+    p += take;
+    n -= take;
+    if (pos_ == BlockEnd(shard_, block_)) PTC_RETURN_IF_ERROR(EndBlock());
+  }
+  return Status::OK();
+}
+
+Status VerifyingShardReader::EndBlock() {
+  const uint64_t got = hash_.Digest(), want = BlockChecksum(shard_, block_);
+  if (got != want) {
+    std::string where = ShardLabel(shard_) + ": checksum ";
+    if (BlockCount(shard_) > 1) {
+      where += "of block " + std::to_string(block_) + " (bytes " + std::to_string(BlockBegin(shard_, block_)) + "-" +
+               std::to_string(BlockEnd(shard_, block_)) + ") ";
+    }
+    return CorruptionError(where + ChecksumToString(got) + " != " + ChecksumToString(want) + " in the manifest");
+  }
+  hash_.Reset();
+  ++block_;
+  return Status::OK();
+}
+
+Status VerifyingShardReader::Read(size_t n, void* dst) {
+  PTC_RETURN_IF_ERROR(CheckRange(n));
   Status s = file_->Read(shard_.offset + pos_, n, dst);
   if (s.code() == Code::kCorruption) return CorruptionError(ShardLabel(shard_) + ": " + s.message());
   PTC_RETURN_IF_ERROR(s);
-  hash_.Update(dst, n);
-  pos_ += n;
-  return Status::OK();
+  return Consume(static_cast<const char*>(dst), n);
 }
 
 // Maps the window of the file that holds the next n bytes of the shard.
@@ -545,36 +534,46 @@ bool VerifyingShardReader::MapWindow(size_t n) {
 }
 
 Result<const char*> VerifyingShardReader::Next(size_t n, char* scratch) {
-  if (!mappable_ || n > shard_.nbytes - pos_ || !MapWindow(n)) {
+  PTC_RETURN_IF_ERROR(CheckRange(n));
+  if (!mappable_ || !MapWindow(n)) {
     PTC_RETURN_IF_ERROR(Read(n, scratch));
     return scratch;
   }
   const char* p = map_ + (shard_.offset + pos_ - map_begin_);
-  hash_.Update(p, n);
-  pos_ += n;
+  PTC_RETURN_IF_ERROR(Consume(p, n));
   return p;
 }
 
-Status VerifyingShardReader::Finish() const {
+Status VerifyingShardReader::Finish() {
   if (pos_ != shard_.nbytes) {
     return CorruptionError(ShardLabel(shard_) + ": checksum not verified, " + std::to_string(pos_) + " of " +
                            std::to_string(shard_.nbytes) + " bytes read");
   }
-  if (hash_.Digest() != shard_.checksum) {
-    return CorruptionError(ShardLabel(shard_) + ": checksum " + ChecksumToString(hash_.Digest()) + " != " +
-                           ChecksumToString(shard_.checksum) + " in the manifest");
-  }
+  if (shard_.nbytes == 0 && block_ == 0) return EndBlock();  // the one empty block
   return Status::OK();
 }
 
-Status VerifyShard(Env* env, const Store& store, const ShardRecord& shard) {
-  PTC_ASSIGN_OR_RETURN(std::unique_ptr<VerifyingShardReader> reader, VerifyingShardReader::Open(env, store, shard));
-  const size_t chunk = std::min<uint64_t>(kVerifyChunk, shard.nbytes);
-  auto buf = std::make_unique_for_overwrite<char[]>(chunk);
-  while (reader->position() < shard.nbytes) {
-    PTC_RETURN_IF_ERROR(reader->Next(std::min<uint64_t>(chunk, shard.nbytes - reader->position()), buf.get()).status());
+Status VerifyShardRange(Env* env, const Store& store, const ShardRecord& shard, uint64_t offset, uint64_t n) {
+  if (offset > shard.nbytes || n > shard.nbytes - offset) {
+    return InvalidArgumentError(ShardLabel(shard) + ": range of " + std::to_string(n) + " bytes at " +
+                                std::to_string(offset) + " leaves the shard of " + std::to_string(shard.nbytes) +
+                                " bytes");
   }
-  return reader->Finish();
+  if (n == 0 && shard.nbytes > 0) return Status::OK();
+  const size_t first = BlockOf(shard, offset);
+  const uint64_t end = n == 0 ? 0 : BlockEnd(shard, BlockOf(shard, offset + n - 1));
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<VerifyingShardReader> reader,
+                       VerifyingShardReader::Open(env, store, shard, first));
+  const size_t chunk = std::min<uint64_t>(kVerifyChunk, std::max<uint64_t>(end - reader->position(), 1));
+  auto buf = std::make_unique_for_overwrite<char[]>(chunk);
+  while (reader->position() < end) {
+    PTC_RETURN_IF_ERROR(reader->Next(std::min<uint64_t>(chunk, end - reader->position()), buf.get()).status());
+  }
+  return end == shard.nbytes ? reader->Finish() : Status::OK();
+}
+
+Status VerifyShard(Env* env, const Store& store, const ShardRecord& shard) {
+  return VerifyShardRange(env, store, shard, 0, shard.nbytes);
 }
 
 Status VerifyGeneration(const Store& store, const GenerationManifest& m, bool check_hdf5) {

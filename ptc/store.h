@@ -123,39 +123,13 @@ class ShardSink {
   std::string abs_path_;
   ShardRecord record_;  // offset/nbytes/file set; checksum on Finish
   std::unique_ptr<WritableFile> file_;
-  Xxh64Stream hash_;
+  ShardHasher hash_;
   uint64_t written_ = 0;
   bool finished_ = false;
 };
 
-// A new shard file written at arbitrary positions (by a parallel executor that
-// fills the shard piece by piece). Used by one thread at a time.
-class PositionalShardSink {
- public:
-  ~PositionalShardSink();
-  const ShardRecord& record() const { return record_; }
-  // Writes n bytes at `offset_in_shard`.
-  // \error InvalidArgument when the range leaves [0, nbytes); IOError from the Env.
-  Status PWrite(uint64_t offset_in_shard, const void* data, size_t n);
-  // Closes the file (made durable by Commit) and returns the record. The checksum is the
-  // caller's `checksum` when given (the caller hashed the shard in order), else
-  // it is computed by re-reading the shard's bytes from the file. Bytes never
-  // written read as zero.
-  // \error FailedPrecondition when called twice; IOError / Corruption from re-reading.
-  Result<ShardRecord> Finish(std::optional<uint64_t> checksum = std::nullopt);
-
- private:
-  friend class GenerationWriter;
-  PositionalShardSink(Env* env, std::string abs_path, ShardRecord record, std::unique_ptr<WritableFile> file);
-  Env* env_;
-  std::string abs_path_;
-  ShardRecord record_;
-  std::unique_ptr<WritableFile> file_;
-  bool finished_ = false;
-};
-
-// Builds one new generation. Thread-safe: NewShard, NewPositionalShard and
-// AddShard may be called concurrently; Commit once, after all of them.
+// Builds one new generation. Thread-safe: NewShard and AddShard may be called
+// concurrently; Commit once, after all of them.
 class GenerationWriter {
  public:
   ~GenerationWriter();  // not committed: removes the generation directory (best effort)
@@ -169,9 +143,6 @@ class GenerationWriter {
   // \error IOError (or injected) when the file cannot be created or opened.
   Result<std::unique_ptr<ShardSink>> NewShard(const std::string& tensor, DType dtype, std::vector<Box> boxes,
                                               int worker);
-  // As NewShard, for writing at arbitrary positions.
-  Result<std::unique_ptr<PositionalShardSink>> NewPositionalShard(const std::string& tensor, DType dtype,
-                                                                  std::vector<Box> boxes, int worker);
 
   // Adds a finished shard, or a shard of an older generation (its file stays where it is).
   void AddShard(ShardRecord record);
@@ -217,26 +188,29 @@ class GenerationWriter {
 Status ReadShardBytes(Env* env, const Store& store, const ShardRecord& shard, uint64_t offset_in_shard, size_t n,
                       void* dst);
 
-// Reads one shard's bytes front to back and hashes them on the way, so that a
-// caller that consumes a whole shard in order (the transform executor) checks
-// its checksum without reading it a second time. Used by one thread at a time.
+// Reads one shard's bytes front to back from the start of a checksum block
+// and checks each block as its last byte is read, so that a caller that
+// consumes a shard in order (the transform executor) checks its checksums
+// without reading it a second time. Used by one thread at a time.
 class VerifyingShardReader {
  public:
-  // `shard` must outlive the reader.
-  // \error NotFound / IOError from the Env.
-  static Result<std::unique_ptr<VerifyingShardReader>> Open(Env* env, const Store& store, const ShardRecord& shard);
+  // Starts at block `block` (manifest.h: BlockBegin). `shard` must outlive the reader.
+  // \error InvalidArgument when the shard has no such block; NotFound / IOError from the Env.
+  static Result<std::unique_ptr<VerifyingShardReader>> Open(Env* env, const Store& store, const ShardRecord& shard,
+                                                            size_t block = 0);
   ~VerifyingShardReader();
 
   const ShardRecord& shard() const { return shard_; }
-  // Bytes of the shard read so far.
+  // Offset in the shard of the next byte to read.
   uint64_t position() const { return pos_; }
 
   // Reads the next n bytes of the shard into dst.
   // \error InvalidArgument when that goes past the shard's end.
-  // \error Corruption naming the tensor, its boxes and the file when the file is short;
+  // \error Corruption naming the tensor, its boxes, the file (and the block) when a block
+  //        completed by these bytes does not match its checksum, or the file is short;
   //        IOError from the Env.
   Status Read(size_t n, void* dst);
-  // The next n bytes of the shard, hashed as Read does, without copying them
+  // The next n bytes of the shard, checked as Read does, without copying them
   // where possible: a pointer into a read-only mapping of the file (a window of
   // a few MiB) when the Env's file has a descriptor, else `scratch` (at least n
   // bytes) filled by Read. Valid until the next call or the reader's end. A
@@ -244,27 +218,36 @@ class VerifyingShardReader {
   // files are immutable.
   // \error as Read.
   Result<const char*> Next(size_t n, char* scratch);
-  // Compares the checksum of everything read with the manifest's.
-  // \error Corruption naming the tensor, its boxes and the file when it differs,
-  //        or when fewer than shard().nbytes bytes were read.
-  Status Finish() const;
+  // Checks that the whole shard was read (every block was checked on the way).
+  // \error Corruption naming the tensor, its boxes and the file when fewer than
+  //        shard().nbytes bytes were read, or the empty shard's checksum differs.
+  Status Finish();
 
  private:
-  VerifyingShardReader(const ShardRecord& shard, std::unique_ptr<RandomAccessFile> file);
+  VerifyingShardReader(const ShardRecord& shard, std::unique_ptr<RandomAccessFile> file, size_t block);
+  Status CheckRange(size_t n) const;
+  Status Consume(const char* p, size_t n);
+  Status EndBlock();
   bool MapWindow(size_t n);
   const ShardRecord& shard_;
   std::unique_ptr<RandomAccessFile> file_;
-  Xxh64Stream hash_;
-  uint64_t pos_ = 0;
+  Xxh64Stream hash_;  // of the current block
+  size_t block_;
+  uint64_t pos_;
   bool mappable_;                 // fd, large enough, file not short
   char* map_ = nullptr;           // mapping of file bytes [map_begin_, map_begin_ + map_len_)
   uint64_t map_begin_ = 0;
   size_t map_len_ = 0;
 };
 
-// Streams the shard's bytes in 4 MiB chunks and compares their xxh64.
-// \error Corruption naming the tensor, its boxes and the file when the checksum differs
-//        or the file is short; NotFound / IOError from the Env.
+// Checks the checksum blocks that hold bytes [offset, offset + n) of the shard
+// (all of them, and the shard's end, when the range is the whole shard).
+// \error InvalidArgument when the range leaves the shard.
+// \error Corruption naming the tensor, its boxes, the file and the block when a checksum
+//        differs or the file is short; NotFound / IOError from the Env.
+Status VerifyShardRange(Env* env, const Store& store, const ShardRecord& shard, uint64_t offset, uint64_t n);
+
+// VerifyShardRange over the whole shard.
 Status VerifyShard(Env* env, const Store& store, const ShardRecord& shard);
 
 // VerifyShard for every shard of `m`, and CheckH5Shard when `check_hdf5`.

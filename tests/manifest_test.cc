@@ -30,13 +30,16 @@ GenerationManifest Sample() {
   m.dims = "layers=4,hidden=64";
   m.config = "tp=2,pp=1,dp=1";
   m.tensors = {{"layers.0.w", DType::kBF16, {8, 4}}, {"mask", DType::kBool, {5}}, {"scalar", DType::kF32, {}},
-               {"f8", DType::kF8E4M3, {2, 3, 4}}};
+               {"f8", DType::kF8E4M3, {2, 3, 4}}, {"big", DType::kF32, {2 * 1048576 + 25}}};
   m.shards.push_back({"layers.0.w", {Box{{0, 0}, {4, 4}}}, 0, "gen-000003/worker-00/layers.0.w.s0.h5", 2048, 32,
                       0x0123456789abcdefULL});
   m.shards.push_back({"layers.0.w", {Box{{4, 0}, {8, 4}}}, 1, "gen-000001/worker-01/layers.0.w.s0.h5", 4096, 32, 7});
   m.shards.push_back({"mask", {Box{{0}, {2}}, Box{{3}, {5}}}, 0, "gen-000003/worker-00/mask.s0.h5", 100, 4, 0});
   m.shards.push_back({"scalar", {Box{{}, {}}}, 0, "gen-000003/worker-00/scalar.s0.h5", 100, 4, ~0ULL});
   m.shards.push_back({"f8", {Box{{0, 0, 0}, {2, 3, 4}}}, 2, "gen-000003/worker-02/f8.s0.h5", 0, 24, 1});
+  const std::vector<uint64_t> blocks = {0x1111, 0xfedcba9876543210ULL, 3};
+  m.shards.push_back({"big", {Box::Full({2 * 1048576 + 25})}, 0, "gen-000003/worker-00/big.s0.h5", 4096,
+                      4 * (2 * 1048576 + 25), CombineBlockChecksums(blocks), blocks});
   m.extra = {{"dataset", {{"epoch", 1}, {"consumed", 1000}}}};
   return m;
 }
@@ -50,6 +53,45 @@ TEST(Checksum, KnownValuesAndStreaming) {
   EXPECT_EQ(s.Digest(), Xxh64(data.data(), data.size()));
   s.Reset();
   EXPECT_EQ(s.Digest(), 0xef46db3751d8e999ULL);
+}
+
+TEST(Checksum, ShardBlocks) {
+  std::mt19937_64 rng(5);
+  for (uint64_t n : {uint64_t{0}, uint64_t{1000}, kChecksumBlockBytes, kChecksumBlockBytes + 1,
+                     2 * kChecksumBlockBytes + 12345}) {
+    std::string data(n, '\0');
+    for (char& c : data) c = static_cast<char>(rng());
+    ShardHasher h;
+    for (size_t pos = 0; pos < n;) {
+      const size_t take = std::min<size_t>(n - pos, rng() % (3 << 20) + 1);
+      h.Update(data.data() + pos, take);
+      pos += take;
+    }
+    ShardDigest d = h.Finish();
+    if (n <= kChecksumBlockBytes) {
+      EXPECT_TRUE(d.blocks.empty()) << n;
+      EXPECT_EQ(d.checksum, Xxh64(data.data(), n)) << n;
+      continue;
+    }
+    ASSERT_EQ(d.blocks.size(), (n + kChecksumBlockBytes - 1) / kChecksumBlockBytes) << n;
+    for (size_t b = 0; b < d.blocks.size(); ++b) {
+      const uint64_t at = b * kChecksumBlockBytes;
+      EXPECT_EQ(d.blocks[b], Xxh64(data.data() + at, std::min<uint64_t>(kChecksumBlockBytes, n - at))) << b;
+    }
+    std::string words;
+    for (uint64_t b : d.blocks) {
+      for (int i = 0; i < 8; ++i) words.push_back(static_cast<char>(b >> (8 * i)));
+    }
+    EXPECT_EQ(d.checksum, Xxh64(words.data(), words.size()));
+    EXPECT_EQ(d.checksum, CombineBlockChecksums(d.blocks));
+  }
+  EXPECT_EQ(BlockChecksumsToString({1, 0xfedcba9876543210ULL}), "0000000000000001fedcba9876543210");
+  EXPECT_EQ(*ParseBlockChecksums("0000000000000001FEDCBA9876543210"),
+            (std::vector<uint64_t>{1, 0xfedcba9876543210ULL}));
+  EXPECT_TRUE(ParseBlockChecksums("")->empty());
+  EXPECT_EQ(ParseBlockChecksums("00000000000000011").status().code(), Code::kInvalidArgument);
+  EXPECT_NE(ParseBlockChecksums("0000000000000001000000000000000x").status().message().find("block checksum 1"),
+            std::string::npos);
 }
 
 TEST(Checksum, StringForm) {
@@ -109,6 +151,16 @@ TEST(Manifest, ValidationMessagesNameTheFault) {
       {"absolute", [](json& j) { j["shards"][0]["file"] = "/etc/passwd"; }, "must be a relative path"},
       {"checksum", [](json& j) { j["shards"][3]["checksum"] = "xxh64:zz"; }, "shard 3 (tensor 'scalar'): bad checksum"},
       {"checksum type", [](json& j) { j["shards"][3]["checksum"] = 5; }, "\"checksum\" must be a string"},
+      {"block count", [](json& j) { j["shards"][5]["block_checksums"] = std::string(32, '0'); },
+       "shard 5 (tensor 'big'): \"block_checksums\" has 2 blocks; a shard of 8388708 bytes has 3"},
+      {"blocks of a small shard", [](json& j) { j["shards"][0]["block_checksums"] = std::string(16, '0'); },
+       "\"block_checksums\" has 1 blocks; a shard of 32 bytes has none"},
+      {"blocks vs checksum", [](json& j) { j["shards"][5]["checksum"] = "xxh64:0000000000000001"; },
+       "\"block_checksums\" do not hash to the shard checksum xxh64:0000000000000001"},
+      {"block hex", [](json& j) { j["shards"][5]["block_checksums"] = std::string(47, '0') + "g"; },
+       "shard 5 (tensor 'big'): block checksum 2"},
+      {"blocks type", [](json& j) { j["shards"][5]["block_checksums"] = json::array(); },
+       "\"block_checksums\" must be a string"},
       {"missing offset", [](json& j) { j["shards"][4].erase("offset"); }, "shard 4 (tensor 'f8'): \"offset\" is missing"},
       {"float offset", [](json& j) { j["shards"][4]["offset"] = 1.5; }, "\"offset\" must be a non-negative integer"},
       {"format", [](json& j) { j["format"] = "other"; }, "\"format\" is 'other'"},

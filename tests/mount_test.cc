@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -233,6 +234,55 @@ TEST_F(MountTest, BadInputs) {
   EXPECT_NE(c, 0);
   EXPECT_NE(o.find("manifest.json"), std::string::npos) << o;
   EXPECT_NE(Sh("mountpoint -q " + tmp_ / "mnt2").first, 0);
+}
+
+// Checksums are checked per 4 MiB block of a shard: a read needs only the blocks
+// it touches, so a corrupt block fails the reads of its bytes and no others.
+TEST_F(MountTest, CorruptBlockFailsOnlyTheReadsThatNeedIt) {
+  const std::string dims = "layers=1,hidden=1024,heads=8,vocab=4096,seq=16";
+  auto [code, out] = Ptcfs("synth --schema megatron-gpt --dims " + dims + " --config tp=1,pp=1 " + tmp_ / "src");
+  ASSERT_EQ(code, 0) << out;
+  std::tie(code, out) = Ptcfs("import --schema megatron-gpt --dims " + dims + " --config tp=1,pp=1 " + tmp_ / "src " +
+                              tmp_ / "store");
+  ASSERT_EQ(code, 0) << out;
+  const std::string tensor = "language_model.embedding.word_embeddings.weight";  // 4096 x 1024 f32: 4 blocks
+  auto manifest = nlohmann::json::parse(Slurp(tmp_ / "store/gen-000001/manifest.json"));
+  nlohmann::json shard;
+  for (const auto& s : manifest["shards"]) {
+    if (s["tensor"] == tensor) shard = s;
+  }
+  ASSERT_TRUE(shard.is_object());
+  ASSERT_EQ(shard["block_checksums"].get<std::string>().size(), 4u * 16);
+  {
+    std::fstream f(tmp_ / "store/" + shard["file"].get<std::string>(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(shard["offset"].get<uint64_t>() + (3u << 22) + 10));
+    f.put('\x5a');
+  }
+  // Where the tensor's bytes lie in the rank's safetensors file.
+  const std::string ref = Slurp(tmp_ / "src/rank-00000/model.safetensors");
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, ref.data(), 8);
+  const auto header = nlohmann::json::parse(ref.substr(8, header_len));
+  const uint64_t begin = 8 + header_len + header[tensor]["data_offsets"][0].get<uint64_t>();
+
+  Mount m(tmp_ / "store", tmp_ / "mnt");
+  const std::string file = m.dir() + "/model/rank-00000/model.safetensors";
+  const int fd = ::open(file.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::string got(1 << 20, '\0');
+  const ssize_t n = ::pread(fd, got.data(), got.size(), static_cast<off_t>(begin + (2u << 22)));  // block 2
+  const int err = errno;
+  ::close(fd);
+  ASSERT_EQ(n, static_cast<ssize_t>(got.size())) << std::strerror(err);
+  EXPECT_EQ(got, ref.substr(begin + (2u << 22), got.size()));
+  EXPECT_TRUE(testing::MountStatus(m.dir())["last_error"].is_null()) << testing::MountStatus(m.dir()).dump();
+
+  auto [c, o] = Sh("cat " + file + " >/dev/null");
+  EXPECT_NE(c, 0);
+  EXPECT_NE(o.find("Input/output error"), std::string::npos) << o;
+  const std::string error = testing::MountStatus(m.dir())["last_error"].get<std::string>();
+  EXPECT_NE(error.find(tensor), std::string::npos) << error;
+  EXPECT_NE(error.find("checksum of block 3 (bytes 12582912-16777216)"), std::string::npos) << error;
 }
 
 }  // namespace

@@ -41,7 +41,7 @@ GenerationManifest Meta() {
       {"i32", DType::kI32, {2, 2}},             {"i16", DType::kI16, {4}},
       {"i8", DType::kI8, {4}},                  {"u8", DType::kU8, {4}},
       {"odd/name with spaces", DType::kF32, {2}}, {"empty", DType::kF32, {0, 3}},
-      {"scalar", DType::kF32, {}},
+      {"scalar", DType::kF32, {}},            {"big", DType::kF32, {2 * 1048576 + 25}},
   };
   m.extra = {{"dataset", {{"epoch", 0}}}};
   return m;
@@ -458,25 +458,65 @@ TEST_F(StoreTest, WriterRules) {
   EXPECT_EQ(Store::Open(Env::Default(), root_).value()->current_generation(), 1u);
 }
 
-TEST_F(StoreTest, PositionalShard) {
-  auto store = CreateWithGen1();
-  auto w = store->BeginGeneration();
+// A shard of three checksum blocks: each block is checked on its own, so a
+// corrupt block fails the reads that need it and no others.
+TEST_F(StoreTest, BlockChecksumsVerifyWhatIsRead) {
+  auto store = Store::Create(Env::Default(), root_);
+  ASSERT_TRUE(store.ok());
+  auto w = (*store)->BeginGeneration();
   ASSERT_TRUE(w.ok());
-  const std::string data = Bytes(32 * 4, 9);
-  for (bool give_checksum : {false, true}) {
-    auto sink = (*w)->NewPositionalShard("layers.0.attn.w", DType::kF32, {Box::Full({4, 8})}, 2);
-    ASSERT_TRUE(sink.ok()) << sink.status().ToString();
-    for (size_t pos = data.size(); pos > 0; pos -= 16) ASSERT_TRUE((*sink)->PWrite(pos - 16, data.data() + pos - 16, 16).ok());
-    EXPECT_EQ((*sink)->PWrite(120, data.data(), 9).code(), Code::kInvalidArgument);
-    auto rec = give_checksum ? (*sink)->Finish(Xxh64(data.data(), data.size())) : (*sink)->Finish();
-    ASSERT_TRUE(rec.ok());
-    EXPECT_EQ(rec->checksum, Xxh64(data.data(), data.size()));
-    EXPECT_EQ(rec->worker, 2);
-    (*w)->AddShard(*rec);
-  }
+  ASSERT_TRUE(WriteShards(**w, {{"big", {Box::Full({2 * 1048576 + 25})}, 0}}, 7, 1 << 20).ok());
   ASSERT_TRUE((*w)->Commit(Meta()).ok());
-  EXPECT_EQ(store->current().shards[1].file, "gen-000002/worker-02/layers.0.attn.w.s1.h5");
-  EXPECT_TRUE(VerifyGeneration(*store, store->current()).ok());
+  const ShardRecord s = (*store)->current().shards[0];
+  const std::string data = Bytes(s.nbytes, 7);
+  ASSERT_EQ(s.block_checksums.size(), 3u);
+  EXPECT_EQ(s.block_checksums[1], Xxh64(data.data() + kChecksumBlockBytes, kChecksumBlockBytes));
+  EXPECT_EQ(s.block_checksums[2], Xxh64(data.data() + 2 * kChecksumBlockBytes, 100));
+  EXPECT_EQ(s.checksum, CombineBlockChecksums(s.block_checksums));
+  EXPECT_EQ(BlockOf(s, kChecksumBlockBytes - 1), 0u);
+  EXPECT_EQ(BlockOf(s, kChecksumBlockBytes), 1u);
+  EXPECT_EQ(BlockEnd(s, 2), s.nbytes);
+  auto reopened = Store::Open(Env::Default(), root_);
+  ASSERT_TRUE(reopened.ok());
+  EXPECT_EQ((*reopened)->current().shards[0], s);
+  EXPECT_TRUE(VerifyShard(Env::Default(), **store, s).ok());
+
+  // One flipped byte in block 1.
+  const uint64_t bad = kChecksumBlockBytes + 4000;
+  {
+    auto f = Env::Default()->OpenExisting((*store)->AbsPath(s.file));
+    ASSERT_TRUE(f.ok());
+    const char c = static_cast<char>(data[bad] ^ 0x40);
+    ASSERT_TRUE((*f)->PWrite(s.offset + bad, &c, 1).ok());
+  }
+  Env* env = Env::Default();
+  EXPECT_TRUE(VerifyShardRange(env, **store, s, 0, kChecksumBlockBytes).ok());
+  EXPECT_TRUE(VerifyShardRange(env, **store, s, 2 * kChecksumBlockBytes + 3, 1).ok());
+  EXPECT_TRUE(VerifyShardRange(env, **store, s, 5, 0).ok());
+  for (auto [at, n] : {std::pair<uint64_t, uint64_t>{bad, 1}, {kChecksumBlockBytes - 1, 2}, {0, s.nbytes}}) {
+    Status v = VerifyShardRange(env, **store, s, at, n);
+    EXPECT_EQ(v.code(), Code::kCorruption) << at;
+    EXPECT_NE(v.message().find("tensor 'big' boxes [0:2097177] in gen-000001/worker-00/big.s0.h5: checksum of "
+                               "block 1 (bytes 4194304-8388608) xxh64:"),
+              std::string::npos) << v.message();
+  }
+  EXPECT_EQ(VerifyShardRange(env, **store, s, s.nbytes - 1, 2).code(), Code::kInvalidArgument);
+
+  // A reader from block 2 checks it alone; a reader from block 0 fails when it completes block 1.
+  auto from2 = VerifyingShardReader::Open(env, **store, s, 2);
+  ASSERT_TRUE(from2.ok());
+  EXPECT_EQ((*from2)->position(), 2 * kChecksumBlockBytes);
+  std::string buf(100, '\0');
+  ASSERT_TRUE((*from2)->Read(100, buf.data()).ok());
+  EXPECT_EQ(buf, data.substr(2 * kChecksumBlockBytes));
+  EXPECT_TRUE((*from2)->Finish().ok());
+  EXPECT_EQ(VerifyingShardReader::Open(env, **store, s, 3).status().code(), Code::kInvalidArgument);
+  auto from0 = VerifyingShardReader::Open(env, **store, s);
+  ASSERT_TRUE(from0.ok());
+  std::string scratch(kChecksumBlockBytes, '\0');
+  EXPECT_TRUE((*from0)->Next(kChecksumBlockBytes, scratch.data()).ok());
+  EXPECT_TRUE((*from0)->Next(bad - kChecksumBlockBytes + 1, scratch.data()).ok());  // block 1 not yet complete
+  EXPECT_EQ((*from0)->Next(2 * kChecksumBlockBytes - bad - 1, scratch.data()).status().code(), Code::kCorruption);
 }
 
 TEST_F(StoreTest, GarbageCollectionKeepsReferencedFiles) {
