@@ -59,7 +59,8 @@ for run in $(seq "$RUNS"); do
   fusermount3 -u "$mnt"
   sync; sleep 8
   start=$(date +%s.%N)
-  PTCFS_PROGRESS=0 $ptcfs transform "$work/copy2" --to tp=4,pp=1 --keep-old > /dev/null
+  # Without --keep-old: the daemon's commit removes the replaced generation too.
+  PTCFS_PROGRESS=0 $ptcfs transform "$work/copy2" --to tp=4,pp=1 > /dev/null
   off+=("$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN {print e-s}')")
 done
 rm -rf "$work/copy" "$work/copy2"

@@ -1,5 +1,8 @@
 #include "fs/controller.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "ptc/megatron_import.h"
@@ -8,6 +11,9 @@
 
 namespace ptcfs {
 namespace {
+
+// The nice value of a background rewrite (0 is the daemon's serving threads).
+constexpr int kRewriteNice = 10;
 
 struct Request {
   ptc::ParallelConfig config;
@@ -104,6 +110,10 @@ ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_p
 }
 
 void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset) {
+  // Reads of the new layout are served meanwhile (from the old shards) and come
+  // first: the rewrite and the executor threads it starts (which inherit this)
+  // run at a lower CPU priority. Best effort: the rewrite runs either way.
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kRewriteNice);
   ptc::ExecuteOptions options;
   options.threads = threads_;
   if (dataset) options.extra["dataset"] = ptc::EncodeDatasetState(*dataset);
