@@ -20,32 +20,45 @@ std::vector<ptc::TensorSpec> Specs(const std::vector<ptc::LocalTensor>& tensors)
   return specs;
 }
 
-// Sorts extents, merges neighbours that continue each other, and fills gaps
-// in [begin, end) with zeros.
+// Appends a one-piece extent to `out`, merged into the last extent when it
+// continues it: contiguously, or as the next piece of a strided run.
+void Append(const Extent& e, std::vector<Extent>* out) {
+  if (e.length == 0) return;
+  if (!out->empty()) {
+    Extent& last = out->back();
+    if (last.end() == e.offset && last.kind == e.kind) {
+      if (e.kind == Extent::kZero || (e.kind == Extent::kLiteral && last.literal + last.length == e.literal)) {
+        last.length += e.length;
+        return;
+      }
+      if (e.kind == Extent::kShard && last.file == e.file && last.shard == e.shard) {
+        if (last.count == 1 && last.file_offset + last.length == e.file_offset) {
+          last.length += e.length;
+          return;
+        }
+        if (last.length == e.length && e.file_offset > last.file_offset &&
+            (last.count == 1 || e.file_offset == last.file_offset + last.count * last.stride)) {
+          if (last.count == 1) last.stride = e.file_offset - last.file_offset;
+          ++last.count;
+          return;
+        }
+      }
+    }
+  }
+  out->push_back(e);
+}
+
+// Sorts one-piece extents, merges neighbours that continue each other, and
+// fills gaps in [begin, end) with zeros.
 std::vector<Extent> Normalize(std::vector<Extent> in, uint64_t begin, uint64_t end) {
   std::sort(in.begin(), in.end(), [](const Extent& a, const Extent& b) { return a.offset < b.offset; });
   std::vector<Extent> out;
   uint64_t pos = begin;
-  auto push = [&](const Extent& e) {
-    if (e.length == 0) return;
-    if (!out.empty()) {
-      Extent& last = out.back();
-      const bool contiguous = last.offset + last.length == e.offset && last.kind == e.kind &&
-                              (e.kind == Extent::kZero ||
-                               (e.kind == Extent::kShard && last.file == e.file && last.shard == e.shard &&
-                                last.file_offset + last.length == e.file_offset) ||
-                               (e.kind == Extent::kLiteral && last.literal + last.length == e.literal));
-      if (contiguous) {
-        last.length += e.length;
-        return;
-      }
-    }
-    out.push_back(e);
-  };
+  auto push = [&](const Extent& e) { Append(e, &out); };
   for (const Extent& e : in) {
     if (e.offset > pos) push(Extent{pos, e.offset - pos, Extent::kZero});
     push(e);
-    pos = e.offset + e.length;
+    pos = e.end();
   }
   if (pos < end) push(Extent{pos, end - pos, Extent::kZero});
   return out;
@@ -61,7 +74,7 @@ const Extent* VirtualFile::Find(uint64_t offset) const {
                              [](uint64_t off, const Extent& e) { return off < e.offset; });
   if (it == extents_.begin()) return nullptr;
   --it;
-  return offset < it->offset + it->length ? &*it : nullptr;
+  return offset < it->end() ? &*it : nullptr;
 }
 
 ptc::Result<size_t> VirtualFile::Read(uint64_t offset, size_t n, void* dst, const ShardCheck& check) const {
@@ -71,18 +84,24 @@ ptc::Result<size_t> VirtualFile::Read(uint64_t offset, size_t n, void* dst, cons
   size_t done = 0;
   const Extent* e = Find(offset);
   while (done < n && e != nullptr && e < extents_.data() + extents_.size()) {
-    const uint64_t pos = offset + done, skip = pos - e->offset;
+    const uint64_t pos = offset + done;
+    if (pos >= e->end()) {
+      ++e;
+      continue;
+    }
+    const uint64_t piece = (pos - e->offset) / e->length, skip = (pos - e->offset) % e->length;
     const size_t take = static_cast<size_t>(std::min<uint64_t>(n - done, e->length - skip));
     switch (e->kind) {
       case Extent::kLiteral: std::memcpy(out + done, literal_.data() + e->literal + skip, take); break;
       case Extent::kZero: std::memset(out + done, 0, take); break;
-      case Extent::kShard:
-        PTC_RETURN_IF_ERROR(check(*e->shard, e->file_offset + skip - e->shard->offset, take));
-        PTC_RETURN_IF_ERROR(e->file->Read(e->file_offset + skip, take, out + done));
+      case Extent::kShard: {
+        const uint64_t at = e->file_offset + piece * e->stride + skip;
+        PTC_RETURN_IF_ERROR(check(*e->shard, at - e->shard->offset, take));
+        PTC_RETURN_IF_ERROR(e->file->Read(at, take, out + done));
         break;
+      }
     }
     done += take;
-    ++e;
   }
   return done;
 }
@@ -90,8 +109,9 @@ ptc::Result<size_t> VirtualFile::Read(uint64_t offset, size_t n, void* dst, cons
 VirtualFile::FdRange VirtualFile::SingleShardRange(uint64_t offset, size_t n) const {
   const Extent* e = Find(offset);
   if (e == nullptr || e->kind != Extent::kShard || e->file->fd() < 0) return {};
-  if (offset + std::min<uint64_t>(n, size_ - offset) > e->offset + e->length) return {};
-  return {e->file->fd(), e->file_offset + (offset - e->offset), e->shard};
+  const uint64_t piece = (offset - e->offset) / e->length, skip = (offset - e->offset) % e->length;
+  if (skip + std::min<uint64_t>(n, size_ - offset) > e->length) return {};
+  return {e->file->fd(), e->file_offset + piece * e->stride + skip, e->shard};
 }
 
 ptc::Status AppendTensorExtents(const ptc::GenerationReader& reader, const ptc::LocalTensor& tensor, uint64_t base,

@@ -22,14 +22,21 @@
 
 namespace ptcfs {
 
+// Bytes [offset, end()) of a virtual file: `count` pieces of `length` bytes,
+// one after another. A kShard extent of several pieces is a strided run of a
+// shard file (the rows of a column slice): piece i is at file_offset + i * stride.
 struct Extent {
   uint64_t offset = 0;  // in the virtual file
-  uint64_t length = 0;
+  uint64_t length = 0;  // of each piece
   enum Kind { kLiteral, kZero, kShard } kind = kZero;
   uint64_t literal = 0;                          // kLiteral: offset into the literal bytes
   const ptc::RandomAccessFile* file = nullptr;  // kShard
-  uint64_t file_offset = 0;                      // kShard
+  uint64_t file_offset = 0;                      // kShard: of piece 0
   const ptc::ShardRecord* shard = nullptr;       // kShard: the record, for checksum checks
+  uint64_t count = 1;                            // > 1 only for kShard
+  uint64_t stride = 0;                           // kShard with count > 1
+
+  uint64_t end() const { return offset + count * length; }
 };
 
 // Checks bytes [offset, offset + n) of a shard before they are served (the
