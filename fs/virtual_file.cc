@@ -66,24 +66,45 @@ std::vector<Extent> Normalize(std::vector<Extent> in, uint64_t begin, uint64_t e
 
 }  // namespace
 
-VirtualFile::VirtualFile(std::string literal, std::vector<Extent> extents, uint64_t size)
-    : literal_(std::move(literal)), extents_(std::move(extents)), size_(size) {}
+VirtualFile::VirtualFile(std::string literal, std::vector<Extent> extents, uint64_t size, std::vector<PartFn> parts)
+    : literal_(std::move(literal)), extents_(std::move(extents)), size_(size) {
+  for (PartFn& fn : parts) {
+    parts_.push_back(std::make_unique<Part>());
+    parts_.back()->build = std::move(fn);
+  }
+}
 
-const Extent* VirtualFile::Find(uint64_t offset) const {
-  auto it = std::upper_bound(extents_.begin(), extents_.end(), offset,
+namespace {
+
+// The extent of `list` (sorted, tiling) that holds byte `offset`, or nullptr.
+const Extent* Find(const std::vector<Extent>& list, uint64_t offset) {
+  auto it = std::upper_bound(list.begin(), list.end(), offset,
                              [](uint64_t off, const Extent& e) { return off < e.offset; });
-  if (it == extents_.begin()) return nullptr;
+  if (it == list.begin()) return nullptr;
   --it;
   return offset < it->end() ? &*it : nullptr;
+}
+
+}  // namespace
+
+ptc::Result<const std::vector<Extent>*> VirtualFile::PartExtents(const Extent& lazy) const {
+  Part& part = *parts_.at(lazy.literal);
+  std::call_once(part.once, [&] { part.status = part.build(&part.extents); });
+  PTC_RETURN_IF_ERROR(part.status);
+  return &part.extents;
 }
 
 ptc::Result<size_t> VirtualFile::Read(uint64_t offset, size_t n, void* dst, const ShardCheck& check) const {
   if (offset >= size_) return size_t{0};
   n = static_cast<size_t>(std::min<uint64_t>(n, size_ - offset));
-  auto* out = static_cast<unsigned char*>(dst);
+  return ReadExtents(extents_, offset, n, static_cast<unsigned char*>(dst), check);
+}
+
+ptc::Result<size_t> VirtualFile::ReadExtents(const std::vector<Extent>& list, uint64_t offset, size_t n,
+                                             unsigned char* out, const ShardCheck& check) const {
   size_t done = 0;
-  const Extent* e = Find(offset);
-  while (done < n && e != nullptr && e < extents_.data() + extents_.size()) {
+  const Extent* e = Find(list, offset);
+  while (done < n && e != nullptr && e < list.data() + list.size()) {
     const uint64_t pos = offset + done;
     if (pos >= e->end()) {
       ++e;
@@ -100,6 +121,12 @@ ptc::Result<size_t> VirtualFile::Read(uint64_t offset, size_t n, void* dst, cons
         PTC_RETURN_IF_ERROR(e->file->Read(at, take, out + done));
         break;
       }
+      case Extent::kLazy: {
+        PTC_ASSIGN_OR_RETURN(const std::vector<Extent>* part, PartExtents(*e));
+        PTC_ASSIGN_OR_RETURN(size_t got, ReadExtents(*part, pos, take, out + done, check));
+        if (got != take) return ptc::InternalError("the extents of a tensor do not tile it");
+        break;
+      }
     }
     done += take;
   }
@@ -107,7 +134,11 @@ ptc::Result<size_t> VirtualFile::Read(uint64_t offset, size_t n, void* dst, cons
 }
 
 VirtualFile::FdRange VirtualFile::SingleShardRange(uint64_t offset, size_t n) const {
-  const Extent* e = Find(offset);
+  const Extent* e = Find(extents_, offset);
+  if (e != nullptr && e->kind == Extent::kLazy) {
+    auto part = PartExtents(*e);
+    e = part.ok() ? Find(**part, offset) : nullptr;
+  }
   if (e == nullptr || e->kind != Extent::kShard || e->file->fd() < 0) return {};
   const uint64_t piece = (offset - e->offset) / e->length, skip = (offset - e->offset) % e->length;
   if (skip + std::min<uint64_t>(n, size_ - offset) > e->length) return {};
@@ -147,27 +178,44 @@ uint64_t NpyFileSize(const ptc::LocalTensor& tensor) {
   return ptc::EncodeNpyHeader(tensor.dtype, tensor.shape).size() + TensorBytes(tensor);
 }
 
+namespace {
+
+// A lazy extent for `tensor` at `base`: its extents are built on first read.
+void AppendLazyTensor(const ptc::GenerationReader& reader, const ptc::LocalTensor& tensor, uint64_t base,
+                      int prefer_worker, std::vector<Extent>* extents, std::vector<VirtualFile::PartFn>* parts) {
+  const uint64_t bytes = TensorBytes(tensor);
+  if (bytes == 0) return;
+  extents->push_back(Extent{base, bytes, Extent::kLazy, parts->size(), nullptr, 0});
+  parts->push_back([&reader, tensor, base, prefer_worker](std::vector<Extent>* out) {
+    return AppendTensorExtents(reader, tensor, base, prefer_worker, out);
+  });
+}
+
+}  // namespace
+
 ptc::Result<std::unique_ptr<VirtualFile>> MakeSafetensorsFile(const ptc::GenerationReader& reader,
                                                              const std::vector<ptc::LocalTensor>& tensors,
                                                              const std::map<std::string, std::string>& metadata,
                                                              int prefer_worker) {
   PTC_ASSIGN_OR_RETURN(std::string header, ptc::EncodeSafetensorsHeader(Specs(tensors), metadata));
   std::vector<Extent> extents = {Extent{0, header.size(), Extent::kLiteral, 0, nullptr, 0}};
+  std::vector<VirtualFile::PartFn> parts;
   uint64_t pos = header.size();
   for (const ptc::LocalTensor& t : tensors) {
-    PTC_RETURN_IF_ERROR(AppendTensorExtents(reader, t, pos, prefer_worker, &extents));
+    AppendLazyTensor(reader, t, pos, prefer_worker, &extents, &parts);
     pos += TensorBytes(t);
   }
-  return std::make_unique<VirtualFile>(std::move(header), std::move(extents), pos);
+  return std::make_unique<VirtualFile>(std::move(header), std::move(extents), pos, std::move(parts));
 }
 
 ptc::Result<std::unique_ptr<VirtualFile>> MakeNpyFile(const ptc::GenerationReader& reader,
                                                      const ptc::LocalTensor& tensor, int prefer_worker) {
   std::string header = ptc::EncodeNpyHeader(tensor.dtype, tensor.shape);
   std::vector<Extent> extents = {Extent{0, header.size(), Extent::kLiteral, 0, nullptr, 0}};
-  PTC_RETURN_IF_ERROR(AppendTensorExtents(reader, tensor, header.size(), prefer_worker, &extents));
+  std::vector<VirtualFile::PartFn> parts;
+  AppendLazyTensor(reader, tensor, header.size(), prefer_worker, &extents, &parts);
   const uint64_t size = header.size() + TensorBytes(tensor);
-  return std::make_unique<VirtualFile>(std::move(header), std::move(extents), size);
+  return std::make_unique<VirtualFile>(std::move(header), std::move(extents), size, std::move(parts));
 }
 
 }  // namespace ptcfs

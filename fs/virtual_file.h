@@ -5,15 +5,19 @@
 // stored shard file. A read of [a, b) copies literals and preads shard
 // ranges; a read that falls inside one shard extent can be handed to the
 // kernel as a file-descriptor buffer (splice) instead. Nothing is rendered
-// whole in memory: the extents are metadata, built once per open file.
+// whole in memory: the extents are metadata. A tensor's extents are built
+// when a read first reaches it (a lazy extent), so opening a file costs
+// its header, not a walk over every shard it reads from.
 //
-// Thread safety: immutable after construction; Read may run concurrently.
+// Thread safety: Read and SingleShardRange may run concurrently (a lazy
+// extent is built once).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -28,8 +32,8 @@ namespace ptcfs {
 struct Extent {
   uint64_t offset = 0;  // in the virtual file
   uint64_t length = 0;  // of each piece
-  enum Kind { kLiteral, kZero, kShard } kind = kZero;
-  uint64_t literal = 0;                          // kLiteral: offset into the literal bytes
+  enum Kind { kLiteral, kZero, kShard, kLazy } kind = kZero;
+  uint64_t literal = 0;                          // kLiteral: offset into the literal bytes; kLazy: part index
   const ptc::RandomAccessFile* file = nullptr;  // kShard
   uint64_t file_offset = 0;                      // kShard: of piece 0
   const ptc::ShardRecord* shard = nullptr;       // kShard: the record, for checksum checks
@@ -45,18 +49,22 @@ using ShardCheck = std::function<ptc::Status(const ptc::ShardRecord&, uint64_t o
 
 class VirtualFile {
  public:
-  VirtualFile(std::string literal, std::vector<Extent> extents, uint64_t size);
+  // Builds the extents that tile the bytes of one kLazy extent.
+  using PartFn = std::function<ptc::Status(std::vector<Extent>*)>;
+
+  // `parts[i]` builds the kLazy extent whose `literal` is i.
+  VirtualFile(std::string literal, std::vector<Extent> extents, uint64_t size, std::vector<PartFn> parts = {});
 
   uint64_t size() const { return size_; }
-  size_t extent_count() const { return extents_.size(); }
 
   // Copies [offset, offset + n) clipped to the file into dst; returns bytes
   // copied. Every shard range touched passes `check` first.
-  // \error as `check` and RandomAccessFile::Read, naming the shard file.
+  // \error as `check`, RandomAccessFile::Read (naming the shard file) and a lazy extent's PartFn.
   ptc::Result<size_t> Read(uint64_t offset, size_t n, void* dst, const ShardCheck& check) const;
 
   // When [offset, offset + n) lies inside one shard extent: its descriptor
-  // and position, for a zero-copy reply. Otherwise fd = -1.
+  // and position, for a zero-copy reply. Otherwise (or when a lazy extent
+  // fails to build: Read reports it) fd = -1.
   struct FdRange {
     int fd = -1;
     uint64_t position = 0;
@@ -65,11 +73,21 @@ class VirtualFile {
   FdRange SingleShardRange(uint64_t offset, size_t n) const;
 
  private:
-  const Extent* Find(uint64_t offset) const;
+  struct Part {
+    PartFn build;
+    std::once_flag once;
+    ptc::Status status;
+    std::vector<Extent> extents;  // tiling the lazy extent's bytes
+  };
+  // The extents of a kLazy extent, built on first use.
+  ptc::Result<const std::vector<Extent>*> PartExtents(const Extent& lazy) const;
+  ptc::Result<size_t> ReadExtents(const std::vector<Extent>& list, uint64_t offset, size_t n, unsigned char* out,
+                                  const ShardCheck& check) const;
 
   std::string literal_;
   std::vector<Extent> extents_;  // sorted, tiling [0, size_)
   uint64_t size_;
+  std::vector<std::unique_ptr<Part>> parts_;
 };
 
 // The bytes a local tensor occupies in the virtual file, mapped onto shards.
@@ -78,12 +96,14 @@ class VirtualFile {
 ptc::Status AppendTensorExtents(const ptc::GenerationReader& reader, const ptc::LocalTensor& tensor, uint64_t base,
                                 int prefer_worker, std::vector<Extent>* out);
 
-// A rank's safetensors file of `tensors` (model or optimizer part).
+// A rank's safetensors file of `tensors` (model or optimizer part), each tensor
+// a lazy extent. `reader` must outlive the file.
+// \error as EncodeSafetensorsHeader; a tensor's errors come with the reads that reach it.
 ptc::Result<std::unique_ptr<VirtualFile>> MakeSafetensorsFile(const ptc::GenerationReader& reader,
                                                              const std::vector<ptc::LocalTensor>& tensors,
                                                              const std::map<std::string, std::string>& metadata,
                                                              int prefer_worker);
-// One tensor as a .npy file.
+// One tensor as a .npy file, as MakeSafetensorsFile.
 ptc::Result<std::unique_ptr<VirtualFile>> MakeNpyFile(const ptc::GenerationReader& reader,
                                                      const ptc::LocalTensor& tensor, int prefer_worker);
 
