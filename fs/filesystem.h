@@ -65,7 +65,6 @@ struct DirEntry {
   mode_t mode;
 };
 
-// What a read returns: bytes, or a range of a shard file to splice.
 // Leaves chars uninitialised on resize: a read reply's buffer is written
 // before it is sent, and zero-filling 512 KiB per read costs a memory pass.
 template <typename T>
@@ -84,6 +83,7 @@ struct UninitializedAllocator : std::allocator<T> {
   }
 };
 
+// What a read returns: bytes, or a range of a shard file to splice.
 struct ReadReply {
   std::vector<char, UninitializedAllocator<char>> bytes;
   VirtualFile::FdRange fd_range;  // fd >= 0: reply from this file instead

@@ -54,13 +54,12 @@ std::vector<Extent> Normalize(std::vector<Extent> in, uint64_t begin, uint64_t e
   std::sort(in.begin(), in.end(), [](const Extent& a, const Extent& b) { return a.offset < b.offset; });
   std::vector<Extent> out;
   uint64_t pos = begin;
-  auto push = [&](const Extent& e) { Append(e, &out); };
   for (const Extent& e : in) {
-    if (e.offset > pos) push(Extent{pos, e.offset - pos, Extent::kZero});
-    push(e);
+    if (e.offset > pos) Append(Extent{pos, e.offset - pos, Extent::kZero}, &out);
+    Append(e, &out);
     pos = e.end();
   }
-  if (pos < end) push(Extent{pos, end - pos, Extent::kZero});
+  if (pos < end) Append(Extent{pos, end - pos, Extent::kZero}, &out);
   return out;
 }
 
