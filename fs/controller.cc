@@ -52,9 +52,9 @@ ptc::Result<Request> ParseRequest(const std::string& raw) {
 
 Controller::Controller(ptc::Store* store, int worker, int threads, std::shared_ptr<ShardChecks> checks,
                        std::shared_ptr<const ptc::DatasetSource> source,
-                       std::function<void(std::shared_ptr<const Snapshot>)> serve)
+                       std::function<void(std::shared_ptr<const Snapshot>)> serve, std::function<ptc::Status()> collect)
     : store_(store), worker_(worker), threads_(threads), checks_(std::move(checks)), source_(std::move(source)),
-      serve_(std::move(serve)) {}
+      serve_(std::move(serve)), collect_(std::move(collect)) {}
 
 Controller::~Controller() {
   std::thread t;
@@ -102,7 +102,7 @@ ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_p
     total_ = 0;
     previous = std::move(worker_thread_);
   }
-  if (previous.joinable()) previous.join();  // finished: its state was set
+  if (previous.joinable()) previous.join();  // finished: its state was set (it may still be removing old files)
   serve_(*lazy);
   std::lock_guard<std::mutex> lock(mu_);
   worker_thread_ = std::thread([this, config, spec, dataset] { Rewrite(config, spec, dataset); });
@@ -126,14 +126,24 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
     return Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, config, worker_, checks_, dataset, source_);
   }();
   if (result.ok()) serve_(*result);
-  std::lock_guard<std::mutex> lock(mu_);
-  state_ = result.ok() ? "serving" : "failed";
-  if (!result.ok()) last_error_ = result.status().message();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_ = result.ok() ? "serving" : "failed";
+    if (!result.ok()) last_error_ = result.status().message();
+  }
+  // After the state says serving: the next Reconfigure or Ingest joins this
+  // thread before it writes, so the removal never meets another writer.
+  if (result.ok()) Collect();
+}
+
+void Controller::Collect() {
+  if (ptc::Status s = collect_(); !s.ok()) RecordError("removing replaced generations: " + s.message());
 }
 
 ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iteration,
                               const std::shared_ptr<const Snapshot>& current) {
   std::string before;
+  std::thread previous;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ == "repartitioning" || state_ == "saving") {
@@ -142,7 +152,9 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
     }
     before = state_;
     state_ = "saving";
+    previous = std::move(worker_thread_);
   }
+  if (previous.joinable()) previous.join();  // a finished rewrite, perhaps still removing what it replaced
   auto result = [&]() -> ptc::Status {
     const ptc::ModelSpec& spec = current->spec();
     ptc::ParallelConfig config = current->config();
@@ -162,6 +174,7 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
     PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*store_, store_->CurrentSnapshot(), source.spec, config, worker_,
                                                      checks_, current->dataset(), source_));
     serve_(snap);
+    Collect();
     return ptc::Status::OK();
   }();
   std::lock_guard<std::mutex> lock(mu_);

@@ -22,12 +22,14 @@ namespace ptcfs {
 
 class Controller {
  public:
-  // `serve` installs a snapshot as the one the mount shows. `checks`: the
-  // mount's shard verifications. `source`: the store's opened dataset, or null
-  // when it has none.
+  // `serve` installs a snapshot as the one the mount shows; `collect` removes
+  // the generations a committed one replaced (called once the state says
+  // serving again: cleanup is not part of the wait). `checks`: the mount's
+  // shard verifications. `source`: the store's opened dataset, or null when
+  // it has none.
   Controller(ptc::Store* store, int worker, int threads, std::shared_ptr<ShardChecks> checks,
              std::shared_ptr<const ptc::DatasetSource> source,
-             std::function<void(std::shared_ptr<const Snapshot>)> serve);
+             std::function<void(std::shared_ptr<const Snapshot>)> serve, std::function<ptc::Status()> collect);
   ~Controller();  // waits for a running rewrite
 
   // Parses "tp=4,pp=1" or {"config": "tp=4,pp=1", "step": S, "epoch": E},
@@ -54,6 +56,8 @@ class Controller {
 
  private:
   void Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset);
+  // collect_, its error kept as last_error.
+  void Collect();
 
   ptc::Store* store_;
   const int worker_;
@@ -61,6 +65,7 @@ class Controller {
   const std::shared_ptr<ShardChecks> checks_;
   const std::shared_ptr<const ptc::DatasetSource> source_;
   std::function<void(std::shared_ptr<const Snapshot>)> serve_;
+  std::function<ptc::Status()> collect_;
   mutable std::mutex mu_;
   std::string state_ = "serving";  // GUARDED_BY(mu_): serving | repartitioning | saving | failed
   std::string last_error_;         // GUARDED_BY(mu_)

@@ -60,7 +60,8 @@ ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& 
                        Snapshot::Create(*fs->store_, generation, spec, config, options.worker, checks, dataset, source));
   Filesystem* self = fs.get();
   fs->controller_ = std::make_unique<Controller>(fs->store_.get(), options.worker, options.transform_threads, checks, source,
-                                                 [self](std::shared_ptr<const Snapshot> s) { self->Serve(s); });
+                                                 [self](std::shared_ptr<const Snapshot> s) { self->Serve(s); },
+                                                 [self] { return self->CollectReplaced(); });
   std::lock_guard<std::mutex> lock(fs->mu_);
   auto root = std::make_shared<Node>();
   fs->AddNode(root);
@@ -195,14 +196,15 @@ std::shared_ptr<Node> Filesystem::BuildModelTree(const std::shared_ptr<const Sna
 }
 
 void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
-  std::set<uint64_t> live;  // generations open files still read, when the generation changes
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (snap->generation() != snapshot_->generation()) {
+      // The generations open files still read, kept by the next CollectReplaced.
+      gc_live_.clear();
       for (const auto& [fh, h] : handles_) {
-        if (h->node->snap) live.insert(h->node->snap->generation());
+        if (h->node->snap) gc_live_.insert(h->node->snap->generation());
       }
-      live.insert(snap->generation());
+      gc_live_.insert(snap->generation());
     }
     snapshot_ = snap;
     // Nodes of the replaced trees that the kernel does not know go now; the
@@ -213,13 +215,18 @@ void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
   if (invalidate_) {
     for (const char* tree : {"model", "data", "megatron"}) invalidate_(kRootInode, tree);
   }
-  // A rewrite committed: remove the generations no open file reads. Fails
-  // harmlessly (kept for the next commit) when another rewrite started.
-  if (!live.empty()) {
-    if (ptc::Status s = store_->CollectGarbage(live); !s.ok() && s.code() != ptc::Code::kFailedPrecondition) {
-      controller_->RecordError("removing replaced generations: " + s.message());
-    }
+}
+
+ptc::Status Filesystem::CollectReplaced() {
+  std::set<uint64_t> live;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    live.swap(gc_live_);
   }
+  if (live.empty()) return ptc::Status::OK();
+  ptc::Status s = store_->CollectGarbage(live);
+  if (s.code() == ptc::Code::kFailedPrecondition) return ptc::Status::OK();  // a writer: removed after the next commit
+  return s;
 }
 
 ptc::Result<uint64_t> Filesystem::SizeOf(const Node& n) const {

@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -150,7 +151,11 @@ class Filesystem {
   // The directory `parent` if saves may write in it. REQUIRES: mu_ not held.
   ptc::Result<std::shared_ptr<Node>> StagingParent(uint64_t parent);
   std::shared_ptr<Node> NewDir(const std::shared_ptr<const Snapshot>& snap);
-  void Serve(std::shared_ptr<const Snapshot> snap);         // swaps the tree, then invalidates
+  void Serve(std::shared_ptr<const Snapshot> snap);  // swaps the tree, then invalidates
+  // Removes the generations that the last Serve of a new generation replaced
+  // and that no open file reads.
+  // \error from Store::CollectGarbage (not FailedPrecondition: kept for the next commit).
+  ptc::Status CollectReplaced();
   // The file's size: data files ask their view (built on first use).
   ptc::Result<uint64_t> SizeOf(const Node& node) const;
   struct stat Attr(const Node& node, uint64_t size) const;
@@ -170,6 +175,7 @@ class Filesystem {
   std::map<uint64_t, std::shared_ptr<Node>> nodes_;              // GUARDED_BY(mu_)
   uint64_t next_ino_ = kRootInode;                               // GUARDED_BY(mu_)
   std::map<uint64_t, std::shared_ptr<Handle>> handles_;          // GUARDED_BY(mu_)
+  std::set<uint64_t> gc_live_;  // GUARDED_BY(mu_): to keep at the next CollectReplaced; empty: none due
   uint64_t next_fh_ = 1;                                         // GUARDED_BY(mu_)
   // CRC-32 of the storages of Megatron files, by (config, rank, iteration).
   mutable std::map<std::tuple<std::string, int, uint64_t>, std::vector<uint32_t>> megatron_crcs_;  // GUARDED_BY(mu_)

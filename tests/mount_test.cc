@@ -162,14 +162,27 @@ TEST_F(MountTest, OpenFileKeepsItsGeneration) {
   EXPECT_TRUE(s.str() == Slurp(old_ref + "/rank-00000/model.safetensors")) << "an open file changed generation";
   EXPECT_TRUE(fs::exists(tmp_ / "store/gen-000001/manifest.json")) << "removed while a file of it was open";
   held.close();
-  // The next commit removes what no open file and no current shard needs.
+  // The next commit removes what no open file and no current shard needs,
+  // just after the status says serving.
   ASSERT_EQ(WriteConfig(m.dir(), "tp=2"), 0);
   WaitServing(m.dir());
   const auto manifest = nlohmann::json::parse(Slurp(tmp_ / "store/gen-000003/manifest.json"));
   std::set<std::string> referenced, present;
   for (const auto& shard : manifest["shards"]) referenced.insert(shard["file"].get<std::string>());
-  for (const auto& e : fs::recursive_directory_iterator(tmp_ / "store")) {
-    if (e.path().extension() == ".h5") present.insert(fs::relative(e.path(), tmp_ / "store").string());
+  for (int i = 0; i < 200; ++i) {
+    present.clear();
+    try {  // the removal may be under way: a directory can vanish during the walk
+      for (const auto& e : fs::recursive_directory_iterator(tmp_ / "store")) {
+        if (e.path().extension() == ".h5") present.insert(fs::relative(e.path(), tmp_ / "store").string());
+      }
+    } catch (const fs::filesystem_error&) {
+      continue;
+    }
+    if (present == referenced && !fs::exists(tmp_ / "store/gen-000002") &&
+        !fs::exists(tmp_ / "store/gen-000001/manifest.json")) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_EQ(present, referenced);
   EXPECT_FALSE(fs::exists(tmp_ / "store/gen-000001/manifest.json"));
