@@ -222,8 +222,13 @@ ptc::Status Filesystem::CollectReplaced() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     live.swap(gc_live_);
+    if (live.empty()) return ptc::Status::OK();
+    // Files opened since Serve keep their generation too: a file opens its
+    // shard files when a read first reaches a tensor.
+    for (const auto& [fh, h] : handles_) {
+      if (h->node->snap) live.insert(h->node->snap->generation());
+    }
   }
-  if (live.empty()) return ptc::Status::OK();
   ptc::Status s = store_->CollectGarbage(live);
   if (s.code() == ptc::Code::kFailedPrecondition) return ptc::Status::OK();  // a writer: removed after the next commit
   return s;
