@@ -85,8 +85,8 @@ the first pass through a fresh mount, "again" the second pass on the same mount.
 | measure | median |
 |---|---|
 | reconfigure tp=2,pp=2 → tp=4,pp=1: write of .ptcfs/config to first byte of a new-layout file (goal ≤ 50 ms) | ${latency} ms |
-| same reconfigure: until the background rewrite commits | ${background} s |
-| offline \`ptcfs transform --to tp=4,pp=1\` of the same store | ${offline} s |
+| same reconfigure: until status says serving (the rewrite committed; removing the old generation follows) | ${background} s |
+| offline \`ptcfs transform --to tp=4,pp=1\` of the same store (removing the old generation included) | ${offline} s |
 | background / offline | $(ratio "$background" "$offline") |
 <!-- mount:end -->
 TABLE
