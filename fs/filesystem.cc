@@ -198,14 +198,7 @@ std::shared_ptr<Node> Filesystem::BuildModelTree(const std::shared_ptr<const Sna
 void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (snap->generation() != snapshot_->generation()) {
-      // The generations open files still read, kept by the next CollectReplaced.
-      gc_live_.clear();
-      for (const auto& [fh, h] : handles_) {
-        if (h->node->snap) gc_live_.insert(h->node->snap->generation());
-      }
-      gc_live_.insert(snap->generation());
-    }
+    if (snap->generation() != snapshot_->generation()) collect_due_ = true;
     snapshot_ = snap;
     // Nodes of the replaced trees that the kernel does not know go now; the
     // others when it forgets them (Forget).
@@ -218,13 +211,11 @@ void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
 }
 
 ptc::Status Filesystem::CollectReplaced() {
-  std::set<uint64_t> live;
+  std::set<uint64_t> live;  // the generations open files read (a file opens its shard files lazily)
   {
     std::lock_guard<std::mutex> lock(mu_);
-    live.swap(gc_live_);
-    if (live.empty()) return ptc::Status::OK();
-    // Files opened since Serve keep their generation too: a file opens its
-    // shard files when a read first reaches a tensor.
+    if (!collect_due_) return ptc::Status::OK();
+    collect_due_ = false;
     for (const auto& [fh, h] : handles_) {
       if (h->node->snap) live.insert(h->node->snap->generation());
     }

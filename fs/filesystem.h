@@ -26,7 +26,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -152,8 +151,8 @@ class Filesystem {
   ptc::Result<std::shared_ptr<Node>> StagingParent(uint64_t parent);
   std::shared_ptr<Node> NewDir(const std::shared_ptr<const Snapshot>& snap);
   void Serve(std::shared_ptr<const Snapshot> snap);  // swaps the tree, then invalidates
-  // Removes the generations that the last Serve of a new generation replaced
-  // and that no open file reads.
+  // After Serve switched generations: removes the replaced generations that no
+  // file open now reads.
   // \error from Store::CollectGarbage (not FailedPrecondition: kept for the next commit).
   ptc::Status CollectReplaced();
   // The file's size: data files ask their view (built on first use).
@@ -175,7 +174,7 @@ class Filesystem {
   std::map<uint64_t, std::shared_ptr<Node>> nodes_;              // GUARDED_BY(mu_)
   uint64_t next_ino_ = kRootInode;                               // GUARDED_BY(mu_)
   std::map<uint64_t, std::shared_ptr<Handle>> handles_;          // GUARDED_BY(mu_)
-  std::set<uint64_t> gc_live_;  // GUARDED_BY(mu_): to keep at the next CollectReplaced; empty: none due
+  bool collect_due_ = false;  // GUARDED_BY(mu_): Serve switched generations since the last CollectReplaced
   uint64_t next_fh_ = 1;                                         // GUARDED_BY(mu_)
   // CRC-32 of the storages of Megatron files, by (config, rank, iteration).
   mutable std::map<std::tuple<std::string, int, uint64_t>, std::vector<uint32_t>> megatron_crcs_;  // GUARDED_BY(mu_)
