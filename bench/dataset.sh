@@ -139,7 +139,7 @@ SECTION=$(cat <<EOF
 
 Produced by \`$CMDLINE\` on $(date -u +%Y-%m-%d) ($(nproc) cores, $(uname -m)).
 
-Order and partition functions (\`ptc/dataset_order.h\`), no index file; one core; median of 5 runs.
+Order and partition functions (\`ptc/dataset/order.h\`), no index file; one core; median of 5 runs.
 "stream" walks every dp rank's stream over the whole epoch; "random access" looks up random
 positions of one rank's stream from the middle of the epoch. Peak RSS is the whole process.
 

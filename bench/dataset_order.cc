@@ -1,4 +1,4 @@
-// Benchmark of the dataset order and partition functions (ptc/dataset_order.h)
+// Benchmark of the dataset order and partition functions (ptc/dataset/order.h)
 // over a large epoch, with no index file: ids per second (sequential stream
 // iteration and random access) and peak RSS, median of --runs runs.
 //
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "ptc/dataset_order.h"
+#include "ptc/dataset/order.h"
 
 namespace {
 

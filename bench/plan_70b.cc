@@ -22,11 +22,11 @@
 #include <string>
 #include <vector>
 
-#include "ptc/config.h"
-#include "ptc/dims.h"
-#include "ptc/manifest.h"
-#include "ptc/schema.h"
-#include "ptc/view.h"
+#include "ptc/model/config.h"
+#include "ptc/model/dims.h"
+#include "ptc/store/manifest.h"
+#include "ptc/model/schema.h"
+#include "ptc/model/view.h"
 #include "transform/plan.h"
 
 namespace {

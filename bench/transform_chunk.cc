@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "ptc/env.h"
-#include "ptc/store.h"
+#include "ptc/base/env.h"
+#include "ptc/store/store.h"
 #include "transform/execute.h"
 
 int main(int argc, char** argv) {

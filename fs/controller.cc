@@ -5,8 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ptc/megatron_import.h"
-#include "ptc/model_spec.h"
+#include "ptc/checkpoint/megatron_import.h"
+#include "ptc/store/model_spec.h"
 #include "transform/execute.h"
 
 namespace ptcfs {

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "fs/snapshot.h"
-#include "ptc/store.h"
+#include "ptc/store/store.h"
 
 namespace ptcfs {
 

@@ -9,10 +9,10 @@
 
 #include "fs/megatron_file.h"
 #include "fs/node.h"
-#include "ptc/checkpoint.h"
-#include "ptc/dataset_state.h"
-#include "ptc/model_spec.h"
-#include "ptc/npy.h"
+#include "ptc/checkpoint/checkpoint.h"
+#include "ptc/dataset/state.h"
+#include "ptc/store/model_spec.h"
+#include "ptc/format/npy.h"
 
 namespace ptcfs {
 

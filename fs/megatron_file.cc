@@ -4,7 +4,7 @@
 #include <cstring>
 #include <map>
 
-#include "ptc/zip.h"
+#include "ptc/format/zip.h"
 
 namespace ptcfs {
 namespace {

@@ -1,7 +1,7 @@
-// Megatron-LM torch files rendered from the store (layout: ptc/megatron.h):
+// Megatron-LM torch files rendered from the store (layout: ptc/checkpoint/megatron.h):
 // the mount's megatron/ tree and `ptcfs export --format megatron`.
 //
-// A rank's model_optim_rng.pt is a stored zip (ptc/torch_file.h) whose storage
+// A rank's model_optim_rng.pt is a stored zip (ptc/format/torch_file.h) whose storage
 // members are the rank's local tensors. Its size and every offset follow from
 // the view alone, so `stat` is exact at once. The zip headers also hold each
 // member's CRC-32, which needs the bytes: MakeMegatronFile reads the rank's
@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "fs/virtual_file.h"
-#include "ptc/checkpoint.h"
-#include "ptc/megatron.h"
-#include "ptc/store.h"
-#include "ptc/torch_file.h"
+#include "ptc/checkpoint/checkpoint.h"
+#include "ptc/checkpoint/megatron.h"
+#include "ptc/store/store.h"
+#include "ptc/format/torch_file.h"
 
 namespace ptcfs {
 

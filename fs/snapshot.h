@@ -18,12 +18,12 @@
 #include <vector>
 
 #include "fs/virtual_file.h"
-#include "ptc/dataset_state.h"
-#include "ptc/dataset_view.h"
-#include "ptc/megatron.h"
-#include "ptc/store.h"
-#include "ptc/store_reader.h"
-#include "ptc/view.h"
+#include "ptc/dataset/state.h"
+#include "ptc/dataset/view.h"
+#include "ptc/checkpoint/megatron.h"
+#include "ptc/store/store.h"
+#include "ptc/store/store_reader.h"
+#include "ptc/model/view.h"
 
 namespace ptcfs {
 
@@ -70,7 +70,7 @@ class Snapshot {
   int WorkerOf(int rank) const { return config_.WorkerOf(rank); }
   std::map<std::string, std::string> Metadata(int rank) const;
   const std::optional<ptc::DatasetState>& dataset() const { return dataset_; }
-  // The Megatron iteration and kept entries of the generation (ptc/megatron.h);
+  // The Megatron iteration and kept entries of the generation (ptc/checkpoint/megatron.h);
   // an error when its manifest's extra["megatron"] is malformed.
   ptc::Result<ptc::megatron::MegatronState> megatron() const;
 

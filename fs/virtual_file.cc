@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "ptc/npy.h"
-#include "ptc/safetensors.h"
+#include "ptc/format/npy.h"
+#include "ptc/format/safetensors.h"
 
 namespace ptcfs {
 namespace {

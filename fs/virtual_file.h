@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "ptc/store_reader.h"
-#include "ptc/view.h"
+#include "ptc/store/store_reader.h"
+#include "ptc/model/view.h"
 
 namespace ptcfs {
 

@@ -1,4 +1,4 @@
-#include "ptc/box.h"
+#include "ptc/model/box.h"
 
 #include <gtest/gtest.h>
 

@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ptc/checkpoint.h"
-#include "ptc/safetensors.h"
+#include "ptc/checkpoint/checkpoint.h"
+#include "ptc/format/safetensors.h"
 #include "test_util.h"
 
 namespace ptc {

@@ -5,9 +5,9 @@
 #include <cstring>
 #include <random>
 
-#include "ptc/dataset_idx.h"
-#include "ptc/dataset_jsonl.h"
-#include "ptc/dataset_synth.h"
+#include "ptc/dataset/idx.h"
+#include "ptc/dataset/jsonl.h"
+#include "ptc/dataset/synth.h"
 #include "test_util.h"
 
 namespace ptc {

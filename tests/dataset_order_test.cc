@@ -7,7 +7,7 @@
 #include <random>
 #include <set>
 
-#include "ptc/dataset_order.h"
+#include "ptc/dataset/order.h"
 #include "test_util.h"
 
 namespace ptc {

@@ -10,12 +10,12 @@
 #include <random>
 #include <sstream>
 
-#include "ptc/dataset_state.h"
-#include "ptc/dataset_synth.h"
-#include "ptc/fault_injection_env.h"
-#include "ptc/import.h"
-#include "ptc/model_spec.h"
-#include "ptc/synth_checkpoint.h"
+#include "ptc/dataset/state.h"
+#include "ptc/dataset/synth.h"
+#include "ptc/base/fault_injection_env.h"
+#include "ptc/checkpoint/import.h"
+#include "ptc/store/model_spec.h"
+#include "ptc/checkpoint/synth_checkpoint.h"
 #include "test_util.h"
 
 namespace ptc {

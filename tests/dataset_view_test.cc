@@ -12,8 +12,8 @@
 #include <set>
 #include <sstream>
 
-#include "ptc/dataset_synth.h"
-#include "ptc/dataset_view.h"
+#include "ptc/dataset/synth.h"
+#include "ptc/dataset/view.h"
 #include "test_util.h"
 
 namespace ptc {

@@ -1,6 +1,6 @@
 // One conformance suite run against every Env (POSIX in a temporary directory,
 // memory), plus the fault-injecting wrapper.
-#include "ptc/env.h"
+#include "ptc/base/env.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include <functional>
 #include <thread>
 
-#include "ptc/fault_injection_env.h"
+#include "ptc/base/fault_injection_env.h"
 
 namespace ptc {
 namespace {

@@ -1,6 +1,6 @@
 // Generation manifest JSON: round trip, validation messages, checksums, and a
 // randomised mutation test with a printed seed (override: PTCFS_TEST_SEED).
-#include "ptc/manifest.h"
+#include "ptc/store/manifest.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <functional>
 #include <random>
 
-#include "ptc/checksum.h"
+#include "ptc/base/checksum.h"
 
 namespace ptc {
 namespace {

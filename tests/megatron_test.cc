@@ -1,8 +1,8 @@
-// The Megatron checkpoint layout (ptc/megatron.h): directory names, where each
+// The Megatron checkpoint layout (ptc/checkpoint/megatron.h): directory names, where each
 // tensor sits in the state dict, and that the state dict of a rank finds back
 // exactly its view's tensors (model, and optimizer state with and without
 // ZeRO-1), with the kept entries carried and their parallel sizes rewritten.
-#include "ptc/megatron.h"
+#include "ptc/checkpoint/megatron.h"
 
 #include <gtest/gtest.h>
 

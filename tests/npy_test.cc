@@ -1,4 +1,4 @@
-#include "ptc/npy.h"
+#include "ptc/format/npy.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/test_util.h"
+#include "test_util.h"
 
 namespace ptc {
 namespace {

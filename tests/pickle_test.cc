@@ -1,4 +1,4 @@
-#include "ptc/pickle.h"
+#include "ptc/format/pickle.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <limits>
 #include <random>
 
-#include "tests/test_util.h"
+#include "test_util.h"
 
 namespace ptc::pickle {
 namespace {

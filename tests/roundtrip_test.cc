@@ -4,9 +4,9 @@
 
 #include <filesystem>
 
-#include "ptc/export.h"
-#include "ptc/import.h"
-#include "ptc/synth_checkpoint.h"
+#include "ptc/checkpoint/export.h"
+#include "ptc/checkpoint/import.h"
+#include "ptc/checkpoint/synth_checkpoint.h"
 #include "test_util.h"
 
 namespace ptc {

@@ -1,4 +1,4 @@
-#include "ptc/safetensors.h"
+#include "ptc/format/safetensors.h"
 
 #include <gtest/gtest.h>
 
@@ -7,8 +7,8 @@
 #include <random>
 #include <set>
 
-#include "ptc/fault_injection_env.h"
-#include "tests/test_util.h"
+#include "ptc/base/fault_injection_env.h"
+#include "test_util.h"
 
 namespace ptc {
 namespace {

@@ -1,7 +1,7 @@
 // The store end to end on the real filesystem: write, commit, reopen, read back
 // bit-exact, verify, cross-check with h5py, every I/O failure point of a
 // commit, corruption, open errors and garbage collection.
-#include "ptc/store.h"
+#include "ptc/store/store.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -13,8 +13,8 @@
 #include <sstream>
 #include <thread>
 
-#include "ptc/fault_injection_env.h"
-#include "ptc/h5shard.h"
+#include "ptc/base/fault_injection_env.h"
+#include "ptc/store/h5shard.h"
 
 namespace ptc {
 namespace {

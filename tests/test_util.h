@@ -15,9 +15,9 @@
 #include <string>
 #include <utility>
 
-#include "ptc/config.h"
-#include "ptc/env.h"
-#include "ptc/view.h"
+#include "ptc/model/config.h"
+#include "ptc/base/env.h"
+#include "ptc/model/view.h"
 
 namespace ptc::testing {
 

@@ -1,4 +1,4 @@
-#include "ptc/torch_file.h"
+#include "ptc/format/torch_file.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <set>
 #include <sstream>
 
-#include "tests/test_util.h"
+#include "test_util.h"
 
 namespace ptc {
 namespace {

@@ -6,11 +6,11 @@
 #include <filesystem>
 #include <map>
 
-#include "ptc/fault_injection_env.h"
-#include "ptc/export.h"
-#include "ptc/import.h"
-#include "ptc/model_spec.h"
-#include "ptc/synth_checkpoint.h"
+#include "ptc/base/fault_injection_env.h"
+#include "ptc/checkpoint/export.h"
+#include "ptc/checkpoint/import.h"
+#include "ptc/store/model_spec.h"
+#include "ptc/checkpoint/synth_checkpoint.h"
 #include "test_util.h"
 #include "transform/execute.h"
 

@@ -1,4 +1,4 @@
-#include "ptc/view.h"
+#include "ptc/model/view.h"
 
 #include <gtest/gtest.h>
 

@@ -13,8 +13,8 @@
 #include <thread>
 
 #include "fs/snapshot.h"
-#include "ptc/import.h"
-#include "ptc/synth_checkpoint.h"
+#include "ptc/checkpoint/import.h"
+#include "ptc/checkpoint/synth_checkpoint.h"
 #include "test_util.h"
 
 namespace ptcfs {

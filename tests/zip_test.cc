@@ -1,4 +1,4 @@
-#include "ptc/zip.h"
+#include "ptc/format/zip.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <random>
 
-#include "tests/test_util.h"
+#include "test_util.h"
 
 namespace ptc {
 namespace {

@@ -12,8 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ptc/dataset_synth.h"
-#include "ptc/dataset_view.h"
+#include "ptc/dataset/synth.h"
+#include "ptc/dataset/view.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 

@@ -2,7 +2,7 @@
 #include <cstdio>
 #include <memory>
 
-#include "ptc/diff.h"
+#include "ptc/checkpoint/diff.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 

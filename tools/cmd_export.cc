@@ -2,9 +2,9 @@
 #include <memory>
 
 #include "fs/megatron_file.h"
-#include "ptc/export.h"
-#include "ptc/model_spec.h"
-#include "ptc/synth_checkpoint.h"
+#include "ptc/checkpoint/export.h"
+#include "ptc/store/model_spec.h"
+#include "ptc/checkpoint/synth_checkpoint.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 

@@ -3,9 +3,9 @@
 #include <memory>
 #include <optional>
 
-#include "ptc/import.h"
-#include "ptc/megatron_import.h"
-#include "ptc/synth_checkpoint.h"
+#include "ptc/checkpoint/import.h"
+#include "ptc/checkpoint/megatron_import.h"
+#include "ptc/checkpoint/synth_checkpoint.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 

@@ -5,8 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ptc/model_spec.h"
-#include "ptc/store.h"
+#include "ptc/store/model_spec.h"
+#include "ptc/store/store.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 

@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ptc/schema.h"
+#include "ptc/model/schema.h"
 #include "tools/commands.h"
 
 namespace ptcfs {

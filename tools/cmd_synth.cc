@@ -1,7 +1,7 @@
 // ptcfs synth: a synthetic per-rank checkpoint, the reference for tests.
 #include <memory>
 
-#include "ptc/synth_checkpoint.h"
+#include "ptc/checkpoint/synth_checkpoint.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 

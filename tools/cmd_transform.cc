@@ -5,8 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ptc/kv_text.h"
-#include "ptc/model_spec.h"
+#include "ptc/base/kv_text.h"
+#include "ptc/store/model_spec.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 #include "transform/execute.h"

@@ -2,8 +2,8 @@
 #include <cstdio>
 #include <memory>
 
-#include "ptc/h5shard.h"
-#include "ptc/store.h"
+#include "ptc/store/h5shard.h"
+#include "ptc/store/store.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 

@@ -6,7 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "ptc/status.h"
+#include "ptc/base/status.h"
 
 namespace ptcfs {
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <optional>
 
-#include "ptc/model_spec.h"
-#include "ptc/store_reader.h"
+#include "ptc/store/model_spec.h"
+#include "ptc/store/store_reader.h"
 #include "transform/parallel.h"
 #include "transform/stream.h"
 

@@ -22,8 +22,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ptc/checkpoint.h"
-#include "ptc/store.h"
+#include "ptc/checkpoint/checkpoint.h"
+#include "ptc/store/store.h"
 #include "transform/plan.h"
 
 namespace ptc {

@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "ptc/status.h"
+#include "ptc/base/status.h"
 
 namespace ptc {
 

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "ptc/manifest.h"
-#include "ptc/view.h"
+#include "ptc/store/manifest.h"
+#include "ptc/model/view.h"
 
 namespace ptc {
 

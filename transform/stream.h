@@ -21,7 +21,7 @@
 #include <memory>
 #include <vector>
 
-#include "ptc/store.h"
+#include "ptc/store/store.h"
 #include "transform/execute.h"
 #include "transform/plan.h"
 

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string_view>
 
-#include "ptc/npy.h"
-#include "ptc/safetensors.h"
+#include "ptc/format/npy.h"
+#include "ptc/format/safetensors.h"
 
 namespace {
 

@@ -10,9 +10,9 @@
 #include <string>
 #include <string_view>
 
-#include "ptc/pickle.h"
-#include "ptc/torch_file.h"
-#include "ptc/zip.h"
+#include "ptc/format/pickle.h"
+#include "ptc/format/torch_file.h"
+#include "ptc/format/zip.h"
 
 namespace {
 

@@ -1,0 +1,119 @@
+#include "ptc/base/checksum.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdio>
+
+namespace ptc {
+
+uint64_t Xxh64(const void* data, size_t n) { return XXH64(data, n, 0); }
+
+struct Xxh64Stream::State {
+  XXH64_state_t* s = XXH64_createState();
+  State() { XXH64_reset(s, 0); }
+  ~State() { XXH64_freeState(s); }
+};
+
+Xxh64Stream::Xxh64Stream() : state_(std::make_unique<State>()) {}
+Xxh64Stream::~Xxh64Stream() = default;
+
+void Xxh64Stream::Update(const void* data, size_t n) { XXH64_update(state_->s, data, n); }
+uint64_t Xxh64Stream::Digest() const { return XXH64_digest(state_->s); }
+void Xxh64Stream::Reset() { XXH64_reset(state_->s, 0); }
+
+uint64_t CombineBlockChecksums(const std::vector<uint64_t>& blocks) {
+  std::string words(8 * blocks.size(), '\0');
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    for (int b = 0; b < 8; ++b) words[8 * i + b] = static_cast<char>(blocks[i] >> (8 * b));
+  }
+  return Xxh64(words.data(), words.size());
+}
+
+void ShardHasher::Update(const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    if (in_block_ == kChecksumBlockBytes) {
+      blocks_.push_back(block_.Digest());
+      block_.Reset();
+      in_block_ = 0;
+    }
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(n, kChecksumBlockBytes - in_block_));
+    block_.Update(p, take);
+    in_block_ += take;
+    p += take;
+    n -= take;
+  }
+}
+
+ShardDigest ShardHasher::Finish() {
+  ShardDigest d;
+  if (blocks_.empty()) {
+    d.checksum = block_.Digest();
+    return d;
+  }
+  blocks_.push_back(block_.Digest());
+  d.checksum = CombineBlockChecksums(blocks_);
+  d.blocks = std::move(blocks_);
+  return d;
+}
+
+std::string ChecksumToString(uint64_t checksum) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "xxh64:%016llx", static_cast<unsigned long long>(checksum));
+  return buf;
+}
+
+namespace {
+
+// 16 hex digits; false when one is not hex.
+bool ParseHex16(std::string_view digits, uint64_t* value) {
+  *value = 0;
+  for (char c : digits) {
+    int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    if (digit < 0) return false;
+    *value = *value << 4 | static_cast<uint64_t>(digit);
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<uint64_t> ParseChecksum(std::string_view text) {
+  constexpr std::string_view kPrefix = "xxh64:";
+  uint64_t value = 0;
+  if (text.size() != kPrefix.size() + 16 || text.substr(0, kPrefix.size()) != kPrefix ||
+      !ParseHex16(text.substr(kPrefix.size()), &value)) {
+    return InvalidArgumentError("bad checksum '" + std::string(text) + "' (expected \"xxh64:\" and 16 hex digits)");
+  }
+  return value;
+}
+
+std::string BlockChecksumsToString(const std::vector<uint64_t>& blocks) {
+  std::string out;
+  out.reserve(16 * blocks.size());
+  char buf[20];
+  for (uint64_t b : blocks) {
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(b));
+    out += buf;
+  }
+  return out;
+}
+
+Result<std::vector<uint64_t>> ParseBlockChecksums(std::string_view text) {
+  if (text.size() % 16 != 0) {
+    return InvalidArgumentError("block checksums of " + std::to_string(text.size()) +
+                                " characters (expected 16 hex digits per block)");
+  }
+  std::vector<uint64_t> blocks(text.size() / 16);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (!ParseHex16(text.substr(16 * i, 16), &blocks[i])) {
+      return InvalidArgumentError("block checksum " + std::to_string(i) + " '" + std::string(text.substr(16 * i, 16)) +
+                                  "' is not 16 hex digits");
+    }
+  }
+  return blocks;
+}
+
+}  // namespace ptc

@@ -1,0 +1,48 @@
+// Path helpers and whole-file helpers shared by every Env.
+#include "ptc/base/env.h"
+
+namespace ptc {
+
+std::string JoinPath(std::string_view a, std::string_view b) {
+  if (a.empty()) return std::string(b);
+  if (b.empty()) return std::string(a);
+  std::string out(a);
+  if (out.back() != '/') out.push_back('/');
+  size_t skip = 0;
+  while (skip < b.size() && b[skip] == '/') ++skip;
+  out.append(b.substr(skip));
+  return out;
+}
+
+std::string DirName(std::string_view path) {
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  size_t slash = path.rfind('/');
+  if (slash == std::string_view::npos) return ".";
+  if (slash == 0) return "/";
+  return std::string(path.substr(0, slash));
+}
+
+Result<std::string> ReadFileToString(Env* env, const std::string& path) {
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->OpenRead(path));
+  std::string out(file->Size(), '\0');
+  if (!out.empty()) PTC_RETURN_IF_ERROR(file->Read(0, out.size(), out.data()));
+  return out;
+}
+
+Status WriteFileAtomic(Env* env, const std::string& path, std::string_view contents) {
+  const std::string tmp = path + ".tmp";
+  Status s = [&]() -> Status {
+    PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->OpenWrite(tmp));
+    PTC_RETURN_IF_ERROR(file->Append(contents.data(), contents.size()));
+    PTC_RETURN_IF_ERROR(file->Sync());
+    PTC_RETURN_IF_ERROR(file->Close());
+    PTC_RETURN_IF_ERROR(env->Rename(tmp, path));
+    return env->SyncDir(DirName(path));
+  }();
+  // A failed rename leaves the temporary behind; remove it (best effort). After a
+  // successful rename tmp no longer exists and only SyncDir can have failed.
+  if (!s.ok() && env->Exists(tmp)) (void)env->Remove(tmp);
+  return s;
+}
+
+}  // namespace ptc

@@ -1,0 +1,93 @@
+// The storage seam, after leveldb's Env: every byte ptcfs reads or writes in
+// a store or a checkpoint directory goes through these interfaces, so tests
+// can run against memory or inject an I/O error at any chosen operation.
+//
+// Implementations: PosixEnv (Env::Default()), NewMemEnv(), and the
+// FaultInjectionEnv wrapper (fault_injection_env.h). HDF5 writes its own
+// metadata through the OS directly (see h5shard.h); the tensor bytes of a
+// shard file go through WritableFile::PWrite at the dataset's offset.
+//
+// Thread safety: Env methods may be called from any thread. A file object is
+// used by one thread at a time, except RandomAccessFile::Read, which is safe
+// to call concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ptc/base/status.h"
+
+namespace ptc {
+
+class RandomAccessFile {
+ public:
+  virtual ~RandomAccessFile() = default;
+  // Reads exactly n bytes at offset into dst.
+  // \error Corruption when the file ends before offset + n (message names the file).
+  // \error IOError when the OS fails.
+  virtual Status Read(uint64_t offset, size_t n, void* dst) const = 0;
+  virtual uint64_t Size() const = 0;
+  // The OS descriptor when there is one (for splice / fuse_reply_data), else -1.
+  virtual int fd() const { return -1; }
+  virtual const std::string& path() const = 0;
+};
+
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  // Appends at the end of what was written so far.
+  virtual Status Append(const void* data, size_t n) = 0;
+  // Writes at an absolute offset (the file grows as needed).
+  virtual Status PWrite(uint64_t offset, const void* data, size_t n) = 0;
+  virtual Status Sync() = 0;  // data and metadata durable (fsync)
+  virtual Status Close() = 0;  // idempotent; the destructor closes without reporting
+};
+
+class Env {
+ public:
+  virtual ~Env() = default;
+
+  // The process-wide POSIX implementation. Never deleted.
+  static Env* Default();
+
+  virtual Result<std::unique_ptr<RandomAccessFile>> OpenRead(const std::string& path) = 0;
+  // Creates or truncates.
+  virtual Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path) = 0;
+  // Opens an existing file for writing without truncating it (to fill the
+  // preallocated dataset of an HDF5 shard file).
+  // \error NotFound when the file does not exist.
+  virtual Result<std::unique_ptr<WritableFile>> OpenExisting(const std::string& path) = 0;
+
+  virtual bool Exists(const std::string& path) = 0;
+  virtual Result<uint64_t> FileSize(const std::string& path) = 0;
+  // Names (not paths) of the entries of a directory, sorted.
+  virtual Result<std::vector<std::string>> ListDir(const std::string& path) = 0;
+  virtual Status CreateDirs(const std::string& path) = 0;  // mkdir -p; OK if it exists
+  virtual Status Rename(const std::string& from, const std::string& to) = 0;  // atomic replace
+  virtual Status Remove(const std::string& path) = 0;       // a file or an empty directory
+  virtual Status RemoveTree(const std::string& path) = 0;   // rm -r; OK if absent
+  virtual Status SyncDir(const std::string& path) = 0;      // fsync a directory (after rename)
+  // Makes everything written to the file system holding `path` durable
+  // (syncfs): one call instead of an fsync per file before a commit.
+  virtual Status SyncFileSystem(const std::string& path) = 0;
+  virtual bool IsDirectory(const std::string& path) = 0;
+};
+
+// A fresh, empty in-memory Env. Paths are plain strings; directories exist
+// implicitly and explicitly (CreateDirs). fd() is -1 for its files.
+std::unique_ptr<Env> NewMemEnv();
+
+// Whole-file helpers on top of any Env.
+Result<std::string> ReadFileToString(Env* env, const std::string& path);
+// Writes `path.tmp`, syncs it, renames it over `path`, syncs the directory:
+// readers see the old or the new content, never a mix, also after a crash.
+Status WriteFileAtomic(Env* env, const std::string& path, std::string_view contents);
+
+// "a/b" + "c" -> "a/b/c"; dirname of "a/b/c" is "a/b".
+std::string JoinPath(std::string_view a, std::string_view b);
+std::string DirName(std::string_view path);
+
+}  // namespace ptc

@@ -1,0 +1,216 @@
+// Env::Default(): the POSIX implementation. Every call retries on EINTR and
+// loops over short reads and writes; errors name the path.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "ptc/base/env.h"
+
+namespace ptc {
+namespace {
+
+class PosixRandomAccessFile final : public RandomAccessFile {
+ public:
+  PosixRandomAccessFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixRandomAccessFile() override { ::close(fd_); }
+
+  Status Read(uint64_t offset, size_t n, void* dst) const override {
+    char* out = static_cast<char*>(dst);
+    size_t done = 0;
+    while (done < n) {
+      ssize_t r = ::pread(fd_, out + done, n - done, static_cast<off_t>(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return ErrnoError(path_ + ": read of " + std::to_string(n) + " bytes at " + std::to_string(offset), errno);
+      if (r == 0) {
+        return CorruptionError(path_ + ": unexpected end of file reading " + std::to_string(n) + " bytes at offset " +
+                               std::to_string(offset) + " (file size " + std::to_string(Size()) + ")");
+      }
+      done += static_cast<size_t>(r);
+    }
+    return Status::OK();
+  }
+
+  uint64_t Size() const override {
+    struct stat st;
+    return ::fstat(fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  }
+  int fd() const override { return fd_; }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+class PosixWritableFile final : public WritableFile {
+ public:
+  PosixWritableFile(std::string path, int fd, uint64_t pos) : path_(std::move(path)), fd_(fd), pos_(pos) {}
+  ~PosixWritableFile() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  Status Append(const void* data, size_t n) override {
+    PTC_RETURN_IF_ERROR(PWrite(pos_, data, n));
+    pos_ += n;
+    return Status::OK();
+  }
+
+  Status PWrite(uint64_t offset, const void* data, size_t n) override {
+    if (fd_ < 0) return FailedPreconditionError(path_ + ": write after close");
+    const char* in = static_cast<const char*>(data);
+    size_t done = 0;
+    while (done < n) {
+      ssize_t w = ::pwrite(fd_, in + done, n - done, static_cast<off_t>(offset + done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) return ErrnoError(path_ + ": write of " + std::to_string(n) + " bytes at " + std::to_string(offset), errno);
+      done += static_cast<size_t>(w);
+    }
+    return Status::OK();
+  }
+
+  Status Sync() override {
+    if (fd_ < 0) return FailedPreconditionError(path_ + ": sync after close");
+    if (::fsync(fd_) != 0) return ErrnoError(path_ + ": fsync", errno);
+    return Status::OK();
+  }
+
+  Status Close() override {
+    if (fd_ < 0) return Status::OK();
+    int rc = ::close(fd_);
+    fd_ = -1;
+    if (rc != 0 && errno != EINTR) return ErrnoError(path_ + ": close", errno);
+    return Status::OK();
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+  uint64_t pos_;
+};
+
+int OpenRetry(const std::string& path, int flags, mode_t mode = 0) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  } while (fd < 0 && errno == EINTR);
+  return fd;
+}
+
+class PosixEnv final : public Env {
+ public:
+  Result<std::unique_ptr<RandomAccessFile>> OpenRead(const std::string& path) override {
+    int fd = OpenRetry(path, O_RDONLY);
+    if (fd < 0) return ErrnoError(path + ": open for reading", errno);
+    return std::unique_ptr<RandomAccessFile>(new PosixRandomAccessFile(path, fd));
+  }
+
+  Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path) override {
+    int fd = OpenRetry(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return ErrnoError(path + ": open for writing", errno);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd, 0));
+  }
+
+  // Append continues at the current end of the file.
+  Result<std::unique_ptr<WritableFile>> OpenExisting(const std::string& path) override {
+    int fd = OpenRetry(path, O_WRONLY);
+    if (fd < 0) return ErrnoError(path + ": open existing for writing", errno);
+    struct stat st;
+    uint64_t size = ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd, size));
+  }
+
+  bool Exists(const std::string& path) override {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0;
+  }
+
+  Result<uint64_t> FileSize(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return ErrnoError(path + ": stat", errno);
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+  Result<std::vector<std::string>> ListDir(const std::string& path) override {
+    DIR* dir = ::opendir(path.c_str());
+    if (dir == nullptr) return ErrnoError(path + ": list directory", errno);
+    std::vector<std::string> names;
+    errno = 0;
+    while (struct dirent* e = ::readdir(dir)) {
+      std::string name = e->d_name;
+      if (name != "." && name != "..") names.push_back(std::move(name));
+    }
+    int err = errno;
+    ::closedir(dir);
+    if (err != 0) return ErrnoError(path + ": list directory", err);
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  Status CreateDirs(const std::string& path) override {
+    std::error_code ec;
+    std::filesystem::create_directories(path, ec);
+    if (ec) return ErrnoError(path + ": create directories", ec.value());
+    if (!IsDirectory(path)) return AlreadyExistsError(path + ": exists and is not a directory");
+    return Status::OK();
+  }
+
+  Status Rename(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) return ErrnoError("rename " + from + " -> " + to, errno);
+    return Status::OK();
+  }
+
+  Status Remove(const std::string& path) override {
+    if (::unlink(path.c_str()) == 0) return Status::OK();
+    if (errno == EISDIR || errno == EPERM) {
+      if (::rmdir(path.c_str()) == 0) return Status::OK();
+    }
+    return ErrnoError(path + ": remove", errno);
+  }
+
+  Status RemoveTree(const std::string& path) override {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+    if (ec) return ErrnoError(path + ": remove tree", ec.value());
+    return Status::OK();
+  }
+
+  Status SyncFileSystem(const std::string& path) override {
+    int fd = OpenRetry(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return ErrnoError(path + ": open directory for syncfs", errno);
+    int rc = ::syncfs(fd);
+    int err = errno;
+    ::close(fd);
+    if (rc != 0) return ErrnoError(path + ": syncfs", err);
+    return Status::OK();
+  }
+
+  Status SyncDir(const std::string& path) override {
+    int fd = OpenRetry(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return ErrnoError(path + ": open directory for fsync", errno);
+    int rc = ::fsync(fd);
+    int err = errno;
+    ::close(fd);
+    if (rc != 0) return ErrnoError(path + ": fsync directory", err);
+    return Status::OK();
+  }
+
+  bool IsDirectory(const std::string& path) override {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  }
+};
+
+}  // namespace
+
+Env* Env::Default() {
+  static Env* const env = new PosixEnv();
+  return env;
+}
+
+}  // namespace ptc

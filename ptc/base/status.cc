@@ -1,0 +1,56 @@
+#include "ptc/base/status.h"
+
+#include <cerrno>
+#include <cstring>
+
+namespace ptc {
+
+std::string_view CodeName(Code code) {
+  switch (code) {
+    case Code::kOk: return "OK";
+    case Code::kInvalidArgument: return "InvalidArgument";
+    case Code::kNotFound: return "NotFound";
+    case Code::kCorruption: return "Corruption";
+    case Code::kIOError: return "IOError";
+    case Code::kFailedPrecondition: return "FailedPrecondition";
+    case Code::kAlreadyExists: return "AlreadyExists";
+    case Code::kPermissionDenied: return "PermissionDenied";
+    case Code::kUnimplemented: return "Unimplemented";
+    case Code::kInternal: return "Internal";
+  }
+  return "Unknown";
+}
+
+Status::Status(Code code, std::string message) {
+  if (code != Code::kOk) rep_ = std::make_shared<const Rep>(Rep{code, std::move(message)});
+}
+
+const std::string& Status::message() const {
+  static const std::string kEmpty;
+  return rep_ ? rep_->message : kEmpty;
+}
+
+std::string Status::ToString() const {
+  if (ok()) return "OK";
+  return std::string(CodeName(code())) + ": " + message();
+}
+
+Status Status::WithContext(std::string_view context) const {
+  if (ok() || context.empty()) return *this;
+  return Status(code(), std::string(context) + ": " + message());
+}
+
+Status InvalidArgumentError(std::string m) { return Status(Code::kInvalidArgument, std::move(m)); }
+Status NotFoundError(std::string m) { return Status(Code::kNotFound, std::move(m)); }
+Status CorruptionError(std::string m) { return Status(Code::kCorruption, std::move(m)); }
+Status IOError(std::string m) { return Status(Code::kIOError, std::move(m)); }
+Status FailedPreconditionError(std::string m) { return Status(Code::kFailedPrecondition, std::move(m)); }
+Status AlreadyExistsError(std::string m) { return Status(Code::kAlreadyExists, std::move(m)); }
+Status InternalError(std::string m) { return Status(Code::kInternal, std::move(m)); }
+
+Status ErrnoError(std::string_view what, int err) {
+  Code code = err == ENOENT ? Code::kNotFound : err == EEXIST ? Code::kAlreadyExists : Code::kIOError;
+  return Status(code, std::string(what) + ": " + std::strerror(err));
+}
+
+}  // namespace ptc

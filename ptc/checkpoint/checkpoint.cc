@@ -1,0 +1,152 @@
+#include "ptc/checkpoint/checkpoint.h"
+
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <vector>
+
+#include "ptc/format/npy.h"
+
+namespace ptc {
+namespace {
+
+std::vector<TensorSpec> Specs(const std::vector<LocalTensor>& tensors) {
+  std::vector<TensorSpec> out;
+  for (const LocalTensor& t : tensors) out.push_back({t.name, t.dtype, t.shape});
+  return out;
+}
+
+Status WriteFile(Env* env, const std::string& path, const ParallelConfig& config, const RankView& view,
+                 const std::vector<LocalTensor>& tensors, const FillFn& fill, const ProgressFn& progress) {
+  std::map<std::string, std::string> metadata = {
+      {"format", "pt"}, {"ptcfs.rank", std::to_string(view.rank)}, {"ptcfs.config", config.ToString()}};
+  PTC_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::Create(env, path, Specs(tensors), metadata));
+  std::vector<unsigned char> buf;
+  for (const LocalTensor& t : tensors) {
+    const size_t nbytes = NumElements(t.shape) * DTypeSize(t.dtype);
+    buf.assign(nbytes, 0);
+    PTC_RETURN_IF_ERROR(fill(t, buf.data()), path + ": tensor '" + t.name + "'");
+    PTC_RETURN_IF_ERROR(writer->Append(buf.data(), nbytes), path);
+    if (progress) progress(nbytes);
+  }
+  return writer->Finish();
+}
+
+// tensors/<name>.npy for each local tensor, and tensors/dtypes.json.
+Status WriteNpyFiles(Env* env, const std::string& dir, const std::vector<LocalTensor>& tensors, const FillFn& fill,
+                     const ProgressFn& progress, std::map<std::string, DType>* dtypes) {
+  std::vector<unsigned char> buf;
+  for (const LocalTensor& t : tensors) {
+    const std::string file = t.name + ".npy", path = JoinPath(dir, file);
+    const size_t nbytes = NumElements(t.shape) * DTypeSize(t.dtype);
+    buf.assign(nbytes, 0);
+    PTC_RETURN_IF_ERROR(fill(t, buf.data()), path);
+    PTC_ASSIGN_OR_RETURN(auto writer, NpyWriter::Create(env, path, t.dtype, t.shape));
+    PTC_RETURN_IF_ERROR(writer->Append(buf.data(), nbytes), path);
+    PTC_RETURN_IF_ERROR(writer->Finish(), path);
+    (*dtypes)[file] = t.dtype;
+    if (progress) progress(nbytes);
+  }
+  return Status::OK();
+}
+
+Status CheckFile(const std::string& path, const SafetensorsHeader& header, const std::vector<LocalTensor>& expected) {
+  std::set<std::string> names;
+  for (const LocalTensor& t : expected) {
+    names.insert(t.name);
+    const SafetensorsEntry* e = header.Find(t.name);
+    if (e == nullptr) return InvalidArgumentError(path + ": missing tensor '" + t.name + "'");
+    if (e->dtype != t.dtype) {
+      return InvalidArgumentError(path + ": tensor '" + t.name + "' has dtype " + std::string(DTypeName(e->dtype)) +
+                                  ", expected " + std::string(DTypeName(t.dtype)));
+    }
+    if (e->shape != t.shape) {
+      return InvalidArgumentError(path + ": tensor '" + t.name + "' has shape " + ShapeToString(e->shape) +
+                                  ", expected " + ShapeToString(t.shape) + " for this rank");
+    }
+  }
+  for (const SafetensorsEntry& e : header.tensors) {
+    if (!names.count(e.name)) {
+      return InvalidArgumentError(path + ": unknown tensor '" + e.name + "' (not in this rank's view of the schema)");
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string RankDirName(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "rank-%05d", rank);
+  return buf;
+}
+
+std::string ModelFilePath(const std::string& dir, int rank) {
+  return JoinPath(JoinPath(dir, RankDirName(rank)), "model.safetensors");
+}
+
+std::string OptimFilePath(const std::string& dir, int rank) {
+  return JoinPath(JoinPath(dir, RankDirName(rank)), "optim.safetensors");
+}
+
+Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name) {
+  if (name == "safetensors") return CheckpointFormat::kSafetensors;
+  if (name == "npy") return CheckpointFormat::kNpy;
+  return InvalidArgumentError("format '" + std::string(name) + "' is not one of safetensors, npy");
+}
+
+Status WriteRankCheckpoint(Env* env, const std::string& dir, const ParallelConfig& config, const RankView& view,
+                           const FillFn& fill, const ProgressFn& progress, CheckpointFormat format) {
+  PTC_RETURN_IF_ERROR(env->CreateDirs(JoinPath(dir, RankDirName(view.rank))));
+  if (format == CheckpointFormat::kNpy) {
+    const std::string tensors = JoinPath(JoinPath(dir, RankDirName(view.rank)), "tensors");
+    PTC_RETURN_IF_ERROR(env->CreateDirs(tensors));
+    std::map<std::string, DType> dtypes;
+    PTC_RETURN_IF_ERROR(WriteNpyFiles(env, tensors, view.model, fill, progress, &dtypes));
+    PTC_RETURN_IF_ERROR(WriteNpyFiles(env, tensors, view.optim, fill, progress, &dtypes));
+    PTC_ASSIGN_OR_RETURN(std::string json, EncodeNpyDTypes(dtypes));
+    return WriteFileAtomic(env, JoinPath(tensors, std::string(kNpyDTypesFile)), json);
+  }
+  PTC_RETURN_IF_ERROR(WriteFile(env, ModelFilePath(dir, view.rank), config, view, view.model, fill, progress));
+  if (view.optim.empty()) return Status::OK();
+  return WriteFile(env, OptimFilePath(dir, view.rank), config, view, view.optim, fill, progress);
+}
+
+Result<std::unique_ptr<RankCheckpoint>> RankCheckpoint::Open(Env* env, const std::string& dir, const RankView& view) {
+  std::vector<std::unique_ptr<RandomAccessFile>> files;
+  std::map<std::string, Location> where;
+  auto open = [&](const std::string& path, const std::vector<LocalTensor>& expected) -> Status {
+    if (!env->Exists(path)) {
+      return NotFoundError(path + ": missing (rank " + std::to_string(view.rank) + " of the config has no file)");
+    }
+    PTC_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(env, path));
+    PTC_RETURN_IF_ERROR(CheckFile(path, header, expected));
+    PTC_ASSIGN_OR_RETURN(files.emplace_back(), env->OpenRead(path));
+    for (const LocalTensor& t : expected) where[t.name] = {files.back().get(), header.Find(t.name)->offset};
+    return Status::OK();
+  };
+  PTC_RETURN_IF_ERROR(open(ModelFilePath(dir, view.rank), view.model));
+  const std::string optim = OptimFilePath(dir, view.rank);
+  if (!view.optim.empty()) {
+    PTC_RETURN_IF_ERROR(open(optim, view.optim));
+  } else if (env->Exists(optim)) {
+    return InvalidArgumentError(optim + ": optimizer state present, but rank 0 has none");
+  }
+  return std::make_unique<RankCheckpoint>(std::move(files), std::move(where));
+}
+
+FileTensor RankCheckpoint::Locate(const LocalTensor& tensor, const Segment& segment) const {
+  const Location& at = where_.at(tensor.name);
+  return FileTensor{at.file, at.offset, segment.box, segment.layout, DTypeSize(tensor.dtype)};
+}
+
+Result<ModelSpec> InferModelSpec(Env* env, const std::string& dir, const Schema& schema, const ModelDims& dims) {
+  const std::string path = ModelFilePath(dir, 0);
+  if (!env->Exists(path)) return NotFoundError(path + ": missing (every checkpoint has rank 0)");
+  PTC_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(env, path));
+  if (header.tensors.empty()) return InvalidArgumentError(path + ": holds no tensor");
+  ModelSpec spec{schema, dims, header.tensors.front().dtype, env->Exists(OptimFilePath(dir, 0))};
+  return spec;
+}
+
+}  // namespace ptc

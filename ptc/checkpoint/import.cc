@@ -1,0 +1,163 @@
+#include "ptc/checkpoint/import.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "ptc/base/checksum.h"
+#include "ptc/store/model_spec.h"
+#include "ptc/store/store.h"
+
+namespace ptc {
+namespace {
+
+std::string BoxesText(const std::vector<Box>& boxes) {
+  std::string k;
+  for (const Box& b : boxes) k += (k.empty() ? "" : " ") + b.ToString();
+  return k;
+}
+
+class Importer {
+ public:
+  Importer(const CheckpointSource& source, GenerationWriter* writer, const ProgressFn& progress)
+      : source_(source), writer_(writer), progress_(progress) {}
+
+  Status ImportRank(const RankView& view) {
+    PTC_ASSIGN_OR_RETURN(auto ckpt, source_.open_rank(view));
+    const int worker = source_.config.WorkerOf(view.rank);
+    for (const auto* list : {&view.model, &view.optim}) {
+      for (const LocalTensor& t : *list) {
+        for (const ShardKey& key : StoredShards(t)) PTC_RETURN_IF_ERROR(ImportShard(*ckpt, view.rank, worker, t, key));
+      }
+    }
+    return Status::OK();
+  }
+
+  ImportResult result;
+
+ private:
+  // Streams the shard's data (each segment of key.tensor densely, in order) to `consume`.
+  Status ReadShard(const RankCheckpoint& ckpt, const LocalTensor& t, const ShardKey& key,
+                   const std::function<Status(const void*, size_t)>& consume) {
+    for (const Segment& s : t.segments) {
+      if (s.tensor != key.tensor) continue;
+      buf_.resize(s.box.volume() * DTypeSize(t.dtype));
+      PTC_RETURN_IF_ERROR(ReadRegion(ckpt.Locate(t, s), s.box, buf_.data(), s.box, DenseLayout(s.box)));
+      PTC_RETURN_IF_ERROR(consume(buf_.data(), buf_.size()));
+      result.bytes_read += buf_.size();
+      if (progress_) progress_(buf_.size());
+    }
+    return Status::OK();
+  }
+
+  Status ImportShard(const RankCheckpoint& ckpt, int rank, int worker, const LocalTensor& t, const ShardKey& key) {
+    uint64_t checksum;
+    if (stored_.count({key, worker})) {
+      ShardHasher hash;
+      PTC_RETURN_IF_ERROR(ReadShard(ckpt, t, key, [&](const void* p, size_t n) {
+        hash.Update(p, n);
+        return Status::OK();
+      }));
+      checksum = hash.Finish().checksum;
+    } else {
+      PTC_ASSIGN_OR_RETURN(auto sink, writer_->NewShard(key.tensor, t.dtype, key.boxes, worker));
+      PTC_RETURN_IF_ERROR(ReadShard(ckpt, t, key, [&](const void* p, size_t n) { return sink->Append(p, n); }));
+      PTC_ASSIGN_OR_RETURN(ShardRecord record, sink->Finish());
+      checksum = record.checksum;
+      result.shards++;
+      result.bytes_stored += record.nbytes;
+      writer_->AddShard(std::move(record));
+      stored_.insert({key, worker});
+    }
+    auto [it, first] = seen_.try_emplace(key, checksum, rank);
+    if (!first && it->second.first != checksum) {
+      return InvalidArgumentError("replicas disagree: tensor '" + key.tensor + "' " + BoxesText(key.boxes) +
+                                  " differs between " + source_.rank_file(it->second.second) + " and " +
+                                  source_.rank_file(rank) + " ('" + t.name + "')");
+    }
+    return Status::OK();
+  }
+
+  const CheckpointSource& source_;
+  GenerationWriter* writer_;
+  const ProgressFn& progress_;
+  std::vector<unsigned char> buf_;
+  std::set<std::pair<ShardKey, int>> stored_;              // (key, worker) written
+  std::map<ShardKey, std::pair<uint64_t, int>> seen_;      // key -> (checksum, first rank)
+};
+
+Result<ImportResult> ImportInto(Store* store, const CheckpointSource& source, const std::vector<RankView>& views,
+                                const ProgressFn& progress) {
+  PTC_ASSIGN_OR_RETURN(auto writer, store->BeginGeneration());
+  Importer importer(source, writer.get(), progress);
+  for (const RankView& view : views) PTC_RETURN_IF_ERROR(importer.ImportRank(view));
+  GenerationManifest meta;
+  // State kept beside the tensors (the dataset position) carries over.
+  if (store->has_generation()) meta.extra = store->current().extra;
+  for (const auto& [key, value] : source.extra.items()) meta.extra[key] = value;
+  PTC_RETURN_IF_ERROR(DescribeModel(source.spec, source.config, &meta));
+  PTC_RETURN_IF_ERROR(writer->Commit(std::move(meta)));
+  importer.result.generation = writer->generation();
+  return importer.result;
+}
+
+// The views of every rank, each rank's files opened (checked) once.
+Result<std::vector<RankView>> CheckedViews(const CheckpointSource& source) {
+  PTC_RETURN_IF_ERROR(ValidateConfig(source.spec, source.config));
+  std::vector<RankView> views;
+  for (int r = 0; r < source.config.world_size(); ++r) {
+    PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(source.spec, source.config, r));
+    PTC_ASSIGN_OR_RETURN(auto ckpt, source.open_rank(view));
+    views.push_back(std::move(view));
+  }
+  return views;
+}
+
+}  // namespace
+
+Result<ImportResult> ImportInto(Store* store, const CheckpointSource& source, const ProgressFn& progress) {
+  PTC_ASSIGN_OR_RETURN(std::vector<RankView> views, CheckedViews(source));
+  return ImportInto(store, source, views, progress);
+}
+
+Result<ImportResult> ImportCheckpoint(Env* env, const std::string& src_dir, const std::string& store_path,
+                                      const Schema& schema, const ModelDims& dims, const ParallelConfig& config,
+                                      const ProgressFn& progress) {
+  CheckpointSource source;
+  PTC_ASSIGN_OR_RETURN(source.spec, InferModelSpec(env, src_dir, schema, dims));
+  source.config = config;
+  source.open_rank = [env, src_dir](const RankView& view) { return RankCheckpoint::Open(env, src_dir, view); };
+  source.rank_file = [src_dir](int rank) { return ModelFilePath(src_dir, rank); };
+  return ImportFrom(env, source, store_path, progress);
+}
+
+Result<ImportResult> ImportFrom(Env* env, const CheckpointSource& source, const std::string& store_path,
+                                const ProgressFn& progress) {
+  // Check every rank's files before the store is touched.
+  PTC_ASSIGN_OR_RETURN(std::vector<RankView> views, CheckedViews(source));
+  const bool existed = env->Exists(JoinPath(store_path, "manifest.json"));
+  std::unique_ptr<Store> store;
+  if (existed) {
+    PTC_ASSIGN_OR_RETURN(store, Store::Open(env, store_path));
+  } else {
+    const bool dir_existed = env->Exists(store_path);
+    PTC_ASSIGN_OR_RETURN(store, Store::Create(env, store_path));
+    auto result = ImportInto(store.get(), source, views, progress);
+    if (!result.ok()) {
+      store.reset();
+      // Best effort: the store did not exist before this call.
+      if (dir_existed) {
+        auto names = env->ListDir(store_path);
+        if (names.ok()) for (const std::string& n : *names) (void)env->RemoveTree(JoinPath(store_path, n));
+      } else {
+        (void)env->RemoveTree(store_path);
+      }
+    }
+    return result;
+  }
+  return ImportInto(store.get(), source, views, progress);
+}
+
+}  // namespace ptc

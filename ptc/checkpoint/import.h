@@ -1,0 +1,63 @@
+// `ptcfs import`: a per-rank safetensors checkpoint into a store.
+//
+// All rank files are checked against their views before the store is
+// touched; every replica (dp copies, tp-replicated tensors, tied embeddings)
+// must agree by checksum; tensors replicated across the ranks of one worker
+// are stored once on that worker. The result is committed as a new
+// generation; on any failure the store is as it was (a store this call
+// created is removed again).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+
+#include "ptc/checkpoint/checkpoint.h"
+#include "ptc/base/env.h"
+#include "ptc/store/store.h"
+
+namespace ptc {
+
+struct ImportResult {
+  uint64_t generation = 0;
+  uint64_t shards = 0;
+  uint64_t bytes_stored = 0;
+  uint64_t bytes_read = 0;
+};
+
+// A checkpoint of any format, to import.
+struct CheckpointSource {
+  ModelSpec spec;
+  ParallelConfig config;
+  // Opens (and checks) the files of one rank of `config`.
+  std::function<Result<std::unique_ptr<RankCheckpoint>>(const RankView&)> open_rank;
+  // The rank's file, for messages.
+  std::function<std::string(int rank)> rank_file;
+  // Entries set in the new manifest's extra (over those kept from the store).
+  nlohmann::json extra = nlohmann::json::object();
+};
+
+// Imports `source` into the store at `store_path` (created when absent): every
+// rank is opened (checked) before the store is touched.
+// \error as ValidateConfig and source.open_rank; InvalidArgument when replicas
+//        of a tensor disagree; as Store::Create / Store::Open and the GenerationWriter.
+Result<ImportResult> ImportFrom(Env* env, const CheckpointSource& source, const std::string& store_path,
+                                const ProgressFn& progress = {});
+// The same into an open store (which must have no active writer).
+// \error as above; FailedPrecondition while another writer is active.
+Result<ImportResult> ImportInto(Store* store, const CheckpointSource& source, const ProgressFn& progress = {});
+
+// A per-rank safetensors checkpoint (checkpoint.h).
+// \error as InferModelSpec, ValidateConfig and RankCheckpoint::Open (missing
+//        rank file, wrong shape or dtype, unknown tensor, malformed header).
+// \error InvalidArgument when replicas of a tensor disagree, naming the tensor,
+//        its boxes and both ranks.
+// \error as Store::Create / Store::Open and the GenerationWriter.
+Result<ImportResult> ImportCheckpoint(Env* env, const std::string& src_dir, const std::string& store_path,
+                                      const Schema& schema, const ModelDims& dims, const ParallelConfig& config,
+                                      const ProgressFn& progress = {});
+
+}  // namespace ptc

@@ -1,0 +1,335 @@
+#include "ptc/checkpoint/megatron.h"
+
+#include <charconv>
+#include <cstdio>
+#include <map>
+
+#include "ptc/format/torch_file.h"
+
+namespace ptc::megatron {
+namespace {
+
+using pickle::Value;
+
+constexpr std::string_view kGptSchema = "megatron-gpt";
+constexpr std::string_view kEncoderPrefix = "language_model.encoder.";
+
+bool ParseDigits(std::string_view text, int* out) {
+  if (text.empty()) return false;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);
+  return ec == std::errc() && end == text.data() + text.size();
+}
+
+int64_t Numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<int64_t> ContiguousStrides(const Shape& shape) {
+  std::vector<int64_t> stride(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) stride[i - 1] = stride[i] * shape[i];
+  return stride;
+}
+
+Value TensorValue(const LocalTensor& t, size_t storage) {
+  pickle::Tensor p;
+  p.storage_key = std::to_string(storage);
+  p.dtype = t.dtype;
+  p.storage_numel = static_cast<uint64_t>(Numel(t.shape));
+  p.shape.assign(t.shape.begin(), t.shape.end());
+  p.stride = ContiguousStrides(t.shape);
+  return Value::FromTensor(std::move(p));
+}
+
+// The dict under `parent` at `key`, created (as `kind`) when absent.
+Value* Child(Value* parent, const std::string& key, bool ordered) {
+  if (Value* v = parent->Find(key)) return v;
+  parent->Set(key, ordered ? Value::OrderedDict() : Value::Dict());
+  return parent->Find(key);
+}
+
+void Put(Value* root, const std::vector<std::string>& path, Value leaf) {
+  Value* node = root;
+  for (size_t i = 0; i + 1 < path.size(); ++i) node = Child(node, path[i], /*ordered=*/i + 2 == path.size());
+  node->Set(path.back(), std::move(leaf));
+}
+
+const Value* Get(const Value& root, const std::vector<Value>& path) {
+  const Value* node = &root;
+  for (const Value& key : path) {
+    if (node->is_dict()) {
+      node = node->Find(key);
+    } else if (node->is_sequence() && key.kind() == pickle::Kind::kInt && key.as_int() >= 0 &&
+               static_cast<size_t>(key.as_int()) < node->items().size()) {
+      node = &node->items()[static_cast<size_t>(key.as_int())];
+    } else {
+      node = nullptr;
+    }
+    if (node == nullptr) return nullptr;
+  }
+  return node;
+}
+
+std::string PathText(const std::vector<Value>& path) {
+  std::string out;
+  for (const Value& k : path) {
+    out += out.empty() ? "" : "/";
+    out += k.kind() == pickle::Kind::kStr ? k.as_str() : k.DebugString();
+  }
+  return out;
+}
+
+std::vector<Value> StrPath(const std::vector<std::string>& keys) {
+  std::vector<Value> out;
+  for (const std::string& k : keys) out.push_back(Value::Str(k));
+  return out;
+}
+
+// The optimizer tensors of parameter i: where each kind sits (zero=0 layout).
+std::vector<Value> OptimPath(std::string_view kind, size_t i) {
+  if (kind == "fp32") {
+    return {Value::Str("optimizer"), Value::Str("fp32_from_fp16_params"), Value::Int(0), Value::Int(static_cast<int64_t>(i))};
+  }
+  return {Value::Str("optimizer"), Value::Str("optimizer"), Value::Str("state"), Value::Int(static_cast<int64_t>(i)),
+          Value::Str(std::string(kind))};
+}
+
+// Splits "<param>.<kind>" of an optimizer local name.
+std::pair<std::string, std::string> SplitOptimName(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return {name.substr(0, dot), name.substr(dot + 1)};
+}
+
+std::string Hex(std::string_view bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
+  }
+  return out;
+}
+
+// `what` names the field in messages.
+Result<std::string> Unhex(std::string_view text, const std::string& what) {
+  if (text.size() % 2 != 0) return InvalidArgumentError(what + ": odd hex length");
+  std::string bytes(text.size() / 2, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    int v = 0;
+    auto [end, ec] = std::from_chars(text.data() + 2 * i, text.data() + 2 * i + 2, v, 16);
+    if (ec != std::errc() || end != text.data() + 2 * i + 2) {
+      return InvalidArgumentError(what + ": not hex at " + std::to_string(2 * i));
+    }
+    bytes[i] = static_cast<char>(v);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+std::string IterationDirName(uint64_t iteration) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "iter_%07llu", static_cast<unsigned long long>(iteration));
+  return buf;
+}
+
+std::string RankDirName(int tp_rank, int pp_rank, int pp) {
+  char buf[40];
+  if (pp == 1) {
+    std::snprintf(buf, sizeof(buf), "mp_rank_%02d", tp_rank);
+  } else {
+    std::snprintf(buf, sizeof(buf), "mp_rank_%02d_%03d", tp_rank, pp_rank);
+  }
+  return buf;
+}
+
+Result<RankDir> ParseRankDirName(std::string_view name) {
+  const auto bad = InvalidArgumentError("'" + std::string(name) + "' is not a rank directory (mp_rank_TT or mp_rank_TT_PPP)");
+  if (!name.starts_with("mp_rank_")) return bad;
+  std::string_view rest = name.substr(8);
+  RankDir d;
+  const size_t us = rest.find('_');
+  if (!ParseDigits(rest.substr(0, us), &d.tp_rank) || rest.substr(0, us).size() != 2) return bad;
+  if (us != std::string_view::npos && (!ParseDigits(rest.substr(us + 1), &d.pp_rank) || rest.size() - us - 1 != 3)) {
+    return bad;
+  }
+  return d;
+}
+
+std::vector<std::string> ModelKeyPath(std::string_view schema_name, std::string_view local_name) {
+  std::vector<std::string> path = {"model"};
+  if (schema_name != kGptSchema) {
+    path.emplace_back(local_name);
+    return path;
+  }
+  // Legacy GPTModel: nested dicts down to the modules; the encoder is one
+  // module's flat state_dict ("layers.0.input_layernorm.weight").
+  if (local_name.starts_with(kEncoderPrefix)) {
+    path.insert(path.end(), {"language_model", "encoder", std::string(local_name.substr(kEncoderPrefix.size()))});
+    return path;
+  }
+  for (size_t start = 0;;) {
+    const size_t dot = local_name.find('.', start);
+    path.emplace_back(local_name.substr(start, dot - start));
+    if (dot == std::string_view::npos) break;
+    start = dot + 1;
+  }
+  return path;
+}
+
+Result<RankState> BuildRankState(const ModelSpec& spec, const ParallelConfig& config, const RankView& view,
+                                 const MegatronState& state) {
+  const pickle::Value& carried = state.carried;
+  if (!carried.is_dict() && !carried.is_none()) {
+    return InvalidArgumentError("kept checkpoint entries are a " + std::string(pickle::KindName(carried.kind())) +
+                                ", not a dict");
+  }
+  RankState out;
+  out.root = carried.is_dict() ? carried : Value::Dict();
+  Value& root = out.root;
+  if (Value* args = root.Find("args"); args != nullptr && args->kind() == pickle::Kind::kObject) {
+    const std::pair<const char*, int> sizes[] = {{"tensor_model_parallel_size", config.tp},
+                                                 {"pipeline_model_parallel_size", config.pp},
+                                                 {"data_parallel_size", config.dp},
+                                                 {"world_size", config.world_size()}};
+    for (const auto& [name, value] : sizes) {
+      if (args->GetAttr(name) != nullptr) PTC_RETURN_IF_ERROR(args->SetAttr(name, Value::Int(value)), "args");
+    }
+  }
+  // 3, not 3.0: equal for Megatron's comparisons, and torch <= 1.13's
+  // weights_only unpickler (Debian 12's) has no float opcode.
+  root.Set("checkpoint_version", Value::Int(3));
+  root.Set("iteration", Value::Int(static_cast<int64_t>(state.iteration)));
+  auto add = [&](const LocalTensor& t) {
+    Value v = TensorValue(t, out.storages.size());
+    out.storages.push_back({v.tensor().storage_key, &t, nullptr});
+    return v;
+  };
+  root.Set("model", Value::Dict());
+  for (const LocalTensor& t : view.model) Put(&root, ModelKeyPath(spec.schema.name, t.name), add(t));
+  for (const CarriedTensor& c : state.tensors) out.storages.push_back({c.key, nullptr, &c});
+  if (view.optim.empty() || config.zero == 1) return out;
+  root.Set("optimizer", Value::Dict());
+  std::map<std::string, size_t> param_index;
+  for (size_t i = 0; i < view.model.size(); ++i) param_index[view.model[i].name] = i;
+  Value adam = Value::Dict(), masters = Value::List(), params = Value::List();
+  for (size_t i = 0; i < view.model.size(); ++i) {
+    adam.Set(Value::Int(static_cast<int64_t>(i)), Value::Dict());
+    params.items().push_back(Value::Int(static_cast<int64_t>(i)));
+  }
+  std::vector<const LocalTensor*> fp32(view.model.size(), nullptr);
+  for (const LocalTensor& t : view.optim) {
+    const auto [param, kind] = SplitOptimName(t.name);
+    const size_t i = param_index.at(param);
+    if (kind == "fp32") {
+      fp32[i] = &t;
+      continue;
+    }
+    adam.Find(Value::Int(static_cast<int64_t>(i)))->Set(kind, add(t));
+  }
+  for (const LocalTensor* t : fp32) {
+    if (t != nullptr) masters.items().push_back(add(*t));
+  }
+  Value param_group = Value::Dict();
+  param_group.Set("params", std::move(params));
+  Value inner = Value::Dict();
+  inner.Set("state", std::move(adam));
+  inner.Set("param_groups", Value::List({std::move(param_group)}));
+  Value* optimizer = root.Find("optimizer");
+  optimizer->Set("optimizer", std::move(inner));
+  optimizer->Set("fp32_from_fp16_params", Value::List({std::move(masters)}));
+  return out;
+}
+
+Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const ParallelConfig& config,
+                                                    const RankView& view, const pickle::Value& root,
+                                                    const std::string& what) {
+  std::vector<pickle::Tensor> out;
+  auto take = [&](const LocalTensor& t, const std::vector<Value>& path) -> Status {
+    const Value* v = Get(root, path);
+    const std::string where = what + ": " + PathText(path);
+    if (v == nullptr) return InvalidArgumentError(where + ": missing (tensor " + t.name + " of the rank's view)");
+    if (!v->is_tensor()) return InvalidArgumentError(where + ": a " + std::string(pickle::KindName(v->kind())) + ", not a tensor");
+    const pickle::Tensor& p = v->tensor();
+    if (p.dtype != t.dtype) {
+      return InvalidArgumentError(where + ": dtype " + std::string(DTypeName(p.dtype)) + ", the schema says " +
+                                  std::string(DTypeName(t.dtype)));
+    }
+    if (!std::equal(p.shape.begin(), p.shape.end(), t.shape.begin(), t.shape.end())) {
+      return InvalidArgumentError(where + ": shape " + ShapeToString(Shape(p.shape.begin(), p.shape.end())) +
+                                  ", the schema and config say " + ShapeToString(t.shape));
+    }
+    if (!IsContiguous(p)) return InvalidArgumentError(where + ": not contiguous (ptcfs imports contiguous tensors)");
+    out.push_back(p);
+    return Status::OK();
+  };
+  for (const LocalTensor& t : view.model) PTC_RETURN_IF_ERROR(take(t, StrPath(ModelKeyPath(spec.schema.name, t.name))));
+  if (view.optim.empty()) return out;
+  if (config.zero == 1) {
+    return InvalidArgumentError(what + ": ZeRO-1 optimizer state is not part of Megatron's model_optim_rng.pt "
+                                "(import without optimizer state)");
+  }
+  std::map<std::string, size_t> param_index;
+  for (size_t i = 0; i < view.model.size(); ++i) param_index[view.model[i].name] = i;
+  for (const LocalTensor& t : view.optim) {
+    const auto [param, kind] = SplitOptimName(t.name);
+    PTC_RETURN_IF_ERROR(take(t, OptimPath(kind, param_index.at(param))));
+  }
+  return out;
+}
+
+Result<MegatronState> LoadMegatronState(const nlohmann::json& extra, const std::string& what) {
+  MegatronState state;
+  auto it = extra.find(kManifestKey);
+  if (it == extra.end()) return state;
+  const auto bad = [&](const std::string& why) {
+    return InvalidArgumentError(what + ": extra.megatron: " + why);
+  };
+  if (!it->is_object()) return bad("not an object");
+  auto iteration = it->find("iteration");
+  auto carried = it->find("carried");
+  if (iteration == it->end() || !iteration->is_number_unsigned()) return bad("'iteration' must be a non-negative integer");
+  if (carried == it->end() || !carried->is_string()) return bad("'carried' must be a string");
+  state.iteration = iteration->get<uint64_t>();
+  PTC_ASSIGN_OR_RETURN(std::string pickled, Unhex(carried->get<std::string>(), what + ": extra.megatron.carried"));
+  PTC_ASSIGN_OR_RETURN(state.carried, pickle::Unpickle(pickled, what + ": extra.megatron.carried"));
+  auto tensors = it->find("tensors");
+  if (tensors == it->end()) return state;
+  if (!tensors->is_array()) return bad("'tensors' must be an array");
+  for (const nlohmann::json& t : *tensors) {
+    const std::string label = what + ": extra.megatron.tensors[" + std::to_string(state.tensors.size()) + "]";
+    if (!t.is_object() || !t.contains("key") || !t["key"].is_string() || !t.contains("dtype") ||
+        !t["dtype"].is_string() || !t.contains("numel") || !t["numel"].is_number_unsigned() || !t.contains("data") ||
+        !t["data"].is_string()) {
+      return InvalidArgumentError(label + ": expected {key, dtype, numel, data}");
+    }
+    CarriedTensor c{t["key"].get<std::string>(), DType::kU8, t["numel"].get<uint64_t>(), ""};
+    PTC_ASSIGN_OR_RETURN(c.dtype, ParseDType(t["dtype"].get<std::string>()), label);
+    PTC_ASSIGN_OR_RETURN(c.bytes, Unhex(t["data"].get<std::string>(), label + ".data"));
+    if (c.bytes.size() != c.numel * DTypeSize(c.dtype)) {
+      return InvalidArgumentError(label + ": " + std::to_string(c.bytes.size()) + " bytes for " +
+                                  std::to_string(c.numel) + " elements of " + std::string(DTypeName(c.dtype)));
+    }
+    state.tensors.push_back(std::move(c));
+  }
+  return state;
+}
+
+nlohmann::json EncodeMegatronState(const MegatronState& state) {
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const CarriedTensor& t : state.tensors) {
+    tensors.push_back({{"key", t.key}, {"dtype", DTypeName(t.dtype)}, {"numel", t.numel}, {"data", Hex(t.bytes)}});
+  }
+  return {{"iteration", state.iteration}, {"carried", Hex(pickle::Pickle(state.carried))}, {"tensors", tensors}};
+}
+
+pickle::Value CarriedEntries(const pickle::Value& root) {
+  Value carried = root;
+  carried.Erase("model");
+  carried.Erase("optimizer");
+  return carried;
+}
+
+}  // namespace ptc::megatron

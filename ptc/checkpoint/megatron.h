@@ -1,0 +1,118 @@
+// Megatron-LM checkpoints as trees of torch.save files (docs/megatron_format.md):
+//
+//   latest_checkpointed_iteration.txt               ASCII iteration, no newline
+//   iter_0000100/mp_rank_TT[_PPP]/model_optim_rng.pt
+//
+// This file is the pure part: names, where each local tensor sits in the
+// pickled state dict, and the state dict of one rank. Rendering the bytes is
+// fs/megatron_file.h; reading files is ptc/format/torch_file.h.
+//
+// A rank's state dict:
+//   {'args': Namespace (kept from the imported checkpoint, parallel sizes rewritten),
+//    'checkpoint_version': 3 (an int: see megatron.cc), 'iteration': N,
+//    'model': megatron-gpt: {'language_model': {'embedding': {'word_embeddings': {'weight'},
+//                            'position_embeddings': {'weight'}}, 'encoder': {'layers.0....': ...}},
+//                            'word_embeddings_for_head': {'weight'}}   (last stage, pp > 1)
+//             other schemas: the local names as flat keys (Megatron-Core),
+//    'optimizer': zero=0: {'optimizer': {'state': {i: {'exp_avg', 'exp_avg_sq'}},
+//                                        'param_groups': [{..., 'params': [0..n-1]}]},
+//                          'fp32_from_fp16_params': [[fp32 master of each parameter]]}
+//                 (i: the parameter's position in the rank's model tensors); none with
+//                 zero=1 (Megatron's distributed optimizer keeps it in distrib_optim.pt,
+//                 which ptcfs does not render),
+//    ...every other entry of the imported checkpoint (rng_state, opt_param_scheduler, ...)}
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ptc/model/config.h"
+#include "ptc/format/pickle.h"
+#include "ptc/base/status.h"
+#include "ptc/model/view.h"
+
+namespace ptc::megatron {
+
+inline constexpr std::string_view kLatestFile = "latest_checkpointed_iteration.txt";
+inline constexpr std::string_view kRankFile = "model_optim_rng.pt";
+
+std::string IterationDirName(uint64_t iteration);  // "iter_0000100"
+
+// "mp_rank_01" when pp == 1, else "mp_rank_01_002".
+std::string RankDirName(int tp_rank, int pp_rank, int pp);
+struct RankDir {
+  int tp_rank = 0;
+  int pp_rank = -1;  // -1: the name has no pp part
+};
+// \error InvalidArgument naming the text.
+Result<RankDir> ParseRankDirName(std::string_view name);
+
+// The keys from the state dict's root to a model tensor: {"model", ...}.
+std::vector<std::string> ModelKeyPath(std::string_view schema_name, std::string_view local_name);
+
+// What a store keeps of a Megatron checkpoint besides the tensors of the
+// schema, in the manifest's extra["megatron"] (carried over by transforms like
+// every extra): the iteration, the other entries of the first rank's state
+// dict (args, rng_state, ...) and the bytes of the tensors among them (the
+// torch rng state is a tensor), which reference storages "c0", "c1", ...
+struct CarriedTensor {
+  std::string key;  // "c0", ...
+  DType dtype = DType::kU8;
+  uint64_t numel = 0;
+  std::string bytes;
+};
+struct MegatronState {
+  uint64_t iteration = 0;
+  pickle::Value carried;  // a dict, or None for stores not imported from Megatron
+  std::vector<CarriedTensor> tensors;
+};
+inline constexpr std::string_view kManifestKey = "megatron";
+// Largest tensor kept among the carried entries (they live in the manifest).
+inline constexpr uint64_t kMaxCarriedTensorBytes = 1 << 20;
+
+// The state in `extra` (iteration 0, nothing carried, when absent).
+// \error InvalidArgument naming `what` when extra["megatron"] is malformed.
+Result<MegatronState> LoadMegatronState(const nlohmann::json& extra, const std::string& what);
+nlohmann::json EncodeMegatronState(const MegatronState& state);
+
+// The state dict of `view`'s rank: tensors are references to storages "0",
+// "1", ... holding the rank's local tensors (model tensors, then optimizer
+// state), then the carried tensors' storages. The carried entries' `args`
+// get tensor_model_parallel_size, pipeline_model_parallel_size,
+// data_parallel_size and world_size of `config` (those present).
+struct RankState {
+  struct Storage {
+    std::string key;
+    const LocalTensor* tensor = nullptr;   // a local tensor of the view, or
+    const CarriedTensor* carried = nullptr;  // one of the state's carried tensors
+  };
+  pickle::Value root;
+  std::vector<Storage> storages;
+};
+// \error InvalidArgument when state.carried is neither a dict nor None.
+Result<RankState> BuildRankState(const ModelSpec& spec, const ParallelConfig& config, const RankView& view,
+                                 const MegatronState& state);
+
+// The tensors of `view` found in a rank file's state dict, in the order of
+// view.model then view.optim. `what` names the file in messages.
+// \error InvalidArgument naming the file and the key path: a tensor missing,
+//        an entry that is not a tensor, another dtype or shape than the view's,
+//        a view that is not contiguous; optimizer state in a layout not above;
+//        a view with ZeRO-1 optimizer state.
+Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const ParallelConfig& config,
+                                                    const RankView& view, const pickle::Value& root,
+                                                    const std::string& what);
+
+
+// The root without 'model' and 'optimizer': what import keeps (its tensors
+// still reference the imported file's storages).
+pickle::Value CarriedEntries(const pickle::Value& root);
+
+}  // namespace ptc::megatron

@@ -1,0 +1,184 @@
+#include "ptc/checkpoint/megatron_import.h"
+
+#include <charconv>
+#include <map>
+#include <set>
+
+#include "ptc/checkpoint/megatron.h"
+#include "ptc/format/torch_file.h"
+
+namespace ptc {
+namespace {
+
+struct Tree {
+  std::string iter_dir;
+  uint64_t iteration = 0;
+  int tp = 0, pp = 0;
+  bool with_pp = false;  // directories named mp_rank_TT_PPP
+};
+
+// The rank file of (tp, pp) as the directories name it.
+std::string RankFile(const Tree& t, int tp, int pp) {
+  return JoinPath(JoinPath(t.iter_dir, megatron::RankDirName(tp, pp, t.with_pp ? 2 : 1)),
+                  std::string(megatron::kRankFile));
+}
+
+Result<uint64_t> LatestIteration(Env* env, const std::string& dir) {
+  const std::string path = JoinPath(dir, std::string(megatron::kLatestFile));
+  if (!env->Exists(path)) return NotFoundError(path + ": missing (name the iteration with --iteration)");
+  PTC_ASSIGN_OR_RETURN(auto file, env->OpenRead(path));
+  std::string text(std::min<uint64_t>(file->Size(), 64), '\0');
+  PTC_RETURN_IF_ERROR(file->Read(0, text.size(), text.data()));
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\r')) text.pop_back();
+  uint64_t it = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), it);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+    return InvalidArgumentError(path + ": '" + text + "' is not an iteration number");
+  }
+  return it;
+}
+
+Result<Tree> ScanTree(Env* env, const MegatronImportOptions& o) {
+  Tree t;
+  if (o.iteration) {
+    t.iteration = *o.iteration;
+  } else {
+    PTC_ASSIGN_OR_RETURN(t.iteration, LatestIteration(env, o.dir));
+  }
+  t.iter_dir = JoinPath(o.dir, megatron::IterationDirName(t.iteration));
+  if (!env->IsDirectory(t.iter_dir)) return NotFoundError(t.iter_dir + ": missing (no checkpoint of that iteration)");
+  PTC_ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(t.iter_dir));
+  std::set<std::pair<int, int>> ranks;
+  std::set<bool> with_pp;
+  for (const std::string& name : names) {
+    if (!name.starts_with("mp_rank_")) continue;
+    PTC_ASSIGN_OR_RETURN(megatron::RankDir d, megatron::ParseRankDirName(name), t.iter_dir);
+    ranks.insert({d.tp_rank, d.pp_rank < 0 ? 0 : d.pp_rank});
+    with_pp.insert(d.pp_rank >= 0);
+  }
+  if (ranks.empty()) return NotFoundError(t.iter_dir + ": no mp_rank_* directory");
+  if (with_pp.size() > 1) return InvalidArgumentError(t.iter_dir + ": mp_rank_TT and mp_rank_TT_PPP directories mixed");
+  for (const auto& [tp, pp] : ranks) {
+    t.tp = std::max(t.tp, tp + 1);
+    t.pp = std::max(t.pp, pp + 1);
+  }
+  t.with_pp = *with_pp.begin();
+  for (int pp = 0; pp < t.pp; ++pp) {
+    for (int tp = 0; tp < t.tp; ++tp) {
+      if (ranks.count({tp, pp}) == 0) {
+        return NotFoundError(JoinPath(t.iter_dir, megatron::RankDirName(tp, pp, t.with_pp ? 2 : 1)) +
+                             ": missing (the other directories make tp=" + std::to_string(t.tp) +
+                             ", pp=" + std::to_string(t.pp) + ")");
+      }
+    }
+  }
+  return t;
+}
+
+// True when `root` holds optimizer state in the layout ptcfs renders.
+bool HasOptimizer(const pickle::Value& root) {
+  const pickle::Value* o = root.Find("optimizer");
+  return o != nullptr && o->Find("optimizer") != nullptr && o->Find("fp32_from_fp16_params") != nullptr;
+}
+
+// The first rank's entries besides the model and optimizer, with the bytes of
+// their tensors (the torch rng state) copied out of the file.
+Result<megatron::MegatronState> KeepEntries(const RandomAccessFile& file, const TorchFile& tf, uint64_t iteration,
+                                            const std::string& what) {
+  megatron::MegatronState state{iteration, megatron::CarriedEntries(tf.root), {}};
+  Status error;
+  pickle::ForEachTensor(state.carried, [&](const std::string& path, pickle::Tensor& t) {
+    if (!error.ok()) return;
+    if (TensorNumBytes(t) > megatron::kMaxCarriedTensorBytes) {
+      error = InvalidArgumentError(what + ": " + path + ": a tensor of " + std::to_string(TensorNumBytes(t)) +
+                                   " bytes outside the schema (at most " +
+                                   std::to_string(megatron::kMaxCarriedTensorBytes) + " are kept)");
+      return;
+    }
+    auto bytes = ReadTensorBytes(file, tf, t, what);
+    if (!bytes.ok()) {
+      error = bytes.status();
+      return;
+    }
+    megatron::CarriedTensor c{"c" + std::to_string(state.tensors.size()), t.dtype, TensorNumElements(t),
+                              std::move(bytes).value()};
+    t.storage_key = c.key;
+    t.storage_numel = c.numel;
+    t.storage_offset = 0;
+    t.stride.assign(t.shape.size(), 1);
+    for (size_t i = t.shape.size(); i-- > 1;) t.stride[i - 1] = t.stride[i] * t.shape[i];
+    state.tensors.push_back(std::move(c));
+  });
+  PTC_RETURN_IF_ERROR(error);
+  return state;
+}
+
+}  // namespace
+
+Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOptions& o) {
+  PTC_ASSIGN_OR_RETURN(Tree tree, ScanTree(env, o));
+  CheckpointSource source;
+  source.config.tp = tree.tp;
+  source.config.pp = tree.pp;
+  if (o.config) {
+    if (o.config->tp != tree.tp || o.config->pp != tree.pp) {
+      return InvalidArgumentError("--config " + o.config->ToString() + " disagrees with " + tree.iter_dir +
+                                  " (tp=" + std::to_string(tree.tp) + ", pp=" + std::to_string(tree.pp) + ")");
+    }
+    source.config = *o.config;
+  }
+  // The first rank's file: the dtype, whether there is optimizer state, the kept entries.
+  const std::string first = RankFile(tree, 0, 0);
+  if (!env->Exists(first)) return NotFoundError(first + ": missing");
+  PTC_ASSIGN_OR_RETURN(auto file, env->OpenRead(first));
+  PTC_ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(*file, first));
+  source.spec = ModelSpec{o.schema, o.dims, DType::kF32, HasOptimizer(tf.root)};
+  {
+    PTC_RETURN_IF_ERROR(ValidateConfig(source.spec, source.config));
+    PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(source.spec, source.config, 0));
+    if (view.model.empty()) return InvalidArgumentError(first + ": the schema gives rank 0 no tensor");
+    const pickle::Value* v = &tf.root;
+    for (const std::string& key : megatron::ModelKeyPath(o.schema.name, view.model[0].name)) {
+      v = v->Find(key);
+      if (v == nullptr) break;
+    }
+    if (v == nullptr || !v->is_tensor()) {
+      return InvalidArgumentError(first + ": no tensor for " + view.model[0].name + " (is this a " + o.schema.name +
+                                  " checkpoint?)");
+    }
+    source.spec.dtype = v->tensor().dtype;
+  }
+  PTC_RETURN_IF_ERROR(VerifyTorchFileCrcs(*file, tf, first));
+  PTC_ASSIGN_OR_RETURN(megatron::MegatronState kept, KeepEntries(*file, tf, tree.iteration, first));
+  source.extra[std::string(megatron::kManifestKey)] = megatron::EncodeMegatronState(kept);
+  source.rank_file = [tree, config = source.config](int rank) {
+    const RankCoords c = config.CoordsOf(rank);
+    return RankFile(tree, c.tp, c.pp);
+  };
+  // CRCs are checked once per file; the first rank's were checked above.
+  auto verified = std::make_shared<std::set<std::string>>(std::set<std::string>{first});
+  source.open_rank = [env, tree, spec = source.spec, config = source.config,
+                      verified](const RankView& view) -> Result<std::unique_ptr<RankCheckpoint>> {
+    const std::string path = RankFile(tree, view.coords.tp, view.coords.pp);
+    if (!env->Exists(path)) return NotFoundError(path + ": missing");
+    std::vector<std::unique_ptr<RandomAccessFile>> files;
+    PTC_ASSIGN_OR_RETURN(files.emplace_back(), env->OpenRead(path));
+    const RandomAccessFile& f = *files.back();
+    PTC_ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(f, path));
+    if (verified->insert(path).second) PTC_RETURN_IF_ERROR(VerifyTorchFileCrcs(f, tf, path));
+    PTC_ASSIGN_OR_RETURN(std::vector<pickle::Tensor> found, megatron::FindRankTensors(spec, config, view, tf.root, path));
+    std::map<std::string, RankCheckpoint::Location> where;
+    size_t i = 0;
+    for (const auto* list : {&view.model, &view.optim}) {
+      for (const LocalTensor& t : *list) {
+        const pickle::Tensor& p = found[i++];
+        const TorchStorage* storage = tf.FindStorage(p.storage_key);
+        where[t.name] = {&f, storage->member.data_offset + static_cast<uint64_t>(p.storage_offset) * DTypeSize(p.dtype)};
+      }
+    }
+    return std::make_unique<RankCheckpoint>(std::move(files), std::move(where));
+  };
+  return source;
+}
+
+}  // namespace ptc

@@ -1,0 +1,40 @@
+// `ptcfs import --format megatron`: a Megatron-LM checkpoint tree
+// (ptc/checkpoint/megatron.h) as a checkpoint source for ImportFrom.
+//
+// The iteration comes from --iteration or latest_checkpointed_iteration.txt;
+// tp and pp from the iteration's mp_rank_TT[_PPP] directories (dp = 1: every
+// data-parallel rank loads the same files). Each rank file is read with the
+// restricted unpickler, every member's CRC-32 is checked, and every tensor of
+// the rank's view must be found with the schema's dtype and shape. The
+// non-tensor entries of the first rank's file (args, rng_state, ...) and the
+// iteration are kept in the manifest (extra["megatron"]) and rendered again.
+//
+// Thread safety: the source's functions must be called from one thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "ptc/checkpoint/import.h"
+#include "ptc/model/schema.h"
+
+namespace ptc {
+
+struct MegatronImportOptions {
+  std::string dir;  // holds latest_checkpointed_iteration.txt and iter_NNNNNNN/
+  Schema schema;
+  ModelDims dims;
+  std::optional<uint64_t> iteration;     // default: latest_checkpointed_iteration.txt
+  std::optional<ParallelConfig> config;  // default: tp, pp of the directories, dp=1; given: must agree
+};
+
+// \error NotFound naming the missing latest file, iteration directory, rank
+//        directory or rank file; InvalidArgument for a latest file that is not
+//        a number, rank directories that do not form a tp x pp grid, a config
+//        that disagrees with them; as ReadTorchFile for the first rank's file.
+//        The source's open_rank fails as ReadTorchFile, VerifyTorchFileCrcs
+//        (Corruption naming the member) and megatron::FindRankTensors.
+Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOptions& options);
+
+}  // namespace ptc

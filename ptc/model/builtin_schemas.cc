@@ -1,0 +1,67 @@
+#include "ptc/model/builtin_schemas.h"
+
+namespace ptc {
+namespace {
+
+// Megatron-LM legacy (GPTModel) names. Query/key/value are interleaved per
+// head, so tp splits them by heads.
+constexpr std::string_view kMegatronGpt = R"json({
+  "name": "megatron-gpt",
+  "tensors": [
+    {"name": "language_model.embedding.word_embeddings.weight", "shape": ["vocab", "hidden"],
+     "tp": {"dim": 0}, "pp": "first"},
+    {"name": "language_model.embedding.position_embeddings.weight", "shape": ["seq", "hidden"], "pp": "first"},
+    {"name": "language_model.encoder.layers.{i}.input_layernorm.weight", "shape": ["hidden"], "pp": "layer"},
+    {"name": "language_model.encoder.layers.{i}.input_layernorm.bias", "shape": ["hidden"], "pp": "layer"},
+    {"name": "language_model.encoder.layers.{i}.self_attention.query_key_value.weight",
+     "shape": ["3*hidden", "hidden"], "tp": {"dim": 0, "units": "heads"}, "pp": "layer"},
+    {"name": "language_model.encoder.layers.{i}.self_attention.query_key_value.bias",
+     "shape": ["3*hidden"], "tp": {"dim": 0, "units": "heads"}, "pp": "layer"},
+    {"name": "language_model.encoder.layers.{i}.self_attention.dense.weight",
+     "shape": ["hidden", "hidden"], "tp": {"dim": 1, "units": "heads"}, "pp": "layer"},
+    {"name": "language_model.encoder.layers.{i}.self_attention.dense.bias", "shape": ["hidden"], "pp": "layer"},
+    {"name": "language_model.encoder.layers.{i}.post_attention_layernorm.weight", "shape": ["hidden"], "pp": "layer"},
+    {"name": "language_model.encoder.layers.{i}.post_attention_layernorm.bias", "shape": ["hidden"], "pp": "layer"},
+    {"name": "language_model.encoder.layers.{i}.mlp.dense_h_to_4h.weight",
+     "shape": ["ffn", "hidden"], "tp": {"dim": 0}, "pp": "layer"},
+    {"name": "language_model.encoder.layers.{i}.mlp.dense_h_to_4h.bias", "shape": ["ffn"], "tp": {"dim": 0}, "pp": "layer"},
+    {"name": "language_model.encoder.layers.{i}.mlp.dense_4h_to_h.weight",
+     "shape": ["hidden", "ffn"], "tp": {"dim": 1}, "pp": "layer"},
+    {"name": "language_model.encoder.layers.{i}.mlp.dense_4h_to_h.bias", "shape": ["hidden"], "pp": "layer"},
+    {"name": "language_model.encoder.final_layernorm.weight", "shape": ["hidden"], "pp": "last"},
+    {"name": "language_model.encoder.final_layernorm.bias", "shape": ["hidden"], "pp": "last"},
+    {"name": "word_embeddings_for_head.weight", "tied_to": "language_model.embedding.word_embeddings.weight",
+     "tp": {"dim": 0}, "pp": "last"}
+  ]
+})json";
+
+// Megatron-Core GPT with GQA and SwiGLU (Llama). linear_qkv rows are grouped
+// per query group ([q x heads/kv_heads, k, v] per group), so tp splits by
+// query group; linear_fc1 holds [gate; up], each split on its own.
+constexpr std::string_view kLlama = R"json({
+  "name": "llama",
+  "tensors": [
+    {"name": "embedding.word_embeddings.weight", "shape": ["vocab", "hidden"], "tp": {"dim": 0}, "pp": "first"},
+    {"name": "decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight", "shape": ["hidden"], "pp": "layer"},
+    {"name": "decoder.layers.{i}.self_attention.linear_qkv.weight",
+     "shape": ["(heads+2*kv_heads)*head_dim", "hidden"], "tp": {"dim": 0, "units": "kv_heads"}, "pp": "layer"},
+    {"name": "decoder.layers.{i}.self_attention.linear_proj.weight",
+     "shape": ["hidden", "heads*head_dim"], "tp": {"dim": 1, "units": "heads"}, "pp": "layer"},
+    {"name": "decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", "shape": ["hidden"], "pp": "layer"},
+    {"name": "decoder.layers.{i}.mlp.linear_fc1.weight",
+     "shape": ["2*ffn", "hidden"], "tp": {"dim": 0, "segments": 2}, "pp": "layer"},
+    {"name": "decoder.layers.{i}.mlp.linear_fc2.weight", "shape": ["hidden", "ffn"], "tp": {"dim": 1}, "pp": "layer"},
+    {"name": "decoder.final_layernorm.weight", "shape": ["hidden"], "pp": "last"},
+    {"name": "output_layer.weight", "shape": ["vocab", "hidden"], "tp": {"dim": 0}, "pp": "last"}
+  ]
+})json";
+
+}  // namespace
+
+std::string_view BuiltinSchemaText(std::string_view name) {
+  if (name == "megatron-gpt") return kMegatronGpt;
+  if (name == "llama") return kLlama;
+  return {};
+}
+
+}  // namespace ptc

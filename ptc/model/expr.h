@@ -1,0 +1,21 @@
+// Integer shape formulas in schemas: "3*hidden", "(heads+2*kv_heads)*head_dim".
+// Grammar: sum := product (('+'|'-') product)*; product := atom (('*'|'/') atom)*;
+// atom := integer | identifier | '(' sum ')'. Division must be exact.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string_view>
+
+#include "ptc/model/box.h"
+#include "ptc/base/status.h"
+
+namespace ptc {
+
+using VariableLookup = std::function<std::optional<Index>(std::string_view)>;
+
+// \error InvalidArgument naming the formula: syntax error, unknown name,
+//   inexact or zero division, overflow.
+Result<Index> EvalExpr(std::string_view formula, const VariableLookup& lookup);
+
+}  // namespace ptc

@@ -1,0 +1,173 @@
+#include "ptc/model/schema.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "ptc/model/builtin_schemas.h"
+
+namespace ptc {
+namespace {
+
+using nlohmann::json;
+
+std::string_view PpName(PpPlacement p) {
+  switch (p) {
+    case PpPlacement::kLayer: return "layer";
+    case PpPlacement::kFirst: return "first";
+    case PpPlacement::kLast: return "last";
+  }
+  return "?";
+}
+
+Result<std::string> Formula(const json& v, const std::string& where) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_integer() && v.get<int64_t>() > 0) return std::to_string(v.get<int64_t>());
+  return InvalidArgumentError(where + ": shape entries must be formulas (strings) or integers");
+}
+
+Result<TensorRule> ParseRule(const std::string& label, size_t index, const json& r) {
+  std::string where = label + ": tensors[" + std::to_string(index) + "]";
+  if (!r.is_object()) return InvalidArgumentError(where + ": must be an object");
+  for (const auto& [key, _] : r.items()) {
+    if (key != "name" && key != "shape" && key != "tp" && key != "pp" && key != "tied_to") {
+      return InvalidArgumentError(where + ": unknown field '" + key + "'");
+    }
+  }
+  TensorRule rule;
+  if (!r.contains("name") || !r["name"].is_string() || r["name"].get<std::string>().empty()) {
+    return InvalidArgumentError(where + ": needs a non-empty string \"name\"");
+  }
+  rule.name = r["name"].get<std::string>();
+  where = label + ": rule '" + rule.name + "'";
+  if (r.contains("tied_to")) {
+    if (!r["tied_to"].is_string()) return InvalidArgumentError(where + ": tied_to must be a string");
+    rule.tied_to = r["tied_to"].get<std::string>();
+  }
+  if (r.contains("shape")) {
+    if (!r["shape"].is_array()) return InvalidArgumentError(where + ": shape must be an array");
+    for (const json& s : r["shape"]) {
+      PTC_ASSIGN_OR_RETURN(std::string f, Formula(s, where));
+      rule.shape.push_back(std::move(f));
+    }
+  } else if (rule.tied_to.empty()) {
+    return InvalidArgumentError(where + ": needs \"shape\"");
+  }
+  std::string pp = r.value("pp", std::string("layer"));
+  if (r.contains("pp") && !r["pp"].is_string()) return InvalidArgumentError(where + ": pp must be a string");
+  if (pp == "layer") rule.pp = PpPlacement::kLayer;
+  else if (pp == "first") rule.pp = PpPlacement::kFirst;
+  else if (pp == "last") rule.pp = PpPlacement::kLast;
+  else return InvalidArgumentError(where + ": pp '" + pp + "' is not one of layer, first, last");
+  bool has_i = rule.name.find("{i}") != std::string::npos;
+  if (has_i != (rule.pp == PpPlacement::kLayer)) {
+    return InvalidArgumentError(where + ": a name contains {i} exactly when pp is \"layer\"");
+  }
+  if (r.contains("tp")) {
+    const json& tp = r["tp"];
+    if (!tp.is_object() || !tp.contains("dim") || !tp["dim"].is_number_integer() ||
+        tp["dim"].get<int64_t>() < 0 || tp["dim"].get<int64_t>() > 64) {
+      return InvalidArgumentError(where + ": tp must be an object with an integer \"dim\"");
+    }
+    rule.tp.split = true;
+    rule.tp.dim = tp["dim"].get<int>();
+    if (tp.contains("segments")) {
+      if (!tp["segments"].is_number_integer() || tp["segments"].get<int64_t>() < 1 ||
+          tp["segments"].get<int64_t>() > 1024) {
+        return InvalidArgumentError(where + ": tp.segments must be a positive integer");
+      }
+      rule.tp.segments = tp["segments"].get<int>();
+    }
+    if (tp.contains("units")) {
+      PTC_ASSIGN_OR_RETURN(rule.tp.units, Formula(tp["units"], where));
+    }
+    if (!rule.shape.empty() && rule.tp.dim >= static_cast<int>(rule.shape.size())) {
+      return InvalidArgumentError(where + ": tp.dim " + std::to_string(rule.tp.dim) + " is outside its " +
+                                  std::to_string(rule.shape.size()) + "-d shape");
+    }
+  }
+  return rule;
+}
+
+}  // namespace
+
+const TensorRule* Schema::Find(std::string_view name) const {
+  for (const TensorRule& r : rules) {
+    if (r.name == name) return &r;
+  }
+  return nullptr;
+}
+
+json Schema::ToJson() const {
+  json tensors = json::array();
+  for (const TensorRule& r : rules) {
+    json j = {{"name", r.name}, {"pp", PpName(r.pp)}};
+    if (!r.shape.empty()) j["shape"] = r.shape;
+    if (r.tp.split) {
+      j["tp"] = {{"dim", r.tp.dim}};
+      if (r.tp.segments != 1) j["tp"]["segments"] = r.tp.segments;
+      if (!r.tp.units.empty()) j["tp"]["units"] = r.tp.units;
+    }
+    if (!r.tied_to.empty()) j["tied_to"] = r.tied_to;
+    tensors.push_back(std::move(j));
+  }
+  return json{{"name", name}, {"tensors", std::move(tensors)}};
+}
+
+Result<Schema> ParseSchema(std::string_view label_view, const json& doc) {
+  const std::string label(label_view);
+  if (!doc.is_object() || !doc.contains("tensors") || !doc["tensors"].is_array()) {
+    return InvalidArgumentError(label + ": a schema is an object with a \"tensors\" array");
+  }
+  Schema s;
+  s.name = doc.contains("name") && doc["name"].is_string() ? doc["name"].get<std::string>() : label;
+  std::set<std::string> names;
+  for (size_t i = 0; i < doc["tensors"].size(); ++i) {
+    PTC_ASSIGN_OR_RETURN(TensorRule rule, ParseRule(label, i, doc["tensors"][i]));
+    if (!names.insert(rule.name).second) {
+      return InvalidArgumentError(label + ": rule '" + rule.name + "' appears twice");
+    }
+    s.rules.push_back(std::move(rule));
+  }
+  if (s.rules.empty()) return InvalidArgumentError(label + ": schema has no tensors");
+  for (TensorRule& rule : s.rules) {
+    if (rule.tied_to.empty()) continue;
+    const TensorRule* target = s.Find(rule.tied_to);
+    if (target == nullptr || target->pp == PpPlacement::kLayer || !target->tied_to.empty()) {
+      return InvalidArgumentError(label + ": rule '" + rule.name + "': tied_to '" + rule.tied_to +
+                                  "' must name a first- or last-stage rule that is not itself tied");
+    }
+    if (rule.pp == PpPlacement::kLayer) {
+      return InvalidArgumentError(label + ": rule '" + rule.name + "': a tied rule cannot be per layer");
+    }
+    if (rule.shape.empty()) rule.shape = target->shape;
+    if (rule.shape != target->shape) {
+      return InvalidArgumentError(label + ": rule '" + rule.name + "': shape differs from its tied rule");
+    }
+    if (rule.tp.split && rule.tp.dim >= static_cast<int>(rule.shape.size())) {
+      return InvalidArgumentError(label + ": rule '" + rule.name + "': tp.dim is outside the shape");
+    }
+  }
+  return s;
+}
+
+std::vector<std::string> BuiltinSchemaNames() { return {"megatron-gpt", "llama"}; }
+
+Result<Schema> LoadSchema(const std::string& name_or_path) {
+  if (std::string_view text = BuiltinSchemaText(name_or_path); !text.empty()) {
+    return ParseSchema(name_or_path, json::parse(text));
+  }
+  std::ifstream in(name_or_path);
+  if (!in) {
+    return NotFoundError("schema '" + name_or_path + "' is neither a built-in (megatron-gpt, llama) nor a readable file");
+  }
+  std::stringstream buf;
+  buf << in.rdbuf();
+  json doc = json::parse(buf.str(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return InvalidArgumentError(name_or_path + ": not valid JSON");
+  return ParseSchema(name_or_path, doc);
+}
+
+}  // namespace ptc

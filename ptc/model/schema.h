@@ -1,0 +1,67 @@
+// Schemas: the rules that say, for every global tensor of a model, its shape
+// and how each mesh axis partitions it. See docs/schema_format.md.
+//
+// A rule:
+//   {"name": "decoder.layers.{i}.mlp.linear_fc1.weight",   // {i}: layer index local to the stage
+//    "shape": ["2*ffn", "hidden"],                           // formulas over the model dims
+//    "tp": {"dim": 0, "segments": 2, "units": "ffn"},        // absent: replicated over tp
+//    "pp": "layer"}                                          // "layer" | "first" | "last"
+// "segments": the dim is cut into that many equal parts and each is split over
+// tp on its own; rank r holds [part_0 of r; part_1 of r; ...] ([gate_r; up_r]).
+// "units": how many indivisible units one segment holds (heads, query groups);
+// tp must divide it. Default: the segment's size.
+// "tied_to": this placement holds the same global tensor as the named rule
+// (tied embeddings); it is omitted on stages that already hold that tensor.
+//
+// Global tensor names use the global layer index for {i}; local names (what a
+// rank's files call the tensor) use the index local to the pipeline stage.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "ptc/base/status.h"
+
+namespace ptc {
+
+enum class PpPlacement { kLayer, kFirst, kLast };
+
+struct TpRule {
+  bool split = false;
+  int dim = 0;
+  int segments = 1;
+  std::string units;  // formula; empty = the segment size
+};
+
+struct TensorRule {
+  std::string name;                // pattern; contains "{i}" exactly when pp is kLayer
+  std::vector<std::string> shape;  // formulas; empty for a tied rule (taken from its target)
+  TpRule tp;
+  PpPlacement pp = PpPlacement::kLayer;
+  std::string tied_to;             // name of another (non-layer) rule, or empty
+};
+
+struct Schema {
+  std::string name;
+  std::vector<TensorRule> rules;
+
+  nlohmann::json ToJson() const;
+  const TensorRule* Find(std::string_view name) const;
+};
+
+// Parses and checks a schema document. `label` (a file path or a built-in
+// name) starts every error message.
+// \error InvalidArgument naming the rule: missing or mistyped field, unknown
+//   "pp" value, "{i}" with a non-layer placement or missing with "layer",
+//   tp.dim outside the shape, segments < 1, tied_to naming no non-layer rule,
+//   duplicate rule names.
+Result<Schema> ParseSchema(std::string_view label, const nlohmann::json& doc);
+// A built-in name ("megatron-gpt", "llama") or the path of a JSON file.
+// \error NotFound when it is neither; InvalidArgument as ParseSchema.
+Result<Schema> LoadSchema(const std::string& name_or_path);
+std::vector<std::string> BuiltinSchemaNames();
+
+}  // namespace ptc

@@ -1,0 +1,271 @@
+#include "ptc/model/view.h"
+
+#include <algorithm>
+
+#include "ptc/model/expr.h"
+
+namespace ptc {
+namespace {
+
+std::string Substitute(const std::string& pattern, Index layer) {
+  std::string s = pattern;
+  size_t pos = s.find("{i}");
+  if (pos != std::string::npos) s.replace(pos, 3, std::to_string(layer));
+  return s;
+}
+
+VariableLookup DimsLookup(const ModelDims& dims) {
+  return [&dims](std::string_view name) { return dims.Lookup(name); };
+}
+
+Result<Shape> RuleShape(const TensorRule& rule, const ModelDims& dims) {
+  Shape shape;
+  for (const std::string& f : rule.shape) {
+    PTC_ASSIGN_OR_RETURN(Index v, EvalExpr(f, DimsLookup(dims)), "rule '" + rule.name + "'");
+    if (v <= 0) {
+      return InvalidArgumentError("rule '" + rule.name + "': shape formula '" + f + "' gives " + std::to_string(v));
+    }
+    shape.push_back(v);
+  }
+  return shape;
+}
+
+// The global tensor a rule's placement holds, for global layer `layer`.
+std::string GlobalName(const TensorRule& rule, Index layer) {
+  return rule.tied_to.empty() ? Substitute(rule.name, layer) : rule.tied_to;
+}
+
+bool PlacedOn(const TensorRule& rule, int stage, int pp) {
+  return rule.pp == PpPlacement::kFirst ? stage == 0 : stage == pp - 1;
+}
+
+// One parameter placement: its local tensor (F32 or the model dtype) and the
+// origin of each segment inside it.
+struct Placement {
+  LocalTensor local;
+  std::vector<std::vector<Index>> origins;  // local coordinates of each segment's box.begin
+};
+
+Placement Place(const TensorRule& rule, const Shape& shape, std::string global, std::string local_name,
+                DType dtype, const ParallelConfig& config, int tp_rank) {
+  Placement p;
+  p.local.name = std::move(local_name);
+  p.local.dtype = dtype;
+  if (!rule.tp.split || config.tp == 1) {
+    p.local.shape = shape;
+    p.local.segments.push_back({global, Box::Full(shape), DenseLayout(Box::Full(shape))});
+    p.origins.push_back(std::vector<Index>(shape.size(), 0));
+    return p;
+  }
+  const int d = rule.tp.dim;
+  const Index seg = shape[d] / rule.tp.segments, part = seg / config.tp;
+  p.local.shape = shape;
+  p.local.shape[d] = part * rule.tp.segments;
+  const std::vector<Index> strides = RowMajorStrides(p.local.shape);
+  for (int k = 0; k < rule.tp.segments; ++k) {
+    Box box = Box::Full(shape);
+    box.begin[d] = k * seg + tp_rank * part;
+    box.end[d] = box.begin[d] + part;
+    std::vector<Index> origin(shape.size(), 0);
+    origin[d] = k * part;
+    p.local.segments.push_back({global, box, Layout{origin[d] * strides[d], strides}});
+    p.origins.push_back(origin);
+  }
+  return p;
+}
+
+// Placements of the parameters on pipeline stage coords.pp, in module order:
+// first-stage tensors, then each layer, then last-stage tensors.
+Result<std::vector<Placement>> PlaceParameters(const ModelSpec& spec, const ParallelConfig& config,
+                                               const RankCoords& coords) {
+  std::vector<Placement> out;
+  auto add = [&](const TensorRule& rule, Index global_layer, Index local_layer) -> Status {
+    PTC_ASSIGN_OR_RETURN(Shape shape, RuleShape(rule, spec.dims));
+    out.push_back(Place(rule, shape, GlobalName(rule, global_layer), Substitute(rule.name, local_layer),
+                        spec.dtype, config, coords.tp));
+    return Status::OK();
+  };
+  auto add_stage_rules = [&](PpPlacement which) -> Status {
+    for (const TensorRule& rule : spec.schema.rules) {
+      if (rule.pp != which || !PlacedOn(rule, coords.pp, config.pp)) continue;
+      if (!rule.tied_to.empty() && PlacedOn(*spec.schema.Find(rule.tied_to), coords.pp, config.pp)) continue;
+      PTC_RETURN_IF_ERROR(add(rule, 0, 0));
+    }
+    return Status::OK();
+  };
+  PTC_RETURN_IF_ERROR(add_stage_rules(PpPlacement::kFirst));
+  auto [first, count] = StageLayers(config, spec.dims.layers, coords.pp);
+  for (Index i = 0; i < count; ++i) {
+    for (const TensorRule& rule : spec.schema.rules) {
+      if (rule.pp == PpPlacement::kLayer) PTC_RETURN_IF_ERROR(add(rule, first + i, i));
+    }
+  }
+  PTC_RETURN_IF_ERROR(add_stage_rules(PpPlacement::kLast));
+  return out;
+}
+
+LocalTensor OptimizerTensor(const LocalTensor& param, const char* kind) {
+  LocalTensor t = param;
+  t.name += std::string(".") + kind;
+  t.dtype = DType::kF32;
+  for (Segment& s : t.segments) s.tensor += std::string(".") + kind;
+  return t;
+}
+
+// ZeRO-1: the rank's piece of the flat buffer that concatenates the local
+// shards of all parameters of its (tp, pp) rank, padded to a multiple of dp.
+LocalTensor ZeroPiece(const std::vector<Placement>& params, const ParallelConfig& config, int dp_rank,
+                      const char* kind) {
+  Index total = 0;
+  for (const Placement& p : params) total += NumElements(p.local.shape);
+  const Index piece = (total + config.dp - 1) / config.dp;
+  const Index lo = dp_rank * piece, hi = lo + piece;
+  LocalTensor t{std::string("optimizer.") + kind, DType::kF32, Shape{piece}, {}};
+  Index base = 0;
+  for (const Placement& p : params) {
+    const Index n = NumElements(p.local.shape);
+    const Index a = std::max(lo, base), b = std::min(hi, base + n);
+    if (a < b) {
+      const std::vector<Index> strides = RowMajorStrides(p.local.shape);
+      for (const Box& local_box : FlatRangeToBoxes(p.local.shape, a - base, b - base)) {
+        for (size_t k = 0; k < p.local.segments.size(); ++k) {
+          const Segment& seg = p.local.segments[k];
+          const Box seg_local = Translate(Box::Full(seg.box.shape()), p.origins[k]);
+          auto hit = Intersect(seg_local, local_box);
+          if (!hit) continue;
+          std::vector<Index> delta(hit->rank());
+          Index offset = base - lo;
+          for (size_t d = 0; d < hit->rank(); ++d) {
+            delta[d] = seg.box.begin[d] - p.origins[k][d];
+            offset += hit->begin[d] * strides[d];
+          }
+          t.segments.push_back({seg.tensor + "." + kind, Translate(*hit, delta), Layout{offset, strides}});
+        }
+      }
+    }
+    base += n;
+  }
+  return t;
+}
+
+}  // namespace
+
+std::vector<ShardKey> StoredShards(const LocalTensor& local) {
+  std::vector<ShardKey> keys;
+  for (const Segment& s : local.segments) {
+    auto it = std::find_if(keys.begin(), keys.end(), [&](const ShardKey& k) { return k.tensor == s.tensor; });
+    if (it == keys.end()) it = keys.insert(keys.end(), ShardKey{s.tensor, {}});
+    it->boxes.push_back(s.box);
+  }
+  return keys;
+}
+
+std::pair<Index, Index> StageLayers(const ParallelConfig& config, Index layers, int stage) {
+  if (config.pp_layers.empty()) {
+    const Index per = layers / config.pp;
+    return {stage * per, per};
+  }
+  Index first = 0;
+  for (int s = 0; s < stage; ++s) first += config.pp_layers[s];
+  return {first, config.pp_layers[stage]};
+}
+
+Result<std::vector<GlobalTensor>> GlobalTensors(const ModelSpec& spec) {
+  std::vector<GlobalTensor> params;
+  auto add = [&](const TensorRule& rule, Index layer) -> Status {
+    PTC_ASSIGN_OR_RETURN(Shape shape, RuleShape(rule, spec.dims));
+    params.push_back({Substitute(rule.name, layer), spec.dtype, shape});
+    return Status::OK();
+  };
+  for (PpPlacement which : {PpPlacement::kFirst, PpPlacement::kLayer, PpPlacement::kLast}) {
+    if (which == PpPlacement::kLayer) {
+      for (Index l = 0; l < spec.dims.layers; ++l) {
+        for (const TensorRule& rule : spec.schema.rules) {
+          if (rule.pp == which) PTC_RETURN_IF_ERROR(add(rule, l));
+        }
+      }
+      continue;
+    }
+    for (const TensorRule& rule : spec.schema.rules) {
+      if (rule.pp == which && rule.tied_to.empty()) PTC_RETURN_IF_ERROR(add(rule, 0));
+    }
+  }
+  std::vector<GlobalTensor> out = params;
+  if (spec.optimizer) {
+    for (const GlobalTensor& p : params) {
+      for (const char* kind : kOptimizerKinds) out.push_back({p.name + "." + kind, DType::kF32, p.shape});
+    }
+  }
+  return out;
+}
+
+Status ValidateConfig(const ModelSpec& spec, const ParallelConfig& config) {
+  const std::string c = "config " + config.ToString();
+  if (config.tp < 1 || config.pp < 1 || config.dp < 1 || config.per_worker < 1) {
+    return InvalidArgumentError(c + ": degrees and per_worker must be positive");
+  }
+  if (config.pp_layers.empty()) {
+    if (spec.dims.layers % config.pp != 0) {
+      return InvalidArgumentError(c + ": pp=" + std::to_string(config.pp) + " does not divide layers=" +
+                                  std::to_string(spec.dims.layers) + " (give pp_layers=a+b+... for uneven stages)");
+    }
+  } else {
+    Index sum = 0;
+    for (int n : config.pp_layers) sum += n;
+    if (static_cast<int>(config.pp_layers.size()) != config.pp || sum != spec.dims.layers) {
+      return InvalidArgumentError(c + ": pp_layers must list pp=" + std::to_string(config.pp) +
+                                  " stage sizes summing to layers=" + std::to_string(spec.dims.layers));
+    }
+  }
+  for (const TensorRule& rule : spec.schema.rules) {
+    if (!rule.tp.split) continue;
+    PTC_ASSIGN_OR_RETURN(Shape shape, RuleShape(rule, spec.dims));
+    const Index size = shape[rule.tp.dim];
+    const std::string r = c + ": rule '" + rule.name + "'";
+    if (size % rule.tp.segments != 0) {
+      return InvalidArgumentError(r + ": dim " + std::to_string(rule.tp.dim) + " of size " + std::to_string(size) +
+                                  " does not split into " + std::to_string(rule.tp.segments) + " segments");
+    }
+    const Index seg = size / rule.tp.segments;
+    Index units = seg;
+    if (!rule.tp.units.empty()) {
+      PTC_ASSIGN_OR_RETURN(units, EvalExpr(rule.tp.units, DimsLookup(spec.dims)), r);
+      if (units <= 0 || seg % units != 0) {
+        return InvalidArgumentError(r + ": " + std::to_string(seg) + " elements do not form " +
+                                    std::to_string(units) + " units of '" + rule.tp.units + "'");
+      }
+    }
+    if (units % config.tp != 0) {
+      std::string what = !rule.tp.units.empty() ? rule.tp.units + "=" + std::to_string(units)
+                         : rule.tp.segments == 1 ? rule.shape[rule.tp.dim] + "=" + std::to_string(seg)
+                         : "(" + rule.shape[rule.tp.dim] + ")/" + std::to_string(rule.tp.segments) + "=" +
+                               std::to_string(seg);
+      return InvalidArgumentError(r + ": tp=" + std::to_string(config.tp) + " does not divide " + what);
+    }
+  }
+  return Status::OK();
+}
+
+Result<RankView> ComputeView(const ModelSpec& spec, const ParallelConfig& config, int rank) {
+  PTC_RETURN_IF_ERROR(ValidateConfig(spec, config));
+  if (rank < 0 || rank >= config.world_size()) {
+    return InvalidArgumentError("rank " + std::to_string(rank) + " is outside world size " +
+                                std::to_string(config.world_size()) + " of config " + config.ToString());
+  }
+  RankView view;
+  view.rank = rank;
+  view.coords = config.CoordsOf(rank);
+  PTC_ASSIGN_OR_RETURN(std::vector<Placement> params, PlaceParameters(spec, config, view.coords));
+  for (const Placement& p : params) view.model.push_back(p.local);
+  if (!spec.optimizer) return view;
+  if (config.zero) {
+    for (const char* kind : kOptimizerKinds) view.optim.push_back(ZeroPiece(params, config, view.coords.dp, kind));
+  } else {
+    for (const Placement& p : params) {
+      for (const char* kind : kOptimizerKinds) view.optim.push_back(OptimizerTensor(p.local, kind));
+    }
+  }
+  return view;
+}
+
+}  // namespace ptc

@@ -1,0 +1,94 @@
+// The generation manifest: everything a committed generation of a store is
+// (the tensors, where each shard's bytes live, their checksums, and the opaque
+// schema / dims / config / extra the layers above keep with it).
+// docs/store_format.md describes the JSON field by field.
+//
+// Thread safety: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ptc/model/box.h"
+#include "ptc/model/dtype.h"
+#include "ptc/base/status.h"
+
+namespace ptc {
+
+struct TensorRecord {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  friend bool operator==(const TensorRecord&, const TensorRecord&) = default;
+};
+
+// One stored copy of part of a tensor. The shard's data is each box densely in
+// row-major order, boxes one after another, at `offset` in `file`.
+struct ShardRecord {
+  std::string tensor;       // global tensor name
+  std::vector<Box> boxes;
+  int worker = 0;           // the worker holding this copy; replicas are separate records
+  std::string file;         // relative to the store root; may point into an older generation
+  uint64_t offset = 0;      // byte offset of the data in the file (HDF5 contiguous dataset)
+  uint64_t nbytes = 0;      // sum of box volumes * dtype size
+  uint64_t checksum = 0;    // ptc/base/checksum.h: of the bytes, or of the block checksums
+  std::vector<uint64_t> block_checksums;  // per kChecksumBlockBytes block; empty: one block
+  friend bool operator==(const ShardRecord&, const ShardRecord&) = default;
+};
+
+// A shard's checksum blocks: kChecksumBlockBytes each (the last shorter) when
+// it has block checksums, else one block of all its bytes.
+size_t BlockCount(const ShardRecord& s);
+// The block holding byte `offset_in_shard` (< nbytes).
+size_t BlockOf(const ShardRecord& s, uint64_t offset_in_shard);
+// Bytes [BlockBegin, BlockEnd) of the shard are block i.
+uint64_t BlockBegin(const ShardRecord& s, size_t i);
+uint64_t BlockEnd(const ShardRecord& s, size_t i);
+uint64_t BlockChecksum(const ShardRecord& s, size_t i);
+
+struct GenerationManifest {
+  uint64_t generation = 0;
+  std::optional<uint64_t> parent;
+  nlohmann::json schema;        // embedded verbatim; opaque to the store
+  std::string dims;             // canonical model dims string; opaque here
+  std::string config;           // canonical parallel config string; opaque here
+  std::vector<TensorRecord> tensors;
+  std::vector<ShardRecord> shards;
+  nlohmann::json extra = nlohmann::json::object();  // dataset state etc.; opaque
+  friend bool operator==(const GenerationManifest&, const GenerationManifest&) = default;
+};
+
+// The tensor named `name`, or nullptr.
+const TensorRecord* FindTensor(const GenerationManifest& m, std::string_view name);
+
+// Pretty JSON with a fixed key order. Strings that are not valid UTF-8 are
+// written with U+FFFD replacements (DecodeManifest then sees other names).
+std::string EncodeManifest(const GenerationManifest& m);
+
+// Parses and validates a manifest. `label` (normally the file path) starts
+// every error message.
+// \error Corruption when the text is not JSON, a field is missing or of the wrong type,
+//        the format or version is not ours, a dtype name is unknown, a tensor name
+//        repeats, a shard names no tensor, a box has the wrong rank or leaves the tensor
+//        shape, nbytes != sum of box volumes * dtype size, a file path is absolute,
+//        empty or contains "..", a checksum is malformed, or the block checksums do not
+//        fit nbytes or the shard checksum. The message names the
+//        tensor or shard (by index and tensor) at fault.
+Result<GenerationManifest> DecodeManifest(std::string_view label, std::string_view json);
+
+// Checks one shard record against its tensor (the same rules as DecodeManifest).
+// \error InvalidArgument naming the tensor and the rule broken.
+Status ValidateShard(const ShardRecord& shard, const TensorRecord& tensor);
+
+// True for a non-empty relative path with no "", "." or ".." component.
+bool IsSafeRelativePath(std::string_view path);
+
+// "[[0,0],[4,64]]" per box, as a JSON array: [[[b...],[e...]], ...].
+nlohmann::json BoxesToJson(const std::vector<Box>& boxes);
+
+}  // namespace ptc
