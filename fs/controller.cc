@@ -59,14 +59,14 @@ Controller::Controller(ptc::Store* store, int worker, int threads, std::shared_p
 Controller::~Controller() {
   std::thread t;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ptc::MutexLock lock(&mu_);
     t = std::move(worker_thread_);
   }
   if (t.joinable()) t.join();
 }
 
 void Controller::RecordError(const std::string& error) {
-  std::lock_guard<std::mutex> lock(mu_);
+  ptc::MutexLock lock(&mu_);
   last_error_ = error;
 }
 
@@ -92,7 +92,7 @@ ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_p
   if (!lazy.ok()) return fail(ptc::InvalidArgumentError(lazy.status().message()));
   std::thread previous;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ptc::MutexLock lock(&mu_);
     if (state_ == "repartitioning" || state_ == "saving") {
       return ptc::FailedPreconditionError("a reconfiguration or save is still running; wait for .ptcfs/status to say serving");
     }
@@ -104,7 +104,7 @@ ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_p
   }
   if (previous.joinable()) previous.join();  // finished: its state was set (it may still be removing old files)
   serve_(*lazy);
-  std::lock_guard<std::mutex> lock(mu_);
+  ptc::MutexLock lock(&mu_);
   worker_thread_ = std::thread([this, config, spec, dataset] { Rewrite(config, spec, dataset); });
   return ptc::Status::OK();
 }
@@ -127,7 +127,7 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
   }();
   if (result.ok()) serve_(*result);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ptc::MutexLock lock(&mu_);
     state_ = result.ok() ? "serving" : "failed";
     if (!result.ok()) last_error_ = result.status().message();
   }
@@ -145,7 +145,7 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
   std::string before;
   std::thread previous;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ptc::MutexLock lock(&mu_);
     if (state_ == "repartitioning" || state_ == "saving") {
       return ptc::FailedPreconditionError("a reconfiguration or save is running; save again once .ptcfs/status "
                                           "says serving");
@@ -177,14 +177,14 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
     Collect();
     return ptc::Status::OK();
   }();
-  std::lock_guard<std::mutex> lock(mu_);
+  ptc::MutexLock lock(&mu_);
   state_ = result.ok() ? "serving" : before;
   if (!result.ok()) last_error_ = "save of iteration " + std::to_string(iteration) + ": " + result.message();
   return result;
 }
 
 std::string Controller::StatusJson(const std::shared_ptr<const Snapshot>& current) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  ptc::MutexLock lock(&mu_);
   nlohmann::json j = {
       {"generation", current->generation()},
       {"config", current->config().ToString()},

@@ -11,11 +11,11 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "fs/snapshot.h"
+#include "ptc/base/mutex.h"
 #include "ptc/store/store.h"
 
 namespace ptcfs {
@@ -38,7 +38,7 @@ class Controller {
   // commits the new dataset position with the new layout.
   // \error InvalidArgument naming what is wrong (also kept as last_error);
   // \error FailedPrecondition while a rewrite runs.
-  ptc::Status Reconfigure(const std::string& text, const std::shared_ptr<const Snapshot>& current);
+  ptc::Status Reconfigure(const std::string& text, const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_);
 
   // Commits the Megatron save of `iteration` staged under `staging_root`
   // (megatron/ writes, fs/staging.h) as a new generation, in the current
@@ -48,16 +48,17 @@ class Controller {
   //        zero=1 (Megatron's files do not hold ZeRO-1 state); as
   //        OpenMegatronCheckpoint and ImportInto (a missing rank names it).
   ptc::Status Ingest(const std::string& staging_root, uint64_t iteration,
-                     const std::shared_ptr<const Snapshot>& current);
+                     const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_);
 
   // The status document (docs/mount_format.md).
-  std::string StatusJson(const std::shared_ptr<const Snapshot>& current) const;
-  void RecordError(const std::string& error);
+  std::string StatusJson(const std::shared_ptr<const Snapshot>& current) const EXCLUDES(mu_);
+  void RecordError(const std::string& error) EXCLUDES(mu_);
 
  private:
-  void Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset);
+  void Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset)
+      EXCLUDES(mu_);
   // collect_, its error kept as last_error.
-  void Collect();
+  void Collect() EXCLUDES(mu_);
 
   ptc::Store* store_;
   const int worker_;
@@ -66,10 +67,10 @@ class Controller {
   const std::shared_ptr<const ptc::DatasetSource> source_;
   std::function<void(std::shared_ptr<const Snapshot>)> serve_;
   std::function<ptc::Status()> collect_;
-  mutable std::mutex mu_;
-  std::string state_ = "serving";  // GUARDED_BY(mu_): serving | repartitioning | saving | failed
-  std::string last_error_;         // GUARDED_BY(mu_)
-  std::thread worker_thread_;      // GUARDED_BY(mu_)
+  mutable ptc::Mutex mu_;
+  std::string state_ GUARDED_BY(mu_) = "serving";  // serving | repartitioning | saving | failed
+  std::string last_error_ GUARDED_BY(mu_);
+  std::thread worker_thread_ GUARDED_BY(mu_);
   std::atomic<uint64_t> done_{0}, total_{0};
 };
 

@@ -62,7 +62,7 @@ ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& 
   fs->controller_ = std::make_unique<Controller>(fs->store_.get(), options.worker, options.transform_threads, checks, source,
                                                  [self](std::shared_ptr<const Snapshot> s) { self->Serve(s); },
                                                  [self] { return self->CollectReplaced(); });
-  std::lock_guard<std::mutex> lock(fs->mu_);
+  ptc::MutexLock lock(&fs->mu_);
   auto root = std::make_shared<Node>();
   fs->AddNode(root);
   auto meta = std::make_shared<Node>();
@@ -88,14 +88,22 @@ uint64_t Filesystem::AddNode(std::shared_ptr<Node> node) {
   return node->ino;
 }
 
-std::shared_ptr<Node> Filesystem::NodeOf(uint64_t ino) const {
-  std::lock_guard<std::mutex> lock(mu_);
+ptc::Result<std::shared_ptr<Node>> Filesystem::NodeOf(uint64_t ino) const {
+  ptc::MutexLock lock(&mu_);
   auto it = nodes_.find(ino);
-  return it == nodes_.end() ? nullptr : it->second;
+  if (it == nodes_.end()) return ptc::NotFoundError("inode " + std::to_string(ino));
+  return it->second;
+}
+
+ptc::Result<std::shared_ptr<Filesystem::Handle>> Filesystem::HandleOf(uint64_t fh) const {
+  ptc::MutexLock lock(&mu_);
+  auto it = handles_.find(fh);
+  if (it == handles_.end()) return ptc::InvalidArgumentError("bad file handle");
+  return it->second;
 }
 
 std::shared_ptr<const Snapshot> Filesystem::snapshot() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  ptc::MutexLock lock(&mu_);
   return snapshot_;
 }
 
@@ -124,7 +132,7 @@ std::shared_ptr<Node> Filesystem::BuildDataTree(const std::shared_ptr<const Snap
   const ptc::DatasetState& state = *snap->dataset();
   const size_t groups = state.length_buckets.size();
   auto data = NewDir(snap);
-  auto add_files = [&](Node& dir, int dp_rank, std::optional<size_t> group) {
+  auto add_files = [&](Node& dir, int dp_rank, std::optional<size_t> group) REQUIRES(mu_) {
     for (ptc::ViewFile f : ptc::ViewFiles(state.format)) {
       auto n = std::make_shared<Node>();
       n->kind = Node::kDataFile;
@@ -154,7 +162,7 @@ std::shared_ptr<Node> Filesystem::BuildDataTree(const std::shared_ptr<const Snap
 
 std::shared_ptr<Node> Filesystem::BuildModelTree(const std::shared_ptr<const Snapshot>& snap) {
   auto model = NewDir(snap);
-  auto file = [&](Node::Kind kind, size_t view, size_t tensor, uint64_t size) {
+  auto file = [&](Node::Kind kind, size_t view, size_t tensor, uint64_t size) REQUIRES(mu_) {
     auto n = std::make_shared<Node>();
     n->kind = kind;
     n->snap = snap;
@@ -197,12 +205,14 @@ std::shared_ptr<Node> Filesystem::BuildModelTree(const std::shared_ptr<const Sna
 
 void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ptc::MutexLock lock(&mu_);
     if (snap->generation() != snapshot_->generation()) collect_due_ = true;
     snapshot_ = snap;
     // Nodes of the replaced trees that the kernel does not know go now; the
     // others when it forgets them (Forget).
-    std::erase_if(nodes_, [](const auto& kv) { return kv.second->snap && kv.second->lookups == 0; });
+    for (auto it = nodes_.begin(); it != nodes_.end();) {
+      it = it->second->snap && LookupsOf(*it->second) == 0 ? nodes_.erase(it) : std::next(it);
+    }
     AddTrees(*nodes_.at(kRootInode), snap);
   }
   if (invalidate_) {
@@ -213,7 +223,7 @@ void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
 ptc::Status Filesystem::CollectReplaced() {
   std::set<uint64_t> live;  // the generations open files read (a file opens its shard files lazily)
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ptc::MutexLock lock(&mu_);
     if (!collect_due_) return ptc::Status::OK();
     collect_due_ = false;
     for (const auto& [fh, h] : handles_) {
@@ -251,7 +261,7 @@ struct stat Filesystem::Attr(const Node& n, uint64_t size) const {
 ptc::Result<Entry> Filesystem::Lookup(uint64_t parent, const std::string& name) {
   std::shared_ptr<Node> node;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ptc::MutexLock lock(&mu_);
     auto p = nodes_.find(parent);
     if (p == nodes_.end() || !p->second->is_dir()) return ptc::NotFoundError("no directory " + std::to_string(parent));
     auto c = p->second->children.find(name);
@@ -262,20 +272,21 @@ ptc::Result<Entry> Filesystem::Lookup(uint64_t parent, const std::string& name) 
   }
   PTC_ASSIGN_OR_RETURN(uint64_t size, SizeOf(*node));
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    node->lookups++;
+    ptc::MutexLock lock(&mu_);
+    LookupsOf(*node)++;
   }
   return Entry{node->ino, Attr(*node, size), Timeout(*node)};
 }
 
 void Filesystem::Forget(uint64_t ino, uint64_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  ptc::MutexLock lock(&mu_);
   auto it = nodes_.find(ino);
   if (it == nodes_.end() || ino == kRootInode) return;
   Node& node = *it->second;
-  node.lookups = node.lookups > n ? node.lookups - n : 0;
+  uint64_t& lookups = LookupsOf(node);
+  lookups = lookups > n ? lookups - n : 0;
   // Nodes of replaced trees go once the kernel has forgotten them.
-  if (node.lookups == 0 && node.snap && node.snap != snapshot_) nodes_.erase(it);
+  if (lookups == 0 && node.snap && node.snap != snapshot_) nodes_.erase(it);
 }
 
 double Filesystem::Timeout(const Node& node) {
@@ -289,8 +300,7 @@ double Filesystem::Timeout(const Node& node) {
 }
 
 ptc::Result<Entry> Filesystem::GetAttr(uint64_t ino) {
-  std::shared_ptr<Node> node = NodeOf(ino);
-  if (!node) return ptc::NotFoundError("inode " + std::to_string(ino));
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> node, NodeOf(ino));
   PTC_ASSIGN_OR_RETURN(uint64_t size, SizeOf(*node));
   struct stat st = Attr(*node, size);
   if (node->kind == Node::kConfig) st.st_size = static_cast<off_t>(snapshot()->config().ToString().size() + 1);
@@ -299,7 +309,7 @@ ptc::Result<Entry> Filesystem::GetAttr(uint64_t ino) {
 }
 
 ptc::Result<std::vector<DirEntry>> Filesystem::ReadDir(uint64_t ino) {
-  std::lock_guard<std::mutex> lock(mu_);
+  ptc::MutexLock lock(&mu_);
   auto it = nodes_.find(ino);
   if (it == nodes_.end()) return ptc::NotFoundError("inode " + std::to_string(ino));
   if (!it->second->is_dir()) return ptc::InvalidArgumentError("not a directory");
@@ -330,8 +340,7 @@ ptc::Result<std::unique_ptr<VirtualFile>> Filesystem::Render(const Node& n) cons
 }
 
 ptc::Result<OpenReply> Filesystem::Open(uint64_t ino, int flags) {
-  std::shared_ptr<Node> node = NodeOf(ino);
-  if (!node) return ptc::NotFoundError("inode " + std::to_string(ino));
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> node, NodeOf(ino));
   if (node->is_dir()) return ptc::Status(ptc::Code::kInvalidArgument, "is a directory");
   const bool writing = (flags & O_ACCMODE) != O_RDONLY;
   if (node->kind == Node::kStagedFile || node->kind == Node::kLatestFile) return OpenMegatronWritable(node, flags);
@@ -366,20 +375,14 @@ ptc::Result<OpenReply> Filesystem::Open(uint64_t ino, int flags) {
     h->text = node->literal;
     reply.keep_cache = true;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  ptc::MutexLock lock(&mu_);
   reply.fh = next_fh_++;
   handles_[reply.fh] = std::move(h);
   return reply;
 }
 
 ptc::Result<ReadReply> Filesystem::Read(uint64_t fh, uint64_t offset, size_t size) {
-  std::shared_ptr<Handle> h;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = handles_.find(fh);
-    if (it == handles_.end()) return ptc::InvalidArgumentError("bad file handle");
-    h = it->second;
-  }
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Handle> h, HandleOf(fh));
   ReadReply reply;
   if (h->fd >= 0) {
     reply.bytes.resize(size);
@@ -428,13 +431,7 @@ ptc::Result<ReadReply> Filesystem::Read(uint64_t fh, uint64_t offset, size_t siz
 }
 
 ptc::Result<size_t> Filesystem::Write(uint64_t fh, const char* data, size_t size, uint64_t offset) {
-  std::shared_ptr<Handle> h;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = handles_.find(fh);
-    if (it == handles_.end()) return ptc::InvalidArgumentError("bad file handle");
-    h = it->second;
-  }
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Handle> h, HandleOf(fh));
   if (h->node->kind == Node::kStagedFile || h->node->kind == Node::kLatestFile) {
     return WriteMegatron(*h, data, size, offset);
   }
@@ -446,8 +443,7 @@ ptc::Result<size_t> Filesystem::Write(uint64_t fh, const char* data, size_t size
 }
 
 ptc::Status Filesystem::Truncate(uint64_t ino, uint64_t size) {
-  std::shared_ptr<Node> node = NodeOf(ino);
-  if (!node) return ptc::NotFoundError("inode " + std::to_string(ino));
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> node, NodeOf(ino));
   if (node->kind == Node::kStagedFile) return staging_.Truncate(node->staged, size);
   if (node->kind != Node::kConfig && node->kind != Node::kLatestFile) {
     return ptc::Status(ptc::Code::kPermissionDenied, "read-only file");
@@ -456,7 +452,7 @@ ptc::Status Filesystem::Truncate(uint64_t ino, uint64_t size) {
 }
 
 void Filesystem::Release(uint64_t fh) {
-  std::lock_guard<std::mutex> lock(mu_);
+  ptc::MutexLock lock(&mu_);
   handles_.erase(fh);
 }
 

@@ -25,7 +25,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -35,6 +34,7 @@
 #include "fs/snapshot.h"
 #include "fs/staging.h"
 #include "fs/virtual_file.h"
+#include "ptc/base/mutex.h"
 
 namespace ptcfs {
 
@@ -129,32 +129,40 @@ class Filesystem {
   ptc::Status Fsync(uint64_t fh);
 
   Controller& controller() { return *controller_; }
-  std::shared_ptr<const Snapshot> snapshot() const;
+  std::shared_ptr<const Snapshot> snapshot() const EXCLUDES(mu_);
 
  private:
   struct Handle;
   explicit Filesystem(const MountOptions& options);
-  std::shared_ptr<Node> NodeOf(uint64_t ino) const;
-  uint64_t AddNode(std::shared_ptr<Node> node);             // REQUIRES: mu_ held
-  // model/ and data/ of `snap` under `root`. REQUIRES: mu_ held (all three).
-  void AddTrees(Node& root, const std::shared_ptr<const Snapshot>& snap);
-  std::shared_ptr<Node> BuildModelTree(const std::shared_ptr<const Snapshot>& snap);
-  std::shared_ptr<Node> BuildDataTree(const std::shared_ptr<const Snapshot>& snap);
+  // The node of inode `ino`, as the kernel names it.
+  // \error NotFound (ENOENT) when the inode is not in the table (never was, or forgotten).
+  ptc::Result<std::shared_ptr<Node>> NodeOf(uint64_t ino) const EXCLUDES(mu_);
+  // The open file `fh` (fuse_file_info::fh), from Open or Create until Release.
+  // \error InvalidArgument (EINVAL) for a handle not open.
+  ptc::Result<std::shared_ptr<Handle>> HandleOf(uint64_t fh) const EXCLUDES(mu_);
+  uint64_t AddNode(std::shared_ptr<Node> node) REQUIRES(mu_);
+  // The kernel's lookup count of `node` (Node::lookups_): guarded by mu_,
+  // which Node cannot name, so every access goes through here.
+  uint64_t& LookupsOf(Node& node) const REQUIRES(mu_);
+  // model/ and data/ (and megatron/) of `snap` under `root`.
+  void AddTrees(Node& root, const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
+  std::shared_ptr<Node> BuildModelTree(const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
+  std::shared_ptr<Node> BuildDataTree(const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
   // megatron/: latest_checkpointed_iteration.txt, iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt.
   // \error as Snapshot::megatron and PlanMegatronFile.
-  ptc::Result<std::shared_ptr<Node>> BuildMegatronTree(const std::shared_ptr<const Snapshot>& snap);
+  ptc::Result<std::shared_ptr<Node>> BuildMegatronTree(const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
   // Nodes for what the staging area holds under `dir` (recursively).
-  void AddStaged(Node& dir, const std::shared_ptr<const Snapshot>& snap);
-  ptc::Result<OpenReply> OpenMegatronWritable(const std::shared_ptr<Node>& node, int flags);
+  void AddStaged(Node& dir, const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
+  ptc::Result<OpenReply> OpenMegatronWritable(const std::shared_ptr<Node>& node, int flags) EXCLUDES(mu_);
   ptc::Result<size_t> WriteMegatron(Handle& h, const char* data, size_t size, uint64_t offset);
-  // The directory `parent` if saves may write in it. REQUIRES: mu_ not held.
-  ptc::Result<std::shared_ptr<Node>> StagingParent(uint64_t parent);
+  // The directory `parent` if saves may write in it.
+  ptc::Result<std::shared_ptr<Node>> StagingParent(uint64_t parent) EXCLUDES(mu_);
   std::shared_ptr<Node> NewDir(const std::shared_ptr<const Snapshot>& snap);
-  void Serve(std::shared_ptr<const Snapshot> snap);  // swaps the tree, then invalidates
+  void Serve(std::shared_ptr<const Snapshot> snap) EXCLUDES(mu_);  // swaps the tree, then invalidates
   // After Serve switched generations: removes the replaced generations that no
   // file open now reads.
   // \error from Store::CollectGarbage (not FailedPrecondition: kept for the next commit).
-  ptc::Status CollectReplaced();
+  ptc::Status CollectReplaced() EXCLUDES(mu_);
   // The file's size: data files ask their view (built on first use).
   ptc::Result<uint64_t> SizeOf(const Node& node) const;
   struct stat Attr(const Node& node, uint64_t size) const;
@@ -162,22 +170,22 @@ class Filesystem {
   ptc::Result<std::unique_ptr<VirtualFile>> Render(const Node& node) const;
   // Reads the rank's tensors once per (config, rank, iteration) for the CRCs.
   ptc::Result<std::unique_ptr<VirtualFile>> RenderMegatron(const Snapshot& snap, const ptc::RankView& view,
-                                                           int worker) const;
+                                                           int worker) const EXCLUDES(mu_);
 
   MountOptions options_;
   std::unique_ptr<ptc::Store> store_;
   Staging staging_;
   std::unique_ptr<Controller> controller_;
   std::function<void(uint64_t, const std::string&)> invalidate_;
-  mutable std::mutex mu_;
-  std::shared_ptr<const Snapshot> snapshot_;                     // GUARDED_BY(mu_)
-  std::map<uint64_t, std::shared_ptr<Node>> nodes_;              // GUARDED_BY(mu_)
-  uint64_t next_ino_ = kRootInode;                               // GUARDED_BY(mu_)
-  std::map<uint64_t, std::shared_ptr<Handle>> handles_;          // GUARDED_BY(mu_)
-  bool collect_due_ = false;  // GUARDED_BY(mu_): Serve switched generations since the last CollectReplaced
-  uint64_t next_fh_ = 1;                                         // GUARDED_BY(mu_)
+  mutable ptc::Mutex mu_;
+  std::shared_ptr<const Snapshot> snapshot_ GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<Node>> nodes_ GUARDED_BY(mu_);
+  uint64_t next_ino_ GUARDED_BY(mu_) = kRootInode;
+  std::map<uint64_t, std::shared_ptr<Handle>> handles_ GUARDED_BY(mu_);
+  bool collect_due_ GUARDED_BY(mu_) = false;  // Serve switched generations since the last CollectReplaced
+  uint64_t next_fh_ GUARDED_BY(mu_) = 1;
   // CRC-32 of the storages of Megatron files, by (config, rank, iteration).
-  mutable std::map<std::tuple<std::string, int, uint64_t>, std::vector<uint32_t>> megatron_crcs_;  // GUARDED_BY(mu_)
+  mutable std::map<std::tuple<std::string, int, uint64_t>, std::vector<uint32_t>> megatron_crcs_ GUARDED_BY(mu_);
 };
 
 // The errno for a Status at the FUSE boundary (the one mapping).

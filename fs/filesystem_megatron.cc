@@ -81,21 +81,20 @@ ptc::Result<std::unique_ptr<VirtualFile>> Filesystem::RenderMegatron(const Snaps
   const auto key = std::make_tuple(snap.config().ToString(), view.rank, state.iteration);
   std::vector<uint32_t> crcs;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ptc::MutexLock lock(&mu_);
     if (auto it = megatron_crcs_.find(key); it != megatron_crcs_.end()) crcs = it->second;
   }
   if (crcs.empty() && !plan.state.storages.empty()) {
     auto check = [&](const ptc::ShardRecord& shard, uint64_t at, uint64_t n) { return snap.Check(shard, at, n); };
     PTC_ASSIGN_OR_RETURN(crcs, StorageCrcs(snap.reader(), plan, worker, check));
-    std::lock_guard<std::mutex> lock(mu_);
+    ptc::MutexLock lock(&mu_);
     megatron_crcs_[key] = crcs;
   }
   return MakeMegatronFile(snap.reader(), plan, crcs, worker);
 }
 
 ptc::Result<std::shared_ptr<Node>> Filesystem::StagingParent(uint64_t parent) {
-  std::shared_ptr<Node> p = NodeOf(parent);
-  if (!p) return ptc::NotFoundError("inode " + std::to_string(parent));
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> p, NodeOf(parent));
   if (p->kind != Node::kMegatronDir && p->kind != Node::kStagedDir) {
     return ptc::Status(ptc::Code::kPermissionDenied, "only megatron/ takes new files (saves)");
   }
@@ -105,7 +104,7 @@ ptc::Result<std::shared_ptr<Node>> Filesystem::StagingParent(uint64_t parent) {
 ptc::Result<Entry> Filesystem::Mkdir(uint64_t parent, const std::string& name) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> p, StagingParent(parent));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ptc::MutexLock lock(&mu_);
     if (p->children.count(name)) return ptc::AlreadyExistsError(name);
   }
   PTC_ASSIGN_OR_RETURN(std::string rel, Staging::Join(p->staged, name));
@@ -114,9 +113,9 @@ ptc::Result<Entry> Filesystem::Mkdir(uint64_t parent, const std::string& name) {
   n->kind = Node::kStagedDir;
   n->snap = p->snap;
   n->staged = rel;
-  std::lock_guard<std::mutex> lock(mu_);
+  ptc::MutexLock lock(&mu_);
   p->children[name] = AddNode(n);
-  n->lookups++;
+  LookupsOf(*n)++;
   return Entry{n->ino, Attr(*n, 0), Timeout(*n)};
 }
 
@@ -124,7 +123,7 @@ ptc::Result<std::pair<Entry, OpenReply>> Filesystem::Create(uint64_t parent, con
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> p, StagingParent(parent));
   std::shared_ptr<Node> n;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ptc::MutexLock lock(&mu_);
     if (auto it = p->children.find(name); it != p->children.end()) {
       auto c = nodes_.find(it->second);
       if (c == nodes_.end()) return ptc::NotFoundError(name + ": replaced by a reconfiguration");
@@ -139,13 +138,13 @@ ptc::Result<std::pair<Entry, OpenReply>> Filesystem::Create(uint64_t parent, con
     n->kind = Node::kStagedFile;
     n->snap = p->snap;
     n->staged = rel;
-    std::lock_guard<std::mutex> lock(mu_);
+    ptc::MutexLock lock(&mu_);
     p->children[name] = AddNode(n);
   }
   PTC_ASSIGN_OR_RETURN(OpenReply reply, OpenMegatronWritable(n, flags));
   PTC_ASSIGN_OR_RETURN(uint64_t size, SizeOf(*n));
-  std::lock_guard<std::mutex> lock(mu_);
-  n->lookups++;
+  ptc::MutexLock lock(&mu_);
+  LookupsOf(*n)++;
   return std::make_pair(Entry{n->ino, Attr(*n, size), Timeout(*n)}, reply);
 }
 
@@ -160,7 +159,7 @@ ptc::Result<OpenReply> Filesystem::OpenMegatronWritable(const std::shared_ptr<No
   } else if (!Writing(flags)) {
     h->text = node->literal;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  ptc::MutexLock lock(&mu_);
   reply.fh = next_fh_++;
   handles_[reply.fh] = std::move(h);
   return reply;
@@ -180,12 +179,9 @@ ptc::Result<size_t> Filesystem::WriteMegatron(Handle& h, const char* data, size_
 }
 
 ptc::Status Filesystem::Flush(uint64_t fh) {
-  std::shared_ptr<Handle> h;
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Handle> h, HandleOf(fh));
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = handles_.find(fh);
-    if (it == handles_.end()) return ptc::InvalidArgumentError("bad file handle");
-    h = it->second;
+    ptc::MutexLock lock(&mu_);
     if (h->node->kind != Node::kLatestFile || !h->written) return ptc::Status::OK();
     h->written = false;  // one commit per write
   }
@@ -203,13 +199,7 @@ ptc::Status Filesystem::Flush(uint64_t fh) {
 }
 
 ptc::Status Filesystem::Fsync(uint64_t fh) {
-  std::shared_ptr<Handle> h;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = handles_.find(fh);
-    if (it == handles_.end()) return ptc::InvalidArgumentError("bad file handle");
-    h = it->second;
-  }
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Handle> h, HandleOf(fh));
   if (h->fd >= 0 && ::fsync(h->fd) != 0) return ptc::ErrnoError(staging_.Path(h->node->staged), errno);
   return ptc::Status::OK();
 }
@@ -220,7 +210,7 @@ ptc::Status Filesystem::Rename(uint64_t parent, const std::string& name, uint64_
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> to_dir, StagingParent(new_parent));
   std::shared_ptr<Node> node;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ptc::MutexLock lock(&mu_);
     auto it = from_dir->children.find(name);
     if (it == from_dir->children.end() || !nodes_.count(it->second)) return ptc::NotFoundError(name);
     node = nodes_.at(it->second);
@@ -236,7 +226,7 @@ ptc::Status Filesystem::Rename(uint64_t parent, const std::string& name, uint64_
   }
   PTC_ASSIGN_OR_RETURN(std::string to, Staging::Join(to_dir->staged, new_name));
   PTC_RETURN_IF_ERROR(staging_.Rename(node->staged, to));
-  std::lock_guard<std::mutex> lock(mu_);
+  ptc::MutexLock lock(&mu_);
   from_dir->children.erase(name);
   to_dir->children[new_name] = node->ino;
   // The node and everything under it now live at the new path.
@@ -257,7 +247,7 @@ ptc::Status Filesystem::Unlink(uint64_t parent, const std::string& name, bool di
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> dir, StagingParent(parent));
   std::shared_ptr<Node> node;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ptc::MutexLock lock(&mu_);
     auto it = dir->children.find(name);
     if (it == dir->children.end() || !nodes_.count(it->second)) return ptc::NotFoundError(name);
     node = nodes_.at(it->second);
@@ -266,7 +256,7 @@ ptc::Status Filesystem::Unlink(uint64_t parent, const std::string& name, bool di
     return ptc::Status(ptc::Code::kPermissionDenied, name + ": only files and directories of saves can be removed");
   }
   PTC_RETURN_IF_ERROR(directory ? staging_.Rmdir(node->staged) : staging_.Unlink(node->staged));
-  std::lock_guard<std::mutex> lock(mu_);
+  ptc::MutexLock lock(&mu_);
   dir->children.erase(name);
   return ptc::Status::OK();
 }

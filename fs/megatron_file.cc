@@ -4,7 +4,7 @@
 #include <cstring>
 #include <map>
 
-#include "ptc/format/zip.h"
+#include "ptc/format/zip_writer.h"
 
 namespace ptcfs {
 namespace {
@@ -122,7 +122,7 @@ ptc::Status ExportMegatron(ptc::Env* env, const ptc::Store& store,
                            const ptc::ParallelConfig& config, const std::string& out_dir,
                            const ptc::ProgressFn& progress) {
   PTC_RETURN_IF_ERROR(ptc::ValidateConfig(spec, config));
-  const std::string manifest = store.AbsPath(ptc::Store::GenerationDirName(generation->generation) + "/manifest.json");
+  const std::string manifest = store.ManifestPath(generation->generation);
   PTC_ASSIGN_OR_RETURN(ptc::megatron::MegatronState state, ptc::megatron::LoadMegatronState(generation->extra, manifest));
   ptc::GenerationReader reader(store, generation, /*verify=*/true);
   std::vector<ptc::RankView> views;

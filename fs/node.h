@@ -34,8 +34,15 @@ struct Node {
   std::string literal;                       // kLiteralFile, kLatestFile
   std::string staged;                        // kMegatronDir (""), kStagedDir, kStagedFile: path in the staging area
   uint64_t ino = 0;
-  uint64_t lookups = 0;                      // GUARDED_BY(Filesystem::mu_)
+
+ private:
+  friend class Filesystem;
+  // The kernel's lookup count. Guarded by Filesystem::mu_, which the analysis
+  // cannot name from here: Filesystem reads and writes it only through LookupsOf, which requires it.
+  uint64_t lookups_ = 0;
 };
+
+inline uint64_t& Filesystem::LookupsOf(Node& node) const { return node.lookups_; }
 
 struct Filesystem::Handle {
   ~Handle();  // closes fd

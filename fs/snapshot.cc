@@ -1,4 +1,5 @@
 #include "fs/snapshot.h"
+#include "ptc/store/shard_verify.h"
 
 #include <algorithm>
 
@@ -24,7 +25,7 @@ ptc::Result<std::shared_ptr<const Snapshot>> Snapshot::Create(
   s->dataset_ = std::move(dataset);
   s->source_ = std::move(source);
   s->checks_ = std::move(checks);
-  const std::string manifest = store.AbsPath(ptc::Store::GenerationDirName(s->generation()) + "/manifest.json");
+  const std::string manifest = store.ManifestPath(s->generation());
   auto megatron = ptc::megatron::LoadMegatronState(s->generation_->extra, manifest);
   if (megatron.ok()) {
     s->megatron_ = std::move(megatron).value();
@@ -53,14 +54,14 @@ ptc::Result<std::shared_ptr<const ptc::RankDataView>> Snapshot::DataView(int dp_
   if (!dataset_) return ptc::NotFoundError("the store holds no dataset");
   const std::pair<int, size_t> key{dp_rank, group.value_or(0)};
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ptc::MutexLock lock(&mu_);
     if (auto it = data_views_.find(key); it != data_views_.end()) return it->second;
   }
   // Built outside the lock (grouped streams read every remaining length); a
   // concurrent first use may build twice, and the first one stored wins.
   PTC_ASSIGN_OR_RETURN(auto samples, ptc::RankSamplesFor(*dataset_, source_, config_.dp, dp_rank, group));
   auto view = std::make_shared<const ptc::RankDataView>(source_, std::move(samples));
-  std::lock_guard<std::mutex> lock(mu_);
+  ptc::MutexLock lock(&mu_);
   return data_views_.emplace(key, std::move(view)).first->second;
 }
 
@@ -71,7 +72,7 @@ ptc::Status ShardChecks::Check(const ptc::Store& store, const ptc::ShardRecord& 
   Key key{shard.file, shard.offset, shard.nbytes, shard.checksum};
   size_t lo = last + 1, hi = first;  // the blocks not yet verified lie in [lo, hi]
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    ptc::MutexLock lock(&mu_);
     Entry& e = shards_[key];
     if (!e.failure.ok()) return e.failure;
     if (e.verified.empty()) e.verified.resize(ptc::BlockCount(shard));
@@ -82,7 +83,7 @@ ptc::Status ShardChecks::Check(const ptc::Store& store, const ptc::ShardRecord& 
   if (lo > hi) return ptc::Status::OK();
   const uint64_t begin = ptc::BlockBegin(shard, lo);
   ptc::Status s = ptc::VerifyShardRange(store.env(), store, shard, begin, ptc::BlockEnd(shard, hi) - begin);
-  std::lock_guard<std::mutex> lock(mu_);
+  ptc::MutexLock lock(&mu_);
   Entry& e = shards_[key];
   if (!s.ok()) return e.failure = s;
   for (size_t b = lo; b <= hi; ++b) e.verified[b] = true;

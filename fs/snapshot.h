@@ -11,7 +11,6 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -20,7 +19,9 @@
 #include "fs/virtual_file.h"
 #include "ptc/dataset/state.h"
 #include "ptc/dataset/view.h"
+#include "ptc/base/mutex.h"
 #include "ptc/checkpoint/megatron.h"
+#include "ptc/store/shard_verify.h"
 #include "ptc/store/store.h"
 #include "ptc/store/store_reader.h"
 #include "ptc/model/view.h"
@@ -37,7 +38,8 @@ class ShardChecks {
  public:
   // Verifies the blocks holding bytes [offset, offset + n) of the shard that were not yet.
   // \error as ptc::VerifyShardRange, or the shard's earlier failure.
-  ptc::Status Check(const ptc::Store& store, const ptc::ShardRecord& shard, uint64_t offset, uint64_t n);
+  ptc::Status Check(const ptc::Store& store, const ptc::ShardRecord& shard, uint64_t offset, uint64_t n)
+      EXCLUDES(mu_);
 
  private:
   using Key = std::tuple<std::string, uint64_t, uint64_t, uint64_t>;
@@ -45,8 +47,8 @@ class ShardChecks {
     std::vector<bool> verified;  // per block
     ptc::Status failure;
   };
-  std::mutex mu_;
-  std::map<Key, Entry> shards_;  // GUARDED_BY(mu_)
+  ptc::Mutex mu_;
+  std::map<Key, Entry> shards_ GUARDED_BY(mu_);
 };
 
 class Snapshot {
@@ -77,7 +79,8 @@ class Snapshot {
   // The data view of data-parallel rank `dp_rank` (of length group `group`),
   // built on first use and shared by the ranks of that dp coordinate.
   // \error as RankSamplesFor.
-  ptc::Result<std::shared_ptr<const ptc::RankDataView>> DataView(int dp_rank, std::optional<size_t> group) const;
+  ptc::Result<std::shared_ptr<const ptc::RankDataView>> DataView(int dp_rank, std::optional<size_t> group) const
+      EXCLUDES(mu_);
 
   // The checksums of the shard's blocks that hold [offset, offset + n), verified once per mount (ShardChecks).
   ptc::Status Check(const ptc::ShardRecord& shard, uint64_t offset, uint64_t n) const {
@@ -99,8 +102,8 @@ class Snapshot {
   std::shared_ptr<ShardChecks> checks_;
   ptc::megatron::MegatronState megatron_;
   ptc::Status megatron_error_;
-  mutable std::mutex mu_;
-  mutable std::map<std::pair<int, size_t>, std::shared_ptr<const ptc::RankDataView>> data_views_;  // GUARDED_BY(mu_)
+  mutable ptc::Mutex mu_;
+  mutable std::map<std::pair<int, size_t>, std::shared_ptr<const ptc::RankDataView>> data_views_ GUARDED_BY(mu_);
 };
 
 }  // namespace ptcfs

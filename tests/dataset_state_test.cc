@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "ptc/dataset/state.h"
+#include "ptc/store/shard_verify.h"
 #include "ptc/dataset/synth.h"
 #include "ptc/base/fault_injection_env.h"
 #include "ptc/checkpoint/import.h"

@@ -13,18 +13,11 @@
 namespace ptc {
 namespace {
 
+using ::ptc::testing::kAllDTypes;
+using ::ptc::testing::Pattern;
 using ::ptc::testing::TempDir;
 using ::ptc::testing::TestSeed;
 
-constexpr DType kAllDTypes[] = {DType::kF64, DType::kF32, DType::kF16,  DType::kBF16,   DType::kI64,   DType::kI32,
-                                DType::kI16, DType::kI8,  DType::kU8,   DType::kBool,   DType::kF8E4M3, DType::kF8E5M2};
-
-std::string Pattern(int k, DType dtype, uint64_t n) {
-  std::string s(n, '\0');
-  for (uint64_t i = 0; i < n; ++i)
-    s[i] = static_cast<char>(dtype == DType::kBool ? (k + i) & 1 : (k * 37 + i * 11 + 5) & 0xff);
-  return s;
-}
 
 uint64_t Bytes(DType dtype, const Shape& shape) { return NumElements(shape) * DTypeSize(dtype); }
 

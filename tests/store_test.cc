@@ -1,6 +1,8 @@
 // The store end to end on the real filesystem: write, commit, reopen, read back
 // bit-exact, verify, cross-check with h5py, every I/O failure point of a
 // commit, corruption, open errors and garbage collection.
+#include "ptc/store/generation_writer.h"
+#include "ptc/store/shard_verify.h"
 #include "ptc/store/store.h"
 
 #include <gtest/gtest.h>

@@ -17,6 +17,7 @@
 
 #include "ptc/model/config.h"
 #include "ptc/base/env.h"
+#include "ptc/model/dtype.h"
 #include "ptc/model/view.h"
 
 namespace ptc::testing {
@@ -48,6 +49,19 @@ class TempDir {
 };
 
 // The whole content of a file ("" when it cannot be read).
+// Every dtype, for tests that cover them all.
+inline constexpr DType kAllDTypes[] = {DType::kF64,  DType::kF32, DType::kF16, DType::kBF16,
+                                       DType::kI64,  DType::kI32, DType::kI16, DType::kI8,
+                                       DType::kU8,   DType::kBool, DType::kF8E4M3, DType::kF8E5M2};
+
+// Deterministic bytes for tensor number k (tests/clients recompute them in Python).
+inline std::string Pattern(int k, DType dtype, uint64_t n) {
+  std::string s(n, '\0');
+  for (uint64_t i = 0; i < n; ++i)
+    s[i] = static_cast<char>(dtype == DType::kBool ? (k + i) & 1 : (k * 37 + i * 11 + 5) & 0xff);
+  return s;
+}
+
 inline std::string Slurp(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream s;

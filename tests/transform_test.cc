@@ -7,6 +7,7 @@
 #include <map>
 
 #include "ptc/base/fault_injection_env.h"
+#include "ptc/store/shard_verify.h"
 #include "ptc/checkpoint/export.h"
 #include "ptc/checkpoint/import.h"
 #include "ptc/store/model_spec.h"

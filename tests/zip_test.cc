@@ -1,4 +1,6 @@
-#include "ptc/format/zip.h"
+#include "ptc/format/crc32.h"
+#include "ptc/format/zip_reader.h"
+#include "ptc/format/zip_writer.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

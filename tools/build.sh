@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# Builds ptcfs. Usage: tools/build.sh [release|asan] -> build/ or build-asan/
+# Builds ptcfs. Usage: tools/build.sh [release|asan|tsa] -> build/, build-asan/ or build-tsa/
+#   tsa: clang's thread-safety analysis (PTCFS_THREAD_SAFETY) over the
+#        libraries and the ptcfs tool, at -O0; any lock misuse fails the build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind="${1:-release}"
+target=()
 case "$kind" in
   release) dir=build; flags=(-DCMAKE_BUILD_TYPE=Release) ;;
   asan) dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPTCFS_SANITIZE=ON) ;;
-  *) echo "usage: $0 [release|asan]" >&2; exit 2 ;;
+  tsa)
+    dir=build-tsa
+    flags=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 -DCMAKE_C_COMPILER=clang
+           -DCMAKE_CXX_COMPILER=clang++ -DPTCFS_THREAD_SAFETY=ON -DPTCFS_BUILD_TESTS=OFF)
+    target=(--target ptcfs)
+    ;;
+  *) echo "usage: $0 [release|asan|tsa]" >&2; exit 2 ;;
 esac
 cmake -S . -B "$dir" -G Ninja "${flags[@]}" >/dev/null
-cmake --build "$dir" -j "$(nproc)"
+cmake --build "$dir" -j "$(nproc)" "${target[@]}"

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "ptc/store/h5shard.h"
+#include "ptc/store/shard_verify.h"
 #include "ptc/store/store.h"
 #include "tools/commands.h"
 #include "tools/progress.h"

@@ -40,11 +40,14 @@ void Progress::Add(uint64_t bytes) {
   done_ += bytes;
   if (!enabled_) return;
   auto now = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-  if (!lock.owns_lock() || (drawn_ && now - last_draw_ < std::chrono::milliseconds(200))) return;
+  if (!mu_.TryLock()) return;  // another thread is deciding: this update shows in its line
+  if (drawn_ && now - last_draw_ < std::chrono::milliseconds(200)) {
+    mu_.Unlock();
+    return;
+  }
   last_draw_ = now;
   drawn_ = true;
-  lock.unlock();
+  mu_.Unlock();
   Draw(false);
 }
 

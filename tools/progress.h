@@ -9,8 +9,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <string>
+
+#include "ptc/base/mutex.h"
 
 namespace ptcfs {
 
@@ -19,7 +20,7 @@ class Progress {
   Progress(std::string label, uint64_t total_bytes);
   ~Progress();  // ends the line when anything was drawn
 
-  void Add(uint64_t bytes);
+  void Add(uint64_t bytes) EXCLUDES(mu_);
   // A callable for ptc::ProgressFn.
   auto fn() {
     return [this](uint64_t bytes) { Add(bytes); };
@@ -33,9 +34,9 @@ class Progress {
   const bool enabled_;
   const std::chrono::steady_clock::time_point start_;
   std::atomic<uint64_t> done_{0};
-  std::mutex mu_;
-  std::chrono::steady_clock::time_point last_draw_;  // GUARDED_BY(mu_)
-  bool drawn_ = false;                                // GUARDED_BY(mu_)
+  ptc::Mutex mu_;  // held only to decide whether to draw; Draw runs outside it
+  std::chrono::steady_clock::time_point last_draw_ GUARDED_BY(mu_);
+  bool drawn_ GUARDED_BY(mu_) = false;
 };
 
 // "1.5 GiB", "340 KiB", "12 B".

@@ -1,4 +1,5 @@
 #include "transform/execute.h"
+#include "ptc/store/generation_writer.h"
 
 #include <algorithm>
 #include <optional>

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ptc/checkpoint/checkpoint.h"
+#include "ptc/store/generation_writer.h"
 #include "ptc/store/store.h"
 #include "transform/plan.h"
 

@@ -4,10 +4,10 @@
 
 #include <atomic>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "ptc/base/mutex.h"
 #include "ptc/base/status.h"
 
 namespace ptc {
@@ -15,16 +15,19 @@ namespace ptc {
 // As below, and fn also gets the index in [0, threads) of the thread that runs
 // it, so that a caller can keep one scratch buffer per thread.
 inline Status ParallelFor(size_t n, int threads, const std::function<Status(size_t i, int thread)>& fn) {
+  // The first error any thread met (a struct: locals cannot be GUARDED_BY).
+  struct FirstError {
+    Mutex mu;
+    Status status GUARDED_BY(mu);
+  } first;
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
-  std::mutex mu;
-  Status first;  // GUARDED_BY(mu)
   auto work = [&](int thread) {
     for (size_t i; !failed && (i = next++) < n;) {
       Status s = fn(i, thread);
       if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (first.ok()) first = s;
+        MutexLock lock(&first.mu);
+        if (first.status.ok()) first.status = s;
         failed = true;
       }
     }
@@ -33,7 +36,8 @@ inline Status ParallelFor(size_t n, int threads, const std::function<Status(size
   for (int t = 1; t < threads && static_cast<size_t>(t) < n; ++t) pool.emplace_back(work, t);
   work(0);
   for (std::thread& t : pool) t.join();
-  return first;
+  MutexLock lock(&first.mu);
+  return first.status;
 }
 
 inline Status ParallelFor(size_t n, int threads, const std::function<Status(size_t)>& fn) {

@@ -3,7 +3,7 @@
 // I/O. Every worker computing a plan from the same inputs gets the same plan,
 // whatever the order of the source shards.
 //
-// Terms (see ../shared/DESIGN.md): the target's stored shards are what the
+// Terms (see docs/design.md): the target's stored shards are what the
 // target config's views need on each worker (replicas inside a worker stored
 // once). A target shard identical (tensor and boxes) to a live source shard on
 // its own worker is *kept*: no bytes. Every other target box is covered by

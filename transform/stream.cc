@@ -1,4 +1,6 @@
 #include "transform/stream.h"
+#include "ptc/store/shard_verify.h"
+#include "ptc/store/generation_writer.h"
 
 #include <algorithm>
 #include <map>

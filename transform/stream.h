@@ -21,6 +21,7 @@
 #include <memory>
 #include <vector>
 
+#include "ptc/store/generation_writer.h"
 #include "ptc/store/store.h"
 #include "transform/execute.h"
 #include "transform/plan.h"

@@ -30,29 +30,40 @@ uint64_t CombineBlockChecksums(const std::vector<uint64_t>& blocks) {
   return Xxh64(words.data(), words.size());
 }
 
-void ShardHasher::Update(const void* data, size_t n) {
+BlockHasher::BlockHasher(uint64_t pos, uint64_t size) : pos_(pos), size_(size) {}
+
+Status BlockHasher::Update(const void* data, size_t n, const BlockDone& done) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    if (in_block_ == kChecksumBlockBytes) {
-      blocks_.push_back(block_.Digest());
-      block_.Reset();
-      in_block_ = 0;
-    }
-    const size_t take = static_cast<size_t>(std::min<uint64_t>(n, kChecksumBlockBytes - in_block_));
+    const uint64_t block_end = std::min(size_, (pos_ / kChecksumBlockBytes + 1) * kChecksumBlockBytes);
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(n, block_end - pos_));
     block_.Update(p, take);
-    in_block_ += take;
+    pos_ += take;
     p += take;
     n -= take;
+    if (pos_ == block_end) {
+      const uint64_t digest = block_.Digest();
+      block_.Reset();
+      PTC_RETURN_IF_ERROR(done(static_cast<size_t>((pos_ - 1) / kChecksumBlockBytes), digest));
+    }
   }
+  return Status::OK();
+}
+
+void ShardHasher::Update(const void* data, size_t n) {
+  (void)hasher_.Update(data, n, [this](size_t, uint64_t digest) {
+    blocks_.push_back(digest);
+    return Status::OK();
+  });
 }
 
 ShardDigest ShardHasher::Finish() {
+  if (hasher_.InBlock() || blocks_.empty()) blocks_.push_back(hasher_.PartialDigest());
   ShardDigest d;
-  if (blocks_.empty()) {
-    d.checksum = block_.Digest();
+  if (blocks_.size() == 1) {
+    d.checksum = blocks_[0];  // one block: the checksum of the bytes, no block list
     return d;
   }
-  blocks_.push_back(block_.Digest());
   d.checksum = CombineBlockChecksums(blocks_);
   d.blocks = std::move(blocks_);
   return d;

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -55,6 +56,37 @@ struct ShardDigest {
   std::vector<uint64_t> blocks;  // empty for a shard of at most one block
 };
 
+// Hashes a stream's bytes block by block: blocks of kChecksumBlockBytes from
+// the stream's start, the last one ending with the stream. The one place that
+// cuts a stream at block boundaries, for the writer (ShardHasher) and the
+// reader that checks blocks as it reads (store/shard_verify.h).
+// Used by one thread at a time.
+class BlockHasher {
+ public:
+  // Called with a block's index and digest as its last byte is hashed; an
+  // error stops Update.
+  using BlockDone = std::function<Status(size_t block, uint64_t digest)>;
+
+  // Starts at byte `pos`, the first byte of a block, of a stream of `size`
+  // bytes (kUnknownSize: a block ends only at a multiple of kChecksumBlockBytes).
+  static constexpr uint64_t kUnknownSize = UINT64_MAX;
+  explicit BlockHasher(uint64_t pos = 0, uint64_t size = kUnknownSize);
+
+  // Offset in the stream of the next byte.
+  uint64_t position() const { return pos_; }
+  // Hashes the next n bytes, calling `done` for every block they complete.
+  // \error the first error `done` returns (the bytes after that block are not hashed).
+  Status Update(const void* data, size_t n, const BlockDone& done);
+  // Digest of the bytes of the current, unfinished block (of nothing when a block just ended).
+  uint64_t PartialDigest() const { return block_.Digest(); }
+  bool InBlock() const { return pos_ % kChecksumBlockBytes != 0 && pos_ != size_; }
+
+ private:
+  Xxh64Stream block_;
+  uint64_t pos_;
+  const uint64_t size_;
+};
+
 // Hashes a shard's bytes in order, block by block. Used by one thread at a time.
 class ShardHasher {
  public:
@@ -63,9 +95,8 @@ class ShardHasher {
   ShardDigest Finish();
 
  private:
-  Xxh64Stream block_;
-  uint64_t in_block_ = 0;  // bytes of the current block hashed
-  std::vector<uint64_t> blocks_;
+  BlockHasher hasher_;
+  std::vector<uint64_t> blocks_;  // digests of the blocks completed
 };
 
 // "xxh64:%016x".

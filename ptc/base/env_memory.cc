@@ -8,17 +8,17 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <set>
 
 #include "ptc/base/env.h"
+#include "ptc/base/mutex.h"
 
 namespace ptc {
 namespace {
 
 struct FileData {
-  mutable std::mutex mu;
-  std::string bytes;  // GUARDED_BY(mu)
+  mutable Mutex mu;
+  std::string bytes GUARDED_BY(mu);
 };
 
 std::string Normalize(std::string_view path) {
@@ -37,7 +37,7 @@ class MemRandomAccessFile final : public RandomAccessFile {
       : path_(std::move(path)), data_(std::move(data)) {}
 
   Status Read(uint64_t offset, size_t n, void* dst) const override {
-    std::lock_guard<std::mutex> lock(data_->mu);
+    MutexLock lock(&data_->mu);
     const uint64_t size = data_->bytes.size();
     if (offset > size || n > size - offset) {
       return CorruptionError(path_ + ": unexpected end of file reading " + std::to_string(n) + " bytes at offset " +
@@ -47,7 +47,7 @@ class MemRandomAccessFile final : public RandomAccessFile {
     return Status::OK();
   }
   uint64_t Size() const override {
-    std::lock_guard<std::mutex> lock(data_->mu);
+    MutexLock lock(&data_->mu);
     return data_->bytes.size();
   }
   const std::string& path() const override { return path_; }
@@ -69,7 +69,7 @@ class MemWritableFile final : public WritableFile {
   }
   Status PWrite(uint64_t offset, const void* data, size_t n) override {
     if (closed_) return FailedPreconditionError(path_ + ": write after close");
-    std::lock_guard<std::mutex> lock(data_->mu);
+    MutexLock lock(&data_->mu);
     if (data_->bytes.size() < offset + n) data_->bytes.resize(offset + n, '\0');
     if (n > 0) std::memcpy(data_->bytes.data() + offset, data, n);
     return Status::OK();
@@ -93,14 +93,14 @@ class MemWritableFile final : public WritableFile {
 class MemEnv final : public Env {
  public:
   Result<std::unique_ptr<RandomAccessFile>> OpenRead(const std::string& path) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = files_.find(Normalize(path));
     if (it == files_.end()) return NotFoundError(path + ": open for reading: No such file or directory");
     return std::unique_ptr<RandomAccessFile>(new MemRandomAccessFile(path, it->second));
   }
 
   Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const std::string p = Normalize(path);
     PTC_RETURN_IF_ERROR(CheckCanCreate(p), path + ": open for writing");
     auto data = std::make_shared<FileData>();
@@ -109,36 +109,36 @@ class MemEnv final : public Env {
   }
 
   Result<std::unique_ptr<WritableFile>> OpenExisting(const std::string& path) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = files_.find(Normalize(path));
     if (it == files_.end()) return NotFoundError(path + ": open existing for writing: No such file or directory");
     uint64_t size;
     {
-      std::lock_guard<std::mutex> file_lock(it->second->mu);
+      MutexLock file_lock(&it->second->mu);
       size = it->second->bytes.size();
     }
     return std::unique_ptr<WritableFile>(new MemWritableFile(path, it->second, size));
   }
 
   bool Exists(const std::string& path) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const std::string p = Normalize(path);
     return files_.count(p) > 0 || DirExists(p);
   }
 
   Result<uint64_t> FileSize(const std::string& path) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = files_.find(Normalize(path));
     if (it == files_.end()) {
       if (DirExists(Normalize(path))) return uint64_t{0};
       return NotFoundError(path + ": stat: No such file or directory");
     }
-    std::lock_guard<std::mutex> file_lock(it->second->mu);
+    MutexLock file_lock(&it->second->mu);
     return static_cast<uint64_t>(it->second->bytes.size());
   }
 
   Result<std::vector<std::string>> ListDir(const std::string& path) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const std::string p = Normalize(path);
     if (files_.count(p)) return IOError(path + ": list directory: Not a directory");
     if (!DirExists(p)) return NotFoundError(path + ": list directory: No such file or directory");
@@ -155,7 +155,7 @@ class MemEnv final : public Env {
   }
 
   Status CreateDirs(const std::string& path) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const std::string p = Normalize(path);
     for (size_t pos = 0; pos != std::string::npos;) {
       pos = p.find('/', pos + 1);
@@ -176,13 +176,13 @@ class MemEnv final : public Env {
   Status SyncFileSystem(const std::string& path) override { return Status::OK(); }
 
   Status SyncDir(const std::string& path) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!DirExists(Normalize(path))) return NotFoundError(path + ": fsync directory: No such file or directory");
     return Status::OK();
   }
 
   bool IsDirectory(const std::string& path) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return DirExists(Normalize(path));
   }
 
@@ -195,8 +195,7 @@ class MemEnv final : public Env {
     return entry.size() > prefix.size() && entry.compare(0, prefix.size(), prefix) == 0;
   }
 
-  // REQUIRES: mu_ held.
-  bool DirExists(const std::string& p) const {
+  bool DirExists(const std::string& p) const REQUIRES(mu_) {
     if (p.empty() || p == "." || p == "/") return true;
     if (dirs_.count(p)) return true;
     const std::string prefix = Prefix(p);
@@ -206,8 +205,7 @@ class MemEnv final : public Env {
     return d != dirs_.end() && IsUnder(*d, prefix);
   }
 
-  // REQUIRES: mu_ held.
-  Status CheckCanCreate(const std::string& p) const {
+  Status CheckCanCreate(const std::string& p) const REQUIRES(mu_) {
     if (DirExists(p)) return IOError("Is a directory");
     std::string parent = DirName(p);
     if (files_.count(parent)) return IOError("Not a directory");
@@ -215,13 +213,13 @@ class MemEnv final : public Env {
     return Status::OK();
   }
 
-  std::mutex mu_;
-  std::map<std::string, std::shared_ptr<FileData>> files_;  // GUARDED_BY(mu_)
-  std::set<std::string> dirs_;                              // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::map<std::string, std::shared_ptr<FileData>> files_ GUARDED_BY(mu_);
+  std::set<std::string> dirs_ GUARDED_BY(mu_);
 };
 
 Status MemEnv::Rename(const std::string& from, const std::string& to) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const std::string f = Normalize(from), t = Normalize(to);
   const std::string what = "rename " + from + " -> " + to;
   if (f == t && (files_.count(f) || DirExists(f))) return Status::OK();
@@ -272,7 +270,7 @@ Status MemEnv::Rename(const std::string& from, const std::string& to) {
 }
 
 Status MemEnv::Remove(const std::string& path) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const std::string p = Normalize(path);
   if (files_.erase(p)) return Status::OK();
   if (!DirExists(p)) return NotFoundError(path + ": remove: No such file or directory");
@@ -287,7 +285,7 @@ Status MemEnv::Remove(const std::string& path) {
 }
 
 Status MemEnv::RemoveTree(const std::string& path) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const std::string p = Normalize(path);
   const std::string prefix = Prefix(p);
   files_.erase(p);

@@ -54,7 +54,7 @@ std::string_view FaultInjectionEnv::OpName(Op op) {
 FaultInjectionEnv::FaultInjectionEnv(Env* base) : base_(base) {}
 
 void FaultInjectionEnv::FailAfter(int n_ops, Code code) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   armed_ = true;
   sticky_ = true;
   fail_at_ = n_ops;
@@ -64,33 +64,33 @@ void FaultInjectionEnv::FailAfter(int n_ops, Code code) {
 
 void FaultInjectionEnv::FailOnceAfter(int n_ops, Code code) {
   FailAfter(n_ops, code);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   sticky_ = false;
 }
 
 void FaultInjectionEnv::SetOnlyRenameAndSync(bool only) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   only_rename_sync_ = only;
   ops_ = 0;
 }
 
 void FaultInjectionEnv::Disarm() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   armed_ = false;
 }
 
 int FaultInjectionEnv::ops() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return ops_;
 }
 
 int FaultInjectionEnv::failures() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return failures_;
 }
 
 Status FaultInjectionEnv::MaybeFail(Op op, const std::string& path) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (only_rename_sync_ && !IsRenameOrSync(op)) return Status::OK();
   const int index = ops_++;
   const bool fail = armed_ && (sticky_ ? index >= fail_at_ : index == fail_at_);

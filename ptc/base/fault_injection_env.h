@@ -18,10 +18,10 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "ptc/base/env.h"
+#include "ptc/base/mutex.h"
 
 namespace ptc {
 
@@ -36,7 +36,7 @@ class FaultInjectionEnv final : public Env {
   // Lets the next `n_ops` counted ops succeed, then fails op number n_ops
   // (0-based, counted from this call) and every counted op after it until
   // Disarm(), as a disk that went away would. Resets ops() to 0.
-  void FailAfter(int n_ops, Code code = Code::kIOError);
+  void FailAfter(int n_ops, Code code = Code::kIOError) EXCLUDES(mu_);
   // Like FailAfter, but only that one op fails; later ops succeed.
   void FailOnceAfter(int n_ops, Code code = Code::kIOError);
   // Restricts counting and failing to Rename and Sync/SyncDir (true), or
@@ -66,18 +66,18 @@ class FaultInjectionEnv final : public Env {
 
   // Counts one op of kind `op` on `path`; returns the injected error when it
   // must fail. Used by the wrapped files; not for callers.
-  Status MaybeFail(Op op, const std::string& path);
+  Status MaybeFail(Op op, const std::string& path) EXCLUDES(mu_);
 
  private:
   Env* const base_;
-  mutable std::mutex mu_;
-  bool armed_ = false;         // GUARDED_BY(mu_)
-  bool sticky_ = true;         // GUARDED_BY(mu_)
-  bool only_rename_sync_ = false;  // GUARDED_BY(mu_)
-  int fail_at_ = 0;            // GUARDED_BY(mu_)
-  int ops_ = 0;                // GUARDED_BY(mu_)
-  int failures_ = 0;           // GUARDED_BY(mu_)
-  Code code_ = Code::kIOError; // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  bool armed_ GUARDED_BY(mu_) = false;
+  bool sticky_ GUARDED_BY(mu_) = true;
+  bool only_rename_sync_ GUARDED_BY(mu_) = false;
+  int fail_at_ GUARDED_BY(mu_) = 0;
+  int ops_ GUARDED_BY(mu_) = 0;
+  int failures_ GUARDED_BY(mu_) = 0;
+  Code code_ GUARDED_BY(mu_) = Code::kIOError;
 };
 
 }  // namespace ptc

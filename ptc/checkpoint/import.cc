@@ -8,6 +8,7 @@
 
 #include "ptc/base/checksum.h"
 #include "ptc/store/model_spec.h"
+#include "ptc/store/generation_writer.h"
 #include "ptc/store/store.h"
 
 namespace ptc {

@@ -17,6 +17,7 @@
 
 #include "ptc/checkpoint/checkpoint.h"
 #include "ptc/base/env.h"
+#include "ptc/store/generation_writer.h"
 #include "ptc/store/store.h"
 
 namespace ptc {

@@ -237,7 +237,7 @@ uint64_t GroupedRankStream::Position(uint64_t j) const {
   // The batch i (relative) with cum_[i] <= j < cum_[i+1].
   const size_t i = static_cast<size_t>(std::upper_bound(cum_.begin(), cum_.end(), j) - cum_.begin()) - 1;
   const uint64_t k = first_batch_ + i;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (cached_batch_ != k) {
     std::vector<uint64_t> members = GroupMembers(g_, perm_, length_, bounds_, k, group_);
     const PositionRange part = SplitEvenly(members.size(), dp_, rank_);

@@ -18,9 +18,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "ptc/base/mutex.h"
 #include "ptc/base/status.h"
 
 namespace ptc {
@@ -189,9 +189,9 @@ class GroupedRankStream : public SampleSequence {
   int dp_ = 1, rank_ = 0;
   uint64_t first_batch_ = 0;
   std::vector<uint64_t> cum_;  // cum_[i]: items in batches first_batch_ .. first_batch_+i-1
-  mutable std::mutex mu_;
-  mutable uint64_t cached_batch_ = UINT64_MAX;     // GUARDED_BY(mu_)
-  mutable std::vector<uint64_t> cached_members_;  // GUARDED_BY(mu_): this rank's positions in it
+  mutable Mutex mu_;
+  mutable uint64_t cached_batch_ GUARDED_BY(mu_) = UINT64_MAX;
+  mutable std::vector<uint64_t> cached_members_ GUARDED_BY(mu_);  // this rank's positions in it
 };
 
 }  // namespace ptc

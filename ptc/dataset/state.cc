@@ -1,6 +1,7 @@
 // The dataset state record: JSON, position arithmetic and the store commit.
 // Importing and fingerprinting a source is in dataset_import.cc.
 #include "ptc/dataset/state.h"
+#include "ptc/store/generation_writer.h"
 
 #include "ptc/base/checksum.h"
 #include "ptc/dataset/order.h"
@@ -126,7 +127,7 @@ Result<std::optional<DatasetState>> LoadDatasetState(const Store& store) {
   if (m == nullptr) return std::optional<DatasetState>();
   auto it = m->extra.find("dataset");
   if (it == m->extra.end()) return std::optional<DatasetState>();
-  const std::string label = store.AbsPath(Store::GenerationDirName(m->generation) + "/manifest.json");
+  const std::string label = store.ManifestPath(m->generation);
   PTC_ASSIGN_OR_RETURN(DatasetState s, DecodeDatasetState(label, *it));
   return std::optional<DatasetState>(std::move(s));
 }

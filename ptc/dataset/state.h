@@ -25,6 +25,7 @@
 
 #include "ptc/dataset/source.h"
 #include "ptc/base/status.h"
+#include "ptc/store/generation_writer.h"
 #include "ptc/store/store.h"
 
 namespace ptc {

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ptc/format/little_endian.h"
+
 namespace ptc {
 namespace {
 
@@ -164,12 +166,6 @@ Status ParseDict(std::string_view label, std::string_view text, NpyHeader& h) {
   return Status::OK();
 }
 
-uint64_t LittleEndian(std::string_view bytes) {
-  uint64_t n = 0;
-  for (size_t i = bytes.size(); i-- > 0;) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
-  return n;
-}
-
 }  // namespace
 
 std::string_view NpyDescr(DType dtype) { return kDescrs[static_cast<size_t>(dtype)].descr; }
@@ -187,7 +183,7 @@ std::string EncodeNpyHeader(DType dtype, const Shape& shape) {
   std::string out(kMagic);
   out += preamble == 10 ? '\x01' : '\x02';
   out += '\0';
-  for (size_t i = 0; i < preamble - 8; ++i) out += static_cast<char>((len >> (8 * i)) & 0xff);
+  internal::PutLittleEndian(out, len, preamble - 8);
   out += dict;
   out.append(total - out.size() - 1, ' ');
   return out + '\n';
@@ -201,7 +197,7 @@ Result<NpyHeader> ParseNpyHeader(std::string_view label, std::string_view prefix
     return Bad(label, "unsupported npy version " + std::to_string(major) + "." + std::to_string(minor));
   const size_t preamble = major == 1 ? 10 : 12;
   if (prefix.size() < preamble) return Bad(label, "file ends inside the npy preamble");
-  const uint64_t len = LittleEndian(prefix.substr(8, preamble - 8));
+  const uint64_t len = internal::GetLittleEndian(prefix.substr(8, preamble - 8));
   if (len > prefix.size() - preamble)
     return Bad(label, "header of " + std::to_string(preamble + len) + " bytes runs past the " +
                           std::to_string(prefix.size()) + " bytes given");

@@ -1,6 +1,5 @@
-// The value tree: its methods, debug printing and walks, the torch storage
-// class names, and the text helpers that the unpickler (unpickle.cc) and the
-// pickler (pickle_write.cc) share.
+// The value tree: its methods, debug printing and walks, and the torch
+// storage class names.
 #include "ptc/format/pickle.h"
 
 #include <charconv>
@@ -10,40 +9,7 @@
 #include <iterator>
 #include <utility>
 
-#include "ptc/format/pickle_internal.h"
-
 namespace ptc::pickle {
-namespace internal {
-
-// ---------------------------------------------------------------- text
-
-void AppendUtf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
-std::string Latin1ToUtf8(std::string_view bytes) {
-  std::string out;
-  out.reserve(bytes.size());
-  for (char c : bytes) AppendUtf8(out, static_cast<unsigned char>(c));
-  return out;
-}
-
-}  // namespace internal
-
 namespace {
 
 // ---------------------------------------------------------------- helpers

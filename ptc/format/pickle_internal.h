@@ -1,6 +1,7 @@
-// Internal to the pickle files: what the unpickler (unpickle.cc), the pickler
-// (pickle_write.cc) and the value tree (pickle.cc) share. Not part of the
-// public interface (ptc/format/pickle.h).
+// Internal to the pickle files: what the unpickler (unpickle*.cc), the pickler
+// (pickle_write.cc) and the value tree (pickle.cc) share: the opcodes and the
+// text codecs (pickle_text.cc). Not part of the public interface
+// (ptc/format/pickle.h).
 #pragma once
 
 #include <cstdint>
@@ -33,5 +34,18 @@ void AppendUtf8(std::string& out, uint32_t cp);
 
 // Latin-1 bytes as UTF-8 text: each byte is the code point of the same value.
 std::string Latin1ToUtf8(std::string_view bytes);
+
+// The inverse of Latin1ToUtf8: UTF-8 text (as IsUtf8 accepts) of code points
+// < 256 back to bytes in *out; false when the text holds another code point.
+bool Utf8ToLatin1(std::string_view text, std::string* out);
+
+// Whether `s` is UTF-8 as Python's "surrogatepass" decoder accepts it (lone
+// surrogates allowed; overlong forms and code points over 0x10FFFF not).
+bool IsUtf8(std::string_view s);
+
+// Python's raw-unicode-escape, the text of protocol 0's UNICODE opcode, as
+// UTF-8 in *out: \uXXXX and \UXXXXXXXX are code points, every other byte is
+// latin-1. False on a truncated or invalid escape.
+bool RawUnicodeEscapeToUtf8(std::string_view s, std::string* out);
 
 }  // namespace ptc::pickle::internal

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ptc/format/little_endian.h"
 #include "ptc/format/pickle_internal.h"
 
 namespace ptc::pickle {
@@ -12,6 +13,7 @@ namespace {
 
 using enum internal::Op;  // the opcodes, shared with the unpickler
 using internal::Latin1ToUtf8;
+using ::ptc::internal::PutLittleEndian;
 
 // ---------------------------------------------------------------- Pickle
 
@@ -27,9 +29,7 @@ class Pickler {
 
  private:
   void Op(uint8_t op) { out_ += static_cast<char>(op); }
-  void U32(uint32_t v) {
-    for (int i = 0; i < 4; ++i) out_ += static_cast<char>((v >> (8 * i)) & 0xff);
-  }
+  void U32(uint32_t v) { PutLittleEndian(out_, v, 4); }
   void GlobalOp(std::string_view module, std::string_view name) {
     Op(kGlobal);
     out_.append(module).append("\n").append(name).append("\n");
@@ -40,8 +40,7 @@ class Pickler {
       out_ += static_cast<char>(v);
     } else if (v >= 0 && v < 65536) {
       Op(kBinInt2);
-      out_ += static_cast<char>(v & 0xff);
-      out_ += static_cast<char>(v >> 8);
+      PutLittleEndian(out_, static_cast<uint64_t>(v), 2);
     } else if (v >= INT32_MIN && v <= INT32_MAX) {
       Op(kBinInt);
       U32(static_cast<uint32_t>(static_cast<int32_t>(v)));
@@ -63,8 +62,8 @@ class Pickler {
     if (v <= static_cast<uint64_t>(INT64_MAX)) return Int(static_cast<int64_t>(v));
     Op(kLong1);
     out_ += '\x09';
-    for (int i = 0; i < 8; ++i) out_ += static_cast<char>((v >> (8 * i)) & 0xff);
-    out_ += '\0';
+    PutLittleEndian(out_, v, 8);
+    out_ += '\0';  // a 9th byte, so that v >= 2^63 reads as positive
   }
   void Str(std::string_view s) {
     Op(kBinUnicode);

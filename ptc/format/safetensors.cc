@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ptc/format/little_endian.h"
+
 namespace ptc {
 namespace {
 
@@ -30,18 +32,6 @@ std::string TensorContext(std::string_view label, std::string_view name) {
 std::string Excerpt(const json& v) {
   std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   return s.size() <= 80 ? s : s.substr(0, 77) + "...";
-}
-
-uint64_t DecodeU64(std::string_view bytes) {
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
-  return n;
-}
-
-std::string EncodeU64(uint64_t n) {
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  return out;
 }
 
 // Validates the header length N of a file of `file_size` (>= 8) bytes.
@@ -214,7 +204,7 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view label, std::st
   if (prefix.size() > file_size)
     return Bad(label, "prefix of " + std::to_string(prefix.size()) + " bytes is longer than the file");
   if (prefix.size() < 8) return Bad(label, "prefix holds fewer than the 8 bytes of the header length");
-  const uint64_t n = DecodeU64(prefix);
+  const uint64_t n = internal::Get64(prefix.data());
   PTC_RETURN_IF_ERROR(CheckHeaderLength(label, n, file_size));
   if (prefix.size() - 8 < n)
     return Bad(label, "prefix holds " + std::to_string(prefix.size()) + " of the " + std::to_string(8 + n) +
@@ -242,7 +232,7 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(Env* env, const std::string& pat
   if (size < 8) return ParseSafetensorsHeader(path, "", size);
   std::string prefix(8, '\0');
   PTC_RETURN_IF_ERROR(file->Read(0, 8, prefix.data()));
-  const uint64_t n = DecodeU64(prefix);
+  const uint64_t n = internal::Get64(prefix.data());
   PTC_RETURN_IF_ERROR(CheckHeaderLength(path, n, size));  // before allocating n bytes
   prefix.resize(8 + n);
   if (n > 0) PTC_RETURN_IF_ERROR(file->Read(8, n, prefix.data() + 8));
@@ -272,7 +262,9 @@ Result<std::string> EncodeSafetensorsHeader(const std::vector<TensorSpec>& tenso
     return InvalidArgumentError("a tensor name or metadata text is not valid UTF-8");
   }
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');
-  return EncodeU64(text.size()) + text;
+  std::string out;
+  internal::Put64(out, text.size());
+  return out + text;
 }
 
 SafetensorsWriter::SafetensorsWriter(std::string path, SafetensorsHeader header, std::unique_ptr<WritableFile> file)

@@ -5,6 +5,8 @@
 #include <map>
 #include <set>
 
+#include "ptc/format/crc32.h"
+
 namespace ptc {
 namespace {
 

@@ -12,7 +12,7 @@
 // tensor (strided views included) when asked. Writing is planned first
 // (PlanTorchFile: member names, sizes, the literal members' bytes) so that a
 // lazy renderer can learn sizes, compute the storages' CRCs as it likes, and
-// then take the zip layout (zip.h) of the finished plan. Format notes:
+// then take the zip layout (zip_writer.h) of the finished plan. Format notes:
 // docs/torch_format.md.
 //
 // Every error message names the file (`what`) and, for a tensor, its path in
@@ -31,7 +31,8 @@
 #include "ptc/base/env.h"
 #include "ptc/format/pickle.h"
 #include "ptc/base/status.h"
-#include "ptc/format/zip.h"
+#include "ptc/format/zip_reader.h"
+#include "ptc/format/zip_writer.h"
 
 namespace ptc {
 
@@ -125,7 +126,7 @@ struct TorchFilePlan {
 Result<TorchFilePlan> PlanTorchFile(const std::string& archive, const pickle::Value& root,
                                     const std::vector<TorchStorageSpec>& storages);
 
-// The zip layout of the plan with its current CRCs (zip.h PlanZip).
+// The zip layout of the plan with its current CRCs (zip_writer.h PlanZip).
 Result<ZipLayout> LayoutTorchFile(const TorchFilePlan& plan);
 
 // Supplies `n` bytes of storage `storage` (an index into the specs) from `offset` on.

@@ -1,5 +1,5 @@
 // The JSON text of the built-in schemas (megatron-gpt, llama); empty for an
-// unknown name. Kept as data so that `ptcfs schema show` prints exactly what
+// unknown name. Kept as data so that `ptcfs schema NAME` prints exactly what
 // a user would write in a schema file.
 #pragma once
 

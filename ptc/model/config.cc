@@ -29,7 +29,8 @@ Result<ParallelConfig> ParseConfig(std::string_view text) {
   ParallelConfig c;
   PTC_ASSIGN_OR_RETURN(auto pairs, SplitKeyValues(text), "config '" + std::string(text) + "'");
   for (const auto& [key, value] : pairs) {
-    auto err = [&](std::string why) {
+    // The bindings by init-capture: clang before 16 cannot capture structured bindings.
+    auto err = [&, &key = key, &value = value](std::string why) {
       return InvalidArgumentError("config '" + std::string(text) + "': " + key + "=" + value + ": " + why);
     };
     if (key == "pp_layers") {

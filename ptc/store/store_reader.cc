@@ -1,4 +1,5 @@
 #include "ptc/store/store_reader.h"
+#include "ptc/store/shard_verify.h"
 
 #include <algorithm>
 
@@ -17,18 +18,18 @@ Result<const RandomAccessFile*> GenerationReader::File(const ShardRecord& shard)
   if (verify_) {
     bool known;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       known = verified_.count(&shard) > 0;
     }
     if (!known) {
       Status s = VerifyShard(store_.env(), store_, shard);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       verified_.emplace(&shard, s);
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     PTC_RETURN_IF_ERROR(verified_.at(&shard));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = files_.find(shard.file);
   if (it == files_.end()) {
     PTC_ASSIGN_OR_RETURN(auto file, store_.env()->OpenRead(store_.AbsPath(shard.file)));

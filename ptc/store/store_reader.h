@@ -11,10 +11,10 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "ptc/base/mutex.h"
 #include "ptc/store/store.h"
 
 namespace ptc {
@@ -60,9 +60,9 @@ class GenerationReader {
   const bool verify_;
   std::map<std::string, std::vector<const ShardRecord*>> by_tensor_;
   std::map<std::string, size_t> dtype_size_;
-  mutable std::mutex mu_;
-  mutable std::map<std::string, std::unique_ptr<RandomAccessFile>> files_;  // GUARDED_BY(mu_)
-  mutable std::map<const ShardRecord*, Status> verified_;                  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  mutable std::map<std::string, std::unique_ptr<RandomAccessFile>> files_ GUARDED_BY(mu_);
+  mutable std::map<const ShardRecord*, Status> verified_ GUARDED_BY(mu_);
 };
 
 }  // namespace ptc

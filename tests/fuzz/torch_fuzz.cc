@@ -12,7 +12,7 @@
 
 #include "ptc/format/pickle.h"
 #include "ptc/format/torch_file.h"
-#include "ptc/format/zip.h"
+#include "ptc/format/zip_reader.h"
 
 namespace {
 

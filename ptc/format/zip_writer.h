@@ -1,43 +1,33 @@
-// Stored (uncompressed) zip archives, the container of torch.save files.
+// Writing stored (uncompressed) zip archives, the container of torch.save
+// files.
 //
 // Writing is a pure layout: PlanZip turns a member list {name, size, crc32}
 // into the exact byte layout of the archive, a list of pieces that are either
 // literal bytes (local headers with their alignment padding, the central
 // directory, the end records) or a range of one member's data. A lazy renderer
 // (the mount) serves any byte range of the archive from the layout without
-// materialising it; WriteZip streams it into a file. Format notes, ZIP64 rules
-// and alignment: docs/torch_format.md.
+// materialising it (ReadZipRange); WriteZip streams it into a file. Format
+// notes, ZIP64 rules and alignment: docs/torch_format.md. Reading archives is
+// zip_reader.h.
 //
-// Reading parses the central directory of a stored archive (ours, torch's,
-// Python zipfile's) and locates each member's data; the data itself is read by
-// the caller.
+// PlanZip's errors name the member at fault, WriteZip's also the archive
+// (`what`, usually its path). Malformed input is InvalidArgument.
 //
-// Every error message names the archive (`what`, usually its path) and the
-// member or record at fault. Malformed content is InvalidArgument; a CRC
-// mismatch is Corruption.
-//
-// Thread safety: all functions are pure or only read `file`; layouts are
-// values, safe to share between threads.
+// Thread safety: all functions are pure; layouts are values, safe to share
+// between threads.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "ptc/base/env.h"
 #include "ptc/base/status.h"
+#include "ptc/format/crc32.h"  // ZipMember::crc32 is a Crc32 of the member's data
 
 namespace ptc {
-
-// zlib's crc32: the CRC-32 of `n` bytes continuing `crc` (start with 0).
-uint32_t Crc32(uint32_t crc, const void* data, size_t n);
-// zlib's crc32_combine64: the CRC-32 of A then B from crc(A), crc(B) and |B|.
-uint32_t Crc32Combine(uint32_t crc1, uint32_t crc2, uint64_t len2);
-// The CRC-32 of `n` zero bytes, in O(log n).
-uint32_t Crc32Zeros(uint64_t n);
 
 // Data of every member starts at a multiple of this (as torch writes).
 inline constexpr uint64_t kZipAlignment = 64;
@@ -103,44 +93,5 @@ Status ReadZipRange(const ZipLayout& layout, uint64_t offset, size_t n, void* ds
 // \error as PlanZip; whatever `read` and `out` return.
 Result<ZipLayout> WriteZip(WritableFile& out, std::vector<ZipMember> members, const ZipDataReader& read,
                            const std::string& what);
-
-struct ZipEntry {
-  std::string name;
-  uint64_t header_offset = 0;  // of the local header
-  uint64_t data_offset = 0;    // of the member's data (after the local header)
-  uint64_t size = 0;           // bytes of data
-  uint32_t crc32 = 0;          // from the central directory
-  uint16_t method = 0;         // always 0 (stored) in an archive we accept
-};
-
-struct ZipArchive {
-  std::vector<ZipEntry> members;  // in central directory order
-  bool zip64 = false;
-
-  // nullptr when there is no member of that name.
-  const ZipEntry* Find(std::string_view name) const;
-};
-
-// Largest central directory we read into memory.
-inline constexpr uint64_t kMaxZipDirectorySize = 1ull << 30;
-
-// Parses the end records and the central directory of `file`, and each local
-// header (to locate the data).
-// \error InvalidArgument, naming `what`, when: there is no end of central
-//        directory record (searched in the last 64 KiB + 22 bytes); the
-//        archive spans disks; a ZIP64 locator or record is truncated or
-//        malformed; the directory lies outside the file, exceeds
-//        kMaxZipDirectorySize or disagrees with its entry count; an entry is
-//        truncated, encrypted, compressed (ptcfs reads stored members only),
-//        has a repeated name, sizes that disagree, a local header that is
-//        missing, truncated or names another member; a member's data runs
-//        past the central directory or overlaps another member.
-// \error as RandomAccessFile::Read.
-Result<ZipArchive> ReadZipDirectory(const RandomAccessFile& file, const std::string& what);
-
-// Reads the member's data in chunks of at most 1 MiB and checks its CRC-32.
-// \error Corruption "bad CRC-32 in member X of WHAT" on a mismatch.
-// \error as RandomAccessFile::Read.
-Status VerifyMemberCrc(const RandomAccessFile& file, const ZipEntry& member, const std::string& what);
 
 }  // namespace ptc

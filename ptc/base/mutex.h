@@ -1,0 +1,59 @@
+// ptc::Mutex and MutexLock: std::mutex with the clang thread-safety
+// annotations (ptc/base/thread_annotations.h), after leveldb's port::Mutex and
+// util/mutexlock.h, so that GUARDED_BY members and REQUIRES functions are
+// checked by the compiler. Use these instead of std::mutex and its guards in
+// every layer.
+//
+//   class Cache {
+//    public:
+//     void Put(int k, int v) EXCLUDES(mu_) {
+//       ptc::MutexLock lock(&mu_);
+//       map_[k] = v;
+//     }
+//    private:
+//     ptc::Mutex mu_;
+//     std::map<int, int> map_ GUARDED_BY(mu_);
+//   };
+//
+// Thread safety: a Mutex is a lock; a MutexLock belongs to the thread that
+// made it.
+#pragma once
+
+#include <mutex>
+
+#include "ptc/base/thread_annotations.h"
+
+namespace ptc {
+
+class CAPABILITY("mutex") Mutex {
+ public:
+  Mutex() = default;
+  Mutex(const Mutex&) = delete;
+  Mutex& operator=(const Mutex&) = delete;
+
+  void Lock() ACQUIRE() { mu_.lock(); }
+  void Unlock() RELEASE() { mu_.unlock(); }
+  // Takes the lock if no one holds it; true when taken.
+  bool TryLock() TRY_ACQUIRE(true) { return mu_.try_lock(); }
+  // Tells the analysis the lock is held where it cannot see it taken; checks
+  // nothing at run time (std::mutex cannot say who holds it).
+  void AssertHeld() const ASSERT_CAPABILITY(this) {}
+
+ private:
+  std::mutex mu_;
+};
+
+// Holds `mu` from construction to the end of the scope.
+class SCOPED_CAPABILITY MutexLock {
+ public:
+  explicit MutexLock(Mutex* mu) ACQUIRE(mu) : mu_(mu) { mu_->Lock(); }
+  ~MutexLock() RELEASE() { mu_->Unlock(); }
+
+  MutexLock(const MutexLock&) = delete;
+  MutexLock& operator=(const MutexLock&) = delete;
+
+ private:
+  Mutex* const mu_;
+};
+
+}  // namespace ptc

@@ -1,0 +1,47 @@
+#include "ptc/format/crc32.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <string>
+
+namespace ptc {
+
+uint32_t Crc32(uint32_t crc, const void* data, size_t n) {
+  const auto* p = static_cast<const Bytef*>(data);
+  while (n > 0) {  // zlib takes at most a uInt at a time
+    const uInt step = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    crc = static_cast<uint32_t>(crc32(crc, p, step));
+    p += step;
+    n -= step;
+  }
+  return crc;
+}
+
+uint32_t Crc32Combine(uint32_t crc1, uint32_t crc2, uint64_t len2) {
+  return static_cast<uint32_t>(crc32_combine64(crc1, crc2, static_cast<z_off64_t>(len2)));
+}
+
+uint32_t Crc32Zeros(uint64_t n) {
+  static const std::string kZeros(4096, '\0');
+  uint32_t crc = 0;
+  uint64_t have = 0;  // crc covers `have` zeros
+  uint32_t block = Crc32(0, kZeros.data(), kZeros.size());
+  uint64_t block_len = kZeros.size();
+  // Binary decomposition of n / 4096 with doubling blocks, then the remainder.
+  uint64_t blocks = n / block_len;
+  while (blocks > 0) {
+    if (blocks & 1) {
+      crc = Crc32Combine(crc, block, block_len);
+      have += block_len;
+    }
+    blocks >>= 1;
+    if (blocks > 0) {
+      block = Crc32Combine(block, block, block_len);
+      block_len *= 2;
+    }
+  }
+  return Crc32(crc, kZeros.data(), n - have);
+}
+
+}  // namespace ptc

@@ -1,0 +1,187 @@
+// Writing a generation: shard files, then the commit.
+#include "ptc/store/generation_writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "ptc/store/h5shard.h"
+#include "ptc/store/store_layout.h"
+
+namespace ptc {
+namespace {
+
+// Starts writing a finished shard file's dirty pages to disk without waiting
+// for them (sync_file_range SYNC_FILE_RANGE_WRITE), so that the disk works
+// while later shards are assembled and the syncfs at Commit finds little left
+// to do (measured: most of that syncfs overlaps the copy). A hint that moves no
+// bytes, so it goes to the OS directly, as HDF5 does (a Store's files are on
+// the real filesystem, see store.h); failures are ignored: Commit's syncfs is
+// what makes the data durable.
+void StartWriteback(const std::string& path) {
+#ifdef SYNC_FILE_RANGE_WRITE
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+  ::close(fd);
+#endif
+}
+
+}  // namespace
+
+ShardSink::ShardSink(std::string abs_path, ShardRecord record, std::unique_ptr<WritableFile> file)
+    : abs_path_(std::move(abs_path)), record_(std::move(record)), file_(std::move(file)) {}
+ShardSink::~ShardSink() = default;
+
+Status ShardSink::Append(const void* data, size_t n) {
+  if (finished_) return FailedPreconditionError(record_.file + ": append after Finish");
+  if (n > record_.nbytes - written_) {
+    return InvalidArgumentError(record_.file + ": writing " + std::to_string(written_ + n) + " bytes into a shard of " +
+                                std::to_string(record_.nbytes) + " (tensor '" + record_.tensor + "')");
+  }
+  PTC_RETURN_IF_ERROR(file_->PWrite(record_.offset + written_, data, n));
+  hash_.Update(data, n);
+  written_ += n;
+  return Status::OK();
+}
+
+Result<ShardRecord> ShardSink::Finish() {
+  if (finished_) return FailedPreconditionError(record_.file + ": Finish called twice");
+  if (written_ != record_.nbytes) {
+    return FailedPreconditionError(record_.file + ": " + std::to_string(written_) + " of " +
+                                   std::to_string(record_.nbytes) + " bytes written (tensor '" + record_.tensor + "')");
+  }
+  // Not synced here: Commit makes all shard files durable at once (SyncFileSystem).
+  PTC_RETURN_IF_ERROR(file_->Close());
+  finished_ = true;
+  StartWriteback(abs_path_);
+  ShardDigest digest = hash_.Finish();
+  record_.checksum = digest.checksum;
+  record_.block_checksums = std::move(digest.blocks);
+  return record_;
+}
+
+GenerationWriter::GenerationWriter(Store* store, uint64_t generation)
+    : store_(store), generation_(generation), dir_(GenerationDirName(generation)) {}
+
+GenerationWriter::~GenerationWriter() {
+  if (!committed_) (void)store_->env()->RemoveTree(store_->AbsPath(dir_));
+  store_->WriterDone();
+}
+
+Result<std::string> GenerationWriter::PrepareShardFile(const std::string& tensor, DType dtype,
+                                                       const std::vector<Box>& boxes, int worker,
+                                                       ShardRecord& record) {
+  if (committed_ || aborted_) return FailedPreconditionError(dir_ + ": generation already committed or aborted");
+  if (worker < 0) return InvalidArgumentError("tensor '" + tensor + "': negative worker " + std::to_string(worker));
+  const std::string stem = SanitizeFileName(tensor);
+  const std::string worker_dir = JoinPath(dir_, WorkerDirName(worker));
+  int k;
+  {
+    // The worker directory is created under the lock: a concurrent caller
+    // for the same worker must not create its file before the directory exists.
+    MutexLock lock(&mu_);
+    if (!workers_.count(worker)) {
+      PTC_RETURN_IF_ERROR(store_->env()->CreateDirs(store_->AbsPath(worker_dir)));
+      workers_.insert(worker);
+    }
+    k = counters_[{stem, worker}]++;
+  }
+  record.tensor = tensor;
+  record.boxes = boxes;
+  record.worker = worker;
+  record.file = JoinPath(worker_dir, stem + ".s" + std::to_string(k) + ".h5");
+  record.nbytes = 0;
+  for (const Box& b : boxes) record.nbytes += static_cast<uint64_t>(b.volume()) * DTypeSize(dtype);
+  const std::string abs = store_->AbsPath(record.file);
+  PTC_ASSIGN_OR_RETURN(record.offset, CreateH5Shard(abs, dtype, boxes, tensor));
+  return abs;
+}
+
+Result<std::unique_ptr<ShardSink>> GenerationWriter::NewShard(const std::string& tensor, DType dtype,
+                                                              std::vector<Box> boxes, int worker) {
+  ShardRecord record;
+  PTC_ASSIGN_OR_RETURN(std::string abs, PrepareShardFile(tensor, dtype, boxes, worker, record));
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store_->env()->OpenExisting(abs));
+  return std::unique_ptr<ShardSink>(new ShardSink(std::move(abs), std::move(record), std::move(file)));
+}
+
+void GenerationWriter::AddShard(ShardRecord record) {
+  MutexLock lock(&mu_);
+  shards_.push_back(std::move(record));
+}
+
+// Syncs the shard directories, then writes gen-NNNNNN/manifest.json.
+Status GenerationWriter::WriteGeneration(std::string_view manifest_text) {
+  Env* env = store_->env();
+  std::set<int> workers;
+  {
+    MutexLock lock(&mu_);
+    workers = workers_;
+  }
+  // Shard files are not synced one by one as they are written; one syncfs
+  // makes them durable before the manifest that names them. A generation that
+  // only references shards of committed generations (durable since their
+  // commit) created no file: nothing to sync.
+  if (!workers.empty()) PTC_RETURN_IF_ERROR(env->SyncFileSystem(store_->root()));
+  for (int w : workers) PTC_RETURN_IF_ERROR(env->SyncDir(store_->AbsPath(JoinPath(dir_, WorkerDirName(w)))));
+  const std::string path = store_->AbsPath(JoinPath(dir_, kManifestName));
+  PTC_RETURN_IF_ERROR(WriteFileAtomic(env, path, manifest_text));
+  return env->SyncDir(store_->root());
+}
+
+// The commit point: the root manifest.json names the new generation once renamed.
+Status GenerationWriter::SwitchRoot() {
+  Env* env = store_->env();
+  const std::string path = store_->AbsPath(std::string(kManifestName));
+  const std::string tmp = path + ".tmp";
+  const std::string text = EncodeRootManifest(generation_);
+  Status s = [&]() -> Status {
+    PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->OpenWrite(tmp));
+    PTC_RETURN_IF_ERROR(file->Append(text.data(), text.size()));
+    PTC_RETURN_IF_ERROR(file->Sync());
+    PTC_RETURN_IF_ERROR(file->Close());
+    return env->Rename(tmp, path);
+  }();
+  if (!s.ok()) {
+    if (env->Exists(tmp)) (void)env->Remove(tmp);
+    return s;
+  }
+  committed_ = true;
+  s = env->SyncDir(store_->root());
+  if (!s.ok()) {
+    return s.WithContext(store_->root() + ": generation " + std::to_string(generation_) + " committed but not durable");
+  }
+  return Status::OK();
+}
+
+Status GenerationWriter::Commit(GenerationManifest meta) {
+  if (committed_ || aborted_) return FailedPreconditionError(dir_ + ": generation already committed or aborted");
+  auto previous = store_->CurrentSnapshot();
+  meta.generation = generation_;
+  meta.parent = previous ? std::optional<uint64_t>(previous->generation) : std::nullopt;
+  {
+    MutexLock lock(&mu_);
+    meta.shards = shards_;
+  }
+  const std::string label = store_->AbsPath(JoinPath(dir_, kManifestName));
+  // The text written is the text validated (decoding it again gives `checked`).
+  const std::string text = EncodeManifest(meta);
+  Result<GenerationManifest> checked = DecodeManifest(label, text);
+  Status s = checked.ok() ? Status::OK() : InvalidArgumentError(checked.status().message());
+  for (size_t i = 0; s.ok() && i < meta.shards.size(); ++i) {
+    const ShardRecord& shard = meta.shards[i];
+    if (!store_->env()->Exists(store_->AbsPath(shard.file))) {
+      s = NotFoundError(label + ": shard file " + shard.file + " of tensor '" + shard.tensor + "' does not exist");
+    }
+  }
+  if (s.ok()) s = WriteGeneration(text);
+  if (s.ok()) s = SwitchRoot();
+  if (committed_) store_->SetCurrent(std::make_shared<const GenerationManifest>(std::move(checked).value()));
+  if (!committed_) {
+    aborted_ = true;
+    (void)store_->env()->RemoveTree(store_->AbsPath(dir_));
+  }
+  return s;
+}
+
+}  // namespace ptc

@@ -1,0 +1,101 @@
+// Writing a new generation of a Store: shard files through ShardSinks, then
+// one Commit that makes the generation current (docs/store_format.md, "Commit").
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ptc/base/checksum.h"
+#include "ptc/base/env.h"
+#include "ptc/base/mutex.h"
+#include "ptc/base/status.h"
+#include "ptc/model/box.h"
+#include "ptc/model/dtype.h"
+#include "ptc/store/manifest.h"
+#include "ptc/store/store.h"
+
+namespace ptc {
+
+// Writes one new shard file's bytes sequentially, computing the checksum.
+// Used by one thread at a time.
+class ShardSink {
+ public:
+  ~ShardSink();
+  // \error InvalidArgument when more than nbytes would be written; IOError from the Env.
+  Status Append(const void* data, size_t n);
+  // Checks that exactly nbytes were written, closes the file (made durable by Commit; its
+  // writeback starts now), and returns the record (to pass to GenerationWriter::AddShard).
+  // \error FailedPrecondition when fewer bytes were written or Finish was called before.
+  Result<ShardRecord> Finish();
+
+ private:
+  friend class GenerationWriter;
+  ShardSink(std::string abs_path, ShardRecord record, std::unique_ptr<WritableFile> file);
+  std::string abs_path_;
+  ShardRecord record_;  // offset/nbytes/file set; checksum on Finish
+  std::unique_ptr<WritableFile> file_;
+  ShardHasher hash_;
+  uint64_t written_ = 0;
+  bool finished_ = false;
+};
+
+// Builds one new generation. Thread-safe: NewShard and AddShard may be called
+// concurrently; Commit once, after all of them.
+class GenerationWriter {
+ public:
+  ~GenerationWriter();  // not committed: removes the generation directory (best effort)
+
+  uint64_t generation() const { return generation_; }
+
+  // Creates gen-NNNNNN/worker-WW/<sanitised tensor>.s<k>.h5 (k unique per file
+  // stem and worker within this generation) with its dataset allocated, and
+  // returns a sink for the shard's bytes.
+  // \error InvalidArgument when worker < 0 or the boxes differ in rank.
+  // \error IOError (or injected) when the file cannot be created or opened.
+  Result<std::unique_ptr<ShardSink>> NewShard(const std::string& tensor, DType dtype, std::vector<Box> boxes,
+                                              int worker);
+
+  // Adds a finished shard, or a shard of an older generation (its file stays where it is).
+  void AddShard(ShardRecord record);
+
+  // Makes the generation current: validates the manifest (meta with the added
+  // shards; meta.shards, meta.generation and meta.parent are replaced), syncs the
+  // shard directories, writes gen-NNNNNN/manifest.json atomically, then renames
+  // the root manifest.json into place. Before that rename any failure returns the
+  // error, leaves the previous generation current and removes the partial
+  // directory (best effort; BeginGeneration removes what remains).
+  // \error InvalidArgument when the manifest does not validate (message names the tensor/shard).
+  // \error NotFound when a shard's file does not exist.
+  // After a failed Commit the writer is spent (its directory is removed): destroy
+  // it and call BeginGeneration again.
+  // \error FailedPrecondition when already committed or after a failed Commit.
+  // \error IOError (or injected) from the Env. If only the final fsync of the root
+  //        directory fails, the rename has happened: the new generation is current,
+  //        and the error says "committed but not durable".
+  Status Commit(GenerationManifest meta);
+
+ private:
+  friend class Store;
+  GenerationWriter(Store* store, uint64_t generation);
+  Result<std::string> PrepareShardFile(const std::string& tensor, DType dtype, const std::vector<Box>& boxes,
+                                       int worker, ShardRecord& record);
+  Status WriteGeneration(std::string_view manifest_text);
+  Status SwitchRoot();
+
+  Store* const store_;
+  const uint64_t generation_;
+  const std::string dir_;  // "gen-NNNNNN", relative
+  Mutex mu_;
+  std::vector<ShardRecord> shards_ GUARDED_BY(mu_);
+  std::map<std::pair<std::string, int>, int> counters_ GUARDED_BY(mu_);  // (stem, worker) -> next k
+  std::set<int> workers_ GUARDED_BY(mu_);                                // worker dirs created
+  bool committed_ = false;
+  bool aborted_ = false;  // a Commit failed: the directory is gone
+};
+
+}  // namespace ptc
