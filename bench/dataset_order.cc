@@ -35,12 +35,18 @@ bool Parse(int argc, char** argv, Args& a) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const uint64_t v = std::strtoull(argv[i + 1], nullptr, 10);
-    if (k == "--samples") a.samples = v;
-    else if (k == "--global-batch") a.global_batch = v;
-    else if (k == "--dp") a.dp = static_cast<int>(v);
-    else if (k == "--ids") a.ids = v;
-    else if (k == "--runs") a.runs = static_cast<int>(v);
-    else return false;
+    if (k == "--samples")
+      a.samples = v;
+    else if (k == "--global-batch")
+      a.global_batch = v;
+    else if (k == "--dp")
+      a.dp = static_cast<int>(v);
+    else if (k == "--ids")
+      a.ids = v;
+    else if (k == "--runs")
+      a.runs = static_cast<int>(v);
+    else
+      return false;
   }
   return (argc % 2) == 1 && a.samples > 0 && a.global_batch > 0 && a.dp > 0 && a.runs > 0;
 }
@@ -102,15 +108,16 @@ int main(int argc, char** argv) {
     stream.push_back(r.stream_ids_per_s);
     random.push_back(r.random_ids_per_s);
     checksum ^= r.checksum;
-    std::fprintf(stderr, "run %d: stream %.1f M ids/s, random access %.1f M ids/s\n", i + 1,
-                 r.stream_ids_per_s / 1e6, r.random_ids_per_s / 1e6);
+    std::fprintf(stderr, "run %d: stream %.1f M ids/s, random access %.1f M ids/s\n", i + 1, r.stream_ids_per_s / 1e6,
+                 r.random_ids_per_s / 1e6);
   }
-  std::printf("| samples | global batch | dp | ids per run | stream ids/s (1 core) | random-access ids/s | peak RSS |\n");
+  std::printf(
+      "| samples | global batch | dp | ids per run | stream ids/s (1 core) | random-access ids/s | peak RSS |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   std::printf("| %llu | %llu | %d | %llu | %.1f M | %.1f M | %.1f MiB |\n", static_cast<unsigned long long>(a.samples),
               static_cast<unsigned long long>(a.global_batch), a.dp,
-              static_cast<unsigned long long>(std::min(a.ids, a.samples)),
-              Median(stream) / 1e6, Median(random) / 1e6, PeakRssKiB() / 1024.0);
+              static_cast<unsigned long long>(std::min(a.ids, a.samples)), Median(stream) / 1e6, Median(random) / 1e6,
+              PeakRssKiB() / 1024.0);
   std::fprintf(stderr, "(checksum %llx)\n", static_cast<unsigned long long>(checksum));
   return 0;
 }

@@ -24,9 +24,9 @@
 
 #include "ptc/model/config.h"
 #include "ptc/model/dims.h"
-#include "ptc/store/manifest.h"
 #include "ptc/model/schema.h"
 #include "ptc/model/view.h"
+#include "ptc/store/manifest.h"
 #include "transform/plan.h"
 
 namespace {
@@ -80,15 +80,20 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--optimizer") optimizer = true;
-    else if (a == "--reps") reps = std::max(1, std::atoi(next().c_str()));
-    else if (a == "--schema") schema_name = next();
-    else if (a == "--dims") dims_text = next();
-    else if (a == "--from") from_text = next();
-    else if (a == "--to") to_text = next();
+    if (a == "--optimizer")
+      optimizer = true;
+    else if (a == "--reps")
+      reps = std::max(1, std::atoi(next().c_str()));
+    else if (a == "--schema")
+      schema_name = next();
+    else if (a == "--dims")
+      dims_text = next();
+    else if (a == "--from")
+      from_text = next();
+    else if (a == "--to")
+      to_text = next();
     else {
-      std::fprintf(stderr,
-                   "usage: plan_bench [--optimizer] [--reps N] [--schema S] [--dims D] [--from C] [--to C]\n");
+      std::fprintf(stderr, "usage: plan_bench [--optimizer] [--reps N] [--schema S] [--dims D] [--from C] [--to C]\n");
       return 2;
     }
   }
@@ -185,13 +190,14 @@ int main(int argc, char** argv) {
               plan.missing.size());
   std::printf("peak_rss  %ld MiB\n", PeakRssKiB() / 1024);
   // One machine-readable line for bench/transform.sh.
-  std::printf("RESULT optimizer=%d median_s=%.3f min_s=%.3f max_s=%.3f cpu_median_s=%.3f reps=%d source_shards=%zu targets=%zu "
-              "kept=%zu copies=%zu messages=%zu bytes_total=%llu bytes_moved=%llu lower_bound=%llu "
-              "bottleneck=%llu peak_rss_mib=%ld\n",
-              optimizer ? 1 : 0, median, sorted.front(), sorted.back(), cpu_median, reps, source.shards.size(),
-              plan.targets.size(), kept, plan.copies.size(), plan.messages.size(),
-              static_cast<unsigned long long>(plan.bytes_total), static_cast<unsigned long long>(plan.bytes_moved),
-              static_cast<unsigned long long>(plan.lower_bound), static_cast<unsigned long long>(plan.bottleneck),
-              PeakRssKiB() / 1024);
+  std::printf(
+      "RESULT optimizer=%d median_s=%.3f min_s=%.3f max_s=%.3f cpu_median_s=%.3f reps=%d source_shards=%zu targets=%zu "
+      "kept=%zu copies=%zu messages=%zu bytes_total=%llu bytes_moved=%llu lower_bound=%llu "
+      "bottleneck=%llu peak_rss_mib=%ld\n",
+      optimizer ? 1 : 0, median, sorted.front(), sorted.back(), cpu_median, reps, source.shards.size(),
+      plan.targets.size(), kept, plan.copies.size(), plan.messages.size(),
+      static_cast<unsigned long long>(plan.bytes_total), static_cast<unsigned long long>(plan.bytes_moved),
+      static_cast<unsigned long long>(plan.lower_bound), static_cast<unsigned long long>(plan.bottleneck),
+      PeakRssKiB() / 1024);
   return 0;
 }

@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
     return 1;
   }
-  std::printf("chunk %llu threads %d: %.2f s, %llu bytes written\n", static_cast<unsigned long long>(options.chunk_bytes),
-              options.threads, s, static_cast<unsigned long long>(r->bytes_written));
+  std::printf("chunk %llu threads %d: %.2f s, %llu bytes written\n",
+              static_cast<unsigned long long>(options.chunk_bytes), options.threads, s,
+              static_cast<unsigned long long>(r->bytes_written));
   return 0;
 }

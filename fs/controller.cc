@@ -53,8 +53,13 @@ ptc::Result<Request> ParseRequest(const std::string& raw) {
 Controller::Controller(ptc::Store* store, int worker, int threads, std::shared_ptr<ShardChecks> checks,
                        std::shared_ptr<const ptc::DatasetSource> source,
                        std::function<void(std::shared_ptr<const Snapshot>)> serve, std::function<ptc::Status()> collect)
-    : store_(store), worker_(worker), threads_(threads), checks_(std::move(checks)), source_(std::move(source)),
-      serve_(std::move(serve)), collect_(std::move(collect)) {}
+    : store_(store),
+      worker_(worker),
+      threads_(threads),
+      checks_(std::move(checks)),
+      source_(std::move(source)),
+      serve_(std::move(serve)),
+      collect_(std::move(collect)) {}
 
 Controller::~Controller() {
   std::thread t;
@@ -94,7 +99,8 @@ ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_p
   {
     ptc::MutexLock lock(&mu_);
     if (state_ == "repartitioning" || state_ == "saving") {
-      return ptc::FailedPreconditionError("a reconfiguration or save is still running; wait for .ptcfs/status to say serving");
+      return ptc::FailedPreconditionError(
+          "a reconfiguration or save is still running; wait for .ptcfs/status to say serving");
     }
     state_ = "repartitioning";
     last_error_.clear();
@@ -141,14 +147,15 @@ void Controller::Collect() {
 }
 
 ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iteration,
-                              const std::shared_ptr<const Snapshot>& current) {
+                               const std::shared_ptr<const Snapshot>& current) {
   std::string before;
   std::thread previous;
   {
     ptc::MutexLock lock(&mu_);
     if (state_ == "repartitioning" || state_ == "saving") {
-      return ptc::FailedPreconditionError("a reconfiguration or save is running; save again once .ptcfs/status "
-                                          "says serving");
+      return ptc::FailedPreconditionError(
+          "a reconfiguration or save is running; save again once .ptcfs/status "
+          "says serving");
     }
     before = state_;
     state_ = "saving";
@@ -159,8 +166,9 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
     const ptc::ModelSpec& spec = current->spec();
     ptc::ParallelConfig config = current->config();
     if (config.zero == 1) {
-      return ptc::InvalidArgumentError("saves through megatron/ need zero=0: Megatron's model_optim_rng.pt does not "
-                                       "hold ZeRO-1 optimizer state");
+      return ptc::InvalidArgumentError(
+          "saves through megatron/ need zero=0: Megatron's model_optim_rng.pt does not "
+          "hold ZeRO-1 optimizer state");
     }
     ptc::MegatronImportOptions o{staging_root, spec.schema, spec.dims, iteration, std::nullopt};
     PTC_ASSIGN_OR_RETURN(ptc::CheckpointSource source, ptc::OpenMegatronCheckpoint(store_->env(), o));
@@ -195,8 +203,11 @@ std::string Controller::StatusJson(const std::shared_ptr<const Snapshot>& curren
       {"dataset", nullptr},
   };
   if (const auto& d = current->dataset()) {
-    j["dataset"] = {{"epoch", d->epoch}, {"step", d->step()}, {"consumed", d->consumed},
-                    {"samples", d->num_samples}, {"global_batch", d->global_batch}};
+    j["dataset"] = {{"epoch", d->epoch},
+                    {"step", d->step()},
+                    {"consumed", d->consumed},
+                    {"samples", d->num_samples},
+                    {"global_batch", d->global_batch}};
   }
   return j.dump(2) + "\n";
 }

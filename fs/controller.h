@@ -55,8 +55,7 @@ class Controller {
   void RecordError(const std::string& error) EXCLUDES(mu_);
 
  private:
-  void Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset)
-      EXCLUDES(mu_);
+  void Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset) EXCLUDES(mu_);
   // collect_, its error kept as last_error.
   void Collect() EXCLUDES(mu_);
 

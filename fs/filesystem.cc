@@ -11,23 +11,31 @@
 #include "fs/node.h"
 #include "ptc/checkpoint/checkpoint.h"
 #include "ptc/dataset/state.h"
-#include "ptc/store/model_spec.h"
 #include "ptc/format/npy.h"
+#include "ptc/store/model_spec.h"
 
 namespace ptcfs {
 
 int ErrnoOf(const ptc::Status& s) {
   switch (s.code()) {
-    case ptc::Code::kOk: return 0;
-    case ptc::Code::kInvalidArgument: return EINVAL;
-    case ptc::Code::kNotFound: return ENOENT;
-    case ptc::Code::kAlreadyExists: return EEXIST;
-    case ptc::Code::kPermissionDenied: return EACCES;
-    case ptc::Code::kFailedPrecondition: return EBUSY;
-    case ptc::Code::kUnimplemented: return ENOSYS;
+    case ptc::Code::kOk:
+      return 0;
+    case ptc::Code::kInvalidArgument:
+      return EINVAL;
+    case ptc::Code::kNotFound:
+      return ENOENT;
+    case ptc::Code::kAlreadyExists:
+      return EEXIST;
+    case ptc::Code::kPermissionDenied:
+      return EACCES;
+    case ptc::Code::kFailedPrecondition:
+      return EBUSY;
+    case ptc::Code::kUnimplemented:
+      return ENOSYS;
     case ptc::Code::kCorruption:
     case ptc::Code::kIOError:
-    case ptc::Code::kInternal: return EIO;
+    case ptc::Code::kInternal:
+      return EIO;
   }
   return EIO;
 }
@@ -56,12 +64,12 @@ ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& 
                          options.store + ": the store's dataset");
   }
   auto checks = std::make_shared<ShardChecks>();
-  PTC_ASSIGN_OR_RETURN(auto snap,
-                       Snapshot::Create(*fs->store_, generation, spec, config, options.worker, checks, dataset, source));
+  PTC_ASSIGN_OR_RETURN(
+      auto snap, Snapshot::Create(*fs->store_, generation, spec, config, options.worker, checks, dataset, source));
   Filesystem* self = fs.get();
-  fs->controller_ = std::make_unique<Controller>(fs->store_.get(), options.worker, options.transform_threads, checks, source,
-                                                 [self](std::shared_ptr<const Snapshot> s) { self->Serve(s); },
-                                                 [self] { return self->CollectReplaced(); });
+  fs->controller_ = std::make_unique<Controller>(
+      fs->store_.get(), options.worker, options.transform_threads, checks, source,
+      [self](std::shared_ptr<const Snapshot> s) { self->Serve(s); }, [self] { return self->CollectReplaced(); });
   ptc::MutexLock lock(&fs->mu_);
   auto root = std::make_shared<Node>();
   fs->AddNode(root);
@@ -291,8 +299,12 @@ void Filesystem::Forget(uint64_t ino, uint64_t n) {
 
 double Filesystem::Timeout(const Node& node) {
   switch (node.kind) {
-    case Node::kConfig: case Node::kStatus: case Node::kMegatronDir: case Node::kLatestFile:
-    case Node::kStagedDir: case Node::kStagedFile:
+    case Node::kConfig:
+    case Node::kStatus:
+    case Node::kMegatronDir:
+    case Node::kLatestFile:
+    case Node::kStagedDir:
+    case Node::kStagedFile:
       return 0.0;  // change without a new inode
     default:
       return kModelTimeout;
@@ -327,15 +339,19 @@ ptc::Result<std::unique_ptr<VirtualFile>> Filesystem::Render(const Node& n) cons
   const ptc::RankView& view = snap.views()[n.view];
   const int worker = snap.WorkerOf(view.rank);
   switch (n.kind) {
-    case Node::kModelFile: return MakeSafetensorsFile(snap.reader(), view.model, snap.Metadata(view.rank), worker);
-    case Node::kOptimFile: return MakeSafetensorsFile(snap.reader(), view.optim, snap.Metadata(view.rank), worker);
-    case Node::kMegatronFile: return RenderMegatron(snap, view, worker);
+    case Node::kModelFile:
+      return MakeSafetensorsFile(snap.reader(), view.model, snap.Metadata(view.rank), worker);
+    case Node::kOptimFile:
+      return MakeSafetensorsFile(snap.reader(), view.optim, snap.Metadata(view.rank), worker);
+    case Node::kMegatronFile:
+      return RenderMegatron(snap, view, worker);
     case Node::kNpyFile: {
-      const ptc::LocalTensor& t = n.tensor < view.model.size() ? view.model[n.tensor]
-                                                                : view.optim[n.tensor - view.model.size()];
+      const ptc::LocalTensor& t =
+          n.tensor < view.model.size() ? view.model[n.tensor] : view.optim[n.tensor - view.model.size()];
       return MakeNpyFile(snap.reader(), t, worker);
     }
-    default: return ptc::InternalError("not a rendered file");
+    default:
+      return ptc::InternalError("not a rendered file");
   }
 }
 
@@ -353,7 +369,8 @@ ptc::Result<OpenReply> Filesystem::Open(uint64_t ino, int flags) {
   if (node->kind == Node::kConfig || node->kind == Node::kStatus) {
     reply.direct_io = true;  // content changes; never cached
     if (!writing) {
-      h->text = node->kind == Node::kConfig ? snapshot()->config().ToString() + "\n" : controller_->StatusJson(snapshot());
+      h->text =
+          node->kind == Node::kConfig ? snapshot()->config().ToString() + "\n" : controller_->StatusJson(snapshot());
     }
   } else if (node->kind == Node::kDataFile) {
     auto view = node->snap->DataView(static_cast<int>(node->tensor), node->group);

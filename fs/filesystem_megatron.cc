@@ -74,7 +74,7 @@ void Filesystem::AddStaged(Node& dir, const std::shared_ptr<const Snapshot>& sna
 }
 
 ptc::Result<std::unique_ptr<VirtualFile>> Filesystem::RenderMegatron(const Snapshot& snap, const ptc::RankView& view,
-                                                                    int worker) const {
+                                                                     int worker) const {
   PTC_ASSIGN_OR_RETURN(ptc::megatron::MegatronState state, snap.megatron());
   PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan, PlanMegatronFile(snap.spec(), snap.config(), view, state));
   // The same config and iteration give the same bytes, whichever generation holds them.

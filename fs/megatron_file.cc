@@ -15,7 +15,7 @@ uint64_t TensorBytes(const ptc::LocalTensor& t) { return ptc::NumElements(t.shap
 
 // One local tensor alone, as a file of its bytes.
 ptc::Result<std::unique_ptr<VirtualFile>> TensorFile(const ptc::GenerationReader& reader, const ptc::LocalTensor& t,
-                                                    int prefer_worker) {
+                                                     int prefer_worker) {
   std::vector<Extent> extents;
   PTC_RETURN_IF_ERROR(AppendTensorExtents(reader, t, 0, prefer_worker, &extents));
   return std::make_unique<VirtualFile>(std::string(), std::move(extents), TensorBytes(t));
@@ -67,8 +67,8 @@ ptc::Result<std::vector<uint32_t>> StorageCrcs(const ptc::GenerationReader& read
 }
 
 ptc::Result<std::unique_ptr<VirtualFile>> MakeMegatronFile(const ptc::GenerationReader& reader,
-                                                          const MegatronFilePlan& plan,
-                                                          const std::vector<uint32_t>& crcs, int prefer_worker) {
+                                                           const MegatronFilePlan& plan,
+                                                           const std::vector<uint32_t>& crcs, int prefer_worker) {
   ptc::TorchFilePlan torch = plan.torch;
   if (crcs.size() != torch.storage_members.size()) return ptc::InternalError("one CRC per storage expected");
   for (size_t i = 0; i < crcs.size(); ++i) torch.members[torch.storage_members[i]].crc32 = crcs[i];
@@ -123,7 +123,8 @@ ptc::Status ExportMegatron(ptc::Env* env, const ptc::Store& store,
                            const ptc::ProgressFn& progress) {
   PTC_RETURN_IF_ERROR(ptc::ValidateConfig(spec, config));
   const std::string manifest = store.ManifestPath(generation->generation);
-  PTC_ASSIGN_OR_RETURN(ptc::megatron::MegatronState state, ptc::megatron::LoadMegatronState(generation->extra, manifest));
+  PTC_ASSIGN_OR_RETURN(ptc::megatron::MegatronState state,
+                       ptc::megatron::LoadMegatronState(generation->extra, manifest));
   ptc::GenerationReader reader(store, generation, /*verify=*/true);
   std::vector<ptc::RankView> views;
   for (int rank = 0; rank < config.world_size(); ++rank) {
@@ -148,19 +149,20 @@ ptc::Status ExportMegatron(ptc::Env* env, const ptc::Store& store,
       if (!tensors[storage]) {
         PTC_ASSIGN_OR_RETURN(tensors[storage], TensorFile(reader, *s.tensor, -1));
       }
-      PTC_ASSIGN_OR_RETURN(size_t got, tensors[storage]->Read(offset, n, dst, [](const ptc::ShardRecord&, uint64_t, uint64_t) {
-        return ptc::Status::OK();  // the reader verifies each shard when it opens it
-      }));
+      PTC_ASSIGN_OR_RETURN(size_t got,
+                           tensors[storage]->Read(offset, n, dst, [](const ptc::ShardRecord&, uint64_t, uint64_t) {
+                             return ptc::Status::OK();  // the reader verifies each shard when it opens it
+                           }));
       if (got != n) return ptc::InternalError(path + ": short tensor read");
       if (progress) progress(n);
       return ptc::Status::OK();
     };
     PTC_ASSIGN_OR_RETURN(auto out, env->OpenWrite(path));
-    PTC_RETURN_IF_ERROR(ptc::WriteTorchFile(*out, kMegatronArchive, plan.state.root, StorageSpecs(plan.state), read, path));
+    PTC_RETURN_IF_ERROR(
+        ptc::WriteTorchFile(*out, kMegatronArchive, plan.state.root, StorageSpecs(plan.state), read, path));
     PTC_RETURN_IF_ERROR(out->Close(), path);
   }
-  return ptc::WriteFileAtomic(env, ptc::JoinPath(out_dir, ptc::megatron::kLatestFile),
-                              std::to_string(state.iteration));
+  return ptc::WriteFileAtomic(env, ptc::JoinPath(out_dir, ptc::megatron::kLatestFile), std::to_string(state.iteration));
 }
 
 }  // namespace ptcfs

@@ -21,8 +21,8 @@
 #include "fs/virtual_file.h"
 #include "ptc/checkpoint/checkpoint.h"
 #include "ptc/checkpoint/megatron.h"
-#include "ptc/store/store.h"
 #include "ptc/format/torch_file.h"
+#include "ptc/store/store.h"
 
 namespace ptcfs {
 
@@ -48,8 +48,8 @@ ptc::Result<std::vector<uint32_t>> StorageCrcs(const ptc::GenerationReader& read
 // The file, given its storages' CRCs.
 // \error as StorageCrcs' mapping and LayoutTorchFile.
 ptc::Result<std::unique_ptr<VirtualFile>> MakeMegatronFile(const ptc::GenerationReader& reader,
-                                                          const MegatronFilePlan& plan,
-                                                          const std::vector<uint32_t>& crcs, int prefer_worker);
+                                                           const MegatronFilePlan& plan,
+                                                           const std::vector<uint32_t>& crcs, int prefer_worker);
 
 // The ranks a Megatron tree shows among `views`: one per (tp, pp), the one
 // with the lowest dp index (Megatron's data-parallel rank 0 saves and every

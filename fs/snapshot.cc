@@ -1,20 +1,23 @@
 #include "fs/snapshot.h"
-#include "ptc/store/shard_verify.h"
 
 #include <algorithm>
+
+#include "ptc/store/shard_verify.h"
 
 namespace ptcfs {
 
 Snapshot::Snapshot(const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation,
                    const ptc::ModelSpec& spec, const ptc::ParallelConfig& config)
-    : store_(store), generation_(generation), spec_(spec), config_(config),
+    : store_(store),
+      generation_(generation),
+      spec_(spec),
+      config_(config),
       reader_(store, generation, /*verify=*/false) {}
 
 ptc::Result<std::shared_ptr<const Snapshot>> Snapshot::Create(
     const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation, const ptc::ModelSpec& spec,
     const ptc::ParallelConfig& config, int worker, std::shared_ptr<ShardChecks> checks,
-    std::optional<ptc::DatasetState> dataset,
-    std::shared_ptr<const ptc::DatasetSource> source) {
+    std::optional<ptc::DatasetState> dataset, std::shared_ptr<const ptc::DatasetSource> source) {
   PTC_RETURN_IF_ERROR(ptc::ValidateConfig(spec, config));
   if (worker >= config.num_workers()) {
     return ptc::InvalidArgumentError("worker " + std::to_string(worker) + " does not exist in config " +
@@ -50,7 +53,7 @@ ptc::Result<ptc::megatron::MegatronState> Snapshot::megatron() const {
 }
 
 ptc::Result<std::shared_ptr<const ptc::RankDataView>> Snapshot::DataView(int dp_rank,
-                                                                        std::optional<size_t> group) const {
+                                                                         std::optional<size_t> group) const {
   if (!dataset_) return ptc::NotFoundError("the store holds no dataset");
   const std::pair<int, size_t> key{dp_rank, group.value_or(0)};
   {

@@ -17,14 +17,14 @@
 #include <vector>
 
 #include "fs/virtual_file.h"
-#include "ptc/dataset/state.h"
-#include "ptc/dataset/view.h"
 #include "ptc/base/mutex.h"
 #include "ptc/checkpoint/megatron.h"
+#include "ptc/dataset/state.h"
+#include "ptc/dataset/view.h"
+#include "ptc/model/view.h"
 #include "ptc/store/shard_verify.h"
 #include "ptc/store/store.h"
 #include "ptc/store/store_reader.h"
-#include "ptc/model/view.h"
 
 namespace ptcfs {
 
@@ -38,8 +38,7 @@ class ShardChecks {
  public:
   // Verifies the blocks holding bytes [offset, offset + n) of the shard that were not yet.
   // \error as ptc::VerifyShardRange, or the shard's earlier failure.
-  ptc::Status Check(const ptc::Store& store, const ptc::ShardRecord& shard, uint64_t offset, uint64_t n)
-      EXCLUDES(mu_);
+  ptc::Status Check(const ptc::Store& store, const ptc::ShardRecord& shard, uint64_t offset, uint64_t n) EXCLUDES(mu_);
 
  private:
   using Key = std::tuple<std::string, uint64_t, uint64_t, uint64_t>;
@@ -56,13 +55,11 @@ class Snapshot {
   // `worker` < 0: all ranks. `dataset`: the dataset position served under
   // data/ (none: no data/ tree); `source` must be its opened source.
   // \error as ValidateConfig and ComputeView.
-  static ptc::Result<std::shared_ptr<const Snapshot>> Create(const ptc::Store& store,
-                                                             std::shared_ptr<const ptc::GenerationManifest> generation,
-                                                             const ptc::ModelSpec& spec,
-                                                             const ptc::ParallelConfig& config, int worker,
-                                                             std::shared_ptr<ShardChecks> checks,
-                                                             std::optional<ptc::DatasetState> dataset = std::nullopt,
-                                                             std::shared_ptr<const ptc::DatasetSource> source = nullptr);
+  static ptc::Result<std::shared_ptr<const Snapshot>> Create(
+      const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation, const ptc::ModelSpec& spec,
+      const ptc::ParallelConfig& config, int worker, std::shared_ptr<ShardChecks> checks,
+      std::optional<ptc::DatasetState> dataset = std::nullopt,
+      std::shared_ptr<const ptc::DatasetSource> source = nullptr);
 
   const ptc::ParallelConfig& config() const { return config_; }
   const ptc::ModelSpec& spec() const { return spec_; }

@@ -31,8 +31,8 @@ class Staging {
   static ptc::Result<std::string> Join(const std::string& parent, const std::string& name);
 
   // Each \error is ErrnoError naming the path (EEXIST, ENOENT, ENOTEMPTY, ...).
-  ptc::Status Mkdir(const std::string& rel);                   // creates the root first when needed
-  ptc::Result<int> Open(const std::string& rel, int flags);    // an fd (O_CREAT: mode 0644)
+  ptc::Status Mkdir(const std::string& rel);                 // creates the root first when needed
+  ptc::Result<int> Open(const std::string& rel, int flags);  // an fd (O_CREAT: mode 0644)
   ptc::Result<struct stat> Stat(const std::string& rel) const;
   ptc::Status Rename(const std::string& from, const std::string& to);
   ptc::Status Unlink(const std::string& rel);

@@ -77,8 +77,8 @@ namespace {
 
 // The extent of `list` (sorted, tiling) that holds byte `offset`, or nullptr.
 const Extent* Find(const std::vector<Extent>& list, uint64_t offset) {
-  auto it = std::upper_bound(list.begin(), list.end(), offset,
-                             [](uint64_t off, const Extent& e) { return off < e.offset; });
+  auto it =
+      std::upper_bound(list.begin(), list.end(), offset, [](uint64_t off, const Extent& e) { return off < e.offset; });
   if (it == list.begin()) return nullptr;
   --it;
   return offset < it->end() ? &*it : nullptr;
@@ -112,8 +112,12 @@ ptc::Result<size_t> VirtualFile::ReadExtents(const std::vector<Extent>& list, ui
     const uint64_t piece = (pos - e->offset) / e->length, skip = (pos - e->offset) % e->length;
     const size_t take = static_cast<size_t>(std::min<uint64_t>(n - done, e->length - skip));
     switch (e->kind) {
-      case Extent::kLiteral: std::memcpy(out + done, literal_.data() + e->literal + skip, take); break;
-      case Extent::kZero: std::memset(out + done, 0, take); break;
+      case Extent::kLiteral:
+        std::memcpy(out + done, literal_.data() + e->literal + skip, take);
+        break;
+      case Extent::kZero:
+        std::memset(out + done, 0, take);
+        break;
       case Extent::kShard: {
         const uint64_t at = e->file_offset + piece * e->stride + skip;
         PTC_RETURN_IF_ERROR(check(*e->shard, at - e->shard->offset, take));
@@ -193,9 +197,9 @@ void AppendLazyTensor(const ptc::GenerationReader& reader, const ptc::LocalTenso
 }  // namespace
 
 ptc::Result<std::unique_ptr<VirtualFile>> MakeSafetensorsFile(const ptc::GenerationReader& reader,
-                                                             const std::vector<ptc::LocalTensor>& tensors,
-                                                             const std::map<std::string, std::string>& metadata,
-                                                             int prefer_worker) {
+                                                              const std::vector<ptc::LocalTensor>& tensors,
+                                                              const std::map<std::string, std::string>& metadata,
+                                                              int prefer_worker) {
   PTC_ASSIGN_OR_RETURN(std::string header, ptc::EncodeSafetensorsHeader(Specs(tensors), metadata));
   std::vector<Extent> extents = {Extent{0, header.size(), Extent::kLiteral, 0, nullptr, 0}};
   std::vector<VirtualFile::PartFn> parts;
@@ -208,7 +212,7 @@ ptc::Result<std::unique_ptr<VirtualFile>> MakeSafetensorsFile(const ptc::Generat
 }
 
 ptc::Result<std::unique_ptr<VirtualFile>> MakeNpyFile(const ptc::GenerationReader& reader,
-                                                     const ptc::LocalTensor& tensor, int prefer_worker) {
+                                                      const ptc::LocalTensor& tensor, int prefer_worker) {
   std::string header = ptc::EncodeNpyHeader(tensor.dtype, tensor.shape);
   std::vector<Extent> extents = {Extent{0, header.size(), Extent::kLiteral, 0, nullptr, 0}};
   std::vector<VirtualFile::PartFn> parts;

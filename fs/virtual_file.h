@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "ptc/store/store_reader.h"
 #include "ptc/model/view.h"
+#include "ptc/store/store_reader.h"
 
 namespace ptcfs {
 
@@ -33,12 +33,12 @@ struct Extent {
   uint64_t offset = 0;  // in the virtual file
   uint64_t length = 0;  // of each piece
   enum Kind { kLiteral, kZero, kShard, kLazy } kind = kZero;
-  uint64_t literal = 0;                          // kLiteral: offset into the literal bytes; kLazy: part index
+  uint64_t literal = 0;                         // kLiteral: offset into the literal bytes; kLazy: part index
   const ptc::RandomAccessFile* file = nullptr;  // kShard
-  uint64_t file_offset = 0;                      // kShard: of piece 0
-  const ptc::ShardRecord* shard = nullptr;       // kShard: the record, for checksum checks
-  uint64_t count = 1;                            // > 1 only for kShard
-  uint64_t stride = 0;                           // kShard with count > 1
+  uint64_t file_offset = 0;                     // kShard: of piece 0
+  const ptc::ShardRecord* shard = nullptr;      // kShard: the record, for checksum checks
+  uint64_t count = 1;                           // > 1 only for kShard
+  uint64_t stride = 0;                          // kShard with count > 1
 
   uint64_t end() const { return offset + count * length; }
 };
@@ -100,12 +100,12 @@ ptc::Status AppendTensorExtents(const ptc::GenerationReader& reader, const ptc::
 // a lazy extent. `reader` must outlive the file.
 // \error as EncodeSafetensorsHeader; a tensor's errors come with the reads that reach it.
 ptc::Result<std::unique_ptr<VirtualFile>> MakeSafetensorsFile(const ptc::GenerationReader& reader,
-                                                             const std::vector<ptc::LocalTensor>& tensors,
-                                                             const std::map<std::string, std::string>& metadata,
-                                                             int prefer_worker);
+                                                              const std::vector<ptc::LocalTensor>& tensors,
+                                                              const std::map<std::string, std::string>& metadata,
+                                                              int prefer_worker);
 // One tensor as a .npy file, as MakeSafetensorsFile.
 ptc::Result<std::unique_ptr<VirtualFile>> MakeNpyFile(const ptc::GenerationReader& reader,
-                                                     const ptc::LocalTensor& tensor, int prefer_worker);
+                                                      const ptc::LocalTensor& tensor, int prefer_worker);
 
 // Sizes without building extents (for stat before any read).
 ptc::Result<uint64_t> SafetensorsFileSize(const std::vector<ptc::LocalTensor>& tensors,

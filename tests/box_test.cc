@@ -71,8 +71,8 @@ TEST(Box, CopyRegionMatchesElementwiseReference) {
     if (!region) continue;
     std::vector<int32_t> src(src_box.volume()), dst(dst_box.volume(), -1);
     std::iota(src.begin(), src.end(), 0);
-    CopyRegion(*region, src.data(), src_box, DenseLayout(src_box), dst.data(), dst_box,
-               DenseLayout(dst_box), sizeof(int32_t));
+    CopyRegion(*region, src.data(), src_box, DenseLayout(src_box), dst.data(), dst_box, DenseLayout(dst_box),
+               sizeof(int32_t));
     // Reference: walk every element of dst_box.
     const auto ss = RowMajorStrides(src_box.shape()), ds = RowMajorStrides(dst_box.shape());
     std::vector<Index> x(rank);
@@ -86,8 +86,8 @@ TEST(Box, CopyRegionMatchesElementwiseReference) {
         d += (x[k] - dst_box.begin[k]) * ds[k];
         s += (x[k] - src_box.begin[k]) * ss[k];
       }
-      ASSERT_EQ(dst[d], inside ? src[s] : -1) << "iter " << iter << " src " << src_box.ToString()
-                                               << " dst " << dst_box.ToString();
+      ASSERT_EQ(dst[d], inside ? src[s] : -1)
+          << "iter " << iter << " src " << src_box.ToString() << " dst " << dst_box.ToString();
     }
   }
 }

@@ -31,7 +31,7 @@ class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto r = Ptcfs("synth --schema megatron-gpt --dims " + std::string(kDims) +
-                  " --config tp=2,pp=2,dp=2 --optimizer adam " + tmp_ / "ckpt");
+                   " --config tp=2,pp=2,dp=2 --optimizer adam " + tmp_ / "ckpt");
     ASSERT_EQ(r.first, 0) << r.second;
     r = Ptcfs("import --schema megatron-gpt --dims " + std::string(kDims) + " --config tp=2,pp=2,dp=2 " +
               tmp_ / "ckpt" + " " + tmp_ / "store");
@@ -93,7 +93,7 @@ TEST_F(CliTest, DiffNamesTheFirstDifferingTensorAndElement) {
     Spit(path, bytes);
   }
   auto r = Ptcfs("diff --schema megatron-gpt --dims " + std::string(kDims) +
-                " --config-a tp=2,pp=2,dp=2 --config-b tp=2,pp=2,dp=2 " + tmp_ / "ckpt" + " " + tmp_ / "bad");
+                 " --config-a tp=2,pp=2,dp=2 --config-b tp=2,pp=2,dp=2 " + tmp_ / "ckpt" + " " + tmp_ / "bad");
   EXPECT_EQ(r.first, 1) << r.second;
   EXPECT_NE(r.second.find("'" + tensor + "' differs at [0, 5]"), std::string::npos) << r.second;
   // Only one replica changed: the replicas inside B disagree.
@@ -159,7 +159,7 @@ TEST_F(CliTest, WrongShape) {
   auto r = ImportBad();
   EXPECT_EQ(r.first, 2);
   EXPECT_NE(r.second.find(path + ": tensor 'language_model.encoder.layers.0.self_attention.dense.weight' has shape "
-                              "[32, 32], expected [32, 16]"),
+                                 "[32, 32], expected [32, 16]"),
             std::string::npos)
       << r.second;
   ExpectStoreUnchanged();
@@ -167,7 +167,9 @@ TEST_F(CliTest, WrongShape) {
 
 TEST_F(CliTest, UnknownTensor) {
   const std::string path = ModelFilePath(tmp_ / "bad", 2);
-  RewriteModelFile(path, [](std::vector<TensorSpec>& specs) { specs.push_back({"rotary.inv_freq", DType::kF32, {8}}); });
+  RewriteModelFile(path, [](std::vector<TensorSpec>& specs) {
+    specs.push_back({"rotary.inv_freq", DType::kF32, {8}});
+  });
   auto r = ImportBad();
   EXPECT_EQ(r.first, 2);
   EXPECT_NE(r.second.find(path + ": unknown tensor 'rotary.inv_freq'"), std::string::npos) << r.second;

@@ -1,7 +1,6 @@
 // `ptcfs data` end to end: synth, import, status, advance, view; every bad
 // input gives a clear message and leaves the store byte for byte unchanged.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -107,8 +106,9 @@ TEST_F(DataCliTest, ViewsFollowTheGlobalOrderAcrossDpChanges) {
   std::vector<std::vector<std::string>> ranks;
   for (int r = 0; r < 5; ++r) {
     // tp=2: ranks 2r and 2r+1 share a dp index.
-    CmdResult v = Ptcfs("data view --config tp=2,dp=5 --rank " + std::to_string(2 * r + 1) + " --file ids.txt " +
-                            tmp_ / "store", false);
+    CmdResult v =
+        Ptcfs("data view --config tp=2,dp=5 --rank " + std::to_string(2 * r + 1) + " --file ids.txt " + tmp_ / "store",
+              false);
     ASSERT_EQ(v.code, 0);
     ranks.push_back(Lines(v.out));
   }
@@ -181,7 +181,8 @@ TEST_F(DataCliTest, StepBeyondTheEpoch) {
   EXPECT_NE(r.out.find("--rank 2 is outside [0, 2)"), std::string::npos) << r.out;
   r = Ptcfs("data view --config dp=2 --rank 0 --file samples.jsonl " + tmp_ / "store");
   EXPECT_NE(r.out.find("has no samples.jsonl"), std::string::npos) << r.out;
-  r = Ptcfs("data import --format megatron " + tmp_ / "d" + " " + tmp_ / "store" + " --global-batch 24 --seed 9 "
+  r = Ptcfs("data import --format megatron " + tmp_ / "d" + " " + tmp_ / "store" +
+            " --global-batch 24 --seed 9 "
             "--length-buckets 9,3");
   EXPECT_NE(r.out.find("strictly ascending"), std::string::npos) << r.out;
   ExpectUnchanged();
@@ -201,7 +202,8 @@ TEST_F(DataCliTest, JsonlEndToEnd) {
   const auto lines = Lines(r.out), id_lines = Lines(ids.out);
   ASSERT_EQ(lines.size(), id_lines.size());
   ASSERT_FALSE(lines.empty());
-  for (size_t j = 0; j < lines.size(); ++j) EXPECT_EQ(lines[j], "{\"id\":" + std::to_string(std::stoi(id_lines[j])) + "}");
+  for (size_t j = 0; j < lines.size(); ++j)
+    EXPECT_EQ(lines[j], "{\"id\":" + std::to_string(std::stoi(id_lines[j])) + "}");
 }
 
 }  // namespace

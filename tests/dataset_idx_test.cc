@@ -66,8 +66,7 @@ TEST_F(IdxTest, WriterRoundTrip) {
 
 TEST_F(IdxTest, RejectsDamageNamingTheField) {
   EXPECT_NE(ErrorOf(idx_.substr(0, 20), bin_size_).find("d.idx: truncated"), std::string::npos);
-  EXPECT_NE(ErrorOf(idx_.substr(0, idx_.size() - 3), bin_size_).find("truncated or count mismatch"),
-            std::string::npos);
+  EXPECT_NE(ErrorOf(idx_.substr(0, idx_.size() - 3), bin_size_).find("truncated or count mismatch"), std::string::npos);
   std::string bad = idx_;
   bad[0] = 'X';
   EXPECT_NE(ErrorOf(bad, bin_size_).find("wrong magic"), std::string::npos);
@@ -158,10 +157,18 @@ TEST_F(IdxTest, MutationFuzz) {
   for (int t = 0; t < 20000; ++t) {
     std::string m = idx_;
     switch (rng() % 4) {
-      case 0: m.resize(rng() % (m.size() + 1)); break;
-      case 1: for (int k = 1 + rng() % 4; k > 0; --k) m[rng() % m.size()] = static_cast<char>(rng()); break;
-      case 2: Poke<uint64_t>(m, 18 + 8 * (rng() % 2), rng() % 2 ? rng() : rng() % 200); break;
-      case 3: m.insert(rng() % m.size(), std::string(1 + rng() % 16, static_cast<char>(rng()))); break;
+      case 0:
+        m.resize(rng() % (m.size() + 1));
+        break;
+      case 1:
+        for (int k = 1 + rng() % 4; k > 0; --k) m[rng() % m.size()] = static_cast<char>(rng());
+        break;
+      case 2:
+        Poke<uint64_t>(m, 18 + 8 * (rng() % 2), rng() % 2 ? rng() : rng() % 200);
+        break;
+      case 3:
+        m.insert(rng() % m.size(), std::string(1 + rng() % 16, static_cast<char>(rng())));
+        break;
     }
     std::vector<uint8_t> exact(m.begin(), m.end());  // exactly sized, so ASan sees overreads
     Result<IdxView> r = ParseIdx("m.idx", exact, bin_size_);

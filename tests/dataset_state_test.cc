@@ -10,13 +10,13 @@
 #include <random>
 #include <sstream>
 
-#include "ptc/dataset/state.h"
-#include "ptc/store/shard_verify.h"
-#include "ptc/dataset/synth.h"
 #include "ptc/base/fault_injection_env.h"
 #include "ptc/checkpoint/import.h"
-#include "ptc/store/model_spec.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
+#include "ptc/dataset/state.h"
+#include "ptc/dataset/synth.h"
+#include "ptc/store/model_spec.h"
+#include "ptc/store/shard_verify.h"
 #include "test_util.h"
 
 namespace ptc {
@@ -84,10 +84,23 @@ TEST(DatasetStateJsonTest, ErrorsNameTheField) {
       {[](json& j) { j["seed"] = "7"; }, "\"seed\" must be a non-negative integer"},
       {[](json& j) { j["consumed"] = 1001; }, "\"consumed\" exceeds samples"},
       {[](json& j) { j["consumed"] = 33; }, "\"consumed\" is not a multiple of global_batch"},
-      {[](json& j) { j["length_buckets"] = {5, 5}; }, "\"length_buckets\" is invalid"},
+      {[](json& j) {
+         j["length_buckets"] = {5, 5};
+       },
+       "\"length_buckets\" is invalid"},
       {[](json& j) { j["length_buckets"] = "4096"; }, "\"length_buckets\" must be an array"},
-      {[](json& j) { j["format"] = "jsonl"; j["files"].erase(1); j["index"] = "../x"; }, "\"index\" must be a relative"},
-      {[](json& j) { j["format"] = "jsonl"; j["files"].erase(1); j["index"] = "i"; }, "only supported for megatron"},
+      {[](json& j) {
+         j["format"] = "jsonl";
+         j["files"].erase(1);
+         j["index"] = "../x";
+       },
+       "\"index\" must be a relative"},
+      {[](json& j) {
+         j["format"] = "jsonl";
+         j["files"].erase(1);
+         j["index"] = "i";
+       },
+       "only supported for megatron"},
   };
   for (const Case& c : cases) {
     json j = good;
@@ -97,8 +110,7 @@ TEST(DatasetStateJsonTest, ErrorsNameTheField) {
     EXPECT_NE(r.status().message().find(c.expect), std::string::npos) << c.expect << " | " << r.status().message();
     EXPECT_EQ(r.status().message().rfind("gen-000003/manifest.json: dataset", 0), 0u) << r.status().message();
   }
-  EXPECT_NE(DecodeDatasetStateText("m", "{\"format\":").status().message().find("not valid JSON"),
-            std::string::npos);
+  EXPECT_NE(DecodeDatasetStateText("m", "{\"format\":").status().message().find("not valid JSON"), std::string::npos);
 }
 
 // Mini-fuzz of the decoder: random byte mutations of the text and random
@@ -107,8 +119,18 @@ TEST(DatasetStateJsonTest, MutationFuzz) {
   std::mt19937_64 rng(testing::TestSeed());
   const json good = EncodeDatasetState(Sample());
   const std::string text = good.dump();
-  const std::vector<json> values = {nullptr, -1, 0, 1, 3.5, "x", json::array(), json::object(),
-                                    UINT64_MAX, json::array({1, 2}), "xxh64:0000000000000000", true};
+  const std::vector<json> values = {nullptr,
+                                    -1,
+                                    0,
+                                    1,
+                                    3.5,
+                                    "x",
+                                    json::array(),
+                                    json::object(),
+                                    UINT64_MAX,
+                                    json::array({1, 2}),
+                                    "xxh64:0000000000000000",
+                                    true};
   int accepted = 0;
   for (int t = 0; t < 20000; ++t) {
     Result<DatasetState> r = Status();
@@ -154,7 +176,11 @@ class DatasetImportTest : public ::testing::Test {
     store_ = std::move(Store::Create(env_, tmp_ / "store")).value();
   }
   DatasetImportOptions Options(uint64_t batch = 16) {
-    return {.format = DatasetFormat::kMegatron, .source = tmp_ / "d", .global_batch = batch, .seed = 5, .length_buckets = {}};
+    return {.format = DatasetFormat::kMegatron,
+            .source = tmp_ / "d",
+            .global_batch = batch,
+            .seed = 5,
+            .length_buckets = {}};
   }
   Env* env_ = Env::Default();
   testing::TempDir tmp_;
@@ -200,8 +226,7 @@ TEST_F(DatasetImportTest, MismatchedFingerprintChangesNothing) {
   EXPECT_EQ(Snapshot(tmp_ / "store"), before);
   // Opening the source for a view notices too.
   auto state = **LoadDatasetState(*store_);
-  EXPECT_NE(OpenDatasetSource(env_, *store_, state).status().message().find("fingerprint mismatch"),
-            std::string::npos);
+  EXPECT_NE(OpenDatasetSource(env_, *store_, state).status().message().find("fingerprint mismatch"), std::string::npos);
 }
 
 // Same file sizes, other index content: caught by the checksum.
@@ -232,8 +257,7 @@ TEST_F(DatasetImportTest, BadSourcesAreRejected) {
   fs::copy_file(tmp_ / "d.bin", tmp_ / "t.bin");
   auto o = Options();
   o.source = tmp_ / "t";
-  EXPECT_NE(ImportDataset(*store_, o).status().message().find("t.idx: truncated or count mismatch"),
-            std::string::npos);
+  EXPECT_NE(ImportDataset(*store_, o).status().message().find("t.idx: truncated or count mismatch"), std::string::npos);
   o.source = tmp_ / "missing";
   EXPECT_EQ(ImportDataset(*store_, o).status().code(), Code::kNotFound);
   o = Options(0);
@@ -297,12 +321,14 @@ TEST_F(DatasetImportTest, InjectedFaultsChangeNothing) {
 TEST_F(DatasetImportTest, JsonlImport) {
   const std::string text = "{\"t\":\"a\"}\n{\"t\":\"b\"}\n\n{\"t\":\"c\"}\n";
   ASSERT_TRUE(WriteFileAtomic(env_, tmp_ / "x.jsonl", text).ok());
-  DatasetImportOptions o{.format = DatasetFormat::kJsonl, .source = tmp_ / "x.jsonl", .global_batch = 2, .seed = 0, .length_buckets = {}};
+  DatasetImportOptions o{
+      .format = DatasetFormat::kJsonl, .source = tmp_ / "x.jsonl", .global_batch = 2, .seed = 0, .length_buckets = {}};
   o.length_buckets = {10};
   EXPECT_NE(ImportDataset(*store_, o).status().message().find("only megatron"), std::string::npos);
   const auto empty = Snapshot(tmp_ / "store");
   ASSERT_TRUE(WriteFileAtomic(env_, tmp_ / "e.jsonl", "\n\n").ok());
-  DatasetImportOptions e{.format = DatasetFormat::kJsonl, .source = tmp_ / "e.jsonl", .global_batch = 2, .seed = 0, .length_buckets = {}};
+  DatasetImportOptions e{
+      .format = DatasetFormat::kJsonl, .source = tmp_ / "e.jsonl", .global_batch = 2, .seed = 0, .length_buckets = {}};
   EXPECT_NE(ImportDataset(*store_, e).status().message().find("no samples"), std::string::npos);
   EXPECT_EQ(Snapshot(tmp_ / "store"), empty);
   o.length_buckets.clear();

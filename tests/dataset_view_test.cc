@@ -3,7 +3,6 @@
 // samples; any byte range reads the same as the whole file; JSONL views give
 // the source's lines.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -18,8 +17,6 @@
 
 namespace ptc {
 namespace {
-
-
 
 // Reads a whole view file in random-sized chunks (random access from the start).
 std::string ReadAll(const RankDataView& v, ViewFile f, std::mt19937_64& rng) {
@@ -43,8 +40,11 @@ class DatasetViewTest : public ::testing::Test {
     store_ = std::move(Store::Create(env_, tmp_ / "store")).value();
   }
   void Import(std::vector<uint64_t> buckets = {}) {
-    DatasetImportOptions o{.format = DatasetFormat::kMegatron, .source = tmp_ / "d", .global_batch = 37,
-                           .seed = 11, .length_buckets = std::move(buckets)};
+    DatasetImportOptions o{.format = DatasetFormat::kMegatron,
+                           .source = tmp_ / "d",
+                           .global_batch = 37,
+                           .seed = 11,
+                           .length_buckets = std::move(buckets)};
     ASSERT_TRUE(ImportDataset(*store_, o).ok());
     state_ = **LoadDatasetState(*store_);
     source_ = std::move(OpenDatasetSource(env_, *store_, state_)).value();
@@ -172,8 +172,8 @@ TEST_F(DatasetViewTest, JsonlViewGivesTheLines) {
     text += lines.back() + (i % 50 == 0 ? "\r\n\n" : "\n");
   }
   testing::Spit(tmp_ / "x.jsonl", text);
-  DatasetImportOptions o{.format = DatasetFormat::kJsonl, .source = tmp_ / "x.jsonl", .global_batch = 16,
-                         .seed = 1, .length_buckets = {}};
+  DatasetImportOptions o{
+      .format = DatasetFormat::kJsonl, .source = tmp_ / "x.jsonl", .global_batch = 16, .seed = 1, .length_buckets = {}};
   auto imported = ImportDataset(*store_, o);
   ASSERT_TRUE(imported.ok()) << imported.status().ToString();
   source_ = std::move(OpenDatasetSource(env_, *store_, imported->state)).value();

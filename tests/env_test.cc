@@ -119,7 +119,7 @@ TEST_P(EnvConformance, DirectoriesAndListing) {
   ASSERT_TRUE(names.ok());
   EXPECT_EQ(*names, (std::vector<std::string>{"a.txt", "b.txt", "e"}));  // no .tmp left over
   EXPECT_FALSE(env_->CreateDirs(P("d/a.txt/x")).ok());
-  EXPECT_FALSE(env_->Remove(P("d/e")).ok());  // not empty
+  EXPECT_FALSE(env_->Remove(P("d/e")).ok());   // not empty
   ASSERT_TRUE(env_->Remove(P("d/e/f")).ok());  // empty directory
   EXPECT_FALSE(env_->Exists(P("d/e/f")));
   ASSERT_TRUE(env_->Remove(P("d/a.txt")).ok());

@@ -29,17 +29,31 @@ GenerationManifest Sample() {
   m.schema = json::parse(R"({"name":"gpt","rules":[{"pattern":"layers.{L}.w","tp":{"split":0}}]})");
   m.dims = "layers=4,hidden=64";
   m.config = "tp=2,pp=1,dp=1";
-  m.tensors = {{"layers.0.w", DType::kBF16, {8, 4}}, {"mask", DType::kBool, {5}}, {"scalar", DType::kF32, {}},
-               {"f8", DType::kF8E4M3, {2, 3, 4}}, {"big", DType::kF32, {2 * 1048576 + 25}}};
-  m.shards.push_back({"layers.0.w", {Box{{0, 0}, {4, 4}}}, 0, "gen-000003/worker-00/layers.0.w.s0.h5", 2048, 32,
+  m.tensors = {{"layers.0.w", DType::kBF16, {8, 4}},
+               {"mask", DType::kBool, {5}},
+               {"scalar", DType::kF32, {}},
+               {"f8", DType::kF8E4M3, {2, 3, 4}},
+               {"big", DType::kF32, {2 * 1048576 + 25}}};
+  m.shards.push_back({"layers.0.w",
+                      {Box{{0, 0}, {4, 4}}},
+                      0,
+                      "gen-000003/worker-00/layers.0.w.s0.h5",
+                      2048,
+                      32,
                       0x0123456789abcdefULL});
   m.shards.push_back({"layers.0.w", {Box{{4, 0}, {8, 4}}}, 1, "gen-000001/worker-01/layers.0.w.s0.h5", 4096, 32, 7});
   m.shards.push_back({"mask", {Box{{0}, {2}}, Box{{3}, {5}}}, 0, "gen-000003/worker-00/mask.s0.h5", 100, 4, 0});
   m.shards.push_back({"scalar", {Box{{}, {}}}, 0, "gen-000003/worker-00/scalar.s0.h5", 100, 4, ~0ULL});
   m.shards.push_back({"f8", {Box{{0, 0, 0}, {2, 3, 4}}}, 2, "gen-000003/worker-02/f8.s0.h5", 0, 24, 1});
   const std::vector<uint64_t> blocks = {0x1111, 0xfedcba9876543210ULL, 3};
-  m.shards.push_back({"big", {Box::Full({2 * 1048576 + 25})}, 0, "gen-000003/worker-00/big.s0.h5", 4096,
-                      4 * (2 * 1048576 + 25), CombineBlockChecksums(blocks), blocks});
+  m.shards.push_back({"big",
+                      {Box::Full({2 * 1048576 + 25})},
+                      0,
+                      "gen-000003/worker-00/big.s0.h5",
+                      4096,
+                      4 * (2 * 1048576 + 25),
+                      CombineBlockChecksums(blocks),
+                      blocks});
   m.extra = {{"dataset", {{"epoch", 1}, {"consumed", 1000}}}};
   return m;
 }
@@ -49,7 +63,8 @@ TEST(Checksum, KnownValuesAndStreaming) {
   std::string data(100000, '\0');
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 31 + 7);
   Xxh64Stream s;
-  for (size_t pos = 0; pos < data.size(); pos += 777) s.Update(data.data() + pos, std::min<size_t>(777, data.size() - pos));
+  for (size_t pos = 0; pos < data.size(); pos += 777)
+    s.Update(data.data() + pos, std::min<size_t>(777, data.size() - pos));
   EXPECT_EQ(s.Digest(), Xxh64(data.data(), data.size()));
   s.Reset();
   EXPECT_EQ(s.Digest(), 0xef46db3751d8e999ULL);
@@ -57,8 +72,8 @@ TEST(Checksum, KnownValuesAndStreaming) {
 
 TEST(Checksum, ShardBlocks) {
   std::mt19937_64 rng(5);
-  for (uint64_t n : {uint64_t{0}, uint64_t{1000}, kChecksumBlockBytes, kChecksumBlockBytes + 1,
-                     2 * kChecksumBlockBytes + 12345}) {
+  for (uint64_t n :
+       {uint64_t{0}, uint64_t{1000}, kChecksumBlockBytes, kChecksumBlockBytes + 1, 2 * kChecksumBlockBytes + 12345}) {
     std::string data(n, '\0');
     for (char& c : data) c = static_cast<char>(rng());
     ShardHasher h;
@@ -98,8 +113,8 @@ TEST(Checksum, StringForm) {
   EXPECT_EQ(ChecksumToString(0xef46db3751d8e999ULL), "xxh64:ef46db3751d8e999");
   EXPECT_EQ(ChecksumToString(1), "xxh64:0000000000000001");
   EXPECT_EQ(*ParseChecksum("xxh64:EF46DB3751D8E999"), 0xef46db3751d8e999ULL);
-  for (const char* bad : {"", "xxh64:", "xxh64:123", "crc32:ef46db3751d8e999", "xxh64:ef46db3751d8e99g",
-                          "xxh64:ef46db3751d8e9990"}) {
+  for (const char* bad :
+       {"", "xxh64:", "xxh64:123", "crc32:ef46db3751d8e999", "xxh64:ef46db3751d8e99g", "xxh64:ef46db3751d8e9990"}) {
     Result<uint64_t> r = ParseChecksum(bad);
     EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
   }
@@ -128,7 +143,8 @@ TEST(Manifest, FindTensorAndSafePaths) {
   ASSERT_NE(FindTensor(m, "mask"), nullptr);
   EXPECT_EQ(FindTensor(m, "nope"), nullptr);
   EXPECT_TRUE(IsSafeRelativePath("gen-000001/worker-00/x.s0.h5"));
-  for (const char* bad : {"", "/abs", "a/../b", "..", "a//b", "a/./b", "a/"}) EXPECT_FALSE(IsSafeRelativePath(bad)) << bad;
+  for (const char* bad : {"", "/abs", "a/../b", "..", "a//b", "a/./b", "a/"})
+    EXPECT_FALSE(IsSafeRelativePath(bad)) << bad;
 }
 
 struct BadCase {
@@ -143,7 +159,8 @@ TEST(Manifest, ValidationMessagesNameTheFault) {
       {"duplicate tensor", [](json& j) { j["tensors"][1]["name"] = "layers.0.w"; }, "'layers.0.w' is listed twice"},
       {"negative dim", [](json& j) { j["tensors"][0]["shape"][0] = -1; }, "shape must hold non-negative"},
       {"unknown tensor", [](json& j) { j["shards"][2]["tensor"] = "ghost"; }, "shard 2: unknown tensor 'ghost'"},
-      {"box outside", [](json& j) { j["shards"][0]["boxes"][0][1][0] = 9; }, "shard 0: tensor 'layers.0.w' shape [8, 4]: box"},
+      {"box outside", [](json& j) { j["shards"][0]["boxes"][0][1][0] = 9; },
+       "shard 0: tensor 'layers.0.w' shape [8, 4]: box"},
       {"begin > end", [](json& j) { j["shards"][0]["boxes"][0][0][0] = 5; }, "begin > end"},
       {"wrong rank", [](json& j) { j["shards"][1]["boxes"][0] = json::parse("[[4],[8]]"); }, "expected rank 2"},
       {"nbytes", [](json& j) { j["shards"][1]["nbytes"] = 33; }, "nbytes 33 != 16 elements * 2 bytes (BF16)"},
@@ -161,14 +178,16 @@ TEST(Manifest, ValidationMessagesNameTheFault) {
        "shard 5 (tensor 'big'): block checksum 2"},
       {"blocks type", [](json& j) { j["shards"][5]["block_checksums"] = json::array(); },
        "\"block_checksums\" must be a string"},
-      {"missing offset", [](json& j) { j["shards"][4].erase("offset"); }, "shard 4 (tensor 'f8'): \"offset\" is missing"},
+      {"missing offset", [](json& j) { j["shards"][4].erase("offset"); },
+       "shard 4 (tensor 'f8'): \"offset\" is missing"},
       {"float offset", [](json& j) { j["shards"][4]["offset"] = 1.5; }, "\"offset\" must be a non-negative integer"},
       {"format", [](json& j) { j["format"] = "other"; }, "\"format\" is 'other'"},
       {"version", [](json& j) { j["version"] = 2; }, "this build reads version 1"},
       {"parent", [](json& j) { j["parent"] = 3; }, "\"parent\" must be lower"},
       {"tensors type", [](json& j) { j["tensors"] = json::object(); }, "\"tensors\" must be an array"},
       {"extra type", [](json& j) { j["extra"] = 1; }, "\"extra\" must be an object"},
-      {"box shape", [](json& j) { j["shards"][0]["boxes"][0] = json::array({1}); }, "box 0 must be [[begin...], [end...]]"},
+      {"box shape", [](json& j) { j["shards"][0]["boxes"][0] = json::array({1}); },
+       "box 0 must be [[begin...], [end...]]"},
       {"not object", [](json& j) { j = json::array(); }, "must be a JSON object"},
   };
   const json good = json::parse(EncodeManifest(Sample()));
@@ -197,25 +216,53 @@ void CollectPointers(const json& j, const json::json_pointer& at, std::vector<js
 }
 
 json RandomValue(std::mt19937_64& rng) {
-  static const std::vector<json> kValues = {
-      nullptr, true, -1, 0, 1, 2, 7, 1.5, 1e300, "", "x", "BF16", "xxh64:0000000000000000", "../x",
-      json::array(), json::object(), json::parse("[[0],[1]]"), json::parse("[[[0,0],[1,1]]]"),
-      json(18446744073709551615ULL), json(9223372036854775807LL), json(-9223372036854775807LL - 1)};
+  static const std::vector<json> kValues = {nullptr,
+                                            true,
+                                            -1,
+                                            0,
+                                            1,
+                                            2,
+                                            7,
+                                            1.5,
+                                            1e300,
+                                            "",
+                                            "x",
+                                            "BF16",
+                                            "xxh64:0000000000000000",
+                                            "../x",
+                                            json::array(),
+                                            json::object(),
+                                            json::parse("[[0],[1]]"),
+                                            json::parse("[[[0,0],[1,1]]]"),
+                                            json(18446744073709551615ULL),
+                                            json(9223372036854775807LL),
+                                            json(-9223372036854775807LL - 1)};
   return kValues[rng() % kValues.size()];
 }
 
 std::string MutateText(std::string text, std::mt19937_64& rng) {
-  static const std::vector<std::string> kTokens = {"{", "}", "[", "]", ",", ":", "\"", "\\", "null", "-", "0",
-                                                   "1e999", "\xff", "\xc3", " ", "\"tensors\"", "\"x\":"};
+  static const std::vector<std::string> kTokens = {"{",    "}",    "[",    "]",           ",",     ":",
+                                                   "\"",   "\\",   "null", "-",           "0",     "1e999",
+                                                   "\xff", "\xc3", " ",    "\"tensors\"", "\"x\":"};
   const int edits = 1 + static_cast<int>(rng() % 4);
   for (int e = 0; e < edits && !text.empty(); ++e) {
     const size_t pos = rng() % text.size();
     switch (rng() % 5) {
-      case 0: text[pos] = static_cast<char>(rng() % 256); break;
-      case 1: text.erase(pos, 1 + rng() % 16); break;
-      case 2: text.insert(pos, kTokens[rng() % kTokens.size()]); break;
-      case 3: text.insert(pos, text.substr(rng() % text.size(), 1 + rng() % 32)); break;
-      case 4: text.resize(pos); break;
+      case 0:
+        text[pos] = static_cast<char>(rng() % 256);
+        break;
+      case 1:
+        text.erase(pos, 1 + rng() % 16);
+        break;
+      case 2:
+        text.insert(pos, kTokens[rng() % kTokens.size()]);
+        break;
+      case 3:
+        text.insert(pos, text.substr(rng() % text.size(), 1 + rng() % 32));
+        break;
+      case 4:
+        text.resize(pos);
+        break;
     }
   }
   return text;
@@ -261,8 +308,10 @@ TEST(ManifestFuzz, StructuralMutationsNeverCrash) {
       if (p.empty()) continue;
       if (rng() % 4 == 0) {
         json& parent = j[p.parent_pointer()];
-        if (parent.is_object()) parent.erase(p.back());
-        else if (parent.is_array() && !parent.empty()) parent.erase(parent.size() - 1);
+        if (parent.is_object())
+          parent.erase(p.back());
+        else if (parent.is_array() && !parent.empty())
+          parent.erase(parent.size() - 1);
       } else {
         j[p] = RandomValue(rng);
       }

@@ -120,10 +120,24 @@ TEST(MegatronState, WrongTensorsAreNamed) {
     EXPECT_NE(found.status().message().find(needle), std::string::npos) << found.status().message();
   };
   Value wrong = root;
-  wrong.Find("model")->Find("language_model")->Find("embedding")->Find("word_embeddings")->Find("weight")->tensor().shape = {64, 32};
-  expect_error(wrong, "f.pt: model/language_model/embedding/word_embeddings/weight: shape [64, 32], the schema and config say [32, 32]");
+  wrong.Find("model")
+      ->Find("language_model")
+      ->Find("embedding")
+      ->Find("word_embeddings")
+      ->Find("weight")
+      ->tensor()
+      .shape = {64, 32};
+  expect_error(wrong,
+               "f.pt: model/language_model/embedding/word_embeddings/weight: shape [64, 32], the schema and config say "
+               "[32, 32]");
   wrong = root;
-  wrong.Find("model")->Find("language_model")->Find("embedding")->Find("word_embeddings")->Find("weight")->tensor().dtype = DType::kF16;
+  wrong.Find("model")
+      ->Find("language_model")
+      ->Find("embedding")
+      ->Find("word_embeddings")
+      ->Find("weight")
+      ->tensor()
+      .dtype = DType::kF16;
   expect_error(wrong, "dtype F16, the schema says F32");
   wrong = root;
   wrong.Find("model")->Find("language_model")->Find("encoder")->Erase("layers.1.mlp.dense_4h_to_h.bias");
@@ -161,7 +175,8 @@ TEST(MegatronState, KeptEntriesRoundTripThroughTheManifest) {
       {[](nlohmann::json& j) { j["iteration"] = -1; }, "m.json: extra.megatron: 'iteration' must be"},
       {[](nlohmann::json& j) { j["carried"] = "abc"; }, "m.json: extra.megatron.carried: odd hex length"},
       {[](nlohmann::json& j) { j["carried"] = "zz"; }, "m.json: extra.megatron.carried: not hex at 0"},
-      {[](nlohmann::json& j) { j["tensors"][0]["numel"] = 3u; }, "extra.megatron.tensors[0]: 16 bytes for 3 elements of I64"},
+      {[](nlohmann::json& j) { j["tensors"][0]["numel"] = 3u; },
+       "extra.megatron.tensors[0]: 16 bytes for 3 elements of I64"},
       {[](nlohmann::json& j) { j["tensors"][0]["dtype"] = "Q8"; }, "extra.megatron.tensors[0]"},
       {[](nlohmann::json& j) { j["tensors"] = 5; }, "'tensors' must be an array"},
   };

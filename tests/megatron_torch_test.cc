@@ -20,7 +20,9 @@ using testing::TempDir;
 
 const std::string kModel = "--schema megatron-gpt --dims layers=4,hidden=32,heads=4,vocab=128,seq=16";
 
-std::string Client() { return "/usr/bin/python3 " + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/megatron_ckpt.py "; }
+std::string Client() {
+  return "/usr/bin/python3 " + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/megatron_ckpt.py ";
+}
 
 class MegatronTorchTest : public ::testing::Test {
  protected:
@@ -57,7 +59,8 @@ TEST_F(MegatronTorchTest, ImportReshardExportAndLoad) {
     Check(src, "2 2", out, tp_pp);
     EXPECT_EQ(testing::Slurp(out + "/latest_checkpointed_iteration.txt"), "300");
   }
-  auto [zc, zout] = Sh("/usr/bin/python3 -m zipfile -t " + tmp_ / "out-tp=1,pp=4/iter_0000300/mp_rank_00_002/model_optim_rng.pt");
+  auto [zc, zout] =
+      Sh("/usr/bin/python3 -m zipfile -t " + tmp_ / "out-tp=1,pp=4/iter_0000300/mp_rank_00_002/model_optim_rng.pt");
   EXPECT_EQ(zc, 0) << zout;
   // Through the store's other formats and back: the same bytes as the first export.
   auto [c1, o1] = Ptcfs("transform " + tmp_ / "store --to tp=4,pp=1");
@@ -85,7 +88,8 @@ TEST_F(MegatronTorchTest, MountRendersEveryConfig) {
   auto [code, text] = Ptcfs("reconfigure " + m.dir() + " --to tp=4,pp=1");
   ASSERT_EQ(code, 0) << text;
   Check(src, "2 2", m.dir() + "/megatron", "4 1");
-  auto [zc, zout] = Sh("/usr/bin/python3 -m zipfile -t " + m.dir() + "/megatron/iter_0000100/mp_rank_03/model_optim_rng.pt");
+  auto [zc, zout] =
+      Sh("/usr/bin/python3 -m zipfile -t " + m.dir() + "/megatron/iter_0000100/mp_rank_03/model_optim_rng.pt");
   EXPECT_EQ(zc, 0) << zout;
   // The mounted files are the bytes export writes.
   auto [ec, eout] = Ptcfs("export --format megatron --config tp=4,pp=1 " + tmp_ / "store " + tmp_ / "exp");
@@ -145,11 +149,13 @@ TEST_F(MegatronTorchTest, BadCheckpointsAreNamedAndChangeNothing) {
     EXPECT_TRUE(testing::Snapshot(tmp_ / "store") == before) << "the store changed";
   };
   bad("truncated", "truncate -s 3000 $F", "truncated/iter_0000100/mp_rank_01_001/model_optim_rng.pt");
-  bad("crc", "/usr/bin/python3 -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, \"rb\").read()); "
-             "b[len(b) // 2] ^= 0xff; open(p, \"wb\").write(b)' $F",
+  bad("crc",
+      "/usr/bin/python3 -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, \"rb\").read()); "
+      "b[len(b) // 2] ^= 0xff; open(p, \"wb\").write(b)' $F",
       "bad CRC-32 in member 'model_optim_rng/data/");
-  bad("global", "/usr/bin/python3 -c 'import os, sys, torch; p = sys.argv[1]; d = torch.load(p); "
-                "d[\"hook\"] = os.system; torch.save(d, p)' $F",
+  bad("global",
+      "/usr/bin/python3 -c 'import os, sys, torch; p = sys.argv[1]; d = torch.load(p); "
+      "d[\"hook\"] = os.system; torch.save(d, p)' $F",
       "unknown global 'posix.system'");
   bad("missing", "rm -r $(dirname $F)", "missing/iter_0000100/mp_rank_01_001: missing");
   bad("shape", "true", "shape [64, 32], the schema and config say [64, 64]",

@@ -44,11 +44,13 @@ class MountDataTest : public ::testing::Test {
 
   // A model store in `config` with a synthetic dataset (`extra`: import options).
   void MakeStore(const std::string& config, const std::string& extra = "") {
-    const std::string model = "--schema megatron-gpt --dims layers=2,hidden=32,heads=4,vocab=128,seq=16 --config " + config;
+    const std::string model =
+        "--schema megatron-gpt --dims layers=2,hidden=32,heads=4,vocab=128,seq=16 --config " + config;
     for (const std::string& cmd :
          {"synth " + model + " " + tmp_ / "ck", "import " + model + " " + tmp_ / "ck " + tmp_ / "store",
           "data synth --samples " + std::to_string(kSamples) + " --min-len 1 --max-len 50 --vocab 300 " + tmp_ / "ds",
-          "data import " + tmp_ / "ds " + tmp_ / "store --global-batch " + std::to_string(kBatch) + " --seed 5 " + extra}) {
+          "data import " + tmp_ / "ds " + tmp_ / "store --global-batch " + std::to_string(kBatch) + " --seed 5 " +
+              extra}) {
       auto [code, out] = Ptcfs(cmd);
       ASSERT_EQ(code, 0) << cmd << "\n" << out;
     }
@@ -115,7 +117,7 @@ TEST_F(MountDataTest, EverySampleOnceAcrossDpChangeMidEpoch) {
     Consume(ids, 11, (kSamples + kBatch - 1) / kBatch, &consumed);
     EXPECT_EQ(ids[0].size() + ids[1].size() + ids[2].size(), kSamples - 11 * kBatch);  // none left over
   }
-  EXPECT_EQ(consumed, reference);  // the unchanged run's sequence ...
+  EXPECT_EQ(consumed, reference);                                                    // the unchanged run's sequence ...
   EXPECT_EQ(std::set<uint64_t>(consumed.begin(), consumed.end()).size(), kSamples);  // ... each sample once
   auto [sc, sout] = Ptcfs("data status " + tmp_ / "store");  // the position was committed with the layout
   EXPECT_NE(sout.find("step 11"), std::string::npos) << sout;

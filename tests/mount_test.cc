@@ -1,17 +1,16 @@
 // The mount, for real: files read with cmp and Python (numpy), reconfigured
 // under concurrent readers, and bad inputs. Every test unmounts, also when it
 // fails (the Mount object's destructor).
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -29,22 +28,20 @@ namespace {
 namespace fs = std::filesystem;
 using testing::Mount;
 using testing::Ptcfs;
-using testing::WaitServing;
-using testing::WriteConfig;
 using testing::Sh;
 using testing::Slurp;
 using testing::TempDir;
+using testing::WaitServing;
+using testing::WriteConfig;
 
 const std::string kDims = "layers=4,hidden=32,heads=4,vocab=128,seq=16";
 
 class MountTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    testing::RequireFuse();
-  }
+  static void SetUpTestSuite() { testing::RequireFuse(); }
   void Synth(const std::string& config, const std::string& dir) {
-    auto [code, out] = Ptcfs("synth --schema megatron-gpt --dims " + kDims + " --optimizer adam --dtype bf16 --config " +
-                             config + " " + dir);
+    auto [code, out] = Ptcfs("synth --schema megatron-gpt --dims " + kDims +
+                             " --optimizer adam --dtype bf16 --config " + config + " " + dir);
     ASSERT_EQ(code, 0) << out;
   }
   void MakeStore(const std::string& config) {
@@ -84,7 +81,8 @@ TEST_F(MountTest, FilesEqualExportForCmpNumpyAndPython) {
   // ls -lR and cp -r work; npy files through numpy equal an npy export.
   EXPECT_EQ(Sh("ls -lR " + m.dir() + " > /dev/null").first, 0);
   EXPECT_EQ(Sh("cp -r " + m.dir() + "/model " + tmp_ / "copy").first, 0);
-  EXPECT_EQ(Sh("cmp " + tmp_ / "copy/rank-00005/model.safetensors " + tmp_ / "exp/rank-00005/model.safetensors").first, 0);
+  EXPECT_EQ(Sh("cmp " + tmp_ / "copy/rank-00005/model.safetensors " + tmp_ / "exp/rank-00005/model.safetensors").first,
+            0);
   auto [c3, o3] = Ptcfs("export --format npy --config tp=2,pp=2,dp=2,per_worker=4 " + tmp_ / "store " + tmp_ / "npy");
   ASSERT_EQ(c3, 0) << o3;
   for (const auto& e : fs::directory_iterator(tmp_ / "npy")) {
@@ -198,7 +196,8 @@ TEST_F(MountTest, BadInputs) {
     EXPECT_EQ(WriteConfig(m.dir(), "this is not a config"), EINVAL);
     EXPECT_NE(testing::MountStatus(m.dir())["last_error"].get<std::string>().find("not key=value"), std::string::npos);
     EXPECT_EQ(WriteConfig(m.dir(), "tp=3,pp=2"), EINVAL);
-    EXPECT_NE(testing::MountStatus(m.dir())["last_error"].get<std::string>().find("tp=3 does not divide"), std::string::npos)
+    EXPECT_NE(testing::MountStatus(m.dir())["last_error"].get<std::string>().find("tp=3 does not divide"),
+              std::string::npos)
         << testing::MountStatus(m.dir()).dump();
     EXPECT_EQ(testing::MountStatus(m.dir())["config"], "tp=2,pp=2,dp=1,per_worker=8");
     EXPECT_EQ(testing::MountStatus(m.dir())["generation"], 1);
@@ -255,8 +254,8 @@ TEST_F(MountTest, CorruptBlockFailsOnlyTheReadsThatNeedIt) {
   const std::string dims = "layers=1,hidden=1024,heads=8,vocab=4096,seq=16";
   auto [code, out] = Ptcfs("synth --schema megatron-gpt --dims " + dims + " --config tp=1,pp=1 " + tmp_ / "src");
   ASSERT_EQ(code, 0) << out;
-  std::tie(code, out) = Ptcfs("import --schema megatron-gpt --dims " + dims + " --config tp=1,pp=1 " + tmp_ / "src " +
-                              tmp_ / "store");
+  std::tie(code, out) =
+      Ptcfs("import --schema megatron-gpt --dims " + dims + " --config tp=1,pp=1 " + tmp_ / "src " + tmp_ / "store");
   ASSERT_EQ(code, 0) << out;
   const std::string tensor = "language_model.embedding.word_embeddings.weight";  // 4096 x 1024 f32: 4 blocks
   auto manifest = nlohmann::json::parse(Slurp(tmp_ / "store/gen-000001/manifest.json"));

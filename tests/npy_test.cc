@@ -18,7 +18,6 @@ using ::ptc::testing::Pattern;
 using ::ptc::testing::TempDir;
 using ::ptc::testing::TestSeed;
 
-
 uint64_t Bytes(DType dtype, const Shape& shape) { return NumElements(shape) * DTypeSize(dtype); }
 
 std::string Preamble(int major, uint32_t len) {
@@ -224,7 +223,8 @@ Result<NpyHeader> ParseFile(const std::string& path, std::string* contents = nul
 }
 
 TEST(Npy, NumpyAgreesBothWays) {
-  if (!HaveNumpy()) GTEST_FAIL() << "/usr/bin/python3 lacks numpy: install python3-numpy (apt-get install python3-numpy)";
+  if (!HaveNumpy())
+    GTEST_FAIL() << "/usr/bin/python3 lacks numpy: install python3-numpy (apt-get install python3-numpy)";
   TempDir dir;
   Env* env = Env::Default();
   std::map<std::string, DType> dtypes;
@@ -240,7 +240,9 @@ TEST(Npy, NumpyAgreesBothWays) {
     }
   }
   const float values[] = {1.5f, -2.0f, 3.25f, 0.0f};  // little-endian host
-  ASSERT_TRUE(WriteNpy(env, dir / "values.npy", DType::kF32, {2, 2}, std::string(reinterpret_cast<const char*>(values), 16)).ok());
+  ASSERT_TRUE(
+      WriteNpy(env, dir / "values.npy", DType::kF32, {2, 2}, std::string(reinterpret_cast<const char*>(values), 16))
+          .ok());
   ASSERT_TRUE(WriteFileAtomic(env, dir / "dtypes.json", *EncodeNpyDTypes(dtypes)).ok());
   ASSERT_TRUE(WriteFileAtomic(env, dir / "expect.json", expect.dump()).ok());
   auto [rc, out] = RunPython(dir, kPythonCheck);
@@ -276,10 +278,18 @@ TEST(NpyFuzz, MutatedHeadersNeverCrash) {
     for (int m = 1 + rng() % 3; m > 0; --m) {
       const size_t at = s.empty() ? 0 : rng() % s.size();
       switch (rng() % 4) {
-        case 0: if (!s.empty()) s[at] ^= static_cast<char>(1 << (rng() % 8)); break;
-        case 1: s.erase(at, 1 + rng() % 4); break;
-        case 2: s.insert(at, 1, kChars[rng() % kChars.size()]); break;
-        case 3: s.resize(at); break;
+        case 0:
+          if (!s.empty()) s[at] ^= static_cast<char>(1 << (rng() % 8));
+          break;
+        case 1:
+          s.erase(at, 1 + rng() % 4);
+          break;
+        case 2:
+          s.insert(at, 1, kChars[rng() % kChars.size()]);
+          break;
+        case 3:
+          s.resize(at);
+          break;
       }
     }
     auto h = ParseNpyHeader("fuzz", s);

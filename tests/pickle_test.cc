@@ -43,7 +43,8 @@ Value Golden() {
   Items floats;
   for (double f : {0.0, -1.5, 3.0, 1e300, std::numeric_limits<double>::infinity()}) floats.push_back(Value::Float(f));
   Value ns = Obj("argparse", "Namespace", {}, Object::Build::kNewObj);
-  ns.object().state = Boxed<Value>(D({{S("lr"), Value::Float(0.1)}, {S("name"), S("gpt")}, {S("layers"), L({I(1), I(2)})}}));
+  ns.object().state =
+      Boxed<Value>(D({{S("lr"), Value::Float(0.1)}, {S("name"), S("gpt")}, {S("layers"), L({I(1), I(2)})}}));
   Items big;
   for (int i = 0; i < 2500; ++i) big.push_back(I(i));
   return D({
@@ -117,9 +118,9 @@ TEST_F(PythonPickles, Protocols2To5ParseToTheExpectedTree) {
     ASSERT_EQ(v->pairs().size(), golden.pairs().size());
     for (size_t i = 0; i < golden.pairs().size(); ++i) {
       if (IsEnum(golden.pairs()[i], v->pairs()[i])) continue;
-      EXPECT_EQ(v->pairs()[i], golden.pairs()[i]) << v->pairs()[i].first.DebugString() << ": got "
-                                                   << v->pairs()[i].second.DebugString() << ", want "
-                                                   << golden.pairs()[i].second.DebugString();
+      EXPECT_EQ(v->pairs()[i], golden.pairs()[i])
+          << v->pairs()[i].first.DebugString() << ": got " << v->pairs()[i].second.DebugString() << ", want "
+          << golden.pairs()[i].second.DebugString();
     }
   }
 }
@@ -190,11 +191,24 @@ TEST_F(PythonPickles, NumpyRngState) {
 Value RandomValue(std::mt19937_64& rng, int depth) {
   const int pick = rng() % (depth > 4 ? 7 : 14);
   switch (pick) {
-    case 0: return Value::None();
-    case 1: return Value::Bool(rng() & 1);
+    case 0:
+      return Value::None();
+    case 1:
+      return Value::Bool(rng() & 1);
     case 2: {
-      const int64_t vals[] = {0, 1, -1, 255, 256, 65535, 65536, -65536, INT32_MAX, INT32_MIN, int64_t{INT32_MAX} + 1,
-                              std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+      const int64_t vals[] = {0,
+                              1,
+                              -1,
+                              255,
+                              256,
+                              65535,
+                              65536,
+                              -65536,
+                              INT32_MAX,
+                              INT32_MIN,
+                              int64_t{INT32_MAX} + 1,
+                              std::numeric_limits<int64_t>::min(),
+                              std::numeric_limits<int64_t>::max(),
                               static_cast<int64_t>(rng())};
       return I(vals[rng() % std::size(vals)]);
     }
@@ -212,7 +226,8 @@ Value RandomValue(std::mt19937_64& rng, int depth) {
       for (char& c : b) c = static_cast<char>(rng());
       return Value::Bytes(b);
     }
-    case 6: return Value::FromGlobal(Global{"torch", "bfloat16"});
+    case 6:
+      return Value::FromGlobal(Global{"torch", "bfloat16"});
     case 7:
     case 8: {
       Items items;
@@ -224,9 +239,11 @@ Value RandomValue(std::mt19937_64& rng, int depth) {
     case 10: {
       Pairs pairs;
       const size_t n = rng() % 6;
-      for (size_t i = 0; i < n; ++i) pairs.emplace_back(rng() % 2 ? I(i) : S("key" + std::to_string(i)), RandomValue(rng, depth + 1));
+      for (size_t i = 0; i < n; ++i)
+        pairs.emplace_back(rng() % 2 ? I(i) : S("key" + std::to_string(i)), RandomValue(rng, depth + 1));
       Value d = pick == 9 ? D(pairs) : Value::OrderedDict(pairs);
-      if (pick == 10 && rng() % 2) d.set_dict_state(D({{S("_metadata"), Value::OrderedDict({{S(""), D({{S("version"), I(1)}})}})}}));
+      if (pick == 10 && rng() % 2)
+        d.set_dict_state(D({{S("_metadata"), Value::OrderedDict({{S(""), D({{S("version"), I(1)}})}})}}));
       return d;
     }
     case 11: {
@@ -335,7 +352,8 @@ TEST(Value, ForEachTensorPaths) {
     x.storage_key = "9";
   });
   EXPECT_EQ(paths, (std::vector<std::string>{"model.w", "model.3.0", "ns.t"}));
-  ForEachTensor(static_cast<const Value&>(root), [&](const std::string&, const Tensor& x) { EXPECT_EQ(x.storage_key, "9"); });
+  ForEachTensor(static_cast<const Value&>(root),
+                [&](const std::string&, const Tensor& x) { EXPECT_EQ(x.storage_key, "9"); });
 }
 
 // ---------------------------------------------------------------- errors
@@ -349,13 +367,18 @@ std::string U32(uint32_t n) {
   return s;
 }
 std::string X(const std::string& text) { return "X" + U32(text.size()) + text; }  // BINUNICODE
-std::string K(uint8_t n) { return "K"s + static_cast<char>(n); }                   // BININT1
+std::string K(uint8_t n) { return "K"s + static_cast<char>(n); }                  // BININT1
 
 TEST(Unpickle, Errors) {
   ExpectError(Bad(P2("cos\nsystem\n.")),
               {"unknown global 'os.system' in test.pkl at byte 2; ptcfs loads only checkpoint contents"});
   ExpectError(Bad(P2("cposix\nsystem\n.")), {"unknown global 'posix.system'"});
-  ExpectError(Bad(P2("\x8c\x02" "os" "\x8c\x06" "system" "\x93."s)), {"unknown global 'os.system' in test.pkl at byte 14"});
+  ExpectError(Bad(P2("\x8c\x02"
+                     "os"
+                     "\x8c\x06"
+                     "system"
+                     "\x93."s)),
+              {"unknown global 'os.system' in test.pkl at byte 14"});
   ExpectError(Bad(P2("ctorch\nload\n.")), {"unknown global 'torch.load'"});
   ExpectError(Bad(P2(U32(5).insert(0, "X") + "ab")),
               {"test.pkl: BINUNICODE at byte 2: needs 5 bytes, 2 left (truncated pickle)"});
@@ -368,7 +391,8 @@ TEST(Unpickle, Errors) {
   ExpectError(Bad(P2("g12\n.")), {"GET at byte 2: memo index 12 was never stored"});
   ExpectError(Bad(P2("Nt.")), {"TUPLE at byte 3: no MARK before it"});
   ExpectError(Bad(P2("Ne.")), {"APPENDS at byte 3: no MARK before it"});
-  ExpectError(Bad(P2("\x8a\x09" + std::string(8, '\0') + "\x01.")), {"LONG1 at byte 2: integer of 9 bytes exceeds 64 bits"});
+  ExpectError(Bad(P2("\x8a\x09" + std::string(8, '\0') + "\x01.")),
+              {"LONG1 at byte 2: integer of 9 bytes exceeds 64 bits"});
   ExpectError(Bad(P2("I99999999999999999999\n.")), {"INT at byte 2: integer 99999999999999999999 exceeds 64 bits"});
   ExpectError(Bad(P2("Iabc\n.")), {"INT at byte 2: 'abc' is not a decimal integer"});
   ExpectError(Bad(P2("Fx\n.")), {"FLOAT at byte 2: 'x' is not a float"});
@@ -391,7 +415,8 @@ TEST(Unpickle, Errors) {
   ExpectError(Bad(P2("ccollections\nOrderedDict\nNR.")), {"REDUCE", "arguments are a None, not a tuple"});
   ExpectError(Bad(P2("ccollections\nOrderedDict\nI1\n\x85R.")),
               {"OrderedDict arguments are not () or ([(key, value), ...],)"});
-  ExpectError(Bad(P2("c_codecs\nencode\n" + X("ab") + X("utf-8") + "\x86R.")), {"_codecs.encode with encoding 'utf-8'"});
+  ExpectError(Bad(P2("c_codecs\nencode\n" + X("ab") + X("utf-8") + "\x86R.")),
+              {"_codecs.encode with encoding 'utf-8'"});
   ExpectError(Bad(P2("ctorch._utils\n_rebuild_tensor_v2\n)R.")), {"_rebuild_tensor_v2 takes 6 or 7 arguments, got 0"});
   ExpectError(Bad(P2("ctorch._utils\n_rebuild_parameter\nNNN\x87R.")),
               {"_rebuild_parameter argument 1 is a None, not a tensor"});
@@ -412,7 +437,8 @@ std::string TensorPickle(const std::string& storage, const std::string& args) {
 }
 
 TEST(Unpickle, TensorErrors) {
-  auto good = Unpickle(TensorPickle(kStorage, K(0) + K(3) + K(4) + "\x86" + K(4) + K(1) + "\x86\x89" + kHooks), "t.pkl");
+  auto good =
+      Unpickle(TensorPickle(kStorage, K(0) + K(3) + K(4) + "\x86" + K(4) + K(1) + "\x86\x89" + kHooks), "t.pkl");
   ASSERT_TRUE(good.ok()) << good.status().ToString();
   EXPECT_EQ(good->DebugString(), "Tensor(storage='0', dtype=F32, numel=12, offset=0, shape=(3, 4), stride=(4, 1))");
   std::string foo = kStorage;
@@ -441,9 +467,13 @@ TEST(Unpickle, Bombs) {
   ExpectError(Bad(P2(std::string(2000, 'N') + "."), UnpickleLimits{200, 1000}),
               {"test.pkl: NONE at byte 1002: more than 1000 objects in the pickle"});
   // A list that contains itself.
-  ExpectError(Bad(P2("]q\x00h\x00" "a."s)), {"test.pkl: pickled list contains itself"});
+  ExpectError(Bad(P2("]q\x00h\x00"
+                     "a."s)),
+              {"test.pkl: pickled list contains itself"});
   // Shared, not recursive, is fine: [x, x].
-  auto ok = Unpickle(P2("](]q\x01h\x01" "e."s), "ok.pkl");
+  auto ok = Unpickle(P2("](]q\x01h\x01"
+                        "e."s),
+                     "ok.pkl");
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->DebugString(), "[[], []]");
 }
@@ -451,7 +481,10 @@ TEST(Unpickle, Bombs) {
 // Python's reference semantics: a dict memoized before its items were set is
 // complete when fetched from the memo.
 TEST(Unpickle, MemoHoldsReferences) {
-  auto v = Unpickle(P2("](}q\x01" + X("a") + K(1) + "sh\x01" "e."s), "m.pkl");
+  auto v = Unpickle(P2("](}q\x01" + X("a") + K(1) +
+                       "sh\x01"
+                       "e."s),
+                    "m.pkl");
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   EXPECT_EQ(v->DebugString(), "[{'a': 1}, {'a': 1}]");
 }

@@ -14,9 +14,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::RandomConfig;
+using testing::Slurp;
 using testing::Spec;
 using testing::TempDir;
-using testing::Slurp;
 using testing::TestSeed;
 
 // Every file under a equals the file of the same name under b, and no file is extra.

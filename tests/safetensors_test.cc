@@ -18,7 +18,6 @@ using ::ptc::testing::Pattern;
 using ::ptc::testing::TempDir;
 using ::ptc::testing::TestSeed;
 
-
 uint64_t Bytes(const TensorSpec& t) { return NumElements(t.shape) * DTypeSize(t.dtype); }
 
 // Every dtype as a scalar, an empty tensor and a small matrix: "t<k>".
@@ -52,7 +51,8 @@ std::string RawFile(const std::string& json, const std::string& data = "") {
 // A failure whose message contains each of `parts`.
 void ExpectError(const Result<SafetensorsHeader>& r, std::initializer_list<std::string> parts) {
   ASSERT_FALSE(r.ok()) << "accepted, expected an error mentioning " << *parts.begin();
-  for (const std::string& p : parts) EXPECT_NE(r.status().message().find(p), std::string::npos) << r.status().ToString();
+  for (const std::string& p : parts)
+    EXPECT_NE(r.status().message().find(p), std::string::npos) << r.status().ToString();
 }
 
 Result<SafetensorsHeader> Parse(const std::string& file) {
@@ -151,7 +151,8 @@ TEST(Safetensors, RejectsBadFraming) {
   std::string huge = RawFile("");
   huge[3] = 0x10;  // N = 256 MiB
   ExpectError(ParseSafetensorsHeader("model.safetensors", huge, 1ull << 30), {"exceeds the limit"});
-  ExpectError(ParseSafetensorsHeader("model.safetensors", RawFile("{}").substr(0, 9), 10), {"prefix holds 9 of the 10"});
+  ExpectError(ParseSafetensorsHeader("model.safetensors", RawFile("{}").substr(0, 9), 10),
+              {"prefix holds 9 of the 10"});
   ExpectBad("{\"a\":", "", {"model.safetensors", "not valid JSON"});
   ExpectBad("[1, 2]", "", {"model.safetensors", "not a JSON object"});
   ExpectBad("{\"a\": \"\xff\"}", "", {"model.safetensors", "not valid JSON"});
@@ -159,8 +160,9 @@ TEST(Safetensors, RejectsBadFraming) {
 }
 
 TEST(Safetensors, RejectsBadTensorEntries) {
-  ExpectBad(R"({"a.weight":{"dtype":"F32","shape":[2,4],"data_offsets":[0,12]}})", std::string(12, 'x'),
-            {"model.safetensors: tensor 'a.weight': data_offsets [0, 12] hold 12 bytes but shape [2, 4] of F32 needs 32"});
+  ExpectBad(
+      R"({"a.weight":{"dtype":"F32","shape":[2,4],"data_offsets":[0,12]}})", std::string(12, 'x'),
+      {"model.safetensors: tensor 'a.weight': data_offsets [0, 12] hold 12 bytes but shape [2, 4] of F32 needs 32"});
   ExpectBad(R"({"w":{"dtype":"F17","shape":[1],"data_offsets":[0,4]}})", "xxxx", {"tensor 'w'", "unknown dtype 'F17'"});
   ExpectBad(R"({"w":{"dtype":7,"shape":[1],"data_offsets":[0,4]}})", "xxxx", {"tensor 'w'", "not a string"});
   ExpectBad(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", "xxxx", {"tensor 'w'", "integers >= 0"});
@@ -241,7 +243,8 @@ TEST(Safetensors, WriterChecksTheByteCount) {
   EXPECT_EQ((*w)->header().tensors[1].offset, (*w)->header().data_start + 8);
   ASSERT_TRUE((*w)->Append(data.data(), 10).ok());
   Status s = (*w)->Finish();
-  EXPECT_NE(s.message().find("w.safetensors: tensor 'b': only 2 of 6 bytes written"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("w.safetensors: tensor 'b': only 2 of 6 bytes written"), std::string::npos)
+      << s.ToString();
   s = (*w)->Append(data.data(), 5);
   EXPECT_NE(s.message().find("passes the end of the data (10 of 14"), std::string::npos) << s.ToString();
   ASSERT_TRUE((*w)->Append(data.data(), 4).ok());
@@ -311,7 +314,8 @@ print('python check ok', len(header), 'tensors')
 )PY";
 
 TEST(Safetensors, NumpyReadsWhatWeWrite) {
-  if (!HaveNumpy()) GTEST_FAIL() << "/usr/bin/python3 lacks numpy: install python3-numpy (apt-get install python3-numpy)";
+  if (!HaveNumpy())
+    GTEST_FAIL() << "/usr/bin/python3 lacks numpy: install python3-numpy (apt-get install python3-numpy)";
   TempDir dir;
   const std::string path = dir / "model.safetensors";
   auto specs = AllDTypeSpecs();
@@ -338,18 +342,31 @@ void Mutate(std::mt19937_64& rng, std::string& s) {
   static const std::string kChars = "0123456789{}[],:\"- .e";
   const size_t at = s.empty() ? 0 : rng() % s.size();
   switch (rng() % 5) {
-    case 0: if (!s.empty()) s[at] ^= static_cast<char>(1 << (rng() % 8)); break;
-    case 1: s.erase(at, 1 + rng() % 4); break;
-    case 2: s.insert(at, 1, static_cast<char>('0' + rng() % 10)); break;
-    case 3: s.insert(at, 1, kChars[rng() % kChars.size()]); break;
-    case 4: s.resize(at); break;
+    case 0:
+      if (!s.empty()) s[at] ^= static_cast<char>(1 << (rng() % 8));
+      break;
+    case 1:
+      s.erase(at, 1 + rng() % 4);
+      break;
+    case 2:
+      s.insert(at, 1, static_cast<char>('0' + rng() % 10));
+      break;
+    case 3:
+      s.insert(at, 1, kChars[rng() % kChars.size()]);
+      break;
+    case 4:
+      s.resize(at);
+      break;
   }
 }
 
 TEST(SafetensorsFuzz, MutatedHeadersNeverCrashAndAcceptedOnesTile) {
   std::mt19937_64 rng(TestSeed());
-  std::vector<TensorSpec> specs = {{"a", DType::kF32, {2, 3}}, {"b", DType::kBF16, {4}}, {"c", DType::kU8, {}},
-                                   {"d", DType::kI64, {0, 5}}, {"e", DType::kBool, {3}}};
+  std::vector<TensorSpec> specs = {{"a", DType::kF32, {2, 3}},
+                                   {"b", DType::kBF16, {4}},
+                                   {"c", DType::kU8, {}},
+                                   {"d", DType::kI64, {0, 5}},
+                                   {"e", DType::kBool, {3}}};
   auto header = EncodeSafetensorsHeader(specs, {{"k", "v"}});
   ASSERT_TRUE(header.ok());
   const std::string json = header->substr(8);

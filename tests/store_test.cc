@@ -1,8 +1,6 @@
 // The store end to end on the real filesystem: write, commit, reopen, read back
 // bit-exact, verify, cross-check with h5py, every I/O failure point of a
 // commit, corruption, open errors and garbage collection.
-#include "ptc/store/generation_writer.h"
-#include "ptc/store/shard_verify.h"
 #include "ptc/store/store.h"
 
 #include <gtest/gtest.h>
@@ -16,7 +14,9 @@
 #include <thread>
 
 #include "ptc/base/fault_injection_env.h"
+#include "ptc/store/generation_writer.h"
 #include "ptc/store/h5shard.h"
+#include "ptc/store/shard_verify.h"
 
 namespace ptc {
 namespace {
@@ -36,14 +36,22 @@ GenerationManifest Meta() {
   m.dims = "layers=1,hidden=8";
   m.config = "tp=2,pp=1,dp=1";
   m.tensors = {
-      {"layers.0.attn.w", DType::kF32, {4, 8}}, {"embedding", DType::kBF16, {16, 4}},
-      {"fp8.a", DType::kF8E4M3, {10}},          {"fp8.b", DType::kF8E5M2, {3, 3}},
-      {"mask", DType::kBool, {5, 2}},           {"half", DType::kF16, {6}},
-      {"dbl", DType::kF64, {2, 2}},             {"i64", DType::kI64, {3}},
-      {"i32", DType::kI32, {2, 2}},             {"i16", DType::kI16, {4}},
-      {"i8", DType::kI8, {4}},                  {"u8", DType::kU8, {4}},
-      {"odd/name with spaces", DType::kF32, {2}}, {"empty", DType::kF32, {0, 3}},
-      {"scalar", DType::kF32, {}},            {"big", DType::kF32, {2 * 1048576 + 25}},
+      {"layers.0.attn.w", DType::kF32, {4, 8}},
+      {"embedding", DType::kBF16, {16, 4}},
+      {"fp8.a", DType::kF8E4M3, {10}},
+      {"fp8.b", DType::kF8E5M2, {3, 3}},
+      {"mask", DType::kBool, {5, 2}},
+      {"half", DType::kF16, {6}},
+      {"dbl", DType::kF64, {2, 2}},
+      {"i64", DType::kI64, {3}},
+      {"i32", DType::kI32, {2, 2}},
+      {"i16", DType::kI16, {4}},
+      {"i8", DType::kI8, {4}},
+      {"u8", DType::kU8, {4}},
+      {"odd/name with spaces", DType::kF32, {2}},
+      {"empty", DType::kF32, {0, 3}},
+      {"scalar", DType::kF32, {}},
+      {"big", DType::kF32, {2 * 1048576 + 25}},
   };
   m.extra = {{"dataset", {{"epoch", 0}}}};
   return m;
@@ -220,10 +228,10 @@ json.dump(res, open(sys.argv[1], "w"))
   for (const ShardRecord& s : m.shards) cmd += " '" + store->AbsPath(s.file) + "'";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   json res = json::parse(*ReadFileToString(Env::Default(), out));
-  const std::map<DType, std::string> kNumpy = {
-      {DType::kF64, "<f8"},    {DType::kF32, "<f4"},    {DType::kF16, "<f2"}, {DType::kBF16, "<u2"},
-      {DType::kI64, "<i8"},    {DType::kI32, "<i4"},    {DType::kI16, "<i2"}, {DType::kI8, "|i1"},
-      {DType::kU8, "|u1"},     {DType::kBool, "|u1"},   {DType::kF8E4M3, "|u1"}, {DType::kF8E5M2, "|u1"}};
+  const std::map<DType, std::string> kNumpy = {{DType::kF64, "<f8"},  {DType::kF32, "<f4"},    {DType::kF16, "<f2"},
+                                               {DType::kBF16, "<u2"}, {DType::kI64, "<i8"},    {DType::kI32, "<i4"},
+                                               {DType::kI16, "<i2"},  {DType::kI8, "|i1"},     {DType::kU8, "|u1"},
+                                               {DType::kBool, "|u1"}, {DType::kF8E4M3, "|u1"}, {DType::kF8E5M2, "|u1"}};
   for (size_t i = 0; i < m.shards.size(); ++i) {
     const ShardRecord& s = m.shards[i];
     const TensorRecord& t = *FindTensor(m, s.tensor);
@@ -279,7 +287,10 @@ void RunFaultLoop(const std::string& dir, bool once, bool only_rename_sync) {
     const GenerationManifest gen1 = (*store)->current();
     const auto before = SnapshotFiles(root);
     fenv.SetOnlyRenameAndSync(only_rename_sync);
-    if (once) fenv.FailOnceAfter(n); else fenv.FailAfter(n);
+    if (once)
+      fenv.FailOnceAfter(n);
+    else
+      fenv.FailAfter(n);
     Status s = CommitGen2(**store);
     fenv.Disarm();
     if (s.ok()) break;
@@ -335,7 +346,8 @@ TEST_F(StoreTest, CorruptByteIsDetected) {
   Status v = VerifyShard(Env::Default(), *store, s);
   EXPECT_EQ(v.code(), Code::kCorruption);
   EXPECT_NE(v.message().find("tensor 'embedding' boxes [0:4, 0:4] [8:12, 0:4] in gen-000001/worker-00/embedding.s0.h5"),
-            std::string::npos) << v.message();
+            std::string::npos)
+      << v.message();
   EXPECT_EQ(VerifyGeneration(*store, store->current()).code(), Code::kCorruption);
 
   ShardRecord wrong = store->current().shards[0];
@@ -500,7 +512,8 @@ TEST_F(StoreTest, BlockChecksumsVerifyWhatIsRead) {
     EXPECT_EQ(v.code(), Code::kCorruption) << at;
     EXPECT_NE(v.message().find("tensor 'big' boxes [0:2097177] in gen-000001/worker-00/big.s0.h5: checksum of "
                                "block 1 (bytes 4194304-8388608) xxh64:"),
-              std::string::npos) << v.message();
+              std::string::npos)
+        << v.message();
   }
   EXPECT_EQ(VerifyShardRange(env, **store, s, s.nbytes - 1, 2).code(), Code::kInvalidArgument);
 
@@ -527,7 +540,7 @@ TEST_F(StoreTest, GarbageCollectionKeepsReferencedFiles) {
   ASSERT_TRUE(store->CollectGarbage().ok());
   EXPECT_FALSE(fs::exists(root_ + "/gen-000001/manifest.json"));
   EXPECT_FALSE(fs::exists(root_ + "/gen-000001/worker-00/layers.0.attn.w.s0.h5"));  // rewritten in gen 2
-  EXPECT_FALSE(fs::exists(root_ + "/gen-000001/worker-01"));  // only w and embedding lived there
+  EXPECT_FALSE(fs::exists(root_ + "/gen-000001/worker-01"));                        // only w and embedding lived there
   EXPECT_TRUE(fs::exists(root_ + "/gen-000001/worker-00/mask.s0.h5"));
   EXPECT_TRUE(VerifyGeneration(*store, store->current()).ok());
   EXPECT_EQ(store->LoadGeneration(1).status().code(), Code::kNotFound);

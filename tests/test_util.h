@@ -15,8 +15,8 @@
 #include <string>
 #include <utility>
 
-#include "ptc/model/config.h"
 #include "ptc/base/env.h"
+#include "ptc/model/config.h"
 #include "ptc/model/dtype.h"
 #include "ptc/model/view.h"
 
@@ -50,9 +50,9 @@ class TempDir {
 
 // The whole content of a file ("" when it cannot be read).
 // Every dtype, for tests that cover them all.
-inline constexpr DType kAllDTypes[] = {DType::kF64,  DType::kF32, DType::kF16, DType::kBF16,
-                                       DType::kI64,  DType::kI32, DType::kI16, DType::kI8,
-                                       DType::kU8,   DType::kBool, DType::kF8E4M3, DType::kF8E5M2};
+inline constexpr DType kAllDTypes[] = {DType::kF64, DType::kF32,  DType::kF16,    DType::kBF16,
+                                       DType::kI64, DType::kI32,  DType::kI16,    DType::kI8,
+                                       DType::kU8,  DType::kBool, DType::kF8E4M3, DType::kF8E5M2};
 
 // Deterministic bytes for tensor number k (tests/clients recompute them in Python).
 inline std::string Pattern(int k, DType dtype, uint64_t n) {
@@ -95,16 +95,15 @@ inline std::pair<int, std::string> Sh(const std::string& command) {
 }
 
 // Runs the ptcfs binary under test with `args`.
-inline std::pair<int, std::string> Ptcfs(const std::string& args) {
-  return Sh(std::string(PTCFS_BINARY) + " " + args);
-}
+inline std::pair<int, std::string> Ptcfs(const std::string& args) { return Sh(std::string(PTCFS_BINARY) + " " + args); }
 
 // The independent Python reader of a rank's dataset view (tests/clients/
 // read_megatron_view.py) over VIEW_DIR against the source SOURCE_PREFIX.
 // Its output ends with "READER OK <count>" when the view is right.
 inline std::string RunMegatronViewReader(const std::string& source_prefix, const std::string& view_dir) {
   return Sh("/usr/bin/python3 " + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/read_megatron_view.py " +
-            source_prefix + " " + view_dir).second;
+            source_prefix + " " + view_dir)
+      .second;
 }
 
 // A RandomAccessFile over bytes in memory (parsers' tests read from it).

@@ -13,12 +13,12 @@
 namespace ptc {
 namespace {
 
+using pickle::Value;
 using ::ptc::testing::Sh;
 using ::ptc::testing::Slurp;
 using ::ptc::testing::Spit;
 using ::ptc::testing::TempDir;
 using ::ptc::testing::TestSeed;
-using pickle::Value;
 
 const std::string kPython = "/usr/bin/python3";
 const std::string kClient = kPython + " " + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/torch_roundtrip.py";
@@ -110,7 +110,7 @@ TEST_F(TorchSaved, ParsesAndGathersEveryTensor) {
   int count = 0, strided = 0;
   const std::map<std::string, DType> dtypes = {
       {"float32", DType::kF32}, {"float16", DType::kF16}, {"bfloat16", DType::kBF16}, {"float64", DType::kF64},
-      {"int64", DType::kI64},   {"int32", DType::kI32},   {"int16", DType::kI16},    {"int8", DType::kI8},
+      {"int64", DType::kI64},   {"int32", DType::kI32},   {"int16", DType::kI16},     {"int8", DType::kI8},
       {"uint8", DType::kU8},    {"bool", DType::kBool}};
   while (manifest >> path >> dtype >> shape >> name) {
     SCOPED_TRACE(path);
@@ -193,7 +193,8 @@ TEST_F(TorchSaved, Zip64LoadsInTorch) {
   ASSERT_TRUE(layout.ok());
   ASSERT_TRUE(layout->zip64);
   std::string bytes(layout->size, '\0');
-  ASSERT_TRUE(ReadZipRange(*layout, 0, bytes.size(), bytes.data(), TorchMemberReader(*plan, ReaderOf(**file, *tf))).ok());
+  ASSERT_TRUE(
+      ReadZipRange(*layout, 0, bytes.size(), bytes.data(), TorchMemberReader(*plan, ReaderOf(**file, *tf))).ok());
   const std::string out = *dir_ / "zip64.pt";
   Spit(out, bytes);
   auto [rc, log] = Sh(kClient + " torch-same " + path_ + " " + out + " && " + kPython + " -m zipfile -t " + out);
@@ -259,8 +260,8 @@ Status ReadBytes(const std::string& bytes, const std::string& name = "bad.pt") {
 }
 
 TEST(ReadTorchFile, Errors) {
-  const Value root = Value::Dict({{Value::Str("model"), Value::Dict({{Value::Str("w"),
-                                                                      TensorValue("0", DType::kF32, 8, {2, 4}, {4, 1})}})}});
+  const Value root = Value::Dict(
+      {{Value::Str("model"), Value::Dict({{Value::Str("w"), TensorValue("0", DType::kF32, 8, {2, 4}, {4, 1})}})}});
   const std::string pkl = pickle::Pickle(root);
   const std::string data(32, '\x01');
   const std::string good = ZipOf({{"x/data.pkl", pkl}, {"x/data/0", data}, {"x/version", "3\n"}});
@@ -272,7 +273,9 @@ TEST(ReadTorchFile, Errors) {
   ExpectError(ReadBytes(ZipOf({})), {"bad.pt: not a torch file: the zip archive is empty"});
   ExpectError(ReadBytes(ZipOf({{"x/data.pkl", pkl}, {"x/byteorder", "big"}, {"x/data/0", data}})),
               {"bad.pt: byte order 'big'", "little-endian torch files only"});
-  ExpectError(ReadBytes(ZipOf({{"x/data.pkl", "\x80\x02" "cos\nsystem\n."}})),
+  ExpectError(ReadBytes(ZipOf({{"x/data.pkl",
+                                "\x80\x02"
+                                "cos\nsystem\n."}})),
               {"unknown global 'os.system' in bad.pt: x/data.pkl at byte 2; ptcfs loads only checkpoint contents"});
   ExpectError(ReadBytes(ZipOf({{"x/data.pkl", pkl}})),
               {"bad.pt: tensor 'model.w' references storage '0' but there is no member 'x/data/0'"});
@@ -281,15 +284,16 @@ TEST(ReadTorchFile, Errors) {
               {"bad.pt: storage '0' (F32 x 8 elements, referenced by tensor 'model.w') needs 8 x 4 bytes but member "
                "'x/data/0' has 28"});
   // The tensor needs more elements than its storage has.
-  const std::string big = pickle::Pickle(Value::Dict({{Value::Str("w"), TensorValue("0", DType::kF32, 8, {4, 4}, {4, 1})}}));
+  const std::string big =
+      pickle::Pickle(Value::Dict({{Value::Str("w"), TensorValue("0", DType::kF32, 8, {4, 4}, {4, 1})}}));
   ExpectError(ReadBytes(ZipOf({{"x/data.pkl", big}, {"x/data/0", data}})),
               {"bad.pt: tensor 'w' (offset 0, shape (4, 4), stride (4, 1)) needs 0 + 16 elements of storage '0', "
                "which has 8"});
   const std::string off = pickle::Pickle(Value::List({TensorValue("0", DType::kF32, 8, {2}, {1}, 7)}));
   ExpectError(ReadBytes(ZipOf({{"x/data.pkl", off}, {"x/data/0", data}})), {"bad.pt: tensor '0'", "needs 7 + 2"});
   // Two tensors disagree on the storage's dtype.
-  const std::string mixed = pickle::Pickle(Value::List(
-      {TensorValue("0", DType::kF32, 8, {8}, {1}), TensorValue("0", DType::kI16, 16, {16}, {1})}));
+  const std::string mixed = pickle::Pickle(
+      Value::List({TensorValue("0", DType::kF32, 8, {8}, {1}), TensorValue("0", DType::kI16, 16, {16}, {1})}));
   ExpectError(ReadBytes(ZipOf({{"x/data.pkl", mixed}, {"x/data/0", data}})),
               {"bad.pt: tensor '1' views storage '0' as I16 x 16, another tensor as F32 x 8"});
 }
@@ -336,13 +340,13 @@ TEST(ReadTensorData, StridedViews) {
     std::vector<int16_t> want;
   };
   const Case cases[] = {
-      {{4, 6}, {6, 1}, 0, {}},                                  // contiguous: all 24
+      {{4, 6}, {6, 1}, 0, {}},  // contiguous: all 24
       {{6, 4}, {1, 6}, 0, {0, 6, 12, 18, 1, 7, 13, 19, 2, 8, 14, 20, 3, 9, 15, 21, 4, 10, 16, 22, 5, 11, 17, 23}},
-      {{2, 3}, {6, 2}, 7, {7, 9, 11, 13, 15, 17}},              // rows 1-2, every other column from 1
-      {{3, 2}, {0, 1}, 4, {4, 5, 4, 5, 4, 5}},                  // expanded
-      {{2, 1, 3}, {12, 5, 1}, 1, {1, 2, 3, 13, 14, 15}},        // size-1 dim with any stride
-      {{0, 5}, {5, 1}, 0, {}},                                  // empty
-      {{}, {}, 23, {23}},                                       // scalar
+      {{2, 3}, {6, 2}, 7, {7, 9, 11, 13, 15, 17}},        // rows 1-2, every other column from 1
+      {{3, 2}, {0, 1}, 4, {4, 5, 4, 5, 4, 5}},            // expanded
+      {{2, 1, 3}, {12, 5, 1}, 1, {1, 2, 3, 13, 14, 15}},  // size-1 dim with any stride
+      {{0, 5}, {5, 1}, 0, {}},                            // empty
+      {{}, {}, 23, {23}},                                 // scalar
   };
   for (const Case& c : cases) {
     std::vector<int16_t> want = c.want;
@@ -364,31 +368,37 @@ TEST(ReadTensorData, StridedViews) {
 // Seeded mutations of a valid torch file and of its pickle: truncations, byte
 // flips, insertions. Each must parse or fail cleanly (run under ASan in CI).
 TEST(MiniFuzz, MutatedTorchFilesAndPickles) {
-  pickle::Value args = pickle::Value::FromObject(pickle::Object{
-      pickle::Global{"argparse", "Namespace"}, pickle::Object::Build::kNewObj, {}, {}, {}, {}, {}});
+  pickle::Value args = pickle::Value::FromObject(
+      pickle::Object{pickle::Global{"argparse", "Namespace"}, pickle::Object::Build::kNewObj, {}, {}, {}, {}, {}});
   ASSERT_TRUE(args.SetAttr("lr", Value::Float(0.5)).ok());
   ASSERT_TRUE(args.SetAttr("name", Value::Bytes("xy")).ok());
   const Value root = Value::Dict({
       {Value::Str("args"), args},
       {Value::Str("model"), Value::OrderedDict({{Value::Str("w"), TensorValue("0", DType::kF32, 8, {2, 4}, {4, 1})},
-                                               {Value::Str("v"), TensorValue("0", DType::kF32, 8, {4}, {2}, 1)}})},
+                                                {Value::Str("v"), TensorValue("0", DType::kF32, 8, {4}, {2}, 1)}})},
       {Value::Str("list"), Value::List({Value::Int(1), Value::Tuple({Value::Str("a"), Value::None()})})},
   });
   const std::string pkl = pickle::Pickle(root);
-  const std::string file = ZipOf({{"x/data.pkl", pkl}, {"x/byteorder", "little"}, {"x/data/0", std::string(32, 'z')},
-                                  {"x/version", "3\n"}});
+  const std::string file =
+      ZipOf({{"x/data.pkl", pkl}, {"x/byteorder", "little"}, {"x/data/0", std::string(32, 'z')}, {"x/version", "3\n"}});
   std::mt19937_64 rng(TestSeed());
   int accepted = 0;
   for (int k = 0; k < 2000; ++k) {
     const bool zip = k % 2 == 0;
     std::string b = zip ? file : pkl;
     switch (rng() % 4) {
-      case 0: b.resize(rng() % b.size()); break;
+      case 0:
+        b.resize(rng() % b.size());
+        break;
       case 1:
         for (int f = 1 + rng() % 4; f > 0; --f) b[rng() % b.size()] ^= static_cast<char>(1 << (rng() % 8));
         break;
-      case 2: b[rng() % b.size()] = static_cast<char>(rng()); break;
-      default: b.insert(rng() % b.size(), std::string(1 + rng() % 8, static_cast<char>(rng()))); break;
+      case 2:
+        b[rng() % b.size()] = static_cast<char>(rng());
+        break;
+      default:
+        b.insert(rng() % b.size(), std::string(1 + rng() % 8, static_cast<char>(rng())));
+        break;
     }
     if (zip) {
       StringFile f(b, "fuzz.pt");

@@ -7,11 +7,11 @@
 #include <map>
 
 #include "ptc/base/fault_injection_env.h"
-#include "ptc/store/shard_verify.h"
 #include "ptc/checkpoint/export.h"
 #include "ptc/checkpoint/import.h"
-#include "ptc/store/model_spec.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
+#include "ptc/store/model_spec.h"
+#include "ptc/store/shard_verify.h"
 #include "test_util.h"
 #include "transform/execute.h"
 
@@ -20,9 +20,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::RandomConfig;
+using testing::Snapshot;
 using testing::Spec;
 using testing::TempDir;
-using testing::Snapshot;
 using testing::TestSeed;
 
 // A store holding synth(spec, config) as generation 1.
@@ -91,8 +91,8 @@ TEST(Transform, RandomConfigPairsMatchSynth) {
 TEST(Transform, ChainOfFive) {
   std::mt19937_64 rng(TestSeed());
   for (const char* schema : {"megatron-gpt", "llama"}) {
-    ModelSpec spec = Spec(schema, schema == std::string("llama") ? kModels[2].second : kModels[0].second,
-                          DType::kBF16, true);
+    ModelSpec spec =
+        Spec(schema, schema == std::string("llama") ? kModels[2].second : kModels[0].second, DType::kBF16, true);
     TempDir tmp;
     ParallelConfig config = RandomConfig(rng, spec);
     MakeStore(tmp, spec, config, 11);
@@ -184,8 +184,8 @@ TEST(Transform, PipelineAndDataOnlyChangesWriteNoTensorBytes) {
   MakeStore(tmp, spec, *ParseConfig("tp=2,pp=1,dp=1,per_worker=2"), 5);
   auto store = Store::Open(Env::Default(), tmp / "store");
   ASSERT_TRUE(store.ok());
-  for (const char* to : {"tp=2,pp=5,dp=1,per_worker=2", "tp=2,pp=2,pp_layers=1+4,dp=2,per_worker=2",
-                         "tp=2,pp=1,dp=3,per_worker=2"}) {
+  for (const char* to :
+       {"tp=2,pp=5,dp=1,per_worker=2", "tp=2,pp=2,pp_layers=1+4,dp=2,per_worker=2", "tp=2,pp=1,dp=3,per_worker=2"}) {
     auto r = Transform(**store, *ParseConfig(to), Options());
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_EQ(r->bytes_written, 0u) << to;
@@ -320,7 +320,8 @@ TEST(Plan, LostWorkerWithoutReplicaIsNamed) {
   auto plan = MakePlan({&(*store)->current(), spec, *ParseConfig("tp=1,pp=1"), {}, std::set<int>{0}});
   ASSERT_TRUE(plan.ok());
   ASSERT_FALSE(plan->missing.empty());
-  EXPECT_EQ(plan->missing.front().first.rfind("language_model.encoder.layers.2.", 0), 0u) << plan->missing.front().first;
+  EXPECT_EQ(plan->missing.front().first.rfind("language_model.encoder.layers.2.", 0), 0u)
+      << plan->missing.front().first;
   auto r = ExecutePlan(**store, (*store)->CurrentSnapshot(), spec, *ParseConfig("tp=1,pp=1"), *plan, Options());
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("no live copy of: language_model.encoder.layers.2."), std::string::npos)

@@ -80,7 +80,8 @@ TEST(Schema, BadRulesAreNamed) {
 TEST(View, ConfigsThatDoNotDivideNameTheRule) {
   ModelSpec llama = Spec("llama", kLlamaDims);
   Status s = ValidateConfig(llama, *ParseConfig("tp=8"));
-  EXPECT_NE(s.message().find("rule 'decoder.layers.{i}.self_attention.linear_qkv.weight'"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("rule 'decoder.layers.{i}.self_attention.linear_qkv.weight'"), std::string::npos)
+      << s.message();
   EXPECT_NE(s.message().find("kv_heads=4"), std::string::npos) << s.message();
   s = ValidateConfig(llama, *ParseConfig("pp=2"));
   EXPECT_NE(s.message().find("pp=2 does not divide layers=5"), std::string::npos) << s.message();
@@ -175,7 +176,8 @@ void CheckCoverage(const ModelSpec& spec, const ParallelConfig& c) {
 TEST(View, ShardsCoverEveryGlobalTensorExactlyForRandomConfigs) {
   std::mt19937_64 rng(TestSeed());
   const std::vector<ModelSpec> specs = {
-      Spec("megatron-gpt", kGptDims, DType::kBF16, true), Spec("llama", kLlamaDims, DType::kF32, true),
+      Spec("megatron-gpt", kGptDims, DType::kBF16, true),
+      Spec("llama", kLlamaDims, DType::kF32, true),
       Spec("megatron-gpt", "layers=3,hidden=16,heads=2,vocab=32,seq=4,ffn=24"),
   };
   for (int iter = 0; iter < 60; ++iter) {

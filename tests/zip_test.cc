@@ -1,7 +1,3 @@
-#include "ptc/format/crc32.h"
-#include "ptc/format/zip_reader.h"
-#include "ptc/format/zip_writer.h"
-
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -9,6 +5,9 @@
 #include <cstring>
 #include <random>
 
+#include "ptc/format/crc32.h"
+#include "ptc/format/zip_reader.h"
+#include "ptc/format/zip_writer.h"
 #include "test_util.h"
 
 namespace ptc {
@@ -110,8 +109,8 @@ TEST(PlanZip, RejectsBadNames) {
 
 TEST(ReadZipRange, EveryRangeMatchesTheWholeArchive) {
   std::mt19937_64 rng(TestSeed());
-  std::vector<std::string> names = {"a", "b/c", "empty", "d"}, data = {RandomBytes(rng, 100), RandomBytes(rng, 3000),
-                                                                     "", RandomBytes(rng, 1)};
+  std::vector<std::string> names = {"a", "b/c", "empty", "d"},
+                           data = {RandomBytes(rng, 100), RandomBytes(rng, 3000), "", RandomBytes(rng, 1)};
   auto layout = PlanZip(Members(names, data));
   ASSERT_TRUE(layout.ok());
   const std::string whole = Render(*layout, data);
@@ -144,10 +143,13 @@ TEST(WriteZip, ReadBackByUsAndByPython) {
   {
     auto out = Env::Default()->OpenWrite(path);
     ASSERT_TRUE(out.ok());
-    auto layout = WriteZip(**out, members, [&](size_t m, uint64_t off, size_t n, void* dst) {
-      std::memcpy(dst, data[m].data() + off, n);
-      return Status::OK();
-    }, path);
+    auto layout = WriteZip(
+        **out, members,
+        [&](size_t m, uint64_t off, size_t n, void* dst) {
+          std::memcpy(dst, data[m].data() + off, n);
+          return Status::OK();
+        },
+        path);
     ASSERT_TRUE(layout.ok()) << layout.status().ToString();
     ASSERT_TRUE((*out)->Close().ok());
     // The file equals the layout rendered with the true CRCs.
@@ -191,8 +193,8 @@ TEST(PlanZip, ForcedZip64IsValid) {
     EXPECT_EQ(CheckLayout(*layout, Members(names, data)), "");
     const std::string path = dir / ("z64-" + std::to_string(limits.size_limit) + ".zip");
     Spit(path, Render(*layout, data));
-    auto [rc, out] = Sh(kPython + " -m zipfile -t " + path + " && " + kPython + " -m zipfile -e " + path + " " +
-                        path + ".d");
+    auto [rc, out] =
+        Sh(kPython + " -m zipfile -t " + path + " && " + kPython + " -m zipfile -e " + path + " " + path + ".d");
     ASSERT_EQ(rc, 0) << out;
     for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(Slurp(path + ".d/" + names[i]), data[i]);
     StringFile f(Slurp(path), path);
@@ -221,9 +223,11 @@ TEST(PlanZip, ManyEntriesUseZip64EndRecord) {
   EXPECT_TRUE(layout->zip64);
   const std::string path = dir / "many.zip";
   Spit(path, Render(*layout, data));
-  auto [rc, out] = Sh(kPython + " -c 'import zipfile,sys; z=zipfile.ZipFile(sys.argv[1]); n=z.infolist(); "
+  auto [rc, out] = Sh(kPython +
+                      " -c 'import zipfile,sys; z=zipfile.ZipFile(sys.argv[1]); n=z.infolist(); "
                       "assert len(n)==70000, len(n); assert z.testzip() is None; "
-                      "assert z.read(\"m69999\")==bytes([69999 % 256]); print(\"ok\")' " + path);
+                      "assert z.read(\"m69999\")==bytes([69999 % 256]); print(\"ok\")' " +
+                      path);
   EXPECT_EQ(rc, 0) << out;
   StringFile f(Slurp(path), path);
   auto archive = ReadZipDirectory(f, path);
@@ -250,18 +254,27 @@ TEST(PlanZip, MemberOver4GiB) {
     const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
     ASSERT_GE(fd, 0);
     for (const ZipPiece& p : layout->pieces) {
-      const std::string* bytes = p.is_literal() ? &p.literal : p.member == 0 ? &before : p.member == 2 ? &after : nullptr;
+      const std::string* bytes = p.is_literal()  ? &p.literal
+                                 : p.member == 0 ? &before
+                                 : p.member == 2 ? &after
+                                                 : nullptr;
       if (bytes == nullptr) continue;
       ASSERT_EQ(::pwrite(fd, bytes->data(), bytes->size(), p.offset), static_cast<ssize_t>(bytes->size()));
     }
     ASSERT_EQ(::ftruncate(fd, layout->size), 0);
     ::close(fd);
   }
-  auto [rc, out] = Sh(kPython + " -c 'import zipfile,sys; z=zipfile.ZipFile(sys.argv[1]); i=z.getinfo(\"big\"); "
-                      "assert i.file_size==" + std::to_string(big) + ", i.file_size; "
+  auto [rc, out] = Sh(kPython +
+                      " -c 'import zipfile,sys; z=zipfile.ZipFile(sys.argv[1]); i=z.getinfo(\"big\"); "
+                      "assert i.file_size==" +
+                      std::to_string(big) +
+                      ", i.file_size; "
                       "assert z.getinfo(\"after\").header_offset > 2**32; "
-                      "assert z.read(\"after\")==b\"" + after + "\"; assert z.read(\"before\")==b\"" + before + "\"; "
-                      "print(\"ok\")' " + path);
+                      "assert z.read(\"after\")==b\"" +
+                      after + "\"; assert z.read(\"before\")==b\"" + before +
+                      "\"; "
+                      "print(\"ok\")' " +
+                      path);
   EXPECT_EQ(rc, 0) << out;
   auto file = Env::Default()->OpenRead(path);
   ASSERT_TRUE(file.ok());
@@ -276,8 +289,8 @@ TEST(PlanZip, MemberOver4GiB) {
 
 TEST(ReadZipDirectory, ArchivesWrittenByPython) {
   TempDir dir;
-  auto [rc, out] = Sh(kPython + " " + PTCFS_SOURCE_DIR + "/tests/clients/torch_roundtrip.py zip-write-python " +
-                      dir.path());
+  auto [rc, out] =
+      Sh(kPython + " " + PTCFS_SOURCE_DIR + "/tests/clients/torch_roundtrip.py zip-write-python " + dir.path());
   ASSERT_EQ(rc, 0) << out;
   for (const char* name : {"plain.zip", "stream.zip", "zip64.zip"}) {
     SCOPED_TRACE(name);
@@ -384,8 +397,8 @@ TEST(ReadZipDirectory, Errors) {
   {
     std::string b = fx.bytes;
     Put32(b, fx.central(1) + 42, static_cast<uint32_t>(fx.layout.data_offsets[1]));  // points at data
-    ExpectError(ReadBytes(b), {"bad.zip", "'second'", "no local header at byte " +
-                                                           std::to_string(fx.layout.data_offsets[1])});
+    ExpectError(ReadBytes(b),
+                {"bad.zip", "'second'", "no local header at byte " + std::to_string(fx.layout.data_offsets[1])});
   }
   {
     std::string b = fx.bytes;

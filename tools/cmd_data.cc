@@ -191,7 +191,8 @@ ptc::Status RunView(const DataArgs& a) {
 
 void AddSynth(CLI::App& data, std::shared_ptr<DataArgs> a, int* exit_code) {
   CLI::App* sub = data.add_subcommand("synth", "Write a synthetic Megatron dataset (.bin + .idx).");
-  sub->footer("Write a synthetic Megatron dataset OUT_PREFIX.bin + OUT_PREFIX.idx: sample i has a length in\n"
+  sub->footer(
+      "Write a synthetic Megatron dataset OUT_PREFIX.bin + OUT_PREFIX.idx: sample i has a length in\n"
       "[min-len, max-len] and tokens in [0, vocab), a function of (seed, i) only. Tokens are uint16\n"
       "when the vocabulary fits, else int32. Example:\n"
       "  ptcfs data synth --samples 100000 --min-len 16 --max-len 2048 --vocab 50257 /data/synth");
@@ -205,8 +206,10 @@ void AddSynth(CLI::App& data, std::shared_ptr<DataArgs> a, int* exit_code) {
 }
 
 void AddImport(CLI::App& data, std::shared_ptr<DataArgs> a, int* exit_code) {
-  CLI::App* sub = data.add_subcommand("import", "Record a Megatron or JSONL dataset in a store (fingerprint, seed, global batch).");
-  sub->footer("Record a dataset in a store: its fingerprint (file sizes + xxh64 of the index), the seed of\n"
+  CLI::App* sub =
+      data.add_subcommand("import", "Record a Megatron or JSONL dataset in a store (fingerprint, seed, global batch).");
+  sub->footer(
+      "Record a dataset in a store: its fingerprint (file sizes + xxh64 of the index), the seed of\n"
       "the per-epoch order and the global batch size, at epoch 0, step 0. The store is created if\n"
       "it does not exist; its tensors are kept. Re-importing the same dataset with the same settings\n"
       "changes nothing; another dataset (fingerprint mismatch) or another global batch is refused.\n"
@@ -232,7 +235,8 @@ void AddStatusAndAdvance(CLI::App& data, std::shared_ptr<DataArgs> a, int* exit_
   st->callback([a, exit_code] { *exit_code = Report("data status", RunStatus(*a)); });
 
   CLI::App* adv = data.add_subcommand("advance", "Set the position (step, epoch) in a new generation.");
-  adv->footer("Set the position to STEP of the current epoch (consumed = STEP x global batch) in a new\n"
+  adv->footer(
+      "Set the position to STEP of the current epoch (consumed = STEP x global batch) in a new\n"
       "generation. Steps run from 0 to the epoch's step count (the end of the epoch)); a step beyond\n"
       "is an error, never a roll-over: start the next epoch with --epoch E+1 --step 0.");
   adv->add_option("--step", a->step, "steps taken in the epoch")->required();
@@ -242,8 +246,10 @@ void AddStatusAndAdvance(CLI::App& data, std::shared_ptr<DataArgs> a, int* exit_
 }
 
 void AddView(CLI::App& data, std::shared_ptr<DataArgs> a, int* exit_code) {
-  CLI::App* sub = data.add_subcommand("view", "Write one file of a rank's view (ids.txt, samples.idx/.bin/.jsonl) to stdout.");
-  sub->footer("Write one file of a rank's view to stdout, as the mount serves it in data/rank-RRRRR/:\n"
+  CLI::App* sub =
+      data.add_subcommand("view", "Write one file of a rank's view (ids.txt, samples.idx/.bin/.jsonl) to stdout.");
+  sub->footer(
+      "Write one file of a rank's view to stdout, as the mount serves it in data/rank-RRRRR/:\n"
       "  ids.txt        global sample ids the rank reads next, in order, to the end of the epoch\n"
       "                 (zero-padded to the digits of N-1, one per line)\n"
       "  samples.idx    Megatron index of those samples, in that order\n"
@@ -257,8 +263,9 @@ void AddView(CLI::App& data, std::shared_ptr<DataArgs> a, int* exit_code) {
   sub->add_option("--file", a->file, "ids.txt, samples.idx, samples.bin or samples.jsonl")->required();
   sub->add_option("--step", a->step, "view as of this step (default: the stored position)");
   sub->add_option("--epoch", a->epoch, "view as of this epoch (default: the stored one)");
-  sub->add_option("--group", a->group, "length group (0-based) when the dataset has length buckets;\n"
-                                       "--config is then that group's config");
+  sub->add_option("--group", a->group,
+                  "length group (0-based) when the dataset has length buckets;\n"
+                  "--config is then that group's config");
   sub->add_option("STORE", a->store, "store directory")->required();
   sub->callback([a, exit_code] { *exit_code = Report("data view", RunView(*a)); });
 }

@@ -36,11 +36,11 @@ int RunDiff(const DiffArgs& a) {
 
 void AddDiffCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<DiffArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "diff",
-      "Compare two per-rank checkpoints, possibly of different parallel configs, as global\n"
-      "tensors. Exit 0 only when every global tensor is bit-identical and all replicas inside\n"
-      "each checkpoint agree; otherwise exit 1 naming the first differing tensor and element.");
+  CLI::App* sub =
+      app.add_subcommand("diff",
+                         "Compare two per-rank checkpoints, possibly of different parallel configs, as global\n"
+                         "tensors. Exit 0 only when every global tensor is bit-identical and all replicas inside\n"
+                         "each checkpoint agree; otherwise exit 1 naming the first differing tensor and element.");
   sub->add_option("--schema", a->schema, "built-in schema or schema JSON file")->required();
   sub->add_option("--dims", a->dims, "model dims")->required();
   sub->add_option("--config-a", a->config_a, "parallel config of DIR_A")->required();

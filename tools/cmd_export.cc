@@ -3,8 +3,8 @@
 
 #include "fs/megatron_file.h"
 #include "ptc/checkpoint/export.h"
-#include "ptc/store/model_spec.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
+#include "ptc/store/model_spec.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 
@@ -38,9 +38,8 @@ ptc::Status RunExportMegatron(const ExportArgs& a, const ptc::ParallelConfig& co
   PTC_RETURN_IF_ERROR(ptc::ValidateConfig(spec, config));
   PTC_ASSIGN_OR_RETURN(uint64_t total, MegatronBytes(spec, config));
   Progress progress("export", total);
-  return ptc::WriteFreshDirectory(env, a.out, [&] {
-    return ExportMegatron(env, *store, generation, spec, config, a.out, progress.fn());
-  });
+  return ptc::WriteFreshDirectory(
+      env, a.out, [&] { return ExportMegatron(env, *store, generation, spec, config, a.out, progress.fn()); });
 }
 
 ptc::Status RunExport(const ExportArgs& a) {
@@ -60,11 +59,11 @@ ptc::Status RunExport(const ExportArgs& a) {
 
 void AddExportCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<ExportArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "export",
-      "Write the store's current generation as a per-rank checkpoint of --config into OUT_DIR\n"
-      "(which must not exist or be empty). Any config that divides the model works: tensors\n"
-      "are cut from the stored shards, bit for bit, and every shard's checksum is verified.");
+  CLI::App* sub =
+      app.add_subcommand("export",
+                         "Write the store's current generation as a per-rank checkpoint of --config into OUT_DIR\n"
+                         "(which must not exist or be empty). Any config that divides the model works: tensors\n"
+                         "are cut from the stored shards, bit for bit, and every shard's checksum is verified.");
   sub->add_option("--config", a->config, "target parallel config, e.g. tp=4,pp=2,dp=2,zero=1")->required();
   sub->add_option("--format", a->format,
                   "safetensors: rank-RRRRR/model.safetensors (+ optim.safetensors); npy: "

@@ -38,7 +38,9 @@ ptc::Status RunImport(const ImportArgs& a) {
     if (a.iteration) return ptc::InvalidArgumentError("--iteration applies to --format megatron only");
     PTC_ASSIGN_OR_RETURN(source.config, ptc::ParseConfig(a.config));
     PTC_ASSIGN_OR_RETURN(source.spec, ptc::InferModelSpec(env, a.src, schema, dims));
-    source.open_rank = [env, src = a.src](const ptc::RankView& view) { return ptc::RankCheckpoint::Open(env, src, view); };
+    source.open_rank = [env, src = a.src](const ptc::RankView& view) {
+      return ptc::RankCheckpoint::Open(env, src, view);
+    };
     source.rank_file = [src = a.src](int rank) { return ptc::ModelFilePath(src, rank); };
   }
   uint64_t total = 0;
@@ -59,24 +61,24 @@ ptc::Status RunImport(const ImportArgs& a) {
 
 void AddImportCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<ImportArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "import",
-      "Import a per-rank checkpoint (SRC_DIR/rank-RRRRR/model.safetensors, + optim.safetensors)\n"
-      "written under --config into STORE as a new generation. Every file is checked against\n"
-      "the schema first (names, shapes, dtypes, replicas agreeing); on any error the store is\n"
-      "left exactly as it was. STORE is created when it does not exist.");
-  sub->footer("--format megatron reads a Megatron-LM checkpoint tree instead: SRC_DIR holds\n"
-              "latest_checkpointed_iteration.txt and iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt;\n"
-              "tp and pp come from the directories (--config is optional, e.g. for uneven pp_layers),\n"
-              "args, rng_state and the iteration are kept (docs/megatron_format.md). Examples:\n"
-              "  ptcfs import --schema megatron-gpt --dims layers=24,hidden=1024,heads=16,vocab=32768,seq=2048 \\\n"
-              "      --config tp=2,pp=2 ckpt/ store/\n"
-              "  ptcfs import --format megatron --schema megatron-gpt --dims ... megatron_ckpt/ store/");
+  CLI::App* sub =
+      app.add_subcommand("import",
+                         "Import a per-rank checkpoint (SRC_DIR/rank-RRRRR/model.safetensors, + optim.safetensors)\n"
+                         "written under --config into STORE as a new generation. Every file is checked against\n"
+                         "the schema first (names, shapes, dtypes, replicas agreeing); on any error the store is\n"
+                         "left exactly as it was. STORE is created when it does not exist.");
+  sub->footer(
+      "--format megatron reads a Megatron-LM checkpoint tree instead: SRC_DIR holds\n"
+      "latest_checkpointed_iteration.txt and iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt;\n"
+      "tp and pp come from the directories (--config is optional, e.g. for uneven pp_layers),\n"
+      "args, rng_state and the iteration are kept (docs/megatron_format.md). Examples:\n"
+      "  ptcfs import --schema megatron-gpt --dims layers=24,hidden=1024,heads=16,vocab=32768,seq=2048 \\\n"
+      "      --config tp=2,pp=2 ckpt/ store/\n"
+      "  ptcfs import --format megatron --schema megatron-gpt --dims ... megatron_ckpt/ store/");
   sub->add_option("--schema", a->schema, "built-in schema (megatron-gpt, llama) or schema JSON file")->required();
   sub->add_option("--dims", a->dims, "model dims, e.g. layers=4,hidden=64,heads=4,vocab=1024,seq=128")->required();
   sub->add_option("--config", a->config, "the parallel config the files were written in (megatron: optional)");
-  sub->add_option("--format", a->format, "format of the rank files")
-      ->check(CLI::IsMember({"safetensors", "megatron"}));
+  sub->add_option("--format", a->format, "format of the rank files")->check(CLI::IsMember({"safetensors", "megatron"}));
   sub->add_option("--iteration", a->iteration, "megatron: the iteration to import (default: the latest)");
   sub->add_option("SRC_DIR", a->src, "per-rank checkpoint directory")->required();
   sub->add_option("STORE", a->store, "store directory")->required();

@@ -80,7 +80,8 @@ ptc::Status RunInspect(const InspectArgs& a) {
 
 void AddInspectCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<InspectArgs>();
-  CLI::App* sub = app.add_subcommand("inspect", "Show what a store holds: generation, model, config, shards per worker.");
+  CLI::App* sub =
+      app.add_subcommand("inspect", "Show what a store holds: generation, model, config, shards per worker.");
   sub->add_flag("--json", a->json, "machine-readable output (fields documented in docs/cli.md)");
   sub->add_option("STORE", a->store, "store directory")->required();
   sub->callback([a, exit_code] { *exit_code = Report("inspect", RunInspect(*a)); });

@@ -4,9 +4,9 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -79,7 +79,7 @@ ptc::Status RunReconfigure(const ReconfigureArgs& a) {
   if (n != static_cast<ssize_t>(text.size())) {
     auto status = ReadStatus(mountpoint);
     std::string why = status.ok() && (*status)["last_error"].is_string() ? (*status)["last_error"].get<std::string>()
-                                                                          : std::strerror(err);
+                                                                         : std::strerror(err);
     return ptc::InvalidArgumentError("rejected: " + why);
   }
   if (a.no_wait) return ptc::Status::OK();
@@ -120,9 +120,10 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
   mount->add_option("STORE", m->store, "store directory")->required();
   mount->add_option("MOUNTPOINT", m->mountpoint, "an existing empty directory")->required();
   mount->add_option("--worker", m->worker, "show only the ranks of this worker");
-  mount->add_option("--format", m->format,
-                    "which model files to show: safetensors, npy, both (the two; default), megatron\n"
-                    "(megatron/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt), or all")
+  mount
+      ->add_option("--format", m->format,
+                   "which model files to show: safetensors, npy, both (the two; default), megatron\n"
+                   "(megatron/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt), or all")
       ->check(CLI::IsMember({"safetensors", "npy", "both", "megatron", "all"}));
   mount->add_flag("-f,--foreground", m->foreground, "stay in the foreground");
   mount->add_option("--threads", m->threads, "FUSE threads")->check(CLI::Range(1, 256));
@@ -136,11 +137,12 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
       "Change the parallel config of a mounted store. The new layout is readable at once (served\n"
       "from the current shards); the store is rewritten in the background and this command waits\n"
       "for the commit, showing progress (unless --no-wait). A bad config is rejected, nothing changes.");
-  re->footer("With --step S the dataset position moves too: data/rank-RRRRR/ shows, for the new config,\n"
-             "the samples each rank reads from step S on (consumed = S x global batch), committed with the\n"
-             "new layout. Examples:\n"
-             "  ptcfs reconfigure /mnt/ptc --to tp=4,pp=1\n"
-             "  ptcfs reconfigure /mnt/ptc --to tp=2,pp=2,dp=3 --step 1200");
+  re->footer(
+      "With --step S the dataset position moves too: data/rank-RRRRR/ shows, for the new config,\n"
+      "the samples each rank reads from step S on (consumed = S x global batch), committed with the\n"
+      "new layout. Examples:\n"
+      "  ptcfs reconfigure /mnt/ptc --to tp=4,pp=1\n"
+      "  ptcfs reconfigure /mnt/ptc --to tp=2,pp=2,dp=3 --step 1200");
   re->add_option("MOUNTPOINT", r->mountpoint, "a ptcfs mount")->required();
   re->add_option("--to", r->to, "new parallel config, e.g. tp=4,pp=1")->required();
   re->add_option("--step", r->step, "training steps taken in the epoch: the data position from which ranks read");

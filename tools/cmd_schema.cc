@@ -11,10 +11,10 @@ namespace ptcfs {
 
 void AddSchemaCommand(CLI::App& app, int* exit_code) {
   auto name = std::make_shared<std::string>();
-  CLI::App* sub = app.add_subcommand(
-      "schema",
-      "Print a schema as JSON: a built-in (megatron-gpt, llama) or a file, checked. Save one and\n"
-      "edit it to describe another model; the format is in docs/schema_format.md.");
+  CLI::App* sub =
+      app.add_subcommand("schema",
+                         "Print a schema as JSON: a built-in (megatron-gpt, llama) or a file, checked. Save one and\n"
+                         "edit it to describe another model; the format is in docs/schema_format.md.");
   sub->add_option("NAME", *name, "megatron-gpt, llama or a path")->required();
   sub->callback([name, exit_code] {
     auto schema = ptc::LoadSchema(*name);

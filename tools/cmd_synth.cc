@@ -35,13 +35,14 @@ ptc::Status RunSynth(const SynthArgs& a) {
 
 void AddSynthCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<SynthArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "synth",
-      "Write a per-rank safetensors checkpoint of synthetic values. Each global tensor is a\n"
-      "deterministic function of (tensor name, seed) only, so synth of one model under two\n"
-      "configs describes the same global tensors: the reference for import/export checks.");
+  CLI::App* sub =
+      app.add_subcommand("synth",
+                         "Write a per-rank safetensors checkpoint of synthetic values. Each global tensor is a\n"
+                         "deterministic function of (tensor name, seed) only, so synth of one model under two\n"
+                         "configs describes the same global tensors: the reference for import/export checks.");
   sub->add_option("--schema", a->schema, "built-in schema (megatron-gpt, llama) or schema JSON file")->required();
-  sub->add_option("--dims", a->dims, "model dims, e.g. layers=4,hidden=64,heads=4,vocab=1024,seq=128[,ffn=,kv_heads=,head_dim=]")
+  sub->add_option("--dims", a->dims,
+                  "model dims, e.g. layers=4,hidden=64,heads=4,vocab=1024,seq=128[,ffn=,kv_heads=,head_dim=]")
       ->required();
   sub->add_option("--config", a->config, "parallel config, e.g. tp=2,pp=2,dp=1[,zero=1][,pp_layers=1+3][,per_worker=8]")
       ->required();

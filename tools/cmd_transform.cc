@@ -43,17 +43,27 @@ ptc::Result<std::optional<std::set<int>>> ParseAlive(const std::string& text) {
 
 nlohmann::json PlanJson(const ptc::Plan& p, const std::string& from, const std::string& to) {
   nlohmann::json messages = nlohmann::json::array();
-  for (const auto& [link, bytes] : p.messages) messages.push_back({{"from", link.first}, {"to", link.second}, {"bytes", bytes}});
+  for (const auto& [link, bytes] : p.messages)
+    messages.push_back({{"from", link.first}, {"to", link.second}, {"bytes", bytes}});
   nlohmann::json missing = nlohmann::json::array();
   for (const auto& [tensor, box] : p.missing) missing.push_back({{"tensor", tensor}, {"box", box.ToString()}});
   size_t kept = 0;
   for (const ptc::TargetShard& t : p.targets) kept += t.kept.has_value();
-  return {{"from", from}, {"to", to}, {"target_shards", p.targets.size()}, {"kept_shards", kept},
-          {"copies", p.copies.size()}, {"bytes_total", p.bytes_total}, {"bytes_kept", p.bytes_kept},
-          {"bytes_local", p.bytes_local}, {"bytes_moved", p.bytes_moved}, {"lower_bound", p.lower_bound},
-          {"bottleneck", p.bottleneck}, {"bytes_to_write", ptc::BytesToWrite(p)},
+  return {{"from", from},
+          {"to", to},
+          {"target_shards", p.targets.size()},
+          {"kept_shards", kept},
+          {"copies", p.copies.size()},
+          {"bytes_total", p.bytes_total},
+          {"bytes_kept", p.bytes_kept},
+          {"bytes_local", p.bytes_local},
+          {"bytes_moved", p.bytes_moved},
+          {"lower_bound", p.lower_bound},
+          {"bottleneck", p.bottleneck},
+          {"bytes_to_write", ptc::BytesToWrite(p)},
           {"links", {{"local", p.links.local}, {"same_host", p.links.same_host}, {"cross_host", p.links.cross_host}}},
-          {"messages", messages}, {"missing", missing}};
+          {"messages", messages},
+          {"missing", missing}};
 }
 
 // The store, its current generation and the plan to `--to`.
@@ -100,7 +110,8 @@ ptc::Status RunPlan(const PlanArgs& a) {
     std::printf("  to write here  %s (shared store: identical shards are referenced)\n",
                 HumanBytes(ptc::BytesToWrite(plan)).c_str());
     for (const auto& m : j["missing"]) {
-      std::printf("  MISSING        %s %s\n", m["tensor"].get<std::string>().c_str(), m["box"].get<std::string>().c_str());
+      std::printf("  MISSING        %s %s\n", m["tensor"].get<std::string>().c_str(),
+                  m["box"].get<std::string>().c_str());
     }
   }
   if (!plan.missing.empty()) {
@@ -141,12 +152,12 @@ void AddCommonOptions(CLI::App* sub, PlanArgs* a) {
 
 void AddPlanCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<PlanArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "plan",
-      "Show what changing the store's current generation to --to would move, without moving\n"
-      "anything: bytes kept, copied on-worker and moved between workers, the lower bound (bytes\n"
-      "with no replica on their new worker), the per-worker bottleneck, and regions with no live\n"
-      "copy when --alive excludes workers (exit 1).");
+  CLI::App* sub =
+      app.add_subcommand("plan",
+                         "Show what changing the store's current generation to --to would move, without moving\n"
+                         "anything: bytes kept, copied on-worker and moved between workers, the lower bound (bytes\n"
+                         "with no replica on their new worker), the per-worker bottleneck, and regions with no live\n"
+                         "copy when --alive excludes workers (exit 1).");
   AddCommonOptions(sub, a.get());
   sub->add_flag("--json", a->json, "machine-readable plan summary (docs/cli.md)");
   sub->callback([a, exit_code] { *exit_code = Report("plan", RunPlan(*a)); });
@@ -154,12 +165,12 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
 
 void AddTransformCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<PlanArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "transform",
-      "Rewrite the store for --to as a new generation: shards that do not change are referenced\n"
-      "(a pp-only or dp-only change writes no tensor bytes), the rest is streamed from the source\n"
-      "shards in bounded chunks on --threads threads. On failure the previous generation stays\n"
-      "current. Older generations are removed after the commit unless --keep-old.");
+  CLI::App* sub =
+      app.add_subcommand("transform",
+                         "Rewrite the store for --to as a new generation: shards that do not change are referenced\n"
+                         "(a pp-only or dp-only change writes no tensor bytes), the rest is streamed from the source\n"
+                         "shards in bounded chunks on --threads threads. On failure the previous generation stays\n"
+                         "current. Older generations are removed after the commit unless --keep-old.");
   AddCommonOptions(sub, a.get());
   sub->add_option("--threads", a->threads, "writer threads")->check(CLI::Range(1, 256));
   sub->add_flag("--keep-old", a->keep_old, "keep earlier generations' files");

@@ -47,11 +47,11 @@ ptc::Status RunVerify(const std::string& path) {
 
 void AddVerifyCommand(CLI::App& app, int* exit_code) {
   auto path = std::make_shared<std::string>();
-  CLI::App* sub = app.add_subcommand(
-      "verify",
-      "Check every shard of the current generation: the xxh64 checksum of each 4 MiB block of\n"
-      "its bytes, and the HDF5 dataset's offset, size and attributes against the manifest.\n"
-      "Lists every bad shard (and its first bad block); exit status 1 when any fails.");
+  CLI::App* sub =
+      app.add_subcommand("verify",
+                         "Check every shard of the current generation: the xxh64 checksum of each 4 MiB block of\n"
+                         "its bytes, and the HDF5 dataset's offset, size and attributes against the manifest.\n"
+                         "Lists every bad shard (and its first bad block); exit status 1 when any fails.");
   sub->add_option("STORE", *path, "store directory")->required();
   sub->callback([path, exit_code] { *exit_code = Report("verify", RunVerify(*path)); });
 }

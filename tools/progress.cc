@@ -27,7 +27,9 @@ std::string HumanBytes(uint64_t bytes) {
 }
 
 Progress::Progress(std::string label, uint64_t total_bytes)
-    : label_(std::move(label)), total_(total_bytes), enabled_(ProgressEnabled()),
+    : label_(std::move(label)),
+      total_(total_bytes),
+      enabled_(ProgressEnabled()),
       start_(std::chrono::steady_clock::now()) {}
 
 Progress::~Progress() {

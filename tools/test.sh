@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Sets up, builds (Release, then AddressSanitizer+UBSan) and runs every test.
+# Sets up, checks the locks (clang -Wthread-safety), builds (Release, then
+# AddressSanitizer+UBSan) and runs every test.
 # This is the README's test command and what CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup-deps.sh
+echo "== build (tsa: clang thread-safety analysis)"
+bash tools/build.sh tsa
 for kind in release asan; do
   echo "== build ($kind)"
   bash tools/build.sh "$kind"

@@ -1,9 +1,9 @@
 #include "transform/execute.h"
-#include "ptc/store/generation_writer.h"
 
 #include <algorithm>
 #include <optional>
 
+#include "ptc/store/generation_writer.h"
 #include "ptc/store/model_spec.h"
 #include "ptc/store/store_reader.h"
 #include "transform/parallel.h"
@@ -39,7 +39,8 @@ class Executor {
 
   Status WriteTarget(size_t t, internal::Scratch* scratch) {
     const TargetShard& target = plan_.targets[t];
-    PTC_ASSIGN_OR_RETURN(auto sink, writer_->NewShard(target.key.tensor, target.dtype, target.key.boxes, target.worker));
+    PTC_ASSIGN_OR_RETURN(auto sink,
+                         writer_->NewShard(target.key.tensor, target.dtype, target.key.boxes, target.worker));
     const size_t elem = DTypeSize(target.dtype);
     for (const Box& box : target.key.boxes) {
       const Index rows = box.rank() ? box.end[0] - box.begin[0] : 1;
@@ -109,9 +110,8 @@ uint64_t BytesToWrite(const Plan& plan) {
   return n;
 }
 
-Result<ExecuteResult> ExecutePlan(Store& store, std::shared_ptr<const GenerationManifest> source,
-                                  const ModelSpec& spec, const ParallelConfig& target, const Plan& plan,
-                                  const ExecuteOptions& options) {
+Result<ExecuteResult> ExecutePlan(Store& store, std::shared_ptr<const GenerationManifest> source, const ModelSpec& spec,
+                                  const ParallelConfig& target, const Plan& plan, const ExecuteOptions& options) {
   if (!plan.missing.empty()) {
     return FailedPreconditionError("no live copy of: " + MissingText(plan) +
                                    "; bring the workers holding them back or restore an earlier generation");

@@ -32,7 +32,7 @@ namespace ptc {
 struct ExecuteOptions {
   int threads = 2;
   uint64_t chunk_bytes = 1ull << 20;  // 8 MiB buffers fall out of cache: measured 1.6x slower
-  ProgressFn progress;  // bytes written
+  ProgressFn progress;                // bytes written
   // false: every target through the general path (tests compare the two).
   bool sweep = true;
   // Entries set in the new manifest's `extra` over the source's (e.g. "dataset":
@@ -53,9 +53,8 @@ uint64_t BytesToWrite(const Plan& plan);
 // REQUIRES: plan made from `source`, which is the store's current generation.
 // \error FailedPrecondition naming the tensors when plan.missing is not empty.
 // \error as GenerationReader (Corruption for a bad source shard), GenerationWriter and Commit.
-Result<ExecuteResult> ExecutePlan(Store& store, std::shared_ptr<const GenerationManifest> source,
-                                  const ModelSpec& spec, const ParallelConfig& target, const Plan& plan,
-                                  const ExecuteOptions& options);
+Result<ExecuteResult> ExecutePlan(Store& store, std::shared_ptr<const GenerationManifest> source, const ModelSpec& spec,
+                                  const ParallelConfig& target, const Plan& plan, const ExecuteOptions& options);
 
 // Plans and executes a change of the store's current generation to `target`.
 // \error as MakePlan and ExecutePlan.

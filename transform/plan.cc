@@ -19,9 +19,9 @@ bool Overlaps(const Box& a, const Box& b) {
 struct SourceIndex {
   const std::vector<ShardRecord>* shards;
   std::vector<bool> live;
-  std::map<std::string, std::vector<size_t>> by_tensor;   // live only, canonical order
+  std::map<std::string, std::vector<size_t>> by_tensor;  // live only, canonical order
   std::map<std::pair<ShardKey, int>, size_t> by_key_worker;
-  std::map<ShardKey, std::vector<size_t>> by_key;         // live only, canonical order
+  std::map<ShardKey, std::vector<size_t>> by_key;  // live only, canonical order
 
   SourceIndex(const GenerationManifest& m, const std::optional<std::set<int>>& alive) : shards(&m.shards) {
     const auto& s = m.shards;
@@ -46,8 +46,7 @@ struct SourceIndex {
 
 class Planner {
  public:
-  Planner(const PlanRequest& req, const SourceIndex& index, Plan* plan)
-      : req_(req), index_(index), plan_(plan) {}
+  Planner(const PlanRequest& req, const SourceIndex& index, Plan* plan) : req_(req), index_(index), plan_(plan) {}
 
   void PlanTarget(size_t t) {
     TargetShard& target = plan_->targets[t];
@@ -130,8 +129,8 @@ class Planner {
         const int w = (*index_.shards)[s].worker;
         return std::make_tuple(req_.topology.HostOf(w) != req_.topology.HostOf(to), sent[w], w);
       };
-      auto best = std::min_element(candidates.begin(), candidates.end(),
-                                   [&](size_t a, size_t b) { return rank(a) < rank(b); });
+      auto best =
+          std::min_element(candidates.begin(), candidates.end(), [&](size_t a, size_t b) { return rank(a) < rank(b); });
       const size_t s = *best;
       candidates.erase(best);
       if (Touches(s, *missing)) Cover(t, s, elem, missing);
@@ -171,8 +170,8 @@ Result<Plan> MakePlan(const PlanRequest& req) {
   for (auto& [key, worker] : keys) {
     auto dt = dtypes.find(key.tensor);
     if (dt == dtypes.end()) {
-      return CorruptionError("generation " + std::to_string(req.source->generation) + " has no tensor '" +
-                             key.tensor + "' that the target config needs");
+      return CorruptionError("generation " + std::to_string(req.source->generation) + " has no tensor '" + key.tensor +
+                             "' that the target config needs");
     }
     uint64_t elems = 0;
     for (const Box& b : key.boxes) elems += b.volume();

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "ptc/store/manifest.h"
 #include "ptc/model/view.h"
+#include "ptc/store/manifest.h"
 
 namespace ptc {
 
@@ -65,12 +65,12 @@ struct Plan {
   // (sender, receiver) -> bytes, for sender != receiver.
   std::map<std::pair<int, int>, uint64_t> messages;
   LinkBytes links;
-  uint64_t bytes_total = 0;        // all target shards
-  uint64_t bytes_kept = 0;         // target shards kept as they are
-  uint64_t bytes_local = 0;        // copied from the target's own worker
-  uint64_t bytes_moved = 0;        // received from other workers
-  uint64_t lower_bound = 0;        // bytes of which no live replica is on the target's worker
-  uint64_t bottleneck = 0;         // max over workers of bytes sent or received
+  uint64_t bytes_total = 0;  // all target shards
+  uint64_t bytes_kept = 0;   // target shards kept as they are
+  uint64_t bytes_local = 0;  // copied from the target's own worker
+  uint64_t bytes_moved = 0;  // received from other workers
+  uint64_t lower_bound = 0;  // bytes of which no live replica is on the target's worker
+  uint64_t bottleneck = 0;   // max over workers of bytes sent or received
   // Regions no live source holds: (tensor, box). Non-empty: the plan cannot run.
   std::vector<std::pair<std::string, Box>> missing;
 };

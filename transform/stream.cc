@@ -1,11 +1,12 @@
 #include "transform/stream.h"
-#include "ptc/store/shard_verify.h"
-#include "ptc/store/generation_writer.h"
 
 #include <algorithm>
 #include <map>
 #include <numeric>
 #include <unordered_map>
+
+#include "ptc/store/generation_writer.h"
+#include "ptc/store/shard_verify.h"
 
 namespace ptc::internal {
 namespace {
@@ -46,7 +47,7 @@ size_t Root(std::vector<size_t>& parent, size_t x) {
 
 // One box of a shard of the group.
 struct Segment {
-  bool source;  // else a target
+  bool source;   // else a target
   size_t shard;  // index into GroupStream::sources_ or targets_
   const Box* box;
   uint64_t row_bytes;
@@ -56,8 +57,14 @@ class GroupStream {
  public:
   GroupStream(const CopyGroup& group, const Plan& plan, const std::vector<size_t>& first_copy, const Store& store,
               const GenerationManifest& source, const ExecuteOptions& options, Scratch* scratch)
-      : group_(group), plan_(plan), first_copy_(first_copy), store_(store), manifest_(source), options_(options),
-        scratch_(scratch), elem_(DTypeSize(plan.targets[group.targets.front()].dtype)) {}
+      : group_(group),
+        plan_(plan),
+        first_copy_(first_copy),
+        store_(store),
+        manifest_(source),
+        options_(options),
+        scratch_(scratch),
+        elem_(DTypeSize(plan.targets[group.targets.front()].dtype)) {}
 
   Status Run(GenerationWriter* writer);
 
@@ -277,9 +284,9 @@ std::vector<CopyGroup> GroupTargets(const Plan& plan, const std::vector<size_t>&
   return groups;
 }
 
-Status StreamGroup(const CopyGroup& group, const Plan& plan, const std::vector<size_t>& first_copy,
-                   const Store& store, const GenerationManifest& source, GenerationWriter* writer,
-                   const ExecuteOptions& options, Scratch* scratch) {
+Status StreamGroup(const CopyGroup& group, const Plan& plan, const std::vector<size_t>& first_copy, const Store& store,
+                   const GenerationManifest& source, GenerationWriter* writer, const ExecuteOptions& options,
+                   Scratch* scratch) {
   GroupStream stream(group, plan, first_copy, store, source, options, scratch);
   return stream.Run(writer);
 }

@@ -55,8 +55,8 @@ class Scratch {
 // Writes every target of a streamable group into `writer` (AddShard).
 // \error Corruption naming a source shard whose checksum fails or whose file is short.
 // \error as GenerationWriter::NewShard, ShardSink and the Env.
-Status StreamGroup(const CopyGroup& group, const Plan& plan, const std::vector<size_t>& first_copy,
-                   const Store& store, const GenerationManifest& source, GenerationWriter* writer,
-                   const ExecuteOptions& options, Scratch* scratch);
+Status StreamGroup(const CopyGroup& group, const Plan& plan, const std::vector<size_t>& first_copy, const Store& store,
+                   const GenerationManifest& source, GenerationWriter* writer, const ExecuteOptions& options,
+                   Scratch* scratch);
 
 }  // namespace ptc::internal

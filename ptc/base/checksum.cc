@@ -81,8 +81,10 @@ namespace {
 bool ParseHex16(std::string_view digits, uint64_t* value) {
   *value = 0;
   for (char c : digits) {
-    int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    int digit = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
     if (digit < 0) return false;
     *value = *value << 4 | static_cast<uint64_t>(digit);
   }

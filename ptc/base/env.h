@@ -42,7 +42,7 @@ class WritableFile {
   virtual Status Append(const void* data, size_t n) = 0;
   // Writes at an absolute offset (the file grows as needed).
   virtual Status PWrite(uint64_t offset, const void* data, size_t n) = 0;
-  virtual Status Sync() = 0;  // data and metadata durable (fsync)
+  virtual Status Sync() = 0;   // data and metadata durable (fsync)
   virtual Status Close() = 0;  // idempotent; the destructor closes without reporting
 };
 
@@ -65,11 +65,11 @@ class Env {
   virtual Result<uint64_t> FileSize(const std::string& path) = 0;
   // Names (not paths) of the entries of a directory, sorted.
   virtual Result<std::vector<std::string>> ListDir(const std::string& path) = 0;
-  virtual Status CreateDirs(const std::string& path) = 0;  // mkdir -p; OK if it exists
+  virtual Status CreateDirs(const std::string& path) = 0;                     // mkdir -p; OK if it exists
   virtual Status Rename(const std::string& from, const std::string& to) = 0;  // atomic replace
-  virtual Status Remove(const std::string& path) = 0;       // a file or an empty directory
-  virtual Status RemoveTree(const std::string& path) = 0;   // rm -r; OK if absent
-  virtual Status SyncDir(const std::string& path) = 0;      // fsync a directory (after rename)
+  virtual Status Remove(const std::string& path) = 0;                         // a file or an empty directory
+  virtual Status RemoveTree(const std::string& path) = 0;                     // rm -r; OK if absent
+  virtual Status SyncDir(const std::string& path) = 0;                        // fsync a directory (after rename)
   // Makes everything written to the file system holding `path` durable
   // (syncfs): one call instead of an fsync per file before a commit.
   virtual Status SyncFileSystem(const std::string& path) = 0;

@@ -26,7 +26,8 @@ class PosixRandomAccessFile final : public RandomAccessFile {
     while (done < n) {
       ssize_t r = ::pread(fd_, out + done, n - done, static_cast<off_t>(offset + done));
       if (r < 0 && errno == EINTR) continue;
-      if (r < 0) return ErrnoError(path_ + ": read of " + std::to_string(n) + " bytes at " + std::to_string(offset), errno);
+      if (r < 0)
+        return ErrnoError(path_ + ": read of " + std::to_string(n) + " bytes at " + std::to_string(offset), errno);
       if (r == 0) {
         return CorruptionError(path_ + ": unexpected end of file reading " + std::to_string(n) + " bytes at offset " +
                                std::to_string(offset) + " (file size " + std::to_string(Size()) + ")");
@@ -68,7 +69,8 @@ class PosixWritableFile final : public WritableFile {
     while (done < n) {
       ssize_t w = ::pwrite(fd_, in + done, n - done, static_cast<off_t>(offset + done));
       if (w < 0 && errno == EINTR) continue;
-      if (w < 0) return ErrnoError(path_ + ": write of " + std::to_string(n) + " bytes at " + std::to_string(offset), errno);
+      if (w < 0)
+        return ErrnoError(path_ + ": write of " + std::to_string(n) + " bytes at " + std::to_string(offset), errno);
       done += static_cast<size_t>(w);
     }
     return Status::OK();

@@ -37,16 +37,26 @@ bool IsRenameOrSync(FaultInjectionEnv::Op op) {
 
 std::string_view FaultInjectionEnv::OpName(Op op) {
   switch (op) {
-    case Op::kOpenWrite: return "OpenWrite";
-    case Op::kOpenExisting: return "OpenExisting";
-    case Op::kAppend: return "Append";
-    case Op::kPWrite: return "PWrite";
-    case Op::kSync: return "Sync";
-    case Op::kRename: return "Rename";
-    case Op::kRemove: return "Remove";
-    case Op::kRemoveTree: return "RemoveTree";
-    case Op::kCreateDirs: return "CreateDirs";
-    case Op::kSyncDir: return "SyncDir";
+    case Op::kOpenWrite:
+      return "OpenWrite";
+    case Op::kOpenExisting:
+      return "OpenExisting";
+    case Op::kAppend:
+      return "Append";
+    case Op::kPWrite:
+      return "PWrite";
+    case Op::kSync:
+      return "Sync";
+    case Op::kRename:
+      return "Rename";
+    case Op::kRemove:
+      return "Remove";
+    case Op::kRemoveTree:
+      return "RemoveTree";
+    case Op::kCreateDirs:
+      return "CreateDirs";
+    case Op::kSyncDir:
+      return "SyncDir";
   }
   return "?";
 }

@@ -27,7 +27,18 @@ namespace ptc {
 
 class FaultInjectionEnv final : public Env {
  public:
-  enum class Op { kOpenWrite, kOpenExisting, kAppend, kPWrite, kSync, kRename, kRemove, kRemoveTree, kCreateDirs, kSyncDir };
+  enum class Op {
+    kOpenWrite,
+    kOpenExisting,
+    kAppend,
+    kPWrite,
+    kSync,
+    kRename,
+    kRemove,
+    kRemoveTree,
+    kCreateDirs,
+    kSyncDir
+  };
   static std::string_view OpName(Op op);
 
   // `base` is not owned and must outlive this Env.

@@ -7,16 +7,26 @@ namespace ptc {
 
 std::string_view CodeName(Code code) {
   switch (code) {
-    case Code::kOk: return "OK";
-    case Code::kInvalidArgument: return "InvalidArgument";
-    case Code::kNotFound: return "NotFound";
-    case Code::kCorruption: return "Corruption";
-    case Code::kIOError: return "IOError";
-    case Code::kFailedPrecondition: return "FailedPrecondition";
-    case Code::kAlreadyExists: return "AlreadyExists";
-    case Code::kPermissionDenied: return "PermissionDenied";
-    case Code::kUnimplemented: return "Unimplemented";
-    case Code::kInternal: return "Internal";
+    case Code::kOk:
+      return "OK";
+    case Code::kInvalidArgument:
+      return "InvalidArgument";
+    case Code::kNotFound:
+      return "NotFound";
+    case Code::kCorruption:
+      return "Corruption";
+    case Code::kIOError:
+      return "IOError";
+    case Code::kFailedPrecondition:
+      return "FailedPrecondition";
+    case Code::kAlreadyExists:
+      return "AlreadyExists";
+    case Code::kPermissionDenied:
+      return "PermissionDenied";
+    case Code::kUnimplemented:
+      return "Unimplemented";
+    case Code::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }

@@ -25,9 +25,9 @@ enum class Code {
   kIOError,             // the operating system failed a call
   kFailedPrecondition,  // the store is not in a state that allows the operation
   kAlreadyExists,
-  kPermissionDenied,    // the operation is not allowed on this object (a read-only file)
+  kPermissionDenied,  // the operation is not allowed on this object (a read-only file)
   kUnimplemented,
-  kInternal,            // a broken invariant of ours
+  kInternal,  // a broken invariant of ours
 };
 
 std::string_view CodeName(Code code);
@@ -75,13 +75,13 @@ Status InternalError(std::string message);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT: implicit by design
     if (std::get<Status>(v_).ok()) v_ = Status(Code::kInternal, "Result constructed from OK status");
   }
-  template <typename U, typename = std::enable_if_t<std::is_convertible_v<U&&, T> &&
-                                                    !std::is_same_v<std::decay_t<U>, Status> &&
-                                                    !std::is_same_v<std::decay_t<U>, T>>>
+  template <typename U,
+            typename = std::enable_if_t<std::is_convertible_v<U&&, T> && !std::is_same_v<std::decay_t<U>, Status> &&
+                                        !std::is_same_v<std::decay_t<U>, T>>>
   Result(U&& value) : v_(T(std::forward<U>(value))) {}  // NOLINT
 
   bool ok() const { return std::holds_alternative<T>(v_); }
@@ -103,7 +103,9 @@ class [[nodiscard]] Result {
 namespace internal {
 inline const Status& GetStatus(const Status& s) { return s; }
 template <typename T>
-Status GetStatus(const Result<T>& r) { return r.status(); }
+Status GetStatus(const Result<T>& r) {
+  return r.status();
+}
 inline Status AddContext(Status s) { return s; }
 inline Status AddContext(Status s, std::string_view context) { return s.WithContext(context); }
 }  // namespace internal
@@ -115,17 +117,16 @@ inline Status AddContext(Status s, std::string_view context) { return s.WithCont
 
 // Returns from the enclosing function if `expr` (a Status or Result) is not OK,
 // optionally prefixing the message with a context string.
-#define PTC_RETURN_IF_ERROR(expr, ...)                                          \
-  do {                                                                          \
-    ::ptc::Status ptc_status_ = ::ptc::internal::GetStatus(expr);               \
-    if (!ptc_status_.ok())                                                      \
-      return ::ptc::internal::AddContext(std::move(ptc_status_) __VA_OPT__(, ) __VA_ARGS__); \
+#define PTC_RETURN_IF_ERROR(expr, ...)                                                                            \
+  do {                                                                                                            \
+    ::ptc::Status ptc_status_ = ::ptc::internal::GetStatus(expr);                                                 \
+    if (!ptc_status_.ok()) return ::ptc::internal::AddContext(std::move(ptc_status_) __VA_OPT__(, ) __VA_ARGS__); \
   } while (0)
 
 // `lhs = value of expr` (a Result), or return its Status (with optional context).
 #define PTC_ASSIGN_OR_RETURN(lhs, expr, ...) \
   PTC_ASSIGN_OR_RETURN_IMPL_(PTC_CONCAT_(ptc_result_, __LINE__), lhs, expr __VA_OPT__(, ) __VA_ARGS__)
-#define PTC_ASSIGN_OR_RETURN_IMPL_(r, lhs, expr, ...)                               \
-  auto r = (expr);                                                                  \
+#define PTC_ASSIGN_OR_RETURN_IMPL_(r, lhs, expr, ...)                                     \
+  auto r = (expr);                                                                        \
   if (!r.ok()) return ::ptc::internal::AddContext(r.status() __VA_OPT__(, ) __VA_ARGS__); \
   lhs = std::move(r).value()

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "ptc/base/env.h"
-#include "ptc/model/region_io.h"
 #include "ptc/format/safetensors.h"
+#include "ptc/model/region_io.h"
 #include "ptc/model/view.h"
 
 namespace ptc {

@@ -92,9 +92,9 @@ Status AddSegment(const Opened& side, const char* label, const GlobalTensor& g, 
         diff->equal = false;
         diff->tensor = g.name;
         diff->index = Unflatten(g.shape, dst + i);
-        diff->reason = std::string(label) + ": replicas of '" + g.name + "' disagree at " +
-                       ShapeToString(diff->index) + ": rank " + std::to_string(h.rank) + " tensor '" + t.name +
-                       "' has " + Hex(got, elem) + ", another rank " + Hex(have, elem);
+        diff->reason = std::string(label) + ": replicas of '" + g.name + "' disagree at " + ShapeToString(diff->index) +
+                       ": rank " + std::to_string(h.rank) + " tensor '" + t.name + "' has " + Hex(got, elem) +
+                       ", another rank " + Hex(have, elem);
       }
     }
   });

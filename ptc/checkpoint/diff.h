@@ -20,7 +20,7 @@ struct CheckpointSide {
 
 struct DiffResult {
   bool equal = true;
-  std::string tensor;       // the first differing global tensor
+  std::string tensor;        // the first differing global tensor
   std::vector<Index> index;  // its first differing element
   std::string reason;        // one line for humans, e.g. "A and B differ at [3, 7]: 0x3f80 vs 0x3f81"
 };

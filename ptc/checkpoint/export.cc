@@ -38,7 +38,8 @@ Status WriteFreshDirectory(Env* env, const std::string& out_dir, const std::func
   const bool existed = env->Exists(out_dir);
   if (existed) {
     PTC_ASSIGN_OR_RETURN(auto names, env->ListDir(out_dir));
-    if (!names.empty()) return InvalidArgumentError(out_dir + ": exists and is not empty (export writes a fresh directory)");
+    if (!names.empty())
+      return InvalidArgumentError(out_dir + ": exists and is not empty (export writes a fresh directory)");
   }
   Status s = write();
   if (!s.ok()) (void)env->RemoveTree(out_dir);

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "ptc/base/checksum.h"
-#include "ptc/store/model_spec.h"
 #include "ptc/store/generation_writer.h"
+#include "ptc/store/model_spec.h"
 #include "ptc/store/store.h"
 
 namespace ptc {
@@ -85,8 +85,8 @@ class Importer {
   GenerationWriter* writer_;
   const ProgressFn& progress_;
   std::vector<unsigned char> buf_;
-  std::set<std::pair<ShardKey, int>> stored_;              // (key, worker) written
-  std::map<ShardKey, std::pair<uint64_t, int>> seen_;      // key -> (checksum, first rank)
+  std::set<std::pair<ShardKey, int>> stored_;          // (key, worker) written
+  std::map<ShardKey, std::pair<uint64_t, int>> seen_;  // key -> (checksum, first rank)
 };
 
 Result<ImportResult> ImportInto(Store* store, const CheckpointSource& source, const std::vector<RankView>& views,
@@ -151,7 +151,8 @@ Result<ImportResult> ImportFrom(Env* env, const CheckpointSource& source, const 
       // Best effort: the store did not exist before this call.
       if (dir_existed) {
         auto names = env->ListDir(store_path);
-        if (names.ok()) for (const std::string& n : *names) (void)env->RemoveTree(JoinPath(store_path, n));
+        if (names.ok())
+          for (const std::string& n : *names) (void)env->RemoveTree(JoinPath(store_path, n));
       } else {
         (void)env->RemoveTree(store_path);
       }

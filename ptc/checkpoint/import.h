@@ -14,9 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
-
-#include "ptc/checkpoint/checkpoint.h"
 #include "ptc/base/env.h"
+#include "ptc/checkpoint/checkpoint.h"
 #include "ptc/store/generation_writer.h"
 #include "ptc/store/store.h"
 

@@ -89,7 +89,8 @@ std::vector<Value> StrPath(const std::vector<std::string>& keys) {
 // The optimizer tensors of parameter i: where each kind sits (zero=0 layout).
 std::vector<Value> OptimPath(std::string_view kind, size_t i) {
   if (kind == "fp32") {
-    return {Value::Str("optimizer"), Value::Str("fp32_from_fp16_params"), Value::Int(0), Value::Int(static_cast<int64_t>(i))};
+    return {Value::Str("optimizer"), Value::Str("fp32_from_fp16_params"), Value::Int(0),
+            Value::Int(static_cast<int64_t>(i))};
   }
   return {Value::Str("optimizer"), Value::Str("optimizer"), Value::Str("state"), Value::Int(static_cast<int64_t>(i)),
           Value::Str(std::string(kind))};
@@ -146,7 +147,8 @@ std::string RankDirName(int tp_rank, int pp_rank, int pp) {
 }
 
 Result<RankDir> ParseRankDirName(std::string_view name) {
-  const auto bad = InvalidArgumentError("'" + std::string(name) + "' is not a rank directory (mp_rank_TT or mp_rank_TT_PPP)");
+  const auto bad =
+      InvalidArgumentError("'" + std::string(name) + "' is not a rank directory (mp_rank_TT or mp_rank_TT_PPP)");
   if (!name.starts_with("mp_rank_")) return bad;
   std::string_view rest = name.substr(8);
   RankDir d;
@@ -251,7 +253,8 @@ Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const
     const Value* v = Get(root, path);
     const std::string where = what + ": " + PathText(path);
     if (v == nullptr) return InvalidArgumentError(where + ": missing (tensor " + t.name + " of the rank's view)");
-    if (!v->is_tensor()) return InvalidArgumentError(where + ": a " + std::string(pickle::KindName(v->kind())) + ", not a tensor");
+    if (!v->is_tensor())
+      return InvalidArgumentError(where + ": a " + std::string(pickle::KindName(v->kind())) + ", not a tensor");
     const pickle::Tensor& p = v->tensor();
     if (p.dtype != t.dtype) {
       return InvalidArgumentError(where + ": dtype " + std::string(DTypeName(p.dtype)) + ", the schema says " +
@@ -268,7 +271,8 @@ Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const
   for (const LocalTensor& t : view.model) PTC_RETURN_IF_ERROR(take(t, StrPath(ModelKeyPath(spec.schema.name, t.name))));
   if (view.optim.empty()) return out;
   if (config.zero == 1) {
-    return InvalidArgumentError(what + ": ZeRO-1 optimizer state is not part of Megatron's model_optim_rng.pt "
+    return InvalidArgumentError(what +
+                                ": ZeRO-1 optimizer state is not part of Megatron's model_optim_rng.pt "
                                 "(import without optimizer state)");
   }
   std::map<std::string, size_t> param_index;
@@ -284,13 +288,12 @@ Result<MegatronState> LoadMegatronState(const nlohmann::json& extra, const std::
   MegatronState state;
   auto it = extra.find(kManifestKey);
   if (it == extra.end()) return state;
-  const auto bad = [&](const std::string& why) {
-    return InvalidArgumentError(what + ": extra.megatron: " + why);
-  };
+  const auto bad = [&](const std::string& why) { return InvalidArgumentError(what + ": extra.megatron: " + why); };
   if (!it->is_object()) return bad("not an object");
   auto iteration = it->find("iteration");
   auto carried = it->find("carried");
-  if (iteration == it->end() || !iteration->is_number_unsigned()) return bad("'iteration' must be a non-negative integer");
+  if (iteration == it->end() || !iteration->is_number_unsigned())
+    return bad("'iteration' must be a non-negative integer");
   if (carried == it->end() || !carried->is_string()) return bad("'carried' must be a string");
   state.iteration = iteration->get<uint64_t>();
   PTC_ASSIGN_OR_RETURN(std::string pickled, Unhex(carried->get<std::string>(), what + ": extra.megatron.carried"));

@@ -33,9 +33,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ptc/model/config.h"
-#include "ptc/format/pickle.h"
 #include "ptc/base/status.h"
+#include "ptc/format/pickle.h"
+#include "ptc/model/config.h"
 #include "ptc/model/view.h"
 
 namespace ptc::megatron {
@@ -90,7 +90,7 @@ nlohmann::json EncodeMegatronState(const MegatronState& state);
 struct RankState {
   struct Storage {
     std::string key;
-    const LocalTensor* tensor = nullptr;   // a local tensor of the view, or
+    const LocalTensor* tensor = nullptr;     // a local tensor of the view, or
     const CarriedTensor* carried = nullptr;  // one of the state's carried tensors
   };
   pickle::Value root;
@@ -109,7 +109,6 @@ Result<RankState> BuildRankState(const ModelSpec& spec, const ParallelConfig& co
 Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const ParallelConfig& config,
                                                     const RankView& view, const pickle::Value& root,
                                                     const std::string& what);
-
 
 // The root without 'model' and 'optimizer': what import keeps (its tensors
 // still reference the imported file's storages).

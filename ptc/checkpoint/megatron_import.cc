@@ -166,14 +166,16 @@ Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOp
     const RandomAccessFile& f = *files.back();
     PTC_ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(f, path));
     if (verified->insert(path).second) PTC_RETURN_IF_ERROR(VerifyTorchFileCrcs(f, tf, path));
-    PTC_ASSIGN_OR_RETURN(std::vector<pickle::Tensor> found, megatron::FindRankTensors(spec, config, view, tf.root, path));
+    PTC_ASSIGN_OR_RETURN(std::vector<pickle::Tensor> found,
+                         megatron::FindRankTensors(spec, config, view, tf.root, path));
     std::map<std::string, RankCheckpoint::Location> where;
     size_t i = 0;
     for (const auto* list : {&view.model, &view.optim}) {
       for (const LocalTensor& t : *list) {
         const pickle::Tensor& p = found[i++];
         const TorchStorage* storage = tf.FindStorage(p.storage_key);
-        where[t.name] = {&f, storage->member.data_offset + static_cast<uint64_t>(p.storage_offset) * DTypeSize(p.dtype)};
+        where[t.name] = {&f,
+                         storage->member.data_offset + static_cast<uint64_t>(p.storage_offset) * DTypeSize(p.dtype)};
       }
     }
     return std::make_unique<RankCheckpoint>(std::move(files), std::move(where));

@@ -15,9 +15,8 @@ Status WriteSynthCheckpoint(Env* env, const ModelSpec& spec, const ParallelConfi
     const size_t elem = DTypeSize(t.dtype);
     for (const Segment& s : t.segments) {
       const Box full = Box::Full(shapes.at(s.tensor));
-      ForEachRun(s.box, full, DenseLayout(full), s.box, s.layout, [&](Index g, Index l, Index n) {
-        SynthValues(s.tensor, seed, t.dtype, g, n, out + l * elem);
-      });
+      ForEachRun(s.box, full, DenseLayout(full), s.box, s.layout,
+                 [&](Index g, Index l, Index n) { SynthValues(s.tensor, seed, t.dtype, g, n, out + l * elem); });
     }
     return Status::OK();
   };

@@ -3,8 +3,8 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <bit>
+#include <cerrno>
 #include <cstring>
 #include <functional>
 
@@ -31,7 +31,7 @@ struct DTypeInfo {
   std::string_view name, short_name;
 };
 constexpr DTypeInfo kDTypes[] = {
-    {1, 1, "uint8", "u8"},   {2, 1, "int8", "i8"},      {3, 2, "int16", "i16"}, {4, 4, "int32", "i32"},
+    {1, 1, "uint8", "u8"},  {2, 1, "int8", "i8"},     {3, 2, "int16", "i16"},   {4, 4, "int32", "i32"},
     {5, 8, "int64", "i64"}, {6, 8, "float64", "f64"}, {7, 4, "float32", "f32"}, {8, 2, "uint16", "u16"},
 };
 
@@ -63,8 +63,8 @@ Status CheckCounts(std::string_view label, uint64_t size, const IdxLayout& l) {
   const std::string what = need > size ? "truncated or count mismatch" : "count mismatch";
   const std::string need_text = need >> 64 ? "more than 2^64" : U(static_cast<uint64_t>(need));
   return CorruptionError(std::string(label) + ": " + what + ": sequence count " + U(l.num_sequences) +
-                         " and document count " + U(l.num_documents) + " need " + need_text +
-                         " bytes, the file has " + U(size));
+                         " and document count " + U(l.num_documents) + " need " + need_text + " bytes, the file has " +
+                         U(size));
 }
 
 Status SequenceError(std::string_view label, uint64_t i, const std::string& what) {
@@ -92,8 +92,7 @@ Status CheckDocuments(std::string_view label, const IdxView& v) {
     const int64_t d = v.document(j);
     if (d < prev || static_cast<uint64_t>(d) > v.num_sequences()) {
       return CorruptionError(std::string(label) + ": document index entry " + U(j) + " is " + std::to_string(d) +
-                             "; entries must be non-decreasing and at most the sequence count " +
-                             U(v.num_sequences()));
+                             "; entries must be non-decreasing and at most the sequence count " + U(v.num_sequences()));
     }
     prev = d;
   }
@@ -103,8 +102,7 @@ Status CheckDocuments(std::string_view label, const IdxView& v) {
 // Copies the overlap of [offset, offset + n) with an array region of `count`
 // elements of `elem` bytes at `region`, filling elements in chunks.
 Status RenderArray(uint64_t region, uint64_t count, size_t elem,
-                   const std::function<Status(uint64_t, uint64_t, char*)>& fill, uint64_t offset, size_t n,
-                   char* dst) {
+                   const std::function<Status(uint64_t, uint64_t, char*)>& fill, uint64_t offset, size_t n, char* dst) {
   const uint64_t lo = std::max(offset, region), hi = std::min(offset + n, region + count * elem);
   if (lo >= hi) return Status::OK();
   constexpr uint64_t kChunk = 8192;
@@ -205,16 +203,16 @@ Status RenderIdx(const IdxSource& src, uint64_t offset, size_t n, char* dst) {
   }
   PTC_RETURN_IF_ERROR(RenderArray(
       l.sizes_offset(), l.num_sequences, 4,
-      [&](uint64_t f, uint64_t c, char* out) { return src.Lengths(f, c, reinterpret_cast<int32_t*>(out)); },
-      offset, n, dst));
+      [&](uint64_t f, uint64_t c, char* out) { return src.Lengths(f, c, reinterpret_cast<int32_t*>(out)); }, offset, n,
+      dst));
   PTC_RETURN_IF_ERROR(RenderArray(
       l.pointers_offset(), l.num_sequences, 8,
-      [&](uint64_t f, uint64_t c, char* out) { return src.Offsets(f, c, reinterpret_cast<int64_t*>(out)); },
-      offset, n, dst));
+      [&](uint64_t f, uint64_t c, char* out) { return src.Offsets(f, c, reinterpret_cast<int64_t*>(out)); }, offset, n,
+      dst));
   return RenderArray(
       l.documents_offset(), l.num_documents, 8,
-      [&](uint64_t f, uint64_t c, char* out) { return src.Documents(f, c, reinterpret_cast<int64_t*>(out)); },
-      offset, n, dst);
+      [&](uint64_t f, uint64_t c, char* out) { return src.Documents(f, c, reinterpret_cast<int64_t*>(out)); }, offset,
+      n, dst);
 }
 
 // ---------------------------------------------------------------- MegatronWriter
@@ -222,12 +220,12 @@ Status RenderIdx(const IdxSource& src, uint64_t offset, size_t n, char* dst) {
 namespace {
 constexpr size_t kWriterChunk = 1 << 20;  // sequences buffered before their lengths/offsets are written
 constexpr size_t kBinBuffer = 4 << 20;    // .bin bytes buffered before an Append
-}
+}  // namespace
 
 MegatronWriter::~MegatronWriter() = default;
 
-Result<std::unique_ptr<MegatronWriter>> MegatronWriter::Create(Env* env, const std::string& prefix,
-                                                               uint8_t dtype_code, uint64_t num_sequences) {
+Result<std::unique_ptr<MegatronWriter>> MegatronWriter::Create(Env* env, const std::string& prefix, uint8_t dtype_code,
+                                                               uint64_t num_sequences) {
   if (IdxDTypeSize(dtype_code) == 0) return InvalidArgumentError("unknown dtype code " + U(dtype_code));
   std::unique_ptr<MegatronWriter> w(new MegatronWriter());
   w->prefix_ = prefix;

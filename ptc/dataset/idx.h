@@ -57,8 +57,8 @@ class IdxView {
   uint64_t num_sequences() const { return layout_.num_sequences; }
   uint64_t num_documents() const { return layout_.num_documents; }
   // REQUIRES: i < num_sequences() (j < num_documents()).
-  int32_t length(uint64_t i) const;      // tokens
-  int64_t offset(uint64_t i) const;      // byte offset into .bin
+  int32_t length(uint64_t i) const;  // tokens
+  int64_t offset(uint64_t i) const;  // byte offset into .bin
   uint64_t nbytes(uint64_t i) const { return static_cast<uint64_t>(length(i)) * token_size(); }
   int64_t document(uint64_t j) const;
 

@@ -121,8 +121,8 @@ Result<DatasetImportResult> ImportDataset(Store& store, const DatasetImportOptio
   const std::string source = Absolute(options.source);
   const bool jsonl = options.format == DatasetFormat::kJsonl;
   const bool made_dir = jsonl && !had && !env->Exists(store.AbsPath(kIndexDir));
-  Result<DatasetState> fp = jsonl ? FingerprintJsonl(env, store, source, !had.has_value(), progress)
-                                  : FingerprintMegatron(env, source);
+  Result<DatasetState> fp =
+      jsonl ? FingerprintJsonl(env, store, source, !had.has_value(), progress) : FingerprintMegatron(env, source);
   if (!fp.ok() && made_dir) (void)env->RemoveTree(store.AbsPath(kIndexDir));
   PTC_RETURN_IF_ERROR(fp.status());
   DatasetState s = std::move(fp).value();

@@ -45,9 +45,7 @@ class PairSink {
   uint64_t count_ = 0;
 };
 
-bool IsBlank(std::string_view line) {
-  return line.find_first_not_of(" \t\r") == std::string_view::npos;
-}
+bool IsBlank(std::string_view line) { return line.find_first_not_of(" \t\r") == std::string_view::npos; }
 
 // Emits `line`, which starts at byte `start` of the source, unless it is blank;
 // one trailing '\r' is not part of the sample.
@@ -120,8 +118,7 @@ uint64_t JsonlIndexView::start(uint64_t i) const { return Load64(pairs_ + 16 * i
 uint64_t JsonlIndexView::end(uint64_t i) const { return Load64(pairs_ + 16 * i + 8); }
 uint64_t JsonlIndexView::checksum() const { return Xxh64(pairs_, 16 * n_); }
 
-Result<JsonlIndexView> ParseJsonlIndex(std::string_view label, std::span<const uint8_t> bytes,
-                                       uint64_t source_size) {
+Result<JsonlIndexView> ParseJsonlIndex(std::string_view label, std::span<const uint8_t> bytes, uint64_t source_size) {
   const std::string at(label);
   if (bytes.size() < kJsonlIndexHeaderSize) {
     return CorruptionError(at + ": truncated: " + U(bytes.size()) + " bytes, the header needs 32");

@@ -22,9 +22,9 @@
 #include <string>
 #include <string_view>
 
-#include "ptc/dataset/idx.h"
 #include "ptc/base/env.h"
 #include "ptc/base/status.h"
+#include "ptc/dataset/idx.h"
 
 namespace ptc {
 

@@ -212,8 +212,8 @@ Result<std::unique_ptr<GroupedRankStream>> GroupedRankStream::Create(const Batch
   PTC_RETURN_IF_ERROR(CheckStreamArgs(g, consumed, dp, rank));
   PTC_RETURN_IF_ERROR(CheckLengthBounds(bounds));
   if (group >= bounds.size()) {
-    return InvalidArgumentError("group " + std::to_string(group) + " is outside [0, " +
-                                std::to_string(bounds.size()) + ")");
+    return InvalidArgumentError("group " + std::to_string(group) + " is outside [0, " + std::to_string(bounds.size()) +
+                                ")");
   }
   std::unique_ptr<GroupedRankStream> s(new GroupedRankStream(g, perm, std::move(length), std::move(bounds)));
   s->group_ = group;

@@ -171,9 +171,9 @@ class GroupedRankStream : public SampleSequence {
  public:
   // \error InvalidArgument as CheckStreamArgs / CheckLengthBounds, or when
   //        group >= the number of groups.
-  static Result<std::unique_ptr<GroupedRankStream>> Create(const BatchGeometry& g, Permutation perm,
-                                                           LengthFn length, std::vector<uint64_t> bounds,
-                                                           uint64_t consumed, size_t group, int dp, int rank);
+  static Result<std::unique_ptr<GroupedRankStream>> Create(const BatchGeometry& g, Permutation perm, LengthFn length,
+                                                           std::vector<uint64_t> bounds, uint64_t consumed,
+                                                           size_t group, int dp, int rank);
   uint64_t size() const override { return cum_.back(); }
   uint64_t At(uint64_t j) const override;
   // The position (not the sample id) of the j-th item.

@@ -8,10 +8,10 @@
 #include <memory>
 #include <string>
 
-#include "ptc/dataset/idx.h"
-#include "ptc/dataset/jsonl.h"
 #include "ptc/base/env.h"
 #include "ptc/base/status.h"
+#include "ptc/dataset/idx.h"
+#include "ptc/dataset/jsonl.h"
 
 namespace ptc {
 

@@ -1,11 +1,11 @@
 // The dataset state record: JSON, position arithmetic and the store commit.
 // Importing and fingerprinting a source is in dataset_import.cc.
 #include "ptc/dataset/state.h"
-#include "ptc/store/generation_writer.h"
 
 #include "ptc/base/checksum.h"
-#include "ptc/dataset/order.h"
 #include "ptc/base/json_fields.h"
+#include "ptc/dataset/order.h"
+#include "ptc/store/generation_writer.h"
 #include "ptc/store/manifest.h"
 
 namespace ptc {

@@ -23,8 +23,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ptc/dataset/source.h"
 #include "ptc/base/status.h"
+#include "ptc/dataset/source.h"
 #include "ptc/store/generation_writer.h"
 #include "ptc/store/store.h"
 
@@ -46,7 +46,7 @@ struct DatasetState {
   uint64_t global_batch = 1;       // B >= 1, fixed for the dataset's life in the store
   uint64_t seed = 0;
   uint64_t epoch = 0;
-  uint64_t consumed = 0;                // in this epoch: a multiple of B, or N
+  uint64_t consumed = 0;                 // in this epoch: a multiple of B, or N
   std::vector<uint64_t> length_buckets;  // optional length-group bounds (Megatron only)
 
   uint64_t steps_per_epoch() const { return num_samples / global_batch + (num_samples % global_batch != 0); }

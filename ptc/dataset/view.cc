@@ -25,10 +25,14 @@ void FormatId(uint64_t id, int width, char* out) {
 
 std::string_view ViewFileName(ViewFile f) {
   switch (f) {
-    case ViewFile::kIds: return "ids.txt";
-    case ViewFile::kIdx: return "samples.idx";
-    case ViewFile::kBin: return "samples.bin";
-    case ViewFile::kJsonl: return "samples.jsonl";
+    case ViewFile::kIds:
+      return "ids.txt";
+    case ViewFile::kIdx:
+      return "samples.idx";
+    case ViewFile::kBin:
+      return "samples.bin";
+    case ViewFile::kJsonl:
+      return "samples.jsonl";
   }
   return "?";
 }
@@ -67,9 +71,9 @@ Result<std::shared_ptr<const SampleSequence>> RankSamplesFor(const DatasetState&
                                 " length groups; name the group (0-based)");
   }
   LengthFn length = [source](uint64_t id) { return source->SampleLength(id); };
-  PTC_ASSIGN_OR_RETURN(std::unique_ptr<GroupedRankStream> s,
-                       GroupedRankStream::Create(g, perm, std::move(length), state.length_buckets, state.consumed,
-                                                 *group, dp, dp_rank));
+  PTC_ASSIGN_OR_RETURN(
+      std::unique_ptr<GroupedRankStream> s,
+      GroupedRankStream::Create(g, perm, std::move(length), state.length_buckets, state.consumed, *group, dp, dp_rank));
   return std::shared_ptr<const SampleSequence>(std::move(s));
 }
 
@@ -82,7 +86,8 @@ class RankDataView::IdxAdapter : public IdxSource {
   IdxLayout layout() const override { return {v_.num_samples(), v_.num_samples() + 1}; }
   uint8_t dtype_code() const override { return v_.source_->dtype_code(); }
   Status Lengths(uint64_t first, uint64_t count, int32_t* out) const override {
-    for (uint64_t t = 0; t < count; ++t) out[t] = static_cast<int32_t>(v_.source_->SampleLength(v_.samples_->At(first + t)));
+    for (uint64_t t = 0; t < count; ++t)
+      out[t] = static_cast<int32_t>(v_.source_->SampleLength(v_.samples_->At(first + t)));
     return Status::OK();
   }
   Status Offsets(uint64_t first, uint64_t count, int64_t* out) const override {
@@ -151,10 +156,14 @@ Result<uint64_t> RankDataView::FileSize(ViewFile f) const {
                                 " dataset has no " + std::string(ViewFileName(f)));
   }
   switch (f) {
-    case ViewFile::kIds: return num_samples() * static_cast<uint64_t>(width_ + 1);
-    case ViewFile::kIdx: return IdxLayout{num_samples(), num_samples() + 1}.total_size();
+    case ViewFile::kIds:
+      return num_samples() * static_cast<uint64_t>(width_ + 1);
+    case ViewFile::kIdx:
+      return IdxLayout{num_samples(), num_samples() + 1}.total_size();
     case ViewFile::kBin:
-    case ViewFile::kJsonl: BuildTable(); return table_.back();
+    case ViewFile::kJsonl:
+      BuildTable();
+      return table_.back();
   }
   return InternalError("unknown view file");
 }
@@ -189,10 +198,16 @@ Result<size_t> RankDataView::Read(ViewFile f, uint64_t offset, size_t n, char* d
   if (offset >= size) return size_t{0};
   n = std::min<uint64_t>(n, size - offset);
   switch (f) {
-    case ViewFile::kIds: PTC_RETURN_IF_ERROR(ReadIds(offset, n, dst)); break;
-    case ViewFile::kIdx: PTC_RETURN_IF_ERROR(RenderIdx(IdxAdapter(*this), offset, n, dst)); break;
+    case ViewFile::kIds:
+      PTC_RETURN_IF_ERROR(ReadIds(offset, n, dst));
+      break;
+    case ViewFile::kIdx:
+      PTC_RETURN_IF_ERROR(RenderIdx(IdxAdapter(*this), offset, n, dst));
+      break;
     case ViewFile::kBin:
-    case ViewFile::kJsonl: PTC_RETURN_IF_ERROR(ReadData(offset, n, dst)); break;
+    case ViewFile::kJsonl:
+      PTC_RETURN_IF_ERROR(ReadData(offset, n, dst));
+      break;
   }
   return n;
 }

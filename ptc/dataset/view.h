@@ -28,11 +28,11 @@
 #include <string_view>
 #include <vector>
 
-#include "ptc/model/config.h"
+#include "ptc/base/status.h"
 #include "ptc/dataset/order.h"
 #include "ptc/dataset/source.h"
 #include "ptc/dataset/state.h"
-#include "ptc/base/status.h"
+#include "ptc/model/config.h"
 
 namespace ptc {
 

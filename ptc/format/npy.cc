@@ -22,10 +22,18 @@ struct Descr {
 };
 
 constexpr std::array<Descr, kNumDTypes> kDescrs = {{
-    {DType::kF64, "<f8", false},    {DType::kF32, "<f4", false},    {DType::kF16, "<f2", false},
-    {DType::kBF16, "<V2", true},    {DType::kI64, "<i8", false},    {DType::kI32, "<i4", false},
-    {DType::kI16, "<i2", false},    {DType::kI8, "|i1", false},     {DType::kU8, "|u1", false},
-    {DType::kBool, "|b1", false},   {DType::kF8E4M3, "|V1", true},  {DType::kF8E5M2, "|V1", true},
+    {DType::kF64, "<f8", false},
+    {DType::kF32, "<f4", false},
+    {DType::kF16, "<f2", false},
+    {DType::kBF16, "<V2", true},
+    {DType::kI64, "<i8", false},
+    {DType::kI32, "<i4", false},
+    {DType::kI16, "<i2", false},
+    {DType::kI8, "|i1", false},
+    {DType::kU8, "|u1", false},
+    {DType::kBool, "|b1", false},
+    {DType::kF8E4M3, "|V1", true},
+    {DType::kF8E5M2, "|V1", true},
 }};
 
 Status Bad(std::string_view label, const std::string& message) {
@@ -171,8 +179,8 @@ Status ParseDict(std::string_view label, std::string_view text, NpyHeader& h) {
 std::string_view NpyDescr(DType dtype) { return kDescrs[static_cast<size_t>(dtype)].descr; }
 
 std::string EncodeNpyHeader(DType dtype, const Shape& shape) {
-  const std::string dict = "{'descr': '" + std::string(NpyDescr(dtype)) +
-                           "', 'fortran_order': False, 'shape': " + ShapeTuple(shape) + ", }";
+  const std::string dict =
+      "{'descr': '" + std::string(NpyDescr(dtype)) + "', 'fortran_order': False, 'shape': " + ShapeTuple(shape) + ", }";
   size_t preamble = 10;  // magic, version, u16 length
   size_t total = (preamble + dict.size() + 1 + kAlign - 1) / kAlign * kAlign;
   if (total - preamble > 0xffff) {

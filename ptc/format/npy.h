@@ -25,10 +25,10 @@
 #include <string>
 #include <string_view>
 
-#include "ptc/model/box.h"
-#include "ptc/model/dtype.h"
 #include "ptc/base/env.h"
 #include "ptc/base/status.h"
+#include "ptc/model/box.h"
+#include "ptc/model/dtype.h"
 
 namespace ptc {
 
@@ -75,8 +75,7 @@ class NpyWriter {
  public:
   // \error InvalidArgument (naming `path`) for a negative dimension or a byte size that overflows.
   // \error as Env::OpenWrite.
-  static Result<std::unique_ptr<NpyWriter>> Create(Env* env, const std::string& path, DType dtype,
-                                                   const Shape& shape);
+  static Result<std::unique_ptr<NpyWriter>> Create(Env* env, const std::string& path, DType dtype, const Shape& shape);
   ~NpyWriter();
 
   // \error FailedPrecondition when `n` bytes go past the end of the data or after Finish.

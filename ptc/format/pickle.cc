@@ -14,8 +14,9 @@ namespace {
 
 // ---------------------------------------------------------------- helpers
 
-constexpr DType kStorageDTypes[] = {DType::kF64, DType::kF32, DType::kF16,  DType::kBF16,   DType::kI64,   DType::kI32,
-                                    DType::kI16, DType::kI8,  DType::kU8,   DType::kBool,   DType::kF8E4M3, DType::kF8E5M2};
+constexpr DType kStorageDTypes[] = {DType::kF64, DType::kF32,  DType::kF16,    DType::kBF16,
+                                    DType::kI64, DType::kI32,  DType::kI16,    DType::kI8,
+                                    DType::kU8,  DType::kBool, DType::kF8E4M3, DType::kF8E5M2};
 constexpr std::string_view kStorageNames[] = {
     "DoubleStorage", "FloatStorage", "HalfStorage", "BFloat16Storage", "LongStorage",          "IntStorage",
     "ShortStorage",  "CharStorage",  "ByteStorage", "BoolStorage",     "Float8_e4m3fnStorage", "Float8_e5m2Storage"};
@@ -108,12 +109,24 @@ void AppendPairs(const Pairs& pairs, std::string& out) {
 
 void AppendDebug(const Value& v, std::string& out) {
   switch (v.kind()) {
-    case Kind::kNone: out += "None"; return;
-    case Kind::kBool: out += v.as_bool() ? "True" : "False"; return;
-    case Kind::kInt: out += std::to_string(v.as_int()); return;
-    case Kind::kFloat: out += FloatRepr(v.as_float()); return;
-    case Kind::kStr: out += Repr(v.as_str(), 0); return;
-    case Kind::kBytes: out += Repr(v.as_str(), 'b'); return;
+    case Kind::kNone:
+      out += "None";
+      return;
+    case Kind::kBool:
+      out += v.as_bool() ? "True" : "False";
+      return;
+    case Kind::kInt:
+      out += std::to_string(v.as_int());
+      return;
+    case Kind::kFloat:
+      out += FloatRepr(v.as_float());
+      return;
+    case Kind::kStr:
+      out += Repr(v.as_str(), 0);
+      return;
+    case Kind::kBytes:
+      out += Repr(v.as_str(), 'b');
+      return;
     case Kind::kList:
       out += "[";
       AppendItems(v.items(), out);
@@ -138,7 +151,8 @@ void AppendDebug(const Value& v, std::string& out) {
       const Tensor& t = v.tensor();
       out += t.parameter ? "Parameter(" : "Tensor(";
       out += "storage=" + Repr(t.storage_key, 0) + ", dtype=" + std::string(DTypeName(t.dtype)) +
-             ", numel=" + std::to_string(t.storage_numel) + ", offset=" + std::to_string(t.storage_offset) + ", shape=(";
+             ", numel=" + std::to_string(t.storage_numel) + ", offset=" + std::to_string(t.storage_offset) +
+             ", shape=(";
       for (size_t i = 0; i < t.shape.size(); ++i) out += (i ? ", " : "") + std::to_string(t.shape[i]);
       out += "), stride=(";
       for (size_t i = 0; i < t.stride.size(); ++i) out += (i ? ", " : "") + std::to_string(t.stride[i]);
@@ -147,7 +161,9 @@ void AppendDebug(const Value& v, std::string& out) {
       out += ")";
       return;
     }
-    case Kind::kGlobal: out += v.global().FullName(); return;
+    case Kind::kGlobal:
+      out += v.global().FullName();
+      return;
     case Kind::kObject: {
       const Object& o = v.object();
       out += o.callable.FullName() + (o.build == Object::Build::kReduce ? "(" : ".__new__(");
@@ -180,8 +196,8 @@ bool FloatBitsEqual(double a, double b) { return std::memcmp(&a, &b, sizeof(doub
 // ---------------------------------------------------------------- public
 
 std::string_view KindName(Kind kind) {
-  static constexpr std::string_view kNames[] = {"None",  "bool",        "int",    "float",  "str",    "bytes", "list",
-                                                "tuple", "dict",        "OrderedDict", "Tensor", "global", "object"};
+  static constexpr std::string_view kNames[] = {"None",  "bool", "int",         "float",  "str",    "bytes", "list",
+                                                "tuple", "dict", "OrderedDict", "Tensor", "global", "object"};
   return kNames[static_cast<int>(kind)];
 }
 
@@ -266,8 +282,9 @@ const Value* Value::GetAttr(std::string_view name) const {
 Value* Value::GetAttr(std::string_view name) { return const_cast<Value*>(std::as_const(*this).GetAttr(name)); }
 
 Status Value::SetAttr(std::string_view name, Value value) {
-  if (kind_ != Kind::kObject) return InvalidArgumentError("cannot set attribute '" + std::string(name) + "' of a " +
-                                                          std::string(KindName(kind_)));
+  if (kind_ != Kind::kObject)
+    return InvalidArgumentError("cannot set attribute '" + std::string(name) + "' of a " +
+                                std::string(KindName(kind_)));
   Object& o = object();
   if (!o.state) o.state = Boxed<Value>(Value::Dict());
   if (!o.state->is_dict())
@@ -287,8 +304,6 @@ void ForEachTensor(const Value& root, const std::function<void(const std::string
   Walk(root, "", fn);
 }
 
-void ForEachTensor(Value& root, const std::function<void(const std::string& path, Tensor&)>& fn) {
-  Walk(root, "", fn);
-}
+void ForEachTensor(Value& root, const std::function<void(const std::string& path, Tensor&)>& fn) { Walk(root, "", fn); }
 
 }  // namespace ptc::pickle

@@ -26,13 +26,25 @@
 #include <variant>
 #include <vector>
 
-#include "ptc/model/dtype.h"
 #include "ptc/base/status.h"
+#include "ptc/model/dtype.h"
 
 namespace ptc::pickle {
 
 enum class Kind {
-  kNone, kBool, kInt, kFloat, kStr, kBytes, kList, kTuple, kDict, kOrderedDict, kTensor, kGlobal, kObject,
+  kNone,
+  kBool,
+  kInt,
+  kFloat,
+  kStr,
+  kBytes,
+  kList,
+  kTuple,
+  kDict,
+  kOrderedDict,
+  kTensor,
+  kGlobal,
+  kObject,
 };
 std::string_view KindName(Kind kind);  // "None", "bool", "int", ..., "OrderedDict", "Tensor", "global", "object"
 
@@ -71,7 +83,7 @@ class Boxed {
   std::unique_ptr<T> p_;
 };
 
-using Items = std::vector<Value>;                   // list and tuple elements
+using Items = std::vector<Value>;                    // list and tuple elements
 using Pairs = std::vector<std::pair<Value, Value>>;  // dict items, in order
 
 // A module-level name: `torch.float16`, `argparse.Namespace`.
@@ -87,15 +99,15 @@ struct Global {
 // member "<archive>/data/<storage_key>". Offsets and strides count elements.
 struct Tensor {
   std::string storage_key;
-  DType dtype = DType::kF32;    // of the storage (torch.FloatStorage: F32, ...)
-  uint64_t storage_numel = 0;   // elements of the whole storage
+  DType dtype = DType::kF32;   // of the storage (torch.FloatStorage: F32, ...)
+  uint64_t storage_numel = 0;  // elements of the whole storage
   std::string location = "cpu";
   int64_t storage_offset = 0;
   std::vector<int64_t> shape;
   std::vector<int64_t> stride;
   bool requires_grad = false;
-  bool parameter = false;       // a torch.nn.Parameter (_rebuild_parameter)
-  Boxed<Value> metadata;        // the optional 7th _rebuild_tensor_v2 argument
+  bool parameter = false;  // a torch.nn.Parameter (_rebuild_parameter)
+  Boxed<Value> metadata;   // the optional 7th _rebuild_tensor_v2 argument
 
   friend bool operator==(const Tensor& a, const Tensor& b);  // deep
 };
@@ -113,7 +125,7 @@ struct Object {
   Boxed<Value> kwargs;  // a dict, kNewObjEx only
   Items list_items;
   Pairs dict_items;
-  Boxed<Value> state;   // the BUILD state; empty when there was no BUILD
+  Boxed<Value> state;  // the BUILD state; empty when there was no BUILD
 
   friend bool operator==(const Object& a, const Object& b);  // deep
 };
@@ -155,9 +167,9 @@ class Value {
   int64_t as_int() const { return std::get<int64_t>(data_); }
   double as_float() const { return std::get<double>(data_); }
   const std::string& as_str() const { return std::get<std::string>(data_); }  // Str and Bytes
-  const Items& items() const { return std::get<Items>(data_); }              // List and Tuple
+  const Items& items() const { return std::get<Items>(data_); }               // List and Tuple
   Items& items() { return std::get<Items>(data_); }
-  const Pairs& pairs() const { return std::get<DictData>(data_).pairs; }     // Dict and OrderedDict
+  const Pairs& pairs() const { return std::get<DictData>(data_).pairs; }  // Dict and OrderedDict
   Pairs& pairs() { return std::get<DictData>(data_).pairs; }
   const Tensor& tensor() const { return *std::get<Boxed<Tensor>>(data_); }
   Tensor& tensor() { return *std::get<Boxed<Tensor>>(data_); }
@@ -171,7 +183,7 @@ class Value {
   // Dict access by key. nullptr when this is not a dict or has no such key.
   const Value* Find(std::string_view key) const;  // a Str key
   Value* Find(std::string_view key);
-  const Value* Find(const Value& key) const;      // any key (==)
+  const Value* Find(const Value& key) const;  // any key (==)
   Value* Find(const Value& key);
   // Replaces the value of `key` or appends the item. REQUIRES: is_dict().
   void Set(Value key, Value value);
@@ -216,7 +228,7 @@ std::string_view StorageClassName(DType dtype);
 Result<DType> DTypeFromStorageClass(std::string_view name);
 
 struct UnpickleLimits {
-  int max_depth = 200;                 // nesting of the result
+  int max_depth = 200;  // nesting of the result
   // Objects built while unpickling, and nodes of the result (shared
   // references count each time).
   uint64_t max_values = 1ull << 23;

@@ -1,11 +1,10 @@
 // The protocol-2 pickler.
-#include "ptc/format/pickle.h"
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "ptc/format/little_endian.h"
+#include "ptc/format/pickle.h"
 #include "ptc/format/pickle_internal.h"
 
 namespace ptc::pickle {
@@ -172,9 +171,12 @@ class Pickler {
   }
   void Write(const Value& v) {
     switch (v.kind()) {
-      case Kind::kNone: return Op(kNone);
-      case Kind::kBool: return Op(v.as_bool() ? kNewTrue : kNewFalse);
-      case Kind::kInt: return Int(v.as_int());
+      case Kind::kNone:
+        return Op(kNone);
+      case Kind::kBool:
+        return Op(v.as_bool() ? kNewTrue : kNewFalse);
+      case Kind::kInt:
+        return Int(v.as_int());
       case Kind::kFloat: {
         Op(kBinFloat);
         uint64_t bits;
@@ -183,7 +185,8 @@ class Pickler {
         for (int i = 7; i >= 0; --i) out_ += static_cast<char>((bits >> (8 * i)) & 0xff);
         return;
       }
-      case Kind::kStr: return Str(v.as_str());
+      case Kind::kStr:
+        return Str(v.as_str());
       case Kind::kBytes:
         GlobalOp("_codecs", "encode");
         Str(Latin1ToUtf8(v.as_str()));
@@ -193,7 +196,8 @@ class Pickler {
       case Kind::kList:
         Op(kEmptyList);
         return Appends(v.items());
-      case Kind::kTuple: return TupleOf(v.items());
+      case Kind::kTuple:
+        return TupleOf(v.items());
       case Kind::kDict:
         Op(kEmptyDict);
         return SetItems(v.pairs());
@@ -205,9 +209,12 @@ class Pickler {
           Op(kBuild);
         }
         return;
-      case Kind::kTensor: return WriteTensor(v.tensor());
-      case Kind::kGlobal: return GlobalOp(v.global().module, v.global().name);
-      case Kind::kObject: return WriteObject(v.object());
+      case Kind::kTensor:
+        return WriteTensor(v.tensor());
+      case Kind::kGlobal:
+        return GlobalOp(v.global().module, v.global().name);
+      case Kind::kObject:
+        return WriteObject(v.object());
     }
   }
 

@@ -40,8 +40,8 @@ Status CheckHeaderLength(std::string_view label, uint64_t n, uint64_t file_size)
     return Bad(label, "header length " + std::to_string(n) + " exceeds the limit of " +
                           std::to_string(kMaxSafetensorsHeaderSize) + " bytes");
   if (n > file_size - 8)
-    return Bad(label, "header length " + std::to_string(n) + " runs past the end of the " +
-                          std::to_string(file_size) + "-byte file");
+    return Bad(label, "header length " + std::to_string(n) + " runs past the end of the " + std::to_string(file_size) +
+                          "-byte file");
   return Status::OK();
 }
 
@@ -76,8 +76,8 @@ Result<json> ParseJson(std::string_view label, std::string_view text) {
     if (depth == 1) top_key = key;
     if (!keys.back().insert(key).second) {
       const std::string where = top_key == kMetadataKey ? top_key : "tensor '" + top_key + "'";
-      duplicate = depth == 1 ? "key '" + key + "' appears twice in the header"
-                             : where + ": key '" + key + "' appears twice";
+      duplicate =
+          depth == 1 ? "key '" + key + "' appears twice in the header" : where + ": key '" + key + "' appears twice";
     }
     return true;
   };
@@ -135,7 +135,8 @@ Result<std::pair<uint64_t, uint64_t>> ParseOffsets(const json* v, uint64_t buffe
   if (v == nullptr) return InvalidArgumentError("missing \"data_offsets\"");
   auto offs = UnsignedArray(*v, std::numeric_limits<uint64_t>::max());
   if (!offs || offs->size() != 2 || (*offs)[0] > (*offs)[1])
-    return InvalidArgumentError("data_offsets " + Excerpt(*v) + " is not a pair [begin, end] of integers, begin <= end");
+    return InvalidArgumentError("data_offsets " + Excerpt(*v) +
+                                " is not a pair [begin, end] of integers, begin <= end");
   if ((*offs)[1] > buffer_size)
     return InvalidArgumentError("data_offsets " + Excerpt(*v) + " reach past the end of the " +
                                 std::to_string(buffer_size) + "-byte data buffer");
@@ -143,8 +144,7 @@ Result<std::pair<uint64_t, uint64_t>> ParseOffsets(const json* v, uint64_t buffe
 }
 
 // Errors carry no label; the caller adds "<label>: tensor '<name>'".
-Result<SafetensorsEntry> ParseEntry(const std::string& name, const json& v, uint64_t data_start,
-                                    uint64_t buffer_size) {
+Result<SafetensorsEntry> ParseEntry(const std::string& name, const json& v, uint64_t data_start, uint64_t buffer_size) {
   if (!v.is_object()) return InvalidArgumentError("entry is not an object but " + Excerpt(v));
   const json* dtype_json = Field(v, "dtype");
   if (dtype_json == nullptr) return InvalidArgumentError("missing \"dtype\"");
@@ -160,8 +160,8 @@ Result<SafetensorsEntry> ParseEntry(const std::string& name, const json& v, uint
   if (held != *nbytes)
     return InvalidArgumentError("data_offsets [" + std::to_string(offsets.first) + ", " +
                                 std::to_string(offsets.second) + "] hold " + std::to_string(held) +
-                                " bytes but shape " + ShapeToString(shape) + " of " +
-                                std::string(DTypeName(dtype)) + " needs " + std::to_string(*nbytes));
+                                " bytes but shape " + ShapeToString(shape) + " of " + std::string(DTypeName(dtype)) +
+                                " needs " + std::to_string(*nbytes));
   return SafetensorsEntry{name, dtype, std::move(shape), data_start + offsets.first, *nbytes};
 }
 
@@ -176,10 +176,9 @@ Status CheckTiling(std::string_view label, SafetensorsHeader& h) {
     const std::string where = "data_offsets [" + std::to_string(e.offset - h.data_start) + ", " +
                               std::to_string(e.offset - h.data_start + e.nbytes) + "]";
     if (e.offset > expected)
-      return Bad(TensorContext(label, e.name), where + " leave a gap of " + std::to_string(e.offset - expected) +
-                                                   " bytes before it");
-    if (e.offset < expected)
-      return Bad(TensorContext(label, e.name), where + " overlap tensor '" + prev->name + "'");
+      return Bad(TensorContext(label, e.name),
+                 where + " leave a gap of " + std::to_string(e.offset - expected) + " bytes before it");
+    if (e.offset < expected) return Bad(TensorContext(label, e.name), where + " overlap tensor '" + prev->name + "'");
     expected = e.offset + e.nbytes;
     prev = &e;
   }
@@ -197,8 +196,7 @@ const SafetensorsEntry* SafetensorsHeader::Find(std::string_view name) const {
   return nullptr;
 }
 
-Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view label, std::string_view prefix,
-                                                 uint64_t file_size) {
+Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view label, std::string_view prefix, uint64_t file_size) {
   if (file_size < 8)
     return Bad(label, "file of " + std::to_string(file_size) + " bytes is shorter than the 8-byte header length");
   if (prefix.size() > file_size)
@@ -207,8 +205,8 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view label, std::st
   const uint64_t n = internal::Get64(prefix.data());
   PTC_RETURN_IF_ERROR(CheckHeaderLength(label, n, file_size));
   if (prefix.size() - 8 < n)
-    return Bad(label, "prefix holds " + std::to_string(prefix.size()) + " of the " + std::to_string(8 + n) +
-                          " header bytes");
+    return Bad(label,
+               "prefix holds " + std::to_string(prefix.size()) + " of the " + std::to_string(8 + n) + " header bytes");
   PTC_ASSIGN_OR_RETURN(json j, ParseJson(label, prefix.substr(8, n)));
   SafetensorsHeader h;
   h.data_start = 8 + n;

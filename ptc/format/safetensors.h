@@ -23,10 +23,10 @@
 #include <string_view>
 #include <vector>
 
-#include "ptc/model/box.h"
-#include "ptc/model/dtype.h"
 #include "ptc/base/env.h"
 #include "ptc/base/status.h"
+#include "ptc/model/box.h"
+#include "ptc/model/dtype.h"
 
 namespace ptc {
 
@@ -68,8 +68,7 @@ struct SafetensorsHeader {
 //        data buffer (gap, overlap, beyond the end, trailing bytes).
 // \error InvalidArgument when `prefix` holds fewer than 8 + N bytes or more
 //        than `file_size`.
-Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view label, std::string_view prefix,
-                                                 uint64_t file_size);
+Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view label, std::string_view prefix, uint64_t file_size);
 
 // Reads the 8-byte length, then the N header bytes, and parses them.
 // \error as ParseSafetensorsHeader, labelled with `path`.

@@ -89,10 +89,10 @@ Result<std::vector<TorchStorage>> CollectStorages(const pickle::Value& root, con
       }
       it = by_key.emplace(t.storage_key, TorchStorage{t.storage_key, t.dtype, t.storage_numel, *e}).first;
     } else if (it->second.dtype != t.dtype || it->second.numel != t.storage_numel) {
-      status = InvalidArgumentError(where + " views storage '" + t.storage_key + "' as " +
-                                    std::string(DTypeName(t.dtype)) + " x " + std::to_string(t.storage_numel) +
-                                    ", another tensor as " + std::string(DTypeName(it->second.dtype)) + " x " +
-                                    std::to_string(it->second.numel));
+      status =
+          InvalidArgumentError(where + " views storage '" + t.storage_key + "' as " + std::string(DTypeName(t.dtype)) +
+                               " x " + std::to_string(t.storage_numel) + ", another tensor as " +
+                               std::string(DTypeName(it->second.dtype)) + " x " + std::to_string(it->second.numel));
       return;
     }
     status = CheckTensor(t, it->second.numel, where);
@@ -133,8 +133,8 @@ Result<TorchFile> ReadTorchFile(const RandomAccessFile& file, const std::string&
     if (bo->size > 16) return InvalidArgumentError(what + ": member '" + bo->name + "' is not 'little' or 'big'");
     PTC_ASSIGN_OR_RETURN(std::string order, ReadMember(file, *bo, what));
     if (order != kByteOrder)
-      return InvalidArgumentError(what + ": byte order '" + order +
-                                  "' (member '" + bo->name + "'); ptcfs reads little-endian torch files only");
+      return InvalidArgumentError(what + ": byte order '" + order + "' (member '" + bo->name +
+                                  "'); ptcfs reads little-endian torch files only");
   }
   PTC_ASSIGN_OR_RETURN(std::string data, ReadMember(file, *pkl, what));
   PTC_ASSIGN_OR_RETURN(tf.root, pickle::Unpickle(data, what + ": " + pkl_name));
@@ -167,7 +167,8 @@ Status ReadTensorData(const RandomAccessFile& file, const TorchFile& tf, const p
   if (s->dtype != t.dtype || s->numel != t.storage_numel)
     return InvalidArgumentError(what + ": a tensor views storage '" + t.storage_key + "' as " +
                                 std::string(DTypeName(t.dtype)) + " x " + std::to_string(t.storage_numel) +
-                                ", the file has " + std::string(DTypeName(s->dtype)) + " x " + std::to_string(s->numel));
+                                ", the file has " + std::string(DTypeName(s->dtype)) + " x " +
+                                std::to_string(s->numel));
   PTC_RETURN_IF_ERROR(CheckTensor(t, s->numel, what + ": a tensor"));
   const uint64_t es = DTypeSize(t.dtype);
   const uint64_t nbytes = TensorNumBytes(t);
@@ -231,7 +232,8 @@ Result<TorchFilePlan> PlanTorchFile(const std::string& archive, const pickle::Va
     const TorchStorageSpec& s = storages[i];
     if (s.key.empty() || s.key.find('/') != std::string::npos)
       return InvalidArgumentError(archive + ": storage key '" + s.key + "' is empty or contains '/'");
-    if (!by_key.emplace(s.key, i).second) return InvalidArgumentError(archive + ": storage key '" + s.key + "' repeats");
+    if (!by_key.emplace(s.key, i).second)
+      return InvalidArgumentError(archive + ": storage key '" + s.key + "' repeats");
     uint64_t bytes;
     if (__builtin_mul_overflow(s.numel, DTypeSize(s.dtype), &bytes))
       return InvalidArgumentError(archive + ": storage '" + s.key + "' has more bytes than 64 bits count");
@@ -247,10 +249,10 @@ Result<TorchFilePlan> PlanTorchFile(const std::string& archive, const pickle::Va
     }
     const TorchStorageSpec& s = storages[it->second];
     if (s.dtype != t.dtype || s.numel != t.storage_numel) {
-      status = InvalidArgumentError(where + " views storage '" + t.storage_key + "' as " +
-                                    std::string(DTypeName(t.dtype)) + " x " + std::to_string(t.storage_numel) +
-                                    " but it is listed as " + std::string(DTypeName(s.dtype)) + " x " +
-                                    std::to_string(s.numel));
+      status =
+          InvalidArgumentError(where + " views storage '" + t.storage_key + "' as " + std::string(DTypeName(t.dtype)) +
+                               " x " + std::to_string(t.storage_numel) + " but it is listed as " +
+                               std::string(DTypeName(s.dtype)) + " x " + std::to_string(s.numel));
       return;
     }
     status = CheckTensor(t, s.numel, where);
@@ -277,14 +279,11 @@ Result<TorchFilePlan> PlanTorchFile(const std::string& archive, const pickle::Va
   return plan;
 }
 
-Result<ZipLayout> LayoutTorchFile(const TorchFilePlan& plan) {
-  return PlanZip(plan.members);
-}
+Result<ZipLayout> LayoutTorchFile(const TorchFilePlan& plan) { return PlanZip(plan.members); }
 
 ZipDataReader TorchMemberReader(const TorchFilePlan& plan, TorchStorageReader read) {
   return [&plan, read = std::move(read)](size_t member, uint64_t offset, size_t n, void* dst) -> Status {
-    if (member >= plan.members.size() || offset > plan.members[member].size ||
-        n > plan.members[member].size - offset)
+    if (member >= plan.members.size() || offset > plan.members[member].size || n > plan.members[member].size - offset)
       return InvalidArgumentError("torch file range [" + std::to_string(offset) + ", +" + std::to_string(n) +
                                   ") is outside member " + std::to_string(member));
     const int64_t storage = plan.member_storage[member];

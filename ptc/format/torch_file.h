@@ -27,12 +27,12 @@
 #include <string_view>
 #include <vector>
 
-#include "ptc/model/dtype.h"
 #include "ptc/base/env.h"
-#include "ptc/format/pickle.h"
 #include "ptc/base/status.h"
+#include "ptc/format/pickle.h"
 #include "ptc/format/zip_reader.h"
 #include "ptc/format/zip_writer.h"
+#include "ptc/model/dtype.h"
 
 namespace ptc {
 
@@ -112,9 +112,9 @@ struct TorchFilePlan {
   // members[storage_members[i]].crc32 before calling LayoutTorchFile; sizes,
   // and so every offset of the layout, do not depend on CRCs.
   std::vector<ZipMember> members;
-  std::vector<std::string> contents;   // per member: the bytes of a literal member, "" for a storage
-  std::vector<int64_t> member_storage; // per member: index into the specs, or -1
-  std::vector<size_t> storage_members; // per spec: index into members
+  std::vector<std::string> contents;    // per member: the bytes of a literal member, "" for a storage
+  std::vector<int64_t> member_storage;  // per member: index into the specs, or -1
+  std::vector<size_t> storage_members;  // per spec: index into members
 };
 
 // Plans a torch file holding `root` (pickled with pickle::Pickle) and `storages`.

@@ -17,9 +17,12 @@ Handled Unpickler::StepContainer() {
       Push(NewTuple(std::move(items)));
       return Status::OK();
     }
-    case kTuple1: return TupleN(1);
-    case kTuple2: return TupleN(2);
-    case kTuple3: return TupleN(3);
+    case kTuple1:
+      return TupleN(1);
+    case kTuple2:
+      return TupleN(2);
+    case kTuple3:
+      return TupleN(3);
     case kEmptyList:
       Push(New(NK::kList));
       return Status::OK();

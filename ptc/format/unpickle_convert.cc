@@ -41,12 +41,18 @@ Result<Value> Unpickler::Convert(Node* n, int depth) {
   n->on_path = true;
   ++depth;
   switch (n->kind) {
-    case NK::kNone: return Value::None();
-    case NK::kBool: return Value::Bool(n->i != 0);
-    case NK::kInt: return Value::Int(n->i);
-    case NK::kFloat: return Value::Float(n->f);
-    case NK::kStr: return Value::Str(n->s);
-    case NK::kBytes: return Value::Bytes(n->s);
+    case NK::kNone:
+      return Value::None();
+    case NK::kBool:
+      return Value::Bool(n->i != 0);
+    case NK::kInt:
+      return Value::Int(n->i);
+    case NK::kFloat:
+      return Value::Float(n->f);
+    case NK::kStr:
+      return Value::Str(n->s);
+    case NK::kBytes:
+      return Value::Bytes(n->s);
     case NK::kList:
     case NK::kTuple: {
       PTC_ASSIGN_OR_RETURN(Items items, ConvertAll(n->items, depth));
@@ -70,7 +76,8 @@ Result<Value> Unpickler::Convert(Node* n, int depth) {
       }
       return Value::FromTensor(std::move(t));
     }
-    case NK::kGlobal: return Value::FromGlobal(n->global);
+    case NK::kGlobal:
+      return Value::FromGlobal(n->global);
     case NK::kObject: {
       Object o;
       o.callable = n->global;

@@ -41,7 +41,19 @@ namespace ptc::pickle::internal {
 
 // The kinds of graph nodes: those of Kind, in the same order, then kStorage.
 enum class NK : uint8_t {
-  kNone, kBool, kInt, kFloat, kStr, kBytes, kList, kTuple, kDict, kOrderedDict, kTensor, kGlobal, kObject,
+  kNone,
+  kBool,
+  kInt,
+  kFloat,
+  kStr,
+  kBytes,
+  kList,
+  kTuple,
+  kDict,
+  kOrderedDict,
+  kTensor,
+  kGlobal,
+  kObject,
   kStorage,  // a persistent id resolved to a torch storage; only an argument of _rebuild_tensor_v2
 };
 
@@ -60,7 +72,7 @@ struct Node {
   NK kind;
   bool on_path = false;  // conversion: cycle detection
   Object::Build build = Object::Build::kReduce;
-  int64_t i = 0;         // kBool, kInt; index into tensors / storages for kTensor / kStorage
+  int64_t i = 0;  // kBool, kInt; index into tensors / storages for kTensor / kStorage
   double f = 0;
   std::string s;                               // kStr, kBytes
   Global global;                               // kGlobal; kObject: the callable

@@ -73,9 +73,12 @@ Handled Unpickler::StepLiteral() {
       Push(n);
       return Status::OK();
     }
-    case kBinUnicode: return PushText(NK::kStr, 4);
-    case kShortBinUnicode: return PushText(NK::kStr, 1);
-    case kBinUnicode8: return PushText(NK::kStr, 8);
+    case kBinUnicode:
+      return PushText(NK::kStr, 4);
+    case kShortBinUnicode:
+      return PushText(NK::kStr, 1);
+    case kBinUnicode8:
+      return PushText(NK::kStr, 8);
     case kBinString: {
       PTC_ASSIGN_OR_RETURN(uint64_t n, TakeUInt(4));
       if (n > 0x7FFFFFFF) return Err("negative length");
@@ -83,11 +86,16 @@ Handled Unpickler::StepLiteral() {
       Push(NewStr(NK::kBytes, std::string(s)));
       return Status::OK();
     }
-    case kShortBinString: return PushText(NK::kBytes, 1);
-    case kBinBytes: return PushText(NK::kBytes, 4);
-    case kShortBinBytes: return PushText(NK::kBytes, 1);
-    case kBinBytes8: return PushText(NK::kBytes, 8);
-    case kByteArray8: return PushText(NK::kBytes, 8);
+    case kShortBinString:
+      return PushText(NK::kBytes, 1);
+    case kBinBytes:
+      return PushText(NK::kBytes, 4);
+    case kShortBinBytes:
+      return PushText(NK::kBytes, 1);
+    case kBinBytes8:
+      return PushText(NK::kBytes, 8);
+    case kByteArray8:
+      return PushText(NK::kBytes, 8);
     case kUnicode: {
       PTC_ASSIGN_OR_RETURN(std::string_view line, Line());
       std::string text;

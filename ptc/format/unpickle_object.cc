@@ -20,12 +20,39 @@ std::string FixModule(std::string module) {
 }
 
 bool IsTorchDTypeName(std::string_view n) {
-  static constexpr std::string_view kNames[] = {
-      "float64",  "double", "float32", "float",   "float16",       "half",        "bfloat16", "int64",
-      "long",     "int32",  "int",     "int16",   "short",         "int8",        "uint8",    "bool",
-      "complex32", "chalf", "complex64", "cfloat", "complex128",   "cdouble",     "float8_e4m3fn",
-      "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "uint16", "uint32",     "uint64",   "qint8",
-      "quint8",   "qint32", "quint4x2"};
+  static constexpr std::string_view kNames[] = {"float64",
+                                                "double",
+                                                "float32",
+                                                "float",
+                                                "float16",
+                                                "half",
+                                                "bfloat16",
+                                                "int64",
+                                                "long",
+                                                "int32",
+                                                "int",
+                                                "int16",
+                                                "short",
+                                                "int8",
+                                                "uint8",
+                                                "bool",
+                                                "complex32",
+                                                "chalf",
+                                                "complex64",
+                                                "cfloat",
+                                                "complex128",
+                                                "cdouble",
+                                                "float8_e4m3fn",
+                                                "float8_e5m2",
+                                                "float8_e4m3fnuz",
+                                                "float8_e5m2fnuz",
+                                                "uint16",
+                                                "uint32",
+                                                "uint64",
+                                                "qint8",
+                                                "quint8",
+                                                "qint32",
+                                                "quint4x2"};
   return std::find(std::begin(kNames), std::end(kNames), n) != std::end(kNames);
 }
 
@@ -191,7 +218,8 @@ Result<std::vector<int64_t>> Unpickler::IntTuple(Node* n, const char* what) {
 Result<Node*> Unpickler::RebuildTensor(const std::vector<Node*>& a) {
   if (a.size() != 6 && a.size() != 7)
     return Err("_rebuild_tensor_v2 takes 6 or 7 arguments, got " + std::to_string(a.size()));
-  if (a[0]->kind != NK::kStorage) return Err("_rebuild_tensor_v2 argument 1 is a " + NodeKindName(a[0]) + ", not a storage");
+  if (a[0]->kind != NK::kStorage)
+    return Err("_rebuild_tensor_v2 argument 1 is a " + NodeKindName(a[0]) + ", not a storage");
   if (a[1]->kind != NK::kInt || a[1]->i < 0) return Err("_rebuild_tensor_v2 storage offset is not an int >= 0");
   PTC_ASSIGN_OR_RETURN(std::vector<int64_t> shape, IntTuple(a[2], "_rebuild_tensor_v2 size"));
   PTC_ASSIGN_OR_RETURN(std::vector<int64_t> stride, IntTuple(a[3], "_rebuild_tensor_v2 stride"));
@@ -219,7 +247,8 @@ Result<Node*> Unpickler::RebuildTensor(const std::vector<Node*>& a) {
 
 Result<Node*> Unpickler::RebuildParameter(const std::vector<Node*>& a) {
   if (a.size() != 3) return Err("_rebuild_parameter takes 3 arguments, got " + std::to_string(a.size()));
-  if (a[0]->kind != NK::kTensor) return Err("_rebuild_parameter argument 1 is a " + NodeKindName(a[0]) + ", not a tensor");
+  if (a[0]->kind != NK::kTensor)
+    return Err("_rebuild_parameter argument 1 is a " + NodeKindName(a[0]) + ", not a tensor");
   if (a[1]->kind != NK::kBool) return Err("_rebuild_parameter requires_grad is not a bool");
   if ((a[2]->kind != NK::kDict && a[2]->kind != NK::kOrderedDict) || !a[2]->pairs.empty())
     return Err("_rebuild_parameter backward_hooks is not an empty OrderedDict");

@@ -23,14 +23,12 @@ const ZipEntry* ZipArchive::Find(std::string_view name) const {
 
 namespace {
 
+using internal::Get16, internal::Get32, internal::Get64, internal::Quote;
 using internal::kCentralSig, internal::kEnd64Sig, internal::kEndSig, internal::kLocalSig, internal::kLocator64Sig;
 using internal::kCentralSize, internal::kChunk, internal::kEnd64Size, internal::kEndSize, internal::kLocalSize;
 using internal::kLocator64Size, internal::kZip64ExtraId;
-using internal::Get16, internal::Get32, internal::Get64, internal::Quote;
 
-Status Bad(const std::string& what, const std::string& message) {
-  return InvalidArgumentError(what + ": " + message);
-}
+Status Bad(const std::string& what, const std::string& message) { return InvalidArgumentError(what + ": " + message); }
 
 struct EndInfo {
   uint64_t count = 0;
@@ -57,8 +55,9 @@ Result<EndInfo> ReadEnd(const RandomAccessFile& file, const std::string& what) {
       break;
     }
   }
-  if (!at) return Bad(what, "not a zip archive: no end of central directory record in the last " +
-                                std::to_string(tail_len) + " bytes");
+  if (!at)
+    return Bad(what, "not a zip archive: no end of central directory record in the last " + std::to_string(tail_len) +
+                         " bytes");
   const char* e = tail.data() + *at;
   EndInfo info;
   info.dir_end = size - tail_len + *at;
@@ -143,8 +142,8 @@ Result<ZipArchive> ReadZipDirectory(const RandomAccessFile& file, const std::str
   std::set<std::string_view> names;
   size_t at = 0;
   for (uint64_t k = 0; k < end.count; ++k) {
-    const std::string where = what + ": central directory entry " + std::to_string(k) + " at byte " +
-                              std::to_string(end.cd_offset + at);
+    const std::string where =
+        what + ": central directory entry " + std::to_string(k) + " at byte " + std::to_string(end.cd_offset + at);
     if (cd.size() - at < kCentralSize) return InvalidArgumentError(where + " is truncated");
     const char* h = cd.data() + at;
     if (Get32(h) != kCentralSig) return InvalidArgumentError(where + " has a bad signature");
@@ -159,8 +158,8 @@ Result<ZipArchive> ReadZipDirectory(const RandomAccessFile& file, const std::str
     e.crc32 = Get32(h + 16);
     e.method = method;
     const std::string member = what + ": member " + Quote(e.name);
-    PTC_RETURN_IF_ERROR(ApplyZip64Extra(std::string_view(h + kCentralSize + nlen, elen), &usize, &csize, &offset,
-                                        member));
+    PTC_RETURN_IF_ERROR(
+        ApplyZip64Extra(std::string_view(h + kCentralSize + nlen, elen), &usize, &csize, &offset, member));
     at += kCentralSize + nlen + elen + clen;
     if (e.name.empty()) return InvalidArgumentError(where + " has an empty name");
     if (flags & 0x41) return InvalidArgumentError(member + " is encrypted; not supported");

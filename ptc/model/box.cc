@@ -101,8 +101,8 @@ Box Translate(const Box& box, const std::vector<Index>& delta) {
 
 Layout DenseLayout(const Box& box, Index offset) { return Layout{offset, RowMajorStrides(box.shape())}; }
 
-void ForEachRun(const Box& region, const Box& src_box, const Layout& src, const Box& dst_box,
-                const Layout& dst, const std::function<void(Index, Index, Index)>& fn) {
+void ForEachRun(const Box& region, const Box& src_box, const Layout& src, const Box& dst_box, const Layout& dst,
+                const std::function<void(Index, Index, Index)>& fn) {
   const size_t n = region.rank();
   const Shape ext = region.shape();
   if (NumElements(ext) == 0) return;
@@ -162,8 +162,8 @@ std::vector<std::pair<uint64_t, uint64_t>> ByteRanges(const Box& shard, const Bo
   return out;
 }
 
-void CopyRegion(const Box& region, const void* src, const Box& src_box, const Layout& src_layout,
-                void* dst, const Box& dst_box, const Layout& dst_layout, size_t elem_size) {
+void CopyRegion(const Box& region, const void* src, const Box& src_box, const Layout& src_layout, void* dst,
+                const Box& dst_box, const Layout& dst_layout, size_t elem_size) {
   const auto* s = static_cast<const unsigned char*>(src);
   auto* t = static_cast<unsigned char*>(dst);
   ForEachRun(region, src_box, src_layout, dst_box, dst_layout, [&](Index a, Index b, Index count) {

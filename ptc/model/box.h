@@ -58,8 +58,8 @@ std::vector<Box> Subtract(const Box& a, const Box& b);
 Box Translate(const Box& box, const std::vector<Index>& delta);
 
 struct Layout {
-  Index offset = 0;              // address of box.begin, in elements
-  std::vector<Index> strides;    // elements per step in each dimension
+  Index offset = 0;            // address of box.begin, in elements
+  std::vector<Index> strides;  // elements per step in each dimension
   friend bool operator==(const Layout&, const Layout&) = default;
 };
 
@@ -69,8 +69,8 @@ Layout DenseLayout(const Box& box, Index offset = 0);
 // Calls fn(src_address, dst_address, count) for each maximal run of `region`
 // that is contiguous in both layouts, in row-major order of `region`.
 // REQUIRES: region is contained in src_box and dst_box; all of the same rank.
-void ForEachRun(const Box& region, const Box& src_box, const Layout& src, const Box& dst_box,
-                const Layout& dst, const std::function<void(Index, Index, Index)>& fn);
+void ForEachRun(const Box& region, const Box& src_box, const Layout& src, const Box& dst_box, const Layout& dst,
+                const std::function<void(Index, Index, Index)>& fn);
 
 // Row-major byte ranges (offset, length) that `sub` occupies inside a densely
 // stored `shard` box with elements of `elem_size` bytes, merged where adjacent.
@@ -79,8 +79,8 @@ std::vector<std::pair<uint64_t, uint64_t>> ByteRanges(const Box& shard, const Bo
 
 // Copies the elements of `region` from one buffer to another.
 // REQUIRES: as ForEachRun; both buffers large enough for their layouts.
-void CopyRegion(const Box& region, const void* src, const Box& src_box, const Layout& src_layout,
-                void* dst, const Box& dst_box, const Layout& dst_layout, size_t elem_size);
+void CopyRegion(const Box& region, const void* src, const Box& src_box, const Layout& src_layout, void* dst,
+                const Box& dst_box, const Layout& dst_layout, size_t elem_size);
 
 // Splits the row-major flat range [first, last) of a dense tensor of `shape`
 // into at most 2*rank-1 boxes, each contiguous in row-major order, in order.

@@ -47,8 +47,12 @@ Result<ParallelConfig> ParseConfig(std::string_view text) {
       }
       continue;
     }
-    int* field = key == "tp" ? &c.tp : key == "pp" ? &c.pp : key == "dp" ? &c.dp
-               : key == "zero" ? &c.zero : key == "per_worker" ? &c.per_worker : nullptr;
+    int* field = key == "tp"           ? &c.tp
+                 : key == "pp"         ? &c.pp
+                 : key == "dp"         ? &c.dp
+                 : key == "zero"       ? &c.zero
+                 : key == "per_worker" ? &c.per_worker
+                                       : nullptr;
     if (field == nullptr) {
       return InvalidArgumentError("config '" + std::string(text) + "': unknown key '" + key +
                                   "' (expected tp, pp, dp, zero, pp_layers, per_worker)");

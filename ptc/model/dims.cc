@@ -10,9 +10,14 @@ namespace {
 
 using Field = Index ModelDims::*;
 constexpr std::array<std::pair<std::string_view, Field>, 8> kFields = {{
-    {"layers", &ModelDims::layers}, {"hidden", &ModelDims::hidden}, {"heads", &ModelDims::heads},
-    {"vocab", &ModelDims::vocab},   {"seq", &ModelDims::seq},       {"ffn", &ModelDims::ffn},
-    {"kv_heads", &ModelDims::kv_heads}, {"head_dim", &ModelDims::head_dim},
+    {"layers", &ModelDims::layers},
+    {"hidden", &ModelDims::hidden},
+    {"heads", &ModelDims::heads},
+    {"vocab", &ModelDims::vocab},
+    {"seq", &ModelDims::seq},
+    {"ffn", &ModelDims::ffn},
+    {"kv_heads", &ModelDims::kv_heads},
+    {"head_dim", &ModelDims::head_dim},
 }};
 
 }  // namespace
@@ -53,8 +58,8 @@ Result<ModelDims> ParseDims(std::string_view text) {
   if (d.ffn == 0) d.ffn = 4 * d.hidden;
   if (d.kv_heads == 0) d.kv_heads = d.heads;
   if (d.heads % d.kv_heads != 0) {
-    return InvalidArgumentError(label + ": heads=" + std::to_string(d.heads) + " is not a multiple of kv_heads=" +
-                                std::to_string(d.kv_heads));
+    return InvalidArgumentError(label + ": heads=" + std::to_string(d.heads) +
+                                " is not a multiple of kv_heads=" + std::to_string(d.kv_heads));
   }
   if (d.head_dim == 0) {
     if (d.hidden % d.heads != 0) {

@@ -15,12 +15,18 @@ struct Info {
 };
 
 constexpr std::array<Info, kNumDTypes> kInfo = {{
-    {DType::kF64, "F64", 8, true},       {DType::kF32, "F32", 4, true},
-    {DType::kF16, "F16", 2, true},       {DType::kBF16, "BF16", 2, true},
-    {DType::kI64, "I64", 8, false},      {DType::kI32, "I32", 4, false},
-    {DType::kI16, "I16", 2, false},      {DType::kI8, "I8", 1, false},
-    {DType::kU8, "U8", 1, false},        {DType::kBool, "BOOL", 1, false},
-    {DType::kF8E4M3, "F8_E4M3", 1, true}, {DType::kF8E5M2, "F8_E5M2", 1, true},
+    {DType::kF64, "F64", 8, true},
+    {DType::kF32, "F32", 4, true},
+    {DType::kF16, "F16", 2, true},
+    {DType::kBF16, "BF16", 2, true},
+    {DType::kI64, "I64", 8, false},
+    {DType::kI32, "I32", 4, false},
+    {DType::kI16, "I16", 2, false},
+    {DType::kI8, "I8", 1, false},
+    {DType::kU8, "U8", 1, false},
+    {DType::kBool, "BOOL", 1, false},
+    {DType::kF8E4M3, "F8_E4M3", 1, true},
+    {DType::kF8E5M2, "F8_E5M2", 1, true},
 }};
 
 const Info& Get(DType t) { return kInfo[static_cast<size_t>(t)]; }

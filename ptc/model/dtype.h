@@ -11,7 +11,18 @@
 namespace ptc {
 
 enum class DType : unsigned char {
-  kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool, kF8E4M3, kF8E5M2,
+  kF64,
+  kF32,
+  kF16,
+  kBF16,
+  kI64,
+  kI32,
+  kI16,
+  kI8,
+  kU8,
+  kBool,
+  kF8E4M3,
+  kF8E5M2,
 };
 inline constexpr int kNumDTypes = 12;
 

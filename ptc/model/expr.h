@@ -7,8 +7,8 @@
 #include <optional>
 #include <string_view>
 
-#include "ptc/model/box.h"
 #include "ptc/base/status.h"
+#include "ptc/model/box.h"
 
 namespace ptc {
 

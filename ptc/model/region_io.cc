@@ -50,8 +50,8 @@ char* Scratch(uint64_t n, std::unique_ptr<char[]>* once) {
 
 }  // namespace
 
-Status ReadRegion(const FileTensor& src, const Box& region, void* dst, const Box& dst_box,
-                  const Layout& dst_layout, uint64_t max_span) {
+Status ReadRegion(const FileTensor& src, const Box& region, void* dst, const Box& dst_box, const Layout& dst_layout,
+                  uint64_t max_span) {
   if (region.empty() && region.rank() > 0) return Status::OK();
   auto [lo, hi] = Span(region, src.box, src.layout);
   const uint64_t span = static_cast<uint64_t>(hi - lo) * src.elem_size;

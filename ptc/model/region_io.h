@@ -5,9 +5,9 @@
 
 #include <cstdint>
 
-#include "ptc/model/box.h"
 #include "ptc/base/env.h"
 #include "ptc/base/status.h"
+#include "ptc/model/box.h"
 
 namespace ptc {
 
@@ -25,7 +25,7 @@ struct FileTensor {
 // (dst_box, dst_layout). Reads spans of at most max_span bytes at a time.
 // REQUIRES: region within src.box and dst_box.
 // \error as RandomAccessFile::Read.
-Status ReadRegion(const FileTensor& src, const Box& region, void* dst, const Box& dst_box,
-                  const Layout& dst_layout, uint64_t max_span = 64ull << 20);
+Status ReadRegion(const FileTensor& src, const Box& region, void* dst, const Box& dst_box, const Layout& dst_layout,
+                  uint64_t max_span = 64ull << 20);
 
 }  // namespace ptc

@@ -15,9 +15,12 @@ using nlohmann::json;
 
 std::string_view PpName(PpPlacement p) {
   switch (p) {
-    case PpPlacement::kLayer: return "layer";
-    case PpPlacement::kFirst: return "first";
-    case PpPlacement::kLast: return "last";
+    case PpPlacement::kLayer:
+      return "layer";
+    case PpPlacement::kFirst:
+      return "first";
+    case PpPlacement::kLast:
+      return "last";
   }
   return "?";
 }
@@ -57,18 +60,22 @@ Result<TensorRule> ParseRule(const std::string& label, size_t index, const json&
   }
   std::string pp = r.value("pp", std::string("layer"));
   if (r.contains("pp") && !r["pp"].is_string()) return InvalidArgumentError(where + ": pp must be a string");
-  if (pp == "layer") rule.pp = PpPlacement::kLayer;
-  else if (pp == "first") rule.pp = PpPlacement::kFirst;
-  else if (pp == "last") rule.pp = PpPlacement::kLast;
-  else return InvalidArgumentError(where + ": pp '" + pp + "' is not one of layer, first, last");
+  if (pp == "layer")
+    rule.pp = PpPlacement::kLayer;
+  else if (pp == "first")
+    rule.pp = PpPlacement::kFirst;
+  else if (pp == "last")
+    rule.pp = PpPlacement::kLast;
+  else
+    return InvalidArgumentError(where + ": pp '" + pp + "' is not one of layer, first, last");
   bool has_i = rule.name.find("{i}") != std::string::npos;
   if (has_i != (rule.pp == PpPlacement::kLayer)) {
     return InvalidArgumentError(where + ": a name contains {i} exactly when pp is \"layer\"");
   }
   if (r.contains("tp")) {
     const json& tp = r["tp"];
-    if (!tp.is_object() || !tp.contains("dim") || !tp["dim"].is_number_integer() ||
-        tp["dim"].get<int64_t>() < 0 || tp["dim"].get<int64_t>() > 64) {
+    if (!tp.is_object() || !tp.contains("dim") || !tp["dim"].is_number_integer() || tp["dim"].get<int64_t>() < 0 ||
+        tp["dim"].get<int64_t>() > 64) {
       return InvalidArgumentError(where + ": tp must be an object with an integer \"dim\"");
     }
     rule.tp.split = true;
@@ -161,7 +168,8 @@ Result<Schema> LoadSchema(const std::string& name_or_path) {
   }
   std::ifstream in(name_or_path);
   if (!in) {
-    return NotFoundError("schema '" + name_or_path + "' is neither a built-in (megatron-gpt, llama) nor a readable file");
+    return NotFoundError("schema '" + name_or_path +
+                         "' is neither a built-in (megatron-gpt, llama) nor a readable file");
   }
   std::stringstream buf;
   buf << in.rdbuf();

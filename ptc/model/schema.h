@@ -41,7 +41,7 @@ struct TensorRule {
   std::vector<std::string> shape;  // formulas; empty for a tied rule (taken from its target)
   TpRule tp;
   PpPlacement pp = PpPlacement::kLayer;
-  std::string tied_to;             // name of another (non-layer) rule, or empty
+  std::string tied_to;  // name of another (non-layer) rule, or empty
 };
 
 struct Schema {

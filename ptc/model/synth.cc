@@ -40,23 +40,45 @@ void SynthValues(std::string_view tensor, uint64_t seed, DType dtype, Index firs
     const uint64_t x = SplitMix(key + static_cast<uint64_t>(first + i));
     const float f = static_cast<float>(static_cast<double>(x >> 40) / static_cast<double>(1ull << 24) * 2.0 - 1.0);
     switch (dtype) {
-      case DType::kF64: Store(out, i, static_cast<double>(x >> 11) / static_cast<double>(1ull << 53) * 2.0 - 1.0); break;
-      case DType::kF32: Store(out, i, f); break;
+      case DType::kF64:
+        Store(out, i, static_cast<double>(x >> 11) / static_cast<double>(1ull << 53) * 2.0 - 1.0);
+        break;
+      case DType::kF32:
+        Store(out, i, f);
+        break;
       case DType::kBF16: {
         uint32_t bits;
         std::memcpy(&bits, &f, 4);
         Store(out, i, static_cast<uint16_t>(bits >> 16));
         break;
       }
-      case DType::kF16: Store(out, i, static_cast<uint16_t>(SmallFloatBits(x, 5, 10, 29))); break;
-      case DType::kF8E4M3: Store(out, i, static_cast<uint8_t>(SmallFloatBits(x, 4, 3, 14))); break;
-      case DType::kF8E5M2: Store(out, i, static_cast<uint8_t>(SmallFloatBits(x, 5, 2, 30))); break;
-      case DType::kI64: Store(out, i, static_cast<int64_t>(x)); break;
-      case DType::kI32: Store(out, i, static_cast<int32_t>(x)); break;
-      case DType::kI16: Store(out, i, static_cast<int16_t>(x)); break;
-      case DType::kI8: Store(out, i, static_cast<int8_t>(x)); break;
-      case DType::kU8: Store(out, i, static_cast<uint8_t>(x)); break;
-      case DType::kBool: Store(out, i, static_cast<uint8_t>(x & 1)); break;
+      case DType::kF16:
+        Store(out, i, static_cast<uint16_t>(SmallFloatBits(x, 5, 10, 29)));
+        break;
+      case DType::kF8E4M3:
+        Store(out, i, static_cast<uint8_t>(SmallFloatBits(x, 4, 3, 14)));
+        break;
+      case DType::kF8E5M2:
+        Store(out, i, static_cast<uint8_t>(SmallFloatBits(x, 5, 2, 30)));
+        break;
+      case DType::kI64:
+        Store(out, i, static_cast<int64_t>(x));
+        break;
+      case DType::kI32:
+        Store(out, i, static_cast<int32_t>(x));
+        break;
+      case DType::kI16:
+        Store(out, i, static_cast<int16_t>(x));
+        break;
+      case DType::kI8:
+        Store(out, i, static_cast<int8_t>(x));
+        break;
+      case DType::kU8:
+        Store(out, i, static_cast<uint8_t>(x));
+        break;
+      case DType::kBool:
+        Store(out, i, static_cast<uint8_t>(x & 1));
+        break;
     }
   }
 }

@@ -46,8 +46,8 @@ struct Placement {
   std::vector<std::vector<Index>> origins;  // local coordinates of each segment's box.begin
 };
 
-Placement Place(const TensorRule& rule, const Shape& shape, std::string global, std::string local_name,
-                DType dtype, const ParallelConfig& config, int tp_rank) {
+Placement Place(const TensorRule& rule, const Shape& shape, std::string global, std::string local_name, DType dtype,
+                const ParallelConfig& config, int tp_rank) {
   Placement p;
   p.local.name = std::move(local_name);
   p.local.dtype = dtype;
@@ -81,8 +81,8 @@ Result<std::vector<Placement>> PlaceParameters(const ModelSpec& spec, const Para
   std::vector<Placement> out;
   auto add = [&](const TensorRule& rule, Index global_layer, Index local_layer) -> Status {
     PTC_ASSIGN_OR_RETURN(Shape shape, RuleShape(rule, spec.dims));
-    out.push_back(Place(rule, shape, GlobalName(rule, global_layer), Substitute(rule.name, local_layer),
-                        spec.dtype, config, coords.tp));
+    out.push_back(Place(rule, shape, GlobalName(rule, global_layer), Substitute(rule.name, local_layer), spec.dtype,
+                        config, coords.tp));
     return Status::OK();
   };
   auto add_stage_rules = [&](PpPlacement which) -> Status {
@@ -231,15 +231,15 @@ Status ValidateConfig(const ModelSpec& spec, const ParallelConfig& config) {
     if (!rule.tp.units.empty()) {
       PTC_ASSIGN_OR_RETURN(units, EvalExpr(rule.tp.units, DimsLookup(spec.dims)), r);
       if (units <= 0 || seg % units != 0) {
-        return InvalidArgumentError(r + ": " + std::to_string(seg) + " elements do not form " +
-                                    std::to_string(units) + " units of '" + rule.tp.units + "'");
+        return InvalidArgumentError(r + ": " + std::to_string(seg) + " elements do not form " + std::to_string(units) +
+                                    " units of '" + rule.tp.units + "'");
       }
     }
     if (units % config.tp != 0) {
-      std::string what = !rule.tp.units.empty() ? rule.tp.units + "=" + std::to_string(units)
+      std::string what = !rule.tp.units.empty()  ? rule.tp.units + "=" + std::to_string(units)
                          : rule.tp.segments == 1 ? rule.shape[rule.tp.dim] + "=" + std::to_string(seg)
-                         : "(" + rule.shape[rule.tp.dim] + ")/" + std::to_string(rule.tp.segments) + "=" +
-                               std::to_string(seg);
+                                                 : "(" + rule.shape[rule.tp.dim] + ")/" +
+                                                       std::to_string(rule.tp.segments) + "=" + std::to_string(seg);
       return InvalidArgumentError(r + ": tp=" + std::to_string(config.tp) + " does not divide " + what);
     }
   }

@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "ptc/base/status.h"
 #include "ptc/model/box.h"
 #include "ptc/model/config.h"
 #include "ptc/model/dims.h"
 #include "ptc/model/dtype.h"
 #include "ptc/model/schema.h"
-#include "ptc/base/status.h"
 
 namespace ptc {
 

@@ -69,8 +69,7 @@ GenerationWriter::~GenerationWriter() {
 }
 
 Result<std::string> GenerationWriter::PrepareShardFile(const std::string& tensor, DType dtype,
-                                                       const std::vector<Box>& boxes, int worker,
-                                                       ShardRecord& record) {
+                                                       const std::vector<Box>& boxes, int worker, ShardRecord& record) {
   if (committed_ || aborted_) return FailedPreconditionError(dir_ + ": generation already committed or aborted");
   if (worker < 0) return InvalidArgumentError("tensor '" + tensor + "': negative worker " + std::to_string(worker));
   const std::string stem = SanitizeFileName(tensor);

@@ -82,18 +82,26 @@ Status Check(herr_t rc, const std::string& path, std::string_view what, Code cod
 
 hid_t NativeTypeFor(DType dtype) {
   switch (dtype) {
-    case DType::kF64: return H5T_IEEE_F64LE;
-    case DType::kF32: return H5T_IEEE_F32LE;
-    case DType::kI64: return H5T_STD_I64LE;
-    case DType::kI32: return H5T_STD_I32LE;
-    case DType::kI16: return H5T_STD_I16LE;
-    case DType::kI8: return H5T_STD_I8LE;
-    case DType::kBF16: return H5T_STD_U16LE;
+    case DType::kF64:
+      return H5T_IEEE_F64LE;
+    case DType::kF32:
+      return H5T_IEEE_F32LE;
+    case DType::kI64:
+      return H5T_STD_I64LE;
+    case DType::kI32:
+      return H5T_STD_I32LE;
+    case DType::kI16:
+      return H5T_STD_I16LE;
+    case DType::kI8:
+      return H5T_STD_I8LE;
+    case DType::kBF16:
+      return H5T_STD_U16LE;
     case DType::kF16:  // built in FileTypeFor
     case DType::kU8:
     case DType::kBool:
     case DType::kF8E4M3:
-    case DType::kF8E5M2: return H5T_STD_U8LE;
+    case DType::kF8E5M2:
+      return H5T_STD_U8LE;
   }
   return H5T_STD_U8LE;
 }
@@ -174,8 +182,9 @@ Result<uint64_t> CreateDataset(hid_t file, DType dtype, const std::vector<Box>& 
   PTC_ASSIGN_OR_RETURN(Hid type, FileTypeFor(dtype, path));
   PTC_ASSIGN_OR_RETURN(Hid space, DataSpaceFor(boxes, path));
   PTC_ASSIGN_OR_RETURN(Hid dcpl, ContiguousEarlyNeverFill(path));
-  PTC_ASSIGN_OR_RETURN(Hid dset, Check(H5Dcreate2(file, "data", type.get(), space.get(), H5P_DEFAULT, dcpl.get(),
-                                                  H5P_DEFAULT), H5Dclose, path, "H5Dcreate2"));
+  PTC_ASSIGN_OR_RETURN(
+      Hid dset, Check(H5Dcreate2(file, "data", type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose,
+                      path, "H5Dcreate2"));
   PTC_RETURN_IF_ERROR(WriteStringAttribute(dset.get(), "tensor", std::string(tensor), path));
   PTC_RETURN_IF_ERROR(WriteStringAttribute(dset.get(), "dtype", std::string(DTypeName(dtype)), path));
   PTC_RETURN_IF_ERROR(WriteStringAttribute(dset.get(), "boxes", BoxesToJson(boxes).dump(), path));
@@ -200,8 +209,8 @@ Result<uint64_t> CreateH5Shard(const std::string& path, DType dtype, const std::
     }
   }
   if (::access(path.c_str(), F_OK) == 0) return AlreadyExistsError(path + ": shard file already exists");
-  PTC_ASSIGN_OR_RETURN(Hid file, Check(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), H5Fclose,
-                                       path, "H5Fcreate"));
+  PTC_ASSIGN_OR_RETURN(
+      Hid file, Check(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), H5Fclose, path, "H5Fcreate"));
   PTC_ASSIGN_OR_RETURN(uint64_t offset, CreateDataset(file.get(), dtype, boxes, tensor, path));
   PTC_RETURN_IF_ERROR(Check(file.Close(), path, "H5Fclose"));
   return offset;
@@ -210,13 +219,13 @@ Result<uint64_t> CreateH5Shard(const std::string& path, DType dtype, const std::
 namespace {
 
 Status CheckLayout(hid_t dset, const ShardRecord& shard, DType dtype, const std::string& path) {
-  PTC_ASSIGN_OR_RETURN(Hid dcpl, Check(H5Dget_create_plist(dset), H5Pclose, path, "H5Dget_create_plist",
-                                       Code::kCorruption));
+  PTC_ASSIGN_OR_RETURN(Hid dcpl,
+                       Check(H5Dget_create_plist(dset), H5Pclose, path, "H5Dget_create_plist", Code::kCorruption));
   if (H5Pget_layout(dcpl.get()) != H5D_CONTIGUOUS) return CorruptionError(path + ": dataset 'data' is not contiguous");
   PTC_ASSIGN_OR_RETURN(Hid type, Check(H5Dget_type(dset), H5Tclose, path, "H5Dget_type", Code::kCorruption));
   if (H5Tget_size(type.get()) != DTypeSize(dtype)) {
-    return CorruptionError(path + ": element size " + std::to_string(H5Tget_size(type.get())) + " != " +
-                           std::to_string(DTypeSize(dtype)) + " of " + std::string(DTypeName(dtype)));
+    return CorruptionError(path + ": element size " + std::to_string(H5Tget_size(type.get())) +
+                           " != " + std::to_string(DTypeSize(dtype)) + " of " + std::string(DTypeName(dtype)));
   }
   const uint64_t size = H5Dget_storage_size(dset);
   if (size != shard.nbytes) {
@@ -245,7 +254,8 @@ Status CheckAttribute(hid_t dset, const char* name, const std::string& expect, c
 
 Status CheckH5Shard(const std::string& path, const ShardRecord& shard, DType dtype) {
   DisableHdf5ErrorPrinting();
-  if (::access(path.c_str(), F_OK) != 0) return ErrnoError(path + ": shard file of tensor '" + shard.tensor + "'", errno);
+  if (::access(path.c_str(), F_OK) != 0)
+    return ErrnoError(path + ": shard file of tensor '" + shard.tensor + "'", errno);
   PTC_ASSIGN_OR_RETURN(Hid file, Check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, path, "H5Fopen",
                                        Code::kCorruption));
   PTC_ASSIGN_OR_RETURN(Hid dset, Check(H5Dopen2(file.get(), "data", H5P_DEFAULT), H5Dclose, path,

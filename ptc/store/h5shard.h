@@ -25,10 +25,10 @@
 #include <string_view>
 #include <vector>
 
+#include "ptc/base/status.h"
 #include "ptc/model/box.h"
 #include "ptc/model/dtype.h"
 #include "ptc/store/manifest.h"
-#include "ptc/base/status.h"
 
 namespace ptc {
 

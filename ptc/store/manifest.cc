@@ -207,7 +207,8 @@ bool IsSafeRelativePath(std::string_view path) {
   size_t start = 0;
   while (true) {
     size_t slash = path.find('/', start);
-    std::string_view part = path.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
+    std::string_view part =
+        path.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
     if (part.empty() || part == "." || part == ".." || part.find('\0') != std::string_view::npos) return false;
     if (slash == std::string_view::npos) return true;
     start = slash + 1;
@@ -234,7 +235,8 @@ Status ValidateShard(const ShardRecord& s, const TensorRecord& t) {
     if (__builtin_add_overflow(elements, volume, &elements)) return InvalidArgumentError(at + ": boxes are too large");
   }
   uint64_t expect = 0;
-  if (__builtin_mul_overflow(elements, DTypeSize(t.dtype), &expect)) return InvalidArgumentError(at + ": boxes are too large");
+  if (__builtin_mul_overflow(elements, DTypeSize(t.dtype), &expect))
+    return InvalidArgumentError(at + ": boxes are too large");
   if (s.nbytes != expect) {
     return InvalidArgumentError(at + ": nbytes " + std::to_string(s.nbytes) + " != " + std::to_string(elements) +
                                 " elements * " + std::to_string(DTypeSize(t.dtype)) + " bytes (" +
@@ -242,7 +244,8 @@ Status ValidateShard(const ShardRecord& s, const TensorRecord& t) {
   }
   if (s.worker < 0) return InvalidArgumentError(at + ": negative worker " + std::to_string(s.worker));
   if (!IsSafeRelativePath(s.file)) {
-    return InvalidArgumentError(at + ": file '" + s.file + "' must be a relative path without '.', '..' or empty parts");
+    return InvalidArgumentError(at + ": file '" + s.file +
+                                "' must be a relative path without '.', '..' or empty parts");
   }
   return Status::OK();
 }

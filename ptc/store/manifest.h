@@ -14,9 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ptc/base/status.h"
 #include "ptc/model/box.h"
 #include "ptc/model/dtype.h"
-#include "ptc/base/status.h"
 
 namespace ptc {
 
@@ -30,13 +30,13 @@ struct TensorRecord {
 // One stored copy of part of a tensor. The shard's data is each box densely in
 // row-major order, boxes one after another, at `offset` in `file`.
 struct ShardRecord {
-  std::string tensor;       // global tensor name
+  std::string tensor;  // global tensor name
   std::vector<Box> boxes;
-  int worker = 0;           // the worker holding this copy; replicas are separate records
-  std::string file;         // relative to the store root; may point into an older generation
-  uint64_t offset = 0;      // byte offset of the data in the file (HDF5 contiguous dataset)
-  uint64_t nbytes = 0;      // sum of box volumes * dtype size
-  uint64_t checksum = 0;    // ptc/base/checksum.h: of the bytes, or of the block checksums
+  int worker = 0;                         // the worker holding this copy; replicas are separate records
+  std::string file;                       // relative to the store root; may point into an older generation
+  uint64_t offset = 0;                    // byte offset of the data in the file (HDF5 contiguous dataset)
+  uint64_t nbytes = 0;                    // sum of box volumes * dtype size
+  uint64_t checksum = 0;                  // ptc/base/checksum.h: of the bytes, or of the block checksums
   std::vector<uint64_t> block_checksums;  // per kChecksumBlockBytes block; empty: one block
   friend bool operator==(const ShardRecord&, const ShardRecord&) = default;
 };
@@ -54,9 +54,9 @@ uint64_t BlockChecksum(const ShardRecord& s, size_t i);
 struct GenerationManifest {
   uint64_t generation = 0;
   std::optional<uint64_t> parent;
-  nlohmann::json schema;        // embedded verbatim; opaque to the store
-  std::string dims;             // canonical model dims string; opaque here
-  std::string config;           // canonical parallel config string; opaque here
+  nlohmann::json schema;  // embedded verbatim; opaque to the store
+  std::string dims;       // canonical model dims string; opaque here
+  std::string config;     // canonical parallel config string; opaque here
   std::vector<TensorRecord> tensors;
   std::vector<ShardRecord> shards;
   nlohmann::json extra = nlohmann::json::object();  // dataset state etc.; opaque

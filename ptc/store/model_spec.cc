@@ -24,8 +24,8 @@ Result<ModelSpec> SpecFromManifest(const GenerationManifest& m) {
   if (!dims.ok()) return corrupt(dims.status());
   spec.dims = *dims;
   const nlohmann::json& model = m.extra.contains("model") ? m.extra["model"] : nlohmann::json();
-  if (!model.is_object() || !model.contains("dtype") || !model["dtype"].is_string() ||
-      !model.contains("optimizer") || !model["optimizer"].is_boolean()) {
+  if (!model.is_object() || !model.contains("dtype") || !model["dtype"].is_string() || !model.contains("optimizer") ||
+      !model["optimizer"].is_boolean()) {
     return CorruptionError(where + ": extra.model must hold \"dtype\" and \"optimizer\"");
   }
   auto dtype = ParseDType(model["dtype"].get<std::string>());

@@ -3,8 +3,8 @@
 #pragma once
 
 #include "ptc/model/config.h"
-#include "ptc/store/manifest.h"
 #include "ptc/model/view.h"
+#include "ptc/store/manifest.h"
 
 namespace ptc {
 

@@ -59,7 +59,9 @@ constexpr size_t kMapWindow = 8 << 20;
 
 VerifyingShardReader::VerifyingShardReader(const ShardRecord& shard, std::unique_ptr<RandomAccessFile> file,
                                            size_t block)
-    : shard_(shard), file_(std::move(file)), hasher_(BlockBegin(shard, block), shard.nbytes),
+    : shard_(shard),
+      file_(std::move(file)),
+      hasher_(BlockBegin(shard, block), shard.nbytes),
       mappable_(file_->fd() >= 0 && shard.nbytes >= kMapMin && file_->Size() >= shard.offset + shard.nbytes) {}
 
 VerifyingShardReader::~VerifyingShardReader() {

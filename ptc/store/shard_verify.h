@@ -64,9 +64,9 @@ class VerifyingShardReader {
   bool MapWindow(size_t n);
   const ShardRecord& shard_;
   std::unique_ptr<RandomAccessFile> file_;
-  BlockHasher hasher_;            // its position is the reader's
-  bool mappable_;                 // fd, large enough, file not short
-  char* map_ = nullptr;           // mapping of file bytes [map_begin_, map_begin_ + map_len_)
+  BlockHasher hasher_;   // its position is the reader's
+  bool mappable_;        // fd, large enough, file not short
+  char* map_ = nullptr;  // mapping of file bytes [map_begin_, map_begin_ + map_len_)
   uint64_t map_begin_ = 0;
   size_t map_len_ = 0;
 };

@@ -34,8 +34,8 @@ Result<std::unique_ptr<Store>> Store::Open(Env* env, std::string root) {
   if (g == 0) return store;
   Result<GenerationManifest> m = store->LoadGeneration(g);
   if (!m.ok()) {
-    return CorruptionError(path + ": names generation " + std::to_string(g) + ", which cannot be loaded: " +
-                           m.status().message());
+    return CorruptionError(path + ": names generation " + std::to_string(g) +
+                           ", which cannot be loaded: " + m.status().message());
   }
   store->SetCurrent(std::make_shared<const GenerationManifest>(std::move(m).value()));
   return store;
@@ -138,7 +138,8 @@ Result<bool> PruneTree(const Store& store, const std::string& rel, const std::se
 Status Store::CollectGarbage(const std::set<uint64_t>& keep_generations) {
   {
     MutexLock lock(&mu_);
-    if (writer_active_) return FailedPreconditionError(root_ + ": cannot collect garbage while a generation is written");
+    if (writer_active_)
+      return FailedPreconditionError(root_ + ": cannot collect garbage while a generation is written");
     writer_active_ = true;  // blocks BeginGeneration until done
   }
   struct Done {

@@ -65,8 +65,8 @@ std::string WorkerDirName(int worker) {
 std::string SanitizeFileName(std::string_view tensor) {
   std::string out;
   for (char c : tensor.substr(0, 200)) {
-    bool keep = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-                c == '-';
+    bool keep =
+        (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
     out.push_back(keep ? c : '_');
   }
   return out.empty() ? "_" : out;

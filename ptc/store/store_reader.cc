@@ -1,9 +1,9 @@
 #include "ptc/store/store_reader.h"
-#include "ptc/store/shard_verify.h"
 
 #include <algorithm>
 
 #include "ptc/model/region_io.h"
+#include "ptc/store/shard_verify.h"
 
 namespace ptc {
 
@@ -58,8 +58,7 @@ Status GenerationReader::Cover(const std::string& tensor, const Box& region, int
   auto it = by_tensor_.find(tensor);
   if (it == by_tensor_.end()) return NotFoundError("tensor '" + tensor + "' has no stored shard");
   std::vector<const ShardRecord*> order = it->second;
-  std::stable_partition(order.begin(), order.end(),
-                        [&](const ShardRecord* s) { return s->worker == prefer_worker; });
+  std::stable_partition(order.begin(), order.end(), [&](const ShardRecord* s) { return s->worker == prefer_worker; });
   const size_t elem = dtype_size_.at(tensor);
   std::vector<Box> missing = {region};
   for (const ShardRecord* shard : order) {
