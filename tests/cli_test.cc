@@ -19,11 +19,7 @@ namespace ptc {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::Ptcfs;
-using testing::Slurp;
-using testing::Snapshot;
-using testing::Spit;
-using testing::TempDir;
+using namespace ::ptc::testing;  // the helpers of test_util.h
 
 constexpr const char* kDims = "layers=4,hidden=32,heads=4,vocab=128,seq=16";
 

@@ -108,6 +108,16 @@ TEST(MegatronState, FindsBackEveryTensorOfEveryRank) {
   }
 }
 
+// The word embedding's tensor in a legacy GPTModel checkpoint's value tree.
+pickle::Tensor& EmbeddingWeight(Value& root) {
+  return root.Find("model")
+      ->Find("language_model")
+      ->Find("embedding")
+      ->Find("word_embeddings")
+      ->Find("weight")
+      ->tensor();
+}
+
 TEST(MegatronState, WrongTensorsAreNamed) {
   const ModelSpec spec = testing::Spec("megatron-gpt", "layers=2,hidden=32,heads=4,vocab=64,seq=16");
   const ParallelConfig config = *ParseConfig("tp=2");
@@ -120,24 +130,12 @@ TEST(MegatronState, WrongTensorsAreNamed) {
     EXPECT_NE(found.status().message().find(needle), std::string::npos) << found.status().message();
   };
   Value wrong = root;
-  wrong.Find("model")
-      ->Find("language_model")
-      ->Find("embedding")
-      ->Find("word_embeddings")
-      ->Find("weight")
-      ->tensor()
-      .shape = {64, 32};
+  EmbeddingWeight(wrong).shape = {64, 32};
   expect_error(wrong,
                "f.pt: model/language_model/embedding/word_embeddings/weight: shape [64, 32], the schema and config say "
                "[32, 32]");
   wrong = root;
-  wrong.Find("model")
-      ->Find("language_model")
-      ->Find("embedding")
-      ->Find("word_embeddings")
-      ->Find("weight")
-      ->tensor()
-      .dtype = DType::kF16;
+  EmbeddingWeight(wrong).dtype = DType::kF16;
   expect_error(wrong, "dtype F16, the schema says F32");
   wrong = root;
   wrong.Find("model")->Find("language_model")->Find("encoder")->Erase("layers.1.mlp.dense_4h_to_h.bias");

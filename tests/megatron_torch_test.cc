@@ -14,9 +14,7 @@ namespace ptc {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::Ptcfs;
-using testing::Sh;
-using testing::TempDir;
+using namespace ::ptc::testing;  // the helpers of test_util.h
 
 const std::string kModel = "--schema megatron-gpt --dims layers=4,hidden=32,heads=4,vocab=128,seq=16";
 

@@ -16,12 +16,7 @@
 namespace ptc {
 namespace {
 
-using testing::Mount;
-using testing::MountStatus;
-using testing::Ptcfs;
-using testing::Sh;
-using testing::Slurp;
-using testing::TempDir;
+using namespace ::ptc::testing;  // the helpers of test_util.h
 
 constexpr uint64_t kSamples = 1001, kBatch = 37;  // 37 does not divide 1001, nor by 2 or 3
 

@@ -26,13 +26,7 @@ namespace ptc {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::Mount;
-using testing::Ptcfs;
-using testing::Sh;
-using testing::Slurp;
-using testing::TempDir;
-using testing::WaitServing;
-using testing::WriteConfig;
+using namespace ::ptc::testing;  // the helpers of test_util.h
 
 const std::string kDims = "layers=4,hidden=32,heads=4,vocab=128,seq=16";
 

@@ -13,10 +13,7 @@
 namespace ptc {
 namespace {
 
-using ::ptc::testing::kAllDTypes;
-using ::ptc::testing::Pattern;
-using ::ptc::testing::TempDir;
-using ::ptc::testing::TestSeed;
+using namespace ::ptc::testing;  // the helpers of test_util.h
 
 uint64_t Bytes(DType dtype, const Shape& shape) { return NumElements(shape) * DTypeSize(dtype); }
 
@@ -165,19 +162,6 @@ TEST(Npy, WriterChecksTheByteCount) {
   EXPECT_FALSE((*w)->Finish().ok());
 }
 
-std::pair<int, std::string> RunPython(const TempDir& dir, const std::string& script) {
-  const std::string path = dir / "check.py";
-  std::ofstream(path) << script;
-  FILE* p = popen(("/usr/bin/python3 " + path + " " + dir.path() + " 2>&1").c_str(), "r");
-  if (p == nullptr) return {-1, "popen failed"};
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  return {pclose(p), out};
-}
-
-bool HaveNumpy() { return std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") == 0; }
-
 // Loads what C++ wrote with np.load, then writes files for C++ to parse.
 constexpr char kPythonCheck[] = R"PY(
 import json, os, sys
@@ -245,7 +229,7 @@ TEST(Npy, NumpyAgreesBothWays) {
           .ok());
   ASSERT_TRUE(WriteFileAtomic(env, dir / "dtypes.json", *EncodeNpyDTypes(dtypes)).ok());
   ASSERT_TRUE(WriteFileAtomic(env, dir / "expect.json", expect.dump()).ok());
-  auto [rc, out] = RunPython(dir, kPythonCheck);
+  auto [rc, out] = RunPythonScript(dir.path(), kPythonCheck, dir.path());
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("python check ok 48 files"), std::string::npos) << out;
 
@@ -276,21 +260,7 @@ TEST(NpyFuzz, MutatedHeadersNeverCrash) {
   for (int iter = 0; iter < 4000; ++iter) {
     std::string s = EncodeNpyHeader(kAllDTypes[rng() % kNumDTypes], {2, 3});
     for (int m = 1 + rng() % 3; m > 0; --m) {
-      const size_t at = s.empty() ? 0 : rng() % s.size();
-      switch (rng() % 4) {
-        case 0:
-          if (!s.empty()) s[at] ^= static_cast<char>(1 << (rng() % 8));
-          break;
-        case 1:
-          s.erase(at, 1 + rng() % 4);
-          break;
-        case 2:
-          s.insert(at, 1, kChars[rng() % kChars.size()]);
-          break;
-        case 3:
-          s.resize(at);
-          break;
-      }
+      MutateOnce(rng, kChars, s);
     }
     auto h = ParseNpyHeader("fuzz", s);
     if (!h.ok()) continue;

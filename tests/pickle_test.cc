@@ -11,11 +11,7 @@
 namespace ptc::pickle {
 namespace {
 
-using ::ptc::testing::Sh;
-using ::ptc::testing::Slurp;
-using ::ptc::testing::Spit;
-using ::ptc::testing::TempDir;
-using ::ptc::testing::TestSeed;
+using namespace ::ptc::testing;  // the helpers of test_util.h
 
 const std::string kClient = "/usr/bin/python3 " + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/torch_roundtrip.py";
 

@@ -13,11 +13,7 @@ namespace ptc {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::RandomConfig;
-using testing::Slurp;
-using testing::Spec;
-using testing::TempDir;
-using testing::TestSeed;
+using namespace ::ptc::testing;  // the helpers of test_util.h
 
 // Every file under a equals the file of the same name under b, and no file is extra.
 void ExpectSameTree(const std::string& a, const std::string& b) {

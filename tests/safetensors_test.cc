@@ -13,10 +13,7 @@
 namespace ptc {
 namespace {
 
-using ::ptc::testing::kAllDTypes;
-using ::ptc::testing::Pattern;
-using ::ptc::testing::TempDir;
-using ::ptc::testing::TestSeed;
+using namespace ::ptc::testing;  // the helpers of test_util.h
 
 uint64_t Bytes(const TensorSpec& t) { return NumElements(t.shape) * DTypeSize(t.dtype); }
 
@@ -269,20 +266,6 @@ TEST(Safetensors, WriterReportsEveryIOError) {
   EXPECT_TRUE(ReadSafetensorsHeader(base.get(), "f.safetensors").ok());
 }
 
-// Runs `script` with /usr/bin/python3 and `arg`; returns (exit status, output).
-std::pair<int, std::string> RunPython(const TempDir& dir, const std::string& script, const std::string& arg) {
-  const std::string path = dir / "check.py";
-  std::ofstream(path) << script;
-  FILE* p = popen(("/usr/bin/python3 " + path + " " + arg + " 2>&1").c_str(), "r");
-  if (p == nullptr) return {-1, "popen failed"};
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  return {pclose(p), out};
-}
-
-bool HaveNumpy() { return std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") == 0; }
-
 // An independent reader: JSON header + numpy.frombuffer, bytes and values compared.
 constexpr char kPythonCheck[] = R"PY(
 import json, struct, sys
@@ -332,32 +315,9 @@ TEST(Safetensors, NumpyReadsWhatWeWrite) {
   ASSERT_TRUE((*w)->Append(f, sizeof f).ok());
   ASSERT_TRUE((*w)->Append(i, sizeof i).ok());
   ASSERT_TRUE((*w)->Finish().ok());
-  auto [rc, out] = RunPython(dir, kPythonCheck, path);
+  auto [rc, out] = RunPythonScript(dir.path(), kPythonCheck, path);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("python check ok 50 tensors"), std::string::npos) << out;
-}
-
-// Applies one random edit (bit flip, deletion, inserted digit or JSON character, truncation).
-void Mutate(std::mt19937_64& rng, std::string& s) {
-  static const std::string kChars = "0123456789{}[],:\"- .e";
-  const size_t at = s.empty() ? 0 : rng() % s.size();
-  switch (rng() % 5) {
-    case 0:
-      if (!s.empty()) s[at] ^= static_cast<char>(1 << (rng() % 8));
-      break;
-    case 1:
-      s.erase(at, 1 + rng() % 4);
-      break;
-    case 2:
-      s.insert(at, 1, static_cast<char>('0' + rng() % 10));
-      break;
-    case 3:
-      s.insert(at, 1, kChars[rng() % kChars.size()]);
-      break;
-    case 4:
-      s.resize(at);
-      break;
-  }
 }
 
 TEST(SafetensorsFuzz, MutatedHeadersNeverCrashAndAcceptedOnesTile) {
@@ -377,10 +337,10 @@ TEST(SafetensorsFuzz, MutatedHeadersNeverCrashAndAcceptedOnesTile) {
     std::string file;
     if (iter % 4 == 0) {  // raw bytes, length prefix included
       file = *header + std::string(data_size, 'x');
-      for (int m = 1 + rng() % 3; m > 0; --m) Mutate(rng, file);
+      for (int m = 1 + rng() % 3; m > 0; --m) MutateOnce(rng, "0123456789{}[],:\"- .e", file);
     } else {  // consistent length prefix, mutated JSON, data of a nearby size
       std::string j = json;
-      for (int m = 1 + rng() % 3; m > 0; --m) Mutate(rng, j);
+      for (int m = 1 + rng() % 3; m > 0; --m) MutateOnce(rng, "0123456789{}[],:\"- .e", j);
       file = RawFile(j, std::string(data_size + rng() % 5 - 2 * (rng() % 2), 'x'));
     }
     const uint64_t size = file.size() + (rng() % 8 == 0 ? rng() % 16 : 0);

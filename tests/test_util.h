@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "ptc/base/env.h"
@@ -62,6 +63,26 @@ inline std::string Pattern(int k, DType dtype, uint64_t n) {
   return s;
 }
 
+// One random edit of `s` for the mutation tests of the parsers: a bit flip, a
+// deletion, an inserted character of `inserts`, or a truncation.
+inline void MutateOnce(std::mt19937_64& rng, std::string_view inserts, std::string& s) {
+  const size_t at = s.empty() ? 0 : rng() % s.size();
+  switch (rng() % 4) {
+    case 0:
+      if (!s.empty()) s[at] ^= static_cast<char>(1 << (rng() % 8));
+      break;
+    case 1:
+      s.erase(at, 1 + rng() % 4);
+      break;
+    case 2:
+      s.insert(at, 1, inserts[rng() % inserts.size()]);
+      break;
+    case 3:
+      s.resize(at);
+      break;
+  }
+}
+
 inline std::string Slurp(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream s;
@@ -96,6 +117,17 @@ inline std::pair<int, std::string> Sh(const std::string& command) {
 
 // Runs the ptcfs binary under test with `args`.
 inline std::pair<int, std::string> Ptcfs(const std::string& args) { return Sh(std::string(PTCFS_BINARY) + " " + args); }
+
+// Writes `script` to DIR/check.py and runs it with /usr/bin/python3 and `arg`;
+// returns (exit status, stdout and stderr).
+inline std::pair<int, std::string> RunPythonScript(const std::string& dir, const std::string& script,
+                                                   const std::string& arg) {
+  const std::string path = dir + "/check.py";
+  std::ofstream(path) << script;
+  return Sh("/usr/bin/python3 " + path + " " + arg + " 2>&1");
+}
+
+inline bool HaveNumpy() { return std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") == 0; }
 
 // The independent Python reader of a rank's dataset view (tests/clients/
 // read_megatron_view.py) over VIEW_DIR against the source SOURCE_PREFIX.

@@ -14,16 +14,10 @@ namespace ptc {
 namespace {
 
 using pickle::Value;
-using ::ptc::testing::Sh;
-using ::ptc::testing::Slurp;
-using ::ptc::testing::Spit;
-using ::ptc::testing::TempDir;
-using ::ptc::testing::TestSeed;
+using namespace ::ptc::testing;  // the helpers of test_util.h
 
 const std::string kPython = "/usr/bin/python3";
 const std::string kClient = kPython + " " + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/torch_roundtrip.py";
-
-using ::ptc::testing::StringFile;
 
 void ExpectError(const Status& s, std::initializer_list<std::string> parts) {
   ASSERT_FALSE(s.ok()) << "accepted, expected an error mentioning " << *parts.begin();

@@ -19,11 +19,7 @@ namespace ptc {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::RandomConfig;
-using testing::Snapshot;
-using testing::Spec;
-using testing::TempDir;
-using testing::TestSeed;
+using namespace ::ptc::testing;  // the helpers of test_util.h
 
 // A store holding synth(spec, config) as generation 1.
 void MakeStore(const TempDir& tmp, const ModelSpec& spec, const ParallelConfig& config, uint64_t seed) {

@@ -11,9 +11,7 @@
 namespace ptc {
 namespace {
 
-using testing::RandomConfig;
-using testing::Spec;
-using testing::TestSeed;
+using namespace ::ptc::testing;  // the helpers of test_util.h
 
 constexpr const char* kGptDims = "layers=6,hidden=32,heads=4,vocab=256,seq=16";
 constexpr const char* kLlamaDims = "layers=5,hidden=32,heads=8,kv_heads=4,vocab=128,seq=16,ffn=48";

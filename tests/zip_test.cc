@@ -13,15 +13,9 @@
 namespace ptc {
 namespace {
 
-using ::ptc::testing::Sh;
-using ::ptc::testing::Slurp;
-using ::ptc::testing::Spit;
-using ::ptc::testing::TempDir;
-using ::ptc::testing::TestSeed;
+using namespace ::ptc::testing;  // the helpers of test_util.h
 
 const std::string kPython = "/usr/bin/python3";
-
-using ::ptc::testing::StringFile;
 
 std::string RandomBytes(std::mt19937_64& rng, size_t n) {
   std::string s(n, '\0');
