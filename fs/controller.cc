@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ptc/base/json_fields.h"
 #include "ptc/checkpoint/megatron_import.h"
 #include "ptc/store/model_spec.h"
 #include "transform/execute.h"
@@ -44,7 +45,7 @@ ptc::Result<Request> ParseRequest(const std::string& raw) {
     if (r.epoch && !r.step) return ptc::InvalidArgumentError(".ptcfs/config: 'epoch' needs a 'step'");
     text = j["config"].get<std::string>();
   }
-  PTC_ASSIGN_OR_RETURN(r.config, ptc::ParseConfig(text));
+  PTC_ASSIGN_OR_RETURN(r.config, ptc::ParseConfig(text), ".ptcfs/config");
   return r;
 }
 
@@ -72,7 +73,15 @@ Controller::~Controller() {
 
 void Controller::RecordError(const std::string& error) {
   ptc::MutexLock lock(&mu_);
-  last_error_ = error;
+  SetLastError(error);
+}
+
+void Controller::SetLastError(const std::string& error) {
+  if (error.size() <= kMaxLastError) {
+    last_error_ = error;
+    return;
+  }
+  last_error_ = error.substr(0, kMaxLastError) + "... (" + std::to_string(error.size() - kMaxLastError) + " bytes cut)";
 }
 
 ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_ptr<const Snapshot>& current) {
@@ -109,6 +118,7 @@ ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_p
     previous = std::move(worker_thread_);
   }
   if (previous.joinable()) previous.join();  // finished: its state was set (it may still be removing old files)
+  { ptc::MutexLock wait(&collect_mu_); }     // a removal after a close (CollectIfIdle) ends before the rewrite writes
   serve_(*lazy);
   ptc::MutexLock lock(&mu_);
   worker_thread_ = std::thread([this, config, spec, dataset] { Rewrite(config, spec, dataset); });
@@ -124,18 +134,30 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
   options.threads = threads_;
   if (dataset) options.extra["dataset"] = ptc::EncodeDatasetState(*dataset);
   options.progress = [this](uint64_t n) { done_ += n; };
-  auto result = [&]() -> ptc::Result<std::shared_ptr<const Snapshot>> {
+  auto rewrite = [&]() -> ptc::Result<std::shared_ptr<const Snapshot>> {
     auto source = store_->CurrentSnapshot();
     PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({source.get(), spec, config, {}, std::nullopt}));
     total_ = ptc::BytesToWrite(plan);
     PTC_RETURN_IF_ERROR(ptc::ExecutePlan(*store_, source, spec, config, plan, options).status());
     return Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, config, worker_, checks_, dataset, source_);
-  }();
+  };
+  // This thread is no FUSE callback: an unexpected exception here would end
+  // the daemon, so it fails the rewrite instead (nothing was committed).
+  ptc::Result<std::shared_ptr<const Snapshot>> result = ptc::InternalError("rewrite not run");
+  try {
+    result = rewrite();
+  } catch (const std::exception& e) {
+    result = ptc::InternalError(std::string("internal error in the rewrite: ") + e.what());
+  }
   if (result.ok()) serve_(*result);
   {
     ptc::MutexLock lock(&mu_);
     state_ = result.ok() ? "serving" : "failed";
-    if (!result.ok()) last_error_ = result.status().message();
+    if (result.ok()) {
+      last_error_.clear();  // committed
+    } else {
+      SetLastError(result.status().message());
+    }
   }
   // After the state says serving: the next Reconfigure or Ingest joins this
   // thread before it writes, so the removal never meets another writer.
@@ -143,7 +165,26 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
 }
 
 void Controller::Collect() {
-  if (ptc::Status s = collect_(); !s.ok()) RecordError("removing replaced generations: " + s.message());
+  ptc::Status s;
+  {
+    ptc::MutexLock lock(&collect_mu_);
+    s = collect_();
+  }
+  if (!s.ok()) RecordError("removing replaced generations: " + s.message());
+}
+
+void Controller::CollectIfIdle() {
+  ptc::Status s;
+  {
+    ptc::MutexLock lock(&collect_mu_);
+    {
+      ptc::MutexLock state(&mu_);
+      // A running rewrite or save collects after its commit.
+      if (state_ == "repartitioning" || state_ == "saving") return;
+    }
+    s = collect_();
+  }
+  if (!s.ok()) RecordError("removing replaced generations: " + s.message());
 }
 
 ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iteration,
@@ -162,6 +203,7 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
     previous = std::move(worker_thread_);
   }
   if (previous.joinable()) previous.join();  // a finished rewrite, perhaps still removing what it replaced
+  { ptc::MutexLock wait(&collect_mu_); }     // a removal after a close (CollectIfIdle) ends before the save writes
   auto result = [&]() -> ptc::Status {
     const ptc::ModelSpec& spec = current->spec();
     ptc::ParallelConfig config = current->config();
@@ -182,12 +224,16 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
     PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*store_, store_->CurrentSnapshot(), source.spec, config, worker_,
                                                      checks_, current->dataset(), source_));
     serve_(snap);
+    {
+      ptc::MutexLock lock(&mu_);
+      last_error_.clear();  // committed
+    }
     Collect();
     return ptc::Status::OK();
   }();
   ptc::MutexLock lock(&mu_);
   state_ = result.ok() ? "serving" : before;
-  if (!result.ok()) last_error_ = "save of iteration " + std::to_string(iteration) + ": " + result.message();
+  if (!result.ok()) SetLastError("save of iteration " + std::to_string(iteration) + ": " + result.message());
   return result;
 }
 
@@ -209,7 +255,8 @@ std::string Controller::StatusJson(const std::shared_ptr<const Snapshot>& curren
                     {"samples", d->num_samples},
                     {"global_batch", d->global_batch}};
   }
-  return j.dump(2) + "\n";
+  // Messages quote what was written and paths: bytes that are not UTF-8 become U+FFFD.
+  return ptc::JsonText(j, 2) + "\n";
 }
 
 }  // namespace ptcfs

@@ -51,13 +51,23 @@ class Controller {
                      const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_);
 
   // The status document (docs/mount_format.md).
+  // Bad bytes (invalid UTF-8 in last_error or a path) are replaced, never thrown.
   std::string StatusJson(const std::shared_ptr<const Snapshot>& current) const EXCLUDES(mu_);
+  // Keeps `error` as last_error, cut to kMaxLastError bytes (the next commit clears it).
   void RecordError(const std::string& error) EXCLUDES(mu_);
+
+  // collect_ now, unless a rewrite or save runs (its commit collects then):
+  // after the last file of a replaced generation was closed, and at unmount.
+  void CollectIfIdle() EXCLUDES(mu_, collect_mu_);
+
+  // The most bytes of last_error kept; longer ones end in "... (N bytes cut)".
+  static constexpr size_t kMaxLastError = 4096;
 
  private:
   void Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset) EXCLUDES(mu_);
   // collect_, its error kept as last_error.
-  void Collect() EXCLUDES(mu_);
+  void Collect() EXCLUDES(mu_, collect_mu_);
+  void SetLastError(const std::string& error) REQUIRES(mu_);
 
   ptc::Store* store_;
   const int worker_;
@@ -66,6 +76,10 @@ class Controller {
   const std::shared_ptr<const ptc::DatasetSource> source_;
   std::function<void(std::shared_ptr<const Snapshot>)> serve_;
   std::function<ptc::Status()> collect_;
+  // Lock order: collect_mu_, then mu_. Held while removing replaced
+  // generations; a rewrite or save takes it (after setting state_) before it
+  // writes, so a removal never meets a writer.
+  ptc::Mutex collect_mu_;
   mutable ptc::Mutex mu_;
   std::string state_ GUARDED_BY(mu_) = "serving";  // serving | repartitioning | saving | failed
   std::string last_error_ GUARDED_BY(mu_);

@@ -40,13 +40,35 @@ int ErrnoOf(const ptc::Status& s) {
   return EIO;
 }
 
+namespace {
+
+// A file the tree lists is never "not found": a shard or dataset file it
+// needs is missing, which is an I/O error (EIO) naming that file.
+ptc::Status AsReadError(const ptc::Status& s) {
+  if (s.code() != ptc::Code::kNotFound) return s;
+  return ptc::IOError("missing file: " + s.message());
+}
+
+}  // namespace
+
 Filesystem::Handle::~Handle() {
   if (fd >= 0) ::close(fd);
 }
 
 Filesystem::Filesystem(const MountOptions& options)
     : options_(options), staging_(options.store + "/" + std::string(kStagingDir)) {}
-Filesystem::~Filesystem() { controller_.reset(); }
+Filesystem::~Filesystem() {
+  if (controller_) {
+    // At unmount no file is open: replaced generations kept for open files go now.
+    {
+      ptc::MutexLock lock(&mu_);
+      handles_.clear();
+      if (!kept_.empty()) collect_due_ = true;
+    }
+    controller_->CollectIfIdle();
+  }
+  controller_.reset();
+}
 
 ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& options) {
   std::unique_ptr<Filesystem> fs(new Filesystem(options));
@@ -82,6 +104,8 @@ ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& 
   status_node->kind = Node::kStatus;
   meta->children["status"] = fs->AddNode(status_node);
   fs->snapshot_ = snap;
+  fs->served_sec_ = snap->commit_time().tv_sec;
+  fs->served_nsec_ = snap->commit_time().tv_nsec;
   fs->AddTrees(*root, snap);
   return fs;
 }
@@ -201,6 +225,7 @@ std::shared_ptr<Node> Filesystem::BuildModelTree(const std::shared_ptr<const Sna
       }
       auto d = std::make_shared<Node>();
       d->kind = Node::kLiteralFile;
+      d->snap = snap;  // its time; dropped with the tree
       d->literal = *ptc::EncodeNpyDTypes(dtypes);
       d->size = d->literal.size();
       tensors->children[std::string(ptc::kNpyDTypesFile)] = AddNode(d);
@@ -216,6 +241,8 @@ void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
     ptc::MutexLock lock(&mu_);
     if (snap->generation() != snapshot_->generation()) collect_due_ = true;
     snapshot_ = snap;
+    served_sec_ = snap->commit_time().tv_sec;
+    served_nsec_ = snap->commit_time().tv_nsec;
     // Nodes of the replaced trees that the kernel does not know go now; the
     // others when it forgets them (Forget).
     for (auto it = nodes_.begin(); it != nodes_.end();) {
@@ -237,6 +264,8 @@ ptc::Status Filesystem::CollectReplaced() {
     for (const auto& [fh, h] : handles_) {
       if (h->node->snap) live.insert(h->node->snap->generation());
     }
+    kept_ = live;
+    kept_.erase(snapshot_->generation());
   }
   ptc::Status s = store_->CollectGarbage(live);
   if (s.code() == ptc::Code::kFailedPrecondition) return ptc::Status::OK();  // a writer: removed after the next commit
@@ -263,6 +292,10 @@ struct stat Filesystem::Attr(const Node& n, uint64_t size) const {
   st.st_size = static_cast<off_t>(size);
   st.st_blksize = 512 * 1024;
   st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
+  // Every file and directory dates from the commit of the generation it shows.
+  struct timespec t = {static_cast<time_t>(served_sec_.load()), static_cast<long>(served_nsec_.load())};
+  if (n.snap) t = n.snap->commit_time();
+  st.st_atim = st.st_mtim = st.st_ctim = t;
   return st;
 }
 
@@ -375,16 +408,18 @@ ptc::Result<OpenReply> Filesystem::Open(uint64_t ino, int flags) {
   } else if (node->kind == Node::kDataFile) {
     auto view = node->snap->DataView(static_cast<int>(node->tensor), node->group);
     if (!view.ok()) {
-      controller_->RecordError(view.status().message());
-      return view.status();
+      ptc::Status s = AsReadError(view.status());
+      controller_->RecordError(s.message());
+      return s;
     }
     h->data = *view;
     reply.keep_cache = true;
   } else if (node->kind != Node::kLiteralFile) {
     auto file = Render(*node);
     if (!file.ok()) {
-      controller_->RecordError(file.status().message());
-      return file.status();
+      ptc::Status s = AsReadError(file.status());
+      controller_->RecordError(s.message());
+      return s;
     }
     h->file = std::move(file).value();
     reply.keep_cache = true;
@@ -412,8 +447,9 @@ ptc::Result<ReadReply> Filesystem::Read(uint64_t fh, uint64_t offset, size_t siz
     reply.bytes.resize(size);
     auto n = h->data->Read(h->node->data_file, offset, size, reply.bytes.data());
     if (!n.ok()) {
-      controller_->RecordError(n.status().message());
-      return n.status();
+      ptc::Status s = AsReadError(n.status());
+      controller_->RecordError(s.message());
+      return s;
     }
     reply.bytes.resize(*n);
     return reply;
@@ -430,7 +466,8 @@ ptc::Result<ReadReply> Filesystem::Read(uint64_t fh, uint64_t offset, size_t siz
   VirtualFile::FdRange range = h->file->SingleShardRange(offset, size);
   if (range.fd >= 0) {
     reply.fd_length = static_cast<size_t>(std::min<uint64_t>(size, h->file->size() - offset));
-    if (ptc::Status s = check(*range.shard, range.position - range.shard->offset, reply.fd_length); !s.ok()) {
+    if (ptc::Status s = AsReadError(check(*range.shard, range.position - range.shard->offset, reply.fd_length));
+        !s.ok()) {
       controller_->RecordError(s.message());
       return s;
     }
@@ -440,8 +477,9 @@ ptc::Result<ReadReply> Filesystem::Read(uint64_t fh, uint64_t offset, size_t siz
   reply.bytes.resize(size);
   auto n = h->file->Read(offset, size, reply.bytes.data(), check);
   if (!n.ok()) {
-    controller_->RecordError(n.status().message());
-    return n.status();
+    ptc::Status s = AsReadError(n.status());
+    controller_->RecordError(s.message());
+    return s;
   }
   reply.bytes.resize(*n);
   return reply;
@@ -468,9 +506,30 @@ ptc::Status Filesystem::Truncate(uint64_t ino, uint64_t size) {
   return ptc::Status::OK();  // replaced as a whole by the next write
 }
 
+ptc::Status Filesystem::ChangeModeOrOwner(uint64_t ino) {
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> node, NodeOf(ino));
+  if (node->kind == Node::kStagedFile || node->kind == Node::kStagedDir) return ptc::Status::OK();  // ignored
+  return ptc::Status(ptc::Code::kPermissionDenied, "the mount's files keep their mode and owner");
+}
+
 void Filesystem::Release(uint64_t fh) {
-  ptc::MutexLock lock(&mu_);
-  handles_.erase(fh);
+  std::shared_ptr<Handle> closed;  // destroyed (its descriptors closed) outside mu_
+  {
+    ptc::MutexLock lock(&mu_);
+    auto it = handles_.find(fh);
+    if (it == handles_.end()) return;
+    closed = std::move(it->second);
+    handles_.erase(it);
+    if (!closed->node->snap || !kept_.count(closed->node->snap->generation())) return;
+    const uint64_t g = closed->node->snap->generation();
+    for (const auto& [other, h] : handles_) {
+      if (h->node->snap && h->node->snap->generation() == g) return;  // still read
+    }
+    kept_.erase(g);
+    collect_due_ = true;
+  }
+  closed.reset();
+  controller_->CollectIfIdle();
 }
 
 }  // namespace ptcfs

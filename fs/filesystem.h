@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -114,7 +115,12 @@ class Filesystem {
   ptc::Result<ReadReply> Read(uint64_t fh, uint64_t offset, size_t size);
   ptc::Result<size_t> Write(uint64_t fh, const char* data, size_t size, uint64_t offset);
   ptc::Status Truncate(uint64_t ino, uint64_t size);
-  void Release(uint64_t fh);
+  // chmod, chown: nothing changes but files and directories of a save (staged).
+  // \error PermissionDenied elsewhere (fuse_ops replies EPERM); NotFound for an unknown inode.
+  ptc::Status ChangeModeOrOwner(uint64_t ino);
+  // Closes `fh`. The last file of a generation that a commit replaced closes:
+  // that generation is removed (Controller::CollectIfIdle).
+  void Release(uint64_t fh) EXCLUDES(mu_);
 
   // Saves into megatron/ (docs/megatron_format.md): new directories and files
   // under megatron/ go to the staging area; a write of
@@ -183,6 +189,11 @@ class Filesystem {
   uint64_t next_ino_ GUARDED_BY(mu_) = kRootInode;
   std::map<uint64_t, std::shared_ptr<Handle>> handles_ GUARDED_BY(mu_);
   bool collect_due_ GUARDED_BY(mu_) = false;  // Serve switched generations since the last CollectReplaced
+  // Replaced generations that CollectReplaced kept because open files read them.
+  std::set<uint64_t> kept_ GUARDED_BY(mu_);
+  // The commit time of the generation served (Snapshot::commit_time): the
+  // time of nodes without a snapshot (/, .ptcfs/). Read without mu_ by Attr.
+  std::atomic<int64_t> served_sec_{0}, served_nsec_{0};
   uint64_t next_fh_ GUARDED_BY(mu_) = 1;
   // CRC-32 of the storages of Megatron files, by (config, rank, iteration).
   mutable std::map<std::tuple<std::string, int, uint64_t>, std::vector<uint32_t>> megatron_crcs_ GUARDED_BY(mu_);

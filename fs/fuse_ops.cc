@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <string>
 
 #include "fs/mount.h"
 
@@ -17,6 +19,37 @@ namespace {
 constexpr unsigned kMaxIo = 512 * 1024;
 
 Filesystem* Fs(fuse_req_t req) { return static_cast<Filesystem*>(fuse_req_userdata(req)); }
+
+// The one place an exception from a callback's work is caught: the request
+// fails with EIO (or, for forget, gets its no-reply) and the exception is kept
+// as last_error. The daemon never ends on an input. The callbacks reply as
+// their last step, so a caught exception means no reply was sent.
+template <auto Op, bool kReplies = true>
+struct Guarded;
+template <typename... Args, void (*Op)(fuse_req_t, Args...), bool kReplies>
+struct Guarded<Op, kReplies> {
+  static void Call(fuse_req_t req, Args... args) noexcept {
+    try {
+      Op(req, args...);
+      return;
+    } catch (const std::exception& e) {
+      Record(req, e.what());
+    } catch (...) {
+      Record(req, "unknown exception");
+    }
+    if (kReplies) {
+      fuse_reply_err(req, EIO);
+    } else {
+      fuse_reply_none(req);
+    }
+  }
+  static void Record(fuse_req_t req, const char* what) noexcept {
+    try {
+      Fs(req)->controller().RecordError(std::string("internal error: ") + what);
+    } catch (...) {  // out of memory: the EIO alone
+    }
+  }
+};
 
 void OpInit(void* userdata, struct fuse_conn_info* conn) {
   conn->max_write = kMaxIo;  // also sets max_pages, hence the largest read
@@ -66,6 +99,14 @@ void OpGetAttr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info*) {
 }
 
 void OpSetAttr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, struct fuse_file_info* fi) {
+  if (to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
+    // Modes and owners are the mount's: refused (EPERM) but for staged saves.
+    ptc::Status s = Fs(req)->ChangeModeOrOwner(ino);
+    if (!s.ok()) {
+      fuse_reply_err(req, s.code() == ptc::Code::kPermissionDenied ? EPERM : ErrnoOf(s));
+      return;
+    }
+  }
   if (to_set & FUSE_SET_ATTR_SIZE) {
     ptc::Status s = Fs(req)->Truncate(ino, attr->st_size);
     if (!s.ok()) {
@@ -190,23 +231,23 @@ void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
 struct fuse_lowlevel_ops MakeOps() {
   struct fuse_lowlevel_ops ops = {};
   ops.init = OpInit;
-  ops.lookup = OpLookup;
-  ops.forget = OpForget;
-  ops.forget_multi = OpForgetMulti;
-  ops.getattr = OpGetAttr;
-  ops.setattr = OpSetAttr;
-  ops.readdir = OpReadDir;
-  ops.open = OpOpen;
-  ops.read = OpRead;
-  ops.write = OpWrite;
-  ops.release = OpRelease;
-  ops.flush = OpFlush;
-  ops.fsync = OpFsync;
-  ops.mkdir = OpMkdir;
-  ops.create = OpCreate;
-  ops.rename = OpRename;
-  ops.unlink = OpUnlink;
-  ops.rmdir = OpRmdir;
+  ops.lookup = Guarded<OpLookup>::Call;
+  ops.forget = Guarded<OpForget, /*kReplies=*/false>::Call;
+  ops.forget_multi = Guarded<OpForgetMulti, /*kReplies=*/false>::Call;
+  ops.getattr = Guarded<OpGetAttr>::Call;
+  ops.setattr = Guarded<OpSetAttr>::Call;
+  ops.readdir = Guarded<OpReadDir>::Call;
+  ops.open = Guarded<OpOpen>::Call;
+  ops.read = Guarded<OpRead>::Call;
+  ops.write = Guarded<OpWrite>::Call;
+  ops.release = Guarded<OpRelease>::Call;
+  ops.flush = Guarded<OpFlush>::Call;
+  ops.fsync = Guarded<OpFsync>::Call;
+  ops.mkdir = Guarded<OpMkdir>::Call;
+  ops.create = Guarded<OpCreate>::Call;
+  ops.rename = Guarded<OpRename>::Call;
+  ops.unlink = Guarded<OpUnlink>::Call;
+  ops.rmdir = Guarded<OpRmdir>::Call;
   return ops;
 }
 

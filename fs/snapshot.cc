@@ -1,5 +1,7 @@
 #include "fs/snapshot.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 
 #include "ptc/store/shard_verify.h"
@@ -29,6 +31,12 @@ ptc::Result<std::shared_ptr<const Snapshot>> Snapshot::Create(
   s->source_ = std::move(source);
   s->checks_ = std::move(checks);
   const std::string manifest = store.ManifestPath(s->generation());
+  struct stat st;
+  if (::stat(manifest.c_str(), &st) == 0) {
+    s->commit_time_ = st.st_mtim;
+  } else {
+    ::clock_gettime(CLOCK_REALTIME, &s->commit_time_);
+  }
   auto megatron = ptc::megatron::LoadMegatronState(s->generation_->extra, manifest);
   if (megatron.ok()) {
     s->megatron_ = std::move(megatron).value();

@@ -9,6 +9,8 @@
 // is internally locked.
 #pragma once
 
+#include <time.h>
+
 #include <map>
 #include <memory>
 #include <optional>
@@ -69,6 +71,9 @@ class Snapshot {
   int WorkerOf(int rank) const { return config_.WorkerOf(rank); }
   std::map<std::string, std::string> Metadata(int rank) const;
   const std::optional<ptc::DatasetState>& dataset() const { return dataset_; }
+  // When the generation was committed (its manifest's mtime; the time the
+  // snapshot was made if that cannot be read): the time of every file it serves.
+  const struct timespec& commit_time() const { return commit_time_; }
   // The Megatron iteration and kept entries of the generation (ptc/checkpoint/megatron.h);
   // an error when its manifest's extra["megatron"] is malformed.
   ptc::Result<ptc::megatron::MegatronState> megatron() const;
@@ -99,6 +104,7 @@ class Snapshot {
   std::shared_ptr<ShardChecks> checks_;
   ptc::megatron::MegatronState megatron_;
   ptc::Status megatron_error_;
+  struct timespec commit_time_ = {};
   mutable ptc::Mutex mu_;
   mutable std::map<std::pair<int, size_t>, std::shared_ptr<const ptc::RankDataView>> data_views_ GUARDED_BY(mu_);
 };

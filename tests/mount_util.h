@@ -20,11 +20,13 @@
 
 namespace ptc::testing {
 
-// Exits the test binary with 77 (ctest: skipped) when FUSE cannot be used.
+// Exits the test binary with 77 (ctest: skipped) when FUSE cannot be used;
+// under CI (CI=true) it fails instead: a green run that mounted nothing
+// proves nothing (InCi, test_util.h).
 inline void RequireFuse() {
   if (access("/dev/fuse", R_OK | W_OK) != 0) {
-    std::printf("SKIP: /dev/fuse is not usable here (FUSE mount tests need it, and root)\n");
-    std::exit(77);
+    std::printf("%s: /dev/fuse is not usable here (FUSE mount tests need it, and root)\n", InCi() ? "FAIL" : "SKIP");
+    std::exit(InCi() ? 1 : 77);
   }
 }
 

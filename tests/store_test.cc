@@ -48,7 +48,7 @@ GenerationManifest Meta() {
       {"i16", DType::kI16, {4}},
       {"i8", DType::kI8, {4}},
       {"u8", DType::kU8, {4}},
-      {"odd/name with spaces", DType::kF32, {2}},
+      {"odd name with spaces", DType::kF32, {2}},
       {"empty", DType::kF32, {0, 3}},
       {"scalar", DType::kF32, {}},
       {"big", DType::kF32, {2 * 1048576 + 25}},
@@ -64,8 +64,8 @@ std::vector<ShardSpec> Gen1Specs() {
       {"layers.0.attn.w", {Box{{0, 0}, {2, 8}}}, 1},  // replica on worker 1
       {"embedding", {Box{{0, 0}, {4, 4}}, Box{{8, 0}, {12, 4}}}, 0},
       {"embedding", {Box{{4, 0}, {8, 4}}, Box{{12, 0}, {16, 4}}}, 1},
-      {"odd/name with spaces", {Box{{0}, {1}}}, 0},
-      {"odd/name with spaces", {Box{{1}, {2}}}, 0},
+      {"odd name with spaces", {Box{{0}, {1}}}, 0},
+      {"odd name with spaces", {Box{{1}, {2}}}, 0},
       {"empty", {Box{{0, 0}, {0, 3}}}, 0},
   };
   for (const char* name : {"fp8.a", "fp8.b", "mask", "half", "dbl", "i64", "i32", "i16", "i8", "u8", "scalar"}) {

@@ -23,6 +23,13 @@
 
 namespace ptc::testing {
 
+// True under CI (CI=true), where a test that cannot do what it checks fails
+// instead of skipping.
+inline bool InCi() {
+  const char* ci = std::getenv("CI");
+  return ci != nullptr && std::string_view(ci) == "true";
+}
+
 // A seed from PTCFS_TEST_SEED, else random; printed so a failure can be replayed.
 inline uint64_t TestSeed() {
   const char* env = std::getenv("PTCFS_TEST_SEED");

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ptc/base/json_fields.h"
 #include "ptc/dataset/synth.h"
 #include "ptc/dataset/view.h"
 #include "tools/commands.h"
@@ -28,6 +29,7 @@ struct DataArgs {
   uint64_t global_batch = 0, seed = 0;
   int rank = 0;
   bool json = false;
+  bool wait = false;  // import / advance: for the writer lock
   std::optional<uint64_t> step, epoch;
   std::optional<size_t> group;
 };
@@ -61,15 +63,17 @@ ptc::Status RunSynth(const DataArgs& a) {
 
 // Opens the store, or creates it when nothing is there yet.
 struct OpenedStore {
+  ptc::StoreLock lock;  // the writer lock, taken before the store is read; released last
   std::unique_ptr<ptc::Store> store;
   bool created = false;      // no store was there: a failed import removes it again
   bool dir_existed = false;  // the directory existed (empty) before
 };
 
-ptc::Result<OpenedStore> OpenOrCreate(ptc::Env* env, const std::string& root) {
+ptc::Result<OpenedStore> OpenOrCreate(ptc::Env* env, const std::string& root, bool wait) {
   OpenedStore o;
-  o.created = !env->Exists(ptc::JoinPath(root, "manifest.json"));
   o.dir_existed = env->Exists(root);
+  PTC_ASSIGN_OR_RETURN(o.lock, LockStore(root, wait, /*create_dir=*/true));
+  o.created = !env->Exists(ptc::JoinPath(root, "manifest.json"));
   if (o.created) {
     PTC_ASSIGN_OR_RETURN(o.store, ptc::Store::Create(env, root));
   } else {
@@ -99,7 +103,8 @@ void PrintState(const ptc::DatasetState& s, uint64_t generation) {
               static_cast<unsigned long long>(s.epoch), static_cast<unsigned long long>(s.step()),
               static_cast<unsigned long long>(s.consumed), 100.0 * s.consumed / s.num_samples);
   std::printf("seed        %llu\n", static_cast<unsigned long long>(s.seed));
-  if (!s.length_buckets.empty()) std::printf("buckets     %s\n", nlohmann::json(s.length_buckets).dump().c_str());
+  if (!s.length_buckets.empty())
+    std::printf("buckets     %s\n", ptc::JsonText(nlohmann::json(s.length_buckets)).c_str());
   std::printf("generation  %llu\n", static_cast<unsigned long long>(generation));
 }
 
@@ -111,7 +116,7 @@ ptc::Status RunImport(const DataArgs& a) {
   o.source = a.source;
   o.global_batch = a.global_batch;
   o.seed = a.seed;
-  PTC_ASSIGN_OR_RETURN(OpenedStore opened, OpenOrCreate(env, a.store));
+  PTC_ASSIGN_OR_RETURN(OpenedStore opened, OpenOrCreate(env, a.store, a.wait));
   ptc::Store& store = *opened.store;
   ptc::Result<ptc::DatasetImportResult> r = [&] {
     if (o.format != ptc::DatasetFormat::kJsonl) return ptc::ImportDataset(store, o);
@@ -145,7 +150,7 @@ ptc::Status RunStatus(const DataArgs& a) {
       j["steps_per_epoch"] = s->steps_per_epoch();
       j["step"] = s->step();
     }
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", ptc::JsonText(j, 2).c_str());
   } else if (s) {
     PrintState(*s, store->current_generation());
   } else {
@@ -155,7 +160,8 @@ ptc::Status RunStatus(const DataArgs& a) {
 }
 
 ptc::Status RunAdvance(const DataArgs& a) {
-  PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::Open(ptc::Env::Default(), a.store));
+  PTC_ASSIGN_OR_RETURN(ptc::StoreLock lock, LockStore(a.store, a.wait));
+  PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::OpenLocked(ptc::Env::Default(), a.store, std::move(lock)));
   PTC_ASSIGN_OR_RETURN(ptc::DatasetState s, LoadState(*store));
   PTC_ASSIGN_OR_RETURN(ptc::DatasetState next, ptc::StateAtStep(s, *a.step, a.epoch));
   PTC_RETURN_IF_ERROR(ptc::CommitDatasetState(*store, next));
@@ -225,6 +231,7 @@ void AddImport(CLI::App& data, std::shared_ptr<DataArgs> a, int* exit_code) {
                   "longer samples); each group is cut among its own dp ranks (megatron only)");
   sub->add_option("PREFIX_OR_FILE", a->source, "Megatron prefix (without .idx/.bin) or .jsonl file")->required();
   sub->add_option("STORE", a->store, "store directory")->required();
+  AddWaitFlag(sub, &a->wait);
   sub->callback([a, exit_code] { *exit_code = Report("data import", RunImport(*a)); });
 }
 
@@ -242,6 +249,7 @@ void AddStatusAndAdvance(CLI::App& data, std::shared_ptr<DataArgs> a, int* exit_
   adv->add_option("--step", a->step, "steps taken in the epoch")->required();
   adv->add_option("--epoch", a->epoch, "the epoch (default: the current one)");
   adv->add_option("STORE", a->store, "store directory")->required();
+  AddWaitFlag(adv, &a->wait);
   adv->callback([a, exit_code] { *exit_code = Report("data advance", RunAdvance(*a)); });
 }
 
@@ -288,6 +296,17 @@ void AddDataCommand(CLI::App& app, int* exit_code) {
   AddImport(*data, a, exit_code);
   AddStatusAndAdvance(*data, a, exit_code);
   AddView(*data, a, exit_code);
+  // CLI11 reads "-1" into an unsigned option as 2^64-1: refuse a sign instead.
+  const CLI::Validator not_negative(
+      [](std::string& text) {
+        return text.starts_with('-') ? "must not be negative (got " + text + ")" : std::string();
+      },
+      "", "not negative");
+  for (CLI::App* sub : data->get_subcommands({})) {
+    for (CLI::Option* opt : sub->get_options()) {
+      if (opt->get_type_name() == "UINT") opt->check(not_negative);
+    }
+  }
 }
 
 }  // namespace ptcfs

@@ -34,7 +34,7 @@ ptc::Status RunExportMegatron(const ExportArgs& a, const ptc::ParallelConfig& co
   PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::Open(env, a.store));
   if (!store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
   auto generation = store->CurrentSnapshot();
-  PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(*generation));
+  PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(*generation), a.store);
   PTC_RETURN_IF_ERROR(ptc::ValidateConfig(spec, config));
   PTC_ASSIGN_OR_RETURN(uint64_t total, MegatronBytes(spec, config));
   Progress progress("export", total);
@@ -48,7 +48,7 @@ ptc::Status RunExport(const ExportArgs& a) {
   PTC_ASSIGN_OR_RETURN(ptc::CheckpointFormat format, ptc::ParseCheckpointFormat(a.format));
   PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::Open(ptc::Env::Default(), a.store));
   if (!store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
-  PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(store->current()));
+  PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(store->current()), a.store);
   PTC_RETURN_IF_ERROR(ptc::ValidateConfig(spec, config));
   PTC_ASSIGN_OR_RETURN(uint64_t total, ptc::CheckpointBytes(spec, config));
   Progress progress("export", total);

@@ -2,6 +2,8 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "ptc/checkpoint/import.h"
 #include "ptc/checkpoint/megatron_import.h"
@@ -15,6 +17,7 @@ namespace {
 struct ImportArgs {
   std::string schema, dims, config, format = "safetensors", src, store;
   std::optional<uint64_t> iteration;
+  bool wait = false;
 };
 
 ptc::Result<ptc::CheckpointSource> MegatronSource(ptc::Env* env, const ImportArgs& a, ptc::Schema schema,
@@ -45,11 +48,22 @@ ptc::Status RunImport(const ImportArgs& a) {
   }
   uint64_t total = 0;
   if (auto bytes = ptc::CheckpointBytes(source.spec, source.config); bytes.ok()) total = *bytes;
-  ptc::ImportResult result;
-  {
+  // The writer lock before ImportFrom reads the root manifest (STORE is created when missing).
+  const bool dir_existed = env->Exists(a.store);
+  PTC_ASSIGN_OR_RETURN(ptc::StoreLock lock, LockStore(a.store, a.wait, /*create_dir=*/true));
+  ptc::Result<ptc::ImportResult> imported = [&] {
     Progress progress("import", total);
-    PTC_ASSIGN_OR_RETURN(result, ptc::ImportFrom(env, source, a.store, progress.fn()));
+    return ptc::ImportFrom(env, source, a.store, progress.fn());
+  }();
+  if (!imported.ok()) {
+    // A failed import leaves no directory it created (the lock file made one).
+    ptc::Result<std::vector<std::string>> names = env->ListDir(a.store);
+    if (!dir_existed && names.ok() && (names->empty() || *names == std::vector<std::string>{ptc::kStoreLockName})) {
+      (void)env->RemoveTree(a.store);
+    }
+    return imported.status();
   }
+  const ptc::ImportResult& result = *imported;
   std::printf("imported %s into %s: generation %llu, %llu shards, %s stored (%s read)\n", a.src.c_str(),
               a.store.c_str(), static_cast<unsigned long long>(result.generation),
               static_cast<unsigned long long>(result.shards), HumanBytes(result.bytes_stored).c_str(),
@@ -66,7 +80,8 @@ void AddImportCommand(CLI::App& app, int* exit_code) {
                          "Import a per-rank checkpoint (SRC_DIR/rank-RRRRR/model.safetensors, + optim.safetensors)\n"
                          "written under --config into STORE as a new generation. Every file is checked against\n"
                          "the schema first (names, shapes, dtypes, replicas agreeing); on any error the store is\n"
-                         "left exactly as it was. STORE is created when it does not exist.");
+                         "left exactly as it was. STORE is created when it does not exist. One writer at a time:\n"
+                         "while a mount or another command writes STORE this fails naming it (--wait waits).");
   sub->footer(
       "--format megatron reads a Megatron-LM checkpoint tree instead: SRC_DIR holds\n"
       "latest_checkpointed_iteration.txt and iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt;\n"
@@ -82,6 +97,7 @@ void AddImportCommand(CLI::App& app, int* exit_code) {
   sub->add_option("--iteration", a->iteration, "megatron: the iteration to import (default: the latest)");
   sub->add_option("SRC_DIR", a->src, "per-rank checkpoint directory")->required();
   sub->add_option("STORE", a->store, "store directory")->required();
+  AddWaitFlag(sub, &a->wait);
   sub->callback([a, exit_code] { *exit_code = Report("import", RunImport(*a)); });
 }
 

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ptc/base/json_fields.h"
 #include "ptc/store/model_spec.h"
 #include "ptc/store/store.h"
 #include "tools/commands.h"
@@ -34,10 +35,12 @@ nlohmann::json Summary(const ptc::Store& store) {
   for (const auto& [file, bytes] : files) stored_bytes += bytes;
   j["generation"] = m.generation;
   j["parent"] = m.parent ? nlohmann::json(*m.parent) : nlohmann::json(nullptr);
-  j["schema"] = m.schema.value("name", "");
+  // A store that holds only a dataset has no schema (null) and no tensors.
+  j["schema"] = m.schema.is_object() ? m.schema.value("name", "") : "";
+  j["dataset"] = m.extra.is_object() && m.extra.contains("dataset");
   j["dims"] = m.dims;
   j["config"] = m.config;
-  j["model"] = m.extra.value("model", nlohmann::json::object());
+  j["model"] = m.extra.is_object() ? m.extra.value("model", nlohmann::json::object()) : nlohmann::json::object();
   j["tensors"] = m.tensors.size();
   j["tensor_bytes"] = tensor_bytes;
   j["shards"] = m.shards.size();
@@ -52,7 +55,7 @@ ptc::Status RunInspect(const InspectArgs& a) {
   PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::Open(ptc::Env::Default(), a.store));
   nlohmann::json j = Summary(*store);
   if (a.json) {
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", ptc::JsonText(j, 2).c_str());
     return ptc::Status::OK();
   }
   if (j["generation"].is_null()) {
@@ -61,6 +64,11 @@ ptc::Status RunInspect(const InspectArgs& a) {
   }
   std::printf("store       %s\n", a.store.c_str());
   std::printf("generation  %s (parent %s)\n", j["generation"].dump().c_str(), j["parent"].dump().c_str());
+  if (j["tensors"].get<size_t>() == 0) {
+    std::printf("tensors     none: %s: generation %s holds %s (import a checkpoint first)\n", a.store.c_str(),
+                j["generation"].dump().c_str(), j["dataset"].get<bool>() ? "a dataset but no tensors" : "no tensors");
+    return ptc::Status::OK();
+  }
   std::printf("schema      %s\n", j["schema"].get<std::string>().c_str());
   std::printf("dims        %s\n", j["dims"].get<std::string>().c_str());
   std::printf("config      %s\n", j["config"].get<std::string>().c_str());

@@ -1,5 +1,6 @@
 // ptcfs mount / reconfigure / umount.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fs/mount.h"
+#include "ptc/base/json_fields.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 
@@ -28,9 +30,67 @@ struct MountArgs {
   int threads = 8;
   int transform_threads = 2;
   bool foreground = false;
+  bool nonempty = false;
 };
 
+// Whether `path` (canonical) is a mount point, from /proc/self/mountinfo
+// (field 5; spaces and the like are written as octal escapes).
+bool IsMountPoint(const std::string& path) {
+  std::ifstream in("/proc/self/mountinfo");
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream fields(line);
+    std::string id, parent, dev, root, point;
+    if (!(fields >> id >> parent >> dev >> root >> point)) continue;
+    std::string unescaped;
+    for (size_t i = 0; i < point.size(); ++i) {
+      if (point[i] == '\\' && i + 3 < point.size()) {
+        unescaped += static_cast<char>(std::stoi(point.substr(i + 1, 3), nullptr, 8));
+        i += 3;
+      } else {
+        unescaped += point[i];
+      }
+    }
+    if (unescaped == path) return true;
+  }
+  return false;
+}
+
+// Refuses a mountpoint that is not an existing directory, is already a mount
+// point, or (unless `nonempty`) holds entries: each names the path.
+ptc::Status CheckMountpoint(const std::string& mountpoint, bool nonempty) {
+  struct stat st;
+  if (stat(mountpoint.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOTCONN) {
+      return ptc::FailedPreconditionError(mountpoint + ": a disconnected mount is there (ptcfs umount " + mountpoint +
+                                          ")");
+    }
+    if (err == ENOENT) return ptc::NotFoundError(mountpoint + ": no such directory (create it first)");
+    return ptc::ErrnoError(mountpoint, err);
+  }
+  if (!S_ISDIR(st.st_mode)) return ptc::InvalidArgumentError(mountpoint + ": not a directory");
+  std::error_code ec;
+  const std::string canonical = std::filesystem::canonical(mountpoint, ec).string();
+  if (!ec && IsMountPoint(canonical)) {
+    return ptc::FailedPreconditionError(mountpoint + ": already a mount point (unmount it first)");
+  }
+  if (!nonempty && !std::filesystem::is_empty(mountpoint, ec)) {
+    return ptc::FailedPreconditionError(mountpoint + ": directory is not empty (--nonempty mounts over it)");
+  }
+  return ptc::Status::OK();
+}
+
 ptc::Status RunMount(const MountArgs& a) {
+  PTC_RETURN_IF_ERROR(CheckMountpoint(a.mountpoint, a.nonempty));
+  // The writer lock for the daemon's whole life, taken before the store is
+  // read; the daemon keeps it across fuse_daemonize's fork.
+  ptc::StoreLockOptions lock_options = WriterLockOptions(false);
+  lock_options.follow_fork = true;
+  ptc::Result<ptc::StoreLock> lock = ptc::StoreLock::Acquire(a.store, lock_options);
+  if (!lock.ok() && lock.status().code() == ptc::Code::kFailedPrecondition) {
+    return ptc::FailedPreconditionError(lock.status().message() + "; a store has one mount (or writer) at a time");
+  }
+  PTC_RETURN_IF_ERROR(lock.status());
   MountOptions options;
   // The daemon changes its directory to /: keep the store path absolute.
   options.store = std::filesystem::absolute(a.store).lexically_normal().string();
@@ -63,7 +123,7 @@ std::string ConfigRequest(const ReconfigureArgs& a) {
   if (!a.step) return a.to + "\n";
   nlohmann::json j = {{"config", a.to}, {"step", *a.step}};
   if (a.epoch) j["epoch"] = *a.epoch;
-  return j.dump() + "\n";
+  return ptc::JsonText(j) + "\n";
 }
 
 ptc::Status RunReconfigure(const ReconfigureArgs& a) {
@@ -101,7 +161,7 @@ ptc::Status RunReconfigure(const ReconfigureArgs& a) {
                   static_cast<unsigned long long>(s["generation"].get<uint64_t>()));
       return ptc::Status::OK();
     }
-    if (state == "failed") return ptc::IOError("rewrite failed: " + s["last_error"].dump());
+    if (state == "failed") return ptc::IOError("rewrite failed: " + ptc::JsonText(s["last_error"]));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
@@ -116,7 +176,10 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
       "model/rank-RRRRR/tensors/<name>.npy for the ranks of --worker (all ranks without it),\n"
       "rendered on read from the stored shards, and data/rank-RRRRR/{ids.txt,samples.idx,samples.bin}\n"
       "when the store holds a dataset; .ptcfs/config and .ptcfs/status control it\n"
-      "(docs/mount_format.md). Returns once mounted; `ptcfs umount` stops it.");
+      "(docs/mount_format.md). Returns once mounted; `ptcfs umount` stops it. The daemon holds\n"
+      "STORE's writer lock while it runs: a second mount of STORE, and import/transform/data\n"
+      "commands on it, fail naming the daemon. MOUNTPOINT must be an empty directory that is not\n"
+      "a mount point already.");
   mount->add_option("STORE", m->store, "store directory")->required();
   mount->add_option("MOUNTPOINT", m->mountpoint, "an existing empty directory")->required();
   mount->add_option("--worker", m->worker, "show only the ranks of this worker");
@@ -126,6 +189,7 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
                    "(megatron/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt), or all")
       ->check(CLI::IsMember({"safetensors", "npy", "both", "megatron", "all"}));
   mount->add_flag("-f,--foreground", m->foreground, "stay in the foreground");
+  mount->add_flag("--nonempty", m->nonempty, "mount over a directory that holds files (hidden while mounted)");
   mount->add_option("--threads", m->threads, "FUSE threads")->check(CLI::Range(1, 256));
   mount->add_option("--transform-threads", m->transform_threads, "threads rewriting the store on reconfigure")
       ->check(CLI::Range(1, 256));

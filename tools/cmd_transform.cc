@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ptc/base/json_fields.h"
 #include "ptc/base/kv_text.h"
 #include "ptc/store/model_spec.h"
 #include "tools/commands.h"
@@ -20,6 +21,7 @@ struct PlanArgs {
   int threads = 2;
   bool json = false;
   bool keep_old = false;
+  bool wait = false;  // transform: for the writer lock
 };
 
 ptc::Result<std::optional<std::set<int>>> ParseAlive(const std::string& text) {
@@ -76,11 +78,17 @@ struct Planned {
   double seconds = 0;  // planning time
 };
 
-ptc::Result<Planned> MakePlanned(const PlanArgs& a) {
+// `write`: a transform, which takes the writer lock before it reads the store.
+ptc::Result<Planned> MakePlanned(const PlanArgs& a, bool write = false) {
   Planned p;
   PTC_ASSIGN_OR_RETURN(p.to, ptc::ParseConfig(a.to), "--to");
   PTC_ASSIGN_OR_RETURN(auto alive, ParseAlive(a.alive));
-  PTC_ASSIGN_OR_RETURN(p.store, ptc::Store::Open(ptc::Env::Default(), a.store));
+  if (write) {
+    PTC_ASSIGN_OR_RETURN(ptc::StoreLock lock, LockStore(a.store, a.wait));
+    PTC_ASSIGN_OR_RETURN(p.store, ptc::Store::OpenLocked(ptc::Env::Default(), a.store, std::move(lock)));
+  } else {
+    PTC_ASSIGN_OR_RETURN(p.store, ptc::Store::Open(ptc::Env::Default(), a.store));
+  }
   if (!p.store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
   p.source = p.store->CurrentSnapshot();
   PTC_ASSIGN_OR_RETURN(p.spec, ptc::SpecFromManifest(*p.source));
@@ -98,7 +106,7 @@ ptc::Status RunPlan(const PlanArgs& a) {
   const auto& source = p.source;
   nlohmann::json j = PlanJson(plan, source->config, to.ToString());
   if (a.json) {
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", ptc::JsonText(j, 2).c_str());
   } else {
     std::printf("plan %s -> %s (%.3f s)\n", source->config.c_str(), to.ToString().c_str(), secs);
     std::printf("  target shards  %zu (%zu kept as they are)\n", plan.targets.size(), j["kept_shards"].get<size_t>());
@@ -121,7 +129,7 @@ ptc::Status RunPlan(const PlanArgs& a) {
 }
 
 ptc::Status RunTransform(const PlanArgs& a) {
-  PTC_ASSIGN_OR_RETURN(Planned p, MakePlanned(a));
+  PTC_ASSIGN_OR_RETURN(Planned p, MakePlanned(a, /*write=*/true));
   ptc::ExecuteResult r;
   const auto start = std::chrono::steady_clock::now();
   {
@@ -170,10 +178,12 @@ void AddTransformCommand(CLI::App& app, int* exit_code) {
                          "Rewrite the store for --to as a new generation: shards that do not change are referenced\n"
                          "(a pp-only or dp-only change writes no tensor bytes), the rest is streamed from the source\n"
                          "shards in bounded chunks on --threads threads. On failure the previous generation stays\n"
-                         "current. Older generations are removed after the commit unless --keep-old.");
+                         "current. Older generations are removed after the commit unless --keep-old. One writer at a\n"
+                         "time: while a mount or another command writes STORE this fails naming it (--wait waits).");
   AddCommonOptions(sub, a.get());
   sub->add_option("--threads", a->threads, "writer threads")->check(CLI::Range(1, 256));
   sub->add_flag("--keep-old", a->keep_old, "keep earlier generations' files");
+  AddWaitFlag(sub, &a->wait);
   sub->callback([a, exit_code] { *exit_code = Report("transform", RunTransform(*a)); });
 }
 

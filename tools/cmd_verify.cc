@@ -1,12 +1,15 @@
 // ptcfs verify: every shard's checksum and HDF5 metadata, all reported.
 #include <cstdio>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "ptc/store/h5shard.h"
 #include "ptc/store/shard_verify.h"
 #include "ptc/store/store.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
+#include "tools/store_check.h"
 
 namespace ptcfs {
 namespace {
@@ -20,23 +23,35 @@ ptc::Status RunVerify(const std::string& path) {
   const ptc::GenerationManifest& m = store->current();
   uint64_t total = 0;
   for (const ptc::ShardRecord& s : m.shards) total += s.nbytes;
-  size_t bad = 0;
+  std::vector<std::string> failures;  // printed once the progress line has ended
   {
     Progress progress("verify", total);
     for (const ptc::ShardRecord& s : m.shards) {
       const ptc::TensorRecord* t = ptc::FindTensor(m, s.tensor);
       ptc::Status st = ptc::VerifyShard(store->env(), *store, s);
       if (st.ok()) st = ptc::CheckH5Shard(store->AbsPath(s.file), s, t->dtype);
-      if (!st.ok()) {
-        std::fprintf(stderr, "\nptcfs verify: %s\n", st.message().c_str());
-        ++bad;
-      }
+      if (!st.ok()) failures.push_back(st.message());
       progress.Add(s.nbytes);
     }
   }
+  for (const std::string& f : failures) std::fprintf(stderr, "ptcfs verify: %s\n", f.c_str());
+  const size_t bad = failures.size();
+  const std::vector<std::string> problems = ServingProblems(m);
+  for (const std::string& p : problems) std::fprintf(stderr, "ptcfs verify: %s: %s\n", path.c_str(), p.c_str());
   if (bad) {
     return ptc::CorruptionError(path + ": " + std::to_string(bad) + " of " + std::to_string(m.shards.size()) +
                                 " shards failed verification (generation " + std::to_string(m.generation) + ")");
+  }
+  if (!problems.empty()) {
+    return ptc::CorruptionError(path + ": generation " + std::to_string(m.generation) +
+                                " cannot be served in its config (" + std::to_string(problems.size()) + " problem" +
+                                (problems.size() == 1 ? "" : "s") + " above)");
+  }
+  if (m.tensors.empty()) {
+    std::printf("%s: generation %llu OK, no tensors (%s)\n", path.c_str(),
+                static_cast<unsigned long long>(m.generation),
+                m.extra.is_object() && m.extra.contains("dataset") ? "a dataset only" : "empty");
+    return ptc::Status::OK();
   }
   std::printf("%s: generation %llu OK, %zu shards, %s verified\n", path.c_str(),
               static_cast<unsigned long long>(m.generation), m.shards.size(), HumanBytes(total).c_str());

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ptc/base/status.h"
+#include "ptc/store/store_lock.h"
 
 namespace ptcfs {
 
@@ -25,5 +26,17 @@ void AddDataCommand(CLI::App& app, int* exit_code);
 // Prints "ptcfs <command>: <message>" to stderr and returns the exit status
 // for `status` (0 when OK, 2 for InvalidArgument/NotFound, else 1).
 int Report(const char* command, const ptc::Status& status);
+
+// The options of a writing command's StoreLock: this process's command line
+// as the holder, `wait` to block (saying on stderr whom it waits for).
+ptc::StoreLockOptions WriterLockOptions(bool wait, bool create_dir = false);
+
+// Takes STORE's writer lock for a writing command (docs/store_format.md).
+// \error FailedPrecondition when another process holds it and !wait: names the
+//        holder and suggests --wait. \error as ptc::StoreLock::Acquire.
+ptc::Result<ptc::StoreLock> LockStore(const std::string& store, bool wait, bool create_dir = false);
+
+// The --wait flag of a writing command.
+void AddWaitFlag(CLI::App* sub, bool* wait);
 
 }  // namespace ptcfs

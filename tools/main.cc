@@ -32,7 +32,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help prints and exits 0; every usage error exits 2 (docs/cli.md), not
+    // CLI11's own codes (104-106 and more).
+    return app.exit(e) == 0 ? 0 : 2;
   }
   return exit_code;
 }

@@ -16,6 +16,11 @@
 
 namespace ptc {
 
+// The JSON text of `j` (`indent` as nlohmann's dump). Never throws: strings
+// that are not valid UTF-8 (a path or config typed by a user) have their bad
+// bytes replaced by U+FFFD instead of ending the process.
+std::string JsonText(const nlohmann::json& j, int indent = -1);
+
 // True for an integer >= 0. Parsed text holds those as unsigned numbers; a json
 // built in code may hold them as signed ones.
 bool IsNonNegativeInteger(const nlohmann::json& v);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ptc/format/npy.h"
+#include "ptc/model/tensor_name.h"
 
 namespace ptc {
 namespace {
@@ -38,6 +39,8 @@ Status WriteNpyFiles(Env* env, const std::string& dir, const std::vector<LocalTe
   std::vector<unsigned char> buf;
   for (const LocalTensor& t : tensors) {
     const std::string file = t.name + ".npy", path = JoinPath(dir, file);
+    PTC_RETURN_IF_ERROR(ValidateTensorName(t.name, dir));
+    PTC_RETURN_IF_ERROR(ValidateLeafName(dir, file));  // nothing may be created outside `dir`
     const size_t nbytes = NumElements(t.shape) * DTypeSize(t.dtype);
     buf.assign(nbytes, 0);
     PTC_RETURN_IF_ERROR(fill(t, buf.data()), path);
@@ -51,6 +54,7 @@ Status WriteNpyFiles(Env* env, const std::string& dir, const std::vector<LocalTe
 }
 
 Status CheckFile(const std::string& path, const SafetensorsHeader& header, const std::vector<LocalTensor>& expected) {
+  for (const SafetensorsEntry& e : header.tensors) PTC_RETURN_IF_ERROR(ValidateTensorName(e.name, path));
   std::set<std::string> names;
   for (const LocalTensor& t : expected) {
     names.insert(t.name);
@@ -145,7 +149,15 @@ Result<ModelSpec> InferModelSpec(Env* env, const std::string& dir, const Schema&
   if (!env->Exists(path)) return NotFoundError(path + ": missing (every checkpoint has rank 0)");
   PTC_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(env, path));
   if (header.tensors.empty()) return InvalidArgumentError(path + ": holds no tensor");
-  ModelSpec spec{schema, dims, header.tensors.front().dtype, env->Exists(OptimFilePath(dir, 0))};
+  // The dtype most of rank 0's parameters have: a single tensor of another
+  // dtype is then blamed by name (CheckFile), not every other tensor.
+  std::map<DType, size_t> votes;
+  for (const SafetensorsEntry& e : header.tensors) votes[e.dtype]++;
+  DType dtype = header.tensors.front().dtype;
+  for (const auto& [d, n] : votes) {
+    if (n > votes[dtype]) dtype = d;
+  }
+  ModelSpec spec{schema, dims, dtype, env->Exists(OptimFilePath(dir, 0))};
   return spec;
 }
 

@@ -43,6 +43,8 @@ Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name);
 
 // Writes one rank's files in `format`, one local tensor in memory at a time.
 // \error as SafetensorsWriter / NpyWriter and `fill`; the message names the file.
+// \error InvalidArgument when a tensor name would make a file outside the
+//        rank's directory (ValidateTensorName, ValidateLeafName).
 Status WriteRankCheckpoint(Env* env, const std::string& dir, const ParallelConfig& config, const RankView& view,
                            const FillFn& fill, const ProgressFn& progress = {},
                            CheckpointFormat format = CheckpointFormat::kSafetensors);
@@ -55,7 +57,8 @@ class RankCheckpoint {
   // \error NotFound naming the missing file.
   // \error InvalidArgument naming the file and tensor: a tensor of the view is
   //        missing, has another dtype or shape, or the file holds a tensor the
-  //        view does not know; malformed safetensors headers as ParseSafetensorsHeader.
+  //        view does not know, or a name fails ValidateTensorName; malformed
+  //        safetensors headers as ParseSafetensorsHeader.
   static Result<std::unique_ptr<RankCheckpoint>> Open(Env* env, const std::string& dir, const RankView& view);
 
   struct Location {

@@ -137,16 +137,25 @@ Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOp
     PTC_RETURN_IF_ERROR(ValidateConfig(source.spec, source.config));
     PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(source.spec, source.config, 0));
     if (view.model.empty()) return InvalidArgumentError(first + ": the schema gives rank 0 no tensor");
-    const pickle::Value* v = &tf.root;
-    for (const std::string& key : megatron::ModelKeyPath(o.schema.name, view.model[0].name)) {
-      v = v->Find(key);
-      if (v == nullptr) break;
+    // The dtype most of rank 0's parameters have: one tensor of another dtype
+    // is then blamed by name (FindRankTensors), not every other tensor.
+    std::map<DType, size_t> votes;
+    for (const LocalTensor& t : view.model) {
+      const pickle::Value* v = &tf.root;
+      for (const std::string& key : megatron::ModelKeyPath(o.schema.name, t.name)) {
+        v = v->Find(key);
+        if (v == nullptr) break;
+      }
+      if (v != nullptr && v->is_tensor()) votes[v->tensor().dtype]++;
     }
-    if (v == nullptr || !v->is_tensor()) {
+    if (votes.empty()) {
       return InvalidArgumentError(first + ": no tensor for " + view.model[0].name + " (is this a " + o.schema.name +
                                   " checkpoint?)");
     }
-    source.spec.dtype = v->tensor().dtype;
+    source.spec.dtype = votes.begin()->first;
+    for (const auto& [dtype, n] : votes) {
+      if (n > votes[source.spec.dtype]) source.spec.dtype = dtype;
+    }
   }
   PTC_RETURN_IF_ERROR(VerifyTorchFileCrcs(*file, tf, first));
   PTC_ASSIGN_OR_RETURN(megatron::MegatronState kept, KeepEntries(*file, tf, tree.iteration, first));

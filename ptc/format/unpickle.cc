@@ -22,33 +22,32 @@ std::string OpName(uint8_t op) {
   case c:            \
     return n;
     PTC_OP(kMark, "MARK")
-    PTC_OP(kStop, "STOP") PTC_OP(kPop, "POP") PTC_OP(kPopMark, "POP_MARK") PTC_OP(kDup, "DUP") PTC_OP(kFloat, "FLOAT")
-        PTC_OP(kInt, "INT") PTC_OP(kBinInt, "BININT") PTC_OP(kBinInt1, "BININT1") PTC_OP(kLong, "LONG") PTC_OP(
-            kBinInt2, "BININT2") PTC_OP(kNone, "NONE") PTC_OP(kPersId, "PERSID") PTC_OP(kBinPersId, "BINPERSID")
-            PTC_OP(kReduce, "REDUCE") PTC_OP(kString, "STRING") PTC_OP(kBinString, "BINSTRING") PTC_OP(
-                kShortBinString, "SHORT_BINSTRING") PTC_OP(kUnicode, "UNICODE") PTC_OP(kBinUnicode, "BINUNICODE")
-                PTC_OP(kAppend, "APPEND") PTC_OP(kBuild, "BUILD") PTC_OP(kGlobal, "GLOBAL") PTC_OP(
-                    kDict, "DICT") PTC_OP(kEmptyDict, "EMPTY_DICT") PTC_OP(kAppends, "APPENDS") PTC_OP(kGet, "GET")
-                    PTC_OP(kBinGet, "BINGET") PTC_OP(kInst, "INST") PTC_OP(kLongBinGet, "LONG_BINGET") PTC_OP(
-                        kList, "LIST") PTC_OP(kEmptyList, "EMPTY_LIST") PTC_OP(kObj, "OBJ") PTC_OP(kPut, "PUT")
-                        PTC_OP(kBinPut, "BINPUT") PTC_OP(kLongBinPut, "LONG_BINPUT") PTC_OP(kSetItem, "SETITEM") PTC_OP(
-                            kTuple, "TUPLE") PTC_OP(kEmptyTuple, "EMPTY_TUPLE")
-                            PTC_OP(kSetItems, "SETITEMS") PTC_OP(kBinFloat, "BINFLOAT") PTC_OP(kProto, "PROTO")
-                                PTC_OP(kNewObj, "NEWOBJ") PTC_OP(kExt1, "EXT1") PTC_OP(kExt2, "EXT2") PTC_OP(
-                                    kExt4, "EXT4") PTC_OP(kTuple1, "TUPLE1")
-                                    PTC_OP(kTuple2, "TUPLE2") PTC_OP(
-                                        kTuple3, "TUPLE3") PTC_OP(kNewTrue, "NEWTRUE")
+    PTC_OP(kStop, "STOP")
+    PTC_OP(kPop, "POP") PTC_OP(kPopMark, "POP_MARK") PTC_OP(kDup, "DUP") PTC_OP(kFloat, "FLOAT") PTC_OP(kInt, "INT")
+        PTC_OP(kBinInt, "BININT") PTC_OP(kBinInt1, "BININT1") PTC_OP(kLong, "LONG") PTC_OP(kBinInt2, "BININT2") PTC_OP(
+            kNone, "NONE") PTC_OP(kPersId, "PERSID") PTC_OP(kBinPersId, "BINPERSID") PTC_OP(kReduce, "REDUCE")
+            PTC_OP(kString, "STRING") PTC_OP(kBinString, "BINSTRING") PTC_OP(kShortBinString, "SHORT_BINSTRING") PTC_OP(
+                kUnicode, "UNICODE") PTC_OP(kBinUnicode, "BINUNICODE") PTC_OP(kAppend, "APPEND") PTC_OP(kBuild, "BUILD")
+                PTC_OP(kGlobal, "GLOBAL") PTC_OP(kDict, "DICT") PTC_OP(kEmptyDict, "EMPTY_DICT") PTC_OP(
+                    kAppends, "APPENDS") PTC_OP(kGet, "GET") PTC_OP(kBinGet, "BINGET") PTC_OP(kInst, "INST")
+                    PTC_OP(kLongBinGet, "LONG_BINGET") PTC_OP(kList, "LIST") PTC_OP(kEmptyList, "EMPTY_LIST")
+                        PTC_OP(kObj, "OBJ") PTC_OP(kPut, "PUT") PTC_OP(kBinPut, "BINPUT") PTC_OP(
+                            kLongBinPut, "LONG_BINPUT") PTC_OP(kSetItem, "SETITEM") PTC_OP(kTuple, "TUPLE")
+                            PTC_OP(kEmptyTuple, "EMPTY_TUPLE") PTC_OP(kSetItems, "SETITEMS")
+                                PTC_OP(kBinFloat, "BINFLOAT") PTC_OP(kProto, "PROTO") PTC_OP(kNewObj, "NEWOBJ") PTC_OP(
+                                    kExt1, "EXT1") PTC_OP(kExt2, "EXT2") PTC_OP(kExt4, "EXT4") PTC_OP(kTuple1, "TUPLE1")
+                                    PTC_OP(kTuple2, "TUPLE2") PTC_OP(kTuple3, "TUPLE3") PTC_OP(kNewTrue, "NEWTRUE")
                                         PTC_OP(kNewFalse, "NEWFALSE") PTC_OP(kLong1, "LONG1") PTC_OP(kLong4, "LONG4")
                                             PTC_OP(kBinBytes, "BINBYTES") PTC_OP(kShortBinBytes, "SHORT_BINBYTES")
                                                 PTC_OP(kShortBinUnicode, "SHORT_BINUNICODE") PTC_OP(
                                                     kBinUnicode8, "BINUNICODE8") PTC_OP(kBinBytes8, "BINBYTES8")
-                                                    PTC_OP(kEmptySet, "EMPTY_SET") PTC_OP(kAddItems, "ADDITEMS") PTC_OP(
-                                                        kFrozenSet, "FROZENSET") PTC_OP(kNewObjEx, "NEWOBJ_EX")
-                                                        PTC_OP(kStackGlobal, "STACK_GLOBAL") PTC_OP(kMemoize, "MEMOIZE")
-                                                            PTC_OP(kFrame, "FRAME")
-                                                                PTC_OP(kByteArray8, "BYTEARRAY8")
-                                                                    PTC_OP(kNextBuffer, "NEXT_BUFFER")
-                                                                        PTC_OP(kReadOnlyBuffer, "READONLY_BUFFER")
+                                                    PTC_OP(kEmptySet, "EMPTY_SET") PTC_OP(kAddItems, "ADDITEMS")
+                                                        PTC_OP(kFrozenSet, "FROZENSET") PTC_OP(kNewObjEx, "NEWOBJ_EX")
+                                                            PTC_OP(kStackGlobal, "STACK_GLOBAL")
+                                                                PTC_OP(kMemoize, "MEMOIZE") PTC_OP(kFrame, "FRAME")
+                                                                    PTC_OP(kByteArray8, "BYTEARRAY8")
+                                                                        PTC_OP(kNextBuffer, "NEXT_BUFFER")
+                                                                            PTC_OP(kReadOnlyBuffer, "READONLY_BUFFER")
 #undef PTC_OP
   }
   char buf[16];

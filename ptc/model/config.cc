@@ -1,5 +1,7 @@
 #include "ptc/model/config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 
 #include "ptc/base/kv_text.h"
@@ -26,6 +28,10 @@ std::string ParallelConfig::ToString() const {
 }
 
 Result<ParallelConfig> ParseConfig(std::string_view text) {
+  // Every key has a default, so "" would mean tp=1,pp=1: a missing value, not a request.
+  if (std::all_of(text.begin(), text.end(), [](char ch) { return std::isspace(static_cast<unsigned char>(ch)); })) {
+    return InvalidArgumentError("empty config: give at least tp=N (e.g. tp=2,pp=1)");
+  }
   ParallelConfig c;
   PTC_ASSIGN_OR_RETURN(auto pairs, SplitKeyValues(text), "config '" + std::string(text) + "'");
   for (const auto& [key, value] : pairs) {

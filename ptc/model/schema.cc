@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ptc/model/builtin_schemas.h"
+#include "ptc/model/tensor_name.h"
 
 namespace ptc {
 namespace {
@@ -44,6 +45,17 @@ Result<TensorRule> ParseRule(const std::string& label, size_t index, const json&
     return InvalidArgumentError(where + ": needs a non-empty string \"name\"");
   }
   rule.name = r["name"].get<std::string>();
+  {
+    // Names become file names: check the name a layer gives ({i} -> 0), and
+    // leave room for the layer index and optimizer suffixes.
+    std::string expanded = rule.name;
+    if (size_t at = expanded.find("{i}"); at != std::string::npos) expanded.replace(at, 3, "0");
+    PTC_RETURN_IF_ERROR(ValidateTensorName(expanded, where));
+    if (rule.name.size() + 32 > kMaxTensorNameBytes) {
+      return InvalidArgumentError(where + ": name is " + std::to_string(rule.name.size()) + " bytes long (at most " +
+                                  std::to_string(kMaxTensorNameBytes - 32) + ")");
+    }
+  }
   where = label + ": rule '" + rule.name + "'";
   if (r.contains("tied_to")) {
     if (!r["tied_to"].is_string()) return InvalidArgumentError(where + ": tied_to must be a string");

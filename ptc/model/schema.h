@@ -57,7 +57,8 @@ struct Schema {
 // \error InvalidArgument naming the rule: missing or mistyped field, unknown
 //   "pp" value, "{i}" with a non-layer placement or missing with "layer",
 //   tp.dim outside the shape, segments < 1, tied_to naming no non-layer rule,
-//   duplicate rule names.
+//   duplicate rule names, a name that fails ValidateTensorName (with {i} as 0)
+//   or is too long to take a layer index and an optimizer suffix.
 Result<Schema> ParseSchema(std::string_view label, const nlohmann::json& doc);
 // A built-in name ("megatron-gpt", "llama") or the path of a JSON file.
 // \error NotFound when it is neither; InvalidArgument as ParseSchema.

@@ -65,7 +65,7 @@ GenerationWriter::GenerationWriter(Store* store, uint64_t generation)
 
 GenerationWriter::~GenerationWriter() {
   if (!committed_) (void)store_->env()->RemoveTree(store_->AbsPath(dir_));
-  store_->WriterDone();
+  store_->WriterDone(committed_ ? 0 : generation_);
 }
 
 Result<std::string> GenerationWriter::PrepareShardFile(const std::string& tensor, DType dtype,
@@ -175,7 +175,11 @@ Status GenerationWriter::Commit(GenerationManifest meta) {
   }
   if (s.ok()) s = WriteGeneration(text);
   if (s.ok()) s = SwitchRoot();
-  if (committed_) store_->SetCurrent(std::make_shared<const GenerationManifest>(std::move(checked).value()));
+  if (committed_) {
+    // Past the commit point: the marker only tells leftovers apart (GC removes it if this fails).
+    (void)store_->env()->Remove(store_->AbsPath(JoinPath(dir_, kUncommittedMarker)));
+    store_->SetCurrent(std::make_shared<const GenerationManifest>(std::move(checked).value()));
+  }
   if (!committed_) {
     aborted_ = true;
     (void)store_->env()->RemoveTree(store_->AbsPath(dir_));

@@ -6,12 +6,22 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <mutex>
 
 namespace ptc {
 namespace {
 
 // The thread-safe HDF5 keeps error stacks (and their printing) per thread.
+//
+// HDF5's own atexit handler (H5close) is turned off before the library first
+// initialises: a file whose H5Fclose failed (ENOSPC while flushing its
+// metadata) keeps its id, and H5close at exit retries the flush forever
+// ("infinite loop closing library") or crashes. Every file we keep is closed
+// explicitly; one whose close failed is removed by its caller, so there is
+// nothing left for H5close to do that the kernel does not do at exit.
 void DisableHdf5ErrorPrinting() {
+  static std::once_flag no_atexit;
+  std::call_once(no_atexit, [] { H5dont_atexit(); });
   thread_local bool done = false;
   if (!done) {
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
@@ -19,9 +29,24 @@ void DisableHdf5ErrorPrinting() {
   }
 }
 
+// One readable line for an HDF5 error record: a failed system call becomes
+// its errno text ("No space left on device"), not the driver's long dump of
+// addresses and sizes.
+std::string DescribeError(const H5E_error2_t& err) {
+  std::string desc = err.desc != nullptr ? err.desc : "";
+  const std::string marker = "error message = '";
+  if (size_t at = desc.find(marker); at != std::string::npos) {
+    at += marker.size();
+    const size_t end = desc.find('\'', at);
+    return desc.substr(at, end == std::string::npos ? std::string::npos : end - at);
+  }
+  if (size_t at = desc.find(", errno = "); at != std::string::npos) desc.resize(at);
+  return std::string(err.func_name != nullptr ? err.func_name : "?") + ": " + desc;
+}
+
 herr_t TakeFirstDescription(unsigned n, const H5E_error2_t* err, void* out) {
   auto* text = static_cast<std::string*>(out);
-  if (text->empty() && err->desc != nullptr) *text = std::string(err->func_name) + ": " + err->desc;
+  if (text->empty() && err->desc != nullptr) *text = DescribeError(*err);
   return 0;
 }
 
@@ -211,9 +236,11 @@ Result<uint64_t> CreateH5Shard(const std::string& path, DType dtype, const std::
   if (::access(path.c_str(), F_OK) == 0) return AlreadyExistsError(path + ": shard file already exists");
   PTC_ASSIGN_OR_RETURN(
       Hid file, Check(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), H5Fclose, path, "H5Fcreate"));
-  PTC_ASSIGN_OR_RETURN(uint64_t offset, CreateDataset(file.get(), dtype, boxes, tensor, path));
-  PTC_RETURN_IF_ERROR(Check(file.Close(), path, "H5Fclose"));
-  return offset;
+  Result<uint64_t> offset = CreateDataset(file.get(), dtype, boxes, tensor, path);
+  Status closed = Check(file.Close(), path, "H5Fclose");  // after the dataset's ids (closed in CreateDataset)
+  if (offset.ok() && closed.ok()) return offset;
+  ::unlink(path.c_str());  // a half-written shard file is no use to anyone
+  return offset.ok() ? closed : offset.status();
 }
 
 namespace {

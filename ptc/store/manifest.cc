@@ -7,6 +7,7 @@
 
 #include "ptc/base/checksum.h"
 #include "ptc/base/json_fields.h"
+#include "ptc/model/tensor_name.h"
 
 namespace ptc {
 namespace {
@@ -62,6 +63,7 @@ Result<TensorRecord> DecodeTensor(const json& j, const std::string& where) {
   TensorRecord t;
   PTC_ASSIGN_OR_RETURN(t.name, f.String("name"));
   if (t.name.empty()) return f.Error("name", "must not be empty");
+  if (Status valid = ValidateTensorName(t.name, where); !valid.ok()) return CorruptionError(valid.message());
   const std::string at = where + " ('" + t.name + "')";
   PTC_ASSIGN_OR_RETURN(std::string dtype, f.String("dtype"), at);
   Result<DType> parsed = ParseDType(dtype);

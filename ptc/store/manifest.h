@@ -74,11 +74,10 @@ std::string EncodeManifest(const GenerationManifest& m);
 // every error message.
 // \error Corruption when the text is not JSON, a field is missing or of the wrong type,
 //        the format or version is not ours, a dtype name is unknown, a tensor name
-//        repeats, a shard names no tensor, a box has the wrong rank or leaves the tensor
-//        shape, nbytes != sum of box volumes * dtype size, a file path is absolute,
-//        empty or contains "..", a checksum is malformed, or the block checksums do not
-//        fit nbytes or the shard checksum. The message names the
-//        tensor or shard (by index and tensor) at fault.
+//        fails ValidateTensorName (ptc/model/tensor_name.h) or repeats, a shard names no tensor, a box has the wrong
+//        rank or leaves the tensor shape, nbytes != sum of box volumes * dtype size, a file path is absolute, empty or
+//        contains "..", a checksum is malformed, or the block checksums do not fit nbytes or the shard checksum. The
+//        message names the tensor or shard (by index and tensor) at fault.
 Result<GenerationManifest> DecodeManifest(std::string_view label, std::string_view json);
 
 // Checks one shard record against its tensor (the same rules as DecodeManifest).

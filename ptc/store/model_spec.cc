@@ -17,6 +17,12 @@ Result<ModelSpec> SpecFromManifest(const GenerationManifest& m) {
   const std::string where = "generation " + std::to_string(m.generation) + " manifest";
   ModelSpec spec;
   auto corrupt = [&](const Status& s) { return CorruptionError(where + ": " + s.message()); };
+  if (m.tensors.empty() && m.schema.is_null()) {
+    const bool dataset = m.extra.is_object() && m.extra.contains("dataset");
+    return FailedPreconditionError("generation " + std::to_string(m.generation) + " holds " +
+                                   (dataset ? "a dataset but no tensors" : "no tensors") +
+                                   " (import a checkpoint first)");
+  }
   auto schema = ParseSchema("schema", m.schema);
   if (!schema.ok()) return corrupt(schema.status());
   spec.schema = std::move(schema).value();

@@ -1,6 +1,7 @@
 // The store: open and create, the current generation, garbage collection.
 #include "ptc/store/store.h"
 
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -15,9 +16,13 @@ Result<std::unique_ptr<Store>> Store::Create(Env* env, std::string root) {
   if (env->Exists(root)) {
     if (!env->IsDirectory(root)) return AlreadyExistsError(root + ": exists and is not a directory");
     PTC_ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(root));
+    std::erase(names, std::string(kStoreLockName));
     if (!names.empty()) return AlreadyExistsError(root + ": directory is not empty; cannot create a store there");
   }
   PTC_RETURN_IF_ERROR(env->CreateDirs(root));
+  // The writer lock's file, empty (store_lock.h). Never replaced once there: a holder's flock is on it.
+  const std::string lock = JoinPath(root, kStoreLockName);
+  if (!env->Exists(lock)) PTC_RETURN_IF_ERROR(WriteFileAtomic(env, lock, ""));
   PTC_RETURN_IF_ERROR(WriteFileAtomic(env, JoinPath(root, kManifestName), EncodeRootManifest(0)));
   return std::unique_ptr<Store>(new Store(env, std::move(root)));
 }
@@ -38,6 +43,22 @@ Result<std::unique_ptr<Store>> Store::Open(Env* env, std::string root) {
                            ", which cannot be loaded: " + m.status().message());
   }
   store->SetCurrent(std::make_shared<const GenerationManifest>(std::move(m).value()));
+  return store;
+}
+
+Result<std::unique_ptr<Store>> Store::OpenForWrite(Env* env, std::string root, const StoreLockOptions& lock) {
+  PTC_ASSIGN_OR_RETURN(StoreLock held, StoreLock::Acquire(root, lock));
+  return OpenLocked(env, std::move(root), std::move(held), lock.create_dir);
+}
+
+Result<std::unique_ptr<Store>> Store::OpenLocked(Env* env, std::string root, StoreLock lock, bool create) {
+  std::unique_ptr<Store> store;
+  if (create && !env->Exists(JoinPath(root, kManifestName))) {
+    PTC_ASSIGN_OR_RETURN(store, Create(env, std::move(root)));
+  } else {
+    PTC_ASSIGN_OR_RETURN(store, Open(env, std::move(root)));
+  }
+  store->lock_ = std::move(lock);
   return store;
 }
 
@@ -63,9 +84,37 @@ void Store::SetCurrent(std::shared_ptr<const GenerationManifest> m) {
   current_ = std::move(m);
 }
 
-void Store::WriterDone() {
+void Store::WriterDone(uint64_t abandoned) {
+  StoreLock released = std::move(write_lock_);  // let go before others may start
   MutexLock lock(&mu_);
+  if (abandoned != 0) abandoned_.insert(abandoned);
   writer_active_ = false;
+}
+
+Status Store::CheckWriter() {
+  if (!StoreLock::HeldByThisProcess(root_)) {
+    StoreLockOptions options;
+    PTC_ASSIGN_OR_RETURN(write_lock_, StoreLock::Acquire(root_, options));
+  }
+  const std::string path = AbsPath(std::string(kManifestName));
+  PTC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(env_, path));
+  PTC_ASSIGN_OR_RETURN(uint64_t g, DecodeRootManifest(path, text));
+  if (g != current_generation()) {
+    return FailedPreconditionError(path + ": names generation " + std::to_string(g) + ", but this process opened " +
+                                   "the store at generation " + std::to_string(current_generation()) +
+                                   ": another writer changed it; open the store again");
+  }
+  return Status::OK();
+}
+
+Result<uint64_t> Store::NextGeneration() const {
+  PTC_ASSIGN_OR_RETURN(std::vector<std::string> names, env_->ListDir(root_));
+  uint64_t top = current_generation();
+  for (const std::string& name : names) {
+    std::optional<uint64_t> g = ParseGenerationDirName(name);
+    if (g) top = std::max(top, *g);
+  }
+  return top + 1;
 }
 
 std::string Store::AbsPath(const std::string& rel) const { return JoinPath(root_, rel); }
@@ -86,10 +135,23 @@ Result<GenerationManifest> Store::LoadGeneration(uint64_t g) const {
 Status Store::RemoveUncommitted() {
   PTC_ASSIGN_OR_RETURN(std::vector<std::string> names, env_->ListDir(root_));
   const uint64_t current = current_generation();
+  std::set<uint64_t> ours;
+  {
+    MutexLock lock(&mu_);
+    ours = abandoned_;
+  }
   for (const std::string& name : names) {
     std::optional<uint64_t> g = ParseGenerationDirName(name);
-    if (g && *g > current) PTC_RETURN_IF_ERROR(env_->RemoveTree(AbsPath(name)), "removing uncommitted generation");
+    if (!g || *g <= current) continue;
+    // A manifest.json in a directory that is not our own leftover: committed once, or another's.
+    if (!ours.count(*g) && env_->Exists(AbsPath(JoinPath(name, kManifestName))) &&
+        !env_->Exists(AbsPath(JoinPath(name, kUncommittedMarker)))) {
+      continue;
+    }
+    PTC_RETURN_IF_ERROR(env_->RemoveTree(AbsPath(name)), "removing uncommitted generation");
   }
+  MutexLock lock(&mu_);
+  for (uint64_t g : ours) abandoned_.erase(g);
   return Status::OK();
 }
 
@@ -99,14 +161,22 @@ Result<std::unique_ptr<GenerationWriter>> Store::BeginGeneration() {
     if (writer_active_) return FailedPreconditionError(root_ + ": another generation is being written");
     writer_active_ = true;
   }
-  const uint64_t next = current_generation() + 1;
-  Status s = RemoveUncommitted();
-  if (s.ok()) s = env_->CreateDirs(AbsPath(GenerationDirName(next)));
-  if (!s.ok()) {
-    WriterDone();
-    return s;
+  Status s = CheckWriter();
+  if (s.ok()) s = RemoveUncommitted();
+  Result<uint64_t> next = s.ok() ? NextGeneration() : Result<uint64_t>(s);
+  if (next.ok()) s = env_->CreateDirs(AbsPath(GenerationDirName(*next)));
+  if (next.ok() && s.ok())
+    s = WriteFileAtomic(env_, AbsPath(JoinPath(GenerationDirName(*next), kUncommittedMarker)), "");
+  if (!next.ok() || !s.ok()) {
+    if (next.ok()) {
+      (void)env_->RemoveTree(AbsPath(GenerationDirName(*next)));  // ours, never committed
+      WriterDone(*next);
+    } else {
+      WriterDone();
+    }
+    return next.ok() ? s : next.status();
   }
-  return std::unique_ptr<GenerationWriter>(new GenerationWriter(this, next));
+  return std::unique_ptr<GenerationWriter>(new GenerationWriter(this, *next));
 }
 
 namespace {
@@ -146,6 +216,7 @@ Status Store::CollectGarbage(const std::set<uint64_t>& keep_generations) {
     Store* s;
     ~Done() { s->WriterDone(); }
   } done{this};
+  PTC_RETURN_IF_ERROR(CheckWriter());
 
   auto current = CurrentSnapshot();
   const uint64_t current_gen = current ? current->generation : 0;

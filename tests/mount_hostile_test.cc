@@ -1,0 +1,211 @@
+// The mount against hostile and odd inputs (issue 12): bytes that are not
+// UTF-8, huge and empty configs, missing shard files, chmod, file times, and
+// the removal of a generation whose last reader closes. No input may end the
+// daemon. Every test unmounts, also when it fails (Mount's destructor).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "mount_util.h"
+
+namespace ptc {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace ::ptc::testing;
+
+const std::string kDims = "layers=4,hidden=32,heads=4,vocab=128,seq=16";
+
+class MountHostileTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { testing::RequireFuse(); }
+  // A store of `config` at `store`.
+  void MakeStore(const std::string& config, const std::string& store) {
+    auto [code, out] = Ptcfs("synth --schema megatron-gpt --dims " + kDims +
+                             " --optimizer adam --dtype bf16 --config " + config + " " + tmp_ / "src");
+    ASSERT_EQ(code, 0) << out;
+    std::tie(code, out) = Ptcfs("import --schema megatron-gpt --dims " + kDims + " --config " + config + " " +
+                                tmp_ / "src '" + store + "'");
+    ASSERT_EQ(code, 0) << out;
+  }
+  // The daemon still answers: the status parses, the mount is there.
+  static void ExpectAlive(const std::string& mnt) {
+    EXPECT_EQ(Sh("mountpoint -q '" + mnt + "'").first, 0) << "the daemon ended";
+    nlohmann::json s;
+    ASSERT_NO_THROW(s = MountStatus(mnt)) << "status unreadable";
+    EXPECT_EQ(s["state"], "serving") << s.dump();
+  }
+  // The shard files (relative to the store) holding `tensor` in generation 1.
+  std::set<std::string> ShardFiles(const std::string& store, const std::string& tensor) {
+    std::set<std::string> files;
+    const auto manifest = nlohmann::json::parse(Slurp(store + "/gen-000001/manifest.json"));
+    for (const auto& s : manifest["shards"]) {
+      if (s["tensor"] == tensor) files.insert(s["file"].get<std::string>());
+    }
+    return files;
+  }
+  TempDir tmp_;
+};
+
+TEST_F(MountHostileTest, InvalidUtf8NeverEndsTheDaemon) {
+  // A store whose path is not UTF-8, so that errors naming it are not either.
+  const std::string store = tmp_ / "store\xff";
+  MakeStore("tp=2,pp=1", store);
+  Mount m(store, tmp_ / "mnt");
+  EXPECT_EQ(WriteConfig(m.dir(), "tp=\xff"), EINVAL);
+  ExpectAlive(m.dir());
+  const std::string error = MountStatus(m.dir())["last_error"].get<std::string>();
+  EXPECT_NE(error.find("\xef\xbf\xbd"), std::string::npos) << error;  // U+FFFD for the bad byte
+  EXPECT_EQ(WriteConfig(m.dir(), "{\"config\": \"tp=2\xff\"}"), EINVAL);
+  ExpectAlive(m.dir());
+  auto [c, o] = Ptcfs("reconfigure " + m.dir() + " --to \"$(printf 'tp=2\\377')\"");
+  EXPECT_NE(c, 0) << o;
+  ExpectAlive(m.dir());
+  // An error that names the store path.
+  const std::string tensor = "language_model.encoder.layers.0.self_attention.dense.weight";
+  for (const std::string& f : ShardFiles(store, tensor)) fs::remove(store + "/" + f);
+  std::tie(c, o) = Sh("cat " + m.dir() + "/model/rank-00000/model.safetensors >/dev/null");
+  EXPECT_NE(c, 0);
+  ExpectAlive(m.dir());
+  EXPECT_EQ(MountStatus(m.dir())["config"], "tp=2,pp=1,dp=1,per_worker=8");
+}
+
+TEST_F(MountHostileTest, LastErrorIsCappedAndClearedByCommit) {
+  MakeStore("tp=2,pp=1", tmp_ / "store");
+  Mount m(tmp_ / "store", tmp_ / "mnt");
+  EXPECT_EQ(WriteConfig(m.dir(), "tp=" + std::string(1 << 20, 'x')), EINVAL);
+  ExpectAlive(m.dir());
+  const std::string error = MountStatus(m.dir())["last_error"].get<std::string>();
+  EXPECT_LE(error.size(), 4096u + 64u);
+  EXPECT_NE(error.find(" bytes cut)"), std::string::npos) << error.substr(0, 200);
+  ASSERT_EQ(WriteConfig(m.dir(), "tp=4"), 0);
+  WaitServing(m.dir());
+  EXPECT_TRUE(MountStatus(m.dir())["last_error"].is_null()) << MountStatus(m.dir()).dump();
+}
+
+TEST_F(MountHostileTest, EmptyConfigIsRejected) {
+  MakeStore("tp=2,pp=1", tmp_ / "store");
+  const auto before = Snapshot(tmp_ / "store");
+  {
+    Mount m(tmp_ / "store", tmp_ / "mnt");
+    for (const char* text : {"\n", "", "  \t \n"}) {
+      EXPECT_EQ(WriteConfig(m.dir(), text), std::string(text).empty() ? 0 : EINVAL) << "'" << text << "'";
+    }
+    const std::string error = MountStatus(m.dir())["last_error"].get<std::string>();
+    EXPECT_NE(error.find("empty config"), std::string::npos) << error;
+    EXPECT_NE(error.find(".ptcfs/config"), std::string::npos) << error;
+    auto [c, o] = Ptcfs("reconfigure " + m.dir() + " --to ''");
+    EXPECT_NE(c, 0);
+    EXPECT_NE(o.find("empty config"), std::string::npos) << o;
+    ExpectAlive(m.dir());
+    EXPECT_EQ(MountStatus(m.dir())["config"], "tp=2,pp=1,dp=1,per_worker=8");
+    EXPECT_EQ(MountStatus(m.dir())["generation"], 1);
+  }
+  auto [c, o] = Ptcfs("transform --to '' " + tmp_ / "store");
+  EXPECT_NE(c, 0);
+  EXPECT_NE(o.find("empty config"), std::string::npos) << o;
+  std::tie(c, o) = Ptcfs("export --config ' ' " + tmp_ / "store " + tmp_ / "out");
+  EXPECT_NE(c, 0);
+  EXPECT_NE(o.find("empty config"), std::string::npos) << o;
+  EXPECT_FALSE(fs::exists(tmp_ / "store/gen-000002"));
+  EXPECT_TRUE(before == Snapshot(tmp_ / "store")) << "the store changed";
+}
+
+TEST_F(MountHostileTest, MissingShardFailsWithEio) {
+  MakeStore("tp=2,pp=1", tmp_ / "store");
+  Mount m(tmp_ / "store", tmp_ / "mnt");
+  const std::string file = m.dir() + "/model/rank-00000/model.safetensors";
+  struct stat st;
+  ASSERT_EQ(stat(file.c_str(), &st), 0);
+  const std::string tensor = "language_model.encoder.layers.0.self_attention.dense.weight";
+  const auto shards = ShardFiles(tmp_ / "store", tensor);
+  ASSERT_FALSE(shards.empty());
+  for (const std::string& f : shards) fs::remove(tmp_ / ("store/" + f));
+  auto [c, o] = Sh("cat " + file + " >/dev/null");
+  EXPECT_NE(c, 0);
+  EXPECT_NE(o.find("Input/output error"), std::string::npos) << o;
+  const std::string error = MountStatus(m.dir())["last_error"].get<std::string>();
+  bool named = false;
+  for (const std::string& f : shards) named |= error.find(fs::path(f).filename().string()) != std::string::npos;
+  EXPECT_TRUE(named) << error;
+  ExpectAlive(m.dir());
+}
+
+TEST_F(MountHostileTest, ChmodIsRefused) {
+  MakeStore("tp=2,pp=1", tmp_ / "store");
+  Mount m(tmp_ / "store", tmp_ / "mnt");
+  for (const std::string& path :
+       {m.dir() + "/model/rank-00000/model.safetensors", m.dir() + "/model/rank-00000", m.dir() + "/.ptcfs/status"}) {
+    struct stat before, after;
+    ASSERT_EQ(stat(path.c_str(), &before), 0) << path;
+    errno = 0;
+    EXPECT_NE(chmod(path.c_str(), 0777), 0) << path;
+    EXPECT_TRUE(errno == EPERM || errno == EROFS) << path << ": " << std::strerror(errno);
+    EXPECT_NE(chown(path.c_str(), 1234, 1234), 0) << path;
+    ASSERT_EQ(stat(path.c_str(), &after), 0);
+    EXPECT_EQ(before.st_mode, after.st_mode) << path;
+    EXPECT_EQ(after.st_uid, before.st_uid) << path;
+  }
+}
+
+TEST_F(MountHostileTest, TimesAreTheCommitTime) {
+  MakeStore("tp=2,pp=1", tmp_ / "store");
+  Mount m(tmp_ / "store", tmp_ / "mnt");
+  auto expect_commit_time = [&](const std::string& manifest) {
+    struct stat committed;
+    ASSERT_EQ(stat(manifest.c_str(), &committed), 0);
+    for (const char* rel : {"/model/rank-00000/model.safetensors", "/model/rank-00000",
+                            "/model/rank-00001/tensors/dtypes.json", "/model", ""}) {
+      struct stat st;
+      ASSERT_EQ(stat((m.dir() + rel).c_str(), &st), 0) << rel;
+      EXPECT_EQ(st.st_mtime, committed.st_mtime) << rel << " (1970: no time set)";
+      EXPECT_EQ(st.st_ctime, committed.st_mtime) << rel;
+    }
+  };
+  expect_commit_time(tmp_ / "store/gen-000001/manifest.json");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // a commit a second later
+  ASSERT_EQ(WriteConfig(m.dir(), "tp=4"), 0);
+  WaitServing(m.dir());
+  expect_commit_time(tmp_ / "store/gen-000002/manifest.json");
+}
+
+TEST_F(MountHostileTest, ReplacedGenerationGoesWhenItsLastReaderCloses) {
+  MakeStore("tp=2,pp=1", tmp_ / "store");
+  Mount m(tmp_ / "store", tmp_ / "mnt");
+  int a = open((m.dir() + "/model/rank-00000/model.safetensors").c_str(), O_RDONLY);
+  int b = open((m.dir() + "/model/rank-00001/optim.safetensors").c_str(), O_RDONLY);
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  char byte;
+  EXPECT_EQ(read(a, &byte, 1), 1);
+  ASSERT_EQ(WriteConfig(m.dir(), "tp=4"), 0);
+  WaitServing(m.dir());
+  const fs::path old = tmp_ / "store/gen-000001/manifest.json";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_TRUE(fs::exists(old)) << "removed while files of it were open";
+  close(a);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(fs::exists(old)) << "removed while a file of it was open";
+  close(b);  // the last reader: the generation goes, without a later commit
+  for (int i = 0; i < 100 && fs::exists(old); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(fs::exists(old)) << "kept after its last reader closed";
+  EXPECT_EQ(MountStatus(m.dir())["generation"], 2);
+  EXPECT_TRUE(MountStatus(m.dir())["last_error"].is_null()) << MountStatus(m.dir()).dump();
+  auto [code, out] = Ptcfs("verify " + tmp_ / "store");
+  EXPECT_EQ(code, 0) << out;
+}
+
+}  // namespace
+}  // namespace ptc

@@ -1,0 +1,91 @@
+#include "tools/store_check.h"
+
+#include <map>
+
+#include "ptc/model/box.h"
+#include "ptc/store/model_spec.h"
+#include "transform/plan.h"
+
+namespace ptcfs {
+namespace {
+
+// Tensor table against the tensors the schema and dims give.
+void CheckTensorTable(const ptc::GenerationManifest& m, const std::vector<ptc::GlobalTensor>& globals,
+                      std::vector<std::string>* problems) {
+  std::map<std::string, const ptc::TensorRecord*> recorded;
+  for (const ptc::TensorRecord& t : m.tensors) recorded[t.name] = &t;
+  for (const ptc::GlobalTensor& g : globals) {
+    auto it = recorded.find(g.name);
+    if (it == recorded.end()) {
+      problems->push_back("tensor '" + g.name + "': the schema and dims give it, the manifest does not list it");
+      continue;
+    }
+    const ptc::TensorRecord& t = *it->second;
+    if (t.dtype != g.dtype) {
+      problems->push_back("tensor '" + g.name + "': dtype " + std::string(ptc::DTypeName(t.dtype)) +
+                          " in the manifest, the model gives " + std::string(ptc::DTypeName(g.dtype)));
+    }
+    if (t.shape != g.shape) {
+      problems->push_back("tensor '" + g.name + "': shape " + ptc::ShapeToString(t.shape) +
+                          " in the manifest, but dims '" + m.dims + "' give " + ptc::ShapeToString(g.shape));
+    }
+    recorded.erase(it);
+  }
+  for (const auto& [name, t] : recorded) {
+    problems->push_back("tensor '" + name + "': in the manifest but not in the schema");
+  }
+}
+
+// Every target shard of the config is covered by shards of its own worker.
+void CheckCoverage(const ptc::GenerationManifest& m, const ptc::ModelSpec& spec, const ptc::ParallelConfig& config,
+                   std::vector<std::string>* problems) {
+  auto targets = ptc::TargetShardKeys(spec, config);
+  if (!targets.ok()) {
+    problems->push_back("config '" + m.config + "': " + targets.status().message());
+    return;
+  }
+  std::map<std::pair<std::string, int>, std::vector<const ptc::Box*>> held;  // (tensor, worker) -> boxes
+  for (const ptc::ShardRecord& s : m.shards) {
+    for (const ptc::Box& b : s.boxes) held[{s.tensor, s.worker}].push_back(&b);
+  }
+  for (const auto& [key, worker] : *targets) {
+    const auto it = held.find({key.tensor, worker});
+    for (const ptc::Box& want : key.boxes) {
+      std::vector<ptc::Box> missing = {want};
+      if (it != held.end()) {
+        for (const ptc::Box* have : it->second) {
+          std::vector<ptc::Box> still;
+          for (const ptc::Box& part : missing) {
+            for (ptc::Box& rest : ptc::Subtract(part, *have)) still.push_back(std::move(rest));
+          }
+          missing = std::move(still);
+        }
+      }
+      if (!missing.empty()) {
+        problems->push_back("tensor '" + key.tensor + "': no shard on worker " + std::to_string(worker) + " holds " +
+                            missing.front().ToString() + " (config " + m.config + " needs it there)");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> ServingProblems(const ptc::GenerationManifest& m) {
+  std::vector<std::string> problems;
+  if (m.tensors.empty() && m.schema.is_null()) return problems;  // a dataset only
+  auto spec = ptc::SpecFromManifest(m);
+  if (!spec.ok()) return {spec.status().message()};
+  auto config = ptc::ConfigFromManifest(m);
+  if (!config.ok()) return {config.status().message()};
+  if (ptc::Status valid = ptc::ValidateConfig(*spec, *config); !valid.ok()) {
+    return {"config '" + m.config + "' does not fit the model (dims '" + m.dims + "'): " + valid.message()};
+  }
+  auto globals = ptc::GlobalTensors(*spec);
+  if (!globals.ok()) return {"dims '" + m.dims + "': " + globals.status().message()};
+  CheckTensorTable(m, *globals, &problems);
+  if (problems.empty()) CheckCoverage(m, *spec, *config, &problems);
+  return problems;
+}
+
+}  // namespace ptcfs
