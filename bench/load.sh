@@ -66,18 +66,18 @@ elapsed=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN {printf "%.1f", e-s}')
 touch "$work/stop"
 wait "$readers_pid"
 sleep 1
-gens_open=$(ls -d "$work/store"/gen-* | wc -l)
+gens_open=$(ls "$work/store"/gen-*/manifest.json | wc -l)
 hwm=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")
 fusermount3 -u "$mnt"
 sleep 1
-gens_after=$(ls -d "$work/store"/gen-* | wc -l)
+gens_after=$(ls "$work/store"/gen-*/manifest.json | wc -l)
 result=$(cat "$work/readers.json")
 echo "readers: $result"
 torn=$(/usr/bin/python3 -c "import json,sys; print(json.loads(sys.argv[1])['torn'])" "$result")
 read -r reads bytes vanished errors < <(/usr/bin/python3 -c \
   "import json,sys; r=json.loads(sys.argv[1]); print(r['reads'], r['bytes'], r['vanished'], r['errors'])" "$result")
 echo "reconfigures=$reconfigures in ${elapsed}s; reads=$reads torn=$torn vanished=$vanished errors=$errors"
-echo "daemon RSS start=${rss_start} KiB max=${rss_max} KiB VmHWM=${hwm} KiB; generations on disk: $gens_open at the end, $gens_after after unmount"
+echo "daemon RSS start=${rss_start} KiB max=${rss_max} KiB VmHWM=${hwm} KiB; generation manifests on disk: $gens_open at the end, $gens_after after unmount"
 
 table=$(cat <<TABLE
 <!-- load:begin -->
@@ -86,7 +86,7 @@ table=$(cat <<TABLE
 \`bash bench/load.sh\` (READERS=$readers RECONFIGURES=$reconfigures) on $(date -u +%F), $(nproc) cores;
 GPT $dims with Adam, $store_bytes bytes of store, configs cycling ${configs[*]}.
 
-| reconfigures | seconds | whole-file reads | GB read | torn reads | vanished (listed, then switched away) | read errors | daemon RSS start / max / VmHWM (MiB) | generations on disk at end / after unmount |
+| reconfigures | seconds | whole-file reads | GB read | torn reads | vanished (listed, then switched away) | read errors | daemon RSS start / max / VmHWM (MiB) | generation manifests on disk at end / after unmount (older directories keep only the shard files the current one references) |
 |---|---|---|---|---|---|---|---|---|
 | $reconfigures | $elapsed | $reads | $(awk -v b="$bytes" 'BEGIN {printf "%.1f", b/1e9}') | $torn | $vanished | $errors | $((rss_start / 1024)) / $((rss_max / 1024)) / $((hwm / 1024)) | $gens_open / $gens_after |
 <!-- load:end -->
