@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds ptcfs. Usage: tools/build.sh [release|asan|tsa] -> build/, build-asan/ or build-tsa/
+# Builds ptcfs. Usage: tools/build.sh [release|asan|tsa|tsan] -> build/, build-asan/, build-tsa/ or build-tsan/
+#   tsan: ThreadSanitizer, the tool and the suites labelled `threads` only.
 #   tsa: clang's thread-safety analysis (PTCFS_THREAD_SAFETY) over the
 #        libraries and the ptcfs tool, at -O0; any lock misuse fails the build.
 set -euo pipefail
@@ -15,7 +16,12 @@ case "$kind" in
            -DCMAKE_CXX_COMPILER=clang++ -DPTCFS_THREAD_SAFETY=ON -DPTCFS_BUILD_TESTS=OFF)
     target=(--target ptcfs)
     ;;
-  *) echo "usage: $0 [release|asan|tsa]" >&2; exit 2 ;;
+  tsan)
+    dir=build-tsan
+    flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPTCFS_TSAN=ON)
+    target=(--target ptcfs env_test virtual_file_test transform_test mount_test store_lock_test)
+    ;;
+  *) echo "usage: $0 [release|asan|tsa|tsan]" >&2; exit 2 ;;
 esac
 cmake -S . -B "$dir" -G Ninja "${flags[@]}" >/dev/null
 cmake --build "$dir" -j "$(nproc)" "${target[@]}"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, checks the locks (clang -Wthread-safety), builds (Release, then
-# AddressSanitizer+UBSan) and runs every test.
+# AddressSanitizer+UBSan) and runs every test, then the concurrency suites
+# under ThreadSanitizer.
 # This is the README's test command and what CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,4 +16,8 @@ for kind in release asan; do
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir "$dir" -j "$(nproc)" --output-on-failure
 done
+echo "== build (tsan: ThreadSanitizer)"
+bash tools/build.sh tsan
+echo "== test (tsan: the suites labelled threads)"
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir build-tsan -L threads -j "$(nproc)" --output-on-failure
 echo "== all tests passed"
