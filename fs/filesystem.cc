@@ -77,7 +77,7 @@ ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& 
     return ptc::FailedPreconditionError(options.store + ": the store holds no generation yet (import one first)");
   }
   auto generation = fs->store_->CurrentSnapshot();
-  PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(*generation));
+  PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(*generation), options.store);
   PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig config, ptc::ConfigFromManifest(*generation));
   PTC_ASSIGN_OR_RETURN(std::optional<ptc::DatasetState> dataset, ptc::LoadDatasetState(*fs->store_));
   std::shared_ptr<const ptc::DatasetSource> source;

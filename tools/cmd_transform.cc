@@ -91,7 +91,7 @@ ptc::Result<Planned> MakePlanned(const PlanArgs& a, bool write = false) {
   }
   if (!p.store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
   p.source = p.store->CurrentSnapshot();
-  PTC_ASSIGN_OR_RETURN(p.spec, ptc::SpecFromManifest(*p.source));
+  PTC_ASSIGN_OR_RETURN(p.spec, ptc::SpecFromManifest(*p.source), a.store);
   const auto start = std::chrono::steady_clock::now();
   PTC_ASSIGN_OR_RETURN(p.plan, ptc::MakePlan({p.source.get(), p.spec, p.to, {a.workers_per_host}, alive}));
   p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
