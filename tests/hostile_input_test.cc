@@ -65,6 +65,17 @@ TEST(TensorName, SchemaRejectsHostileRuleNames) {
   EXPECT_TRUE(ParseSchema("my.json", good).ok());
 }
 
+// Found by text_fuzz (tests/fuzz/corpus/text_fuzz/regression-schema-pp-not-a-string):
+// a rule whose "pp" is not a string threw out of ParseSchema.
+TEST(Schema, PlacementThatIsNotAStringIsAnError) {
+  for (const nlohmann::json& pp : {nlohmann::json::object({{"dim", 2}}), nlohmann::json(5), nlohmann::json(nullptr)}) {
+    nlohmann::json doc = {{"tensors", {{{"name", "layers.{i}.w"}, {"shape", {"hidden"}}, {"pp", pp}}}}};
+    auto s = ParseSchema("my.json", doc);
+    ASSERT_FALSE(s.ok()) << pp.dump();
+    EXPECT_TRUE(s.status().message().ends_with("pp must be a string")) << s.status().message();
+  }
+}
+
 class HostileCliTest : public ::testing::Test {
  protected:
   // A store of `optimizer` (adam or none) in tp=2,pp=2.

@@ -70,8 +70,8 @@ Result<TensorRule> ParseRule(const std::string& label, size_t index, const json&
   } else if (rule.tied_to.empty()) {
     return InvalidArgumentError(where + ": needs \"shape\"");
   }
-  std::string pp = r.value("pp", std::string("layer"));
   if (r.contains("pp") && !r["pp"].is_string()) return InvalidArgumentError(where + ": pp must be a string");
+  const std::string pp = r.value("pp", std::string("layer"));
   if (pp == "layer")
     rule.pp = PpPlacement::kLayer;
   else if (pp == "first")
