@@ -164,20 +164,15 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
   if (result.ok()) Collect();
 }
 
-void Controller::Collect() {
-  ptc::Status s;
-  {
-    ptc::MutexLock lock(&collect_mu_);
-    s = collect_();
-  }
-  if (!s.ok()) RecordError("removing replaced generations: " + s.message());
-}
+void Controller::Collect() { Collect(/*only_when_idle=*/false); }
 
-void Controller::CollectIfIdle() {
+void Controller::CollectIfIdle() { Collect(/*only_when_idle=*/true); }
+
+void Controller::Collect(bool only_when_idle) {
   ptc::Status s;
   {
     ptc::MutexLock lock(&collect_mu_);
-    {
+    if (only_when_idle) {
       ptc::MutexLock state(&mu_);
       // A running rewrite or save collects after its commit.
       if (state_ == "repartitioning" || state_ == "saving") return;

@@ -67,6 +67,8 @@ class Controller {
   void Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset) EXCLUDES(mu_);
   // collect_, its error kept as last_error.
   void Collect() EXCLUDES(mu_, collect_mu_);
+  // Collect, or nothing when `only_when_idle` and a rewrite or save runs.
+  void Collect(bool only_when_idle) EXCLUDES(mu_, collect_mu_);
   void SetLastError(const std::string& error) REQUIRES(mu_);
 
   ptc::Store* store_;
