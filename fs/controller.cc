@@ -137,7 +137,7 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
   auto rewrite = [&]() -> ptc::Result<std::shared_ptr<const Snapshot>> {
     auto source = store_->CurrentSnapshot();
     PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({source.get(), spec, config, {}, std::nullopt}));
-    total_ = ptc::BytesToWrite(plan);
+    total_ = ptc::MakeCovering(plan, *source, options.mode).bytes_written;
     PTC_RETURN_IF_ERROR(ptc::ExecutePlan(*store_, source, spec, config, plan, options).status());
     return Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, config, worker_, checks_, dataset, source_);
   };

@@ -4,14 +4,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
 
 #include "ptc/base/fault_injection_env.h"
-#include "ptc/checkpoint/export.h"
-#include "ptc/checkpoint/import.h"
-#include "ptc/checkpoint/synth_checkpoint.h"
 #include "ptc/store/model_spec.h"
 #include "ptc/store/shard_verify.h"
+#include "synth_store.h"
 #include "test_util.h"
 #include "transform/execute.h"
 
@@ -20,26 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace ::ptc::testing;  // the helpers of test_util.h
-
-// A store holding synth(spec, config) as generation 1.
-void MakeStore(const TempDir& tmp, const ModelSpec& spec, const ParallelConfig& config, uint64_t seed) {
-  ASSERT_TRUE(WriteSynthCheckpoint(Env::Default(), spec, config, seed, tmp / "src").ok());
-  auto r = ImportCheckpoint(Env::Default(), tmp / "src", tmp / "store", spec.schema, spec.dims, config);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  fs::remove_all(tmp / "src");
-}
-
-// export(config) of the store equals synth(config), file for file.
-void ExpectStoreHolds(const TempDir& tmp, const ModelSpec& spec, const ParallelConfig& config, uint64_t seed) {
-  auto store = Store::Open(Env::Default(), tmp / "store");
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
-  fs::remove_all(tmp / "out");
-  fs::remove_all(tmp / "ref");
-  Status s = ExportCheckpoint(**store, config, tmp / "out", CheckpointFormat::kSafetensors);
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  ASSERT_TRUE(WriteSynthCheckpoint(Env::Default(), spec, config, seed, tmp / "ref").ok());
-  ASSERT_TRUE(Snapshot(tmp / "out") == Snapshot(tmp / "ref")) << "export after transform differs from synth";
-}
 
 ExecuteOptions Options(int threads = 2) {
   ExecuteOptions o;
@@ -74,10 +53,17 @@ TEST(Transform, RandomConfigPairsMatchSynth) {
     ASSERT_TRUE(store.ok());
     ExecuteOptions options = Options(1 + iter % 3);
     options.sweep = iter % 4 != 3;  // the general path too (no schema needs it today)
-    SCOPED_TRACE(options.sweep ? "sweep" : "general path");
+    options.mode = iter % 2 ? CommitMode::kCompact : CommitMode::kCovering;
+    SCOPED_TRACE(std::string(options.sweep ? "sweep" : "general path") +
+                 (iter % 2 ? ", compact" : ", covering"));
     auto r = Transform(**store, to, options);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_EQ(r->generation, 2u);
+    // A covering writes only what must come from another worker: nothing when
+    // both layouts live on one worker.
+    if (options.mode == CommitMode::kCovering && from.num_workers() == 1 && to.num_workers() == 1) {
+      EXPECT_EQ(r->bytes_written, 0u);
+    }
     ASSERT_TRUE(VerifyGeneration(**store, (*store)->current()).ok());
     ExpectStoreHolds(tmp, spec, to, seed);
     if (HasFatalFailure()) return;
@@ -132,9 +118,11 @@ TEST(Transform, LargeShardsMatchSynth) {
   }
 }
 
-// A damaged source shard (a flipped byte, or a file cut short) fails the
-// transform with Corruption naming the shard, whichever path reads it, and
-// leaves the store exactly as it was.
+// A damaged source shard (a flipped byte, or a file cut short) fails a
+// transform that copies it (CommitMode::kCompact) with Corruption naming the
+// shard, whichever path reads it, and leaves the store exactly as it was. (A
+// covering references the piece without reading it; covering_test.cc checks
+// that reads of it fail.)
 TEST(Transform, CorruptSourceIsNamedAndNothingChanges) {
   ModelSpec spec = Spec("megatron-gpt", kLargeDims);
   for (const char* tensor : {"word_embeddings.weight", "layers.1.self_attention.dense.weight"}) {
@@ -161,6 +149,7 @@ TEST(Transform, CorruptSourceIsNamedAndNothingChanges) {
         const auto before = Snapshot(tmp / "store");
         ExecuteOptions options = Options();
         options.sweep = sweep;
+        options.mode = CommitMode::kCompact;
         auto r = Transform(**store, *ParseConfig("tp=4,pp=1"), options);
         ASSERT_FALSE(r.ok());
         EXPECT_EQ(r.status().code(), Code::kCorruption) << r.status().ToString();
@@ -333,13 +322,14 @@ TEST(Plan, LostWorkerWithoutReplicaIsNamed) {
   EXPECT_TRUE(plan2->missing.empty());
 }
 
-TEST(Transform, FaultAtEveryOperationLeavesThePreviousGeneration) {
-  // Without optimizer state: fewer shards, so every operation index stays cheap to try.
-  ModelSpec spec = Spec("llama", kModels[2].second, DType::kBF16, false);
-  TempDir tmp;
-  MakeStore(tmp, spec, *ParseConfig("tp=2,pp=2,per_worker=2"), 9);
+// Runs `write` (which commits one generation above `previous`) with a fault
+// injected at its n-th Env operation, for n = 0, 1, ... until it succeeds:
+// every failed run leaves generation `previous` current, intact and
+// verifying.
+void FaultAtEveryOperation(const TempDir& tmp, uint64_t previous,
+                           const std::function<Result<ExecuteResult>(Store&, int n)>& write) {
   const auto before = Snapshot(tmp / "store");
-  const ParallelConfig to = *ParseConfig("tp=1,pp=1,dp=2");
+  const std::string next = GenerationDirName(previous + 1);
   FaultInjectionEnv faulty(Env::Default());
   bool committed = false;
   int n = 0;
@@ -348,13 +338,13 @@ TEST(Transform, FaultAtEveryOperationLeavesThePreviousGeneration) {
     auto store = Store::Open(&faulty, tmp / "store");
     ASSERT_TRUE(store.ok()) << "op " << n << ": " << store.status().ToString();
     faulty.FailAfter(n);
-    auto r = Transform(**store, to, Options(1 + n % 2));
+    auto r = write(**store, n);
     faulty.Disarm();
     auto reopened = Store::Open(Env::Default(), tmp / "store");
     ASSERT_TRUE(reopened.ok()) << "op " << n << ": " << reopened.status().ToString();
     // Only the directory fsync after the commit rename may fail with the new
     // generation current; the error says so.
-    if (r.ok() || (*reopened)->current_generation() == 2) {
+    if (r.ok() || (*reopened)->current_generation() == previous + 1) {
       if (!r.ok()) {
         EXPECT_NE(r.status().message().find("committed but not durable"), std::string::npos);
       }
@@ -362,21 +352,49 @@ TEST(Transform, FaultAtEveryOperationLeavesThePreviousGeneration) {
       break;
     }
     // The previous generation is current, intact and verifies.
-    ASSERT_EQ((*reopened)->current_generation(), 1u) << "op " << n << ": " << r.status().ToString();
+    ASSERT_EQ((*reopened)->current_generation(), previous) << "op " << n << ": " << r.status().ToString();
     ASSERT_TRUE(VerifyGeneration(**reopened, (*reopened)->current()).ok()) << "op " << n;
-    // Everything of generation 1 is as it was; a half-written generation 2 or
+    // Everything that was there is as it was; a half-written next generation or
     // a temporary root manifest may be left behind when the fault also hit
     // their removal (readers ignore them; the next writer removes them).
     for (const auto& [path, content] : Snapshot(tmp / "store")) {
-      if (path.rfind("gen-000002", 0) == 0 || path == "manifest.json.tmp") continue;
+      if (path.rfind(next, 0) == 0 || path == "manifest.json.tmp") continue;
       ASSERT_TRUE(before.count(path) && before.at(path) == content) << "op " << n << " changed " << path;
     }
     for (const auto& [path, content] : before) {
       ASSERT_TRUE(fs::exists(tmp / ("store/" + path))) << "op " << n << " removed " << path;
     }
   }
-  ASSERT_TRUE(committed) << "transform never succeeded";
+  ASSERT_TRUE(committed) << "never succeeded";
   EXPECT_GT(n, 20) << "too few operations injected";
+}
+
+TEST(Transform, FaultAtEveryOperationLeavesThePreviousGeneration) {
+  // Without optimizer state: fewer shards, so every operation index stays cheap to try.
+  ModelSpec spec = Spec("llama", kModels[2].second, DType::kBF16, false);
+  TempDir tmp;
+  MakeStore(tmp, spec, *ParseConfig("tp=2,pp=2,per_worker=2"), 9);
+  // Two workers to one: the pieces of worker 1 are written for worker 0.
+  const ParallelConfig to = *ParseConfig("tp=1,pp=1,dp=2");
+  FaultAtEveryOperation(tmp, 1, [&](Store& store, int n) { return Transform(store, to, Options(1 + n % 2)); });
+  if (HasFatalFailure()) return;
+  ExpectStoreHolds(tmp, spec, to, 9);
+}
+
+TEST(Transform, FaultAtEveryOperationOfCompact) {
+  ModelSpec spec = Spec("llama", kModels[2].second, DType::kBF16, false);
+  TempDir tmp;
+  MakeStore(tmp, spec, *ParseConfig("tp=2,pp=2"), 9);
+  const ParallelConfig to = *ParseConfig("tp=1,pp=1,dp=2");
+  {
+    auto store = Store::Open(Env::Default(), tmp / "store");
+    ASSERT_TRUE(store.ok());
+    auto r = Transform(**store, to, Options());  // a covering of generation 1's pieces
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->bytes_written, 0u);
+  }
+  FaultAtEveryOperation(tmp, 2, [&](Store& store, int n) { return Compact(store, Options(1 + n % 2)); });
+  if (HasFatalFailure()) return;
   ExpectStoreHolds(tmp, spec, to, 9);
 }
 

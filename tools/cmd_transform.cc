@@ -43,7 +43,7 @@ ptc::Result<std::optional<std::set<int>>> ParseAlive(const std::string& text) {
   return std::optional<std::set<int>>(alive);
 }
 
-nlohmann::json PlanJson(const ptc::Plan& p, const std::string& from, const std::string& to) {
+nlohmann::json PlanJson(const ptc::Plan& p, const ptc::Covering& c, const std::string& from, const std::string& to) {
   nlohmann::json messages = nlohmann::json::array();
   for (const auto& [link, bytes] : p.messages)
     messages.push_back({{"from", link.first}, {"to", link.second}, {"bytes", bytes}});
@@ -62,7 +62,10 @@ nlohmann::json PlanJson(const ptc::Plan& p, const std::string& from, const std::
           {"bytes_moved", p.bytes_moved},
           {"lower_bound", p.lower_bound},
           {"bottleneck", p.bottleneck},
-          {"bytes_to_write", ptc::BytesToWrite(p)},
+          {"bytes_to_write", c.bytes_written},
+          {"pieces_referenced", c.references.size()},
+          {"bytes_referenced", c.bytes_referenced},
+          {"compact_bytes", c.compact_bytes},
           {"links", {{"local", p.links.local}, {"same_host", p.links.same_host}, {"cross_host", p.links.cross_host}}},
           {"messages", messages},
           {"missing", missing}};
@@ -75,7 +78,8 @@ struct Planned {
   ptc::ModelSpec spec;
   ptc::ParallelConfig to;
   ptc::Plan plan;
-  double seconds = 0;  // planning time
+  ptc::Covering covering;  // what transform commits (CommitMode::kCovering)
+  double seconds = 0;      // planning time
 };
 
 // `write`: a transform, which takes the writer lock before it reads the store.
@@ -94,6 +98,7 @@ ptc::Result<Planned> MakePlanned(const PlanArgs& a, bool write = false) {
   PTC_ASSIGN_OR_RETURN(p.spec, ptc::SpecFromManifest(*p.source), a.store);
   const auto start = std::chrono::steady_clock::now();
   PTC_ASSIGN_OR_RETURN(p.plan, ptc::MakePlan({p.source.get(), p.spec, p.to, {a.workers_per_host}, alive}));
+  p.covering = ptc::MakeCovering(p.plan, *p.source, ptc::CommitMode::kCovering);
   p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return p;
 }
@@ -104,7 +109,8 @@ ptc::Status RunPlan(const PlanArgs& a) {
   const ptc::ParallelConfig& to = p.to;
   const double secs = p.seconds;
   const auto& source = p.source;
-  nlohmann::json j = PlanJson(plan, source->config, to.ToString());
+  const ptc::Covering& c = p.covering;
+  nlohmann::json j = PlanJson(plan, c, source->config, to.ToString());
   if (a.json) {
     std::printf("%s\n", ptc::JsonText(j, 2).c_str());
   } else {
@@ -115,8 +121,10 @@ ptc::Status RunPlan(const PlanArgs& a) {
                 HumanBytes(plan.bytes_local).c_str(), HumanBytes(plan.bytes_moved).c_str());
     std::printf("  lower bound    %s (no replica on the receiving worker); bottleneck %s per worker\n",
                 HumanBytes(plan.lower_bound).c_str(), HumanBytes(plan.bottleneck).c_str());
-    std::printf("  to write here  %s (shared store: identical shards are referenced)\n",
-                HumanBytes(ptc::BytesToWrite(plan)).c_str());
+    std::printf("  transform      references %zu pieces (%s) and writes %s (parts from other workers)\n",
+                c.references.size(), HumanBytes(c.bytes_referenced).c_str(), HumanBytes(c.bytes_written).c_str());
+    std::printf("  compact        would then write %s (target shards not stored as they are)\n",
+                HumanBytes(c.compact_bytes).c_str());
     for (const auto& m : j["missing"]) {
       std::printf("  MISSING        %s %s\n", m["tensor"].get<std::string>().c_str(),
                   m["box"].get<std::string>().c_str());
@@ -133,7 +141,7 @@ ptc::Status RunTransform(const PlanArgs& a) {
   ptc::ExecuteResult r;
   const auto start = std::chrono::steady_clock::now();
   {
-    Progress progress("transform", ptc::BytesToWrite(p.plan));
+    Progress progress("transform", p.covering.bytes_written);
     ptc::ExecuteOptions options;
     options.threads = a.threads;
     options.progress = progress.fn();
@@ -141,10 +149,10 @@ ptc::Status RunTransform(const PlanArgs& a) {
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!a.keep_old) PTC_RETURN_IF_ERROR(p.store->CollectGarbage(), "removing old generations");
-  std::printf("generation %llu (%s) committed in %.2f s: %llu shards written (%s), %llu referenced unchanged\n",
+  std::printf("generation %llu (%s) committed in %.2f s: %llu pieces referenced (%s), %llu written (%s)\n",
               static_cast<unsigned long long>(r.generation), p.to.ToString().c_str(), secs,
-              static_cast<unsigned long long>(r.shards_written), HumanBytes(r.bytes_written).c_str(),
-              static_cast<unsigned long long>(r.shards_referenced));
+              static_cast<unsigned long long>(r.shards_referenced), HumanBytes(r.bytes_referenced).c_str(),
+              static_cast<unsigned long long>(r.shards_written), HumanBytes(r.bytes_written).c_str());
   return ptc::Status::OK();
 }
 

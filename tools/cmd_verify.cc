@@ -21,17 +21,18 @@ ptc::Status RunVerify(const std::string& path) {
     return ptc::Status::OK();
   }
   const ptc::GenerationManifest& m = store->current();
+  const std::vector<const ptc::ShardRecord*> pieces = ptc::DistinctPieces(m);  // each block once
   uint64_t total = 0;
-  for (const ptc::ShardRecord& s : m.shards) total += s.nbytes;
+  for (const ptc::ShardRecord* s : pieces) total += s->nbytes;
   std::vector<std::string> failures;  // printed once the progress line has ended
   {
     Progress progress("verify", total);
-    for (const ptc::ShardRecord& s : m.shards) {
-      const ptc::TensorRecord* t = ptc::FindTensor(m, s.tensor);
-      ptc::Status st = ptc::VerifyShard(store->env(), *store, s);
-      if (st.ok()) st = ptc::CheckH5Shard(store->AbsPath(s.file), s, t->dtype);
+    for (const ptc::ShardRecord* s : pieces) {
+      const ptc::TensorRecord* t = ptc::FindTensor(m, s->tensor);
+      ptc::Status st = ptc::VerifyShard(store->env(), *store, *s);
+      if (st.ok()) st = ptc::CheckH5Shard(store->AbsPath(s->file), *s, t->dtype);
       if (!st.ok()) failures.push_back(st.message());
-      progress.Add(s.nbytes);
+      progress.Add(s->nbytes);
     }
   }
   for (const std::string& f : failures) std::fprintf(stderr, "ptcfs verify: %s\n", f.c_str());
@@ -39,8 +40,8 @@ ptc::Status RunVerify(const std::string& path) {
   const std::vector<std::string> problems = ServingProblems(m);
   for (const std::string& p : problems) std::fprintf(stderr, "ptcfs verify: %s: %s\n", path.c_str(), p.c_str());
   if (bad) {
-    return ptc::CorruptionError(path + ": " + std::to_string(bad) + " of " + std::to_string(m.shards.size()) +
-                                " shards failed verification (generation " + std::to_string(m.generation) + ")");
+    return ptc::CorruptionError(path + ": " + std::to_string(bad) + " of " + std::to_string(pieces.size()) +
+                                " stored pieces failed verification (generation " + std::to_string(m.generation) + ")");
   }
   if (!problems.empty()) {
     return ptc::CorruptionError(path + ": generation " + std::to_string(m.generation) +
@@ -53,8 +54,8 @@ ptc::Status RunVerify(const std::string& path) {
                 m.extra.is_object() && m.extra.contains("dataset") ? "a dataset only" : "empty");
     return ptc::Status::OK();
   }
-  std::printf("%s: generation %llu OK, %zu shards, %s verified\n", path.c_str(),
-              static_cast<unsigned long long>(m.generation), m.shards.size(), HumanBytes(total).c_str());
+  std::printf("%s: generation %llu OK, %zu stored pieces, %s verified\n", path.c_str(),
+              static_cast<unsigned long long>(m.generation), pieces.size(), HumanBytes(total).c_str());
   return ptc::Status::OK();
 }
 

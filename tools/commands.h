@@ -20,6 +20,7 @@ void AddDiffCommand(CLI::App& app, int* exit_code);
 void AddSchemaCommand(CLI::App& app, int* exit_code);
 void AddPlanCommand(CLI::App& app, int* exit_code);
 void AddTransformCommand(CLI::App& app, int* exit_code);
+void AddCompactCommand(CLI::App& app, int* exit_code);
 void AddMountCommands(CLI::App& app, int* exit_code);  // mount, reconfigure, umount
 void AddDataCommand(CLI::App& app, int* exit_code);
 

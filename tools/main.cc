@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   ptcfs::AddSchemaCommand(app, &exit_code);
   ptcfs::AddPlanCommand(app, &exit_code);
   ptcfs::AddTransformCommand(app, &exit_code);
+  ptcfs::AddCompactCommand(app, &exit_code);
   ptcfs::AddMountCommands(app, &exit_code);
   ptcfs::AddDataCommand(app, &exit_code);
   try {

@@ -1,18 +1,18 @@
 #include "transform/execute.h"
 
 #include <algorithm>
+#include <numeric>
 #include <optional>
 
 #include "ptc/store/generation_writer.h"
 #include "ptc/store/model_spec.h"
 #include "ptc/store/store_reader.h"
+#include "transform/covering.h"
 #include "transform/parallel.h"
 #include "transform/stream.h"
 
 namespace ptc {
 namespace {
-
-bool Referenced(const TargetShard& t) { return t.kept || t.same; }
 
 std::string MissingText(const Plan& plan) {
   std::string s;
@@ -104,52 +104,50 @@ std::vector<Task> Tasks(const std::vector<internal::CopyGroup>& groups, const Pl
 
 }  // namespace
 
-uint64_t BytesToWrite(const Plan& plan) {
-  uint64_t n = 0;
-  for (const TargetShard& t : plan.targets) n += Referenced(t) ? 0 : t.nbytes;
-  return n;
-}
-
 Result<ExecuteResult> ExecutePlan(Store& store, std::shared_ptr<const GenerationManifest> source, const ModelSpec& spec,
                                   const ParallelConfig& target, const Plan& plan, const ExecuteOptions& options) {
   if (!plan.missing.empty()) {
     return FailedPreconditionError("no live copy of: " + MissingText(plan) +
                                    "; bring the workers holding them back or restore an earlier generation");
   }
+  return ExecuteCovering(store, source, spec, target, MakeCovering(plan, *source, options.mode), options);
+}
+
+Result<ExecuteResult> ExecuteCovering(Store& store, std::shared_ptr<const GenerationManifest> source,
+                                      const ModelSpec& spec, const ParallelConfig& target, const Covering& covering,
+                                      const ExecuteOptions& options) {
   PTC_ASSIGN_OR_RETURN(auto writer, store.BeginGeneration());
-  GenerationReader reader(store, source, /*verify=*/true);
-  ExecuteResult result;
-  std::vector<size_t> to_write;
-  for (size_t t = 0; t < plan.targets.size(); ++t) {
-    const TargetShard& ts = plan.targets[t];
-    if (!Referenced(ts)) {
-      to_write.push_back(t);
-      result.bytes_written += ts.nbytes;
-      continue;
-    }
-    ShardRecord record = source->shards[ts.kept ? *ts.kept : *ts.same];
-    record.worker = ts.worker;
+  for (const auto& [s, worker] : covering.references) {
+    ShardRecord record = source->shards[s];
+    record.worker = worker;
     writer->AddShard(std::move(record));
-    result.shards_referenced++;
   }
-  const std::vector<size_t> first_copy = internal::FirstCopies(plan);
-  const std::vector<internal::CopyGroup> groups = internal::GroupTargets(plan, first_copy, to_write, *source);
-  const std::vector<Task> tasks = Tasks(groups, plan, options.sweep);
-  Executor executor(writer.get(), reader, plan, first_copy, options);
+  const Plan& writes = covering.writes;
+  std::vector<size_t> to_write(writes.targets.size());
+  std::iota(to_write.begin(), to_write.end(), 0);
+  const std::vector<size_t> first_copy = internal::FirstCopies(writes);
+  const std::vector<internal::CopyGroup> groups = internal::GroupTargets(writes, first_copy, to_write, *source);
+  const std::vector<Task> tasks = Tasks(groups, writes, options.sweep);
+  GenerationReader reader(store, source, /*verify=*/true);
+  Executor executor(writer.get(), reader, writes, first_copy, options);
   std::vector<internal::Scratch> scratch(std::max(1, options.threads));
   PTC_RETURN_IF_ERROR(ParallelFor(tasks.size(), options.threads, [&](size_t i, int thread) -> Status {
     const Task& task = tasks[i];
     if (task.target) return executor.WriteTarget(*task.target, &scratch[thread]);
-    return internal::StreamGroup(groups[task.group], plan, first_copy, store, *source, writer.get(), options,
+    return internal::StreamGroup(groups[task.group], writes, first_copy, store, *source, writer.get(), options,
                                  &scratch[thread]);
   }));
-  result.shards_written = to_write.size();
   GenerationManifest meta;
   meta.extra = source->extra;
   for (const auto& [key, value] : options.extra.items()) meta.extra[key] = value;
   PTC_RETURN_IF_ERROR(DescribeModel(spec, target, &meta));
   PTC_RETURN_IF_ERROR(writer->Commit(std::move(meta)));
+  ExecuteResult result;
   result.generation = writer->generation();
+  result.shards_written = writes.targets.size();
+  result.shards_referenced = covering.references.size();
+  result.bytes_written = covering.bytes_written;
+  result.bytes_referenced = covering.bytes_referenced;
   return result;
 }
 
@@ -161,6 +159,30 @@ Result<ExecuteResult> Transform(Store& store, const ParallelConfig& target, cons
   PlanRequest request{source.get(), spec, target, topology, std::nullopt};
   PTC_ASSIGN_OR_RETURN(Plan plan, MakePlan(request));
   return ExecutePlan(store, source, spec, target, plan, options);
+}
+
+Result<Compaction> PlanCompaction(const Store& store) {
+  if (!store.has_generation()) return FailedPreconditionError(store.root() + ": the store holds no generation yet");
+  Compaction c;
+  c.source = store.CurrentSnapshot();
+  const std::string label = store.root() + ": generation " + std::to_string(c.source->generation);
+  PTC_ASSIGN_OR_RETURN(c.spec, SpecFromManifest(*c.source), label);
+  PTC_ASSIGN_OR_RETURN(c.config, ParseConfig(c.source->config), label);
+  PTC_ASSIGN_OR_RETURN(Plan plan, MakePlan({c.source.get(), c.spec, c.config, {}, std::nullopt}), label);
+  c.covering = MakeCovering(plan, *c.source, CommitMode::kCompact);
+  return c;
+}
+
+Result<ExecuteResult> Compact(Store& store, const ExecuteOptions& options) {
+  PTC_ASSIGN_OR_RETURN(Compaction c, PlanCompaction(store));
+  if (c.covering.writes.targets.empty()) {
+    ExecuteResult nothing;
+    nothing.generation = c.source->generation;
+    nothing.shards_referenced = c.covering.references.size();
+    nothing.bytes_referenced = c.covering.bytes_referenced;
+    return nothing;
+  }
+  return ExecuteCovering(store, c.source, c.spec, c.config, c.covering, options);
 }
 
 }  // namespace ptc

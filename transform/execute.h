@@ -1,9 +1,14 @@
 // The executor: runs a Plan against a store on one machine (all workers'
-// directories in one store), writing the target config as a new generation.
+// directories in one store), committing the target config as a new generation
+// made as covering.h says:
 //
-// - Kept target shards, and shards identical to a source on another worker
-//   (a shared store can read those files), are referenced: no bytes written.
-// - Every other target shard is written in bounded chunks, in parallel over
+// - CommitMode::kCovering (transform, reconfigure): the new generation
+//   references the pieces on each target's worker that hold its bytes, and
+//   shards identical to a source on another worker (a shared store can read
+//   those files); only parts that must come from another worker are written.
+//   On one worker no tensor byte is written, whatever the change.
+// - CommitMode::kCompact: every target shard not stored as it is is written.
+// - What is written is written in bounded chunks, in parallel over
 //   groups of shards (stream.h): where the shards of a group store their boxes
 //   in row order (every layout of the built-in schemas), one sweep over rows reads
 //   each source shard whole and in order, checks its checksum from those same
@@ -25,6 +30,7 @@
 #include "ptc/checkpoint/checkpoint.h"
 #include "ptc/store/generation_writer.h"
 #include "ptc/store/store.h"
+#include "transform/covering.h"
 #include "transform/plan.h"
 
 namespace ptc {
@@ -33,6 +39,7 @@ struct ExecuteOptions {
   int threads = 2;
   uint64_t chunk_bytes = 1ull << 20;  // 8 MiB buffers fall out of cache: measured 1.6x slower
   ProgressFn progress;                // bytes written
+  CommitMode mode = CommitMode::kCovering;
   // false: every target through the general path (tests compare the two).
   bool sweep = true;
   // Entries set in the new manifest's `extra` over the source's (e.g. "dataset":
@@ -45,20 +52,45 @@ struct ExecuteResult {
   uint64_t shards_written = 0;
   uint64_t shards_referenced = 0;
   uint64_t bytes_written = 0;
+  uint64_t bytes_referenced = 0;  // as Covering::bytes_referenced
 };
 
-// Total bytes ExecutePlan will write for `plan` (for a progress bar).
-uint64_t BytesToWrite(const Plan& plan);
-
+// Commits MakeCovering(plan, *source, options.mode) with ExecuteCovering.
 // REQUIRES: plan made from `source`, which is the store's current generation.
 // \error FailedPrecondition naming the tensors when plan.missing is not empty.
 // \error as GenerationReader (Corruption for a bad source shard), GenerationWriter and Commit.
 Result<ExecuteResult> ExecutePlan(Store& store, std::shared_ptr<const GenerationManifest> source, const ModelSpec& spec,
                                   const ParallelConfig& target, const Plan& plan, const ExecuteOptions& options);
 
-// Plans and executes a change of the store's current generation to `target`.
+// Writes and commits `covering` (MakeCovering of a plan from `source`, the
+// store's current generation) as the next generation, in config `target`.
+// \error as GenerationReader, GenerationWriter and Commit.
+Result<ExecuteResult> ExecuteCovering(Store& store, std::shared_ptr<const GenerationManifest> source,
+                                      const ModelSpec& spec, const ParallelConfig& target, const Covering& covering,
+                                      const ExecuteOptions& options);
+
+// Plans and executes a change of the store's current generation to `target`
+// (options.mode: a covering by default).
 // \error as MakePlan and ExecutePlan.
 Result<ExecuteResult> Transform(Store& store, const ParallelConfig& target, const ExecuteOptions& options,
                                 const Topology& topology = {});
+
+// A compaction of the store's current generation: its own config as
+// CommitMode::kCompact, so that every shard of the config is stored
+// contiguously, once per worker.
+struct Compaction {
+  std::shared_ptr<const GenerationManifest> source;
+  ModelSpec spec;
+  ParallelConfig config;
+  Covering covering;  // nothing to write: the generation is compact
+};
+// \error FailedPrecondition when the store has no generation; as MakePlan.
+Result<Compaction> PlanCompaction(const Store& store);
+
+// PlanCompaction, then ExecuteCovering when there is anything to write. When
+// nothing needs writing nothing is committed and the result's generation is
+// the current one. options.mode is ignored.
+// \error as PlanCompaction and ExecuteCovering.
+Result<ExecuteResult> Compact(Store& store, const ExecuteOptions& options);
 
 }  // namespace ptc

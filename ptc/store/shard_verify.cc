@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
+#include <tuple>
 
 #include "ptc/store/h5shard.h"
 
@@ -149,11 +151,20 @@ Status VerifyShard(Env* env, const Store& store, const ShardRecord& shard) {
   return VerifyShardRange(env, store, shard, 0, shard.nbytes);
 }
 
-Status VerifyGeneration(const Store& store, const GenerationManifest& m, bool check_hdf5) {
+std::vector<const ShardRecord*> DistinctPieces(const GenerationManifest& m) {
+  std::set<std::tuple<std::string_view, uint64_t, uint64_t>> seen;
+  std::vector<const ShardRecord*> out;
   for (const ShardRecord& s : m.shards) {
-    PTC_RETURN_IF_ERROR(VerifyShard(store.env(), store, s));
-    const TensorRecord* t = FindTensor(m, s.tensor);
-    if (check_hdf5 && t != nullptr) PTC_RETURN_IF_ERROR(CheckH5Shard(store.AbsPath(s.file), s, t->dtype));
+    if (seen.emplace(s.file, s.offset, s.nbytes).second) out.push_back(&s);
+  }
+  return out;
+}
+
+Status VerifyGeneration(const Store& store, const GenerationManifest& m, bool check_hdf5) {
+  for (const ShardRecord* s : DistinctPieces(m)) {
+    PTC_RETURN_IF_ERROR(VerifyShard(store.env(), store, *s));
+    const TensorRecord* t = FindTensor(m, s->tensor);
+    if (check_hdf5 && t != nullptr) PTC_RETURN_IF_ERROR(CheckH5Shard(store.AbsPath(s->file), *s, t->dtype));
   }
   return Status::OK();
 }

@@ -81,7 +81,11 @@ Status VerifyShardRange(Env* env, const Store& store, const ShardRecord& shard, 
 // VerifyShardRange over the whole shard.
 Status VerifyShard(Env* env, const Store& store, const ShardRecord& shard);
 
-// VerifyShard for every shard of `m`, and CheckH5Shard when `check_hdf5`.
+// The shard records of `m` with one record per stored piece (file, offset,
+// bytes): a covering may list one piece for several workers. Manifest order.
+std::vector<const ShardRecord*> DistinctPieces(const GenerationManifest& m);
+
+// VerifyShard, and CheckH5Shard when `check_hdf5`, for DistinctPieces(m).
 // \error the first failure, as VerifyShard / CheckH5Shard.
 Status VerifyGeneration(const Store& store, const GenerationManifest& m, bool check_hdf5 = true);
 

@@ -1,0 +1,254 @@
+// Copy-free repartitioning (transform/covering.h): a layout change committed
+// as a covering of the pieces already stored, compaction, and garbage
+// collection of pieces by reference.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+#include <set>
+#include <string>
+
+#include "ptc/checkpoint/export.h"
+#include "ptc/store/model_spec.h"
+#include "ptc/store/shard_verify.h"
+#include "ptc/store/store_reader.h"
+#include "synth_store.h"
+#include "test_util.h"
+#include "transform/execute.h"
+
+namespace ptc {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace ::ptc::testing;  // the helpers of test_util.h
+
+// tp 1, 2 or 4; five layers, so stages can be uneven.
+constexpr const char* kLlama = "layers=5,hidden=32,heads=8,kv_heads=4,vocab=48,seq=8,ffn=40";
+
+// The shard files (*.h5) under the store, relative to it.
+std::set<std::string> ShardFiles(const std::string& store) {
+  std::set<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(store)) {
+    if (e.is_regular_file() && e.path().extension() == ".h5") out.insert(fs::relative(e.path(), store).string());
+  }
+  return out;
+}
+
+std::set<std::string> FilesOf(const GenerationManifest& m) {
+  std::set<std::string> out;
+  for (const ShardRecord& s : m.shards) out.insert(s.file);
+  return out;
+}
+
+// Tensor bytes of the distinct pieces a generation references.
+uint64_t PieceBytes(const GenerationManifest& m) {
+  uint64_t n = 0;
+  for (const ShardRecord* s : DistinctPieces(m)) n += s->nbytes;
+  return n;
+}
+
+TEST(Covering, EveryChangeKindOnOneWorkerCopiesNothing) {
+  ModelSpec spec = Spec("llama", kLlama, DType::kBF16, /*optimizer=*/true);
+  TempDir tmp;
+  MakeStore(tmp, spec, *ParseConfig("tp=2,pp=1,per_worker=64"), 21);
+  const std::set<std::string> imported = ShardFiles(tmp / "store");
+  uint64_t one_copy;
+  {
+    auto store = Store::Open(Env::Default(), tmp / "store");
+    ASSERT_TRUE(store.ok());
+    one_copy = PieceBytes((*store)->current());
+  }
+  // tp up and down, pp even and uneven, dp, ZeRO-1 on and off: each from the
+  // covering the previous change committed.
+  const char* chain[] = {"tp=4,pp=1",
+                         "tp=1,pp=5",
+                         "tp=2,pp=2,pp_layers=2+3,dp=2",
+                         "tp=4,pp=1,dp=2,zero=1",
+                         "tp=1,pp=1,dp=3,zero=1",
+                         "tp=2,pp=5,dp=2",
+                         "tp=4,pp=2,pp_layers=4+1"};
+  for (const char* text : chain) {
+    const ParallelConfig to = *ParseConfig(std::string(text) + ",per_worker=64");
+    SCOPED_TRACE(to.ToString());
+    auto store = Store::Open(Env::Default(), tmp / "store");
+    ASSERT_TRUE(store.ok());
+    auto r = Transform(**store, to, ExecuteOptions());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->bytes_written, 0u);
+    EXPECT_EQ(r->shards_written, 0u);
+    EXPECT_EQ(r->bytes_referenced, one_copy);
+    ASSERT_TRUE((*store)->CollectGarbage().ok());
+    // Not a byte written, not a piece removed: the imported files are all there is.
+    EXPECT_EQ(ShardFiles(tmp / "store"), imported);
+    EXPECT_EQ(PieceBytes((*store)->current()), one_copy);
+    ASSERT_TRUE(VerifyGeneration(**store, (*store)->current()).ok());
+    ExpectStoreHolds(tmp, spec, to, 21);
+    if (HasFatalFailure()) return;
+  }
+
+  // Compact writes the last layout's shards once; a second compact writes nothing.
+  const ParallelConfig last = *ParseConfig(std::string(chain[std::size(chain) - 1]) + ",per_worker=64");
+  auto store = Store::Open(Env::Default(), tmp / "store");
+  ASSERT_TRUE(store.ok());
+  const uint64_t before = (*store)->current_generation();
+  auto compacted = Compact(**store, ExecuteOptions());
+  ASSERT_TRUE(compacted.ok()) << compacted.status().ToString();
+  EXPECT_EQ(compacted->generation, before + 1);
+  EXPECT_GT(compacted->bytes_written, 0u);
+  EXPECT_EQ(compacted->bytes_written + compacted->bytes_referenced, one_copy);
+  ASSERT_TRUE((*store)->CollectGarbage().ok());
+  EXPECT_EQ(ShardFiles(tmp / "store"), FilesOf((*store)->current()));
+  EXPECT_EQ(PieceBytes((*store)->current()), one_copy);
+  ExpectStoreHolds(tmp, spec, last, 21);
+  if (HasFatalFailure()) return;
+  auto again = Compact(**store, ExecuteOptions());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->generation, before + 1);
+  EXPECT_EQ(again->bytes_written, 0u);
+  // Each shard of the layout is now one piece: a plan of the same layout keeps every one.
+  auto plan = MakePlan({&(*store)->current(), spec, last, {}, std::nullopt});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->bytes_kept, plan->bytes_total);
+}
+
+// With several workers, each worker's ranks read only pieces on that worker:
+// what no piece there holds is written for it (the parts that come from
+// another worker), and nothing else.
+TEST(Covering, EachWorkerReadsOnlyItsOwnPieces) {
+  std::mt19937_64 rng(TestSeed());
+  for (int iter = 0; iter < 8; ++iter) {
+    ModelSpec spec = Spec("llama", kLlama, DType::kF32, iter % 2 == 0);
+    const ParallelConfig from = RandomConfig(rng, spec), to = RandomConfig(rng, spec);
+    SCOPED_TRACE(from.ToString() + " -> " + to.ToString());
+    TempDir tmp;
+    MakeStore(tmp, spec, from, iter);
+    auto store = Store::Open(Env::Default(), tmp / "store");
+    ASSERT_TRUE(store.ok());
+    auto source = (*store)->CurrentSnapshot();
+    auto plan = MakePlan({source.get(), spec, to, {}, std::nullopt});
+    ASSERT_TRUE(plan.ok());
+    auto r = Transform(**store, to, ExecuteOptions());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_LE(r->bytes_written, plan->bytes_moved);
+    auto current = (*store)->CurrentSnapshot();
+    GenerationReader reader(**store, current, /*verify=*/true);
+    auto keys = TargetShardKeys(spec, to);
+    ASSERT_TRUE(keys.ok());
+    for (const auto& [key, worker] : *keys) {
+      for (const Box& box : key.boxes) {
+        Status s = reader.Cover(key.tensor, box, worker,
+                                [&, w = worker](const ShardRecord& piece, const Box&, uint64_t, const Box&) {
+                                  EXPECT_EQ(piece.worker, w) << key.tensor << " " << box.ToString();
+                                  return Status::OK();
+                                });
+        ASSERT_TRUE(s.ok()) << s.ToString();
+      }
+    }
+    // A written piece holds nothing a referenced piece on its worker holds.
+    const std::string gen_dir = GenerationDirName(r->generation) + "/";
+    for (const ShardRecord& a : current->shards) {
+      if (a.file.rfind(gen_dir, 0) != 0) continue;
+      for (const ShardRecord& b : current->shards) {
+        if (b.file.rfind(gen_dir, 0) == 0 || b.worker != a.worker || b.tensor != a.tensor) continue;
+        for (const Box& x : a.boxes) {
+          for (const Box& y : b.boxes) EXPECT_FALSE(Intersect(x, y)) << a.tensor << " written twice on " << a.worker;
+        }
+      }
+    }
+    ExpectStoreHolds(tmp, spec, to, iter);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// Garbage collection counts references over every generation kept (current
+// and open): a piece's file goes exactly when no kept manifest names it.
+TEST(Covering, CollectionRemovesAPieceExactlyWhenNothingReferencesIt) {
+  ModelSpec spec = Spec("llama", kLlama, DType::kBF16, true);
+  TempDir tmp;
+  MakeStore(tmp, spec, *ParseConfig("tp=2,pp=1"), 3);
+  auto store = Store::Open(Env::Default(), tmp / "store");
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE(Transform(**store, *ParseConfig("tp=4,pp=1"), ExecuteOptions()).ok());  // 2: covers 1's pieces
+  auto second = (*store)->CurrentSnapshot();
+  ASSERT_TRUE(Compact(**store, ExecuteOptions()).ok());                                 // 3: own pieces
+  auto third = (*store)->CurrentSnapshot();
+  ASSERT_TRUE(Transform(**store, *ParseConfig("tp=1,pp=5"), ExecuteOptions()).ok());  // 4: covers 3's
+  auto fourth = (*store)->CurrentSnapshot();
+  ASSERT_EQ(fourth->generation, 4u);
+
+  // Generation 2 still open: its pieces (generation 1's files) stay.
+  ASSERT_TRUE((*store)->CollectGarbage({2}).ok());
+  std::set<std::string> expected = FilesOf(*fourth);
+  for (const std::string& f : FilesOf(*second)) expected.insert(f);
+  EXPECT_EQ(ShardFiles(tmp / "store"), expected);
+  EXPECT_TRUE(fs::exists(tmp / "store/gen-000002/manifest.json"));
+  EXPECT_FALSE(fs::exists(tmp / "store/gen-000003/manifest.json"));  // its files stay: 4 references them
+  EXPECT_FALSE(fs::exists(tmp / "store/gen-000001/manifest.json"));
+  // Closed: only what generation 4 references.
+  ASSERT_TRUE((*store)->CollectGarbage().ok());
+  EXPECT_EQ(ShardFiles(tmp / "store"), FilesOf(*fourth));
+  for (const std::string& f : FilesOf(*fourth)) EXPECT_TRUE(FilesOf(*third).count(f)) << f;
+  ASSERT_TRUE(VerifyGeneration(**store, *fourth).ok());
+  ExpectStoreHolds(tmp, spec, *ParseConfig("tp=1,pp=5"), 3);
+}
+
+// A covering references a piece without reading it: a damaged piece fails
+// the reads that reach it (naming it) and a compaction, not the commit.
+TEST(Covering, DamagedPieceFailsItsReadersAndCompactNotTheCommit) {
+  ModelSpec spec = Spec("llama", kLlama);
+  TempDir tmp;
+  MakeStore(tmp, spec, *ParseConfig("tp=2,pp=1"), 8);
+  auto store = Store::Open(Env::Default(), tmp / "store");
+  ASSERT_TRUE(store.ok());
+  const ShardRecord piece = (*store)->current().shards.front();
+  std::string bytes = Slurp(tmp / ("store/" + piece.file));
+  bytes[piece.offset + piece.nbytes / 2] ^= 0x01;
+  Spit(tmp / ("store/" + piece.file), bytes);
+
+  auto r = Transform(**store, *ParseConfig("tp=4,pp=1"), ExecuteOptions());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->bytes_written, 0u);
+  Status exported = ExportCheckpoint(**store, *ParseConfig("tp=4,pp=1"), tmp / "out", CheckpointFormat::kSafetensors);
+  EXPECT_EQ(exported.code(), Code::kCorruption) << exported.ToString();
+  EXPECT_NE(exported.message().find(piece.file), std::string::npos) << exported.message();
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+
+  const auto before = Snapshot(tmp / "store");
+  auto compacted = Compact(**store, ExecuteOptions());
+  EXPECT_EQ(compacted.status().code(), Code::kCorruption) << compacted.status().ToString();
+  EXPECT_NE(compacted.status().message().find(piece.file), std::string::npos) << compacted.status().message();
+  EXPECT_EQ((*store)->current_generation(), 2u);
+  EXPECT_TRUE(Snapshot(tmp / "store") == before) << "a failed compact changed the store";
+}
+
+// MakeCovering is pure: what it references and writes, in both modes.
+TEST(Covering, ReferencesWritesAndCompactBytes) {
+  ModelSpec spec = Spec("llama", kLlama, DType::kF32, true);
+  TempDir tmp;
+  MakeStore(tmp, spec, *ParseConfig("tp=2,pp=1,per_worker=1"), 1);  // workers 0 and 1
+  auto store = Store::Open(Env::Default(), tmp / "store");
+  ASSERT_TRUE(store.ok());
+  const GenerationManifest& m = (*store)->current();
+  // All on worker 0: worker 1's pieces must be written there.
+  auto plan = MakePlan({&m, spec, *ParseConfig("tp=4,pp=1"), {}, std::nullopt});
+  ASSERT_TRUE(plan.ok());
+  const Covering cover = MakeCovering(*plan, m, CommitMode::kCovering);
+  const Covering compact = MakeCovering(*plan, m, CommitMode::kCompact);
+  uint64_t on_worker0 = 0;
+  for (const ShardRecord& s : m.shards) on_worker0 += s.worker == 0 ? s.nbytes : 0;
+  EXPECT_GT(plan->bytes_moved, 0u);
+  EXPECT_EQ(cover.bytes_written, plan->bytes_moved);  // every tp=4 shard of ranks 2, 3 comes from worker 1
+  EXPECT_EQ(cover.bytes_referenced, on_worker0);      // every piece of worker 0 is read by ranks 0, 1
+  for (const auto& [s, worker] : cover.references) {
+    EXPECT_EQ(worker, 0);
+    EXPECT_EQ(m.shards[s].worker, 0);
+  }
+  EXPECT_EQ(compact.bytes_written, plan->bytes_total - plan->bytes_kept);
+  EXPECT_EQ(compact.compact_bytes, 0u);
+  // What came from worker 1 is written whole (target shards); the rest a compact writes.
+  EXPECT_EQ(cover.compact_bytes + cover.bytes_written, compact.bytes_written);
+  EXPECT_EQ(compact.writes.targets.size(), plan->targets.size() - compact.references.size());
+}
+
+}  // namespace
+}  // namespace ptc

@@ -1,0 +1,81 @@
+// ptcfs compact: store the current generation in its own layout.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "ptc/store/store.h"
+#include "tools/commands.h"
+#include "tools/progress.h"
+#include "transform/execute.h"
+
+namespace ptcfs {
+namespace {
+
+struct CompactArgs {
+  std::string store;
+  int64_t generation = -1;  // -1: whatever is current
+  int threads = 2;
+  bool keep_old = false;
+  bool wait = false;
+};
+
+ptc::Status RunCompact(const CompactArgs& a) {
+  PTC_ASSIGN_OR_RETURN(ptc::StoreLock lock, LockStore(a.store, a.wait));
+  PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::OpenLocked(ptc::Env::Default(), a.store, std::move(lock)));
+  if (!store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
+  const uint64_t current = store->current_generation();
+  if (a.generation >= 0 && static_cast<uint64_t>(a.generation) != current) {
+    return ptc::FailedPreconditionError(a.store + ": --generation " + std::to_string(a.generation) +
+                                        " is not the current generation (" + std::to_string(current) +
+                                        "); only the current generation is compacted");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  PTC_ASSIGN_OR_RETURN(ptc::Compaction c, ptc::PlanCompaction(*store));
+  if (c.covering.writes.targets.empty()) {
+    std::printf("generation %llu is compact: every shard of %s is stored as it is (%s); nothing written\n",
+                static_cast<unsigned long long>(current), c.source->config.c_str(),
+                HumanBytes(c.covering.bytes_referenced).c_str());
+    return ptc::Status::OK();
+  }
+  ptc::ExecuteResult r;
+  {
+    Progress progress("compact", c.covering.bytes_written);
+    ptc::ExecuteOptions options;
+    options.threads = a.threads;
+    options.progress = progress.fn();
+    PTC_ASSIGN_OR_RETURN(r, ptc::ExecuteCovering(*store, c.source, c.spec, c.config, c.covering, options));
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!a.keep_old) PTC_RETURN_IF_ERROR(store->CollectGarbage(), "removing old generations");
+  std::printf("generation %llu compacted as generation %llu in %.2f s: %llu shards written (%s), %llu kept (%s)\n",
+              static_cast<unsigned long long>(current), static_cast<unsigned long long>(r.generation), secs,
+              static_cast<unsigned long long>(r.shards_written), HumanBytes(r.bytes_written).c_str(),
+              static_cast<unsigned long long>(r.shards_referenced), HumanBytes(r.bytes_referenced).c_str());
+  return ptc::Status::OK();
+}
+
+}  // namespace
+
+void AddCompactCommand(CLI::App& app, int* exit_code) {
+  auto a = std::make_shared<CompactArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "compact",
+      "Store the current generation in its own layout: every shard its config's ranks read becomes one\n"
+      "contiguous stored shard per worker. A transform or reconfigure commits the new layout as a\n"
+      "covering of older pieces (no bytes copied), so reads then assemble each shard from several\n"
+      "pieces; compact writes them out once, streamed in bounded chunks on --threads threads, durable\n"
+      "before the commit, as a new generation. Shards already stored as they are are kept. Nothing is\n"
+      "committed when the generation is compact already. Older generations are removed after the\n"
+      "commit unless --keep-old. One writer at a time: while a mount or another command writes STORE\n"
+      "this fails naming it (--wait waits).");
+  sub->add_option("STORE", a->store, "store directory")->required();
+  sub->add_option("--generation", a->generation,
+                  "compact only if this is the current generation (guards against compacting a newer one)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--threads", a->threads, "writer threads")->check(CLI::Range(1, 256));
+  sub->add_flag("--keep-old", a->keep_old, "keep earlier generations' files");
+  AddWaitFlag(sub, &a->wait);
+  sub->callback([a, exit_code] { *exit_code = Report("compact", RunCompact(*a)); });
+}
+
+}  // namespace ptcfs

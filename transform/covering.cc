@@ -1,0 +1,45 @@
+#include "transform/covering.h"
+
+#include <algorithm>
+#include <set>
+
+namespace ptc {
+
+Covering MakeCovering(const Plan& plan, const GenerationManifest& source, CommitMode mode) {
+  Covering out;
+  std::set<std::pair<size_t, int>> references;
+  size_t c = 0;  // plan.copies are grouped by target, in target order
+  for (size_t t = 0; t < plan.targets.size(); ++t) {
+    const TargetShard& target = plan.targets[t];
+    const size_t first = c;
+    while (c < plan.copies.size() && plan.copies[c].target == t) ++c;
+    if (target.kept || target.same) {
+      references.emplace(target.kept ? *target.kept : *target.same, target.worker);
+      continue;
+    }
+    TargetShard piece{{target.key.tensor, {}}, target.worker, target.dtype, 0, {}, {}};
+    const size_t index = out.writes.targets.size();
+    for (size_t i = first; i < c; ++i) {
+      const Copy& copy = plan.copies[i];
+      if (mode == CommitMode::kCovering && source.shards[copy.source].worker == target.worker) {
+        references.emplace(copy.source, target.worker);
+        continue;
+      }
+      piece.key.boxes.push_back(copy.region);
+      piece.nbytes += copy.nbytes;
+      out.writes.copies.push_back({index, copy.source, copy.region, copy.nbytes});
+    }
+    // A piece that is the whole target is a target shard, stored as it is.
+    if (piece.nbytes != target.nbytes) out.compact_bytes += target.nbytes;
+    if (piece.key.boxes.empty()) continue;
+    if (piece.nbytes == target.nbytes) piece.key.boxes = target.key.boxes;  // in the target's own order
+    out.bytes_written += piece.nbytes;
+    out.writes.targets.push_back(std::move(piece));
+  }
+  out.references.assign(references.begin(), references.end());
+  for (const auto& [s, worker] : out.references) out.bytes_referenced += source.shards[s].nbytes;
+  out.writes.bytes_total = out.bytes_written;
+  return out;
+}
+
+}  // namespace ptc
