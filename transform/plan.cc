@@ -15,13 +15,27 @@ bool Overlaps(const Box& a, const Box& b) {
   return true;
 }
 
+// A shard key by reference into a manifest or a target (no copies: a 70B
+// plan indexes ~90k shards).
+struct KeyView {
+  std::string_view tensor;
+  const std::vector<Box>* boxes;
+  friend bool operator<(const KeyView& a, const KeyView& b) {
+    if (int c = a.tensor.compare(b.tensor); c != 0) return c < 0;
+    return *a.boxes < *b.boxes;
+  }
+};
+
+KeyView ViewOf(const ShardKey& key) { return {key.tensor, &key.boxes}; }
+
 // Source shards by canonical order, indexed for the planner's lookups.
 struct SourceIndex {
   const std::vector<ShardRecord>* shards;
   std::vector<bool> live;
-  std::map<std::string, std::vector<size_t>> by_tensor;  // live only, canonical order
-  std::map<std::pair<ShardKey, int>, size_t> by_key_worker;
-  std::map<ShardKey, std::vector<size_t>> by_key;  // live only, canonical order
+  std::map<std::string_view, std::vector<size_t>> by_tensor;  // live only, canonical order
+  std::map<std::pair<std::string_view, int>, std::vector<size_t>> by_tensor_worker;  // the same, per worker
+  std::map<std::pair<KeyView, int>, size_t> by_key_worker;
+  std::map<KeyView, std::vector<size_t>> by_key;  // live only, canonical order
 
   SourceIndex(const GenerationManifest& m, const std::optional<std::set<int>>& alive) : shards(&m.shards) {
     const auto& s = m.shards;
@@ -36,8 +50,9 @@ struct SourceIndex {
     for (size_t i : order) {
       live[i] = !alive || alive->count(s[i].worker) > 0;
       if (!live[i]) continue;
-      ShardKey key{s[i].tensor, s[i].boxes};
+      const KeyView key{s[i].tensor, &s[i].boxes};
       by_tensor[s[i].tensor].push_back(i);
+      by_tensor_worker[{s[i].tensor, s[i].worker}].push_back(i);
       by_key_worker.try_emplace({key, s[i].worker}, i);
       by_key[key].push_back(i);
     }
@@ -50,20 +65,23 @@ class Planner {
 
   void PlanTarget(size_t t) {
     TargetShard& target = plan_->targets[t];
-    if (auto it = index_.by_key_worker.find({target.key, target.worker}); it != index_.by_key_worker.end()) {
+    if (auto it = index_.by_key_worker.find({ViewOf(target.key), target.worker}); it != index_.by_key_worker.end()) {
       target.kept = it->second;
       plan_->bytes_kept += target.nbytes;
       return;
     }
-    if (auto it = index_.by_key.find(target.key); it != index_.by_key.end()) target.same = it->second.front();
+    if (auto it = index_.by_key.find(ViewOf(target.key)); it != index_.by_key.end()) target.same = it->second.front();
     const size_t elem = DTypeSize(target.dtype);
-    auto found = index_.by_tensor.find(target.key.tensor);
     const std::vector<size_t> none;
+    auto found = index_.by_tensor.find(target.key.tensor);
     const std::vector<size_t>& sources = found == index_.by_tensor.end() ? none : found->second;
+    auto found_local = index_.by_tensor_worker.find({target.key.tensor, target.worker});
+    const std::vector<size_t>& local = found_local == index_.by_tensor_worker.end() ? none : found_local->second;
     for (const Box& box : target.key.boxes) {
       std::vector<Box> missing = {box};
-      for (size_t s : sources) {
-        if ((*index_.shards)[s].worker == target.worker) Cover(t, s, elem, &missing);
+      for (size_t s : local) {
+        if (missing.empty()) break;
+        Cover(t, s, elem, &missing);
       }
       for (const Box& m : missing) plan_->lower_bound += m.volume() * elem;
       CoverRemote(t, sources, elem, &missing);
@@ -119,6 +137,7 @@ class Planner {
   // Remote pieces: repeatedly the best sender among live replicas on other
   // workers: same host first, then least bytes sent so far, then lowest id.
   void CoverRemote(size_t t, const std::vector<size_t>& sources, size_t elem, std::vector<Box>* missing) {
+    if (missing->empty()) return;
     const int to = plan_->targets[t].worker;
     std::vector<size_t> candidates;
     for (size_t s : sources) {
@@ -147,14 +166,20 @@ class Planner {
 Result<std::vector<std::pair<ShardKey, int>>> TargetShardKeys(const ModelSpec& spec, const ParallelConfig& config) {
   PTC_RETURN_IF_ERROR(ValidateConfig(spec, config));
   std::vector<std::pair<ShardKey, int>> out;
-  std::set<std::pair<ShardKey, int>> seen;
+  // Replicas repeat only inside a worker (its ranks are consecutive): the
+  // keys seen so far on the current worker, as indices into `out`.
+  auto less = [&out](size_t a, size_t b) { return out[a].first < out[b].first; };
+  std::set<size_t, decltype(less)> seen(less);
+  int current_worker = -1;
   for (int rank = 0; rank < config.world_size(); ++rank) {
     PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(spec, config, rank));
     const int worker = config.WorkerOf(rank);
+    if (worker != current_worker) seen.clear(), current_worker = worker;
     for (const auto* list : {&view.model, &view.optim}) {
       for (const LocalTensor& t : *list) {
         for (ShardKey& key : StoredShards(t)) {
-          if (seen.insert({key, worker}).second) out.emplace_back(std::move(key), worker);
+          out.emplace_back(std::move(key), worker);
+          if (!seen.insert(out.size() - 1).second) out.pop_back();
         }
       }
     }
