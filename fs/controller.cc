@@ -13,8 +13,10 @@
 namespace ptcfs {
 namespace {
 
-// The nice value of a background rewrite (0 is the daemon's serving threads).
+// The nice values of a background rewrite and of a background compaction (0
+// is the daemon's serving threads).
 constexpr int kRewriteNice = 10;
+constexpr int kCompactNice = 19;
 
 struct Request {
   ptc::ParallelConfig config;
@@ -51,12 +53,13 @@ ptc::Result<Request> ParseRequest(const std::string& raw) {
 
 }  // namespace
 
-Controller::Controller(ptc::Store* store, int worker, int threads, std::shared_ptr<ShardChecks> checks,
-                       std::shared_ptr<const ptc::DatasetSource> source,
+Controller::Controller(ptc::Store* store, int worker, int threads, CompactionPolicy compaction,
+                       std::shared_ptr<ShardChecks> checks, std::shared_ptr<const ptc::DatasetSource> source,
                        std::function<void(std::shared_ptr<const Snapshot>)> serve, std::function<ptc::Status()> collect)
     : store_(store),
       worker_(worker),
       threads_(threads),
+      compaction_(compaction),
       checks_(std::move(checks)),
       source_(std::move(source)),
       serve_(std::move(serve)),
@@ -68,7 +71,13 @@ Controller::~Controller() {
     ptc::MutexLock lock(&mu_);
     t = std::move(worker_thread_);
   }
-  if (t.joinable()) t.join();
+  JoinBackground(std::move(t));
+}
+
+void Controller::JoinBackground(std::thread previous) {
+  cancel_compaction_ = true;
+  if (previous.joinable()) previous.join();
+  cancel_compaction_ = false;
 }
 
 void Controller::RecordError(const std::string& error) {
@@ -117,7 +126,7 @@ ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_p
     total_ = 0;
     previous = std::move(worker_thread_);
   }
-  if (previous.joinable()) previous.join();  // finished: its state was set (it may still be removing old files)
+  JoinBackground(std::move(previous));  // its state was set (it may still be removing old files or compacting)
   { ptc::MutexLock wait(&collect_mu_); }     // a removal after a close (CollectIfIdle) ends before the rewrite writes
   serve_(*lazy);
   ptc::MutexLock lock(&mu_);
@@ -161,7 +170,65 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
   }
   // After the state says serving: the next Reconfigure or Ingest joins this
   // thread before it writes, so the removal never meets another writer.
-  if (result.ok()) Collect();
+  if (!result.ok()) return;
+  Collect();
+  MaybeCompact(spec, dataset);
+}
+
+void Controller::MaybeCompact(const ptc::ModelSpec& spec, const std::optional<ptc::DatasetState>& dataset) {
+  auto planned = ptc::PlanCompaction(*store_);
+  if (!planned.ok()) {
+    RecordError("measuring the generation's pieces: " + planned.status().message());
+    return;
+  }
+  const ptc::Covering& covering = planned->covering;
+  {
+    ptc::MutexLock lock(&mu_);
+    fragmentation_ = covering.fragmentation;
+    if (covering.writes.targets.empty() || !compaction_.Due(covering.fragmentation) || state_ != "serving" ||
+        cancel_compaction_) {
+      return;
+    }
+    compaction_state_ = "running";
+  }
+  compact_done_ = 0;
+  compact_total_ = covering.bytes_written;
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kCompactNice);
+  ptc::ExecuteOptions options;
+  options.threads = 1;
+  options.progress = [this](uint64_t n) { compact_done_ += n; };
+  options.cancelled = [this] { return cancel_compaction_.load(); };
+  auto compact = [&]() -> ptc::Result<std::shared_ptr<const Snapshot>> {
+    PTC_RETURN_IF_ERROR(ptc::ExecuteCovering(*store_, planned->source, planned->spec, planned->config, covering,
+                                             options)
+                            .status());
+    return Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, planned->config, worker_, checks_, dataset,
+                            source_);
+  };
+  ptc::Result<std::shared_ptr<const Snapshot>> result = ptc::InternalError("compaction not run");
+  try {
+    result = compact();
+  } catch (const std::exception& e) {
+    result = ptc::InternalError(std::string("internal error in the compaction: ") + e.what());
+  }
+  std::optional<ptc::Fragmentation> after;
+  if (result.ok()) {
+    serve_(*result);
+    if (auto measured = ptc::PlanCompaction(*store_); measured.ok()) after = measured->covering.fragmentation;
+  }
+  {
+    ptc::MutexLock lock(&mu_);
+    if (result.ok()) {
+      compaction_state_ = "done";
+      if (after) fragmentation_ = *after;
+    } else if (cancel_compaction_) {
+      compaction_state_ = "cancelled";
+    } else {
+      compaction_state_ = "failed";
+      SetLastError("background compaction: " + result.status().message());
+    }
+  }
+  Collect();
 }
 
 void Controller::Collect() { Collect(/*only_when_idle=*/false); }
@@ -174,8 +241,8 @@ void Controller::Collect(bool only_when_idle) {
     ptc::MutexLock lock(&collect_mu_);
     if (only_when_idle) {
       ptc::MutexLock state(&mu_);
-      // A running rewrite or save collects after its commit.
-      if (state_ == "repartitioning" || state_ == "saving") return;
+      // A running rewrite, save or compaction collects after its commit.
+      if (state_ == "repartitioning" || state_ == "saving" || compaction_state_ == "running") return;
     }
     s = collect_();
   }
@@ -197,7 +264,7 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
     state_ = "saving";
     previous = std::move(worker_thread_);
   }
-  if (previous.joinable()) previous.join();  // a finished rewrite, perhaps still removing what it replaced
+  JoinBackground(std::move(previous));  // a finished rewrite, perhaps still removing what it replaced or compacting
   { ptc::MutexLock wait(&collect_mu_); }     // a removal after a close (CollectIfIdle) ends before the save writes
   auto result = [&]() -> ptc::Status {
     const ptc::ModelSpec& spec = current->spec();
@@ -242,6 +309,13 @@ std::string Controller::StatusJson(const std::shared_ptr<const Snapshot>& curren
       {"bytes_total", total_.load()},
       {"last_error", last_error_.empty() ? nlohmann::json(nullptr) : nlohmann::json(last_error_)},
       {"dataset", nullptr},
+      {"compaction",
+       {{"state", compaction_state_},
+        {"bytes_done", compact_done_.load()},
+        {"bytes_total", compact_total_.load()},
+        {"shards", fragmentation_.shards},
+        {"pieces", fragmentation_.pieces},
+        {"smallest_piece", fragmentation_.smallest_piece}}},
   };
   if (const auto& d = current->dataset()) {
     j["dataset"] = {{"epoch", d->epoch},

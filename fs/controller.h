@@ -17,8 +17,24 @@
 #include "fs/snapshot.h"
 #include "ptc/base/mutex.h"
 #include "ptc/store/store.h"
+#include "transform/covering.h"
 
 namespace ptcfs {
+
+// When the mount compacts in the background (after a reconfigure commits a
+// covering, docs/mount_format.md): when the generation's shards are read from
+// more than `max_pieces_per_shard` pieces on average, or from a piece smaller
+// than `min_piece_bytes`. The compaction runs at the lowest CPU priority,
+// serves on meanwhile, and gives way to a reconfigure or a save (cancelled,
+// nothing committed).
+struct CompactionPolicy {
+  double max_pieces_per_shard = 8;  // 0: never on this rule
+  uint64_t min_piece_bytes = 0;     // 0: never on this rule
+  bool Due(const ptc::Fragmentation& f) const {
+    return (max_pieces_per_shard > 0 && f.pieces_per_shard() > max_pieces_per_shard) ||
+           (min_piece_bytes > 0 && f.pieces > 0 && f.smallest_piece < min_piece_bytes);
+  }
+};
 
 class Controller {
  public:
@@ -27,8 +43,8 @@ class Controller {
   // serving again: cleanup is not part of the wait). `checks`: the mount's
   // shard verifications. `source`: the store's opened dataset, or null when
   // it has none.
-  Controller(ptc::Store* store, int worker, int threads, std::shared_ptr<ShardChecks> checks,
-             std::shared_ptr<const ptc::DatasetSource> source,
+  Controller(ptc::Store* store, int worker, int threads, CompactionPolicy compaction,
+             std::shared_ptr<ShardChecks> checks, std::shared_ptr<const ptc::DatasetSource> source,
              std::function<void(std::shared_ptr<const Snapshot>)> serve, std::function<ptc::Status()> collect);
   ~Controller();  // waits for a running rewrite
 
@@ -65,6 +81,14 @@ class Controller {
 
  private:
   void Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset) EXCLUDES(mu_);
+  // On the rewrite's thread after its commit: measures the served
+  // generation's fragmentation and compacts it when the policy says so.
+  void MaybeCompact(const ptc::ModelSpec& spec, const std::optional<ptc::DatasetState>& dataset)
+      EXCLUDES(mu_, collect_mu_);
+  // Stops a running compaction and joins `previous`, the background thread;
+  // the caller then is the store's writer. The caller has set state_ to its
+  // own state first (so that no compaction starts after this).
+  void JoinBackground(std::thread previous);
   // collect_, its error kept as last_error.
   void Collect() EXCLUDES(mu_, collect_mu_);
   // Collect, or nothing when `only_when_idle` and a rewrite or save runs.
@@ -74,6 +98,7 @@ class Controller {
   ptc::Store* store_;
   const int worker_;
   const int threads_;
+  const CompactionPolicy compaction_;
   const std::shared_ptr<ShardChecks> checks_;
   const std::shared_ptr<const ptc::DatasetSource> source_;
   std::function<void(std::shared_ptr<const Snapshot>)> serve_;
@@ -87,6 +112,12 @@ class Controller {
   std::string last_error_ GUARDED_BY(mu_);
   std::thread worker_thread_ GUARDED_BY(mu_);
   std::atomic<uint64_t> done_{0}, total_{0};
+  // The background compaction: none | running | done | cancelled | failed,
+  // the served generation's fragmentation when last measured, progress.
+  std::string compaction_state_ GUARDED_BY(mu_) = "none";
+  ptc::Fragmentation fragmentation_ GUARDED_BY(mu_);
+  std::atomic<bool> cancel_compaction_{false};
+  std::atomic<uint64_t> compact_done_{0}, compact_total_{0};
 };
 
 }  // namespace ptcfs

@@ -90,7 +90,7 @@ ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& 
       auto snap, Snapshot::Create(*fs->store_, generation, spec, config, options.worker, checks, dataset, source));
   Filesystem* self = fs.get();
   fs->controller_ = std::make_unique<Controller>(
-      fs->store_.get(), options.worker, options.transform_threads, checks, source,
+      fs->store_.get(), options.worker, options.transform_threads, options.compaction, checks, source,
       [self](std::shared_ptr<const Snapshot> s) { self->Serve(s); }, [self] { return self->CollectReplaced(); });
   ptc::MutexLock lock(&fs->mu_);
   auto root = std::make_shared<Node>();

@@ -50,6 +50,7 @@ struct MountOptions {
   bool npy = true;
   bool megatron = false;  // megatron/ (Megatron-LM torch files)
   int transform_threads = 2;
+  CompactionPolicy compaction;  // when to compact in the background after a reconfigure
 };
 
 struct Node;

@@ -250,5 +250,32 @@ TEST(Covering, ReferencesWritesAndCompactBytes) {
   EXPECT_EQ(compact.writes.targets.size(), plan->targets.size() - compact.references.size());
 }
 
+// A compaction asked to stop (a mount's reconfigure) stops at its next chunk
+// and commits nothing.
+TEST(Covering, CancelledCompactionCommitsNothing) {
+  ModelSpec spec = Spec("llama", kLlama);
+  TempDir tmp;
+  MakeStore(tmp, spec, *ParseConfig("tp=4,pp=1"), 2);
+  auto store = Store::Open(Env::Default(), tmp / "store");
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE(Transform(**store, *ParseConfig("tp=1,pp=1"), ExecuteOptions()).ok());
+  const auto before = Snapshot(tmp / "store");
+  ExecuteOptions options;
+  options.threads = 1;
+  options.chunk_bytes = 1024;
+  int chunks = 0;
+  options.cancelled = [&] { return ++chunks == 3; };
+  auto r = Compact(**store, options);
+  EXPECT_EQ(r.status().code(), Code::kFailedPrecondition) << r.status().ToString();
+  EXPECT_EQ(r.status().message(), "cancelled");
+  EXPECT_EQ(chunks, 3);
+  EXPECT_EQ((*store)->current_generation(), 2u);
+  EXPECT_TRUE(Snapshot(tmp / "store") == before);
+  auto again = Compact(**store, ExecuteOptions());  // the store is fine for the next writer
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->generation, 3u);
+  ExpectStoreHolds(tmp, spec, *ParseConfig("tp=1,pp=1"), 2);
+}
+
 }  // namespace
 }  // namespace ptc

@@ -291,5 +291,40 @@ TEST_F(MountTest, CorruptBlockFailsOnlyTheReadsThatNeedIt) {
   EXPECT_NE(error.find("checksum of block 3 (bytes 12582912-16777216)"), std::string::npos) << error;
 }
 
+// A reconfigure commits a covering of the stored pieces (no tensor bytes
+// written); when the new layout's shards are read from more pieces than the
+// policy allows, the mount compacts in the background and serves the
+// compacted generation: the same bytes, one piece per shard.
+TEST_F(MountTest, FragmentedLayoutIsCompactedInTheBackground) {
+  MakeStore("tp=4,pp=1");
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--compact-pieces 1.5");
+  const std::string ref = Reference("tp=1,pp=2");
+  ASSERT_EQ(WriteConfig(m.dir(), "tp=1,pp=2\n"), 0);
+  WaitServing(m.dir());
+  nlohmann::json s;
+  for (int i = 0; i < 600; ++i) {
+    s = testing::MountStatus(m.dir());
+    if (s["compaction"]["state"] != "running" && s["generation"] == 3) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(s["compaction"]["state"], "done") << s.dump();
+  EXPECT_EQ(s["generation"], 3) << s.dump();  // 2: the covering; 3: the compaction
+  EXPECT_EQ(s["compaction"]["pieces"], s["compaction"]["shards"]) << s.dump();
+  EXPECT_GT(s["compaction"]["bytes_total"].get<uint64_t>(), 0u) << s.dump();
+  EXPECT_EQ(s["compaction"]["bytes_done"], s["compaction"]["bytes_total"]) << s.dump();
+  EXPECT_TRUE(s["last_error"].is_null()) << s.dump();
+  for (const auto& e : fs::directory_iterator(ref)) {
+    const std::string rank = e.path().filename().string();
+    for (const char* f : {"model.safetensors", "optim.safetensors"}) {
+      auto [c, o] = Sh("cmp " + m.dir() + "/model/" + rank + "/" + f + " " + (e.path() / f).string());
+      EXPECT_EQ(c, 0) << o;
+    }
+  }
+  // The covering (generation 2) wrote no shard file.
+  EXPECT_FALSE(fs::exists(tmp_ / "store/gen-000002/worker-00"));
+  auto [c, o] = Ptcfs("verify " + tmp_ / "store");
+  EXPECT_EQ(c, 0) << o;
+}
+
 }  // namespace
 }  // namespace ptc

@@ -31,6 +31,8 @@ struct MountArgs {
   int transform_threads = 2;
   bool foreground = false;
   bool nonempty = false;
+  bool wait = false;  // for the writer lock
+  CompactionPolicy compaction;
 };
 
 // Whether `path` (canonical) is a mount point, from /proc/self/mountinfo
@@ -99,6 +101,7 @@ ptc::Status RunMount(const MountArgs& a) {
   options.npy = a.format == "npy" || a.format == "both" || a.format == "all";
   options.megatron = a.format == "megatron" || a.format == "all";
   options.transform_threads = a.transform_threads;
+  options.compaction = a.compaction;
   return MountAndServe(options, {a.mountpoint, a.foreground, a.threads});
 }
 
@@ -190,9 +193,21 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"safetensors", "npy", "both", "megatron", "all"}));
   mount->add_flag("-f,--foreground", m->foreground, "stay in the foreground");
   mount->add_flag("--nonempty", m->nonempty, "mount over a directory that holds files (hidden while mounted)");
+  mount->add_flag("--wait", m->wait,
+                  "when another process writes the store (a mount, a transform), wait for it, then mount");
   mount->add_option("--threads", m->threads, "FUSE threads")->check(CLI::Range(1, 256));
   mount->add_option("--transform-threads", m->transform_threads, "threads rewriting the store on reconfigure")
       ->check(CLI::Range(1, 256));
+  mount
+      ->add_option("--compact-pieces", m->compaction.max_pieces_per_shard,
+                   "after a reconfigure, compact in the background (lowest priority; a reconfigure\n"
+                   "cancels it) when the layout's shards are read from more than this many stored pieces\n"
+                   "on average (default 8; 0: never on this rule)")
+      ->check(CLI::NonNegativeNumber);
+  mount
+      ->add_option("--compact-min-piece", m->compaction.min_piece_bytes,
+                   "... or when one is read from a piece smaller than this many bytes (default 0: never)")
+      ->check(CLI::NonNegativeNumber);
   mount->callback([m, exit_code] { *exit_code = Report("mount", RunMount(*m)); });
 
   auto r = std::make_shared<ReconfigureArgs>();

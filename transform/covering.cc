@@ -4,6 +4,14 @@
 #include <set>
 
 namespace ptc {
+namespace {
+
+void AddPiece(uint64_t bytes, Fragmentation* f) {
+  f->pieces++;
+  f->smallest_piece = f->pieces == 1 ? bytes : std::min(f->smallest_piece, bytes);
+}
+
+}  // namespace
 
 Covering MakeCovering(const Plan& plan, const GenerationManifest& source, CommitMode mode) {
   Covering out;
@@ -13,10 +21,13 @@ Covering MakeCovering(const Plan& plan, const GenerationManifest& source, Commit
     const TargetShard& target = plan.targets[t];
     const size_t first = c;
     while (c < plan.copies.size() && plan.copies[c].target == t) ++c;
+    out.fragmentation.shards++;
     if (target.kept || target.same) {
+      AddPiece(target.nbytes, &out.fragmentation);
       references.emplace(target.kept ? *target.kept : *target.same, target.worker);
       continue;
     }
+    for (size_t i = first; i < c; ++i) AddPiece(plan.copies[i].nbytes, &out.fragmentation);
     TargetShard piece{{target.key.tensor, {}}, target.worker, target.dtype, 0, {}, {}};
     const size_t index = out.writes.targets.size();
     for (size_t i = first; i < c; ++i) {

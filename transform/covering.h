@@ -26,6 +26,13 @@
 
 namespace ptc {
 
+struct Fragmentation {
+  uint64_t shards = 0;
+  uint64_t pieces = 0;
+  uint64_t smallest_piece = 0;
+  double pieces_per_shard() const { return shards ? static_cast<double>(pieces) / shards : 0; }
+};
+
 enum class CommitMode {
   // Reference every piece on a target's worker that the target reads; write
   // only the parts that come from other workers.
@@ -49,6 +56,10 @@ struct Covering {
   // Bytes a compaction of the result would write: target shards that are not
   // stored as they are once this is committed.
   uint64_t compact_bytes = 0;
+  // How fragmented the source is as a store of the plan's target: the target
+  // shards, the pieces they are read from (a shard stored as it is counts
+  // one) and the smallest such piece in bytes (0: none).
+  Fragmentation fragmentation;
 };
 
 // REQUIRES: plan was made from `source` and has no missing regions.

@@ -53,7 +53,7 @@ class Executor {
         char* buf = scratch->Get(n);
         PTC_RETURN_IF_ERROR(FillChunk(t, chunk, buf));
         PTC_RETURN_IF_ERROR(sink->Append(buf, n));
-        if (options_.progress) options_.progress(n);
+        PTC_RETURN_IF_ERROR(Advance(options_, n));
       }
     }
     PTC_ASSIGN_OR_RETURN(ShardRecord record, sink->Finish());
@@ -103,6 +103,12 @@ std::vector<Task> Tasks(const std::vector<internal::CopyGroup>& groups, const Pl
 }
 
 }  // namespace
+
+Status Advance(const ExecuteOptions& options, uint64_t n) {
+  if (options.progress) options.progress(n);
+  if (options.cancelled && options.cancelled()) return FailedPreconditionError("cancelled");
+  return Status::OK();
+}
 
 Result<ExecuteResult> ExecutePlan(Store& store, std::shared_ptr<const GenerationManifest> source, const ModelSpec& spec,
                                   const ParallelConfig& target, const Plan& plan, const ExecuteOptions& options) {

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -40,12 +41,20 @@ struct ExecuteOptions {
   uint64_t chunk_bytes = 1ull << 20;  // 8 MiB buffers fall out of cache: measured 1.6x slower
   ProgressFn progress;                // bytes written
   CommitMode mode = CommitMode::kCovering;
+  // Asked after every chunk written: true stops the work with FailedPrecondition
+  // ("cancelled"), nothing committed (a mount's background compaction gives way
+  // to a reconfigure).
+  std::function<bool()> cancelled;
   // false: every target through the general path (tests compare the two).
   bool sweep = true;
   // Entries set in the new manifest's `extra` over the source's (e.g. "dataset":
   // a new data position committed with the new layout).
   nlohmann::json extra = nlohmann::json::object();
 };
+
+// Reports `n` bytes written to options.progress, then asks options.cancelled.
+// \error FailedPrecondition "cancelled" when it says so.
+Status Advance(const ExecuteOptions& options, uint64_t n);
 
 struct ExecuteResult {
   uint64_t generation = 0;

@@ -185,7 +185,7 @@ Status GroupStream::Band(const std::vector<const Segment*>& active, Index r0, In
     t.part = Rows(*seg->box, r0, r1);
     PTC_RETURN_IF_ERROR(Assemble(t, r0, r1, &mem));
     PTC_RETURN_IF_ERROR(t.sink->Append(t.data, n));
-    if (options_.progress) options_.progress(n);
+    PTC_RETURN_IF_ERROR(Advance(options_, n));
   }
   return Status::OK();
 }
