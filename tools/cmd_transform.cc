@@ -116,7 +116,7 @@ ptc::Status RunPlan(const PlanArgs& a) {
   } else {
     std::printf("plan %s -> %s (%.3f s)\n", source->config.c_str(), to.ToString().c_str(), secs);
     std::printf("  target shards  %zu (%zu kept as they are)\n", plan.targets.size(), j["kept_shards"].get<size_t>());
-    std::printf("  bytes          %s total, %s kept, %s copied on-worker, %s moved between workers\n",
+    std::printf("  bytes          %s total, %s kept, %s from pieces on-worker, %s moved between workers\n",
                 HumanBytes(plan.bytes_total).c_str(), HumanBytes(plan.bytes_kept).c_str(),
                 HumanBytes(plan.bytes_local).c_str(), HumanBytes(plan.bytes_moved).c_str());
     std::printf("  lower bound    %s (no replica on the receiving worker); bottleneck %s per worker\n",
