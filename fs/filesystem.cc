@@ -139,6 +139,11 @@ std::shared_ptr<const Snapshot> Filesystem::snapshot() const {
   return snapshot_;
 }
 
+std::string Filesystem::StagedPath(const Node& node) const {
+  ptc::MutexLock lock(&mu_);
+  return StagedOf(node);
+}
+
 void Filesystem::AddTrees(Node& root, const std::shared_ptr<const Snapshot>& snap) {
   // The replaced trees stay in nodes_ until the kernel forgets them.
   root.children["model"] = AddNode(BuildModelTree(snap));
@@ -274,7 +279,7 @@ ptc::Status Filesystem::CollectReplaced() {
 
 ptc::Result<uint64_t> Filesystem::SizeOf(const Node& n) const {
   if (n.kind == Node::kStagedFile) {
-    PTC_ASSIGN_OR_RETURN(struct stat st, staging_.Stat(n.staged));
+    PTC_ASSIGN_OR_RETURN(struct stat st, staging_.Stat(StagedPath(n)));
     return static_cast<uint64_t>(st.st_size);
   }
   if (n.kind != Node::kDataFile) return n.size;
@@ -402,8 +407,10 @@ ptc::Result<OpenReply> Filesystem::Open(uint64_t ino, int flags) {
   if (node->kind == Node::kConfig || node->kind == Node::kStatus) {
     reply.direct_io = true;  // content changes; never cached
     if (!writing) {
-      h->text =
+      std::string text =
           node->kind == Node::kConfig ? snapshot()->config().ToString() + "\n" : controller_->StatusJson(snapshot());
+      ptc::MutexLock lock(&h->mu);
+      h->text = std::move(text);
     }
   } else if (node->kind == Node::kDataFile) {
     auto view = node->snap->DataView(static_cast<int>(node->tensor), node->group);
@@ -424,6 +431,7 @@ ptc::Result<OpenReply> Filesystem::Open(uint64_t ino, int flags) {
     h->file = std::move(file).value();
     reply.keep_cache = true;
   } else {
+    ptc::MutexLock lock(&h->mu);
     h->text = node->literal;
     reply.keep_cache = true;
   }
@@ -439,7 +447,10 @@ ptc::Result<ReadReply> Filesystem::Read(uint64_t fh, uint64_t offset, size_t siz
   if (h->fd >= 0) {
     reply.bytes.resize(size);
     const ssize_t n = ::pread(h->fd, reply.bytes.data(), size, static_cast<off_t>(offset));
-    if (n < 0) return ptc::ErrnoError(staging_.Path(h->node->staged), errno);
+    if (n < 0) {
+      const int err = errno;
+      return ptc::ErrnoError(staging_.Path(StagedPath(*h->node)), err);
+    }
     reply.bytes.resize(static_cast<size_t>(n));
     return reply;
   }
@@ -455,6 +466,7 @@ ptc::Result<ReadReply> Filesystem::Read(uint64_t fh, uint64_t offset, size_t siz
     return reply;
   }
   if (!h->file) {
+    ptc::MutexLock lock(&h->mu);
     if (offset < h->text.size()) {
       const size_t n = std::min<size_t>(size, h->text.size() - offset);
       reply.bytes.assign(h->text.data() + offset, h->text.data() + offset + n);
@@ -491,15 +503,20 @@ ptc::Result<size_t> Filesystem::Write(uint64_t fh, const char* data, size_t size
     return WriteMegatron(*h, data, size, offset);
   }
   if (h->node->kind != Node::kConfig) return ptc::Status(ptc::Code::kPermissionDenied, "read-only file");
-  if (offset != h->text.size()) return ptc::InvalidArgumentError("write the config in one go from the start");
-  h->text.append(data, size);
-  PTC_RETURN_IF_ERROR(controller_->Reconfigure(h->text, snapshot()));
+  std::string request;
+  {
+    ptc::MutexLock lock(&h->mu);
+    if (offset != h->text.size()) return ptc::InvalidArgumentError("write the config in one go from the start");
+    h->text.append(data, size);
+    request = h->text;
+  }
+  PTC_RETURN_IF_ERROR(controller_->Reconfigure(request, snapshot()));
   return size;
 }
 
 ptc::Status Filesystem::Truncate(uint64_t ino, uint64_t size) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> node, NodeOf(ino));
-  if (node->kind == Node::kStagedFile) return staging_.Truncate(node->staged, size);
+  if (node->kind == Node::kStagedFile) return staging_.Truncate(StagedPath(*node), size);
   if (node->kind != Node::kConfig && node->kind != Node::kLatestFile) {
     return ptc::Status(ptc::Code::kPermissionDenied, "read-only file");
   }

@@ -13,9 +13,10 @@
 //   data/rank-RRRRR/{ids.txt,samples.idx,samples.bin | samples.jsonl}  when the store has a dataset
 //                                          (under group-G/ per length group)
 //
-// Thread safety: all methods may be called concurrently. Lock order: the
-// Controller's lock, then mu_; mu_ is never held while calling the
-// Controller, sending a reply or notifying the kernel.
+// Thread safety: all methods may be called concurrently, also on one open
+// file. Lock order: the Controller's lock, then staging_mu_, then mu_; mu_ is
+// never held while calling the Controller, sending a reply or notifying the
+// kernel. An open file's own lock (Handle::mu) is never held with another.
 #pragma once
 
 #include <sys/stat.h>
@@ -128,10 +129,12 @@ class Filesystem {
   // latest_checkpointed_iteration.txt commits the iteration it names when the
   // file is flushed (close), and the close fails (EIO) if the save does not.
   // Elsewhere: PermissionDenied (EACCES).
-  ptc::Result<Entry> Mkdir(uint64_t parent, const std::string& name);
-  ptc::Result<std::pair<Entry, OpenReply>> Create(uint64_t parent, const std::string& name, int flags);
-  ptc::Status Rename(uint64_t parent, const std::string& name, uint64_t new_parent, const std::string& new_name);
-  ptc::Status Unlink(uint64_t parent, const std::string& name, bool directory);
+  ptc::Result<Entry> Mkdir(uint64_t parent, const std::string& name) EXCLUDES(staging_mu_, mu_);
+  ptc::Result<std::pair<Entry, OpenReply>> Create(uint64_t parent, const std::string& name, int flags)
+      EXCLUDES(staging_mu_, mu_);
+  ptc::Status Rename(uint64_t parent, const std::string& name, uint64_t new_parent, const std::string& new_name)
+      EXCLUDES(staging_mu_, mu_);
+  ptc::Status Unlink(uint64_t parent, const std::string& name, bool directory) EXCLUDES(staging_mu_, mu_);
   ptc::Status Flush(uint64_t fh);
   ptc::Status Fsync(uint64_t fh);
 
@@ -151,6 +154,11 @@ class Filesystem {
   // The kernel's lookup count of `node` (Node::lookups_): guarded by mu_,
   // which Node cannot name, so every access goes through here.
   uint64_t& LookupsOf(Node& node) const REQUIRES(mu_);
+  // The staging path of `node` (Node::staged_), guarded by mu_ like LookupsOf.
+  std::string& StagedOf(Node& node) const REQUIRES(mu_);
+  const std::string& StagedOf(const Node& node) const REQUIRES(mu_);
+  // A copy of it, for a request that uses it outside mu_.
+  std::string StagedPath(const Node& node) const EXCLUDES(mu_);
   // model/ and data/ (and megatron/) of `snap` under `root`.
   void AddTrees(Node& root, const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
   std::shared_ptr<Node> BuildModelTree(const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
@@ -161,7 +169,7 @@ class Filesystem {
   // Nodes for what the staging area holds under `dir` (recursively).
   void AddStaged(Node& dir, const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
   ptc::Result<OpenReply> OpenMegatronWritable(const std::shared_ptr<Node>& node, int flags) EXCLUDES(mu_);
-  ptc::Result<size_t> WriteMegatron(Handle& h, const char* data, size_t size, uint64_t offset);
+  ptc::Result<size_t> WriteMegatron(Handle& h, const char* data, size_t size, uint64_t offset) EXCLUDES(mu_);
   // The directory `parent` if saves may write in it.
   ptc::Result<std::shared_ptr<Node>> StagingParent(uint64_t parent) EXCLUDES(mu_);
   std::shared_ptr<Node> NewDir(const std::shared_ptr<const Snapshot>& snap);
@@ -171,7 +179,7 @@ class Filesystem {
   // \error from Store::CollectGarbage (not FailedPrecondition: kept for the next commit).
   ptc::Status CollectReplaced() EXCLUDES(mu_);
   // The file's size: data files ask their view (built on first use).
-  ptc::Result<uint64_t> SizeOf(const Node& node) const;
+  ptc::Result<uint64_t> SizeOf(const Node& node) const EXCLUDES(mu_);
   struct stat Attr(const Node& node, uint64_t size) const;
   static double Timeout(const Node& node);
   ptc::Result<std::unique_ptr<VirtualFile>> Render(const Node& node) const;
@@ -184,6 +192,10 @@ class Filesystem {
   Staging staging_;
   std::unique_ptr<Controller> controller_;
   std::function<void(uint64_t, const std::string&)> invalidate_;
+  // Serialises the changes of the staging area (Mkdir, Create, Rename,
+  // Unlink): a staged path read before a change on disk is still the node's
+  // path when the tree is updated after it.
+  ptc::Mutex staging_mu_;
   mutable ptc::Mutex mu_;
   std::shared_ptr<const Snapshot> snapshot_ GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<Node>> nodes_ GUARDED_BY(mu_);

@@ -62,12 +62,13 @@ ptc::Result<std::shared_ptr<Node>> Filesystem::BuildMegatronTree(const std::shar
 }
 
 void Filesystem::AddStaged(Node& dir, const std::shared_ptr<const Snapshot>& snap) {
-  for (const auto& [name, is_dir] : staging_.List(dir.staged)) {
+  const std::string& path = StagedOf(dir);
+  for (const auto& [name, is_dir] : staging_.List(path)) {
     if (dir.children.count(name)) continue;  // rendered entries win (saves cannot create them)
     auto n = std::make_shared<Node>();
     n->kind = is_dir ? Node::kStagedDir : Node::kStagedFile;
     n->snap = snap;
-    n->staged = dir.staged.empty() ? name : dir.staged + "/" + name;
+    StagedOf(*n) = path.empty() ? name : path + "/" + name;
     if (is_dir) AddStaged(*n, snap);
     dir.children[name] = AddNode(n);
   }
@@ -103,17 +104,20 @@ ptc::Result<std::shared_ptr<Node>> Filesystem::StagingParent(uint64_t parent) {
 
 ptc::Result<Entry> Filesystem::Mkdir(uint64_t parent, const std::string& name) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> p, StagingParent(parent));
+  ptc::MutexLock staging(&staging_mu_);
+  std::string parent_path;
   {
     ptc::MutexLock lock(&mu_);
     if (p->children.count(name)) return ptc::AlreadyExistsError(name);
+    parent_path = StagedOf(*p);
   }
-  PTC_ASSIGN_OR_RETURN(std::string rel, Staging::Join(p->staged, name));
+  PTC_ASSIGN_OR_RETURN(std::string rel, Staging::Join(parent_path, name));
   PTC_RETURN_IF_ERROR(staging_.Mkdir(rel));
   auto n = std::make_shared<Node>();
   n->kind = Node::kStagedDir;
   n->snap = p->snap;
-  n->staged = rel;
   ptc::MutexLock lock(&mu_);
+  StagedOf(*n) = rel;
   p->children[name] = AddNode(n);
   LookupsOf(*n)++;
   return Entry{n->ino, Attr(*n, 0), Timeout(*n)};
@@ -121,7 +125,9 @@ ptc::Result<Entry> Filesystem::Mkdir(uint64_t parent, const std::string& name) {
 
 ptc::Result<std::pair<Entry, OpenReply>> Filesystem::Create(uint64_t parent, const std::string& name, int flags) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> p, StagingParent(parent));
+  ptc::MutexLock staging(&staging_mu_);
   std::shared_ptr<Node> n;
+  std::string parent_path;
   {
     ptc::MutexLock lock(&mu_);
     if (auto it = p->children.find(name); it != p->children.end()) {
@@ -129,16 +135,17 @@ ptc::Result<std::pair<Entry, OpenReply>> Filesystem::Create(uint64_t parent, con
       if (c == nodes_.end()) return ptc::NotFoundError(name + ": replaced by a reconfiguration");
       n = c->second;
     }
+    parent_path = StagedOf(*p);
   }
   if (n == nullptr) {
-    PTC_ASSIGN_OR_RETURN(std::string rel, Staging::Join(p->staged, name));
+    PTC_ASSIGN_OR_RETURN(std::string rel, Staging::Join(parent_path, name));
     PTC_ASSIGN_OR_RETURN(int fd, staging_.Open(rel, O_WRONLY | O_CREAT | O_TRUNC));
     ::close(fd);
     n = std::make_shared<Node>();
     n->kind = Node::kStagedFile;
     n->snap = p->snap;
-    n->staged = rel;
     ptc::MutexLock lock(&mu_);
+    StagedOf(*n) = rel;
     p->children[name] = AddNode(n);
   }
   PTC_ASSIGN_OR_RETURN(OpenReply reply, OpenMegatronWritable(n, flags));
@@ -155,8 +162,9 @@ ptc::Result<OpenReply> Filesystem::OpenMegatronWritable(const std::shared_ptr<No
   reply.direct_io = true;  // the kernel must not cache what a save may still change
   if (node->kind == Node::kStagedFile) {
     const int access = flags & (O_ACCMODE | O_TRUNC | O_APPEND);
-    PTC_ASSIGN_OR_RETURN(h->fd, staging_.Open(node->staged, access));
+    PTC_ASSIGN_OR_RETURN(h->fd, staging_.Open(StagedPath(*node), access));
   } else if (!Writing(flags)) {
+    ptc::MutexLock lock(&h->mu);
     h->text = node->literal;
   }
   ptc::MutexLock lock(&mu_);
@@ -168,10 +176,14 @@ ptc::Result<OpenReply> Filesystem::OpenMegatronWritable(const std::shared_ptr<No
 ptc::Result<size_t> Filesystem::WriteMegatron(Handle& h, const char* data, size_t size, uint64_t offset) {
   if (h.fd >= 0) {
     const ssize_t n = ::pwrite(h.fd, data, size, static_cast<off_t>(offset));
-    if (n < 0) return ptc::ErrnoError(staging_.Path(h.node->staged), errno);
+    if (n < 0) {
+      const int err = errno;
+      return ptc::ErrnoError(staging_.Path(StagedPath(*h.node)), err);
+    }
     return static_cast<size_t>(n);
   }
   if (offset > 64 || offset + size > 64) return ptc::InvalidArgumentError("an iteration number is short");
+  ptc::MutexLock lock(&h.mu);
   if (h.text.size() < offset + size) h.text.resize(offset + size);
   h.text.replace(offset, size, data, size);
   h.written = true;
@@ -180,12 +192,15 @@ ptc::Result<size_t> Filesystem::WriteMegatron(Handle& h, const char* data, size_
 
 ptc::Status Filesystem::Flush(uint64_t fh) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Handle> h, HandleOf(fh));
+  if (h->node->kind != Node::kLatestFile) return ptc::Status::OK();
+  std::string text;  // what was written, read once: a write may run while this commits
   {
-    ptc::MutexLock lock(&mu_);
-    if (h->node->kind != Node::kLatestFile || !h->written) return ptc::Status::OK();
+    ptc::MutexLock lock(&h->mu);
+    if (!h->written) return ptc::Status::OK();
     h->written = false;  // one commit per write
+    text = h->text;
   }
-  auto iteration = ParseIteration(h->text);
+  auto iteration = ParseIteration(std::move(text));
   if (!iteration.ok()) {
     controller_->RecordError(iteration.status().message());
     return iteration.status();
@@ -200,7 +215,10 @@ ptc::Status Filesystem::Flush(uint64_t fh) {
 
 ptc::Status Filesystem::Fsync(uint64_t fh) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Handle> h, HandleOf(fh));
-  if (h->fd >= 0 && ::fsync(h->fd) != 0) return ptc::ErrnoError(staging_.Path(h->node->staged), errno);
+  if (h->fd >= 0 && ::fsync(h->fd) != 0) {
+    const int err = errno;
+    return ptc::ErrnoError(staging_.Path(StagedPath(*h->node)), err);
+  }
   return ptc::Status::OK();
 }
 
@@ -208,7 +226,9 @@ ptc::Status Filesystem::Rename(uint64_t parent, const std::string& name, uint64_
                                const std::string& new_name) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> from_dir, StagingParent(parent));
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> to_dir, StagingParent(new_parent));
+  ptc::MutexLock staging(&staging_mu_);
   std::shared_ptr<Node> node;
+  std::string from, to_parent;
   {
     ptc::MutexLock lock(&mu_);
     auto it = from_dir->children.find(name);
@@ -223,19 +243,22 @@ ptc::Status Filesystem::Rename(uint64_t parent, const std::string& name, uint64_
         return ptc::Status(ptc::Code::kPermissionDenied, new_name + ": rendered files cannot be replaced");
       }
     }
+    from = StagedOf(*node);
+    to_parent = StagedOf(*to_dir);
   }
-  PTC_ASSIGN_OR_RETURN(std::string to, Staging::Join(to_dir->staged, new_name));
-  PTC_RETURN_IF_ERROR(staging_.Rename(node->staged, to));
+  PTC_ASSIGN_OR_RETURN(std::string to, Staging::Join(to_parent, new_name));
+  PTC_RETURN_IF_ERROR(staging_.Rename(from, to));
   ptc::MutexLock lock(&mu_);
   from_dir->children.erase(name);
   to_dir->children[new_name] = node->ino;
-  // The node and everything under it now live at the new path.
-  const std::string old_prefix = node->staged;
+  // The node and everything under it now live at the new path (staging_mu_
+  // held: their paths still start with `from`).
   std::vector<Node*> stack = {node.get()};
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
-    n->staged = to + n->staged.substr(old_prefix.size());
+    std::string& staged = StagedOf(*n);
+    staged = to + staged.substr(from.size());
     for (const auto& [unused, ino] : n->children) {
       if (auto c = nodes_.find(ino); c != nodes_.end()) stack.push_back(c->second.get());
     }
@@ -245,17 +268,20 @@ ptc::Status Filesystem::Rename(uint64_t parent, const std::string& name, uint64_
 
 ptc::Status Filesystem::Unlink(uint64_t parent, const std::string& name, bool directory) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> dir, StagingParent(parent));
+  ptc::MutexLock staging(&staging_mu_);
   std::shared_ptr<Node> node;
+  std::string path;
   {
     ptc::MutexLock lock(&mu_);
     auto it = dir->children.find(name);
     if (it == dir->children.end() || !nodes_.count(it->second)) return ptc::NotFoundError(name);
     node = nodes_.at(it->second);
+    path = StagedOf(*node);
   }
   if (node->kind != (directory ? Node::kStagedDir : Node::kStagedFile)) {
     return ptc::Status(ptc::Code::kPermissionDenied, name + ": only files and directories of saves can be removed");
   }
-  PTC_RETURN_IF_ERROR(directory ? staging_.Rmdir(node->staged) : staging_.Unlink(node->staged));
+  PTC_RETURN_IF_ERROR(directory ? staging_.Rmdir(path) : staging_.Unlink(path));
   ptc::MutexLock lock(&mu_);
   dir->children.erase(name);
   return ptc::Status::OK();

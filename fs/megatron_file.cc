@@ -131,14 +131,16 @@ ptc::Status ExportMegatron(ptc::Env* env, const ptc::Store& store,
     PTC_ASSIGN_OR_RETURN(ptc::RankView view, ptc::ComputeView(spec, config, rank));
     views.push_back(std::move(view));
   }
-  const std::string iter_dir = ptc::JoinPath(out_dir, ptc::megatron::IterationDirName(state.iteration));
+  // Every directory and file made in its parent, never through a link (ptc::OutputDir).
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<ptc::OutputDir> out, env->OpenOutputDir(out_dir));
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<ptc::OutputDir> iter_dir,
+                       out->CreateDir(ptc::megatron::IterationDirName(state.iteration)));
   for (size_t v : MegatronRanks(views)) {
     const ptc::RankView& view = views[v];
     PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan, PlanMegatronFile(spec, config, view, state));
-    const std::string dir =
-        ptc::JoinPath(iter_dir, ptc::megatron::RankDirName(view.coords.tp, view.coords.pp, config.pp));
-    const std::string path = ptc::JoinPath(dir, ptc::megatron::kRankFile);
-    PTC_RETURN_IF_ERROR(env->CreateDirs(dir));
+    PTC_ASSIGN_OR_RETURN(std::unique_ptr<ptc::OutputDir> dir,
+                         iter_dir->CreateDir(ptc::megatron::RankDirName(view.coords.tp, view.coords.pp, config.pp)));
+    const std::string path = ptc::JoinPath(dir->path(), ptc::megatron::kRankFile);
     std::vector<std::unique_ptr<VirtualFile>> tensors(plan.state.storages.size());
     auto read = [&](size_t storage, uint64_t offset, size_t n, void* dst) -> ptc::Status {
       const auto& s = plan.state.storages[storage];
@@ -157,12 +159,12 @@ ptc::Status ExportMegatron(ptc::Env* env, const ptc::Store& store,
       if (progress) progress(n);
       return ptc::Status::OK();
     };
-    PTC_ASSIGN_OR_RETURN(auto out, env->OpenWrite(path));
+    PTC_ASSIGN_OR_RETURN(auto file, dir->NewWritableFile(std::string(ptc::megatron::kRankFile)));
     PTC_RETURN_IF_ERROR(
-        ptc::WriteTorchFile(*out, kMegatronArchive, plan.state.root, StorageSpecs(plan.state), read, path));
-    PTC_RETURN_IF_ERROR(out->Close(), path);
+        ptc::WriteTorchFile(*file, kMegatronArchive, plan.state.root, StorageSpecs(plan.state), read, path));
+    PTC_RETURN_IF_ERROR(file->Close(), path);
   }
-  return ptc::WriteFileAtomic(env, ptc::JoinPath(out_dir, ptc::megatron::kLatestFile), std::to_string(state.iteration));
+  return ptc::WriteFileAtomic(*out, std::string(ptc::megatron::kLatestFile), std::to_string(state.iteration));
 }
 
 }  // namespace ptcfs

@@ -41,26 +41,35 @@ struct Node {
   std::optional<size_t> group;                    // kDataFile: the length group, if any
   uint64_t size = 0;                              // but kDataFile: its view knows
   std::string literal;                            // kLiteralFile, kLatestFile
-  std::string staged;  // kMegatronDir (""), kStagedDir, kStagedFile: path in the staging area
   uint64_t ino = 0;
 
  private:
   friend class Filesystem;
-  // The kernel's lookup count. Guarded by Filesystem::mu_, which the analysis
-  // cannot name from here: Filesystem reads and writes it only through LookupsOf, which requires it.
-  uint64_t lookups_ = 0;
+  // Guarded by Filesystem::mu_, which the analysis cannot name from here:
+  // Filesystem reads and writes them only through LookupsOf and StagedOf, which require it.
+  uint64_t lookups_ = 0;  // the kernel's lookup count
+  // kMegatronDir (""), kStagedDir, kStagedFile: the path in the staging area.
+  // A rename in the staging area rewrites it (of the node and all below it).
+  std::string staged_;
 };
 
 inline uint64_t& Filesystem::LookupsOf(Node& node) const { return node.lookups_; }
+inline std::string& Filesystem::StagedOf(Node& node) const { return node.staged_; }
+inline const std::string& Filesystem::StagedOf(const Node& node) const { return node.staged_; }
 
+// An open file. Requests on one handle may run concurrently (libfuse's
+// multithreaded loop: a write and a flush of the same file): what they change
+// is guarded by the handle's mu; the other fields are set before the handle is
+// published (Filesystem::handles_) and never change.
 struct Filesystem::Handle {
   ~Handle();  // closes fd
   std::shared_ptr<Node> node;
   std::unique_ptr<VirtualFile> file;              // model files
   std::shared_ptr<const ptc::RankDataView> data;  // data files
-  std::string text;                               // .ptcfs files, the latest file: content at open / written so far
-  bool written = false;                           // the latest file: written through this handle
   int fd = -1;                                    // staged files
+  mutable ptc::Mutex mu;                          // never held together with Filesystem::mu_
+  std::string text GUARDED_BY(mu);                // .ptcfs files, the latest file: content at open / written so far
+  bool written GUARDED_BY(mu) = false;            // the latest file: written through this handle since its last flush
 };
 
 }  // namespace ptcfs

@@ -169,6 +169,71 @@ TEST_P(EnvConformance, ConcurrentReads) {
   EXPECT_EQ(bad.load(), 0);
 }
 
+// Output trees: entries made by name in their directory, one entry per name,
+// files created new; the same answers from every Env.
+TEST_P(EnvConformance, OutputDirMakesEntriesByName) {
+  auto out = env_->OpenOutputDir(P("out/tree"));
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ((*out)->path(), P("out/tree"));
+  auto sub = (*out)->CreateDir("rank-00000");
+  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+  ASSERT_TRUE((*out)->CreateDir("rank-00000").ok());  // an existing directory is reused
+  auto w = (*sub)->NewWritableFile("model.safetensors");
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE((*w)->Append("bytes", 5).ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  EXPECT_EQ(*ReadFileToString(env_, P("out/tree/rank-00000/model.safetensors")), "bytes");
+  auto again = (*sub)->NewWritableFile("model.safetensors");
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), Code::kAlreadyExists) << again.status().ToString();
+  EXPECT_EQ(*ReadFileToString(env_, P("out/tree/rank-00000/model.safetensors")), "bytes");
+  for (const std::string bad : {"", ".", "..", "../x", "a/b", "/abs"}) {
+    EXPECT_EQ((*out)->CreateDir(bad).status().code(), Code::kInvalidArgument) << bad;
+    auto f = (*out)->NewWritableFile(bad);
+    EXPECT_EQ(f.status().code(), Code::kInvalidArgument) << bad;
+    EXPECT_NE(f.status().message().find(P("out/tree")), std::string::npos) << f.status().ToString();
+  }
+  EXPECT_EQ((*out)->Rename("x", "../y").code(), Code::kInvalidArgument);
+  ASSERT_TRUE(WriteFileAtomic(**sub, "latest.txt", "12").ok());
+  ASSERT_TRUE(WriteFileAtomic(**sub, "latest.txt", "13").ok());  // replaces
+  EXPECT_EQ(*ReadFileToString(env_, P("out/tree/rank-00000/latest.txt")), "13");
+  EXPECT_FALSE(env_->Exists(P("out/tree/rank-00000/latest.txt.tmp")));
+  EXPECT_EQ((*out)->CreateDir("rank-00000/latest.txt").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ((*sub)->CreateDir("latest.txt").status().code(), Code::kAlreadyExists);  // a file
+}
+
+// POSIX: a link in an output tree is refused, naming it, whatever it points to.
+TEST(PosixOutputDir, RefusesLinks) {
+  char tmpl[] = "/tmp/ptcfs_env_test.XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl;
+  Env* env = Env::Default();
+  ASSERT_TRUE(WriteFileAtomic(env, root + "/victim", "victim").ok());
+  ASSERT_TRUE(env->CreateDirs(root + "/elsewhere").ok());
+  ASSERT_TRUE(env->CreateDirs(root + "/out").ok());
+  std::filesystem::create_symlink(root + "/victim", root + "/out/file");
+  std::filesystem::create_symlink(root + "/nowhere", root + "/out/dangling");
+  std::filesystem::create_directory_symlink(root + "/elsewhere", root + "/out/dir");
+  auto out = env->OpenOutputDir(root + "/out");
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  for (const char* name : {"file", "dangling", "dir"}) {
+    auto f = (*out)->NewWritableFile(name);
+    EXPECT_EQ(f.status().code(), Code::kPermissionDenied) << name;
+    EXPECT_NE(f.status().message().find(root + "/out/" + name + ": a symbolic link"), std::string::npos)
+        << f.status().ToString();
+    auto d = (*out)->CreateDir(name);
+    EXPECT_EQ(d.status().code(), Code::kPermissionDenied) << name;
+    EXPECT_NE(d.status().message().find(root + "/out/" + name + ": a symbolic link"), std::string::npos)
+        << d.status().ToString();
+  }
+  // OpenWrite by path does not follow a link as its last component either.
+  EXPECT_EQ(env->OpenWrite(root + "/out/file").status().code(), Code::kPermissionDenied);
+  EXPECT_FALSE(std::filesystem::exists(root + "/nowhere"));
+  EXPECT_TRUE(std::filesystem::is_empty(root + "/elsewhere"));
+  EXPECT_EQ(*ReadFileToString(env, root + "/victim"), "victim");
+  std::filesystem::remove_all(root);
+}
+
 INSTANTIATE_TEST_SUITE_P(All, EnvConformance,
                          ::testing::Values(EnvCase{"Posix", nullptr, true}, EnvCase{"Mem", NewMemEnv, false}),
                          [](const auto& info) { return info.param.name; });
@@ -247,6 +312,28 @@ TEST(FaultInjection, WriteFileAtomicAllOrNothing) {
     ASSERT_TRUE(WriteFileAtomic(&env, "/d/m", "old").ok());
     ASSERT_LT(n, 100);
   }
+}
+
+// The output tree's entries are counted and failed like the Env's paths.
+TEST(FaultInjection, OutputDirOpsAreCounted) {
+  auto mem = NewMemEnv();
+  FaultInjectionEnv env(mem.get());
+  auto out = env.OpenOutputDir("/o");  // op 0 (CreateDirs)
+  ASSERT_TRUE(out.ok());
+  env.FailAfter(2);
+  auto dir = (*out)->CreateDir("d");  // op 0
+  ASSERT_TRUE(dir.ok());
+  auto w = (*dir)->NewWritableFile("f");  // op 1
+  ASSERT_TRUE(w.ok());
+  Status s = (*w)->Append("x", 1);  // op 2: fails
+  EXPECT_NE(s.message().find("/o/d/f: injected fault in Append"), std::string::npos) << s.ToString();
+  EXPECT_NE((*dir)->NewWritableFile("g").status().message().find("/o/d/g: injected fault in OpenWrite"),
+            std::string::npos);
+  EXPECT_FALSE(env.Exists("/o/d/g"));  // the failed op did nothing
+  EXPECT_FALSE(WriteFileAtomic(**dir, "h", "h").ok());
+  EXPECT_EQ(env.ops(), 5);
+  env.Disarm();
+  EXPECT_TRUE(WriteFileAtomic(**dir, "h", "h").ok());
 }
 
 }  // namespace

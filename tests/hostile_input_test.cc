@@ -12,14 +12,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fs/megatron_file.h"
 #include "ptc/checkpoint/checkpoint.h"
 #include "ptc/checkpoint/megatron.h"
+#include "ptc/checkpoint/synth_checkpoint.h"
 #include "ptc/format/safetensors.h"
 #include "ptc/format/torch_file.h"
 #include "ptc/model/dims.h"
 #include "ptc/model/schema.h"
 #include "ptc/model/tensor_name.h"
 #include "ptc/store/manifest.h"
+#include "ptc/store/model_spec.h"
+#include "ptc/store/store.h"
 #include "test_util.h"
 
 namespace ptc {
@@ -436,6 +440,65 @@ TEST_F(HostileCliTest, MegatronDtypeMismatchBlamesTheRightTensor) {
   EXPECT_TRUE(Contains(r.second, key)) << key << ": " << r.second;
   EXPECT_TRUE(Contains(r.second, "dtype I32, the schema says F32")) << r.second;
   EXPECT_FALSE(fs::exists(tmp_ / "store2"));
+}
+
+// --- output files: created in their directory, never through a link -------
+
+// Export and synth check that OUT is empty, then write: a link planted in OUT
+// in between (or by a caller that skips the check) must not be followed. Each
+// write fails naming the link, and what the link points to stays as it was.
+TEST_F(HostileCliTest, OutputTreesDoNotFollowPlantedLinks) {
+  const ModelSpec spec = Spec("megatron-gpt", kDims);
+  const ParallelConfig config = ParseConfig("tp=2,pp=1").value();
+  Spit(tmp_ / "victim", "victim");
+  fs::create_directories(tmp_ / "elsewhere");
+  const auto untouched = [&] {
+    EXPECT_TRUE(Slurp(tmp_ / "victim") == "victim") << "written through a file link";
+    EXPECT_TRUE(fs::is_empty(tmp_ / "elsewhere")) << "written through a directory link";
+  };
+  // A file link: OUT/rank-00000/model.safetensors -> victim.
+  fs::create_directories(tmp_ / "out1/rank-00000");
+  fs::create_symlink(tmp_ / "victim", tmp_ / "out1/rank-00000/model.safetensors");
+  Status s = WriteSynthCheckpoint(Env::Default(), spec, config, 1, tmp_ / "out1");
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.message(), tmp_ / "out1/rank-00000/model.safetensors: a symbolic link")) << s.message();
+  untouched();
+  // A directory link: OUT/rank-00001 -> elsewhere.
+  fs::create_directories(tmp_ / "out2");
+  fs::create_directory_symlink(tmp_ / "elsewhere", tmp_ / "out2/rank-00001");
+  s = WriteSynthCheckpoint(Env::Default(), spec, config, 1, tmp_ / "out2");
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.message(), tmp_ / "out2/rank-00001: a symbolic link")) << s.message();
+  untouched();
+  // npy: OUT/rank-00000/tensors -> elsewhere, and the temporary of dtypes.json -> victim.
+  auto view = ComputeView(spec, config, 0);
+  ASSERT_TRUE(view.ok());
+  const auto zeros = [](const LocalTensor&, void*) { return Status::OK(); };
+  fs::create_directories(tmp_ / "out3/rank-00000");
+  fs::create_directory_symlink(tmp_ / "elsewhere", tmp_ / "out3/rank-00000/tensors");
+  s = WriteRankCheckpoint(Env::Default(), tmp_ / "out3", config, *view, zeros, {}, CheckpointFormat::kNpy);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.message(), tmp_ / "out3/rank-00000/tensors: a symbolic link")) << s.message();
+  untouched();
+  fs::create_directories(tmp_ / "out4/rank-00000/tensors");
+  fs::create_symlink(tmp_ / "victim", tmp_ / "out4/rank-00000/tensors/dtypes.json.tmp");
+  s = WriteRankCheckpoint(Env::Default(), tmp_ / "out4", config, *view, zeros, {}, CheckpointFormat::kNpy);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.message(), tmp_ / "out4/rank-00000/tensors/dtypes.json.tmp: a symbolic link")) << s.message();
+  untouched();
+  // Megatron: OUT/iter_0000000 -> elsewhere.
+  MakeStore();
+  auto store = Store::Open(Env::Default(), tmp_ / "store");
+  ASSERT_TRUE(store.ok()) << store.status().message();
+  auto stored = SpecFromManifest((*store)->current());
+  ASSERT_TRUE(stored.ok());
+  fs::create_directories(tmp_ / "out5");
+  fs::create_directory_symlink(tmp_ / "elsewhere", tmp_ / "out5/iter_0000000");
+  s = ptcfs::ExportMegatron(Env::Default(), **store, (*store)->CurrentSnapshot(), *stored,
+                            ParseConfig("tp=2,pp=2").value(), tmp_ / "out5");
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.message(), tmp_ / "out5/iter_0000000: a symbolic link")) << s.message();
+  untouched();
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -113,6 +114,36 @@ TEST_F(WriterLockCliTest, MountpointIsChecked) {
     Mount m(store_, full, "--nonempty");
     EXPECT_TRUE(fs::exists(full + "/.ptcfs/status"));
   }
+}
+
+// mount --wait waits like the other writers: while another process holds the
+// lock it says whom it waits for and mounts nothing; once the lock is free it
+// mounts and its daemon holds the lock.
+TEST_F(WriterLockCliTest, MountWaitMountsOnceTheHolderIsGone) {
+  const std::string first = tmp_ / "m", second = tmp_ / "m2";
+  fs::create_directories(first);
+  fs::create_directories(second);
+  auto r = Ptcfs("mount " + store_ + " " + first);
+  ASSERT_EQ(r.first, 0) << r.second;
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { Sh("fusermount3 -u " + dir); }
+  } unmount_second{second};
+  std::atomic<bool> mounted_early{false};
+  std::thread t([&] {
+    usleep(700 * 1000);
+    mounted_early = Sh("mountpoint -q " + second).first == 0;
+    Sh("fusermount3 -u " + first);
+  });
+  r = Ptcfs("mount --wait " + store_ + " " + second);
+  t.join();
+  EXPECT_EQ(r.first, 0) << r.second;
+  EXPECT_NE(r.second.find(store_ + ": locked by pid "), std::string::npos) << r.second;
+  EXPECT_NE(r.second.find("mount " + store_ + " " + first), std::string::npos) << r.second;  // whom it waited for
+  EXPECT_NE(r.second.find("; waiting"), std::string::npos) << r.second;
+  EXPECT_FALSE(mounted_early) << "mounted while the store was locked";
+  EXPECT_TRUE(fs::exists(second + "/.ptcfs/status"));
+  EXPECT_NE(StoreLock::ReadHolder(store_).value().find(store_ + " " + second), std::string::npos);
 }
 
 }  // namespace

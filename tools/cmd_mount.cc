@@ -82,17 +82,27 @@ ptc::Status CheckMountpoint(const std::string& mountpoint, bool nonempty) {
   return ptc::Status::OK();
 }
 
+// The writer lock for the daemon's whole life, taken before the store is read;
+// the daemon keeps it across fuse_daemonize's fork. With `wait`, a held lock
+// is waited for as the other writers wait (LockStore): saying whom on stderr.
+ptc::Result<ptc::StoreLock> LockForMount(const std::string& store, bool wait) {
+  ptc::StoreLockOptions options = WriterLockOptions(false);
+  options.follow_fork = true;
+  ptc::Result<ptc::StoreLock> lock = ptc::StoreLock::Acquire(store, options);
+  if (lock.ok() || lock.status().code() != ptc::Code::kFailedPrecondition) return lock;
+  if (!wait) {
+    return ptc::FailedPreconditionError(lock.status().message() +
+                                        "; a store has one mount (or writer) at a time (--wait waits for it)");
+  }
+  std::fprintf(stderr, "%s; waiting\n", lock.status().message().c_str());
+  options.wait = true;
+  return ptc::StoreLock::Acquire(store, options);
+}
+
 ptc::Status RunMount(const MountArgs& a) {
   PTC_RETURN_IF_ERROR(CheckMountpoint(a.mountpoint, a.nonempty));
-  // The writer lock for the daemon's whole life, taken before the store is
-  // read; the daemon keeps it across fuse_daemonize's fork.
-  ptc::StoreLockOptions lock_options = WriterLockOptions(false);
-  lock_options.follow_fork = true;
-  ptc::Result<ptc::StoreLock> lock = ptc::StoreLock::Acquire(a.store, lock_options);
-  if (!lock.ok() && lock.status().code() == ptc::Code::kFailedPrecondition) {
-    return ptc::FailedPreconditionError(lock.status().message() + "; a store has one mount (or writer) at a time");
-  }
-  PTC_RETURN_IF_ERROR(lock.status());
+  PTC_ASSIGN_OR_RETURN(ptc::StoreLock lock, LockForMount(a.store, a.wait));
+  if (a.wait) PTC_RETURN_IF_ERROR(CheckMountpoint(a.mountpoint, a.nonempty));  // it may have changed meanwhile
   MountOptions options;
   // The daemon changes its directory to /: keep the store path absolute.
   options.store = std::filesystem::absolute(a.store).lexically_normal().string();
@@ -181,8 +191,8 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
       "when the store holds a dataset; .ptcfs/config and .ptcfs/status control it\n"
       "(docs/mount_format.md). Returns once mounted; `ptcfs umount` stops it. The daemon holds\n"
       "STORE's writer lock while it runs: a second mount of STORE, and import/transform/data\n"
-      "commands on it, fail naming the daemon. MOUNTPOINT must be an empty directory that is not\n"
-      "a mount point already.");
+      "commands on it, fail naming the daemon (--wait waits for it). MOUNTPOINT must be an empty\n"
+      "directory that is not a mount point already.");
   mount->add_option("STORE", m->store, "store directory")->required();
   mount->add_option("MOUNTPOINT", m->mountpoint, "an existing empty directory")->required();
   mount->add_option("--worker", m->worker, "show only the ranks of this worker");

@@ -45,4 +45,23 @@ Status WriteFileAtomic(Env* env, const std::string& path, std::string_view conte
   return s;
 }
 
+Status WriteFileAtomic(OutputDir& dir, const std::string& name, std::string_view contents) {
+  const std::string tmp = name + ".tmp";
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, dir.NewWritableFile(tmp));
+  PTC_RETURN_IF_ERROR(file->Append(contents.data(), contents.size()));
+  PTC_RETURN_IF_ERROR(file->Sync());
+  PTC_RETURN_IF_ERROR(file->Close());
+  PTC_RETURN_IF_ERROR(dir.Rename(tmp, name));
+  return dir.Sync();
+}
+
+Status CheckEntryName(std::string_view dir, std::string_view name) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string_view::npos ||
+      name.find('\0') != std::string_view::npos) {
+    return InvalidArgumentError(std::string(dir) + ": '" + std::string(name) +
+                                "' is not a file name (empty, '.', '..', or with '/')");
+  }
+  return Status::OK();
+}
+
 }  // namespace ptc

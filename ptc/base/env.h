@@ -46,6 +46,34 @@ class WritableFile {
   virtual Status Close() = 0;  // idempotent; the destructor closes without reporting
 };
 
+// A directory opened once to write a tree of output files in it (an export, a
+// synthetic checkpoint). Files and subdirectories are made by name, relative
+// to the opened directory (POSIX: openat, mkdirat), never by a path, so no
+// name can climb out of the tree, and a symbolic link found in it (planted
+// between a check that the output directory is empty and the writes) is
+// refused, never followed.
+//
+// Every \error names the path (the directory's path joined with the name).
+class OutputDir {
+ public:
+  virtual ~OutputDir() = default;
+  virtual const std::string& path() const = 0;
+  // The subdirectory `name`, made when it does not exist.
+  // \error InvalidArgument for "", ".", ".." or a name with '/';
+  //        PermissionDenied ("PATH: a symbolic link ...") when it is a symbolic link;
+  //        AlreadyExists when it is not a directory; IOError from the OS.
+  virtual Result<std::unique_ptr<OutputDir>> CreateDir(const std::string& name) = 0;
+  // Creates or truncates the file `name`.
+  // \error InvalidArgument and PermissionDenied as CreateDir; IOError from the OS.
+  virtual Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& name) = 0;
+  // Renames `from` over `to`, both in this directory (an atomic replace; a
+  // link at `to` is replaced, not followed).
+  // \error InvalidArgument as CreateDir; IOError from the OS.
+  virtual Status Rename(const std::string& from, const std::string& to) = 0;
+  // Makes the directory's entries durable (fsync).
+  virtual Status Sync() = 0;
+};
+
 class Env {
  public:
   virtual ~Env() = default;
@@ -54,7 +82,8 @@ class Env {
   static Env* Default();
 
   virtual Result<std::unique_ptr<RandomAccessFile>> OpenRead(const std::string& path) = 0;
-  // Creates or truncates.
+  // Creates or truncates. The last component of `path` is not followed when
+  // it is a symbolic link (PermissionDenied naming the path).
   virtual Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path) = 0;
   // Opens an existing file for writing without truncating it (to fill the
   // preallocated dataset of an HDF5 shard file).
@@ -74,6 +103,11 @@ class Env {
   // (syncfs): one call instead of an fsync per file before a commit.
   virtual Status SyncFileSystem(const std::string& path) = 0;
   virtual bool IsDirectory(const std::string& path) = 0;
+  // Makes `path` (mkdir -p) and opens it to write a tree of files in it.
+  // `path` is the caller's: it may be or pass through a symbolic link; within
+  // it, nothing is followed (OutputDir).
+  // \error as CreateDirs; IOError when it cannot be opened.
+  virtual Result<std::unique_ptr<OutputDir>> OpenOutputDir(const std::string& path) = 0;
 };
 
 // A fresh, empty in-memory Env. Paths are plain strings; directories exist
@@ -85,6 +119,11 @@ Result<std::string> ReadFileToString(Env* env, const std::string& path);
 // Writes `path.tmp`, syncs it, renames it over `path`, syncs the directory:
 // readers see the old or the new content, never a mix, also after a crash.
 Status WriteFileAtomic(Env* env, const std::string& path, std::string_view contents);
+// The same for the file `name` of `dir` (NAME.tmp, renamed over NAME).
+Status WriteFileAtomic(OutputDir& dir, const std::string& name, std::string_view contents);
+// Whether `name` names one entry of a directory: not "", ".", ".." and no '/'.
+// \error InvalidArgument naming `dir`/`name`.
+Status CheckEntryName(std::string_view dir, std::string_view name);
 
 // "a/b" + "c" -> "a/b/c"; dirname of "a/b/c" is "a/b".
 std::string JoinPath(std::string_view a, std::string_view b);

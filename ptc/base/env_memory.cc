@@ -90,6 +90,36 @@ class MemWritableFile final : public WritableFile {
   bool closed_ = false;
 };
 
+// An output directory of the MemEnv, by path: there are no links in memory,
+// and names are checked as POSIX's are.
+class MemOutputDir final : public OutputDir {
+ public:
+  MemOutputDir(Env* env, std::string path) : env_(env), path_(std::move(path)) {}
+  const std::string& path() const override { return path_; }
+  Result<std::unique_ptr<OutputDir>> CreateDir(const std::string& name) override {
+    PTC_RETURN_IF_ERROR(CheckEntryName(path_, name));
+    const std::string path = JoinPath(path_, name);
+    PTC_RETURN_IF_ERROR(env_->CreateDirs(path));
+    return std::unique_ptr<OutputDir>(new MemOutputDir(env_, path));
+  }
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& name) override {
+    PTC_RETURN_IF_ERROR(CheckEntryName(path_, name));
+    const std::string path = JoinPath(path_, name);
+    if (env_->Exists(path)) return AlreadyExistsError(path + ": exists (output files are created, never overwritten)");
+    return env_->OpenWrite(path);
+  }
+  Status Rename(const std::string& from, const std::string& to) override {
+    PTC_RETURN_IF_ERROR(CheckEntryName(path_, from));
+    PTC_RETURN_IF_ERROR(CheckEntryName(path_, to));
+    return env_->Rename(JoinPath(path_, from), JoinPath(path_, to));
+  }
+  Status Sync() override { return env_->SyncDir(path_); }
+
+ private:
+  Env* const env_;
+  const std::string path_;
+};
+
 class MemEnv final : public Env {
  public:
   Result<std::unique_ptr<RandomAccessFile>> OpenRead(const std::string& path) override {
@@ -184,6 +214,11 @@ class MemEnv final : public Env {
   bool IsDirectory(const std::string& path) override {
     MutexLock lock(&mu_);
     return DirExists(Normalize(path));
+  }
+
+  Result<std::unique_ptr<OutputDir>> OpenOutputDir(const std::string& path) override {
+    PTC_RETURN_IF_ERROR(CreateDirs(path));
+    return std::unique_ptr<OutputDir>(new MemOutputDir(this, path));
   }
 
  private:

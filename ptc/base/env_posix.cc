@@ -1,5 +1,7 @@
 // Env::Default(): the POSIX implementation. Every call retries on EINTR and
-// loops over short reads and writes; errors name the path.
+// loops over short reads and writes; errors name the path. Every descriptor is
+// O_CLOEXEC; files are created with O_NOFOLLOW, and output trees through
+// descriptors of their directories (PosixOutputDir).
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -104,6 +106,80 @@ int OpenRetry(const std::string& path, int flags, mode_t mode = 0) {
   return fd;
 }
 
+int OpenAtRetry(int dir, const std::string& name, int flags, mode_t mode = 0) {
+  int fd;
+  do {
+    fd = ::openat(dir, name.c_str(), flags | O_CLOEXEC | O_NOFOLLOW, mode);
+  } while (fd < 0 && errno == EINTR);
+  return fd;
+}
+
+Status LinkRefused(const std::string& path) {
+  return Status(Code::kPermissionDenied, path + ": a symbolic link (output files are never written through links)");
+}
+
+bool IsLinkAt(int dir, const std::string& name) {
+  struct stat st;
+  return ::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode);
+}
+
+// A directory of an output tree, by descriptor: entries are made with
+// mkdirat/openat relative to it, links never followed (O_NOFOLLOW), files
+// created new (O_EXCL: not a link, a hard link or a FIFO planted there).
+class PosixOutputDir final : public OutputDir {
+ public:
+  PosixOutputDir(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixOutputDir() override { ::close(fd_); }
+
+  const std::string& path() const override { return path_; }
+
+  Result<std::unique_ptr<OutputDir>> CreateDir(const std::string& name) override {
+    PTC_RETURN_IF_ERROR(CheckEntryName(path_, name));
+    const std::string path = JoinPath(path_, name);
+    if (::mkdirat(fd_, name.c_str(), 0755) != 0 && errno != EEXIST)
+      return ErrnoError(path + ": create directory", errno);
+    const int fd = OpenAtRetry(fd_, name, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) {
+      const int err = errno;
+      if (IsLinkAt(fd_, name)) return LinkRefused(path);
+      if (err == ENOTDIR) return AlreadyExistsError(path + ": exists and is not a directory");
+      return ErrnoError(path + ": open directory", err);
+    }
+    return std::unique_ptr<OutputDir>(new PosixOutputDir(path, fd));
+  }
+
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& name) override {
+    PTC_RETURN_IF_ERROR(CheckEntryName(path_, name));
+    const std::string path = JoinPath(path_, name);
+    const int fd = OpenAtRetry(fd_, name, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) {
+      const int err = errno;
+      if (IsLinkAt(fd_, name)) return LinkRefused(path);
+      if (err == EEXIST) return AlreadyExistsError(path + ": exists (output files are created, never overwritten)");
+      return ErrnoError(path + ": create", err);
+    }
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd, 0));
+  }
+
+  Status Rename(const std::string& from, const std::string& to) override {
+    PTC_RETURN_IF_ERROR(CheckEntryName(path_, from));
+    PTC_RETURN_IF_ERROR(CheckEntryName(path_, to));
+    if (::renameat(fd_, from.c_str(), fd_, to.c_str()) != 0) {
+      return ErrnoError("rename " + JoinPath(path_, from) + " -> " + JoinPath(path_, to), errno);
+    }
+    return Status::OK();
+  }
+
+  Status Sync() override {
+    if (::fsync(fd_) != 0) return ErrnoError(path_ + ": fsync directory", errno);
+    return Status::OK();
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
 class PosixEnv final : public Env {
  public:
   Result<std::unique_ptr<RandomAccessFile>> OpenRead(const std::string& path) override {
@@ -113,8 +189,8 @@ class PosixEnv final : public Env {
   }
 
   Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path) override {
-    int fd = OpenRetry(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return ErrnoError(path + ": open for writing", errno);
+    int fd = OpenRetry(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644);
+    if (fd < 0) return errno == ELOOP ? LinkRefused(path) : ErrnoError(path + ": open for writing", errno);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd, 0));
   }
 
@@ -205,6 +281,13 @@ class PosixEnv final : public Env {
   bool IsDirectory(const std::string& path) override {
     struct stat st;
     return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  }
+
+  Result<std::unique_ptr<OutputDir>> OpenOutputDir(const std::string& path) override {
+    PTC_RETURN_IF_ERROR(CreateDirs(path));
+    const int fd = OpenRetry(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return ErrnoError(path + ": open directory", errno);
+    return std::unique_ptr<OutputDir>(new PosixOutputDir(path, fd));
   }
 };
 

@@ -28,6 +28,37 @@ class FaultWritableFile final : public WritableFile {
   std::unique_ptr<WritableFile> base_;
 };
 
+// The base Env's output directory, its entries counted and failed as the
+// Env's paths are.
+class FaultOutputDir final : public OutputDir {
+ public:
+  FaultOutputDir(FaultInjectionEnv* env, std::unique_ptr<OutputDir> base) : env_(env), base_(std::move(base)) {}
+  const std::string& path() const override { return base_->path(); }
+  Result<std::unique_ptr<OutputDir>> CreateDir(const std::string& name) override {
+    PTC_RETURN_IF_ERROR(env_->MaybeFail(FaultInjectionEnv::Op::kCreateDirs, JoinPath(path(), name)));
+    PTC_ASSIGN_OR_RETURN(std::unique_ptr<OutputDir> dir, base_->CreateDir(name));
+    return std::unique_ptr<OutputDir>(new FaultOutputDir(env_, std::move(dir)));
+  }
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& name) override {
+    const std::string path = JoinPath(base_->path(), name);
+    PTC_RETURN_IF_ERROR(env_->MaybeFail(FaultInjectionEnv::Op::kOpenWrite, path));
+    PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, base_->NewWritableFile(name));
+    return std::unique_ptr<WritableFile>(new FaultWritableFile(env_, path, std::move(file)));
+  }
+  Status Rename(const std::string& from, const std::string& to) override {
+    PTC_RETURN_IF_ERROR(env_->MaybeFail(FaultInjectionEnv::Op::kRename, JoinPath(path(), from)));
+    return base_->Rename(from, to);
+  }
+  Status Sync() override {
+    PTC_RETURN_IF_ERROR(env_->MaybeFail(FaultInjectionEnv::Op::kSyncDir, path()));
+    return base_->Sync();
+  }
+
+ private:
+  FaultInjectionEnv* env_;
+  std::unique_ptr<OutputDir> base_;
+};
+
 bool IsRenameOrSync(FaultInjectionEnv::Op op) {
   using Op = FaultInjectionEnv::Op;
   return op == Op::kRename || op == Op::kSync || op == Op::kSyncDir;
@@ -149,6 +180,12 @@ Status FaultInjectionEnv::RemoveTree(const std::string& path) {
 Status FaultInjectionEnv::SyncFileSystem(const std::string& path) {
   PTC_RETURN_IF_ERROR(MaybeFail(Op::kSync, path));
   return base_->SyncFileSystem(path);
+}
+
+Result<std::unique_ptr<OutputDir>> FaultInjectionEnv::OpenOutputDir(const std::string& path) {
+  PTC_RETURN_IF_ERROR(MaybeFail(Op::kCreateDirs, path));
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<OutputDir> dir, base_->OpenOutputDir(path));
+  return std::unique_ptr<OutputDir>(new FaultOutputDir(this, std::move(dir)));
 }
 
 Status FaultInjectionEnv::SyncDir(const std::string& path) {

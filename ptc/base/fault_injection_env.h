@@ -4,8 +4,10 @@
 //
 // Counted ("mutating") operations, each one op: OpenWrite, OpenExisting,
 // WritableFile::Append, WritableFile::PWrite, WritableFile::Sync, Rename,
-// Remove, RemoveTree, CreateDirs, SyncDir. Reads, listings and Close are never
-// counted or failed. A failed op does nothing in the base Env.
+// Remove, RemoveTree, CreateDirs, SyncDir; in an OutputDir, as the same kinds:
+// OpenOutputDir and CreateDir (CreateDirs), NewWritableFile (OpenWrite),
+// Rename, Sync (SyncDir). Reads, listings and Close are never counted or
+// failed. A failed op does nothing in the base Env.
 //
 // Typical use: for n = 0, 1, 2, ...: FailAfter(n); run the protocol; check the
 // invariants; Disarm(); until the protocol succeeds with ops() <= n.
@@ -74,6 +76,7 @@ class FaultInjectionEnv final : public Env {
   Status SyncDir(const std::string& path) override;
   Status SyncFileSystem(const std::string& path) override;  // counted as a kSync
   bool IsDirectory(const std::string& path) override;
+  Result<std::unique_ptr<OutputDir>> OpenOutputDir(const std::string& path) override;
 
   // Counts one op of kind `op` on `path`; returns the injected error when it
   // must fail. Used by the wrapped files; not for callers.

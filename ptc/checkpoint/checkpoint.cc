@@ -17,11 +17,16 @@ std::vector<TensorSpec> Specs(const std::vector<LocalTensor>& tensors) {
   return out;
 }
 
-Status WriteFile(Env* env, const std::string& path, const ParallelConfig& config, const RankView& view,
+constexpr char kModelFile[] = "model.safetensors";
+constexpr char kOptimFile[] = "optim.safetensors";
+constexpr char kTensorsDir[] = "tensors";
+
+Status WriteFile(OutputDir& dir, const std::string& name, const ParallelConfig& config, const RankView& view,
                  const std::vector<LocalTensor>& tensors, const FillFn& fill, const ProgressFn& progress) {
+  const std::string path = JoinPath(dir.path(), name);
   std::map<std::string, std::string> metadata = {
       {"format", "pt"}, {"ptcfs.rank", std::to_string(view.rank)}, {"ptcfs.config", config.ToString()}};
-  PTC_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::Create(env, path, Specs(tensors), metadata));
+  PTC_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::Create(dir, name, Specs(tensors), metadata));
   std::vector<unsigned char> buf;
   for (const LocalTensor& t : tensors) {
     const size_t nbytes = NumElements(t.shape) * DTypeSize(t.dtype);
@@ -34,17 +39,17 @@ Status WriteFile(Env* env, const std::string& path, const ParallelConfig& config
 }
 
 // tensors/<name>.npy for each local tensor, and tensors/dtypes.json.
-Status WriteNpyFiles(Env* env, const std::string& dir, const std::vector<LocalTensor>& tensors, const FillFn& fill,
+Status WriteNpyFiles(OutputDir& dir, const std::vector<LocalTensor>& tensors, const FillFn& fill,
                      const ProgressFn& progress, std::map<std::string, DType>* dtypes) {
   std::vector<unsigned char> buf;
   for (const LocalTensor& t : tensors) {
-    const std::string file = t.name + ".npy", path = JoinPath(dir, file);
-    PTC_RETURN_IF_ERROR(ValidateTensorName(t.name, dir));
-    PTC_RETURN_IF_ERROR(ValidateLeafName(dir, file));  // nothing may be created outside `dir`
+    const std::string file = t.name + ".npy", path = JoinPath(dir.path(), file);
+    PTC_RETURN_IF_ERROR(ValidateTensorName(t.name, dir.path()));
+    PTC_RETURN_IF_ERROR(ValidateLeafName(dir.path(), file));  // nothing may be created outside `dir`
     const size_t nbytes = NumElements(t.shape) * DTypeSize(t.dtype);
     buf.assign(nbytes, 0);
     PTC_RETURN_IF_ERROR(fill(t, buf.data()), path);
-    PTC_ASSIGN_OR_RETURN(auto writer, NpyWriter::Create(env, path, t.dtype, t.shape));
+    PTC_ASSIGN_OR_RETURN(auto writer, NpyWriter::Create(dir, file, t.dtype, t.shape));
     PTC_RETURN_IF_ERROR(writer->Append(buf.data(), nbytes), path);
     PTC_RETURN_IF_ERROR(writer->Finish(), path);
     (*dtypes)[file] = t.dtype;
@@ -86,11 +91,11 @@ std::string RankDirName(int rank) {
 }
 
 std::string ModelFilePath(const std::string& dir, int rank) {
-  return JoinPath(JoinPath(dir, RankDirName(rank)), "model.safetensors");
+  return JoinPath(JoinPath(dir, RankDirName(rank)), kModelFile);
 }
 
 std::string OptimFilePath(const std::string& dir, int rank) {
-  return JoinPath(JoinPath(dir, RankDirName(rank)), "optim.safetensors");
+  return JoinPath(JoinPath(dir, RankDirName(rank)), kOptimFile);
 }
 
 Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name) {
@@ -101,19 +106,24 @@ Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name) {
 
 Status WriteRankCheckpoint(Env* env, const std::string& dir, const ParallelConfig& config, const RankView& view,
                            const FillFn& fill, const ProgressFn& progress, CheckpointFormat format) {
-  PTC_RETURN_IF_ERROR(env->CreateDirs(JoinPath(dir, RankDirName(view.rank))));
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<OutputDir> out, env->OpenOutputDir(dir));
+  return WriteRankCheckpoint(*out, config, view, fill, progress, format);
+}
+
+Status WriteRankCheckpoint(OutputDir& out, const ParallelConfig& config, const RankView& view, const FillFn& fill,
+                           const ProgressFn& progress, CheckpointFormat format) {
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<OutputDir> rank, out.CreateDir(RankDirName(view.rank)));
   if (format == CheckpointFormat::kNpy) {
-    const std::string tensors = JoinPath(JoinPath(dir, RankDirName(view.rank)), "tensors");
-    PTC_RETURN_IF_ERROR(env->CreateDirs(tensors));
+    PTC_ASSIGN_OR_RETURN(std::unique_ptr<OutputDir> tensors, rank->CreateDir(kTensorsDir));
     std::map<std::string, DType> dtypes;
-    PTC_RETURN_IF_ERROR(WriteNpyFiles(env, tensors, view.model, fill, progress, &dtypes));
-    PTC_RETURN_IF_ERROR(WriteNpyFiles(env, tensors, view.optim, fill, progress, &dtypes));
+    PTC_RETURN_IF_ERROR(WriteNpyFiles(*tensors, view.model, fill, progress, &dtypes));
+    PTC_RETURN_IF_ERROR(WriteNpyFiles(*tensors, view.optim, fill, progress, &dtypes));
     PTC_ASSIGN_OR_RETURN(std::string json, EncodeNpyDTypes(dtypes));
-    return WriteFileAtomic(env, JoinPath(tensors, std::string(kNpyDTypesFile)), json);
+    return WriteFileAtomic(*tensors, std::string(kNpyDTypesFile), json);
   }
-  PTC_RETURN_IF_ERROR(WriteFile(env, ModelFilePath(dir, view.rank), config, view, view.model, fill, progress));
+  PTC_RETURN_IF_ERROR(WriteFile(*rank, kModelFile, config, view, view.model, fill, progress));
   if (view.optim.empty()) return Status::OK();
-  return WriteFile(env, OptimFilePath(dir, view.rank), config, view, view.optim, fill, progress);
+  return WriteFile(*rank, kOptimFile, config, view, view.optim, fill, progress);
 }
 
 Result<std::unique_ptr<RankCheckpoint>> RankCheckpoint::Open(Env* env, const std::string& dir, const RankView& view) {

@@ -45,9 +45,15 @@ Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name);
 // \error as SafetensorsWriter / NpyWriter and `fill`; the message names the file.
 // \error InvalidArgument when a tensor name would make a file outside the
 //        rank's directory (ValidateTensorName, ValidateLeafName).
+// Every directory and file is made in its parent directory (Env::OpenOutputDir
+// for `dir`, then OutputDir), new, never through a symbolic link:
+// \error PermissionDenied naming the link; AlreadyExists naming a file that exists.
 Status WriteRankCheckpoint(Env* env, const std::string& dir, const ParallelConfig& config, const RankView& view,
                            const FillFn& fill, const ProgressFn& progress = {},
                            CheckpointFormat format = CheckpointFormat::kSafetensors);
+// The same in an output directory already open (an export of many ranks).
+Status WriteRankCheckpoint(OutputDir& out, const ParallelConfig& config, const RankView& view, const FillFn& fill,
+                           const ProgressFn& progress = {}, CheckpointFormat format = CheckpointFormat::kSafetensors);
 
 // The files of one rank, checked against its view: where each local tensor's
 // elements lie (row-major, contiguous) in which file.

@@ -9,6 +9,7 @@ namespace {
 Status ExportRanks(const Store& store, const ModelSpec& spec, const ParallelConfig& config, const std::string& out_dir,
                    CheckpointFormat format, const ProgressFn& progress) {
   GenerationReader reader(store, store.CurrentSnapshot(), /*verify=*/true);
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<OutputDir> out, store.env()->OpenOutputDir(out_dir));
   for (int rank = 0; rank < config.world_size(); ++rank) {
     PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(spec, config, rank));
     const int worker = config.WorkerOf(rank);
@@ -18,7 +19,7 @@ Status ExportRanks(const Store& store, const ModelSpec& spec, const ParallelConf
       }
       return Status::OK();
     };
-    PTC_RETURN_IF_ERROR(WriteRankCheckpoint(store.env(), out_dir, config, view, fill, progress, format));
+    PTC_RETURN_IF_ERROR(WriteRankCheckpoint(*out, config, view, fill, progress, format));
   }
   return Status::OK();
 }

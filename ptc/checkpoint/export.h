@@ -3,7 +3,9 @@
 //
 // Every tensor is read from the stored shards (checksums verified on first
 // use); each rank's files are written one local tensor at a time. The output
-// directory must not exist or be empty; on failure it is removed again.
+// directory must not exist or be empty; on failure it is removed again. Every
+// file is created new in its directory (Env::OpenOutputDir): a symbolic link
+// planted in the tree while it is written is refused, never followed.
 #pragma once
 
 #include <functional>

@@ -20,9 +20,10 @@ Status WriteSynthCheckpoint(Env* env, const ModelSpec& spec, const ParallelConfi
     }
     return Status::OK();
   };
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<OutputDir> out, env->OpenOutputDir(dir));
   for (int rank = 0; rank < config.world_size(); ++rank) {
     PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(spec, config, rank));
-    PTC_RETURN_IF_ERROR(WriteRankCheckpoint(env, dir, config, view, fill, progress));
+    PTC_RETURN_IF_ERROR(WriteRankCheckpoint(*out, config, view, fill, progress));
   }
   return Status::OK();
 }

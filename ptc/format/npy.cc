@@ -246,11 +246,22 @@ NpyWriter::~NpyWriter() = default;
 
 Result<std::unique_ptr<NpyWriter>> NpyWriter::Create(Env* env, const std::string& path, DType dtype,
                                                      const Shape& shape) {
+  return Start(path, dtype, shape, [&] { return env->OpenWrite(path); });
+}
+
+Result<std::unique_ptr<NpyWriter>> NpyWriter::Create(OutputDir& dir, const std::string& name, DType dtype,
+                                                     const Shape& shape) {
+  return Start(JoinPath(dir.path(), name), dtype, shape, [&] { return dir.NewWritableFile(name); });
+}
+
+Result<std::unique_ptr<NpyWriter>> NpyWriter::Start(
+    const std::string& path, DType dtype, const Shape& shape,
+    const std::function<Result<std::unique_ptr<WritableFile>>()>& open) {
   std::optional<uint64_t> nbytes = ByteSize(dtype, shape);
   if (!nbytes)
     return Bad(path, "shape " + ShapeToString(shape) + " has a negative dimension or overflows 64-bit sizes");
   const std::string header = EncodeNpyHeader(dtype, shape);
-  PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->OpenWrite(path));
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, open());
   PTC_RETURN_IF_ERROR(file->Append(header.data(), header.size()));
   return std::unique_ptr<NpyWriter>(new NpyWriter(path, std::move(file), *nbytes));
 }

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -76,6 +77,11 @@ class NpyWriter {
   // \error InvalidArgument (naming `path`) for a negative dimension or a byte size that overflows.
   // \error as Env::OpenWrite.
   static Result<std::unique_ptr<NpyWriter>> Create(Env* env, const std::string& path, DType dtype, const Shape& shape);
+  // The file `name` of an output tree (OutputDir::NewWritableFile: created
+  // new in its directory, never through a link).
+  // \error as above and OutputDir::NewWritableFile.
+  static Result<std::unique_ptr<NpyWriter>> Create(OutputDir& dir, const std::string& name, DType dtype,
+                                                   const Shape& shape);
   ~NpyWriter();
 
   // \error FailedPrecondition when `n` bytes go past the end of the data or after Finish.
@@ -87,6 +93,9 @@ class NpyWriter {
 
  private:
   NpyWriter(std::string path, std::unique_ptr<WritableFile> file, uint64_t nbytes);
+  // Checks the shape, then opens the file at `path` with `open`.
+  static Result<std::unique_ptr<NpyWriter>> Start(const std::string& path, DType dtype, const Shape& shape,
+                                                  const std::function<Result<std::unique_ptr<WritableFile>>()>& open);
 
   std::string path_;
   std::unique_ptr<WritableFile> file_;

@@ -273,12 +273,24 @@ SafetensorsWriter::~SafetensorsWriter() = default;
 Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(Env* env, const std::string& path,
                                                                      std::vector<TensorSpec> tensors,
                                                                      std::map<std::string, std::string> metadata) {
+  return Start(path, tensors, metadata, [&] { return env->OpenWrite(path); });
+}
+
+Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(OutputDir& dir, const std::string& name,
+                                                                     std::vector<TensorSpec> tensors,
+                                                                     std::map<std::string, std::string> metadata) {
+  return Start(JoinPath(dir.path(), name), tensors, metadata, [&] { return dir.NewWritableFile(name); });
+}
+
+Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Start(
+    const std::string& path, const std::vector<TensorSpec>& tensors, const std::map<std::string, std::string>& metadata,
+    const std::function<Result<std::unique_ptr<WritableFile>>()>& open) {
   PTC_ASSIGN_OR_RETURN(std::string bytes, EncodeSafetensorsHeader(tensors, metadata), path);
   uint64_t size = bytes.size();
   for (const TensorSpec& t : tensors) size += *ByteSize(t.dtype, t.shape);  // checked by Encode
   // Parsing our own header yields the layout and checks the encoder.
   PTC_ASSIGN_OR_RETURN(SafetensorsHeader header, ParseSafetensorsHeader(path, bytes, size));
-  PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->OpenWrite(path));
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, open());
   PTC_RETURN_IF_ERROR(file->Append(bytes.data(), bytes.size()));
   return std::unique_ptr<SafetensorsWriter>(new SafetensorsWriter(path, std::move(header), std::move(file)));
 }

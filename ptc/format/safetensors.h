@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -93,6 +94,12 @@ class SafetensorsWriter {
   static Result<std::unique_ptr<SafetensorsWriter>> Create(Env* env, const std::string& path,
                                                            std::vector<TensorSpec> tensors,
                                                            std::map<std::string, std::string> metadata);
+  // The file `name` of an output tree (OutputDir::NewWritableFile: created
+  // new in its directory, never through a link).
+  // \error as EncodeSafetensorsHeader and OutputDir::NewWritableFile.
+  static Result<std::unique_ptr<SafetensorsWriter>> Create(OutputDir& dir, const std::string& name,
+                                                           std::vector<TensorSpec> tensors,
+                                                           std::map<std::string, std::string> metadata);
   ~SafetensorsWriter();
 
   // \error FailedPrecondition when `n` bytes go past the last tensor or after Finish.
@@ -107,6 +114,11 @@ class SafetensorsWriter {
 
  private:
   SafetensorsWriter(std::string path, SafetensorsHeader header, std::unique_ptr<WritableFile> file);
+  // Checks the header, then opens the file at `path` with `open`.
+  static Result<std::unique_ptr<SafetensorsWriter>> Start(
+      const std::string& path, const std::vector<TensorSpec>& tensors,
+      const std::map<std::string, std::string>& metadata,
+      const std::function<Result<std::unique_ptr<WritableFile>>()>& open);
 
   std::string path_;
   SafetensorsHeader header_;

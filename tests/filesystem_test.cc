@@ -1,0 +1,156 @@
+// Filesystem without a mount (fs/filesystem.h): the operations the FUSE
+// callbacks call, run against each other from two threads as libfuse's
+// multithreaded loop may run them. Each test checks what the operations
+// return; the ThreadSanitizer build (label threads) also fails a test whose
+// operations touch a field of a node or a handle without its lock.
+#include "fs/filesystem.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "test_util.h"
+
+namespace ptcfs {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace ::ptc::testing;  // the helpers of test_util.h
+
+constexpr const char* kDims = "layers=2,hidden=16,heads=2,vocab=64,seq=8";
+constexpr const char* kLatest = "latest_checkpointed_iteration.txt";
+
+class FilesystemTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto r = Ptcfs("synth --schema megatron-gpt --dims " + std::string(kDims) + " --config tp=2,pp=1 " + tmp_ / "ckpt");
+    ASSERT_EQ(r.first, 0) << r.second;
+    r = Ptcfs("import --schema megatron-gpt --dims " + std::string(kDims) + " --config tp=2,pp=1 " + tmp_ / "ckpt " +
+              tmp_ / "store");
+    ASSERT_EQ(r.first, 0) << r.second;
+    MountOptions options;
+    options.store = tmp_ / "store";
+    options.megatron = true;
+    auto created = Filesystem::Create(options);
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    fs_ = std::move(created).value();
+    auto megatron = fs_->Lookup(kRootInode, "megatron");
+    ASSERT_TRUE(megatron.ok()) << megatron.status().ToString();
+    megatron_ = megatron->ino;
+  }
+  // Opens the latest file for writing.
+  uint64_t OpenLatest() {
+    auto latest = fs_->Lookup(megatron_, kLatest);
+    EXPECT_TRUE(latest.ok()) << latest.status().ToString();
+    auto open = fs_->Open(latest.ok() ? latest->ino : 0, O_WRONLY | O_TRUNC);
+    EXPECT_TRUE(open.ok()) << open.status().ToString();
+    return open.ok() ? open->fh : 0;
+  }
+
+  TempDir tmp_;  // before fs_: removed after the file system is gone
+  std::unique_ptr<Filesystem> fs_;
+  uint64_t megatron_ = 0;
+};
+
+// A framework writes latest_checkpointed_iteration.txt while the kernel
+// flushes the same handle (close of a dup, or a flush racing a write).
+TEST_F(FilesystemTest, LatestFileWrittenWhileFlushed) {
+  const uint64_t fh = OpenLatest();
+  std::atomic<bool> stop{false};
+  std::atomic<int> parsed{0};  // flushes that found a write to commit
+  std::thread flusher([&] {
+    while (!stop) {
+      const ptc::Status s = fs_->Flush(fh);  // each write is parsed once: not a number
+      if (!s.ok()) {
+        EXPECT_EQ(s.code(), ptc::Code::kInvalidArgument) << s.ToString();
+        parsed++;
+      }
+    }
+  });
+  // Until many flushes ran among the writes (not one after the other), on a
+  // busy machine too.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int i = 0; (i < 2000 || parsed < 200) && std::chrono::steady_clock::now() < deadline; ++i) {
+    const std::string text = i % 2 ? "not an iteration" : "x";
+    auto n = fs_->Write(fh, text.data(), text.size(), 0);
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    EXPECT_EQ(*n, text.size());
+    std::this_thread::yield();
+  }
+  stop = true;
+  flusher.join();
+  EXPECT_GE(parsed, 200);
+  fs_->Release(fh);
+
+  // One commit attempt per write: the flush after a write parses what was written, the next one nothing.
+  const uint64_t again = OpenLatest();
+  ASSERT_TRUE(fs_->Write(again, "12x", 3, 0).ok());
+  const ptc::Status s = fs_->Flush(again);
+  EXPECT_EQ(s.code(), ptc::Code::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("'12x' is not an iteration number"), std::string::npos) << s.message();
+  EXPECT_TRUE(fs_->Flush(again).ok());
+  fs_->Release(again);
+}
+
+// A save renames its staged files and directories (Node::staged changes under
+// the file system's lock) while other requests stat and open them.
+TEST_F(FilesystemTest, StagedFilesRenamedWhileStatted) {
+  auto dir = fs_->Mkdir(megatron_, "iter_0000200");
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  auto created = fs_->Create(dir->ino, "a", O_WRONLY | O_CREAT);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  const uint64_t ino = created->first.ino;
+  ASSERT_TRUE(fs_->Write(created->second.fh, "bytes", 5, 0).ok());
+  fs_->Release(created->second.fh);
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> seen{0};
+  std::thread reader([&] {
+    while (!stop) {
+      // Between the rename on disk and the new path in the node a stat can
+      // miss the file (ENOENT); any answer it gives is the file's.
+      auto attr = fs_->GetAttr(ino);
+      if (attr.ok()) {
+        EXPECT_EQ(attr->attr.st_size, 5);
+        seen++;
+      }
+      auto h = fs_->Open(ino, O_RDONLY);
+      if (h.ok()) {
+        auto bytes = fs_->Read(h->fh, 0, 16);
+        if (bytes.ok()) {
+          EXPECT_EQ(std::string(bytes->bytes.begin(), bytes->bytes.end()), "bytes");
+        }
+        fs_->Release(h->fh);
+      }
+    }
+  });
+  std::string file = "a", iter = "iter_0000200";
+  for (int i = 0; i < 400; ++i) {
+    if (i % 2) {
+      const std::string to = file == "a" ? "b" : "a";
+      ASSERT_TRUE(fs_->Rename(dir->ino, file, dir->ino, to).ok());
+      file = to;
+    } else {
+      const std::string to = iter == "iter_0000200" ? "iter_0000300" : "iter_0000200";
+      ASSERT_TRUE(fs_->Rename(megatron_, iter, megatron_, to).ok());
+      iter = to;
+    }
+  }
+  stop = true;
+  reader.join();
+  // The node follows the file: stat and read find it where it now is.
+  auto attr = fs_->GetAttr(ino);
+  ASSERT_TRUE(attr.ok()) << attr.status().ToString();
+  EXPECT_EQ(attr->attr.st_size, 5);
+  EXPECT_EQ(Slurp(tmp_ / ("store/ingest/" + iter + "/" + file)), "bytes");
+  EXPECT_EQ(fs_->Lookup(dir->ino, file).value().ino, ino);
+}
+
+}  // namespace
+}  // namespace ptcfs
