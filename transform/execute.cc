@@ -173,7 +173,7 @@ Result<Compaction> PlanCompaction(const Store& store) {
   c.source = store.CurrentSnapshot();
   const std::string label = store.root() + ": generation " + std::to_string(c.source->generation);
   PTC_ASSIGN_OR_RETURN(c.spec, SpecFromManifest(*c.source), label);
-  PTC_ASSIGN_OR_RETURN(c.config, ParseConfig(c.source->config), label);
+  PTC_ASSIGN_OR_RETURN(c.config, ConfigFromManifest(*c.source), label);
   PTC_ASSIGN_OR_RETURN(Plan plan, MakePlan({c.source.get(), c.spec, c.config, {}, std::nullopt}), label);
   c.covering = MakeCovering(plan, *c.source, CommitMode::kCompact);
   return c;
