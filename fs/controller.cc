@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ptc/base/json_fields.h"
+#include "ptc/checkpoint/megatron.h"
 #include "ptc/checkpoint/megatron_import.h"
 #include "ptc/store/model_spec.h"
 #include "transform/execute.h"
@@ -49,6 +50,42 @@ ptc::Result<Request> ParseRequest(const std::string& raw) {
   }
   PTC_ASSIGN_OR_RETURN(r.config, ptc::ParseConfig(text), ".ptcfs/config");
   return r;
+}
+
+// The data position a save commits with its model: args.consumed_train_samples
+// of the save as the consumed samples of the store's current epoch, checked
+// like a reconfigure's step (a multiple of the global batch, or the epoch's
+// end; not beyond it). `current` when the store has no dataset or the save's
+// args do not say. Also checks that the save's 'iteration' is the one the
+// latest file names.
+ptc::Result<std::optional<ptc::DatasetState>> SavedDataPosition(const ptc::CheckpointSource& source, uint64_t iteration,
+                                                                const std::optional<ptc::DatasetState>& current) {
+  const std::string what = "the saved state dict";
+  PTC_ASSIGN_OR_RETURN(ptc::megatron::MegatronState saved, ptc::megatron::LoadMegatronState(source.extra, what));
+  if (const ptc::pickle::Value* it = saved.carried.Find("iteration");
+      it != nullptr && it->kind() == ptc::pickle::Kind::kInt && it->as_int() != static_cast<int64_t>(iteration)) {
+    return ptc::InvalidArgumentError(what + " says iteration " + std::to_string(it->as_int()) + ", " +
+                                     std::string(ptc::megatron::kLatestFile) + " names " + std::to_string(iteration));
+  }
+  if (!current) return current;
+  PTC_ASSIGN_OR_RETURN(std::optional<int64_t> consumed,
+                       ptc::megatron::ArgsInt(saved.carried, "consumed_train_samples", what));
+  if (!consumed) return current;
+  const std::string name = "args.consumed_train_samples " + std::to_string(*consumed);
+  const uint64_t batch = current->global_batch, samples = current->num_samples;
+  if (*consumed < 0 || (static_cast<uint64_t>(*consumed) % batch != 0 && static_cast<uint64_t>(*consumed) != samples)) {
+    return ptc::InvalidArgumentError(name + " is not a position of the dataset: a multiple of its global batch " +
+                                     std::to_string(batch) + " (or its " + std::to_string(samples) +
+                                     " samples, the end of the epoch) is");
+  }
+  const uint64_t c = static_cast<uint64_t>(*consumed);
+  if (c > samples) {
+    return ptc::InvalidArgumentError(name + " is beyond the end of the epoch (" + std::to_string(samples) +
+                                     " samples)");
+  }
+  auto moved = ptc::StateAtStep(*current, c / batch + (c % batch != 0));
+  if (!moved.ok()) return ptc::InvalidArgumentError(name + ": " + moved.status().message());
+  return std::optional<ptc::DatasetState>(*moved);
 }
 
 }  // namespace
@@ -264,8 +301,8 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
     state_ = "saving";
     previous = std::move(worker_thread_);
   }
-  JoinBackground(std::move(previous));  // a finished rewrite, perhaps still removing what it replaced or compacting
-  { ptc::MutexLock wait(&collect_mu_); }     // a removal after a close (CollectIfIdle) ends before the save writes
+  JoinBackground(std::move(previous));    // a finished rewrite, perhaps still removing what it replaced or compacting
+  { ptc::MutexLock wait(&collect_mu_); }  // a removal after a close (CollectIfIdle) ends before the save writes
   auto result = [&]() -> ptc::Status {
     const ptc::ModelSpec& spec = current->spec();
     ptc::ParallelConfig config = current->config();
@@ -276,6 +313,10 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
     }
     ptc::MegatronImportOptions o{staging_root, spec.schema, spec.dims, iteration, std::nullopt};
     PTC_ASSIGN_OR_RETURN(ptc::CheckpointSource source, ptc::OpenMegatronCheckpoint(store_->env(), o));
+    // One generation, one state: the model, the optimizer and the data position together.
+    PTC_ASSIGN_OR_RETURN(std::optional<ptc::DatasetState> dataset,
+                         SavedDataPosition(source, iteration, current->dataset()));
+    if (dataset) source.extra["dataset"] = ptc::EncodeDatasetState(*dataset);
     if (source.config.tp != config.tp || source.config.pp != config.pp) {
       if (source.config.pp != config.pp) config.pp_layers.clear();
       config.tp = source.config.tp;
@@ -284,7 +325,7 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
     source.config = config;
     PTC_RETURN_IF_ERROR(ptc::ImportInto(store_, source).status());
     PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*store_, store_->CurrentSnapshot(), source.spec, config, worker_,
-                                                     checks_, current->dataset(), source_));
+                                                     checks_, dataset, source_));
     serve_(snap);
     {
       ptc::MutexLock lock(&mu_);

@@ -58,11 +58,17 @@ class Controller {
 
   // Commits the Megatron save of `iteration` staged under `staging_root`
   // (megatron/ writes, fs/staging.h) as a new generation, in the current
-  // config with the save's tp and pp, and serves it. Blocks until committed;
-  // on any error the current generation stays (also kept as last_error).
+  // config with the save's tp and pp (from its args), and serves it. With a
+  // dataset, the save's args.consumed_train_samples is the new data position,
+  // committed in the same generation. Blocks until committed; on any error
+  // the current generation stays (also kept as last_error); a commit clears
+  // last_error.
   // \error FailedPrecondition while a rewrite runs; InvalidArgument with
-  //        zero=1 (Megatron's files do not hold ZeRO-1 state); as
-  //        OpenMegatronCheckpoint and ImportInto (a missing rank names it).
+  //        zero=1 (Megatron's files do not hold ZeRO-1 state), for a
+  //        consumed_train_samples that is no position of the dataset (off the
+  //        global batch, beyond the epoch) or a state dict iteration other
+  //        than `iteration`; as OpenMegatronCheckpoint and ImportInto (a
+  //        missing rank names it).
   ptc::Status Ingest(const std::string& staging_root, uint64_t iteration,
                      const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_);
 

@@ -2,9 +2,12 @@
 // files written by torch.save in Megatron's layout are imported, re-split to
 // other configs, rendered (export and mount) and torch.load-ed back, every
 // tensor equal to a reference reshard done in torch (tests/clients/
-// megatron_ckpt.py); bad inputs are named and change nothing.
+// megatron_ckpt.py); each rank keeps its own rng state; saves through the
+// mount commit the model, the optimizer and the data position together, and
+// a partial save names its missing rank; bad inputs are named and change nothing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 
@@ -126,6 +129,90 @@ TEST_F(MegatronTorchTest, SaveThroughTheMountThenReadAnotherConfig) {
   for (const auto& e : fs::directory_iterator(tmp_ / "store/ingest")) staged.push_back(e.path().filename());
   EXPECT_EQ(staged, std::vector<std::string>{"iter_0000150"});
   EXPECT_TRUE(fs::exists(megatron + "/iter_0000150/mp_rank_00_000/model_optim_rng.pt"));
+}
+
+TEST_F(MegatronTorchTest, PartialSaveNamesTheMissingRankAndACommitClearsTheError) {
+  testing::RequireFuse();
+  // tp=1, pp=2: with only mp_rank_00_000 written, the directories alone would
+  // make a pp=1 save; the args say pp=2, so the missing stage is named.
+  const std::string src = Make("src", "--tp 1 --pp 2 --args --optimizer");
+  Import(src, tmp_ / "store");
+  testing::Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron");
+  const std::string megatron = m.dir() + "/megatron";
+  auto [fc, fout] = Sh(Client() + "save " + megatron + " " + tmp_ / "partial --iteration 150 --skip mp_rank_00_001");
+  EXPECT_EQ(fc, 4) << fout;
+  auto status = testing::MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], 1) << status.dump();
+  ASSERT_TRUE(status["last_error"].is_string()) << status.dump();
+  EXPECT_NE(status["last_error"].get<std::string>().find("iter_0000150/mp_rank_00_001: missing (the args of"),
+            std::string::npos)
+      << status.dump();
+  // The save done again, whole (the staged files rewritten), commits, and the error is gone with it.
+  auto [sc, sout] = Sh(Client() + "save " + megatron + " " + tmp_ / "saved --iteration 150");
+  ASSERT_EQ(sc, 0) << sout;
+  status = testing::MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], 2) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  Check(tmp_ / "saved", "1 2", megatron, "1 2");
+  EXPECT_FALSE(fs::exists(tmp_ / "store/ingest/iter_0000150"));
+}
+
+TEST_F(MegatronTorchTest, SaveMovesTheDataPositionWithTheModel) {
+  testing::RequireFuse();
+  const std::string src = Make("src", "--tp 2 --pp 2 --args --optimizer");
+  Import(src, tmp_ / "store");
+  for (const std::string& cmd : {"data synth --samples 1001 --min-len 1 --max-len 50 --vocab 300 " + tmp_ / "ds",
+                                 "data import " + tmp_ / "ds " + tmp_ / "store --global-batch 37 --seed 5"}) {
+    auto [code, out] = Ptcfs(cmd);
+    ASSERT_EQ(code, 0) << cmd << "\n" << out;
+  }
+  testing::Mount m(tmp_ / "store", tmp_ / "mnt", "--format all");
+  const std::string megatron = m.dir() + "/megatron";
+  auto lines = [&] {
+    const std::string ids = testing::Slurp(m.dir() + "/data/rank-00000/ids.txt");
+    return std::count(ids.begin(), ids.end(), '\n');
+  };
+  EXPECT_EQ(lines(), 1001);
+  auto generation = testing::MountStatus(m.dir())["generation"].get<int>();
+  // consumed_train_samples = 3 global batches: the same generation holds the
+  // saved model and step 3, and data/ reads from there.
+  auto [sc, sout] = Sh(Client() + "save " + megatron + " " + tmp_ / "saved --iteration 200 --consumed 111");
+  ASSERT_EQ(sc, 0) << sout;
+  auto status = testing::MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+  EXPECT_EQ(status["dataset"]["consumed"], 111) << status.dump();
+  EXPECT_EQ(status["dataset"]["step"], 3) << status.dump();
+  EXPECT_EQ(lines(), 1001 - 111);
+  auto [vc, vout] = Ptcfs("data view --config tp=2,pp=2 --rank 0 --file ids.txt " + tmp_ / "store");
+  ASSERT_EQ(vc, 0) << vout;
+  EXPECT_EQ(vout, testing::Slurp(m.dir() + "/data/rank-00000/ids.txt"));
+  Check(tmp_ / "saved", "2 2", megatron, "2 2");
+  // A position the dataset does not have is refused, naming it; nothing is committed.
+  for (const auto& [consumed, needle] : std::vector<std::pair<int, std::string>>{
+           {100, "args.consumed_train_samples 100 is not a position of the dataset: a multiple of its global batch 37"},
+           {1036, "args.consumed_train_samples 1036 is beyond the end of the epoch (1001 samples)"}}) {
+    SCOPED_TRACE(consumed);
+    const std::string it = std::to_string(300 + consumed);
+    auto [bc, bout] = Sh(Client() + "save " + megatron + " " + tmp_ / ("bad" + it) + " --iteration " + it +
+                         " --consumed " + std::to_string(consumed));
+    EXPECT_EQ(bc, 4) << bout;
+    status = testing::MountStatus(m.dir());
+    EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+    EXPECT_EQ(status["dataset"]["consumed"], 111) << status.dump();
+    ASSERT_TRUE(status["last_error"].is_string()) << status.dump();
+    EXPECT_NE(status["last_error"].get<std::string>().find(needle), std::string::npos) << status.dump();
+    EXPECT_EQ(testing::Slurp(megatron + "/latest_checkpointed_iteration.txt"), "200");
+  }
+  // So is a state dict of another iteration than the latest file names.
+  auto [ic, iout] = Sh(Client() + "save " + megatron + " " + tmp_ / "bad500 --iteration 500 --state-iteration 499");
+  EXPECT_EQ(ic, 4) << iout;
+  status = testing::MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+  ASSERT_TRUE(status["last_error"].is_string()) << status.dump();
+  EXPECT_NE(
+      status["last_error"].get<std::string>().find("says iteration 499, latest_checkpointed_iteration.txt names 500"),
+      std::string::npos)
+      << status.dump();
 }
 
 TEST_F(MegatronTorchTest, BadCheckpointsAreNamedAndChangeNothing) {

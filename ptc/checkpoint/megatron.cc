@@ -212,6 +212,10 @@ Result<RankState> BuildRankState(const ModelSpec& spec, const ParallelConfig& co
   root.Set("model", Value::Dict());
   for (const LocalTensor& t : view.model) Put(&root, ModelKeyPath(spec.schema.name, t.name), add(t));
   for (const CarriedTensor& c : state.tensors) out.storages.push_back({c.key, nullptr, &c});
+  if (const RankRng* rng = RngFor(state, view.coords.tp, view.coords.pp)) {
+    root.Set("rng_state", rng->value);
+    for (const CarriedTensor& c : rng->tensors) out.storages.push_back({c.key, nullptr, &c});
+  }
   if (view.optim.empty() || config.zero == 1) return out;
   root.Set("optimizer", Value::Dict());
   std::map<std::string, size_t> param_index;
@@ -284,6 +288,103 @@ Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const
   return out;
 }
 
+const RankRng* RngFor(const MegatronState& state, int tp, int pp) {
+  if (state.rng.empty() || state.rng_tp <= 0 || state.rng_pp <= 0) return nullptr;
+  const int want_tp = tp % state.rng_tp, want_pp = pp % state.rng_pp;
+  for (const RankRng& r : state.rng) {
+    if (r.tp == want_tp && r.pp == want_pp) return &r;
+  }
+  return nullptr;
+}
+
+Result<std::optional<int64_t>> ArgsInt(const pickle::Value& root, std::string_view name, const std::string& what) {
+  const Value* args = root.Find("args");
+  if (args == nullptr || args->kind() != pickle::Kind::kObject) return std::optional<int64_t>();
+  const Value* v = args->GetAttr(name);
+  if (v == nullptr) return std::optional<int64_t>();
+  if (v->kind() != pickle::Kind::kInt) {
+    return InvalidArgumentError(what + ": args." + std::string(name) + " is a " +
+                                std::string(pickle::KindName(v->kind())) + ", not an int");
+  }
+  return std::optional<int64_t>(v->as_int());
+}
+
+namespace {
+
+nlohmann::json EncodeTensors(const std::vector<CarriedTensor>& list) {
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const CarriedTensor& t : list) {
+    tensors.push_back({{"key", t.key}, {"dtype", DTypeName(t.dtype)}, {"numel", t.numel}, {"data", Hex(t.bytes)}});
+  }
+  return tensors;
+}
+
+// `field` (e.g. "extra.megatron.tensors") names the array in messages.
+Result<std::vector<CarriedTensor>> DecodeTensors(const nlohmann::json& tensors, const std::string& field) {
+  std::vector<CarriedTensor> out;
+  if (!tensors.is_array()) return InvalidArgumentError(field + ": must be an array");
+  for (const nlohmann::json& t : tensors) {
+    const std::string label = field + "[" + std::to_string(out.size()) + "]";
+    if (!t.is_object() || !t.contains("key") || !t["key"].is_string() || !t.contains("dtype") ||
+        !t["dtype"].is_string() || !t.contains("numel") || !t["numel"].is_number_unsigned() || !t.contains("data") ||
+        !t["data"].is_string()) {
+      return InvalidArgumentError(label + ": expected {key, dtype, numel, data}");
+    }
+    CarriedTensor c{t["key"].get<std::string>(), DType::kU8, t["numel"].get<uint64_t>(), ""};
+    PTC_ASSIGN_OR_RETURN(c.dtype, ParseDType(t["dtype"].get<std::string>()), label);
+    PTC_ASSIGN_OR_RETURN(c.bytes, Unhex(t["data"].get<std::string>(), label + ".data"));
+    if (c.bytes.size() != c.numel * DTypeSize(c.dtype)) {
+      return InvalidArgumentError(label + ": " + std::to_string(c.bytes.size()) + " bytes for " +
+                                  std::to_string(c.numel) + " elements of " + std::string(DTypeName(c.dtype)));
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+// extra.megatron.rng: {"tp": T, "pp": P, "ranks": [{"tp", "pp", "value", "tensors"}]},
+// one record per (tp, pp) of the grid. `field` names it in messages.
+Status DecodeRng(const nlohmann::json& j, const std::string& field, MegatronState* state) {
+  const auto bad = [&](const std::string& why) { return InvalidArgumentError(field + ": " + why); };
+  if (!j.is_object() || !j.contains("tp") || !j["tp"].is_number_unsigned() || !j.contains("pp") ||
+      !j["pp"].is_number_unsigned() || !j.contains("ranks") || !j["ranks"].is_array()) {
+    return bad("expected {tp, pp, ranks}");
+  }
+  const uint64_t tp = j["tp"].get<uint64_t>(), pp = j["pp"].get<uint64_t>();
+  if (tp == 0 || pp == 0 || tp > 1 << 16 || pp > 1 << 16 || j["ranks"].size() != tp * pp) {
+    return bad("a " + std::to_string(tp) + " x " + std::to_string(pp) + " grid needs as many records, not " +
+               std::to_string(j["ranks"].size()));
+  }
+  state->rng_tp = static_cast<int>(tp);
+  state->rng_pp = static_cast<int>(pp);
+  std::vector<bool> seen(tp * pp, false);
+  for (const nlohmann::json& r : j["ranks"]) {
+    const std::string label = field + ".ranks[" + std::to_string(state->rng.size()) + "]";
+    if (!r.is_object() || !r.contains("tp") || !r["tp"].is_number_unsigned() || !r.contains("pp") ||
+        !r["pp"].is_number_unsigned() || !r.contains("value") || !r["value"].is_string()) {
+      return InvalidArgumentError(label + ": expected {tp, pp, value, tensors}");
+    }
+    const uint64_t t = r["tp"].get<uint64_t>(), p = r["pp"].get<uint64_t>();
+    if (t >= tp || p >= pp || seen[p * tp + t]) {
+      return InvalidArgumentError(label + ": rank (" + std::to_string(t) + ", " + std::to_string(p) +
+                                  ") is outside the grid or repeated");
+    }
+    seen[p * tp + t] = true;
+    RankRng rng;
+    rng.tp = static_cast<int>(t);
+    rng.pp = static_cast<int>(p);
+    PTC_ASSIGN_OR_RETURN(std::string pickled, Unhex(r["value"].get<std::string>(), label + ".value"));
+    PTC_ASSIGN_OR_RETURN(rng.value, pickle::Unpickle(pickled, label + ".value"));
+    if (r.contains("tensors")) {
+      PTC_ASSIGN_OR_RETURN(rng.tensors, DecodeTensors(r["tensors"], label + ".tensors"));
+    }
+    state->rng.push_back(std::move(rng));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<MegatronState> LoadMegatronState(const nlohmann::json& extra, const std::string& what) {
   MegatronState state;
   auto it = extra.find(kManifestKey);
@@ -298,34 +399,33 @@ Result<MegatronState> LoadMegatronState(const nlohmann::json& extra, const std::
   state.iteration = iteration->get<uint64_t>();
   PTC_ASSIGN_OR_RETURN(std::string pickled, Unhex(carried->get<std::string>(), what + ": extra.megatron.carried"));
   PTC_ASSIGN_OR_RETURN(state.carried, pickle::Unpickle(pickled, what + ": extra.megatron.carried"));
+  if (auto rng = it->find("rng"); rng != it->end()) {
+    PTC_RETURN_IF_ERROR(DecodeRng(*rng, what + ": extra.megatron.rng", &state));
+  }
   auto tensors = it->find("tensors");
   if (tensors == it->end()) return state;
   if (!tensors->is_array()) return bad("'tensors' must be an array");
-  for (const nlohmann::json& t : *tensors) {
-    const std::string label = what + ": extra.megatron.tensors[" + std::to_string(state.tensors.size()) + "]";
-    if (!t.is_object() || !t.contains("key") || !t["key"].is_string() || !t.contains("dtype") ||
-        !t["dtype"].is_string() || !t.contains("numel") || !t["numel"].is_number_unsigned() || !t.contains("data") ||
-        !t["data"].is_string()) {
-      return InvalidArgumentError(label + ": expected {key, dtype, numel, data}");
-    }
-    CarriedTensor c{t["key"].get<std::string>(), DType::kU8, t["numel"].get<uint64_t>(), ""};
-    PTC_ASSIGN_OR_RETURN(c.dtype, ParseDType(t["dtype"].get<std::string>()), label);
-    PTC_ASSIGN_OR_RETURN(c.bytes, Unhex(t["data"].get<std::string>(), label + ".data"));
-    if (c.bytes.size() != c.numel * DTypeSize(c.dtype)) {
-      return InvalidArgumentError(label + ": " + std::to_string(c.bytes.size()) + " bytes for " +
-                                  std::to_string(c.numel) + " elements of " + std::string(DTypeName(c.dtype)));
-    }
-    state.tensors.push_back(std::move(c));
-  }
+  PTC_ASSIGN_OR_RETURN(state.tensors, DecodeTensors(*tensors, what + ": extra.megatron.tensors"));
   return state;
 }
 
 nlohmann::json EncodeMegatronState(const MegatronState& state) {
-  nlohmann::json tensors = nlohmann::json::array();
-  for (const CarriedTensor& t : state.tensors) {
-    tensors.push_back({{"key", t.key}, {"dtype", DTypeName(t.dtype)}, {"numel", t.numel}, {"data", Hex(t.bytes)}});
+  nlohmann::json j = {{"iteration", state.iteration},
+                      {"carried", Hex(pickle::Pickle(state.carried))},
+                      {"tensors", EncodeTensors(state.tensors)}};
+  if (!state.rng.empty()) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const RankRng& r : state.rng) {
+      ranks.push_back({{"tp", static_cast<uint64_t>(r.tp)},
+                       {"pp", static_cast<uint64_t>(r.pp)},
+                       {"value", Hex(pickle::Pickle(r.value))},
+                       {"tensors", EncodeTensors(r.tensors)}});
+    }
+    j["rng"] = {{"tp", static_cast<uint64_t>(state.rng_tp)},
+                {"pp", static_cast<uint64_t>(state.rng_pp)},
+                {"ranks", std::move(ranks)}};
   }
-  return {{"iteration", state.iteration}, {"carried", Hex(pickle::Pickle(state.carried))}, {"tensors", tensors}};
+  return j;
 }
 
 pickle::Value CarriedEntries(const pickle::Value& root) {

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -60,19 +61,37 @@ std::vector<std::string> ModelKeyPath(std::string_view schema_name, std::string_
 // What a store keeps of a Megatron checkpoint besides the tensors of the
 // schema, in the manifest's extra["megatron"] (carried over by transforms like
 // every extra): the iteration, the other entries of the first rank's state
-// dict (args, rng_state, ...) and the bytes of the tensors among them (the
-// torch rng state is a tensor), which reference storages "c0", "c1", ...
+// dict (args, ...) and the bytes of the tensors among them, which reference
+// storages "c0", "c1", ...; and each rank's rng_state (RankRng).
 struct CarriedTensor {
   std::string key;  // "c0", ...
   DType dtype = DType::kU8;
   uint64_t numel = 0;
   std::string bytes;
 };
+// The 'rng_state' entry of one (tp, pp) rank of a save, kept per rank (each
+// rank's random streams are its own). Its tensors reference storages "r0",
+// "r1", ... (the same keys in every rank's record).
+struct RankRng {
+  int tp = 0, pp = 0;
+  pickle::Value value;
+  std::vector<CarriedTensor> tensors{};
+};
 struct MegatronState {
   uint64_t iteration = 0;
   pickle::Value carried;  // a dict, or None for stores not imported from Megatron
-  std::vector<CarriedTensor> tensors;
+  std::vector<CarriedTensor> tensors{};
+  // Per-rank rng states of the save's tp x pp grid (rng_tp * rng_pp records,
+  // any order), or none: then `carried` holds the first rank's (older stores,
+  // saves without rng_state).
+  int rng_tp = 0, rng_pp = 0;
+  std::vector<RankRng> rng{};
 };
+
+// The record whose rng_state rank (tp, pp) gets: the one of the same
+// coordinates when the saved grid has them, else (tp mod rng_tp, pp mod
+// rng_pp) (docs/megatron_format.md). nullptr when no per-rank state is kept.
+const RankRng* RngFor(const MegatronState& state, int tp, int pp);
 inline constexpr std::string_view kManifestKey = "megatron";
 // Largest tensor kept among the carried entries (they live in the manifest).
 inline constexpr uint64_t kMaxCarriedTensorBytes = 1 << 20;
@@ -86,7 +105,8 @@ nlohmann::json EncodeMegatronState(const MegatronState& state);
 // "1", ... holding the rank's local tensors (model tensors, then optimizer
 // state), then the carried tensors' storages. The carried entries' `args`
 // get tensor_model_parallel_size, pipeline_model_parallel_size,
-// data_parallel_size and world_size of `config` (those present).
+// data_parallel_size and world_size of `config` (those present); 'rng_state'
+// is the rank's own when kept per rank (RngFor), its tensors' storages last.
 struct RankState {
   struct Storage {
     std::string key;
@@ -113,5 +133,10 @@ Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const
 // The root without 'model' and 'optimizer': what import keeps (its tensors
 // still reference the imported file's storages).
 pickle::Value CarriedEntries(const pickle::Value& root);
+
+// An int attribute of the state dict's 'args' (an argparse Namespace):
+// nullopt when the root has no args object or args lacks the attribute.
+// \error InvalidArgument naming `what` and args.<name> when it is not an int.
+Result<std::optional<int64_t>> ArgsInt(const pickle::Value& root, std::string_view name, const std::string& what);
 
 }  // namespace ptc::megatron

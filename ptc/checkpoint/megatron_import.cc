@@ -14,7 +14,8 @@ struct Tree {
   std::string iter_dir;
   uint64_t iteration = 0;
   int tp = 0, pp = 0;
-  bool with_pp = false;  // directories named mp_rank_TT_PPP
+  bool with_pp = false;                   // directories named mp_rank_TT_PPP
+  std::set<std::pair<int, int>> present;  // (tp, pp) of the rank directories there
 };
 
 // The rank file of (tp, pp) as the directories name it.
@@ -38,6 +39,8 @@ Result<uint64_t> LatestIteration(Env* env, const std::string& dir) {
   return it;
 }
 
+// The iteration's directory and the rank directories in it (the grid is set
+// later: from the save's args when they give it, else from these).
 Result<Tree> ScanTree(Env* env, const MegatronImportOptions& o) {
   Tree t;
   if (o.iteration) {
@@ -48,31 +51,59 @@ Result<Tree> ScanTree(Env* env, const MegatronImportOptions& o) {
   t.iter_dir = JoinPath(o.dir, megatron::IterationDirName(t.iteration));
   if (!env->IsDirectory(t.iter_dir)) return NotFoundError(t.iter_dir + ": missing (no checkpoint of that iteration)");
   PTC_ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(t.iter_dir));
-  std::set<std::pair<int, int>> ranks;
   std::set<bool> with_pp;
   for (const std::string& name : names) {
     if (!name.starts_with("mp_rank_")) continue;
     PTC_ASSIGN_OR_RETURN(megatron::RankDir d, megatron::ParseRankDirName(name), t.iter_dir);
-    ranks.insert({d.tp_rank, d.pp_rank < 0 ? 0 : d.pp_rank});
+    t.present.insert({d.tp_rank, d.pp_rank < 0 ? 0 : d.pp_rank});
     with_pp.insert(d.pp_rank >= 0);
   }
-  if (ranks.empty()) return NotFoundError(t.iter_dir + ": no mp_rank_* directory");
+  if (t.present.empty()) return NotFoundError(t.iter_dir + ": no mp_rank_* directory");
   if (with_pp.size() > 1) return InvalidArgumentError(t.iter_dir + ": mp_rank_TT and mp_rank_TT_PPP directories mixed");
-  for (const auto& [tp, pp] : ranks) {
+  for (const auto& [tp, pp] : t.present) {
     t.tp = std::max(t.tp, tp + 1);
     t.pp = std::max(t.pp, pp + 1);
   }
   t.with_pp = *with_pp.begin();
+  return t;
+}
+
+// Every rank directory of the tp x pp grid is there, and no other; `why`
+// says where the grid comes from.
+Status CheckGrid(const Tree& t, const std::string& why) {
   for (int pp = 0; pp < t.pp; ++pp) {
     for (int tp = 0; tp < t.tp; ++tp) {
-      if (ranks.count({tp, pp}) == 0) {
-        return NotFoundError(JoinPath(t.iter_dir, megatron::RankDirName(tp, pp, t.with_pp ? 2 : 1)) +
-                             ": missing (the other directories make tp=" + std::to_string(t.tp) +
-                             ", pp=" + std::to_string(t.pp) + ")");
+      if (t.present.count({tp, pp}) == 0) {
+        return NotFoundError(JoinPath(t.iter_dir, megatron::RankDirName(tp, pp, t.with_pp ? 2 : 1)) + ": missing (" +
+                             why + ")");
       }
     }
   }
-  return t;
+  for (const auto& [tp, pp] : t.present) {
+    if (tp >= t.tp || pp >= t.pp) {
+      return InvalidArgumentError(JoinPath(t.iter_dir, megatron::RankDirName(tp, pp, t.with_pp ? 2 : 1)) +
+                                  ": outside the save's grid (" + why + ")");
+    }
+  }
+  return Status::OK();
+}
+
+std::string GridText(int tp, int pp) { return "tp=" + std::to_string(tp) + ", pp=" + std::to_string(pp); }
+
+// The grid: tensor_model_parallel_size and pipeline_model_parallel_size of
+// the first rank's args when it has them (a partial save then names the
+// missing rank), else the directories present.
+Status SetGrid(const pickle::Value& first_root, const std::string& first, Tree* t) {
+  PTC_ASSIGN_OR_RETURN(std::optional<int64_t> tp, megatron::ArgsInt(first_root, "tensor_model_parallel_size", first));
+  PTC_ASSIGN_OR_RETURN(std::optional<int64_t> pp, megatron::ArgsInt(first_root, "pipeline_model_parallel_size", first));
+  if (!tp || !pp) return CheckGrid(*t, "the other directories make " + GridText(t->tp, t->pp));
+  if (*tp < 1 || *pp < 1 || *tp > 1 << 16 || *pp > 1 << 16) {
+    return InvalidArgumentError(first + ": args give " + GridText(static_cast<int>(*tp), static_cast<int>(*pp)));
+  }
+  t->tp = static_cast<int>(*tp);
+  t->pp = static_cast<int>(*pp);
+  t->with_pp = t->with_pp || t->pp > 1;  // Megatron names mp_rank_TT_PPP when pp > 1
+  return CheckGrid(*t, "the args of " + first + " say " + GridText(t->tp, t->pp));
 }
 
 // True when `root` holds optimizer state in the layout ptcfs renders.
@@ -81,13 +112,12 @@ bool HasOptimizer(const pickle::Value& root) {
   return o != nullptr && o->Find("optimizer") != nullptr && o->Find("fp32_from_fp16_params") != nullptr;
 }
 
-// The first rank's entries besides the model and optimizer, with the bytes of
-// their tensors (the torch rng state) copied out of the file.
-Result<megatron::MegatronState> KeepEntries(const RandomAccessFile& file, const TorchFile& tf, uint64_t iteration,
-                                            const std::string& what) {
-  megatron::MegatronState state{iteration, megatron::CarriedEntries(tf.root), {}};
+// Copies the bytes of every tensor under `value` out of the file into `out`
+// (keys prefix + index) and points the tensors at them.
+Status KeepTensors(const RandomAccessFile& file, const TorchFile& tf, const std::string& prefix,
+                   const std::string& what, pickle::Value* value, std::vector<megatron::CarriedTensor>* out) {
   Status error;
-  pickle::ForEachTensor(state.carried, [&](const std::string& path, pickle::Tensor& t) {
+  pickle::ForEachTensor(*value, [&](const std::string& path, pickle::Tensor& t) {
     if (!error.ok()) return;
     if (TensorNumBytes(t) > megatron::kMaxCarriedTensorBytes) {
       error = InvalidArgumentError(what + ": " + path + ": a tensor of " + std::to_string(TensorNumBytes(t)) +
@@ -100,16 +130,52 @@ Result<megatron::MegatronState> KeepEntries(const RandomAccessFile& file, const 
       error = bytes.status();
       return;
     }
-    megatron::CarriedTensor c{"c" + std::to_string(state.tensors.size()), t.dtype, TensorNumElements(t),
+    megatron::CarriedTensor c{prefix + std::to_string(out->size()), t.dtype, TensorNumElements(t),
                               std::move(bytes).value()};
     t.storage_key = c.key;
     t.storage_numel = c.numel;
     t.storage_offset = 0;
     t.stride.assign(t.shape.size(), 1);
     for (size_t i = t.shape.size(); i-- > 1;) t.stride[i - 1] = t.stride[i] * t.shape[i];
-    state.tensors.push_back(std::move(c));
+    out->push_back(std::move(c));
   });
-  PTC_RETURN_IF_ERROR(error);
+  return error;
+}
+
+// One rank's 'rng_state' with its tensors' bytes.
+Result<megatron::RankRng> KeepRng(const RandomAccessFile& file, const TorchFile& tf, int tp, int pp,
+                                  const std::string& what) {
+  const pickle::Value* rng = tf.root.Find("rng_state");
+  if (rng == nullptr) return InvalidArgumentError(what + ": rng_state: missing (the first rank's file has one)");
+  megatron::RankRng out{tp, pp, *rng, {}};
+  PTC_RETURN_IF_ERROR(KeepTensors(file, tf, "r", what + ": rng_state", &out.value, &out.tensors));
+  return out;
+}
+
+// The first rank's entries besides the model and optimizer (and the rng
+// state), with the bytes of their tensors copied out of the file; the
+// 'rng_state' of every rank of the grid, kept per rank.
+Result<megatron::MegatronState> KeepEntries(Env* env, const RandomAccessFile& file, const TorchFile& tf,
+                                            const Tree& tree, const std::string& what) {
+  megatron::MegatronState state{tree.iteration, megatron::CarriedEntries(tf.root), {}};
+  const bool per_rank_rng = state.carried.Erase("rng_state");
+  PTC_RETURN_IF_ERROR(KeepTensors(file, tf, "c", what, &state.carried, &state.tensors));
+  if (!per_rank_rng) return state;
+  state.rng_tp = tree.tp;
+  state.rng_pp = tree.pp;
+  for (int pp = 0; pp < tree.pp; ++pp) {
+    for (int tp = 0; tp < tree.tp; ++tp) {
+      const std::string path = RankFile(tree, tp, pp);
+      if (tp == 0 && pp == 0) {
+        PTC_ASSIGN_OR_RETURN(state.rng.emplace_back(), KeepRng(file, tf, tp, pp, path));
+        continue;
+      }
+      if (!env->Exists(path)) return NotFoundError(path + ": missing");
+      PTC_ASSIGN_OR_RETURN(auto f, env->OpenRead(path));
+      PTC_ASSIGN_OR_RETURN(TorchFile rank_tf, ReadTorchFile(*f, path));
+      PTC_ASSIGN_OR_RETURN(state.rng.emplace_back(), KeepRng(*f, rank_tf, tp, pp, path));
+    }
+  }
   return state;
 }
 
@@ -117,21 +183,26 @@ Result<megatron::MegatronState> KeepEntries(const RandomAccessFile& file, const 
 
 Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOptions& o) {
   PTC_ASSIGN_OR_RETURN(Tree tree, ScanTree(env, o));
+  // The first rank's file: the grid (args), the dtype, whether there is
+  // optimizer state, the kept entries.
+  const std::string first = RankFile(tree, 0, 0);
+  if (tree.present.count({0, 0}) == 0) {
+    PTC_RETURN_IF_ERROR(CheckGrid(tree, "the other directories make " + GridText(tree.tp, tree.pp)));
+  }
+  if (!env->Exists(first)) return NotFoundError(first + ": missing");
+  PTC_ASSIGN_OR_RETURN(auto file, env->OpenRead(first));
+  PTC_ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(*file, first));
+  PTC_RETURN_IF_ERROR(SetGrid(tf.root, first, &tree));
   CheckpointSource source;
   source.config.tp = tree.tp;
   source.config.pp = tree.pp;
   if (o.config) {
     if (o.config->tp != tree.tp || o.config->pp != tree.pp) {
-      return InvalidArgumentError("--config " + o.config->ToString() + " disagrees with " + tree.iter_dir +
-                                  " (tp=" + std::to_string(tree.tp) + ", pp=" + std::to_string(tree.pp) + ")");
+      return InvalidArgumentError("--config " + o.config->ToString() + " disagrees with " + tree.iter_dir + " (" +
+                                  GridText(tree.tp, tree.pp) + ")");
     }
     source.config = *o.config;
   }
-  // The first rank's file: the dtype, whether there is optimizer state, the kept entries.
-  const std::string first = RankFile(tree, 0, 0);
-  if (!env->Exists(first)) return NotFoundError(first + ": missing");
-  PTC_ASSIGN_OR_RETURN(auto file, env->OpenRead(first));
-  PTC_ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(*file, first));
   source.spec = ModelSpec{o.schema, o.dims, DType::kF32, HasOptimizer(tf.root)};
   {
     PTC_RETURN_IF_ERROR(ValidateConfig(source.spec, source.config));
@@ -158,7 +229,7 @@ Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOp
     }
   }
   PTC_RETURN_IF_ERROR(VerifyTorchFileCrcs(*file, tf, first));
-  PTC_ASSIGN_OR_RETURN(megatron::MegatronState kept, KeepEntries(*file, tf, tree.iteration, first));
+  PTC_ASSIGN_OR_RETURN(megatron::MegatronState kept, KeepEntries(env, *file, tf, tree, first));
   source.extra[std::string(megatron::kManifestKey)] = megatron::EncodeMegatronState(kept);
   source.rank_file = [tree, config = source.config](int rank) {
     const RankCoords c = config.CoordsOf(rank);

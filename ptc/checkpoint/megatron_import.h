@@ -2,12 +2,15 @@
 // (ptc/checkpoint/megatron.h) as a checkpoint source for ImportFrom.
 //
 // The iteration comes from --iteration or latest_checkpointed_iteration.txt;
-// tp and pp from the iteration's mp_rank_TT[_PPP] directories (dp = 1: every
-// data-parallel rank loads the same files). Each rank file is read with the
+// tp and pp from the first rank's args (tensor_model_parallel_size,
+// pipeline_model_parallel_size), else from the iteration's mp_rank_TT[_PPP]
+// directories (dp = 1: every data-parallel rank loads the same files); every
+// directory of that grid must be there. Each rank file is read with the
 // restricted unpickler, every member's CRC-32 is checked, and every tensor of
 // the rank's view must be found with the schema's dtype and shape. The
-// non-tensor entries of the first rank's file (args, rng_state, ...) and the
-// iteration are kept in the manifest (extra["megatron"]) and rendered again.
+// non-tensor entries of the first rank's file (args, ...), each rank's
+// rng_state and the iteration are kept in the manifest (extra["megatron"])
+// and rendered again.
 //
 // Thread safety: the source's functions must be called from one thread.
 #pragma once
@@ -30,9 +33,11 @@ struct MegatronImportOptions {
 };
 
 // \error NotFound naming the missing latest file, iteration directory, rank
-//        directory or rank file; InvalidArgument for a latest file that is not
-//        a number, rank directories that do not form a tp x pp grid, a config
-//        that disagrees with them; as ReadTorchFile for the first rank's file.
+//        directory (of the grid the args give) or rank file; InvalidArgument
+//        for a latest file that is not a number, a rank directory outside the
+//        grid, args sizes that are not ints, a config that disagrees with the
+//        grid, a rank without the rng_state the first has; as ReadTorchFile
+//        for the first rank's file and every rank's (their rng_state).
 //        The source's open_rank fails as ReadTorchFile, VerifyTorchFileCrcs
 //        (Corruption naming the member) and megatron::FindRankTensors.
 Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOptions& options);

@@ -5,9 +5,10 @@ independently of ptcfs: the test suite's reference for `--format megatron`.
   make DIR --tp T --pp P [--iteration N] [--args] [--optimizer] [--dtype bf16|f16|f32] [--seed S]
       torch.save random tensors in Megatron's layout: DIR/latest_checkpointed_iteration.txt,
       DIR/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt. With --args, an argparse
-      Namespace in 'args' and numpy/torch rng state in 'rng_state'.
-  save MOUNT/megatron MIRROR --iteration N [--skip mp_rank_TT_PPP]
-      A framework's checkpoint through the mount (see save()).
+      Namespace in 'args' and numpy/torch rng state in 'rng_state' (each rank's own).
+  save MOUNT/megatron MIRROR --iteration N [--skip mp_rank_TT_PPP] [--consumed SAMPLES] [--state-iteration M]
+      A framework's checkpoint through the mount (see save()); --consumed sets
+      args.consumed_train_samples, --state-iteration the state dict's 'iteration'.
   check SRC TP PP OUT TP2 PP2 [--weights-only]
       The reference reshard: every tensor of the SRC tree (tp=TP, pp=PP) is concatenated
       along its split dim (and its layers renumbered), re-split for TP2/PP2, and compared bit
@@ -155,8 +156,11 @@ def make(a):
                 sd["args"] = argparse.Namespace(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
                                                 num_layers=LAYERS, hidden_size=HIDDEN, lr=3e-4, seed=a.seed,
                                                 params_dtype=dtype)
-                random.seed(a.seed)
-                np.random.seed(a.seed)
+                # Each rank's own streams, seeded like Megatron's (by pp and tp rank).
+                rank_seed = a.seed + 100 * pp_rank + 2718 + tp_rank
+                random.seed(rank_seed)
+                np.random.seed(rank_seed)
+                torch.manual_seed(rank_seed)
                 sd["rng_state"] = [{"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
                                     "torch_rng_state": torch.get_rng_state()}]
             if a.optimizer:
@@ -241,9 +245,12 @@ def check(a):
             args = vars(sd["args"])
             want = dict(vars(ref["args"]), tensor_model_parallel_size=a.tp2, pipeline_model_parallel_size=a.pp2)
             assert args == want, f"{where}: args {args} != {want}"
-            compare(where + " rng_state", ref["rng_state"][0]["torch_rng_state"], sd["rng_state"][0]["torch_rng_state"])
-            assert repr(sd["rng_state"][0]["np_rng_state"]) == repr(ref["rng_state"][0]["np_rng_state"]), where
-            assert sd["rng_state"][0]["random_rng_state"] == ref["rng_state"][0]["random_rng_state"], where
+            # Each rank's own rng state; a rank the source grid lacks gets the one of
+            # (tp mod TP, pp mod PP) (docs/megatron_format.md).
+            rng = src[(tp_rank % a.tp, pp_rank % a.pp)]["rng_state"][0]
+            compare(where + " rng_state", rng["torch_rng_state"], sd["rng_state"][0]["torch_rng_state"])
+            assert repr(sd["rng_state"][0]["np_rng_state"]) == repr(rng["np_rng_state"]), where + ": np_rng_state"
+            assert sd["rng_state"][0]["random_rng_state"] == rng["random_rng_state"], where + ": random_rng_state"
         if "optimizer" in ref:
             compare(where + " optimizer", rank_optimizer(gopt, a.tp2, a.pp2, tp_rank, pp_rank), sd["optimizer"])
     print("CHECK OK", len(out))
@@ -257,7 +264,9 @@ def save(a):
     it, files = load_tree(a.mount)
     for (tp_rank, pp_rank), sd in sorted(files.items()):
         name = rank_dir(tp_rank, pp_rank, max(p for _, p in files) + 1)
-        sd = dict(sd, iteration=a.iteration)
+        sd = dict(sd, iteration=a.iteration if a.state_iteration is None else a.state_iteration)
+        if a.consumed is not None:
+            sd["args"].consumed_train_samples = a.consumed
         sd["model"] = double(sd["model"])
         if "optimizer" in sd:
             sd["optimizer"] = double(sd["optimizer"])
@@ -306,6 +315,8 @@ def main():
     s.add_argument("mirror")
     s.add_argument("--iteration", type=int, required=True)
     s.add_argument("--skip", default="", help="a rank directory not to write into the mount")
+    s.add_argument("--consumed", type=int, help="args.consumed_train_samples of the save")
+    s.add_argument("--state-iteration", type=int, help="the state dict's 'iteration' (default: --iteration)")
     a = p.parse_args()
     {"make": make, "check": check, "save": save}[a.cmd](a)
 
