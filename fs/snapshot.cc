@@ -80,25 +80,37 @@ ptc::Status ShardChecks::Check(const ptc::Store& store, const ptc::ShardRecord& 
   if (n == 0 || offset >= shard.nbytes) return ptc::Status::OK();
   n = std::min(n, shard.nbytes - offset);
   const size_t first = ptc::BlockOf(shard, offset), last = ptc::BlockOf(shard, offset + n - 1);
-  Key key{shard.file, shard.offset, shard.nbytes, shard.checksum};
-  size_t lo = last + 1, hi = first;  // the blocks not yet verified lie in [lo, hi]
-  {
-    ptc::MutexLock lock(&mu_);
-    Entry& e = shards_[key];
-    if (!e.failure.ok()) return e.failure;
-    if (e.verified.empty()) e.verified.resize(ptc::BlockCount(shard));
-    for (size_t b = first; b <= last; ++b) {
-      if (!e.verified[b]) lo = std::min(lo, b), hi = std::max(hi, b);
-    }
-  }
-  if (lo > hi) return ptc::Status::OK();
-  const uint64_t begin = ptc::BlockBegin(shard, lo);
-  ptc::Status s = ptc::VerifyShardRange(store.env(), store, shard, begin, ptc::BlockEnd(shard, hi) - begin);
+  const Key key{shard.file, shard.offset, shard.nbytes, shard.checksum};
   ptc::MutexLock lock(&mu_);
-  Entry& e = shards_[key];
-  if (!s.ok()) return e.failure = s;
-  for (size_t b = lo; b <= hi; ++b) e.verified[b] = true;
-  return s;
+  Entry& e = shards_[key];  // map nodes stay where they are
+  if (e.blocks.empty()) e.blocks.resize(ptc::BlockCount(shard), Block::kUnchecked);
+  while (true) {
+    if (!e.failure.ok()) return e.failure;
+    // The unchecked blocks of the range (as one range to verify) and whether
+    // another thread is checking one.
+    size_t lo = last + 1, hi = first;
+    bool others = false;
+    for (size_t b = first; b <= last; ++b) {
+      if (e.blocks[b] == Block::kUnchecked) lo = std::min(lo, b), hi = std::max(hi, b);
+      others = others || e.blocks[b] == Block::kChecking;
+    }
+    if (lo > hi) {
+      if (!others) return ptc::Status::OK();
+      checked_.Wait();
+      continue;
+    }
+    std::vector<size_t> claimed;
+    for (size_t b = lo; b <= hi; ++b) {
+      if (e.blocks[b] == Block::kUnchecked) e.blocks[b] = Block::kChecking, claimed.push_back(b);
+    }
+    const uint64_t begin = ptc::BlockBegin(shard, lo);
+    mu_.Unlock();
+    ptc::Status s = ptc::VerifyShardRange(store.env(), store, shard, begin, ptc::BlockEnd(shard, hi) - begin);
+    mu_.Lock();
+    for (size_t b : claimed) e.blocks[b] = s.ok() ? Block::kVerified : Block::kUnchecked;
+    if (!s.ok()) e.failure = s;
+    checked_.SignalAll();
+  }
 }
 
 }  // namespace ptcfs

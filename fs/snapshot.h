@@ -38,17 +38,21 @@ namespace ptcfs {
 // threads first need it at once.
 class ShardChecks {
  public:
-  // Verifies the blocks holding bytes [offset, offset + n) of the shard that were not yet.
+  // Verifies the blocks holding bytes [offset, offset + n) of the shard that
+  // were not yet. A block another thread is verifying is waited for, not read
+  // again (the kernel's readahead sends several reads of one block at once).
   // \error as ptc::VerifyShardRange, or the shard's earlier failure.
   ptc::Status Check(const ptc::Store& store, const ptc::ShardRecord& shard, uint64_t offset, uint64_t n) EXCLUDES(mu_);
 
  private:
   using Key = std::tuple<std::string, uint64_t, uint64_t, uint64_t>;
+  enum class Block : uint8_t { kUnchecked, kChecking, kVerified };
   struct Entry {
-    std::vector<bool> verified;  // per block
+    std::vector<Block> blocks;
     ptc::Status failure;
   };
   ptc::Mutex mu_;
+  ptc::CondVar checked_{&mu_};  // signalled when blocks leave kChecking
   std::map<Key, Entry> shards_ GUARDED_BY(mu_);
 };
 

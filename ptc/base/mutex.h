@@ -1,4 +1,4 @@
-// ptc::Mutex and MutexLock: std::mutex with the clang thread-safety
+// ptc::Mutex, MutexLock and CondVar: std::mutex with the clang thread-safety
 // annotations (ptc/base/thread_annotations.h), after leveldb's port::Mutex and
 // util/mutexlock.h, so that GUARDED_BY members and REQUIRES functions are
 // checked by the compiler. Use these instead of std::mutex and its guards in
@@ -19,6 +19,7 @@
 // made it.
 #pragma once
 
+#include <condition_variable>
 #include <mutex>
 
 #include "ptc/base/thread_annotations.h"
@@ -40,7 +41,30 @@ class CAPABILITY("mutex") Mutex {
   void AssertHeld() const ASSERT_CAPABILITY(this) {}
 
  private:
+  friend class CondVar;
   std::mutex mu_;
+};
+
+// A condition variable over a Mutex (as leveldb's port::CondVar): Wait is
+// called with the mutex held, releases it while waiting and holds it again
+// when it returns (also on a spurious wake-up: wait in a loop). Not
+// annotated: the analysis cannot tie the caller's mutex to this one.
+class CondVar {
+ public:
+  explicit CondVar(Mutex* mu) : mu_(mu) {}
+  CondVar(const CondVar&) = delete;
+  CondVar& operator=(const CondVar&) = delete;
+
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_->mu_, std::adopt_lock);
+    cv_.wait(lock);
+    lock.release();  // still held: the caller's
+  }
+  void SignalAll() { cv_.notify_all(); }
+
+ private:
+  Mutex* const mu_;
+  std::condition_variable cv_;
 };
 
 // Holds `mu` from construction to the end of the scope.
