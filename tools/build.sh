@@ -2,7 +2,7 @@
 # Builds ptcfs. Usage: tools/build.sh [release|asan|tsa|tsan] -> build/, build-asan/, build-tsa/ or build-tsan/
 #   tsan: ThreadSanitizer, the tool and the suites labelled `threads` only.
 #   tsa: clang's thread-safety analysis (PTCFS_THREAD_SAFETY) over the
-#        libraries and the ptcfs tool, at -O0; any lock misuse fails the build.
+#        libraries, the ptcfs tool and the cluster layer, at -O0; any lock misuse fails the build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind="${1:-release}"
@@ -14,12 +14,13 @@ case "$kind" in
     dir=build-tsa
     flags=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 -DCMAKE_C_COMPILER=clang
            -DCMAKE_CXX_COMPILER=clang++ -DPTCFS_THREAD_SAFETY=ON -DPTCFS_BUILD_TESTS=OFF)
-    target=(--target ptcfs)
+    target=(--target ptcfs cluster)
     ;;
   tsan)
     dir=build-tsan
     flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPTCFS_TSAN=ON)
-    target=(--target ptcfs env_test virtual_file_test transform_test mount_test store_lock_test filesystem_test)
+    target=(--target ptcfs env_test virtual_file_test transform_test mount_test store_lock_test filesystem_test
+            cluster_peer_test cluster_etcd_test)
     ;;
   *) echo "usage: $0 [release|asan|tsa|tsan]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,60 @@
+// A worker's client of the peer data plane (peer_protocol.h, docs/cluster.md):
+// reads byte ranges of shards that another worker stores, checking them
+// against the manifest's block checksums as they arrive.
+//
+// A range is widened to the checksum blocks (ptc/base/checksum.h,
+// kChecksumBlockBytes) that hold it: those blocks are fetched whole (in
+// requests of at most max_request_bytes), hashed as they stream in, and only
+// the asked part is copied out; nothing is buffered beyond one network read.
+//
+// Thread safety: ReadShardRange may be called from any thread concurrently;
+// each call uses a connection of its own.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "cluster/peer_protocol.h"
+#include "ptc/base/status.h"
+#include "ptc/store/manifest.h"
+
+namespace ptc {
+
+struct PeerClientOptions {
+  std::string token;  // the job's token (token.h)
+  // The deadline of one ReadShardRange, every request and retry included.
+  std::chrono::milliseconds timeout{30000};
+  // Tries per request: a connection failure, a broken or short response is
+  // tried again (the same bytes: requests are idempotent) until the deadline.
+  int attempts = 3;
+  // Bytes per request, a multiple of kChecksumBlockBytes, at most the server's limit.
+  uint64_t max_request_bytes = kDefaultMaxRequestBytes;
+};
+
+class PeerClient {
+ public:
+  explicit PeerClient(PeerClientOptions options);
+
+  // Copies bytes [offset_in_shard, offset_in_shard + length) of `shard`'s data,
+  // as `peer` stores it, into dst, after checking every checksum block they
+  // touch against `shard` (the record of the manifest both workers share).
+  // On an error dst holds unspecified bytes. length 0 sends nothing.
+  // Every error names the peer and the shard (tensor, boxes, file):
+  // \error InvalidArgument when the range leaves the shard, or the options are
+  //        unusable (max_request_bytes not a positive multiple of
+  //        kChecksumBlockBytes, attempts < 1); or the peer refuses the request
+  //        as malformed or out of range (400, 413, 416).
+  // \error PermissionDenied when the peer refuses the token (401, 403).
+  // \error NotFound when the peer serves no such file (404).
+  // \error Corruption naming the block when a block received differs from its checksum.
+  // \error IOError when the peer cannot be reached, answers otherwise, sends
+  //        too few or too many bytes, or the deadline passes (after the attempts).
+  Status ReadShardRange(const PeerAddress& peer, const ShardRecord& shard, uint64_t offset_in_shard, uint64_t length,
+                        void* dst) const;
+
+ private:
+  PeerClientOptions options_;
+};
+
+}  // namespace ptc

@@ -1,0 +1,239 @@
+// The peer data plane's HTTP server (cpp-httplib).
+#include "cluster/peer_server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include "cluster/served_files.h"
+#include "cluster/token.h"
+#include "ptc/base/mutex.h"
+
+namespace ptc {
+namespace {
+
+// Bytes read from the file and written to the socket at a time.
+constexpr size_t kStreamChunk = 1 << 20;
+
+int HttpStatusOf(const Status& s) {
+  switch (s.code()) {
+    case Code::kNotFound:
+      return 404;
+    case Code::kInvalidArgument:
+      return 416;
+    default:
+      return 500;
+  }
+}
+
+// One response's source: a range of an open shard file.
+struct RangeStream {
+  std::unique_ptr<RandomAccessFile> file;
+  uint64_t offset = 0;
+  std::vector<char> buf;
+};
+
+}  // namespace
+
+struct PeerServer::Impl {
+  Impl(const Store* s, PeerServerOptions o) : store(s), options(std::move(o)) {}
+  ~Impl() { Stop(); }
+
+  void Install();
+  Status Bind();
+  void Stop() EXCLUDES(stop_mu);
+
+  // Answers `status` with a one-line reason.
+  void Refuse(httplib::Response& res, int status, const std::string& message) {
+    refused.fetch_add(1, std::memory_order_relaxed);
+    res.status = status;
+    res.set_content("ptcfs peer: " + message + "\n", "text/plain");
+  }
+  httplib::Server::HandlerResponse Authorize(const httplib::Request& req, httplib::Response& res);
+  void ServeShard(const httplib::Request& req, httplib::Response& res);
+  // The index of the generations served now: the store's current one and the kept ones.
+  std::shared_ptr<const ServedFiles> Served() EXCLUDES(mu);
+
+  const Store* const store;
+  const PeerServerOptions options;
+  PeerAddress bound;
+  httplib::Server http;
+  std::thread listener;
+  std::atomic<bool> listener_done{false};
+
+  Mutex mu;
+  std::vector<std::shared_ptr<const GenerationManifest>> kept GUARDED_BY(mu);
+  std::shared_ptr<const ServedFiles> served GUARDED_BY(mu);
+
+  Mutex stop_mu;
+  bool stopped GUARDED_BY(stop_mu) = false;
+
+  std::atomic<uint64_t> served_count{0}, refused{0}, files_opened{0}, bytes_sent{0};
+};
+
+std::shared_ptr<const ServedFiles> PeerServer::Impl::Served() {
+  std::vector<std::shared_ptr<const GenerationManifest>> all = {store->CurrentSnapshot()};
+  MutexLock lock(&mu);
+  all.insert(all.end(), kept.begin(), kept.end());
+  std::vector<uint64_t> key;
+  for (const auto& m : all) {
+    if (m != nullptr) key.push_back(m->generation);
+  }
+  if (served == nullptr || served->generations() != key) served = std::make_shared<const ServedFiles>(all);
+  return served;
+}
+
+httplib::Server::HandlerResponse PeerServer::Impl::Authorize(const httplib::Request& req, httplib::Response& res) {
+  using R = httplib::Server::HandlerResponse;
+  if (!req.has_header("Authorization")) {
+    res.set_header("WWW-Authenticate", "Bearer");
+    Refuse(res, 401, "missing 'Authorization: Bearer TOKEN'");
+    return R::Handled;
+  }
+  const std::string header = req.get_header_value("Authorization");
+  const std::optional<std::string_view> token = ParseBearer(header);
+  if (!token) {
+    res.set_header("WWW-Authenticate", "Bearer");
+    Refuse(res, 401, "malformed Authorization header (expected 'Bearer TOKEN')");
+    return R::Handled;
+  }
+  if (!TokenEquals(*token, options.token)) {
+    Refuse(res, 403, "wrong token");
+    return R::Handled;
+  }
+  if (req.has_header("Range")) {
+    Refuse(res, 400, "Range headers are not supported: ask with offset and length");
+    return R::Handled;
+  }
+  return R::Unhandled;
+}
+
+void PeerServer::Impl::ServeShard(const httplib::Request& req, httplib::Response& res) {
+  Result<ShardRequest> r = ParseShardRequest(req.params);
+  if (!r.ok()) return Refuse(res, 400, r.status().message());
+  if (r->length > options.max_request_bytes) {
+    return Refuse(res, 413,
+                  std::to_string(r->length) + " bytes asked, at most " + std::to_string(options.max_request_bytes));
+  }
+  // The manifests decide before the file system is touched.
+  if (Status s = Served()->Check(r->file, r->offset, r->length); !s.ok()) {
+    return Refuse(res, HttpStatusOf(s), s.message());
+  }
+  auto stream = std::make_shared<RangeStream>();
+  files_opened.fetch_add(1, std::memory_order_relaxed);
+  Result<std::unique_ptr<RandomAccessFile>> file = store->env()->OpenRead(store->AbsPath(r->file));
+  if (!file.ok()) {
+    return Refuse(res, file.status().code() == Code::kNotFound ? 404 : 500,
+                  r->file + ": " + std::string(CodeName(file.status().code())));
+  }
+  if ((*file)->Size() < r->offset + r->length) {
+    return Refuse(res, 500, r->file + ": shorter than its shard record");
+  }
+  stream->file = std::move(*file);
+  stream->offset = r->offset;
+  stream->buf.resize(static_cast<size_t>(std::min<uint64_t>(r->length, kStreamChunk)));
+  served_count.fetch_add(1, std::memory_order_relaxed);
+  res.status = 200;
+  res.set_content_provider(static_cast<size_t>(r->length), "application/octet-stream",
+                           [this, stream](size_t offset, size_t length, httplib::DataSink& sink) {
+                             const size_t n = std::min(length, stream->buf.size());
+                             // A failed read or write ends the connection: the client sees a short body.
+                             if (!stream->file->Read(stream->offset + offset, n, stream->buf.data()).ok()) return false;
+                             if (!sink.write(stream->buf.data(), n)) return false;
+                             bytes_sent.fetch_add(n, std::memory_order_relaxed);
+                             return true;
+                           });
+}
+
+void PeerServer::Impl::Install() {
+  const int threads = options.threads;
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http.set_read_timeout(options.io_timeout);
+  http.set_write_timeout(options.io_timeout);
+  http.set_keep_alive_timeout(2);
+  http.set_payload_max_length(4096);
+  http.set_tcp_nodelay(true);
+  // SO_REUSEADDR only: cpp-httplib's default adds SO_REUSEPORT, which would let
+  // a second server (another daemon of the same user) bind our port and take
+  // part of the connections.
+  http.set_socket_options([](int sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  http.set_pre_routing_handler(
+      [this](const httplib::Request& req, httplib::Response& res) { return Authorize(req, res); });
+  http.Get(kShardPath, [this](const httplib::Request& req, httplib::Response& res) { ServeShard(req, res); });
+  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request&, httplib::Response& res) {
+    if (res.body.empty()) Refuse(res, res.status, "no such endpoint or method (GET " + std::string(kShardPath) + ")");
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    Refuse(res, 500, "internal error");
+  });
+}
+
+Status PeerServer::Impl::Bind() {
+  if (options.port == 0) {
+    const int port = http.bind_to_any_port(options.address);
+    if (port <= 0) return IOError(options.address + ":0: the peer server cannot bind");
+    bound = PeerAddress{options.address, port};
+  } else {
+    bound = PeerAddress{options.address, options.port};
+    if (!http.bind_to_port(options.address, options.port)) {
+      return IOError(bound.ToString() + ": the peer server cannot bind (address in use or not local?)");
+    }
+  }
+  listener = std::thread([this] {
+    http.listen_after_bind();
+    listener_done = true;
+  });
+  // stop() before the loop runs would be lost: wait until it runs.
+  for (int i = 0; i < 5000 && !http.is_running() && !listener_done; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!http.is_running()) return IOError(bound.ToString() + ": the peer server does not listen");
+  return Status::OK();
+}
+
+void PeerServer::Impl::Stop() {
+  MutexLock lock(&stop_mu);
+  if (stopped) return;
+  stopped = true;
+  // Bind returned once the loop ran (is_running): one stop() ends it. (A
+  // second stop() would trip an assertion of cpp-httplib.)
+  if (listener.joinable()) {
+    if (!listener_done) http.stop();
+    listener.join();
+  }
+}
+
+PeerServer::PeerServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PeerServer::~PeerServer() { Stop(); }
+
+Result<std::unique_ptr<PeerServer>> PeerServer::Start(const Store* store, PeerServerOptions options) {
+  PTC_RETURN_IF_ERROR(ValidateToken(options.token), "peer server");
+  if (options.max_request_bytes == 0) return InvalidArgumentError("peer server: max_request_bytes is 0");
+  if (options.threads < 1) return InvalidArgumentError("peer server: threads < 1");
+  auto impl = std::make_unique<Impl>(store, std::move(options));
+  impl->Install();
+  PTC_RETURN_IF_ERROR(impl->Bind());
+  return std::unique_ptr<PeerServer>(new PeerServer(std::move(impl)));
+}
+
+PeerAddress PeerServer::address() const { return impl_->bound; }
+
+void PeerServer::SetKeptGenerations(std::vector<std::shared_ptr<const GenerationManifest>> kept) {
+  MutexLock lock(&impl_->mu);
+  impl_->kept = std::move(kept);
+}
+
+PeerServerStats PeerServer::stats() const {
+  return PeerServerStats{impl_->served_count.load(), impl_->refused.load(), impl_->files_opened.load(),
+                         impl_->bytes_sent.load()};
+}
+
+void PeerServer::Stop() { impl_->Stop(); }
+
+}  // namespace ptc

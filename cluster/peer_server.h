@@ -1,0 +1,77 @@
+// A worker's server of the peer data plane (peer_protocol.h, docs/cluster.md):
+// serves byte ranges of the shard files of one store to the job's other
+// workers over HTTP, on its own threads.
+//
+// Every request must carry the job's token (token.h); only the data of shard
+// records of the served generations is reachable (served_files.h): the
+// store's current generation, read at each request, and the generations
+// given to SetKeptGenerations. A request for anything else is refused before
+// any file is opened. Responses are streamed from the file in chunks of
+// 1 MiB: memory per request is bounded whatever its length.
+//
+// Thread safety: all methods may be called from any thread. The Store must
+// outlive the server.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cluster/peer_protocol.h"
+#include "ptc/base/status.h"
+#include "ptc/store/manifest.h"
+#include "ptc/store/store.h"
+
+namespace ptc {
+
+struct PeerServerOptions {
+  std::string address = "127.0.0.1";  // the address to bind (0.0.0.0: every interface)
+  int port = 0;                       // 0: a free port (PeerServer::address() tells which)
+  std::string token;                  // the shared token (ReadTokenFile); ValidateToken must accept it
+  uint64_t max_request_bytes = kDefaultMaxRequestBytes;  // larger requests: 413
+  int threads = 8;                                       // requests served at once
+  std::chrono::seconds io_timeout{10};                   // per socket read or write
+};
+
+// Counters since Start.
+struct PeerServerStats {
+  uint64_t served = 0;        // requests answered 200
+  uint64_t refused = 0;       // requests answered with an error status
+  uint64_t files_opened = 0;  // shard files opened
+  uint64_t bytes_sent = 0;    // shard bytes in 200 responses
+};
+
+class PeerServer {
+ public:
+  // Binds to options.address:options.port and starts serving `store`.
+  // \error InvalidArgument when the token fails ValidateToken (the token is not
+  //        shown), max_request_bytes is 0 or threads < 1.
+  // \error IOError naming ADDRESS:PORT when it cannot bind or listen.
+  static Result<std::unique_ptr<PeerServer>> Start(const Store* store, PeerServerOptions options);
+  // Stop().
+  ~PeerServer();
+  PeerServer(const PeerServer&) = delete;
+  PeerServer& operator=(const PeerServer&) = delete;
+
+  // The bound address and port.
+  PeerAddress address() const;
+
+  // Also serves these generations (kept for open files, or being pulled);
+  // replaces the previous list. The current generation is always served.
+  void SetKeptGenerations(std::vector<std::shared_ptr<const GenerationManifest>> kept);
+
+  PeerServerStats stats() const;
+
+  // Stops accepting, ends the connections and joins every thread of the
+  // server. Idempotent.
+  void Stop();
+
+ private:
+  struct Impl;
+  explicit PeerServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ptc

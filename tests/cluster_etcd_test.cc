@@ -1,0 +1,353 @@
+// EtcdClient and Membership against a real etcd (Debian etcd-server), started
+// by the suite on free loopback ports with a data directory of its own, and
+// killed at the end (also when the test process dies: PR_SET_PDEATHSIG).
+// Without etcd installed the tests skip; under CI=true they fail instead.
+// PTCFS_ETCD names another etcd binary.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "cluster/etcd_client.h"
+#include "cluster/membership.h"
+#include "test_util.h"
+
+namespace ptc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using testing::TempDir;
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// The etcd binary: $PTCFS_ETCD, else `etcd` on PATH; "" when there is none.
+std::string FindEtcd() {
+  if (const char* e = std::getenv("PTCFS_ETCD"); e != nullptr && *e != '\0') return e;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  for (size_t start = 0; start <= dirs.size();) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string candidate = dirs.substr(start, end - start) + "/etcd";
+    if (end > start && access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return "";
+}
+
+// One etcd server for the suite.
+class EtcdProcess {
+ public:
+  ~EtcdProcess() { Kill(); }
+
+  Status Start(const std::string& binary) {
+    const int client = FreePort(), peer = FreePort();
+    if (client == 0 || peer == 0 || client == peer) return IOError("no free port");
+    endpoint_ = "127.0.0.1:" + std::to_string(client);
+    const std::string client_url = "http://" + endpoint_;
+    const std::string peer_url = "http://127.0.0.1:" + std::to_string(peer);
+    log_ = dir_ / "etcd.log";
+    std::vector<std::string> args = {
+        binary, "--name=ptcfs-test", "--data-dir=" + (dir_ / "data"), "--listen-client-urls=" + client_url,
+        "--advertise-client-urls=" + client_url, "--listen-peer-urls=" + peer_url,
+        "--initial-advertise-peer-urls=" + peer_url, "--initial-cluster=ptcfs-test=" + peer_url,
+        // Fast elections: leases of 1 s are granted as asked.
+        "--heartbeat-interval=10", "--election-timeout=100", "--logger=zap", "--log-level=warn"};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t parent = getpid();
+    pid_ = fork();
+    if (pid_ < 0) return ErrnoError("fork", errno);
+    if (pid_ == 0) {
+      // Dies with the test process, whatever kills it.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+      }
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    EtcdOptions o;
+    o.endpoints = {endpoint_};
+    o.timeout = std::chrono::milliseconds(500);
+    auto client_or = EtcdClient::Create(o);
+    if (!client_or.ok()) return client_or.status();
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(20);
+    Status health;
+    while (Clock::now() < deadline) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return IOError(binary + " exited (status " + std::to_string(status) + "): " + testing::Slurp(log_));
+      }
+      health = (*client_or)->Health();
+      if (health.ok()) return Status::OK();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return IOError(binary + " not healthy after 20 s: " + health.ToString() + "\n" + testing::Slurp(log_));
+  }
+
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    for (int i = 0; i < 100; ++i) {
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  TempDir dir_;  // removed after Kill (members destroyed after the destructor's body)
+  std::string endpoint_;
+  std::string log_;
+  pid_t pid_ = -1;
+};
+
+class Etcd : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string binary = FindEtcd();
+    if (binary.empty()) {
+      missing_ = true;
+      problem_ = "etcd is not installed (apt-get install etcd-server, or set PTCFS_ETCD)";
+      return;
+    }
+    etcd_ = new EtcdProcess();
+    Status s = etcd_->Start(binary);
+    if (!s.ok()) problem_ = "cannot start etcd: " + s.ToString();
+  }
+  static void TearDownTestSuite() {
+    delete etcd_;
+    etcd_ = nullptr;
+  }
+
+  void SetUp() override {
+    if (missing_ && !testing::InCi()) GTEST_SKIP() << problem_;
+    ASSERT_TRUE(problem_.empty()) << problem_ << (testing::InCi() ? " (CI=true: the cluster tests need etcd)" : "");
+    EtcdOptions o;
+    o.endpoints = {etcd_->endpoint()};
+    auto client = EtcdClient::Create(o);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    client_ = std::move(*client);
+    // Keys of this test only.
+    prefix_ = std::string("/test/") + ::testing::UnitTest::GetInstance()->current_test_info()->name() + "/";
+  }
+
+  // Polls `done` every 50 ms for up to `limit`; true when it held.
+  template <typename F>
+  static bool Eventually(F done, std::chrono::milliseconds limit) {
+    const Clock::time_point end = Clock::now() + limit;
+    while (Clock::now() < end) {
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return done();
+  }
+
+  static inline EtcdProcess* etcd_ = nullptr;
+  static inline bool missing_ = false;
+  static inline std::string problem_;
+  std::unique_ptr<EtcdClient> client_;
+  std::string prefix_;
+};
+
+TEST_F(Etcd, PutGetPrefixDelete) {
+  const std::string binary_key = prefix_ + std::string("k\0\xff", 3);
+  const std::string binary_value("v\0\x01\xfe", 4);
+  auto r1 = client_->Put(prefix_ + "a", "1");
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  auto r2 = client_->Put(binary_key, binary_value);
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  EXPECT_GT(*r2, *r1);
+  auto a = client_->Get(prefix_ + "a");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(a->has_value());
+  EXPECT_EQ((*a)->value, "1");
+  EXPECT_EQ((*a)->mod_revision, *r1);
+  EXPECT_EQ((*a)->version, 1);
+  auto b = client_->Get(binary_key);
+  ASSERT_TRUE(b.ok() && b->has_value());
+  EXPECT_EQ((*b)->value, binary_value);
+  auto absent = client_->Get(prefix_ + "nothing");
+  ASSERT_TRUE(absent.ok()) << absent.status().ToString();
+  EXPECT_FALSE(absent->has_value());
+  ASSERT_TRUE(client_->Put("/test/outside", "x").ok());
+  auto range = client_->GetPrefix(prefix_);
+  ASSERT_TRUE(range.ok()) << range.status().ToString();
+  ASSERT_EQ(range->kvs.size(), 2u);  // not /test/outside
+  EXPECT_EQ(range->kvs[0].key, prefix_ + "a");
+  EXPECT_EQ(range->kvs[1].key, binary_key);
+  EXPECT_GE(range->revision, *r2);
+  EXPECT_EQ(*client_->Delete(prefix_ + "a"), 1);
+  EXPECT_EQ(*client_->Delete(prefix_ + "a"), 0);
+  EXPECT_EQ(*client_->DeletePrefix(prefix_), 1);
+  EXPECT_TRUE(client_->GetPrefix(prefix_)->kvs.empty());
+}
+
+TEST_F(Etcd, TransactionsCompareAndSwap) {
+  const std::string key = prefix_ + "committed";
+  // Create only if absent: the first succeeds, the second conflicts.
+  TxnRequest create;
+  create.compare = {Compare::Absent(key)};
+  create.success = {TxnOp::Put(key, "gen=1")};
+  auto c1 = client_->Txn(create);
+  ASSERT_TRUE(c1.ok()) << c1.status().ToString();
+  EXPECT_TRUE(c1->succeeded);
+  auto c2 = client_->Txn(create);
+  ASSERT_TRUE(c2.ok()) << c2.status().ToString();
+  EXPECT_FALSE(c2->succeeded);
+  // Two writers read the same revision; one wins, the other's compare fails
+  // and its failure branch runs instead.
+  const int64_t read = (*client_->Get(key))->mod_revision;
+  TxnRequest w1;
+  w1.compare = {Compare::ModRevisionIs(key, read)};
+  w1.success = {TxnOp::Put(key, "gen=2"), TxnOp::Put(prefix_ + "pending", "none")};
+  TxnRequest w2 = w1;
+  w2.success = {TxnOp::Put(key, "gen=2b")};
+  w2.failure = {TxnOp::Put(prefix_ + "lost", "w2")};
+  auto t1 = client_->Txn(w1);
+  ASSERT_TRUE(t1.ok()) << t1.status().ToString();
+  EXPECT_TRUE(t1->succeeded);
+  auto t2 = client_->Txn(w2);
+  ASSERT_TRUE(t2.ok()) << t2.status().ToString();
+  EXPECT_FALSE(t2->succeeded);
+  EXPECT_EQ((*client_->Get(key))->value, "gen=2");
+  EXPECT_EQ((*client_->Get(prefix_ + "pending"))->value, "none");  // same transaction
+  EXPECT_EQ((*client_->Get(prefix_ + "pending"))->mod_revision, t1->revision);
+  EXPECT_EQ((*client_->Get(prefix_ + "lost"))->value, "w2");
+  // Compare on the value.
+  TxnRequest by_value;
+  by_value.compare = {Compare::ValueIs(key, "gen=2")};
+  by_value.success = {TxnOp::Put(key, "gen=3")};
+  EXPECT_TRUE(client_->Txn(by_value)->succeeded);
+  EXPECT_FALSE(client_->Txn(by_value)->succeeded);
+  EXPECT_EQ((*client_->Get(key))->value, "gen=3");
+}
+
+TEST_F(Etcd, LeasesKeepAliveRevokeAndExpire) {
+  auto lease = client_->GrantLease(5);
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_GE(lease->ttl, 5);
+  ASSERT_TRUE(client_->Put(prefix_ + "held", "x", lease->id).ok());
+  EXPECT_EQ((*client_->Get(prefix_ + "held"))->lease, lease->id);
+  auto ttl = client_->KeepAliveOnce(lease->id);
+  ASSERT_TRUE(ttl.ok()) << ttl.status().ToString();
+  EXPECT_GE(*ttl, 1);
+  ASSERT_TRUE(client_->RevokeLease(lease->id).ok());
+  EXPECT_FALSE(client_->Get(prefix_ + "held")->has_value());  // deleted with the lease
+  EXPECT_EQ(client_->KeepAliveOnce(lease->id).status().code(), Code::kNotFound);
+  Status again = client_->RevokeLease(lease->id);
+  EXPECT_EQ(again.code(), Code::kNotFound) << again.ToString();
+  EXPECT_EQ(client_->Put(prefix_ + "x", "y", lease->id).status().code(), Code::kNotFound);
+  EXPECT_EQ(client_->GrantLease(0).status().code(), Code::kInvalidArgument);
+  // A lease not renewed expires and takes its keys with it.
+  auto short_lease = client_->GrantLease(1);
+  ASSERT_TRUE(short_lease.ok());
+  ASSERT_TRUE(client_->Put(prefix_ + "short", "x", short_lease->id).ok());
+  EXPECT_TRUE(Eventually([&] { return !client_->Get(prefix_ + "short")->has_value(); }, std::chrono::seconds(6)));
+}
+
+TEST_F(Etcd, MembersSeeEachOtherAndLeave) {
+  const std::string job = "job-" + std::to_string(getpid());
+  auto w0 = Membership::Join(client_.get(), {job, 0, "127.0.0.1:9000", 2});
+  ASSERT_TRUE(w0.ok()) << w0.status().ToString();
+  auto w1 = Membership::Join(client_.get(), {job, 1, "127.0.0.1:9001", 2});
+  ASSERT_TRUE(w1.ok()) << w1.status().ToString();
+  const std::vector<Member> both = {{0, "127.0.0.1:9000"}, {1, "127.0.0.1:9001"}};
+  EXPECT_EQ(*(*w0)->Members(), both);
+  EXPECT_EQ(*(*w1)->Members(), both);
+  // Worker 1 is held: a second daemon for it is refused, naming the holder.
+  auto dup = Membership::Join(client_.get(), {job, 1, "127.0.0.1:9999", 2});
+  ASSERT_FALSE(dup.ok());
+  EXPECT_EQ(dup.status().code(), Code::kAlreadyExists);
+  EXPECT_NE(dup.status().message().find("127.0.0.1:9001"), std::string::npos) << dup.status().ToString();
+  // Renewals keep members past their TTL.
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  EXPECT_TRUE((*w0)->health().ok()) << (*w0)->health().ToString();
+  EXPECT_EQ(ListMembers(*client_, job)->size(), 2u);
+  // Leaving removes the key at once.
+  ASSERT_TRUE((*w1)->Leave().ok());
+  EXPECT_TRUE((*w1)->Leave().ok());  // idempotent
+  EXPECT_EQ(*(*w0)->Members(), std::vector<Member>({{0, "127.0.0.1:9000"}}));
+  // The index is free again.
+  auto again = Membership::Join(client_.get(), {job, 1, "127.0.0.1:9002", 2});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  again->reset();  // the destructor leaves too
+  EXPECT_EQ(ListMembers(*client_, job)->size(), 1u);
+  EXPECT_EQ(Membership::Join(client_.get(), {"bad/job", 0, "127.0.0.1:1", 2}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Membership::Join(client_.get(), {job, 2, "no-port", 2}).status().code(), Code::kInvalidArgument);
+}
+
+TEST_F(Etcd, LeaseExpiryRemovesADeadMember) {
+  const std::string job = "dead-" + std::to_string(getpid());
+  auto live = Membership::Join(client_.get(), {job, 0, "127.0.0.1:9000", 1});
+  ASSERT_TRUE(live.ok()) << live.status().ToString();
+  // What a daemon killed leaves behind: its key on a lease nobody renews.
+  auto lease = client_->GrantLease(1);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(client_->Put(MemberKey(job, 1), EncodeMember({1, "127.0.0.1:9001"}), lease->id).ok());
+  EXPECT_EQ(ListMembers(*client_, job)->size(), 2u);
+  EXPECT_TRUE(Eventually([&] { return ListMembers(*client_, job)->size() == 1; }, std::chrono::seconds(6)));
+  EXPECT_EQ(ListMembers(*client_, job)->front().worker, 0);  // the renewed one stays
+  EXPECT_TRUE((*live)->health().ok());
+  // A member whose lease is revoked behind its back notices and reports it.
+  ASSERT_TRUE(client_->RevokeLease((*live)->lease()).ok());
+  EXPECT_TRUE(Eventually([&] { return !(*live)->health().ok(); }, std::chrono::seconds(5)));
+  EXPECT_EQ((*live)->health().code(), Code::kNotFound) << (*live)->health().ToString();
+  EXPECT_TRUE(ListMembers(*client_, job)->empty());
+  EXPECT_EQ((*live)->Leave().code(), Code::kNotFound);
+}
+
+TEST_F(Etcd, UnreachableEndpointIsAClearError) {
+  EtcdOptions o;
+  o.endpoints = {"127.0.0.1:" + std::to_string(FreePort())};
+  o.timeout = std::chrono::milliseconds(1500);
+  o.attempts = 2;
+  auto client = EtcdClient::Create(o);
+  ASSERT_TRUE(client.ok());
+  const Clock::time_point start = Clock::now();
+  auto r = (*client)->Get("/x");
+  EXPECT_EQ(r.status().code(), Code::kIOError);
+  EXPECT_NE(r.status().message().find(o.endpoints[0]), std::string::npos) << r.status().ToString();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  EXPECT_FALSE((*client)->Health().ok());
+  EXPECT_EQ(EtcdClient::Create({{}, o.timeout, 1}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(EtcdClient::Create({{"nohost"}, o.timeout, 1}).status().code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ptc

@@ -1,0 +1,395 @@
+// The peer data plane over loopback sockets: a PeerServer serving a store
+// imported from a synthetic checkpoint, PeerClients reading shard ranges
+// (checked on arrival), and every refusal: tokens, paths, ranges.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "cluster/peer_client.h"
+#include "cluster/peer_protocol.h"
+#include "cluster/peer_server.h"
+#include "cluster/served_files.h"
+#include "cluster/token.h"
+#include "ptc/base/checksum.h"
+#include "ptc/store/shard_verify.h"
+#include "synth_store.h"
+#include "test_util.h"
+
+namespace ptc {
+namespace {
+
+using testing::MakeStore;
+using testing::Spec;
+using testing::TempDir;
+
+constexpr char kToken[] = "s3cret-token-0123456789abcdef";
+
+// The token file and its mode.
+TEST(PeerToken, ReadsOnlyPrivateFiles) {
+  TempDir tmp;
+  const std::string path = tmp / "token";
+  testing::Spit(path, std::string(kToken) + "\n");
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
+  auto t = ReadTokenFile(path);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(*t, kToken);  // the newline is not part of it
+  ASSERT_EQ(chmod(path.c_str(), 0400), 0);
+  EXPECT_TRUE(ReadTokenFile(path).ok());
+  for (mode_t mode : {0644, 0640, 0604, 0700, 0660}) {
+    ASSERT_EQ(chmod(path.c_str(), mode), 0);
+    auto r = ReadTokenFile(path);
+    ASSERT_FALSE(r.ok()) << std::oct << mode;
+    EXPECT_EQ(r.status().code(), Code::kPermissionDenied);
+    EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status().ToString();
+  }
+  EXPECT_EQ(ReadTokenFile(tmp.path()).status().code(), Code::kPermissionDenied);  // a directory
+  EXPECT_EQ(ReadTokenFile(tmp / "absent").status().code(), Code::kNotFound);
+  testing::Spit(path, "short\n");
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
+  EXPECT_EQ(ReadTokenFile(path).status().code(), Code::kInvalidArgument);
+  EXPECT_FALSE(ValidateToken("has a space in the middle").ok());
+  EXPECT_TRUE(TokenEquals("abc", "abc"));
+  EXPECT_FALSE(TokenEquals("abc", "abd"));
+  EXPECT_FALSE(TokenEquals("abc", "abcd"));
+}
+
+TEST(PeerProtocol, ParsesRequestsAndAddresses) {
+  using P = std::multimap<std::string, std::string>;
+  auto ok = ParseShardRequest(P{{"file", "gen-000001/worker-00/a.s0.h5"}, {"offset", "2048"}, {"length", "10"}});
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(*ok, (ShardRequest{"gen-000001/worker-00/a.s0.h5", 2048, 10}));
+  for (const P& bad :
+       {P{{"offset", "0"}, {"length", "1"}}, P{{"file", "a"}, {"file", "b"}, {"offset", "0"}, {"length", "1"}},
+        P{{"file", "a"}, {"offset", "-1"}, {"length", "1"}}, P{{"file", "a"}, {"offset", "1x"}, {"length", "1"}},
+        P{{"file", "a"}, {"offset", "0"}, {"length", "0"}},
+        P{{"file", "a"}, {"offset", "18446744073709551615"}, {"length", "2"}},
+        P{{"file", "../manifest.json"}, {"offset", "0"}, {"length", "1"}},
+        P{{"file", "/etc/passwd"}, {"offset", "0"}, {"length", "1"}},
+        P{{"file", "gen-000001/./x"}, {"offset", "0"}, {"length", "1"}},
+        P{{"file", "a"}, {"offset", "0"}, {"length", "1"}, {"extra", "1"}}}) {
+    auto r = ParseShardRequest(bad);
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << (bad.count("file") ? bad.find("file")->second : "");
+  }
+  EXPECT_EQ(ShardRequestTarget({"gen-000001/worker-00/a b+c%.h5", 7, 9}),
+            "/v1/shard?file=gen-000001/worker-00/a%20b%2Bc%25.h5&offset=7&length=9");
+  EXPECT_EQ(*ParsePeerAddress("10.0.0.2:8470"), (PeerAddress{"10.0.0.2", 8470}));
+  EXPECT_EQ(*ParsePeerAddress("[::1]:80"), (PeerAddress{"::1", 80}));
+  EXPECT_EQ(ParsePeerAddress("[::1]:80")->ToString(), "[::1]:80");
+  for (const char* bad : {"host", "host:0", "host:65536", ":80", "::1:80", "host:8x"}) {
+    EXPECT_FALSE(ParsePeerAddress(bad).ok()) << bad;
+  }
+  EXPECT_EQ(*ParseBearer("Bearer abc"), "abc");
+  EXPECT_FALSE(ParseBearer("Basic abc").has_value());
+  EXPECT_FALSE(ParseBearer("Bearer ").has_value());
+}
+
+TEST(PeerProtocol, ServedFilesAreShardDataOnly) {
+  auto m = std::make_shared<GenerationManifest>();
+  m->generation = 3;
+  ShardRecord s;
+  s.file = "gen-000003/worker-00/w.s0.h5";
+  s.offset = 2048;
+  s.nbytes = 100;
+  m->shards = {s};
+  ServedFiles served({m, nullptr});
+  EXPECT_EQ(served.generations(), std::vector<uint64_t>{3});
+  EXPECT_TRUE(served.Check(s.file, 2048, 100).ok());
+  EXPECT_TRUE(served.Check(s.file, 2147, 1).ok());
+  EXPECT_EQ(served.Check(s.file, 0, 8).code(), Code::kInvalidArgument);  // the HDF5 superblock
+  EXPECT_EQ(served.Check(s.file, 2047, 2).code(), Code::kInvalidArgument);
+  EXPECT_EQ(served.Check(s.file, 2100, 49).code(), Code::kInvalidArgument);
+  EXPECT_EQ(served.Check(s.file, UINT64_MAX, 2).code(), Code::kInvalidArgument);
+  EXPECT_EQ(served.Check("gen-000003/manifest.json", 0, 1).code(), Code::kNotFound);
+}
+
+// A store with shards of several checksum blocks, served on loopback.
+class PeerDataPlane : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // F32 embedding 4096 x 512 = 8 MiB (two checksum blocks); MLP weights 6 MiB.
+    spec_ = Spec("megatron-gpt", "layers=1,hidden=512,heads=8,vocab=4096,seq=64");
+    MakeStore(tmp_, spec_, *ParseConfig("tp=1,pp=1,dp=1"), 7);
+    auto store = Store::Open(Env::Default(), tmp_ / "store");
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    store_ = std::move(*store);
+    PeerServerOptions o;
+    o.token = kToken;
+    o.threads = 4;
+    auto server = PeerServer::Start(store_.get(), o);
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    server_ = std::move(*server);
+    for (const ShardRecord& s : store_->current().shards) {
+      if (big_ == nullptr || s.nbytes > big_->nbytes) big_ = &s;
+    }
+    ASSERT_GT(big_->nbytes, kChecksumBlockBytes);
+  }
+
+  PeerClientOptions ClientOptions(std::string token = kToken) {
+    PeerClientOptions o;
+    o.token = std::move(token);
+    o.timeout = std::chrono::seconds(20);
+    return o;
+  }
+
+  std::string Local(const ShardRecord& s, uint64_t offset, uint64_t n) {
+    std::string out(n, '\0');
+    EXPECT_TRUE(ReadShardBytes(Env::Default(), *store_, s, offset, n, out.data()).ok());
+    return out;
+  }
+
+  // A raw GET with `auth` as the Authorization header ("" for none): (status, body).
+  std::pair<int, std::string> RawGet(const std::string& target, const std::string& auth) {
+    const PeerAddress a = server_->address();
+    httplib::Client cli(a.host, a.port);
+    httplib::Headers headers;
+    if (!auth.empty()) headers.emplace("Authorization", auth);
+    auto res = cli.Get(target, headers);
+    if (!res) return {-1, httplib::to_string(res.error())};
+    return {res->status, res->body};
+  }
+
+  TempDir tmp_;
+  ModelSpec spec_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<PeerServer> server_;
+  const ShardRecord* big_ = nullptr;
+};
+
+TEST_F(PeerDataPlane, RangesEqualTheFileBytes) {
+  PeerClient client(ClientOptions());
+  std::mt19937_64 rng(testing::TestSeed());
+  const uint64_t B = kChecksumBlockBytes;
+  const uint64_t n = big_->nbytes;
+  // Whole shard, block-aligned, unaligned within a block, across a block boundary, the last byte.
+  std::vector<std::pair<uint64_t, uint64_t>> ranges = {{0, n},      {0, B},     {B, n - B},     {5, 17},
+                                                       {B - 3, 10}, {n - 1, 1}, {B / 2, B + 1}, {0, 1}};
+  for (int i = 0; i < 8; ++i) {
+    const uint64_t off = rng() % n;
+    ranges.emplace_back(off, 1 + rng() % (n - off));
+  }
+  for (auto [off, len] : ranges) {
+    std::string got(len, '\0');
+    Status s = client.ReadShardRange(server_->address(), *big_, off, len, got.data());
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_TRUE(got == Local(*big_, off, len)) << "bytes " << off << "+" << len;
+  }
+  // Every shard of the generation, whole, including the single-block ones; in requests of one block.
+  PeerClientOptions small = ClientOptions();
+  small.max_request_bytes = B;
+  PeerClient one_block(small);
+  for (const ShardRecord& s : store_->current().shards) {
+    std::string got(s.nbytes, '\0');
+    Status st = one_block.ReadShardRange(server_->address(), s, 0, s.nbytes, got.data());
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_TRUE(got == Local(s, 0, s.nbytes)) << s.tensor;
+  }
+  EXPECT_TRUE(client.ReadShardRange(server_->address(), *big_, n, 0, nullptr).ok());
+  EXPECT_EQ(client.ReadShardRange(server_->address(), *big_, n - 1, 2, nullptr).code(), Code::kInvalidArgument);
+  EXPECT_EQ(server_->stats().refused, 0u);
+}
+
+TEST_F(PeerDataPlane, RefusesMissingOrWrongTokens) {
+  const std::string target = ShardRequestTarget({big_->file, big_->offset, 16});
+  EXPECT_EQ(RawGet(target, "").first, 401);
+  EXPECT_EQ(RawGet(target, "Basic dXNlcjpwYXNz").first, 401);
+  EXPECT_EQ(RawGet(target, "Bearer").first, 401);
+  EXPECT_EQ(RawGet(target, "Bearer wrong-token-0123456789abcdef").first, 403);
+  EXPECT_EQ(RawGet(target, std::string("Bearer ") + kToken + "x").first, 403);
+  auto [status, body] = RawGet(target, std::string("Bearer ") + kToken);
+  EXPECT_EQ(status, 200) << body;
+  EXPECT_EQ(body, Local(*big_, 0, 16));
+  // Refused before anything else: not even an unknown path is told apart.
+  EXPECT_EQ(RawGet("/v1/other", "").first, 401);
+
+  PeerClient wrong(ClientOptions("wrong-token-0123456789abcdef"));
+  std::string buf(16, '\0');
+  Status s = wrong.ReadShardRange(server_->address(), *big_, 0, 16, buf.data());
+  EXPECT_EQ(s.code(), Code::kPermissionDenied) << s.ToString();
+  EXPECT_NE(s.message().find(server_->address().ToString()), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find(big_->tensor), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("403"), std::string::npos) << s.ToString();
+  EXPECT_EQ(server_->stats().files_opened, 1u);  // the one good request
+}
+
+TEST_F(PeerDataPlane, RefusesEverythingTheManifestDoesNotName) {
+  const std::string auth = std::string("Bearer ") + kToken;
+  // Files that exist but are no shard's: an extra file next to the shards, the manifests, the lock.
+  const std::string worker_dir = DirName(big_->file);
+  testing::Spit(tmp_ / ("store/" + worker_dir + "/extra.bin"), std::string(4096, 'x'));
+  struct Case {
+    std::string target;
+    int status;
+  };
+  const std::string f = big_->file;
+  const std::vector<Case> cases = {
+      {ShardRequestTarget({"../manifest.json", 0, 1}), 400},
+      {"/v1/shard?file=..%2Fmanifest.json&offset=0&length=1", 400},
+      {"/v1/shard?file=%2Fetc%2Fpasswd&offset=0&length=1", 400},
+      {ShardRequestTarget({worker_dir + "/../../manifest.json", 0, 1}), 400},
+      {ShardRequestTarget({"manifest.json", 0, 1}), 404},
+      {ShardRequestTarget({"gen-000001/manifest.json", 0, 1}), 404},
+      {ShardRequestTarget({"lock", 0, 1}), 404},
+      {ShardRequestTarget({worker_dir + "/extra.bin", 0, 1}), 404},
+      {ShardRequestTarget({worker_dir, 0, 1}), 404},
+      // A shard file, outside its data: the HDF5 superblock, past the end, overflowing.
+      {ShardRequestTarget({f, 0, 8}), 416},
+      {ShardRequestTarget({f, big_->offset + big_->nbytes - 1, 2}), 416},
+      {"/v1/shard?file=" + f + "&offset=18446744073709551615&length=1", 400},
+      // Malformed or too large.
+      {ShardRequestTarget({f, big_->offset, kDefaultMaxRequestBytes + 1}), 413},
+      {"/v1/shard?file=" + f + "&offset=" + std::to_string(big_->offset) + "&length=0", 400},
+      {"/v1/shard?file=" + f + "&offset=" + std::to_string(big_->offset), 400},
+      {"/v1/shard?file=" + f + "&file=" + worker_dir + "/extra.bin&offset=0&length=1", 400},
+      {"/v1/other", 404},
+      {"/manifest.json", 404},
+  };
+  for (const Case& c : cases) {
+    auto [status, body] = RawGet(c.target, auth);
+    EXPECT_EQ(status, c.status) << c.target << ": " << body;
+    EXPECT_NE(body.find("ptcfs peer: "), std::string::npos) << c.target << ": " << body;
+  }
+  EXPECT_EQ(server_->stats().files_opened, 0u);
+  EXPECT_EQ(server_->stats().refused, cases.size());
+  // A Range header is refused, not interpreted.
+  const PeerAddress a = server_->address();
+  httplib::Client cli(a.host, a.port);
+  auto res = cli.Get(ShardRequestTarget({f, big_->offset, 16}), {{"Authorization", auth}, {"Range", "bytes=0-100"}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  // The client maps the refusals to errors naming the peer and the shard.
+  ShardRecord stray = *big_;
+  stray.file = worker_dir + "/extra.bin";
+  std::string buf(8, '\0');
+  Status s = PeerClient(ClientOptions()).ReadShardRange(a, stray, 0, 8, buf.data());
+  EXPECT_EQ(s.code(), Code::kNotFound) << s.ToString();
+  EXPECT_NE(s.message().find("extra.bin"), std::string::npos) << s.ToString();
+}
+
+TEST_F(PeerDataPlane, CorruptedByteFailsOnArrival) {
+  const uint64_t B = kChecksumBlockBytes;
+  // Flip a byte in block 1 of the big shard, on the serving side.
+  const std::string path = store_->AbsPath(big_->file);
+  std::string bytes = testing::Slurp(path);
+  bytes[big_->offset + B + 12345] ^= 0x40;
+  testing::Spit(path, bytes);
+  PeerClient client(ClientOptions());
+  // Block 0 alone still verifies.
+  std::string got(100, '\0');
+  Status s = client.ReadShardRange(server_->address(), *big_, 10, 100, got.data());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  // Any range touching block 1 fails, even one that does not hold the bad byte.
+  for (auto [off, len] : std::vector<std::pair<uint64_t, uint64_t>>{{B + 12345, 1}, {B + 20000, 8}, {B - 4, 8}}) {
+    got.assign(len, '\0');
+    s = client.ReadShardRange(server_->address(), *big_, off, len, got.data());
+    EXPECT_EQ(s.code(), Code::kCorruption) << s.ToString();
+    EXPECT_NE(s.message().find(big_->tensor), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find(big_->file), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("block 1"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find(server_->address().ToString()), std::string::npos) << s.ToString();
+  }
+}
+
+TEST_F(PeerDataPlane, ConcurrentClients) {
+  const uint64_t seed = testing::TestSeed();
+  std::vector<const ShardRecord*> shards;
+  for (const ShardRecord& s : store_->current().shards) shards.push_back(&s);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      PeerClient client(ClientOptions());
+      std::mt19937_64 rng(seed + t);
+      for (int i = 0; i < 12; ++i) {
+        const ShardRecord& s = *shards[rng() % shards.size()];
+        const uint64_t off = rng() % s.nbytes;
+        const uint64_t len = 1 + rng() % std::min<uint64_t>(s.nbytes - off, 3 << 20);
+        std::string got(len, '\0');
+        Status st = client.ReadShardRange(server_->address(), s, off, len, got.data());
+        std::string want(len, '\0');
+        if (!st.ok() || !ReadShardBytes(Env::Default(), *store_, s, off, len, want.data()).ok() || got != want) {
+          ADD_FAILURE() << st.ToString() << " " << s.tensor << " " << off << "+" << len;
+          failures++;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures, 0);
+  EXPECT_EQ(server_->stats().served, 8u * 12u);
+}
+
+TEST_F(PeerDataPlane, ServesKeptGenerations) {
+  // A piece that only a kept generation (99) names.
+  const std::string rel = DirName(big_->file) + "/kept.bin";
+  const std::string data = testing::Pattern(3, DType::kU8, 5000);
+  testing::Spit(tmp_ / ("store/" + rel), std::string(100, 'h') + data);
+  ShardHasher hasher;
+  hasher.Update(data.data(), data.size());
+  ShardRecord kept = *big_;
+  kept.file = rel;
+  kept.offset = 100;
+  kept.nbytes = data.size();
+  kept.checksum = hasher.Finish().checksum;
+  kept.block_checksums.clear();
+  auto m = std::make_shared<GenerationManifest>();
+  m->generation = 99;
+  m->shards = {kept};
+  PeerClient client(ClientOptions());
+  std::string got(data.size(), '\0');
+  EXPECT_EQ(client.ReadShardRange(server_->address(), kept, 0, data.size(), got.data()).code(), Code::kNotFound);
+  server_->SetKeptGenerations({m});
+  Status s = client.ReadShardRange(server_->address(), kept, 0, data.size(), got.data());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(got, data);
+  // The current generation stays served.
+  got.assign(64, '\0');
+  EXPECT_TRUE(client.ReadShardRange(server_->address(), *big_, 0, 64, got.data()).ok());
+  server_->SetKeptGenerations({});
+  EXPECT_EQ(client.ReadShardRange(server_->address(), kept, 0, 10, got.data()).code(), Code::kNotFound);
+}
+
+TEST_F(PeerDataPlane, StopIsCleanAndClientsSeeAClearError) {
+  const PeerAddress a = server_->address();
+  server_->Stop();
+  server_->Stop();  // idempotent
+  PeerClientOptions o = ClientOptions();
+  o.timeout = std::chrono::seconds(3);
+  o.attempts = 2;
+  std::string got(16, '\0');
+  Status s = PeerClient(o).ReadShardRange(a, *big_, 0, 16, got.data());
+  EXPECT_EQ(s.code(), Code::kIOError) << s.ToString();
+  EXPECT_NE(s.message().find(a.ToString()), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find(big_->tensor), std::string::npos) << s.ToString();
+  // The port is free again.
+  PeerServerOptions again;
+  again.token = kToken;
+  again.port = a.port;
+  auto server = PeerServer::Start(store_.get(), again);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  EXPECT_TRUE(PeerClient(ClientOptions()).ReadShardRange(a, *big_, 0, 16, got.data()).ok());
+  // A second server on the same port fails, naming it.
+  auto clash = PeerServer::Start(store_.get(), again);
+  ASSERT_FALSE(clash.ok());
+  EXPECT_EQ(clash.status().code(), Code::kIOError);
+  EXPECT_NE(clash.status().message().find(a.ToString()), std::string::npos) << clash.status().ToString();
+}
+
+TEST_F(PeerDataPlane, StartRefusesBadOptions) {
+  PeerServerOptions o;
+  o.token = "short";
+  EXPECT_EQ(PeerServer::Start(store_.get(), o).status().code(), Code::kInvalidArgument);
+  o.token = kToken;
+  o.threads = 0;
+  EXPECT_EQ(PeerServer::Start(store_.get(), o).status().code(), Code::kInvalidArgument);
+  PeerClientOptions c = ClientOptions();
+  c.max_request_bytes = kChecksumBlockBytes + 1;
+  std::string got(16, '\0');
+  EXPECT_EQ(PeerClient(c).ReadShardRange(server_->address(), *big_, 0, 16, got.data()).code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ptc
