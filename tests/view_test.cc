@@ -43,6 +43,19 @@ TEST(Config, BadTextNamesTheKey) {
   EXPECT_FALSE(ParseConfig("tp").ok());
 }
 
+// Found by text_fuzz (tests/fuzz/corpus/text_fuzz/regression-config-pp-layers-overflow): a
+// stage's layer count past int was truncated, so the config printed as another one.
+TEST(Config, PipelineStageLayerCountIsBounded) {
+  for (const char* text : {"tp=1,pp_layers=057555555555554", "pp=2,pp_layers=1+4294967297", "pp_layers=1048577"}) {
+    auto c = ParseConfig(text);
+    ASSERT_FALSE(c.ok()) << text << " parsed as " << c->ToString();
+    EXPECT_NE(c.status().message().find("positive layer count"), std::string::npos) << c.status().message();
+  }
+  auto c = ParseConfig("pp=2,pp_layers=1048576+1");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(*ParseConfig(c->ToString()), *c);
+}
+
 TEST(Dims, DefaultsAndErrors) {
   ModelDims d = *ParseDims("layers=4,hidden=64,heads=4,vocab=1024,seq=128");
   EXPECT_EQ(d.ffn, 256);

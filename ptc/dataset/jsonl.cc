@@ -60,7 +60,8 @@ Status EmitLine(PairSink& sink, std::string_view line, uint64_t start) {
 Status ScanLines(const RandomAccessFile& file, PairSink& sink, const std::function<void(uint64_t)>& progress) {
   std::string carry;
   uint64_t carry_start = 0;
-  std::vector<char> buf(kScanChunk);
+  // A small file gets a buffer of its own size, not a whole (zero-filled) chunk.
+  std::vector<char> buf(std::min<uint64_t>(kScanChunk, file.Size()));
   for (uint64_t pos = 0; pos < file.Size(); pos += buf.size()) {
     const size_t n = std::min<uint64_t>(buf.size(), file.Size() - pos);
     PTC_RETURN_IF_ERROR(file.Read(pos, n, buf.data()));

@@ -46,7 +46,7 @@ Result<ParallelConfig> ParseConfig(std::string_view text) {
         size_t plus = value.find('+', pos);
         std::string part = value.substr(pos, plus == std::string::npos ? std::string::npos : plus - pos);
         auto n = ParsePositiveInt(part);
-        if (!n.ok()) return err("each stage needs a positive layer count");
+        if (!n.ok() || *n > (1 << 20)) return err("each stage needs a positive layer count (at most 2^20)");
         c.pp_layers.push_back(static_cast<int>(*n));
         if (plus == std::string::npos) break;
         pos = plus + 1;
