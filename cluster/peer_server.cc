@@ -81,7 +81,7 @@ std::shared_ptr<const ServedFiles> PeerServer::Impl::Served() {
   for (const auto& m : all) {
     if (m != nullptr) key.push_back(m->generation);
   }
-  if (served == nullptr || served->generations() != key) served = std::make_shared<const ServedFiles>(all);
+  if (served == nullptr || served->generations() != key) served = std::make_shared<const ServedFiles>(all, options.worker);
   return served;
 }
 

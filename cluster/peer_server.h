@@ -32,6 +32,7 @@ struct PeerServerOptions {
   std::string token;                  // the shared token (ReadTokenFile); ValidateToken must accept it
   uint64_t max_request_bytes = kDefaultMaxRequestBytes;  // larger requests: 413
   int threads = 8;                                       // requests served at once
+  int worker = -1;  // >= 0: serve only this worker's shard files (a cluster worker's own)
   std::chrono::seconds io_timeout{10};                   // per socket read or write
 };
 

@@ -5,12 +5,12 @@
 
 namespace ptc {
 
-ServedFiles::ServedFiles(const std::vector<std::shared_ptr<const GenerationManifest>>& manifests) {
+ServedFiles::ServedFiles(const std::vector<std::shared_ptr<const GenerationManifest>>& manifests, int worker) {
   for (const auto& m : manifests) {
     if (m == nullptr) continue;
     generations_.push_back(m->generation);
     for (const ShardRecord& s : m->shards) {
-      if (s.nbytes == 0) continue;
+      if (s.nbytes == 0 || (worker >= 0 && s.worker != worker)) continue;
       extents_[s.file].emplace_back(s.offset, s.offset + s.nbytes);
     }
   }

@@ -22,8 +22,9 @@ namespace ptc {
 
 class ServedFiles {
  public:
-  // The files of `manifests` (null entries are skipped).
-  explicit ServedFiles(const std::vector<std::shared_ptr<const GenerationManifest>>& manifests);
+  // The files of `manifests` (null entries are skipped); with worker >= 0
+  // only the files of that worker's records (a cluster worker serves its own).
+  explicit ServedFiles(const std::vector<std::shared_ptr<const GenerationManifest>>& manifests, int worker = -1);
 
   // The generations it was built from, in the order given.
   const std::vector<uint64_t>& generations() const { return generations_; }

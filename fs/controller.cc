@@ -131,15 +131,42 @@ void Controller::SetLastError(const std::string& error) {
 }
 
 ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_ptr<const Snapshot>& current) {
+  if (!propose_) return Start(text, current, std::nullopt);
+  auto request = ParseRequest(text);
+  ptc::Status s = request.ok() ? ptc::ValidateConfig(current->spec(), request->config)
+                               : ptc::InvalidArgumentError(request.status().message());
+  if (s.ok()) s = propose_(text, request->config);
+  if (!s.ok()) RecordError(s.message());
+  return s;
+}
+
+ptc::Status Controller::Apply(const std::string& text, const std::shared_ptr<const Snapshot>& current,
+                              ClusterChange change) {
+  auto failed = change.failed;
+  ptc::Status s = Start(text, current, std::move(change));
+  if (!s.ok() && failed) failed(s);
+  return s;
+}
+
+ptc::Status Controller::Start(const std::string& text, const std::shared_ptr<const Snapshot>& current,
+                              std::optional<ClusterChange> change) {
   auto fail = [&](const ptc::Status& s) {
     RecordError(s.message());
     return s;
+  };
+  // A mount alone serves a worker of its config; in a cluster a worker may
+  // hold no ranks of a config (it still serves its pieces to the others).
+  auto request_worker = [&](const ptc::ParallelConfig& config) {
+    if (change || worker_ < config.num_workers()) return ptc::Status::OK();
+    return ptc::InvalidArgumentError("worker " + std::to_string(worker_) + " does not exist in config " +
+                                     config.ToString() + " (" + std::to_string(config.num_workers()) + " workers)");
   };
   auto request = ParseRequest(text);
   if (!request.ok()) return fail(ptc::InvalidArgumentError(request.status().message()));
   const ptc::ParallelConfig& config = request->config;
   const ptc::ModelSpec& spec = current->spec();
   if (ptc::Status s = ptc::ValidateConfig(spec, config); !s.ok()) return fail(s);
+  if (ptc::Status s = request_worker(config); !s.ok()) return fail(s);
   std::optional<ptc::DatasetState> dataset = current->dataset();
   if (request->step) {
     if (!dataset) return fail(ptc::InvalidArgumentError(".ptcfs/config: 'step' given but the store holds no dataset"));
@@ -167,11 +194,14 @@ ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_p
   { ptc::MutexLock wait(&collect_mu_); }     // a removal after a close (CollectIfIdle) ends before the rewrite writes
   serve_(*lazy);
   ptc::MutexLock lock(&mu_);
-  worker_thread_ = std::thread([this, config, spec, dataset] { Rewrite(config, spec, dataset); });
+  worker_thread_ = std::thread([this, config, spec, dataset, change = std::move(change), current]() mutable {
+    Rewrite(config, spec, dataset, std::move(change), current);
+  });
   return ptc::Status::OK();
 }
 
-void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset) {
+void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset,
+                         std::optional<ClusterChange> change, std::shared_ptr<const Snapshot> previous) {
   // Reads of the new layout are served meanwhile (from the old shards) and come
   // first: the rewrite and the executor threads it starts (which inherit this)
   // run at a lower CPU priority. Best effort: the rewrite runs either way.
@@ -182,9 +212,21 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
   options.progress = [this](uint64_t n) { done_ += n; };
   auto rewrite = [&]() -> ptc::Result<std::shared_ptr<const Snapshot>> {
     auto source = store_->CurrentSnapshot();
-    PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({source.get(), spec, config, {}, std::nullopt}));
-    total_ = ptc::MakeCovering(plan, *source, options.mode).bytes_written;
-    PTC_RETURN_IF_ERROR(ptc::ExecutePlan(*store_, source, spec, config, plan, options).status());
+    std::optional<std::set<int>> alive;
+    if (change) {
+      alive = change->participants;
+      options.mode = ptc::CommitMode::kWorkerLocal;
+      options.before_commit = [&](ptc::GenerationWriter& w) { return change->before_commit(w, config.ToString()); };
+    }
+    PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({source.get(), spec, config, {}, alive}));
+    if (!plan.missing.empty()) {
+      return ptc::FailedPreconditionError("no live worker holds part of tensor '" + plan.missing.front().first +
+                                          "' (" + std::to_string(plan.missing.size()) + " regions missing)");
+    }
+    ptc::Covering covering = ptc::MakeCovering(plan, *source, options.mode);
+    if (change) covering = ptc::PartOf(covering, worker_);
+    total_ = covering.bytes_written;
+    PTC_RETURN_IF_ERROR(ptc::ExecuteCovering(*store_, source, spec, config, covering, options).status());
     return Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, config, worker_, checks_, dataset, source_);
   };
   // This thread is no FUSE callback: an unexpected exception here would end
@@ -196,6 +238,10 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
     result = ptc::InternalError(std::string("internal error in the rewrite: ") + e.what());
   }
   if (result.ok()) serve_(*result);
+  if (!result.ok() && change) {
+    serve_(previous);  // nothing was committed anywhere: the job stays on the old generation
+    if (change->failed) change->failed(result.status());
+  }
   {
     ptc::MutexLock lock(&mu_);
     state_ = result.ok() ? "serving" : "failed";

@@ -11,11 +11,14 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
 #include "fs/snapshot.h"
 #include "ptc/base/mutex.h"
+#include "ptc/store/generation_writer.h"
 #include "ptc/store/store.h"
 #include "transform/covering.h"
 
@@ -36,6 +39,21 @@ struct CompactionPolicy {
   }
 };
 
+// A change of layout agreed by the workers of a cluster (tools/ wires the
+// controller to cluster/; docs/cluster.md): this worker reads only the
+// participants' pieces, writes only its own part (the pieces its new ranks
+// lack, read from their workers through the store's Env) and commits only
+// after `before_commit`, which returns the other workers' pieces.
+struct ClusterChange {
+  std::set<int> participants;
+  // With this worker's part written (`config`: the new config, canonical);
+  // adds the others' pieces to the writer, or fails (nothing is committed,
+  // the previous layout is served again).
+  std::function<ptc::Status(ptc::GenerationWriter&, const std::string& config)> before_commit;
+  // The change failed on this worker (before or in before_commit).
+  std::function<void(const ptc::Status&)> failed;
+};
+
 class Controller {
  public:
   // `serve` installs a snapshot as the one the mount shows; `collect` removes
@@ -54,7 +72,21 @@ class Controller {
   // commits the new dataset position with the new layout.
   // \error InvalidArgument naming what is wrong (also kept as last_error);
   // \error FailedPrecondition while a rewrite runs.
+  // In a cluster (SetPropose) the request goes to the job instead, once
+  // valid: every worker then applies it with Apply.
   ptc::Status Reconfigure(const std::string& text, const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_);
+
+  // Makes this mount one worker of a cluster: Reconfigure hands valid
+  // requests to `propose`. Call before the mount serves.
+  void SetPropose(std::function<ptc::Status(const std::string&, const ptc::ParallelConfig&)> propose) {
+    propose_ = std::move(propose);
+  }
+
+  // Applies a change the cluster agreed on (Reconfigure's text): as
+  // Reconfigure does alone, with the rewrite as `change` says. On an error
+  // here change.failed is called too.
+  ptc::Status Apply(const std::string& text, const std::shared_ptr<const Snapshot>& current, ClusterChange change)
+      EXCLUDES(mu_);
 
   // Commits the Megatron save of `iteration` staged under `staging_root`
   // (megatron/ writes, fs/staging.h) as a new generation, in the current
@@ -86,7 +118,11 @@ class Controller {
   static constexpr size_t kMaxLastError = 4096;
 
  private:
-  void Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset) EXCLUDES(mu_);
+  ptc::Status Start(const std::string& text, const std::shared_ptr<const Snapshot>& current,
+                    std::optional<ClusterChange> change) EXCLUDES(mu_);
+  // `previous`: the snapshot served before, served again when a cluster change fails.
+  void Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset,
+               std::optional<ClusterChange> change, std::shared_ptr<const Snapshot> previous) EXCLUDES(mu_);
   // On the rewrite's thread after its commit: measures the served
   // generation's fragmentation and compacts it when the policy says so.
   void MaybeCompact(const ptc::ModelSpec& spec, const std::optional<ptc::DatasetState>& dataset)
@@ -109,6 +145,7 @@ class Controller {
   const std::shared_ptr<const ptc::DatasetSource> source_;
   std::function<void(std::shared_ptr<const Snapshot>)> serve_;
   std::function<ptc::Status()> collect_;
+  std::function<ptc::Status(const std::string&, const ptc::ParallelConfig&)> propose_;
   // Lock order: collect_mu_, then mu_. Held while removing replaced
   // generations; a rewrite or save takes it (after setting state_) before it
   // writes, so a removal never meets a writer.

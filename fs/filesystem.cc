@@ -72,7 +72,7 @@ Filesystem::~Filesystem() {
 
 ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& options) {
   std::unique_ptr<Filesystem> fs(new Filesystem(options));
-  PTC_ASSIGN_OR_RETURN(fs->store_, ptc::Store::Open(ptc::Env::Default(), options.store));
+  PTC_ASSIGN_OR_RETURN(fs->store_, ptc::Store::Open(options.env ? options.env : ptc::Env::Default(), options.store));
   if (!fs->store_->has_generation()) {
     return ptc::FailedPreconditionError(options.store + ": the store holds no generation yet (import one first)");
   }
@@ -84,6 +84,10 @@ ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& 
   if (dataset) {
     PTC_ASSIGN_OR_RETURN(source, ptc::OpenDatasetSource(ptc::Env::Default(), *fs->store_, *dataset),
                          options.store + ": the store's dataset");
+  }
+  if (options.worker >= config.num_workers()) {
+    return ptc::InvalidArgumentError("worker " + std::to_string(options.worker) + " does not exist in config " +
+                                     config.ToString() + " (" + std::to_string(config.num_workers()) + " workers)");
   }
   auto checks = std::make_shared<ShardChecks>();
   PTC_ASSIGN_OR_RETURN(

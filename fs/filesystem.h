@@ -52,6 +52,9 @@ struct MountOptions {
   bool megatron = false;  // megatron/ (Megatron-LM torch files)
   int transform_threads = 2;
   CompactionPolicy compaction;  // when to compact in the background after a reconfigure
+  // The Env the store is opened with (a cluster worker's PeerEnv, which reads
+  // other workers' pieces from them); null: the default. Must outlive the mount.
+  ptc::Env* env = nullptr;
 };
 
 struct Node;
@@ -139,6 +142,7 @@ class Filesystem {
   ptc::Status Fsync(uint64_t fh);
 
   Controller& controller() { return *controller_; }
+  const ptc::Store& store() const { return *store_; }
   std::shared_ptr<const Snapshot> snapshot() const EXCLUDES(mu_);
 
  private:

@@ -272,11 +272,24 @@ ptc::Status MountAndServe(const MountOptions& options, const SessionOptions& ses
     result = ptc::IOError(session.mountpoint + ": mount failed (does the directory exist? is FUSE available?)");
   } else {
     if (!session.foreground) fuse_daemonize(0);
-    struct fuse_loop_config* config = fuse_loop_cfg_create();
-    fuse_loop_cfg_set_max_threads(config, static_cast<unsigned>(session.threads));
-    fuse_loop_cfg_set_clone_fd(config, 1);
-    if (fuse_session_loop_mt(se, config) != 0) result = ptc::IOError("FUSE session loop failed");
-    fuse_loop_cfg_destroy(config);
+    std::shared_ptr<void> attached;
+    if (session.attach) {
+      auto a = session.attach(*fs);
+      if (a.ok()) {
+        attached = std::move(a).value();
+      } else {
+        result = a.status();
+        std::fprintf(stderr, "ptcfs mount: %s\n", result.ToString().c_str());
+      }
+    }
+    if (result.ok()) {
+      struct fuse_loop_config* config = fuse_loop_cfg_create();
+      fuse_loop_cfg_set_max_threads(config, static_cast<unsigned>(session.threads));
+      fuse_loop_cfg_set_clone_fd(config, 1);
+      if (fuse_session_loop_mt(se, config) != 0) result = ptc::IOError("FUSE session loop failed");
+      fuse_loop_cfg_destroy(config);
+    }
+    attached.reset();  // its threads end before the file system goes
     fuse_session_unmount(se);
   }
   fuse_remove_signal_handlers(se);

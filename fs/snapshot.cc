@@ -21,10 +21,6 @@ ptc::Result<std::shared_ptr<const Snapshot>> Snapshot::Create(
     const ptc::ParallelConfig& config, int worker, std::shared_ptr<ShardChecks> checks,
     std::optional<ptc::DatasetState> dataset, std::shared_ptr<const ptc::DatasetSource> source) {
   PTC_RETURN_IF_ERROR(ptc::ValidateConfig(spec, config));
-  if (worker >= config.num_workers()) {
-    return ptc::InvalidArgumentError("worker " + std::to_string(worker) + " does not exist in config " +
-                                     config.ToString() + " (" + std::to_string(config.num_workers()) + " workers)");
-  }
   if (dataset && !source) return ptc::InternalError("a snapshot with a dataset needs its source");
   std::shared_ptr<Snapshot> s(new Snapshot(store, std::move(generation), spec, config));
   s->dataset_ = std::move(dataset);
@@ -76,7 +72,14 @@ ptc::Result<std::shared_ptr<const ptc::RankDataView>> Snapshot::DataView(int dp_
   return data_views_.emplace(key, std::move(view)).first->second;
 }
 
-ptc::Status ShardChecks::Check(const ptc::Store& store, const ptc::ShardRecord& shard, uint64_t offset, uint64_t n) {
+ptc::Status Snapshot::Check(const ptc::ShardRecord& shard, uint64_t offset, uint64_t n) const {
+  // A file that cannot be opened: ShardChecks opens it again and reports why.
+  auto file = reader_.File(shard);
+  return checks_->Check(store_, shard, offset, n, file.ok() ? *file : nullptr);
+}
+
+ptc::Status ShardChecks::Check(const ptc::Store& store, const ptc::ShardRecord& shard, uint64_t offset, uint64_t n,
+                               const ptc::RandomAccessFile* file) {
   if (n == 0 || offset >= shard.nbytes) return ptc::Status::OK();
   n = std::min(n, shard.nbytes - offset);
   const size_t first = ptc::BlockOf(shard, offset), last = ptc::BlockOf(shard, offset + n - 1);
@@ -105,7 +108,9 @@ ptc::Status ShardChecks::Check(const ptc::Store& store, const ptc::ShardRecord& 
     }
     const uint64_t begin = ptc::BlockBegin(shard, lo);
     mu_.Unlock();
-    ptc::Status s = ptc::VerifyShardRange(store.env(), store, shard, begin, ptc::BlockEnd(shard, hi) - begin);
+    const uint64_t len = ptc::BlockEnd(shard, hi) - begin;
+    ptc::Status s = file != nullptr ? ptc::VerifyShardRangeInFile(*file, shard, begin, len)
+                                    : ptc::VerifyShardRange(store.env(), store, shard, begin, len);
     mu_.Lock();
     for (size_t b : claimed) e.blocks[b] = s.ok() ? Block::kVerified : Block::kUnchecked;
     if (!s.ok()) e.failure = s;

@@ -250,6 +250,29 @@ TEST(Covering, ReferencesWritesAndCompactBytes) {
   EXPECT_EQ(compact.writes.targets.size(), plan->targets.size() - compact.references.size());
 }
 
+// Workers with stores of their own (a cluster) reference only their own
+// pieces: a shard identical to one on another worker is written (pulled), not
+// referenced as a shared store may.
+TEST(Covering, WorkerLocalReferencesOnlyEachWorkersOwnPieces) {
+  ModelSpec spec = Spec("llama", kLlama, DType::kF32, true);
+  TempDir tmp;
+  MakeStore(tmp, spec, *ParseConfig("tp=2,pp=1,per_worker=1"), 1);  // rank 1's shards on worker 1
+  auto store = Store::Open(Env::Default(), tmp / "store");
+  ASSERT_TRUE(store.ok());
+  const GenerationManifest& m = (*store)->current();
+  // Both ranks on worker 0: rank 1's target shards are stored as they are, on worker 1.
+  auto plan = MakePlan({&m, spec, *ParseConfig("tp=2,pp=1,per_worker=2"), {}, std::nullopt});
+  ASSERT_TRUE(plan.ok());
+  const Covering shared = MakeCovering(*plan, m, CommitMode::kCovering);
+  const Covering local = MakeCovering(*plan, m, CommitMode::kWorkerLocal);
+  EXPECT_EQ(shared.bytes_written, 0u);  // a shared store references worker 1's files
+  EXPECT_GT(local.bytes_written, 0u);
+  EXPECT_EQ(local.bytes_written, plan->bytes_moved);  // the lower bound: what worker 0 lacks
+  for (const auto& [s, worker] : local.references) EXPECT_EQ(m.shards[s].worker, worker);
+  for (const TargetShard& t : local.writes.targets) EXPECT_EQ(t.worker, 0);
+  EXPECT_EQ(local.compact_bytes, 0u);  // what is written is whole target shards
+}
+
 // A compaction asked to stop (a mount's reconfigure) stops at its next chunk
 // and commits nothing.
 TEST(Covering, CancelledCompactionCommitsNothing) {

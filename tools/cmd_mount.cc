@@ -18,6 +18,7 @@
 
 #include "fs/mount.h"
 #include "ptc/base/json_fields.h"
+#include "tools/cluster_mount.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 
@@ -33,6 +34,7 @@ struct MountArgs {
   bool nonempty = false;
   bool wait = false;  // for the writer lock
   CompactionPolicy compaction;
+  ClusterArgs cluster;
 };
 
 // Whether `path` (canonical) is a mount point, from /proc/self/mountinfo
@@ -112,7 +114,14 @@ ptc::Status RunMount(const MountArgs& a) {
   options.megatron = a.format == "megatron" || a.format == "all";
   options.transform_threads = a.transform_threads;
   options.compaction = a.compaction;
-  return MountAndServe(options, {a.mountpoint, a.foreground, a.threads});
+  SessionOptions session{a.mountpoint, a.foreground, a.threads, nullptr};
+  std::unique_ptr<ClusterMount> cluster;
+  if (!a.cluster.url.empty()) {
+    PTC_ASSIGN_OR_RETURN(cluster, ClusterMount::Prepare(a.cluster, options.store, a.worker));
+    options.env = cluster->env();
+    session.attach = [&cluster](Filesystem& fs) { return cluster->Attach(fs); };
+  }
+  return MountAndServe(options, session);
 }
 
 ptc::Result<nlohmann::json> ReadStatus(const std::string& mountpoint) {
@@ -218,6 +227,24 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
       ->add_option("--compact-min-piece", m->compaction.min_piece_bytes,
                    "... or when one is read from a piece smaller than this many bytes (default 0: never)")
       ->check(CLI::NonNegativeNumber);
+  mount
+      ->add_option("--cluster", m->cluster.url,
+                   "etcd://HOST:PORT[,HOST:PORT...]/JOB: this mount is worker --worker of JOB, its state\n"
+                   "agreed through etcd; a reconfigure on any worker's mount changes every worker's\n"
+                   "(docs/cluster.md). Needs --worker, --listen and --token-file")
+      ->group("Cluster");
+  mount->add_option("--listen", m->cluster.listen, "HOST:PORT: where this worker serves its shard files to the others")
+      ->group("Cluster");
+  mount->add_option("--token-file", m->cluster.token_file, "the job's shared token (a file of mode 0600)")
+      ->group("Cluster");
+  mount->add_option("--lease", m->cluster.lease_seconds, "seconds after which a silent worker has left the job")
+      ->check(CLI::Range(2, 3600))
+      ->group("Cluster");
+  mount
+      ->add_option("--change-timeout", m->cluster.timeout_seconds,
+                   "seconds a reconfigure may take across the workers before it is aborted")
+      ->check(CLI::Range(1, 86400))
+      ->group("Cluster");
   mount->callback([m, exit_code] { *exit_code = Report("mount", RunMount(*m)); });
 
   auto r = std::make_shared<ReconfigureArgs>();

@@ -1,6 +1,8 @@
 #include "transform/covering.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <optional>
 #include <set>
 
 namespace ptc {
@@ -22,9 +24,11 @@ Covering MakeCovering(const Plan& plan, const GenerationManifest& source, Commit
     const size_t first = c;
     while (c < plan.copies.size() && plan.copies[c].target == t) ++c;
     out.fragmentation.shards++;
-    if (target.kept || target.same) {
+    std::optional<size_t> stored = target.kept;
+    if (!stored && mode != CommitMode::kWorkerLocal) stored = target.same;
+    if (stored) {
       AddPiece(target.nbytes, &out.fragmentation);
-      references.emplace(target.kept ? *target.kept : *target.same, target.worker);
+      references.emplace(*stored, target.worker);
       continue;
     }
     for (size_t i = first; i < c; ++i) AddPiece(plan.copies[i].nbytes, &out.fragmentation);
@@ -32,7 +36,7 @@ Covering MakeCovering(const Plan& plan, const GenerationManifest& source, Commit
     const size_t index = out.writes.targets.size();
     for (size_t i = first; i < c; ++i) {
       const Copy& copy = plan.copies[i];
-      if (mode == CommitMode::kCovering && source.shards[copy.source].worker == target.worker) {
+      if (mode != CommitMode::kCompact && source.shards[copy.source].worker == target.worker) {
         references.emplace(copy.source, target.worker);
         continue;
       }
@@ -49,6 +53,28 @@ Covering MakeCovering(const Plan& plan, const GenerationManifest& source, Commit
   }
   out.references.assign(references.begin(), references.end());
   for (const auto& [s, worker] : out.references) out.bytes_referenced += source.shards[s].nbytes;
+  out.writes.bytes_total = out.bytes_written;
+  return out;
+}
+
+Covering PartOf(const Covering& covering, int worker) {
+  Covering out = covering;
+  out.writes.targets.clear();
+  out.writes.copies.clear();
+  out.bytes_written = 0;
+  std::vector<size_t> index(covering.writes.targets.size(), SIZE_MAX);
+  for (size_t t = 0; t < covering.writes.targets.size(); ++t) {
+    const TargetShard& target = covering.writes.targets[t];
+    if (target.worker != worker) continue;
+    index[t] = out.writes.targets.size();
+    out.writes.targets.push_back(target);
+    out.bytes_written += target.nbytes;
+  }
+  for (const Copy& copy : covering.writes.copies) {
+    if (index[copy.target] == SIZE_MAX) continue;
+    out.writes.copies.push_back(copy);
+    out.writes.copies.back().target = index[copy.target];
+  }
   out.writes.bytes_total = out.bytes_written;
   return out;
 }

@@ -40,6 +40,10 @@ enum class CommitMode {
   // Write every target shard that is not stored as it is (on its worker, or
   // identically on another worker of a shared store).
   kCompact,
+  // As kCovering for workers that each keep a store of their own (a cluster,
+  // docs/cluster.md): a piece is referenced only by its own worker's targets,
+  // so a shard identical to one on another worker is written too (pulled).
+  kWorkerLocal,
 };
 
 struct Covering {
@@ -64,5 +68,10 @@ struct Covering {
 
 // REQUIRES: plan was made from `source` and has no missing regions.
 Covering MakeCovering(const Plan& plan, const GenerationManifest& source, CommitMode mode);
+
+// `covering` with only the writes of targets on `worker`: one worker's part of
+// a cluster's change (each worker writes its own pieces; the references, which
+// are metadata, stay whole). bytes_written counts the part.
+Covering PartOf(const Covering& covering, int worker);
 
 }  // namespace ptc

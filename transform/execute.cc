@@ -143,6 +143,7 @@ Result<ExecuteResult> ExecuteCovering(Store& store, std::shared_ptr<const Genera
     return internal::StreamGroup(groups[task.group], writes, first_copy, store, *source, writer.get(), options,
                                  &scratch[thread]);
   }));
+  if (options.before_commit) PTC_RETURN_IF_ERROR(options.before_commit(*writer));
   GenerationManifest meta;
   meta.extra = source->extra;
   for (const auto& [key, value] : options.extra.items()) meta.extra[key] = value;

@@ -45,6 +45,11 @@ struct ExecuteOptions {
   // ("cancelled"), nothing committed (a mount's background compaction gives way
   // to a reconfigure).
   std::function<bool()> cancelled;
+  // Called once everything is written, right before the commit (which it can
+  // stop by returning an error: nothing is committed). A cluster worker
+  // publishes its part there, waits for the others and adds their pieces
+  // (docs/cluster.md).
+  std::function<Status(GenerationWriter&)> before_commit;
   // false: every target through the general path (tests compare the two).
   bool sweep = true;
   // Entries set in the new manifest's `extra` over the source's (e.g. "dataset":

@@ -109,6 +109,21 @@ void GenerationWriter::AddShard(ShardRecord record) {
   shards_.push_back(std::move(record));
 }
 
+std::vector<ShardRecord> GenerationWriter::Shards() const {
+  MutexLock lock(&mu_);
+  return shards_;
+}
+
+std::vector<ShardRecord> GenerationWriter::Written() const {
+  const std::string prefix = dir_ + "/";
+  MutexLock lock(&mu_);
+  std::vector<ShardRecord> out;
+  for (const ShardRecord& s : shards_) {
+    if (s.file.starts_with(prefix)) out.push_back(s);
+  }
+  return out;
+}
+
 // Syncs the shard directories, then writes gen-NNNNNN/manifest.json.
 Status GenerationWriter::WriteGeneration(std::string_view manifest_text) {
   Env* env = store_->env();

@@ -63,6 +63,11 @@ class GenerationWriter {
   // Adds a finished shard, or a shard of an older generation (its file stays where it is).
   void AddShard(ShardRecord record);
 
+  // The shards added so far: all of them, and those whose files this
+  // generation wrote.
+  std::vector<ShardRecord> Shards() const;
+  std::vector<ShardRecord> Written() const;
+
   // Makes the generation current: validates the manifest (meta with the added
   // shards; meta.shards, meta.generation and meta.parent are replaced), syncs the
   // shard directories, writes gen-NNNNNN/manifest.json atomically, then renames
@@ -90,7 +95,7 @@ class GenerationWriter {
   Store* const store_;
   const uint64_t generation_;
   const std::string dir_;  // "gen-NNNNNN", relative
-  Mutex mu_;
+  mutable Mutex mu_;
   std::vector<ShardRecord> shards_ GUARDED_BY(mu_);
   std::map<std::pair<std::string, int>, int> counters_ GUARDED_BY(mu_);  // (stem, worker) -> next k
   std::set<int> workers_ GUARDED_BY(mu_);                                // worker dirs created

@@ -1,0 +1,207 @@
+#include "cluster/coordinator.h"
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "cluster/membership.h"
+#include "ptc/base/checksum.h"
+
+namespace ptc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string NewChangeId(int worker) {
+  std::random_device rd;
+  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return "w" + std::to_string(worker) + "-" + ChecksumToString(r);
+}
+
+}  // namespace
+
+Coordinator::Coordinator(const EtcdClient* etcd, CoordinatorOptions options) : etcd_(etcd), options_(std::move(options)) {}
+
+Result<std::optional<Committed>> Coordinator::GetCommitted() const {
+  PTC_ASSIGN_OR_RETURN(std::optional<KeyValue> kv, etcd_->Get(CommittedKey(options_.job)));
+  if (!kv) return std::optional<Committed>();
+  PTC_ASSIGN_OR_RETURN(Committed c, DecodeCommitted("etcd key " + kv->key, kv->value));
+  return std::optional<Committed>(std::move(c));
+}
+
+Result<std::optional<Change>> Coordinator::Pending() const {
+  PTC_ASSIGN_OR_RETURN(std::optional<KeyValue> kv, etcd_->Get(ChangeKey(options_.job)));
+  if (!kv) return std::optional<Change>();
+  PTC_ASSIGN_OR_RETURN(Change c, DecodeChange("etcd key " + kv->key, kv->value));
+  return std::optional<Change>(std::move(c));
+}
+
+Status Coordinator::Join(const GenerationManifest& current) const {
+  const Committed mine{current.generation, current.config, PiecesDigest(current.config, current.shards)};
+  TxnRequest txn;
+  txn.compare = {Compare::Absent(CommittedKey(options_.job))};
+  txn.success = {TxnOp::Put(CommittedKey(options_.job), EncodeCommitted(mine))};
+  PTC_ASSIGN_OR_RETURN(TxnResponse r, etcd_->Txn(txn));
+  if (r.succeeded) return Status::OK();
+  PTC_ASSIGN_OR_RETURN(std::optional<Committed> job, GetCommitted());
+  if (!job) return FailedPreconditionError("job " + options_.job + ": its committed state vanished while joining");
+  const std::string who = "worker " + std::to_string(options_.worker) + " of job " + options_.job;
+  if (job->generation != mine.generation) {
+    return FailedPreconditionError(who + ": the store is at generation " + std::to_string(mine.generation) +
+                                   ", the job committed generation " + std::to_string(job->generation) +
+                                   " (a worker that missed a commit must be recovered; docs/cluster.md)");
+  }
+  if (job->digest != mine.digest || job->config != mine.config) {
+    return FailedPreconditionError(who + ": generation " + std::to_string(mine.generation) + " of the store (" +
+                                   mine.config + ", pieces " + mine.digest + ") is not the job's (" + job->config +
+                                   ", pieces " + job->digest + ")");
+  }
+  return Status::OK();
+}
+
+Result<Change> Coordinator::Propose(const std::string& request, uint64_t from, std::vector<int> workers,
+                                    int workers_needed) const {
+  std::sort(workers.begin(), workers.end());
+  workers.erase(std::unique(workers.begin(), workers.end()), workers.end());
+  for (int w = 0; w < workers_needed; ++w) {
+    if (!std::binary_search(workers.begin(), workers.end(), w)) {
+      return InvalidArgumentError("job " + options_.job + ": the config places ranks on worker " + std::to_string(w) +
+                                  ", which is not a live member (live: " + std::to_string(workers.size()) +
+                                  " workers)");
+    }
+  }
+  PTC_ASSIGN_OR_RETURN(std::optional<KeyValue> committed, etcd_->Get(CommittedKey(options_.job)));
+  if (!committed) return FailedPreconditionError("job " + options_.job + ": nothing committed yet");
+  PTC_ASSIGN_OR_RETURN(Committed c, DecodeCommitted("etcd key " + committed->key, committed->value));
+  if (c.generation != from) {
+    return FailedPreconditionError("job " + options_.job + ": generation " + std::to_string(from) +
+                                   " is no longer committed (" + std::to_string(c.generation) + " is)");
+  }
+  Change change{NewChangeId(options_.worker), from, from + 1, request, std::move(workers)};
+  TxnRequest txn;
+  txn.compare = {Compare::Absent(ChangeKey(options_.job)),
+                 Compare::ModRevisionIs(CommittedKey(options_.job), committed->mod_revision)};
+  txn.success = {TxnOp::DeletePrefix(GenerationPrefix(options_.job, change.generation)),
+                 TxnOp::Put(ChangeKey(options_.job), EncodeChange(change))};
+  PTC_ASSIGN_OR_RETURN(TxnResponse r, etcd_->Txn(txn));
+  if (!r.succeeded) {
+    return FailedPreconditionError("job " + options_.job +
+                                   ": another change is under way (wait for .ptcfs/status to say serving)");
+  }
+  return change;
+}
+
+void Coordinator::Fail(const Change& change, const Status& error) const {
+  TxnRequest txn;
+  txn.compare = {Compare::ValueIs(ChangeKey(options_.job), EncodeChange(change))};
+  txn.success = {TxnOp::Put(FailedKey(options_.job, change.generation, options_.worker),
+                            EncodeFailure({change.id, error.ToString()}))};
+  (void)etcd_->Txn(txn);  // best effort: the others also time out
+}
+
+Status Coordinator::Abort(const Change& change, int64_t revision, const std::string& reason) const {
+  TxnRequest txn;
+  txn.compare = {Compare::ModRevisionIs(ChangeKey(options_.job), revision)};
+  txn.success = {TxnOp::Delete(ChangeKey(options_.job)),
+                 TxnOp::DeletePrefix(PartsPrefix(options_.job, change.generation)),
+                 TxnOp::Put(AbortedKey(options_.job, change.generation), EncodeFailure({change.id, reason}))};
+  (void)etcd_->Txn(txn);  // lost to another abort or a commit: Aborted() tells which
+  return Aborted(change);
+}
+
+Status Coordinator::Aborted(const Change& change) const {
+  std::string reason = "withdrawn";
+  auto kv = etcd_->Get(AbortedKey(options_.job, change.generation));
+  if (kv.ok() && *kv) {
+    auto f = DecodeFailure("etcd key " + (*kv)->key, (*kv)->value);
+    if (f.ok() && f->id == change.id) reason = f->error;
+  }
+  return FailedPreconditionError("job " + options_.job + ": the change to generation " +
+                                 std::to_string(change.generation) + " (" + change.request +
+                                 ") was aborted, nothing committed: " + reason);
+}
+
+Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const std::string& config,
+                                                     const std::vector<ShardRecord>& written,
+                                                     const std::vector<ShardRecord>& referenced,
+                                                     const std::vector<TensorRecord>& tensors) const {
+  const std::string& job = options_.job;
+  const std::string change_text = EncodeChange(change);
+  {
+    TxnRequest txn;
+    txn.compare = {Compare::ValueIs(ChangeKey(job), change_text)};
+    txn.success = {TxnOp::Put(PartKey(job, change.generation, options_.worker),
+                              EncodePart(change.id, written, tensors))};
+    PTC_ASSIGN_OR_RETURN(TxnResponse r, etcd_->Txn(txn));
+    if (!r.succeeded) return Aborted(change);
+  }
+  const Clock::time_point deadline = Clock::now() + options_.timeout;
+  for (;;) {
+    // The parts published, by worker.
+    PTC_ASSIGN_OR_RETURN(RangeResponse parts, etcd_->GetPrefix(PartsPrefix(job, change.generation)));
+    std::map<int, std::vector<ShardRecord>> by_worker;
+    for (const KeyValue& kv : parts.kvs) {
+      PTC_ASSIGN_OR_RETURN(auto part, DecodePart("etcd key " + kv.key, kv.value));
+      if (part.first != change.id) continue;
+      const int w = std::stoi(kv.key.substr(PartsPrefix(job, change.generation).size()));
+      by_worker[w] = std::move(part.second);
+    }
+    std::vector<ShardRecord> all = referenced, others;
+    for (auto& [w, shards] : by_worker) {
+      all.insert(all.end(), shards.begin(), shards.end());
+      if (w != options_.worker) others.insert(others.end(), shards.begin(), shards.end());
+    }
+    // The change before the committed state: a commit removes the one and
+    // sets the other at once, so a change gone is a commit seen below, or an abort.
+    PTC_ASSIGN_OR_RETURN(std::optional<KeyValue> change_kv, etcd_->Get(ChangeKey(job)));
+    PTC_ASSIGN_OR_RETURN(std::optional<KeyValue> committed_kv, etcd_->Get(CommittedKey(job)));
+    if (!committed_kv) return FailedPreconditionError("job " + job + ": its committed state vanished");
+    PTC_ASSIGN_OR_RETURN(Committed committed, DecodeCommitted("etcd key " + committed_kv->key, committed_kv->value));
+    const bool complete = std::all_of(change.workers.begin(), change.workers.end(),
+                                      [&](int w) { return by_worker.count(w) > 0; });
+    if (committed.generation == change.generation) {
+      // Parts stay until the next commit: read again when the last one came
+      // after this round read them.
+      if (!complete) continue;
+      const std::string digest = PiecesDigest(config, all);
+      if (committed.digest != digest) {
+        return CorruptionError("job " + job + ": generation " + std::to_string(change.generation) +
+                               " was committed with pieces " + committed.digest + ", this worker has " + digest);
+      }
+      return others;
+    }
+    if (!change_kv || change_kv->value != change_text) return Aborted(change);
+    if (complete) {
+      TxnRequest txn;
+      txn.compare = {Compare::ModRevisionIs(ChangeKey(job), change_kv->mod_revision),
+                     Compare::ModRevisionIs(CommittedKey(job), committed_kv->mod_revision)};
+      txn.success = {
+          TxnOp::Put(CommittedKey(job), EncodeCommitted({change.generation, config, PiecesDigest(config, all)})),
+          TxnOp::Delete(ChangeKey(job)), TxnOp::DeletePrefix(GenerationPrefix(job, change.from))};
+      PTC_RETURN_IF_ERROR(etcd_->Txn(txn).status());
+      continue;  // committed here or by another worker: the next round sees it
+    }
+    PTC_ASSIGN_OR_RETURN(RangeResponse failed, etcd_->GetPrefix(FailedPrefix(job, change.generation)));
+    for (const KeyValue& kv : failed.kvs) {
+      auto f = DecodeFailure("etcd key " + kv.key, kv.value);
+      if (f.ok() && f->id == change.id) {
+        return Abort(change, change_kv->mod_revision,
+                     "worker " + kv.key.substr(FailedPrefix(job, change.generation).size()) + " failed: " + f->error);
+      }
+    }
+    PTC_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(*etcd_, job));
+    for (int w : change.workers) {
+      if (std::none_of(members.begin(), members.end(), [&](const Member& m) { return m.worker == w; })) {
+        return Abort(change, change_kv->mod_revision, "worker " + std::to_string(w) + " left the job (its lease expired)");
+      }
+    }
+    if (Clock::now() > deadline) {
+      return Abort(change, change_kv->mod_revision,
+                   "not every worker finished within " + std::to_string(options_.timeout.count() / 1000) + " s");
+    }
+    std::this_thread::sleep_for(options_.poll);
+  }
+}
+
+}  // namespace ptc

@@ -1,0 +1,91 @@
+// One worker's side of the job's reconfiguration protocol over etcd
+// (docs/cluster.md, "Reconfigure across workers"). Keys: job_state.h.
+//
+// 1. Propose: a change of the committed generation G to the live members,
+//    put only if nothing else is under way and G is still committed (one
+//    transaction). It clears what an aborted attempt at G + 1 left.
+// 2. Every participant applies the change's request to its mount, writes its
+//    part (the pieces its new ranks lack, pulled from the peers) durably, and
+//    calls Finish: it publishes the part (only while the change stands), then
+//    waits. The first worker that sees every participant's part commits in
+//    one transaction: committed = G + 1 with the digest of all pieces, the
+//    change removed. Every worker then commits the same generation locally.
+// 3. A participant that fails (Fail), leaves the job (its lease expired) or a
+//    timeout aborts the change in one transaction: nothing is committed
+//    anywhere and every worker keeps generation G.
+//
+// Thread safety: all methods may be called concurrently.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cluster/etcd_client.h"
+#include "cluster/job_state.h"
+#include "ptc/base/status.h"
+#include "ptc/store/manifest.h"
+
+namespace ptc {
+
+struct CoordinatorOptions {
+  std::string job;
+  int worker = 0;
+  std::chrono::milliseconds poll{100};        // how often Finish looks at etcd
+  std::chrono::milliseconds timeout{600000};  // a change not committed by then is aborted
+};
+
+class Coordinator {
+ public:
+  // `etcd` must outlive the coordinator.
+  Coordinator(const EtcdClient* etcd, CoordinatorOptions options);
+
+  const CoordinatorOptions& options() const { return options_; }
+
+  // Agrees this worker's store with the job at start-up: when etcd holds no
+  // committed state yet, `current` (the store's current generation) becomes
+  // it; otherwise the two must be the same generation with the same pieces.
+  // \error FailedPrecondition naming both generations (or digests) when they differ.
+  Status Join(const GenerationManifest& current) const;
+
+  Result<std::optional<Committed>> GetCommitted() const;
+  // The change under way, if any.
+  Result<std::optional<Change>> Pending() const;
+
+  // Proposes `request` (the parsed config `config`, validated by the caller)
+  // as a change of committed generation `from` to `workers` (the live
+  // members, sorted), each of which must hold the ranks the config places on it.
+  // \error FailedPrecondition when a change is under way or `from` is no
+  //        longer committed; InvalidArgument when a worker the config needs is
+  //        not among `workers`.
+  Result<Change> Propose(const std::string& request, uint64_t from, std::vector<int> workers,
+                         int workers_needed) const;
+
+  // This worker's part of `change` is durable: `written` (its pieces) and
+  // `referenced` (the generation's other pieces, the same on every worker).
+  // Publishes the part, waits for the others' and the commit (see above) and
+  // returns the other participants' pieces.
+  // \error Aborted as FailedPrecondition naming the reason (a worker failed,
+  //        left, the timeout), after which nothing is committed anywhere;
+  //        Corruption when the committed digest differs from this worker's.
+  Result<std::vector<ShardRecord>> Finish(const Change& change, const std::string& config,
+                                          const std::vector<ShardRecord>& written,
+                                          const std::vector<ShardRecord>& referenced,
+                                          const std::vector<TensorRecord>& tensors) const;
+
+  // This worker could not apply `change`: the others abort it.
+  void Fail(const Change& change, const Status& error) const;
+
+ private:
+  // Aborts `change` (as etcd holds it at `revision`) for `reason`; returns
+  // the error Finish reports.
+  Status Abort(const Change& change, int64_t revision, const std::string& reason) const;
+  // Why `change` ended without a commit (its aborted record), as an error.
+  Status Aborted(const Change& change) const;
+
+  const EtcdClient* const etcd_;
+  const CoordinatorOptions options_;
+};
+
+}  // namespace ptc

@@ -1,0 +1,122 @@
+#include "cluster/job_state.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
+
+#include "ptc/base/checksum.h"
+#include "ptc/base/json_fields.h"
+
+namespace ptc {
+namespace {
+
+std::string Root(std::string_view job) { return "/ptcfs/" + std::string(job) + "/"; }
+
+Result<nlohmann::json> ParseObject(std::string_view where, std::string_view value) {
+  nlohmann::json j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return CorruptionError(std::string(where) + ": not a JSON object");
+  return j;
+}
+
+}  // namespace
+
+std::string CommittedKey(std::string_view job) { return Root(job) + "committed"; }
+std::string ChangeKey(std::string_view job) { return Root(job) + "change"; }
+std::string GenerationPrefix(std::string_view job, uint64_t g) { return Root(job) + "gen/" + std::to_string(g) + "/"; }
+std::string PartsPrefix(std::string_view job, uint64_t g) { return GenerationPrefix(job, g) + "part/"; }
+std::string PartKey(std::string_view job, uint64_t g, int worker) { return PartsPrefix(job, g) + std::to_string(worker); }
+std::string FailedPrefix(std::string_view job, uint64_t g) { return GenerationPrefix(job, g) + "failed/"; }
+std::string FailedKey(std::string_view job, uint64_t g, int worker) {
+  return FailedPrefix(job, g) + std::to_string(worker);
+}
+std::string AbortedKey(std::string_view job, uint64_t g) { return GenerationPrefix(job, g) + "aborted"; }
+
+std::string EncodeCommitted(const Committed& c) {
+  return nlohmann::json{{"generation", c.generation}, {"config", c.config}, {"digest", c.digest}}.dump();
+}
+
+std::string EncodeChange(const Change& c) {
+  return nlohmann::json{{"id", c.id},           {"from", c.from},       {"generation", c.generation},
+                        {"request", c.request}, {"workers", c.workers}}
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string EncodeFailure(const Failure& f) {
+  return nlohmann::json{{"id", f.id}, {"error", f.error}}.dump(-1, ' ', false,
+                                                               nlohmann::json::error_handler_t::replace);
+}
+
+std::string EncodePart(std::string_view id, const std::vector<ShardRecord>& shards,
+                       const std::vector<TensorRecord>& tensors) {
+  GenerationManifest m;
+  m.shards = shards;
+  for (const TensorRecord& t : tensors) {
+    if (std::any_of(shards.begin(), shards.end(), [&](const ShardRecord& s) { return s.tensor == t.name; })) {
+      m.tensors.push_back(t);
+    }
+  }
+  return nlohmann::json{{"id", std::string(id)}, {"part", nlohmann::json::parse(EncodeManifest(m))}}.dump();
+}
+
+Result<Committed> DecodeCommitted(std::string_view where, std::string_view value) {
+  PTC_ASSIGN_OR_RETURN(nlohmann::json j, ParseObject(where, value));
+  JsonFields f(j, std::string(where));
+  Committed c;
+  PTC_ASSIGN_OR_RETURN(c.generation, f.Unsigned("generation"));
+  PTC_ASSIGN_OR_RETURN(c.config, f.String("config"));
+  PTC_ASSIGN_OR_RETURN(c.digest, f.String("digest"));
+  return c;
+}
+
+Result<Change> DecodeChange(std::string_view where, std::string_view value) {
+  PTC_ASSIGN_OR_RETURN(nlohmann::json j, ParseObject(where, value));
+  JsonFields f(j, std::string(where));
+  Change c;
+  PTC_ASSIGN_OR_RETURN(c.id, f.String("id"));
+  PTC_ASSIGN_OR_RETURN(c.from, f.Unsigned("from"));
+  PTC_ASSIGN_OR_RETURN(c.generation, f.Unsigned("generation"));
+  if (c.generation != c.from + 1) return f.Error("generation", "is not from + 1");
+  PTC_ASSIGN_OR_RETURN(c.request, f.String("request"));
+  PTC_ASSIGN_OR_RETURN(const nlohmann::json* workers, f.Array("workers"));
+  for (const nlohmann::json& w : *workers) {
+    if (!w.is_number_unsigned() || w.get<uint64_t>() > (1u << 20)) return f.Error("workers", "holds a non-worker");
+    c.workers.push_back(w.get<int>());
+  }
+  if (!std::is_sorted(c.workers.begin(), c.workers.end()) ||
+      std::adjacent_find(c.workers.begin(), c.workers.end()) != c.workers.end()) {
+    return f.Error("workers", "is not sorted without repeats");
+  }
+  return c;
+}
+
+Result<Failure> DecodeFailure(std::string_view where, std::string_view value) {
+  PTC_ASSIGN_OR_RETURN(nlohmann::json j, ParseObject(where, value));
+  JsonFields f(j, std::string(where));
+  Failure out;
+  PTC_ASSIGN_OR_RETURN(out.id, f.String("id"));
+  PTC_ASSIGN_OR_RETURN(out.error, f.String("error"));
+  return out;
+}
+
+Result<std::pair<std::string, std::vector<ShardRecord>>> DecodePart(std::string_view where, std::string_view value) {
+  PTC_ASSIGN_OR_RETURN(nlohmann::json j, ParseObject(where, value));
+  JsonFields f(j, std::string(where));
+  PTC_ASSIGN_OR_RETURN(std::string id, f.String("id"));
+  PTC_ASSIGN_OR_RETURN(const nlohmann::json* part, f.Get("part"));
+  PTC_ASSIGN_OR_RETURN(GenerationManifest m, DecodeManifest(std::string(where) + ": part", part->dump()));
+  return std::make_pair(std::move(id), std::move(m.shards));
+}
+
+std::string PiecesDigest(std::string_view config, std::vector<ShardRecord> shards) {
+  std::sort(shards.begin(), shards.end(), [](const ShardRecord& a, const ShardRecord& b) {
+    return std::tie(a.tensor, a.worker, a.file, a.offset) < std::tie(b.tensor, b.worker, b.file, b.offset);
+  });
+  GenerationManifest m;
+  m.config = config;
+  m.shards = std::move(shards);
+  const std::string text = EncodeManifest(m);
+  return ChecksumToString(Xxh64(text.data(), text.size()));
+}
+
+}  // namespace ptc

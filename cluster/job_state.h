@@ -1,0 +1,73 @@
+// The job's shared state in etcd (docs/cluster.md, "Job state"): what is
+// committed, the change under way, and each worker's part of it. Keys and
+// their JSON values; pure functions.
+//
+//   /ptcfs/JOB/committed          {"generation":N,"config":"...","digest":"..."}
+//   /ptcfs/JOB/change             {"id":"...","from":N,"generation":N+1,"request":"...","workers":[...]}
+//   /ptcfs/JOB/gen/G/part/W       {"id":"...","part":MANIFEST}  worker W wrote its pieces of G (durable)
+//   /ptcfs/JOB/gen/G/failed/W     {"id":"...","error":"..."}   worker W could not
+//   /ptcfs/JOB/gen/G/aborted      {"id":"...","reason":"..."}  the change to G committed nowhere
+//
+// Thread safety: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ptc/base/status.h"
+#include "ptc/store/manifest.h"
+
+namespace ptc {
+
+struct Committed {
+  uint64_t generation = 0;
+  std::string config;
+  std::string digest;  // PiecesDigest of the generation
+  friend bool operator==(const Committed&, const Committed&) = default;
+};
+
+struct Change {
+  std::string id;  // unique per proposal
+  uint64_t from = 0;
+  uint64_t generation = 0;  // from + 1
+  std::string request;      // what .ptcfs/config was given: every worker applies the same text
+  std::vector<int> workers;  // the live members when proposed: each writes its part
+  friend bool operator==(const Change&, const Change&) = default;
+};
+
+struct Failure {
+  std::string id;
+  std::string error;
+};
+
+std::string CommittedKey(std::string_view job);
+std::string ChangeKey(std::string_view job);
+std::string GenerationPrefix(std::string_view job, uint64_t generation);
+std::string PartsPrefix(std::string_view job, uint64_t generation);
+std::string PartKey(std::string_view job, uint64_t generation, int worker);
+std::string FailedPrefix(std::string_view job, uint64_t generation);
+std::string FailedKey(std::string_view job, uint64_t generation, int worker);
+std::string AbortedKey(std::string_view job, uint64_t generation);
+
+std::string EncodeCommitted(const Committed& c);
+std::string EncodeChange(const Change& c);
+std::string EncodeFailure(const Failure& f);
+// A part: the pieces a worker wrote, as a manifest holding their tensors.
+std::string EncodePart(std::string_view id, const std::vector<ShardRecord>& shards,
+                       const std::vector<TensorRecord>& tensors);
+
+// Each \error is Corruption naming `where` (the etcd key) and the field at fault.
+Result<Committed> DecodeCommitted(std::string_view where, std::string_view value);
+Result<Change> DecodeChange(std::string_view where, std::string_view value);
+Result<Failure> DecodeFailure(std::string_view where, std::string_view value);
+// The part's change id and its shard records (validated as a manifest's).
+Result<std::pair<std::string, std::vector<ShardRecord>>> DecodePart(std::string_view where, std::string_view value);
+
+// The digest every worker computes of a generation: its config and its
+// pieces, in a canonical order (xxh64 hex). Equal on two workers exactly when
+// they commit the same generation.
+std::string PiecesDigest(std::string_view config, std::vector<ShardRecord> shards);
+
+}  // namespace ptc

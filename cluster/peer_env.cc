@@ -1,0 +1,161 @@
+#include "cluster/peer_env.h"
+
+#include <algorithm>
+#include <charconv>
+
+#include "ptc/store/store_layout.h"
+
+namespace ptc {
+
+// A shard file of another worker: reads go, block by block, through the env.
+class PeerEnv::RemoteFile : public RandomAccessFile {
+ public:
+  RemoteFile(PeerEnv* env, std::string path, Target target)
+      : env_(env), path_(std::move(path)), target_(std::move(target)) {
+    for (const ShardRecord& r : target_.records) size_ = std::max(size_, r.offset + r.nbytes);
+  }
+
+  Status Read(uint64_t offset, size_t n, void* dst) const override {
+    char* out = static_cast<char*>(dst);
+    while (n > 0) {
+      const ShardRecord* record = RecordAt(offset);
+      if (record == nullptr) {
+        return NotFoundError(path_ + ": byte " + std::to_string(offset) + " is in no shard's data (worker " +
+                             std::to_string(target_.records.front().worker) + " serves only those)");
+      }
+      const uint64_t in_shard = offset - record->offset;
+      const size_t block = BlockOf(*record, in_shard);
+      const uint64_t skip = in_shard - BlockBegin(*record, block);
+      const uint64_t take = std::min<uint64_t>(n, BlockEnd(*record, block) - in_shard);
+      PTC_RETURN_IF_ERROR(env_->ReadBlock(target_.peer, *record, block, skip, take, out));
+      out += take;
+      offset += take;
+      n -= static_cast<size_t>(take);
+    }
+    return Status::OK();
+  }
+  uint64_t Size() const override { return size_; }
+  const std::string& path() const override { return path_; }
+
+ private:
+  const ShardRecord* RecordAt(uint64_t offset) const {
+    for (const ShardRecord& r : target_.records) {
+      if (offset >= r.offset && offset - r.offset < r.nbytes) return &r;
+    }
+    return nullptr;
+  }
+
+  PeerEnv* const env_;
+  const std::string path_;
+  const Target target_;
+  uint64_t size_ = 0;
+};
+
+PeerEnv::PeerEnv(Env* local, std::string root, PeerEnvOptions options)
+    : local_(local),
+      root_(root.ends_with('/') ? root : root + "/"),
+      options_(std::move(options)),
+      client_(options_.client) {}
+
+void PeerEnv::SetPeers(std::map<int, PeerAddress> peers) {
+  MutexLock lock(&mu_);
+  peers_ = std::move(peers);
+}
+
+void PeerEnv::SetManifests(std::vector<std::shared_ptr<const GenerationManifest>> manifests) {
+  MutexLock lock(&mu_);
+  manifests_ = std::move(manifests);
+}
+
+PeerEnv::Stats PeerEnv::stats() const {
+  MutexLock lock(&mu_);
+  return stats_;
+}
+
+int PeerEnv::RemoteWorker(const std::string& path) const {
+  if (!path.starts_with(root_)) return -1;
+  // gen-NNNNNN/worker-WW/NAME
+  const std::string_view rel = std::string_view(path).substr(root_.size());
+  const size_t a = rel.find('/');
+  if (a == std::string_view::npos || !ParseGenerationDirName(rel.substr(0, a))) return -1;
+  const size_t b = rel.find('/', a + 1);
+  if (b == std::string_view::npos || b + 1 == rel.size()) return -1;
+  std::string_view dir = rel.substr(a + 1, b - a - 1);
+  constexpr std::string_view kPrefix = "worker-";
+  if (!dir.starts_with(kPrefix)) return -1;
+  dir.remove_prefix(kPrefix.size());
+  int worker = -1;
+  auto [end, ec] = std::from_chars(dir.data(), dir.data() + dir.size(), worker);
+  if (ec != std::errc() || end != dir.data() + dir.size() || worker < 0 || WorkerDirName(worker) != rel.substr(a + 1, b - a - 1)) {
+    return -1;
+  }
+  return worker == options_.self ? -1 : worker;
+}
+
+Result<PeerEnv::Target> PeerEnv::Lookup(int worker, const std::string& rel) const {
+  MutexLock lock(&mu_);
+  auto peer = peers_.find(worker);
+  if (peer == peers_.end()) {
+    return IOError(root_ + rel + ": held by worker " + std::to_string(worker) + ", which is not a live member of the job");
+  }
+  Target t{peer->second, {}};
+  for (const auto& m : manifests_) {
+    if (m == nullptr) continue;
+    for (const ShardRecord& r : m->shards) {
+      if (r.file != rel) continue;
+      const bool known = std::any_of(t.records.begin(), t.records.end(),
+                                     [&](const ShardRecord& x) { return x.offset == r.offset && x.nbytes == r.nbytes; });
+      if (!known) t.records.push_back(r);
+    }
+  }
+  if (t.records.empty()) return NotFoundError(root_ + rel + ": no served manifest names this file of worker " + std::to_string(worker));
+  return t;
+}
+
+Result<std::unique_ptr<RandomAccessFile>> PeerEnv::OpenRead(const std::string& path) {
+  const int worker = RemoteWorker(path);
+  if (worker < 0) return local_->OpenRead(path);
+  PTC_ASSIGN_OR_RETURN(Target target, Lookup(worker, path.substr(root_.size())));
+  return std::unique_ptr<RandomAccessFile>(new RemoteFile(this, path, std::move(target)));
+}
+
+bool PeerEnv::Exists(const std::string& path) { return RemoteWorker(path) >= 0 || local_->Exists(path); }
+
+Result<uint64_t> PeerEnv::FileSize(const std::string& path) {
+  const int worker = RemoteWorker(path);
+  if (worker < 0) return local_->FileSize(path);
+  PTC_ASSIGN_OR_RETURN(auto file, OpenRead(path));
+  return file->Size();
+}
+
+Status PeerEnv::ReadBlock(const PeerAddress& peer, const ShardRecord& record, size_t block, uint64_t skip, uint64_t n,
+                          char* dst) {
+  auto same = [&](const Cached& c) { return c.block == block && c.offset == record.offset && c.file == record.file; };
+  std::shared_ptr<const std::string> bytes;
+  {
+    MutexLock lock(&mu_);
+    auto it = std::find_if(cache_.begin(), cache_.end(), same);
+    if (it != cache_.end()) {
+      cache_.splice(cache_.begin(), cache_, it);
+      bytes = it->bytes;
+      stats_.cache_hits++;
+    }
+  }
+  if (bytes == nullptr) {
+    const uint64_t begin = BlockBegin(record, block), end = BlockEnd(record, block);
+    auto fetched = std::make_shared<std::string>(end - begin, '\0');
+    PTC_RETURN_IF_ERROR(client_.ReadShardRange(peer, record, begin, end - begin, fetched->data()));
+    bytes = fetched;
+    MutexLock lock(&mu_);
+    stats_.requests++;
+    stats_.bytes += end - begin;
+    if (options_.cached_blocks > 0 && std::find_if(cache_.begin(), cache_.end(), same) == cache_.end()) {
+      cache_.push_front({record.file, record.offset, block, bytes});
+      if (cache_.size() > options_.cached_blocks) cache_.pop_back();
+    }
+  }
+  std::copy_n(bytes->data() + skip, n, dst);
+  return Status::OK();
+}
+
+}  // namespace ptc

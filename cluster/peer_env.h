@@ -1,0 +1,116 @@
+// The Env a cluster worker opens its store with (docs/cluster.md). A worker's
+// store holds the job's manifests and only its own shard files; a shard file
+// in another worker's directory (gen-NNNNNN/worker-WW/... with WW another
+// worker) is read from that worker's PeerServer. So everything above the Env
+// (the mount's readers, the executor's sweeps) reads a piece on another
+// worker as it reads a local one, and the parts of a change a worker lacks
+// are pulled by the executor that writes them.
+//
+// Remote reads fetch whole checksum blocks, checked against the record of
+// the manifest that names the file as they arrive (PeerClient); the last
+// blocks fetched are kept (a small cache shared by the files), so that a
+// reader verifying a block and then reading it in parts fetches it once.
+//
+// Thread safety: all methods may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cluster/peer_client.h"
+#include "cluster/peer_protocol.h"
+#include "ptc/base/env.h"
+#include "ptc/base/mutex.h"
+#include "ptc/store/manifest.h"
+
+namespace ptc {
+
+struct PeerEnvOptions {
+  int self = 0;                     // this worker: its directories are local
+  PeerClientOptions client;         // token, deadlines
+  size_t cached_blocks = 16;        // whole checksum blocks kept (4 MiB each)
+};
+
+class PeerEnv : public Env {
+ public:
+  // `local` (not owned) holds the store at `root`; other paths are local too.
+  PeerEnv(Env* local, std::string root, PeerEnvOptions options);
+
+  // Where the workers serve (from membership). A worker not listed has no
+  // reachable files (reads fail with IOError naming it).
+  void SetPeers(std::map<int, PeerAddress> peers) EXCLUDES(mu_);
+  // The manifests whose records say what a remote file holds (the served
+  // generations; null entries are skipped); a remote file no record names
+  // cannot be read.
+  void SetManifests(std::vector<std::shared_ptr<const GenerationManifest>> manifests) EXCLUDES(mu_);
+
+  // The worker whose directory holds `path`, when it is a shard file path of
+  // another worker under the store root; -1 otherwise.
+  int RemoteWorker(const std::string& path) const;
+
+  struct Stats {
+    uint64_t requests = 0;  // ReadShardRange calls
+    uint64_t bytes = 0;     // bytes fetched
+    uint64_t cache_hits = 0;
+  };
+  Stats stats() const EXCLUDES(mu_);
+
+  // Env. A remote file: OpenRead reads it from its worker, Exists is true
+  // (the worker holds it; reading checks it), FileSize is the end of its
+  // records' data; writing, listing or removing one is local (and finds
+  // nothing).
+  Result<std::unique_ptr<RandomAccessFile>> OpenRead(const std::string& path) override;
+  Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path) override { return local_->OpenWrite(path); }
+  Result<std::unique_ptr<WritableFile>> OpenExisting(const std::string& path) override {
+    return local_->OpenExisting(path);
+  }
+  bool Exists(const std::string& path) override;
+  Result<uint64_t> FileSize(const std::string& path) override;
+  Result<std::vector<std::string>> ListDir(const std::string& path) override { return local_->ListDir(path); }
+  Status CreateDirs(const std::string& path) override { return local_->CreateDirs(path); }
+  Status Rename(const std::string& from, const std::string& to) override { return local_->Rename(from, to); }
+  Status Remove(const std::string& path) override { return local_->Remove(path); }
+  Status RemoveTree(const std::string& path) override { return local_->RemoveTree(path); }
+  Status SyncDir(const std::string& path) override { return local_->SyncDir(path); }
+  Status SyncFileSystem(const std::string& path) override { return local_->SyncFileSystem(path); }
+  bool IsDirectory(const std::string& path) override { return local_->IsDirectory(path); }
+  Result<std::unique_ptr<OutputDir>> OpenOutputDir(const std::string& path) override {
+    return local_->OpenOutputDir(path);
+  }
+
+ private:
+  class RemoteFile;
+  // The records naming `rel` (one per distinct data range), and the worker's address.
+  struct Target {
+    PeerAddress peer;
+    std::vector<ShardRecord> records;
+  };
+  Result<Target> Lookup(int worker, const std::string& rel) const EXCLUDES(mu_);
+  // Copies block `block` of `record` (as served by `peer`) into dst, from the
+  // cache or fetched (and then kept).
+  Status ReadBlock(const PeerAddress& peer, const ShardRecord& record, size_t block, uint64_t skip, uint64_t n,
+                   char* dst) EXCLUDES(mu_);
+
+  Env* const local_;
+  const std::string root_;  // with a final '/'
+  const PeerEnvOptions options_;
+  const PeerClient client_;
+  mutable Mutex mu_;
+  std::map<int, PeerAddress> peers_ GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<const GenerationManifest>> manifests_ GUARDED_BY(mu_);
+  // Cache: (file, data offset, block) -> bytes, most recent first.
+  struct Cached {
+    std::string file;
+    uint64_t offset = 0;
+    size_t block = 0;
+    std::shared_ptr<const std::string> bytes;
+  };
+  std::list<Cached> cache_ GUARDED_BY(mu_);
+  Stats stats_ GUARDED_BY(mu_);
+};
+
+}  // namespace ptc

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Many workers: four ptcfs mounts, each worker in a network namespace of its
+own, one job coordinated by a real etcd (docs/cluster.md).
+
+  8 ranks (tp=2,pp=2,dp=2, two per worker: workers 0-3)
+  -> 4 ranks (tp=2,pp=2: workers 0, 1), asked on worker 1's mount
+  -> 6 ranks (tp=2,pp=3: workers 0-2), asked on worker 2's mount
+After each step every worker serves the new generation, and the rank files of
+all mounts together equal `ptcfs synth` of the new config, tensor by tensor
+(`ptcfs diff`). Each worker's store holds only its own shard files: what a
+worker's new ranks lack comes from the others over the peer data plane.
+Then a change during which a participant stops (SIGSTOP, its lease expires)
+commits nowhere: every live worker keeps serving the old generation. The peer
+server refuses a request without the token and one for a file outside the
+manifest.
+
+Usage: cluster_mount_test.py PTCFS   (root; exit 77 = skipped, never under CI=true)
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from netns import Netns, require, start_etcd  # noqa: E402
+
+PTCFS = os.path.abspath(sys.argv[1])
+SCHEMA, DIMS = "llama", "layers=6,hidden=64,heads=8,kv_heads=4,vocab=96,seq=16,ffn=96"
+WORKERS, PORT, JOB = 4, 7411, "job1"
+
+
+def ptcfs(*args, **kw):
+    return subprocess.run([PTCFS, *args], check=True, capture_output=True, text=True, **kw)
+
+
+def status(mnt):
+    with open(os.path.join(mnt, ".ptcfs", "status")) as f:
+        return json.load(f)
+
+
+MOUNTS = []
+
+
+def statuses():
+    out = []
+    for m in MOUNTS:
+        try:
+            s = status(m)
+            out.append("%s: %s gen %s %s %s" % (m, s["state"], s["generation"], s["config"], s.get("last_error", "")))
+        except (OSError, ValueError) as e:
+            out.append("%s: %s" % (m, e))
+    return "\n".join(out)
+
+
+def wait_for(what, fn, timeout=60):
+    deadline = time.time() + timeout
+    while True:
+        try:
+            v = fn()
+            if v:
+                return v
+        except (OSError, ValueError):
+            pass
+        if time.time() > deadline:
+            raise AssertionError("timed out waiting for " + what + "\n" + statuses())
+        time.sleep(0.1)
+
+
+def expect_ranks(tmp, mnts, config, ranks, tag):
+    """The ranks' files across the mounts equal synth of `config`."""
+    ref = os.path.join(tmp, "ref-" + tag)
+    if not os.path.exists(ref):
+        ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--config", config, "--optimizer", "adam", "--seed", "7", ref)
+    joined = os.path.join(tmp, "joined-" + tag)
+    shutil.rmtree(joined, ignore_errors=True)
+    os.makedirs(joined)
+    for r in range(ranks):
+        w = r // 2
+        src = os.path.join(mnts[w], "model", "rank-%05d" % r)
+        assert os.path.isdir(src), src + " missing"
+        os.symlink(src, os.path.join(joined, "rank-%05d" % r))
+    ptcfs("diff", "--schema", SCHEMA, "--dims", DIMS, "--config-a", config, "--config-b", config, ref, joined)
+    print("ok   ranks 0-%d equal synth of %s" % (ranks - 1, config))
+
+
+def reconfigure(mnt, config):
+    with open(os.path.join(mnt, ".ptcfs", "config"), "w") as f:
+        f.write(config + "\n")
+
+
+def peer_get(ns, i, url, token):
+    code = (
+        "import sys, urllib.request, urllib.error\n"
+        "req = urllib.request.Request(sys.argv[1])\n"
+        "if sys.argv[2]: req.add_header('Authorization', 'Bearer ' + sys.argv[2])\n"
+        "try:\n"
+        "    print(urllib.request.urlopen(req, timeout=10).status)\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code)\n"
+    )
+    out = ns.run(i, ["/usr/bin/python3", "-c", code, url, token], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip())
+
+
+def main():
+    require(etcd=True)
+    tmp = tempfile.mkdtemp(prefix="ptcfs-cluster-")
+    mnts = [os.path.join(tmp, "mnt%d" % w) for w in range(WORKERS)]
+    MOUNTS.extend(mnts)
+    daemons = []
+    try:
+        with Netns(WORKERS) as ns, start_etcd(os.path.join(tmp, "etcd"), ns.host_addr) as etcd:
+            # One store per worker, each with only its own shard files.
+            ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--config", "tp=2,pp=2,dp=2,per_worker=2",
+                  "--optimizer", "adam", "--seed", "7", os.path.join(tmp, "saved"))
+            ptcfs("import", "--schema", SCHEMA, "--dims", DIMS, "--config", "tp=2,pp=2,dp=2,per_worker=2",
+                  os.path.join(tmp, "saved"), os.path.join(tmp, "whole"))
+            stores = []
+            for w in range(WORKERS):
+                s = os.path.join(tmp, "store%d" % w)
+                shutil.copytree(os.path.join(tmp, "whole"), s, symlinks=True)
+                for gen in os.listdir(s):
+                    if gen.startswith("gen-"):
+                        for d in os.listdir(os.path.join(s, gen)):
+                            if d.startswith("worker-") and d != "worker-%02d" % w:
+                                shutil.rmtree(os.path.join(s, gen, d))
+                stores.append(s)
+            token = os.path.join(tmp, "token")
+            with open(token, "w") as f:
+                f.write("secret-token-of-the-test-job\n")
+            os.chmod(token, 0o600)
+            url = "etcd://%s/%s" % (etcd.endpoint.split("//")[1], JOB)
+            for w in range(WORKERS):
+                os.makedirs(mnts[w])
+                log = open(os.path.join(tmp, "worker%d.log" % w), "w")
+                wrap = os.environ.get("PTCFS_WRAP", "").split()  # e.g. "gdb -batch -ex run -ex bt --args"
+                daemons.append(ns.popen(w, wrap + [PTCFS, "mount", "-f", stores[w], mnts[w], "--worker", str(w),
+                                            "--cluster", url, "--listen", "%s:%d" % (ns.addr(w), PORT),
+                                            "--token-file", token, "--lease", "2"],
+                                        stdout=log, stderr=subprocess.STDOUT))
+            for w in range(WORKERS):
+                wait_for("worker %d's mount" % w, lambda: status(mnts[w])["state"] == "serving")
+            print("ok   4 workers mounted")
+            expect_ranks(tmp, mnts, "tp=2,pp=2,dp=2,per_worker=2", 8, "8")
+
+            def step(asker, config, ranks, generation):
+                t0 = time.time()
+                reconfigure(mnts[asker], config)
+                for w in range(WORKERS):
+                    wait_for("worker %d at generation %d" % (w, generation),
+                             lambda: status(mnts[w])["generation"] == generation
+                             and status(mnts[w])["state"] == "serving")
+                print("ok   %s committed on every worker in %.2f s" % (config, time.time() - t0))
+                expect_ranks(tmp, mnts, config, ranks, str(ranks))
+
+            step(1, "tp=2,pp=2,dp=1,per_worker=2", 4, 2)
+            step(2, "tp=2,pp=3,dp=1,per_worker=2", 6, 3)
+
+            # The data plane: no token, and a path no manifest names, are refused.
+            base = "http://%s:%d/v1/shard" % (ns.addr(0), PORT)
+            any_file = next(os.path.relpath(os.path.join(d, f), stores[0])
+                            for d, _, fs in os.walk(stores[0]) for f in fs if f.endswith(".h5"))
+            secret = open(token).read().strip()
+            assert peer_get(ns, 1, base + "?file=%s&offset=0&length=1" % any_file, "") == 401
+            assert peer_get(ns, 1, base + "?file=manifest.json&offset=0&length=1", secret) == 404
+            assert peer_get(ns, 1, base + "?file=..%2Fetc%2Fpasswd&offset=0&length=1", secret) == 400
+            print("ok   the peer server refuses requests without the token and outside the manifest")
+
+            # A participant stops during a change: nothing is committed anywhere.
+            os.kill(daemons[3].pid, signal.SIGSTOP)
+            reconfigure(mnts[0], "tp=2,pp=2,dp=2,per_worker=2")
+            for w in range(3):
+                wait_for("worker %d to give the change up" % w, lambda: status(mnts[w])["state"] == "failed", 90)
+                s = status(mnts[w])
+                assert s["generation"] == 3 and s["config"].startswith("tp=2,pp=3"), s
+                assert "aborted" in s["last_error"], s["last_error"]
+            print("ok   a change with a stopped worker committed nowhere: " + status(mnts[0])["last_error"][:160])
+            expect_ranks(tmp, mnts, "tp=2,pp=3,dp=1,per_worker=2", 6, "6")
+            os.kill(daemons[3].pid, signal.SIGKILL)
+            daemons[3].wait()
+            subprocess.run(["umount", "-l", mnts[3]], capture_output=True)
+    finally:
+        for w, d in enumerate(daemons):
+            if d.poll() is None:
+                subprocess.run(["umount", mnts[w]], capture_output=True)
+        for d in daemons:
+            try:
+                d.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                d.kill()
+        for m in mnts:
+            subprocess.run(["umount", "-l", m], capture_output=True)
+        if os.environ.get("KEEP_TMP"):
+            print("kept " + tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print("PASS cluster_mount_test")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+#include "tools/cluster_mount.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <set>
+#include <thread>
+
+#include "cluster/coordinator.h"
+#include "cluster/etcd_client.h"
+#include "cluster/membership.h"
+#include "cluster/peer_env.h"
+#include "cluster/peer_server.h"
+#include "cluster/token.h"
+#include "ptc/store/store_layout.h"
+
+namespace ptcfs {
+
+ptc::Result<ClusterUrl> ParseClusterUrl(std::string_view text) {
+  auto bad = [&] {
+    return ptc::InvalidArgumentError("--cluster '" + std::string(text) +
+                                     "': expected etcd://HOST:PORT[,HOST:PORT...]/JOB");
+  };
+  constexpr std::string_view kScheme = "etcd://";
+  if (!text.starts_with(kScheme)) return bad();
+  std::string_view rest = text.substr(kScheme.size());
+  const size_t slash = rest.find('/');
+  if (slash == std::string_view::npos) return bad();
+  ClusterUrl url;
+  url.job = std::string(rest.substr(slash + 1));
+  PTC_RETURN_IF_ERROR(ptc::ValidateJobName(url.job));
+  std::string_view hosts = rest.substr(0, slash);
+  while (!hosts.empty()) {
+    const size_t comma = hosts.find(',');
+    std::string_view h = hosts.substr(0, comma);
+    if (!ptc::ParsePeerAddress(h).ok()) return bad();
+    url.endpoints.emplace_back(h);
+    hosts = comma == std::string_view::npos ? std::string_view() : hosts.substr(comma + 1);
+  }
+  if (url.endpoints.empty()) return bad();
+  return url;
+}
+
+struct ClusterMount::Impl {
+  ClusterArgs args;
+  ClusterUrl url;
+  int worker = 0;
+  std::string token;
+  ptc::PeerAddress listen;
+  std::unique_ptr<ptc::EtcdClient> etcd;
+  std::unique_ptr<ptc::Coordinator> coordinator;
+  std::unique_ptr<ptc::PeerEnv> env;
+};
+
+namespace {
+
+// The running worker: peer server, membership and the agent's thread, which
+// follows etcd: the members' addresses, and changes to apply.
+class Agent {
+ public:
+  explicit Agent(Filesystem* fs) : fs_(fs) {}
+  ~Agent() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    if (membership_) (void)membership_->Leave();
+    if (server_) server_->Stop();
+  }
+
+  ptc::Status Start(ClusterMount::Impl* impl) {
+    impl_ = impl;
+    ptc::PeerServerOptions server;
+    server.address = impl->listen.host;
+    server.port = impl->listen.port;
+    server.token = impl->token;
+    server.worker = impl->worker;
+    PTC_ASSIGN_OR_RETURN(server_, ptc::PeerServer::Start(&fs_->store(), server));
+    PTC_ASSIGN_OR_RETURN(membership_, ptc::Membership::Join(impl->etcd.get(), {impl->url.job, impl->worker,
+                                                                               impl->listen.ToString(),
+                                                                               impl->args.lease_seconds}));
+    Follow();
+    fs_->controller().SetPropose(
+        [this](const std::string& text, const ptc::ParallelConfig& config) { return Propose(text, config); });
+    thread_ = std::thread([this] { Loop(); });
+    return ptc::Status::OK();
+  }
+
+ private:
+  ptc::Status Propose(const std::string& text, const ptc::ParallelConfig& config) {
+    PTC_ASSIGN_OR_RETURN(std::vector<ptc::Member> members, membership_->Members());
+    std::vector<int> workers;
+    for (const ptc::Member& m : members) workers.push_back(m.worker);
+    const uint64_t from = fs_->store().CurrentSnapshot()->generation;
+    return impl_->coordinator->Propose(text, from, workers, config.num_workers()).status();
+  }
+
+  // The members' addresses and the generations served, into the env and the server.
+  void Follow() {
+    auto members = membership_->Members();
+    if (members.ok()) {
+      std::map<int, ptc::PeerAddress> peers;
+      for (const ptc::Member& m : *members) {
+        if (auto a = ptc::ParsePeerAddress(m.address); a.ok()) peers[m.worker] = *a;
+      }
+      impl_->env->SetPeers(std::move(peers));
+    }
+    auto current = fs_->store().CurrentSnapshot();
+    if (current != served_.front()) {
+      served_ = {current, served_.front()};  // the previous one: readers of older files
+      impl_->env->SetManifests(served_);
+      server_->SetKeptGenerations({served_[1]});
+    }
+  }
+
+  void Loop() {
+    while (!stop_) {
+      Follow();
+      auto pending = impl_->coordinator->Pending();
+      if (pending.ok() && *pending) Apply(**pending);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+
+  void Apply(const ptc::Change& change) {
+    if (change.id == applied_ || change.from != fs_->store().CurrentSnapshot()->generation) return;
+    const std::set<int> participants(change.workers.begin(), change.workers.end());
+    if (!participants.count(impl_->worker)) return;
+    applied_ = change.id;
+    ClusterChange cc;
+    cc.participants = participants;
+    const ptc::Coordinator* coordinator = impl_->coordinator.get();
+    const ptc::Store* store = &fs_->store();
+    cc.before_commit = [change, coordinator, store](ptc::GenerationWriter& writer,
+                                                    const std::string& config) -> ptc::Status {
+      // The part is durable before the job may count on it.
+      PTC_RETURN_IF_ERROR(store->env()->SyncFileSystem(store->root()));
+      const std::string prefix = ptc::GenerationDirName(writer.generation()) + "/";
+      std::vector<ptc::ShardRecord> written, referenced;
+      for (ptc::ShardRecord& s : writer.Shards()) (s.file.starts_with(prefix) ? written : referenced).push_back(s);
+      PTC_ASSIGN_OR_RETURN(std::vector<ptc::ShardRecord> others,
+                           coordinator->Finish(change, config, written, referenced,
+                                               store->CurrentSnapshot()->tensors));
+      for (ptc::ShardRecord& s : others) writer.AddShard(std::move(s));
+      return ptc::Status::OK();
+    };
+    cc.failed = [change, coordinator](const ptc::Status& s) { coordinator->Fail(change, s); };
+    (void)fs_->controller().Apply(change.request, fs_->snapshot(), std::move(cc));
+  }
+
+  Filesystem* const fs_;
+  ClusterMount::Impl* impl_ = nullptr;
+  std::unique_ptr<ptc::PeerServer> server_;
+  std::unique_ptr<ptc::Membership> membership_;
+  std::vector<std::shared_ptr<const ptc::GenerationManifest>> served_ = {nullptr, nullptr};
+  std::string applied_;  // the id of the last change applied (the loop's own)
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace
+
+ClusterMount::ClusterMount(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ClusterMount::~ClusterMount() = default;
+
+ptc::Env* ClusterMount::env() { return impl_->env.get(); }
+
+ptc::Result<std::unique_ptr<ClusterMount>> ClusterMount::Prepare(const ClusterArgs& args, const std::string& store,
+                                                                 int worker) {
+  auto impl = std::make_unique<Impl>();
+  impl->args = args;
+  impl->worker = worker;
+  if (worker < 0) return ptc::InvalidArgumentError("--cluster needs --worker: this mount's worker id");
+  PTC_ASSIGN_OR_RETURN(impl->url, ParseClusterUrl(args.url));
+  PTC_ASSIGN_OR_RETURN(impl->listen, ptc::ParsePeerAddress(args.listen), "--listen");
+  if (impl->listen.host == "0.0.0.0" || impl->listen.host == "::") {
+    return ptc::InvalidArgumentError("--listen " + args.listen +
+                                     ": give the address the other workers reach this one at, not a wildcard");
+  }
+  if (args.token_file.empty()) return ptc::InvalidArgumentError("--cluster needs --token-file: the job's shared token");
+  PTC_ASSIGN_OR_RETURN(impl->token, ptc::ReadTokenFile(args.token_file));
+  ptc::EtcdOptions etcd;
+  etcd.endpoints = impl->url.endpoints;
+  PTC_ASSIGN_OR_RETURN(impl->etcd, ptc::EtcdClient::Create(etcd));
+  PTC_RETURN_IF_ERROR(impl->etcd->Health(), "--cluster " + args.url);
+  ptc::CoordinatorOptions c;
+  c.job = impl->url.job;
+  c.worker = worker;
+  c.timeout = std::chrono::seconds(args.timeout_seconds);
+  impl->coordinator = std::make_unique<ptc::Coordinator>(impl->etcd.get(), c);
+  PTC_ASSIGN_OR_RETURN(auto opened, ptc::Store::Open(ptc::Env::Default(), store));
+  if (!opened->has_generation()) return ptc::FailedPreconditionError(store + ": the store holds no generation yet");
+  PTC_RETURN_IF_ERROR(impl->coordinator->Join(opened->current()));
+  ptc::PeerEnvOptions env;
+  env.self = worker;
+  env.client.token = impl->token;
+  impl->env = std::make_unique<ptc::PeerEnv>(ptc::Env::Default(), store, env);
+  impl->env->SetManifests({opened->CurrentSnapshot()});
+  return std::unique_ptr<ClusterMount>(new ClusterMount(std::move(impl)));
+}
+
+ptc::Result<std::shared_ptr<void>> ClusterMount::Attach(Filesystem& fs) {
+  auto agent = std::make_shared<Agent>(&fs);
+  PTC_RETURN_IF_ERROR(agent->Start(impl_.get()));
+  return std::shared_ptr<void>(agent);
+}
+
+}  // namespace ptcfs
