@@ -136,7 +136,13 @@ ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_p
   ptc::Status s = request.ok() ? ptc::ValidateConfig(current->spec(), request->config)
                                : ptc::InvalidArgumentError(request.status().message());
   if (s.ok()) s = propose_(text, request->config);
-  if (!s.ok()) RecordError(s.message());
+  if (!s.ok()) {
+    RecordError(s.message());
+    return s;
+  }
+  ptc::MutexLock lock(&mu_);  // a failure before is not this request's
+  if (state_ == "failed") state_ = "serving";
+  last_error_.clear();
   return s;
 }
 

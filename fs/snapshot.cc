@@ -72,14 +72,7 @@ ptc::Result<std::shared_ptr<const ptc::RankDataView>> Snapshot::DataView(int dp_
   return data_views_.emplace(key, std::move(view)).first->second;
 }
 
-ptc::Status Snapshot::Check(const ptc::ShardRecord& shard, uint64_t offset, uint64_t n) const {
-  // A file that cannot be opened: ShardChecks opens it again and reports why.
-  auto file = reader_.File(shard);
-  return checks_->Check(store_, shard, offset, n, file.ok() ? *file : nullptr);
-}
-
-ptc::Status ShardChecks::Check(const ptc::Store& store, const ptc::ShardRecord& shard, uint64_t offset, uint64_t n,
-                               const ptc::RandomAccessFile* file) {
+ptc::Status ShardChecks::Check(const ptc::Store& store, const ptc::ShardRecord& shard, uint64_t offset, uint64_t n) {
   if (n == 0 || offset >= shard.nbytes) return ptc::Status::OK();
   n = std::min(n, shard.nbytes - offset);
   const size_t first = ptc::BlockOf(shard, offset), last = ptc::BlockOf(shard, offset + n - 1);
@@ -108,9 +101,7 @@ ptc::Status ShardChecks::Check(const ptc::Store& store, const ptc::ShardRecord& 
     }
     const uint64_t begin = ptc::BlockBegin(shard, lo);
     mu_.Unlock();
-    const uint64_t len = ptc::BlockEnd(shard, hi) - begin;
-    ptc::Status s = file != nullptr ? ptc::VerifyShardRangeInFile(*file, shard, begin, len)
-                                    : ptc::VerifyShardRange(store.env(), store, shard, begin, len);
+    ptc::Status s = ptc::VerifyShardRange(store.env(), store, shard, begin, ptc::BlockEnd(shard, hi) - begin);
     mu_.Lock();
     for (size_t b : claimed) e.blocks[b] = s.ok() ? Block::kVerified : Block::kUnchecked;
     if (!s.ok()) e.failure = s;

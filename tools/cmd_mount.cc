@@ -165,6 +165,7 @@ ptc::Status RunReconfigure(const ReconfigureArgs& a) {
     return ptc::InvalidArgumentError("rejected: " + why);
   }
   if (a.no_wait) return ptc::Status::OK();
+  const auto started = std::chrono::steady_clock::now();
   std::unique_ptr<Progress> progress;
   uint64_t shown = 0;
   while (true) {
@@ -177,7 +178,11 @@ ptc::Status RunReconfigure(const ReconfigureArgs& a) {
       shown = s["bytes_done"].get<uint64_t>();
     }
     const std::string state = s["state"];
-    if (state == "serving") {
+    // A cluster mount hands the request to the job; its agent starts it
+    // within a poll interval: until then it serves the old generation.
+    const bool not_started = state == "serving" && s["generation"] == before["generation"] &&
+                             std::chrono::steady_clock::now() < started + std::chrono::seconds(5);
+    if (state == "serving" && !not_started) {
       progress.reset();
       std::printf("%s: serving %s, generation %llu\n", mountpoint.c_str(), s["config"].get<std::string>().c_str(),
                   static_cast<unsigned long long>(s["generation"].get<uint64_t>()));
