@@ -7,9 +7,12 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "fs/mount.h"
+#include "fs/mountinfo.h"
 
 namespace ptcfs {
 namespace {
@@ -17,6 +20,16 @@ namespace {
 // Spliced replies above ~1 MiB need a larger pipe than root may configure
 // here; libfuse would silently copy. Reads are capped at 512 KiB.
 constexpr unsigned kMaxIo = 512 * 1024;
+
+// The kernel reads ahead at most min(the mount's bdi read_ahead_kb, the
+// max_readahead of the INIT reply), and a FUSE mount's bdi starts at 128 KiB:
+// a sequential first read then waits on one 128 KiB request after another,
+// and on each 4 MiB checksum block verified on the way. 4 MiB keeps up to
+// eight 512 KiB requests in flight: below the default congestion threshold
+// (9 background requests; past it the kernel skips asynchronous readahead,
+// and a larger window made first reads slower). The window grows to this
+// only on sequential reads.
+constexpr unsigned kReadahead = 4 << 20;
 
 Filesystem* Fs(fuse_req_t req) { return static_cast<Filesystem*>(fuse_req_userdata(req)); }
 
@@ -52,9 +65,9 @@ struct Guarded<Op, kReplies> {
 };
 
 void OpInit(void* userdata, struct fuse_conn_info* conn) {
-  conn->max_write = kMaxIo;  // also sets max_pages, hence the largest read
-  conn->max_read = kMaxIo;   // must match the max_read mount option
-  conn->max_readahead = kMaxIo;
+  conn->max_write = kMaxIo;          // also sets max_pages, hence the largest read
+  conn->max_read = kMaxIo;           // must match the max_read mount option
+  conn->max_readahead = kReadahead;  // with SetMountReadahead
   if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
   if (conn->capable & FUSE_CAP_SPLICE_MOVE) conn->want |= FUSE_CAP_SPLICE_MOVE;
   conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;  // invalidation is explicit
@@ -251,6 +264,25 @@ struct fuse_lowlevel_ops MakeOps() {
   return ops;
 }
 
+// Raises the readahead of the FUSE mount just made at `mountpoint` to `bytes`
+// (its bdi's read_ahead_kb), before the INIT reply: the kernel then keeps
+// min(this, max_readahead). Best effort: without the right to write
+// /sys/class/bdi (not root), or when the mount is not found, the kernel's
+// default (128 KiB) stays. Must not touch the mount itself: nothing answers
+// its requests yet (the parent directory is resolved, not the mountpoint).
+void SetMountReadahead(const std::string& mountpoint, unsigned bytes) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(mountpoint, ec).lexically_normal();
+  if (ec) return;
+  if (!p.has_filename()) p = p.parent_path();  // a trailing '/'
+  const std::filesystem::path parent = std::filesystem::canonical(p.parent_path(), ec);
+  if (ec) return;
+  const std::string device = MountDevice((parent / p.filename()).string());
+  if (device.empty()) return;
+  std::ofstream out("/sys/class/bdi/" + device + "/read_ahead_kb");
+  out << bytes / 1024 << "\n";
+}
+
 }  // namespace
 
 ptc::Status MountAndServe(const MountOptions& options, const SessionOptions& session) {
@@ -271,6 +303,7 @@ ptc::Status MountAndServe(const MountOptions& options, const SessionOptions& ses
   } else if (fuse_session_mount(se, session.mountpoint.c_str()) != 0) {
     result = ptc::IOError(session.mountpoint + ": mount failed (does the directory exist? is FUSE available?)");
   } else {
+    SetMountReadahead(session.mountpoint, kReadahead);
     if (!session.foreground) fuse_daemonize(0);
     std::shared_ptr<void> attached;
     if (session.attach) {

@@ -72,7 +72,23 @@ ptc::Result<std::shared_ptr<const ptc::RankDataView>> Snapshot::DataView(int dp_
   return data_views_.emplace(key, std::move(view)).first->second;
 }
 
-ptc::Status ShardChecks::Check(const ptc::Store& store, const ptc::ShardRecord& shard, uint64_t offset, uint64_t n) {
+namespace {
+
+// Checks bytes [begin, begin + n) of the shard (whole blocks) in `reader`'s
+// open file of it when there is one; a file it cannot open is opened again
+// from the store, which reports why.
+ptc::Status Verify(const ptc::Store& store, const ptc::ShardRecord& shard, uint64_t begin, uint64_t n,
+                   const ptc::GenerationReader* reader) {
+  if (reader != nullptr) {
+    if (auto file = reader->File(shard); file.ok()) return ptc::VerifyShardRangeInFile(**file, shard, begin, n);
+  }
+  return ptc::VerifyShardRange(store.env(), store, shard, begin, n);
+}
+
+}  // namespace
+
+ptc::Status ShardChecks::Check(const ptc::Store& store, const ptc::ShardRecord& shard, uint64_t offset, uint64_t n,
+                               const ptc::GenerationReader* reader) {
   if (n == 0 || offset >= shard.nbytes) return ptc::Status::OK();
   n = std::min(n, shard.nbytes - offset);
   const size_t first = ptc::BlockOf(shard, offset), last = ptc::BlockOf(shard, offset + n - 1);
@@ -101,7 +117,7 @@ ptc::Status ShardChecks::Check(const ptc::Store& store, const ptc::ShardRecord& 
     }
     const uint64_t begin = ptc::BlockBegin(shard, lo);
     mu_.Unlock();
-    ptc::Status s = ptc::VerifyShardRange(store.env(), store, shard, begin, ptc::BlockEnd(shard, hi) - begin);
+    ptc::Status s = Verify(store, shard, begin, ptc::BlockEnd(shard, hi) - begin, reader);
     mu_.Lock();
     for (size_t b : claimed) e.blocks[b] = s.ok() ? Block::kVerified : Block::kUnchecked;
     if (!s.ok()) e.failure = s;

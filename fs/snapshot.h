@@ -41,8 +41,12 @@ class ShardChecks {
   // Verifies the blocks holding bytes [offset, offset + n) of the shard that
   // were not yet. A block another thread is verifying is waited for, not read
   // again (the kernel's readahead sends several reads of one block at once).
+  // `reader`, when given, is the reader the bytes are served through: blocks
+  // are checked in its open file of the shard (ptc::VerifyShardRangeInFile:
+  // hashed from a mapping, no copy); otherwise the file is opened and read.
   // \error as ptc::VerifyShardRange, or the shard's earlier failure.
-  ptc::Status Check(const ptc::Store& store, const ptc::ShardRecord& shard, uint64_t offset, uint64_t n) EXCLUDES(mu_);
+  ptc::Status Check(const ptc::Store& store, const ptc::ShardRecord& shard, uint64_t offset, uint64_t n,
+                    const ptc::GenerationReader* reader = nullptr) EXCLUDES(mu_);
 
  private:
   using Key = std::tuple<std::string, uint64_t, uint64_t, uint64_t>;
@@ -88,9 +92,10 @@ class Snapshot {
   ptc::Result<std::shared_ptr<const ptc::RankDataView>> DataView(int dp_rank, std::optional<size_t> group) const
       EXCLUDES(mu_);
 
-  // The checksums of the shard's blocks that hold [offset, offset + n), verified once per mount (ShardChecks).
+  // The checksums of the shard's blocks that hold [offset, offset + n), verified once per mount (ShardChecks),
+  // in the file the snapshot serves the shard from.
   ptc::Status Check(const ptc::ShardRecord& shard, uint64_t offset, uint64_t n) const {
-    return checks_->Check(store_, shard, offset, n);
+    return checks_->Check(store_, shard, offset, n, &reader_);
   }
 
  private:

@@ -75,6 +75,21 @@ VirtualFile::VirtualFile(std::string literal, std::vector<Extent> extents, uint6
 
 namespace {
 
+// A strided extent of short pieces (a column slice: part of every row) is
+// read a window of the file at a time, from one piece to a later one, and its
+// pieces copied out of the window: a pread per piece of a few KiB costs far
+// more than reading the bytes between the pieces too. Gathered when the
+// pieces are shorter than kGatherPiece and at most kGatherWaste times as far
+// apart as they are long; a window is at most kGatherWindow bytes.
+constexpr uint64_t kGatherPiece = 64 << 10;
+constexpr uint64_t kGatherWaste = 4;
+constexpr uint64_t kGatherWindow = 1 << 20;
+
+bool Gathered(const Extent& e) {
+  return e.kind == Extent::kShard && e.count > 1 && e.length < kGatherPiece && e.stride >= e.length &&
+         e.stride <= kGatherWaste * e.length;
+}
+
 // The extent of `list` (sorted, tiling) that holds byte `offset`, or nullptr.
 const Extent* Find(const std::vector<Extent>& list, uint64_t offset) {
   auto it =
@@ -119,6 +134,12 @@ ptc::Result<size_t> VirtualFile::ReadExtents(const std::vector<Extent>& list, ui
         std::memset(out + done, 0, take);
         break;
       case Extent::kShard: {
+        if (Gathered(*e)) {  // every piece of the extent that the read needs
+          const size_t all = static_cast<size_t>(std::min<uint64_t>(n - done, e->end() - pos));
+          PTC_RETURN_IF_ERROR(ReadGathered(*e, pos, all, out + done, check));
+          done += all;
+          continue;
+        }
         const uint64_t at = e->file_offset + piece * e->stride + skip;
         PTC_RETURN_IF_ERROR(check(*e->shard, at - e->shard->offset, take));
         PTC_RETURN_IF_ERROR(e->file->Read(at, take, out + done));
@@ -134,6 +155,32 @@ ptc::Result<size_t> VirtualFile::ReadExtents(const std::vector<Extent>& list, ui
     done += take;
   }
   return done;
+}
+
+ptc::Status VirtualFile::ReadGathered(const Extent& e, uint64_t offset, size_t n, unsigned char* out,
+                                      const ShardCheck& check) const {
+  // One window per serving thread, kept: a fresh 1 MiB allocation per read
+  // would be a fresh mapping, faulted in page by page.
+  thread_local std::unique_ptr<unsigned char[]> window;
+  if (!window) window = std::make_unique_for_overwrite<unsigned char[]>(kGatherWindow);
+  // File offset of the byte after the last one the read needs.
+  const uint64_t last = offset + n - 1 - e.offset;
+  const uint64_t need_end = e.file_offset + last / e.length * e.stride + last % e.length + 1;
+  uint64_t from = 0, to = 0;  // the file bytes in `window`
+  for (size_t done = 0; done < n;) {
+    const uint64_t rel = offset + done - e.offset, skip = rel % e.length;
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(n - done, e.length - skip));
+    const uint64_t at = e.file_offset + rel / e.length * e.stride + skip;
+    if (at < from || at + take > to) {
+      from = at;
+      to = std::max(at + take, std::min(need_end, at + kGatherWindow));  // take < kGatherPiece < kGatherWindow
+      PTC_RETURN_IF_ERROR(check(*e.shard, from - e.shard->offset, to - from));
+      PTC_RETURN_IF_ERROR(e.file->Read(from, to - from, window.get()));
+    }
+    std::memcpy(out + done, window.get() + (at - from), take);
+    done += take;
+  }
+  return ptc::Status::OK();
 }
 
 VirtualFile::FdRange VirtualFile::SingleShardRange(uint64_t offset, size_t n) const {

@@ -83,6 +83,10 @@ class VirtualFile {
   ptc::Result<const std::vector<Extent>*> PartExtents(const Extent& lazy) const;
   ptc::Result<size_t> ReadExtents(const std::vector<Extent>& list, uint64_t offset, size_t n, unsigned char* out,
                                   const ShardCheck& check) const;
+  // Copies [offset, offset + n) (inside `e`, a strided kShard extent of short
+  // pieces) into out, reading the file a window of pieces at a time.
+  ptc::Status ReadGathered(const Extent& e, uint64_t offset, size_t n, unsigned char* out,
+                           const ShardCheck& check) const;
 
   std::string literal_;
   std::vector<Extent> extents_;  // sorted, tiling [0, size_)

@@ -39,7 +39,7 @@ bool Contains(const std::string& text, const std::string& part) { return text.fi
 // --- item 3: tensor names --------------------------------------------------
 
 TEST(TensorName, RejectsNamesThatAreNotOneFileName) {
-  for (const std::string bad : {std::string(""), std::string("."), std::string(".."), std::string("../evil"),
+  for (const std::string& bad : {std::string(""), std::string("."), std::string(".."), std::string("../evil"),
                                 std::string("a/b"), std::string("/abs"), std::string("x\x01y"), std::string("x\x7f"),
                                 std::string("nul\0in", 6), std::string(kMaxTensorNameBytes + 1, 'a')}) {
     Status s = ValidateTensorName(bad, "here");
@@ -56,7 +56,7 @@ TEST(TensorName, RejectsNamesThatAreNotOneFileName) {
 }
 
 TEST(TensorName, SchemaRejectsHostileRuleNames) {
-  for (const std::string bad :
+  for (const std::string& bad :
        {std::string("../../escape"), std::string("a/b.{i}"), std::string("."), std::string(".."),
         std::string("tab\there"), std::string("{i}/.."), std::string(300, 'x')}) {
     nlohmann::json doc = {{"tensors", {{{"name", bad}, {"shape", {"hidden"}}, {"pp", "first"}}}}};

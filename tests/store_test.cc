@@ -517,6 +517,37 @@ TEST_F(StoreTest, BlockChecksumsVerifyWhatIsRead) {
   }
   EXPECT_EQ(VerifyShardRange(env, **store, s, s.nbytes - 1, 2).code(), Code::kInvalidArgument);
 
+  // The same in an open file: mapped (a descriptor), and read (none), and short.
+  auto opened = env->OpenRead((*store)->AbsPath(s.file));
+  ASSERT_TRUE(opened.ok());
+  struct NoDescriptor : RandomAccessFile {
+    const RandomAccessFile& f;
+    uint64_t size;
+    NoDescriptor(const RandomAccessFile& f, uint64_t size) : f(f), size(size) {}
+    Status Read(uint64_t o, size_t n, void* d) const override {
+      if (o + n > size) return CorruptionError(f.path() + ": short");
+      return f.Read(o, n, d);
+    }
+    uint64_t Size() const override { return size; }
+    const std::string& path() const override { return f.path(); }
+  };
+  const NoDescriptor unmapped(**opened, (*opened)->Size()), short_file(**opened, s.offset + kChecksumBlockBytes + 10);
+  const std::vector<const RandomAccessFile*> files = {opened->get(), &unmapped};
+  for (const RandomAccessFile* file : files) {
+    EXPECT_TRUE(VerifyShardRangeInFile(*file, s, 0, kChecksumBlockBytes).ok());
+    EXPECT_TRUE(VerifyShardRangeInFile(*file, s, 2 * kChecksumBlockBytes + 3, 1).ok());
+    for (auto [at, n] : {std::pair<uint64_t, uint64_t>{bad, 1}, {kChecksumBlockBytes - 1, 2}, {0, s.nbytes}}) {
+      Status v = VerifyShardRangeInFile(*file, s, at, n);
+      EXPECT_EQ(v.code(), Code::kCorruption) << at;
+      EXPECT_NE(v.message().find("checksum of block 1 (bytes 4194304-8388608)"), std::string::npos) << v.message();
+    }
+    EXPECT_EQ(VerifyShardRangeInFile(*file, s, s.nbytes - 1, 2).code(), Code::kInvalidArgument);
+  }
+  EXPECT_TRUE(VerifyShardRangeInFile(short_file, s, 0, 1).ok());
+  Status cut = VerifyShardRangeInFile(short_file, s, 2 * kChecksumBlockBytes, 1);
+  EXPECT_EQ(cut.code(), Code::kCorruption);
+  EXPECT_NE(cut.message().find("tensor 'big'"), std::string::npos) << cut.message();
+
   // A reader from block 2 checks it alone; a reader from block 0 fails when it completes block 1.
   auto from2 = VerifyingShardReader::Open(env, **store, s, 2);
   ASSERT_TRUE(from2.ok());

@@ -147,6 +147,55 @@ Status VerifyShardRange(Env* env, const Store& store, const ShardRecord& shard, 
   return end == shard.nbytes ? reader->Finish() : Status::OK();
 }
 
+namespace {
+
+// Hashes bytes [begin, end) of the shard in `file` (begin: a block's first
+// byte; end: a block's end) with `hasher`, from a read-only mapping. False when
+// the file cannot be mapped (no descriptor, shorter than the range, mmap
+// fails): the caller reads the bytes instead.
+bool HashMapped(const RandomAccessFile& file, const ShardRecord& shard, uint64_t begin, uint64_t end,
+                BlockHasher* hasher, const BlockHasher::BlockDone& done, Status* result) {
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (file.fd() < 0 || end == begin || file.Size() < shard.offset + end) return false;
+  const uint64_t map_begin = (shard.offset + begin) / page * page, map_len = shard.offset + end - map_begin;
+  void* p = ::mmap(nullptr, map_len, PROT_READ, MAP_SHARED, file.fd(), static_cast<off_t>(map_begin));
+  if (p == MAP_FAILED) return false;
+  *result = hasher->Update(static_cast<const char*>(p) + (shard.offset + begin - map_begin), end - begin, done);
+  ::munmap(p, map_len);
+  return true;
+}
+
+// As HashMapped, with RandomAccessFile::Read in chunks.
+Status HashRead(const RandomAccessFile& file, const ShardRecord& shard, uint64_t begin, uint64_t end,
+                BlockHasher* hasher, const BlockHasher::BlockDone& done) {
+  const size_t chunk = std::min<uint64_t>(kVerifyChunk, std::max<uint64_t>(end - begin, 1));
+  auto buf = std::make_unique_for_overwrite<char[]>(chunk);
+  for (uint64_t pos = begin; pos < end; pos += chunk) {
+    const size_t take = std::min<uint64_t>(chunk, end - pos);
+    Status s = file.Read(shard.offset + pos, take, buf.get());
+    if (s.code() == Code::kCorruption) return CorruptionError(ShardLabel(shard) + ": " + s.message());
+    PTC_RETURN_IF_ERROR(s);
+    PTC_RETURN_IF_ERROR(hasher->Update(buf.get(), take, done));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status VerifyShardRangeInFile(const RandomAccessFile& file, const ShardRecord& shard, uint64_t offset, uint64_t n) {
+  PTC_RETURN_IF_ERROR(CheckShardRange(shard, "range", offset, n));
+  if (n == 0 && shard.nbytes > 0) return Status::OK();
+  const uint64_t begin = n == 0 ? 0 : BlockBegin(shard, BlockOf(shard, offset));
+  const uint64_t end = n == 0 ? 0 : BlockEnd(shard, BlockOf(shard, offset + n - 1));
+  BlockHasher hasher(begin, shard.nbytes);
+  auto done = [&](size_t block, uint64_t digest) { return CheckBlock(shard, block, digest); };
+  Status s;
+  if (!HashMapped(file, shard, begin, end, &hasher, done, &s)) s = HashRead(file, shard, begin, end, &hasher, done);
+  PTC_RETURN_IF_ERROR(s);
+  if (shard.nbytes == 0) return CheckBlock(shard, 0, hasher.PartialDigest());  // the one empty block
+  return Status::OK();
+}
+
 Status VerifyShard(Env* env, const Store& store, const ShardRecord& shard) {
   return VerifyShardRange(env, store, shard, 0, shard.nbytes);
 }

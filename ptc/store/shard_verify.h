@@ -78,6 +78,16 @@ class VerifyingShardReader {
 //        differs or the file is short; NotFound / IOError from the Env.
 Status VerifyShardRange(Env* env, const Store& store, const ShardRecord& shard, uint64_t offset, uint64_t n);
 
+// VerifyShardRange over `file`, an open file of the shard (its bytes at
+// shard.offset), so that the bytes checked are those of the descriptor a
+// caller serves from. With a descriptor the blocks are hashed from a
+// read-only mapping of the file (no copy; a mapped file that another process
+// truncates meanwhile raises SIGBUS: shard files are immutable, and the size
+// is checked first); without one, or when the file is short, they are read
+// with RandomAccessFile::Read.
+// \error as VerifyShardRange (Corruption for a short file, naming the shard).
+Status VerifyShardRangeInFile(const RandomAccessFile& file, const ShardRecord& shard, uint64_t offset, uint64_t n);
+
 // VerifyShardRange over the whole shard.
 Status VerifyShard(Env* env, const Store& store, const ShardRecord& shard);
 
