@@ -55,6 +55,9 @@ struct MountOptions {
   // The Env the store is opened with (a cluster worker's PeerEnv, which reads
   // other workers' pieces from them); null: the default. Must outlive the mount.
   ptc::Env* env = nullptr;
+  // One worker of a cluster: it may hold no ranks of the config (its pieces
+  // are still read by the others); alone, a mount must show some.
+  bool in_cluster = false;
 };
 
 struct Node;

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fs/mount.h"
+#include "fs/mountinfo.h"
 #include "ptc/base/json_fields.h"
 #include "tools/cluster_mount.h"
 #include "tools/commands.h"
@@ -37,28 +38,6 @@ struct MountArgs {
   ClusterArgs cluster;
 };
 
-// Whether `path` (canonical) is a mount point, from /proc/self/mountinfo
-// (field 5; spaces and the like are written as octal escapes).
-bool IsMountPoint(const std::string& path) {
-  std::ifstream in("/proc/self/mountinfo");
-  for (std::string line; std::getline(in, line);) {
-    std::istringstream fields(line);
-    std::string id, parent, dev, root, point;
-    if (!(fields >> id >> parent >> dev >> root >> point)) continue;
-    std::string unescaped;
-    for (size_t i = 0; i < point.size(); ++i) {
-      if (point[i] == '\\' && i + 3 < point.size()) {
-        unescaped += static_cast<char>(std::stoi(point.substr(i + 1, 3), nullptr, 8));
-        i += 3;
-      } else {
-        unescaped += point[i];
-      }
-    }
-    if (unescaped == path) return true;
-  }
-  return false;
-}
-
 // Refuses a mountpoint that is not an existing directory, is already a mount
 // point, or (unless `nonempty`) holds entries: each names the path.
 ptc::Status CheckMountpoint(const std::string& mountpoint, bool nonempty) {
@@ -75,7 +54,7 @@ ptc::Status CheckMountpoint(const std::string& mountpoint, bool nonempty) {
   if (!S_ISDIR(st.st_mode)) return ptc::InvalidArgumentError(mountpoint + ": not a directory");
   std::error_code ec;
   const std::string canonical = std::filesystem::canonical(mountpoint, ec).string();
-  if (!ec && IsMountPoint(canonical)) {
+  if (!ec && !MountDevice(canonical).empty()) {
     return ptc::FailedPreconditionError(mountpoint + ": already a mount point (unmount it first)");
   }
   if (!nonempty && !std::filesystem::is_empty(mountpoint, ec)) {
@@ -119,6 +98,7 @@ ptc::Status RunMount(const MountArgs& a) {
   if (!a.cluster.url.empty()) {
     PTC_ASSIGN_OR_RETURN(cluster, ClusterMount::Prepare(a.cluster, options.store, a.worker));
     options.env = cluster->env();
+    options.in_cluster = true;
     session.attach = [&cluster](Filesystem& fs) { return cluster->Attach(fs); };
   }
   return MountAndServe(options, session);

@@ -1,0 +1,263 @@
+#!/usr/bin/env python3
+"""bench/cluster.py: issue 14's measurements of a reconfigure across workers.
+
+Four workers, each in a network namespace of its own (tests/cluster/netns.py:
+veth pairs on one bridge), each mounting a store that holds only its own
+shard files, coordinated by etcd on the bridge. The model (Llama, bf16, no
+optimizer state; DIMS) starts at FROM (tp=2,pp=1, one rank per worker:
+workers 0 and 1 hold a tp half of every layer each, 2 and 3 nothing) and
+goes to TO (tp=2,pp=2: workers 0 and 1 keep the first stage, 2 and 3 serve
+the second and pull its tp halves from 0 and 1: two senders, two receivers,
+equal shares), then back (which pulls the second stage home again).
+
+Measured per round (REPS rounds; `sync; sleep SETTLE` before each timed write):
+  - bytes moved: the sum of the receiving workers' parts (each mount's status
+    bytes_total) vs `ptcfs plan --json` of the whole store: lower_bound, and
+    the busiest worker (plan bottleneck, and the largest part measured) vs a
+    balanced share (bytes moved / receiving workers);
+  - first byte: from writing TO to worker 0's .ptcfs/config to the first
+    1 MiB of rank 2's model.safetensors (worker 2's; every data byte of it on
+    worker 0) read through worker 2's mount;
+  - pull: from the request to every worker serving the committed generation
+    (parts durable, etcd commit, local commits), as GB/s of the bytes moved;
+  - the floor: the same bytes sent by a plain TCP copy between the same
+    namespaces at the same time (bench/tcp_copy: worker 0 -> 2 and 1 -> 3,
+    the senders' shard files, received with write() and fsync'd), GB/s;
+  - peak RSS of the receiving daemons (VmHWM).
+The section goes into bench/RESULTS.md between <!-- cluster:begin --> and
+<!-- cluster:end -->.
+
+Environment: PTCFS (build/tools/ptcfs), TCP_COPY (build/bench/tcp_copy),
+WORK (/tmp/ptcfs-cluster-bench; removed unless KEEP=1), DIMS, REPS (3),
+SETTLE (8), RESULTS. Root; /dev/fuse; etcd.
+"""
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from netns import Netns, require, start_etcd  # noqa: E402
+from results_section import write_section  # noqa: E402
+
+PTCFS = os.environ.get("PTCFS", os.path.join(ROOT, "build/tools/ptcfs"))
+TCP_COPY = os.environ.get("TCP_COPY", os.path.join(ROOT, "build/bench/tcp_copy"))
+WORK = os.environ.get("WORK", "/tmp/ptcfs-cluster-bench")
+DIMS = os.environ.get("DIMS", "layers=8,hidden=2048,heads=16,kv_heads=8,vocab=32000,seq=1024,ffn=5504")
+REPS = int(os.environ.get("REPS", "3"))
+SETTLE = float(os.environ.get("SETTLE", "8"))
+RESULTS = os.environ.get("RESULTS", os.path.join(ROOT, "bench/RESULTS.md"))
+FROM, TO = "tp=2,pp=1,dp=1,per_worker=1", "tp=2,pp=2,dp=1,per_worker=1"
+WORKERS, PORT = 4, 7420
+
+
+def sh(*args, **kw):
+    return subprocess.run(list(args), check=True, capture_output=True, text=True, **kw).stdout
+
+
+def status(mnt):
+    with open(os.path.join(mnt, ".ptcfs", "status")) as f:
+        return json.load(f)
+
+
+def wait(what, fn, timeout=600):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if fn():
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+    raise RuntimeError("timed out: " + what)
+
+
+def settle():
+    subprocess.run(["sync"])
+    time.sleep(SETTLE)
+
+
+def shard_files(store):
+    """The store's shard files (a sender's: only its own)."""
+    return sorted(os.path.join(d, f) for d, _, fs in os.walk(store) for f in fs if f.endswith(".h5"))
+
+
+def vm_hwm(pid):
+    for line in open("/proc/%d/status" % pid):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def reconfigure(mnts, asker, config, generation):
+    with open(os.path.join(mnts[asker], ".ptcfs", "config"), "w") as f:
+        f.write(config + "\n")
+    for m in mnts:
+        wait(m + " at generation %d" % generation,
+             lambda: status(m)["generation"] == generation and status(m)["state"] == "serving")
+
+
+def main():
+    require(etcd=True)
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+    mnts = [os.path.join(WORK, "mnt%d" % w) for w in range(WORKERS)]
+    daemons, rows, notes = [], [], []
+    try:
+        with Netns(WORKERS) as ns, start_etcd(os.path.join(WORK, "etcd"), ns.host_addr) as etcd:
+            sh(PTCFS, "synth", "--schema", "llama", "--dims", DIMS, "--config", FROM, "--dtype", "bf16",
+               os.path.join(WORK, "saved"))
+            whole = os.path.join(WORK, "whole")
+            sh(PTCFS, "import", "--schema", "llama", "--dims", DIMS, "--config", FROM, os.path.join(WORK, "saved"),
+               whole)
+            shutil.rmtree(os.path.join(WORK, "saved"))
+            plan = json.loads(sh(PTCFS, "plan", whole, "--to", TO, "--json"))
+            notes.append("plan of the whole store: " + json.dumps({k: plan[k] for k in (
+                "bytes_total", "bytes_kept", "bytes_moved", "lower_bound", "bottleneck")}))
+            stores = []
+            for w in range(WORKERS):
+                s = os.path.join(WORK, "store%d" % w)
+                shutil.copytree(whole, s)
+                for gen in [g for g in os.listdir(s) if g.startswith("gen-")]:
+                    for d in os.listdir(os.path.join(s, gen)):
+                        if d.startswith("worker-") and d != "worker-%02d" % w:
+                            shutil.rmtree(os.path.join(s, gen, d))
+                stores.append(s)
+            shutil.rmtree(whole)
+            token = os.path.join(WORK, "token")
+            with open(token, "w") as f:
+                f.write("benchmark-token-0123456789\n")
+            os.chmod(token, 0o600)
+            url = "etcd://%s/bench" % etcd.endpoint.split("//")[1]
+            for w in range(WORKERS):
+                os.makedirs(mnts[w])
+                daemons.append(ns.popen(w, [PTCFS, "mount", "-f", stores[w], mnts[w], "--worker", str(w),
+                                            "--format", "safetensors", "--cluster", url, "--listen",
+                                            "%s:%d" % (ns.addr(w), PORT), "--token-file", token],
+                                        stdout=open(os.path.join(WORK, "worker%d.log" % w), "w"),
+                                        stderr=subprocess.STDOUT))
+            for m in mnts:
+                wait(m, lambda: status(m)["state"] == "serving", 60)
+            generation = status(mnts[0])["generation"]
+            rank2 = os.path.join(mnts[2], "model", "rank-00002", "model.safetensors")
+            buf = bytearray(1 << 20)
+            for r in range(REPS):
+                order = ["pull", "floor"] if r % 2 == 0 else ["floor", "pull"]
+                row = {"round": r}
+                for what in order:
+                    settle()
+                    if what == "pull":
+                        t0 = time.time()
+                        with open(os.path.join(mnts[0], ".ptcfs", "config"), "w") as f:
+                            f.write(TO + "\n")
+                        wait("rank 2 on worker 2", lambda: os.path.exists(rank2))
+                        with open(rank2, "rb", buffering=0) as f:
+                            n = f.readinto(buf)
+                        row["first_mib_s"] = time.time() - t0
+                        assert n == len(buf), n
+                        generation += 1
+                        for m in mnts:
+                            wait(m + " at generation %d" % generation,
+                                 lambda: status(m)["generation"] == generation and status(m)["state"] == "serving")
+                        row["pull_s"] = time.time() - t0
+                        parts = [status(m)["bytes_total"] for m in mnts]
+                        row["parts"] = parts
+                        row["rss"] = [vm_hwm(daemons[w].pid) for w in (2, 3)]
+                    else:
+                        outs = []
+                        procs = []
+                        t0 = time.time()
+                        for src, dst in ((0, 2), (1, 3)):
+                            out = os.path.join(stores[dst], "floor")
+                            shutil.rmtree(out, ignore_errors=True)
+                            os.makedirs(out)
+                            outs.append(out)
+                            port = PORT + 10 + src
+                            procs.append(ns.popen(src, [TCP_COPY, "serve", "--listen", "%s:%d" % (ns.addr(src), port),
+                                                        *shard_files(stores[src])], stdout=subprocess.DEVNULL))
+                            procs.append(ns.popen(dst, [TCP_COPY, "fetch", "--from", "%s:%d" % (ns.addr(src), port),
+                                                        "--out", out, "--sync"], stdout=subprocess.PIPE, text=True))
+                        results = []
+                        for p in procs:
+                            o, _ = p.communicate(timeout=600)
+                            if p.returncode != 0:
+                                raise RuntimeError("tcp_copy failed")
+                            if o:
+                                results.append(json.loads(o.strip().splitlines()[-1]))
+                        row["floor_s"] = time.time() - t0
+                        row["floor_bytes"] = sum(x["bytes"] for x in results)
+                        for out in outs:
+                            shutil.rmtree(out)
+                # Back, by reference (nothing moves), for the next round.
+                generation += 1
+                reconfigure(mnts, 3 if r % 2 else 1, FROM, generation)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        for w, d in enumerate(daemons):
+            subprocess.run(["umount", mnts[w]], capture_output=True)
+        for d in daemons:
+            try:
+                d.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                d.kill()
+        if not os.environ.get("KEEP"):
+            shutil.rmtree(WORK, ignore_errors=True)
+    report(plan, rows, notes)
+
+
+def report(plan, rows, notes):
+    moved = [sum(r["parts"]) for r in rows]
+    receivers = [[p for p in r["parts"] if p > 0] for r in rows]
+    busiest = [max(p) / (sum(p) / len(p)) for p in receivers]
+    pull = [m / r["pull_s"] / 1e9 for m, r in zip(moved, rows)]
+    floor = [r["floor_bytes"] / r["floor_s"] / 1e9 for r in rows]
+    ratio = [p / f for p, f in zip(pull, floor)]
+    first = [r["first_mib_s"] for r in rows]
+    rss = max(max(r["rss"]) for r in rows)
+    balanced = plan["bytes_moved"] / len(receivers[0])
+    med = statistics.median
+    out = [
+        "## Reconfigure across workers (issue 14)",
+        "",
+        "`/usr/bin/python3 bench/cluster.py` (REPS=%d, SETTLE=%g s), %s. Four workers, each in a network "
+        "namespace of its own (veths on one bridge), each mount's store holding only its own shard files; "
+        "Llama `%s`, bf16, %s -> %s (workers 2 and 3 pull the second stage's tp halves from workers 0 and 1), back, "
+        "pulling the second stage home between rounds. Floor: bench/tcp_copy 0 -> 2 and 1 -> 3 at once, the senders' shard "
+        "files, received with write() and fsync'd. Medians; the ratio's range is over the rounds (paired)."
+        % (REPS, SETTLE, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), DIMS, FROM, TO),
+        "",
+        "| measure | value | goal | |",
+        "|---|---|---|---|",
+        "| bytes moved (sum of the parts) / plan lower bound | %d / %d = %.3f | 1.0 | %s |"
+        % (med(moved), plan["lower_bound"], med(moved) / plan["lower_bound"],
+           "met" if med(moved) == plan["lower_bound"] else "not met"),
+        "| busiest receiver / balanced share (measured) | %.3f | <= 1.1 | %s |"
+        % (max(busiest), "met" if max(busiest) <= 1.1 else "not met"),
+        "| plan bottleneck / balanced share | %.3f | <= 1.1 | %s |"
+        % (plan["bottleneck"] / balanced, "met" if plan["bottleneck"] / balanced <= 1.1 else "not met"),
+        "| pull, request to committed everywhere (GB/s) | %.3f | | |" % med(pull),
+        "| plain TCP copy, same bytes, durable (GB/s) | %.3f | | |" % med(floor),
+        "| pull / TCP floor | **%.3f** (%.3f-%.3f) | >= 0.8 | %s |"
+        % (med(ratio), min(ratio), max(ratio), "met" if med(ratio) >= 0.8 else "not met"),
+        "| request -> first MiB of rank 2 on worker 2 (s) | %.3f (%.3f-%.3f) | | |" % (med(first), min(first), max(first)),
+        "| peak RSS of a receiving daemon (MiB) | %.0f | | |" % (rss / 2**20),
+        "",
+        "Rounds:",
+        "",
+        "```",
+        *[json.dumps(r) for r in rows],
+        *notes,
+        "```",
+    ]
+    print(write_section(RESULTS, "cluster", "\n".join(out)))
+
+
+if __name__ == "__main__":
+    main()
