@@ -20,15 +20,17 @@ Measured per round (REPS rounds; `sync; sleep SETTLE` before each timed write):
     worker 0) read through worker 2's mount;
   - pull: from the request to every worker serving the committed generation
     (parts durable, etcd commit, local commits), as GB/s of the bytes moved;
-  - the floor: the same bytes sent by a plain TCP copy between the same
+  - the floor: as many bytes sent by a plain TCP copy between the same
     namespaces at the same time (bench/tcp_copy: worker 0 -> 2 and 1 -> 3,
-    the senders' shard files, received with write() and fsync'd), GB/s;
+    each the sender's largest shard files up to half the bytes moved,
+    received with write() and fsync'd), GB/s;
   - peak RSS of the receiving daemons (VmHWM).
 The section goes into bench/RESULTS.md between <!-- cluster:begin --> and
 <!-- cluster:end -->.
 
 Environment: PTCFS (build/tools/ptcfs), TCP_COPY (build/bench/tcp_copy),
 WORK (/tmp/ptcfs-cluster-bench; removed unless KEEP=1), DIMS, REPS (3),
+THREADS (the mounts' --transform-threads, 2), PERF (a perf.data path: profile the first pull),
 SETTLE (8), RESULTS. Root; /dev/fuse; etcd.
 """
 import json
@@ -51,6 +53,7 @@ TCP_COPY = os.environ.get("TCP_COPY", os.path.join(ROOT, "build/bench/tcp_copy")
 WORK = os.environ.get("WORK", "/tmp/ptcfs-cluster-bench")
 DIMS = os.environ.get("DIMS", "layers=8,hidden=2048,heads=16,kv_heads=8,vocab=32000,seq=1024,ffn=5504")
 REPS = int(os.environ.get("REPS", "3"))
+THREADS = os.environ.get("THREADS", "2")  # --transform-threads of every mount
 SETTLE = float(os.environ.get("SETTLE", "8"))
 RESULTS = os.environ.get("RESULTS", os.path.join(ROOT, "bench/RESULTS.md"))
 FROM, TO = "tp=2,pp=1,dp=1,per_worker=1", "tp=2,pp=2,dp=1,per_worker=1"
@@ -83,9 +86,18 @@ def settle():
     time.sleep(SETTLE)
 
 
-def shard_files(store):
-    """The store's shard files (a sender's: only its own)."""
-    return sorted(os.path.join(d, f) for d, _, fs in os.walk(store) for f in fs if f.endswith(".h5"))
+def shard_files(store, nbytes):
+    """Shard files of the store (a sender's: only its own), largest first,
+    until they hold at least `nbytes`."""
+    files = sorted((os.path.getsize(p), p) for p in (os.path.join(d, f) for d, _, fs in os.walk(store)
+                                                     for f in fs if f.endswith(".h5")))
+    out, total = [], 0
+    for size, p in reversed(files):
+        if total >= nbytes:
+            break
+        out.append(p)
+        total += size
+    return out
 
 
 def vm_hwm(pid):
@@ -138,7 +150,7 @@ def main():
             for w in range(WORKERS):
                 os.makedirs(mnts[w])
                 daemons.append(ns.popen(w, [PTCFS, "mount", "-f", stores[w], mnts[w], "--worker", str(w),
-                                            "--format", "safetensors", "--cluster", url, "--listen",
+                                            "--format", "safetensors", "--transform-threads", THREADS, "--cluster", url, "--listen",
                                             "%s:%d" % (ns.addr(w), PORT), "--token-file", token],
                                         stdout=open(os.path.join(WORK, "worker%d.log" % w), "w"),
                                         stderr=subprocess.STDOUT))
@@ -153,6 +165,11 @@ def main():
                 for what in order:
                     settle()
                     if what == "pull":
+                        perf = None
+                        if os.environ.get("PERF") and r == 0:  # a whole-system profile of the first pull
+                            perf = subprocess.Popen(["perf", "record", "-a", "-g", "-o", os.environ["PERF"]],
+                                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            time.sleep(1)
                         t0 = time.time()
                         with open(os.path.join(mnts[0], ".ptcfs", "config"), "w") as f:
                             f.write(TO + "\n")
@@ -162,10 +179,20 @@ def main():
                         row["first_mib_s"] = time.time() - t0
                         assert n == len(buf), n
                         generation += 1
+
+                        def written():  # the receivers' parts written (not yet durable nor committed)
+                            ss = [status(m) for m in mnts[2:]]
+                            return all(x["generation"] == generation or
+                                       (x["bytes_total"] > 0 and x["bytes_done"] == x["bytes_total"]) for x in ss)
+                        wait("the parts written", written)
+                        row["written_s"] = time.time() - t0
                         for m in mnts:
                             wait(m + " at generation %d" % generation,
                                  lambda: status(m)["generation"] == generation and status(m)["state"] == "serving")
                         row["pull_s"] = time.time() - t0
+                        if perf:
+                            perf.send_signal(2)
+                            perf.wait()
                         parts = [status(m)["bytes_total"] for m in mnts]
                         row["parts"] = parts
                         row["rss"] = [vm_hwm(daemons[w].pid) for w in (2, 3)]
@@ -180,7 +207,7 @@ def main():
                             outs.append(out)
                             port = PORT + 10 + src
                             procs.append(ns.popen(src, [TCP_COPY, "serve", "--listen", "%s:%d" % (ns.addr(src), port),
-                                                        *shard_files(stores[src])], stdout=subprocess.DEVNULL))
+                                                        *shard_files(stores[src], plan["lower_bound"] // 2)], stdout=subprocess.DEVNULL))
                             procs.append(ns.popen(dst, [TCP_COPY, "fetch", "--from", "%s:%d" % (ns.addr(src), port),
                                                         "--out", out, "--sync"], stdout=subprocess.PIPE, text=True))
                         results = []
@@ -246,6 +273,8 @@ def report(plan, rows, notes):
         "| plain TCP copy, same bytes, durable (GB/s) | %.3f | | |" % med(floor),
         "| pull / TCP floor | **%.3f** (%.3f-%.3f) | >= 0.8 | %s |"
         % (med(ratio), min(ratio), max(ratio), "met" if med(ratio) >= 0.8 else "not met"),
+        "| of which: writing the parts / then durable and committed everywhere (s) | %.3f / %.3f | | |"
+        % (med([r["written_s"] for r in rows]), med([r["pull_s"] - r["written_s"] for r in rows])),
         "| request -> first MiB of rank 2 on worker 2 (s) | %.3f (%.3f-%.3f) | | |" % (med(first), min(first), max(first)),
         "| peak RSS of a receiving daemon (MiB) | %.0f | | |" % (rss / 2**20),
         "",

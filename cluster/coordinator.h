@@ -32,7 +32,7 @@ namespace ptc {
 struct CoordinatorOptions {
   std::string job;
   int worker = 0;
-  std::chrono::milliseconds poll{100};        // how often Finish looks at etcd
+  std::chrono::milliseconds poll{25};         // how often Finish looks at etcd
   std::chrono::milliseconds timeout{600000};  // a change not committed by then is aborted
 };
 

@@ -36,6 +36,7 @@ class PeerEnv::RemoteFile : public RandomAccessFile {
   }
   uint64_t Size() const override { return size_; }
   const std::string& path() const override { return path_; }
+  bool VerifiesBlocks() const override { return true; }  // PeerClient checks every block on arrival
 
  private:
   const ShardRecord* RecordAt(uint64_t offset) const {
@@ -130,31 +131,44 @@ Result<uint64_t> PeerEnv::FileSize(const std::string& path) {
 
 Status PeerEnv::ReadBlock(const PeerAddress& peer, const ShardRecord& record, size_t block, uint64_t skip, uint64_t n,
                           char* dst) {
-  auto same = [&](const Cached& c) { return c.block == block && c.offset == record.offset && c.file == record.file; };
-  std::shared_ptr<const std::string> bytes;
+  auto holds = [&](const Cached& c) {
+    return c.first <= block && block < c.end && c.offset == record.offset && c.file == record.file;
+  };
+  std::shared_ptr<const char[]> bytes;
+  uint64_t begin = 0;
   {
     MutexLock lock(&mu_);
-    auto it = std::find_if(cache_.begin(), cache_.end(), same);
+    auto it = std::find_if(cache_.begin(), cache_.end(), holds);
     if (it != cache_.end()) {
       cache_.splice(cache_.begin(), cache_, it);
       bytes = it->bytes;
+      begin = it->begin;
       stats_.cache_hits++;
     }
   }
   if (bytes == nullptr) {
-    const uint64_t begin = BlockBegin(record, block), end = BlockEnd(record, block);
-    auto fetched = std::make_shared<std::string>(end - begin, '\0');
-    PTC_RETURN_IF_ERROR(client_.ReadShardRange(peer, record, begin, end - begin, fetched->data()));
+    size_t end_block = std::min(BlockCount(record), block + std::max<size_t>(1, options_.span_blocks));
+    begin = BlockBegin(record, block);
+    uint64_t end = BlockEnd(record, end_block - 1);
+    std::shared_ptr<char[]> fetched = std::make_shared_for_overwrite<char[]>(end - begin);
+    Status s = client_.ReadShardRange(peer, record, begin, end - begin, fetched.get());
+    if (!s.ok() && end_block > block + 1) {
+      // The block asked for alone: a bad block after it is not this read's.
+      end_block = block + 1;
+      end = BlockEnd(record, block);
+      s = client_.ReadShardRange(peer, record, begin, end - begin, fetched.get());
+    }
+    PTC_RETURN_IF_ERROR(s);
     bytes = fetched;
     MutexLock lock(&mu_);
     stats_.requests++;
     stats_.bytes += end - begin;
-    if (options_.cached_blocks > 0 && std::find_if(cache_.begin(), cache_.end(), same) == cache_.end()) {
-      cache_.push_front({record.file, record.offset, block, bytes});
-      if (cache_.size() > options_.cached_blocks) cache_.pop_back();
+    if (options_.cached_spans > 0 && std::find_if(cache_.begin(), cache_.end(), holds) == cache_.end()) {
+      cache_.push_front({record.file, record.offset, block, end_block, begin, bytes});
+      if (cache_.size() > options_.cached_spans) cache_.pop_back();
     }
   }
-  std::copy_n(bytes->data() + skip, n, dst);
+  std::copy_n(bytes.get() + (BlockBegin(record, block) - begin) + skip, n, dst);
   return Status::OK();
 }
 

@@ -7,9 +7,11 @@
 // are pulled by the executor that writes them.
 //
 // Remote reads fetch whole checksum blocks, checked against the record of
-// the manifest that names the file as they arrive (PeerClient); the last
-// blocks fetched are kept (a small cache shared by the files), so that a
-// reader verifying a block and then reading it in parts fetches it once.
+// the manifest that names the file as they arrive (PeerClient): a read that
+// misses fetches its block and the next ones of the shard (up to
+// span_blocks, one request), and the last spans fetched are kept (a small
+// cache shared by the files), so that a reader verifying a block and then
+// reading it in parts, or sweeping a shard in order, fetches it once.
 //
 // Thread safety: all methods may be called concurrently.
 #pragma once
@@ -32,7 +34,8 @@ namespace ptc {
 struct PeerEnvOptions {
   int self = 0;                     // this worker: its directories are local
   PeerClientOptions client;         // token, deadlines
-  size_t cached_blocks = 16;        // whole checksum blocks kept (4 MiB each)
+  size_t span_blocks = 4;           // blocks fetched at once by a read that misses (4 MiB each)
+  size_t cached_spans = 8;          // spans kept
 };
 
 class PeerEnv : public Env {
@@ -90,8 +93,9 @@ class PeerEnv : public Env {
     std::vector<ShardRecord> records;
   };
   Result<Target> Lookup(int worker, const std::string& rel) const EXCLUDES(mu_);
-  // Copies block `block` of `record` (as served by `peer`) into dst, from the
-  // cache or fetched (and then kept).
+  // Copies bytes [skip, skip + n) of block `block` of `record` (as served by
+  // `peer`) into dst, from the cache or fetched with the span it begins (and
+  // then kept).
   Status ReadBlock(const PeerAddress& peer, const ShardRecord& record, size_t block, uint64_t skip, uint64_t n,
                    char* dst) EXCLUDES(mu_);
 
@@ -102,12 +106,13 @@ class PeerEnv : public Env {
   mutable Mutex mu_;
   std::map<int, PeerAddress> peers_ GUARDED_BY(mu_);
   std::vector<std::shared_ptr<const GenerationManifest>> manifests_ GUARDED_BY(mu_);
-  // Cache: (file, data offset, block) -> bytes, most recent first.
+  // Cache: spans of blocks [first, end) of (file, data offset), most recent first.
   struct Cached {
     std::string file;
     uint64_t offset = 0;
-    size_t block = 0;
-    std::shared_ptr<const std::string> bytes;
+    size_t first = 0, end = 0;
+    uint64_t begin = 0;  // shard offset of bytes[0]
+    std::shared_ptr<const char[]> bytes;
   };
   std::list<Cached> cache_ GUARDED_BY(mu_);
   Stats stats_ GUARDED_BY(mu_);

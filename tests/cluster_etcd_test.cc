@@ -16,6 +16,7 @@
 #include <chrono>
 #include <thread>
 
+#include "cluster/coordinator.h"
 #include "cluster/etcd_client.h"
 #include "cluster/membership.h"
 #include "test_util.h"
@@ -330,6 +331,100 @@ TEST_F(Etcd, LeaseExpiryRemovesADeadMember) {
   EXPECT_EQ((*live)->health().code(), Code::kNotFound) << (*live)->health().ToString();
   EXPECT_TRUE(ListMembers(*client_, job)->empty());
   EXPECT_EQ((*live)->Leave().code(), Code::kNotFound);
+}
+
+// A piece of a worker's part: a shard record of tensor "t".
+ShardRecord Piece(int worker, int k) {
+  ShardRecord r;
+  r.tensor = "t";
+  r.boxes = {Box({static_cast<Index>(k)}, {static_cast<Index>(k + 1)})};
+  r.worker = worker;
+  r.file = "gen-000002/worker-0" + std::to_string(worker) + "/t.s" + std::to_string(k) + ".h5";
+  r.offset = 2048;
+  r.nbytes = 4;
+  r.checksum = 0x1234 + k;
+  return r;
+}
+
+// The reconfiguration protocol (coordinator.h) between three workers of one
+// job: one change at a time; every part published, then one commit with the
+// same digest everywhere; a failed worker or one that left aborts the change
+// on every worker, with nothing committed.
+TEST_F(Etcd, CoordinatorCommitsWhenAllAreDoneAndAbortsOtherwise) {
+  const std::string job = "coord-" + std::to_string(getpid());
+  GenerationManifest current;
+  current.generation = 1;
+  current.config = "tp=3,pp=1,per_worker=1";
+  current.tensors = {{"t", DType::kF32, {8}}};
+  current.shards = {Piece(0, 0)};
+  current.shards[0].file = "gen-000001/worker-00/t.s0.h5";
+  std::vector<std::unique_ptr<Membership>> members;
+  std::vector<std::unique_ptr<Coordinator>> workers;
+  for (int w = 0; w < 3; ++w) {
+    auto m = Membership::Join(client_.get(), {job, w, "127.0.0.1:" + std::to_string(9100 + w), 2});
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    members.push_back(std::move(*m));
+    CoordinatorOptions o;
+    o.job = job;
+    o.worker = w;
+    o.poll = std::chrono::milliseconds(10);
+    o.timeout = std::chrono::seconds(20);
+    workers.push_back(std::make_unique<Coordinator>(client_.get(), o));
+    ASSERT_TRUE(workers.back()->Join(current).ok());  // the first sets the committed state, the others agree
+  }
+  GenerationManifest other = current;
+  other.generation = 2;
+  EXPECT_EQ(workers[1]->Join(other).code(), Code::kFailedPrecondition);
+  // Too few live workers for the config; then a change, and no second one meanwhile.
+  EXPECT_EQ(workers[0]->Propose("tp=4", 1, {0, 1, 2}, 4).status().code(), Code::kInvalidArgument);
+  auto change = workers[2]->Propose("tp=3", 1, {2, 0, 1}, 3);
+  ASSERT_TRUE(change.ok()) << change.status().ToString();
+  EXPECT_EQ(change->workers, std::vector<int>({0, 1, 2}));
+  EXPECT_EQ(workers[0]->Propose("tp=3", 1, {0, 1, 2}, 3).status().code(), Code::kFailedPrecondition);
+  EXPECT_EQ(*workers[1]->Pending(), std::optional<Change>(*change));
+  // Every worker finishes its part; each gets the others' pieces.
+  const std::vector<ShardRecord> referenced = current.shards;
+  std::vector<Result<std::vector<ShardRecord>>> got(3, InternalError("not run"));
+  {
+    std::vector<std::thread> threads;
+    for (int w = 0; w < 3; ++w) {
+      threads.emplace_back([&, w] {
+        got[w] = workers[w]->Finish(*change, "tp=3", {Piece(w, w + 1)}, referenced, current.tensors);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int w = 0; w < 3; ++w) {
+    ASSERT_TRUE(got[w].ok()) << w << ": " << got[w].status().ToString();
+    ASSERT_EQ(got[w]->size(), 2u);
+    for (const ShardRecord& r : *got[w]) EXPECT_NE(r.worker, w);
+  }
+  auto committed = workers[0]->GetCommitted();
+  ASSERT_TRUE(committed.ok() && *committed);
+  EXPECT_EQ((*committed)->generation, 2u);
+  EXPECT_EQ((*committed)->digest, PiecesDigest("tp=3", {Piece(2, 3), Piece(0, 1), current.shards[0], Piece(1, 2)}));
+  EXPECT_FALSE(*workers[0]->Pending());
+
+  // Worker 1 fails: the others' Finish reports the abort, nothing is committed.
+  auto second = workers[0]->Propose("tp=3,per_worker=1", 2, {0, 1, 2}, 3);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  workers[1]->Fail(*second, IOError("disk full"));
+  auto aborted = workers[0]->Finish(*second, "tp=3", {}, referenced, current.tensors);
+  EXPECT_EQ(aborted.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(aborted.status().message().find("worker 1 failed: IOError: disk full"), std::string::npos)
+      << aborted.status().ToString();
+  auto late = workers[2]->Finish(*second, "tp=3", {}, referenced, current.tensors);  // after the abort
+  EXPECT_EQ(late.status().code(), Code::kFailedPrecondition);
+  EXPECT_EQ((*workers[0]->GetCommitted())->generation, 2u);
+  EXPECT_FALSE(*workers[0]->Pending());
+
+  // Worker 2 leaves during a change: aborted when its lease is gone.
+  auto third = workers[0]->Propose("tp=3", 2, {0, 1, 2}, 3);
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  ASSERT_TRUE(members[2]->Leave().ok());
+  auto left = workers[0]->Finish(*third, "tp=3", {}, referenced, current.tensors);
+  EXPECT_NE(left.status().message().find("worker 2 left the job"), std::string::npos) << left.status().ToString();
+  EXPECT_EQ((*workers[1]->GetCommitted())->generation, 2u);
 }
 
 TEST_F(Etcd, UnreachableEndpointIsAClearError) {

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cluster/peer_client.h"
+#include "cluster/peer_env.h"
 #include "cluster/peer_protocol.h"
 #include "cluster/peer_server.h"
 #include "cluster/served_files.h"
@@ -291,6 +292,54 @@ TEST_F(PeerDataPlane, CorruptedByteFailsOnArrival) {
     EXPECT_NE(s.message().find("block 1"), std::string::npos) << s.ToString();
     EXPECT_NE(s.message().find(server_->address().ToString()), std::string::npos) << s.ToString();
   }
+}
+
+// A worker's PeerEnv reads another worker's shard files from its server:
+// the bytes of the local files, checked on arrival (a corrupt block fails),
+// and only files a manifest names, of a live worker.
+TEST_F(PeerDataPlane, PeerEnvReadsAnotherWorkersFiles) {
+  const std::string root = tmp_ / "worker1";  // worker 1's store: none of worker 0's files
+  PeerEnvOptions o;
+  o.self = 1;
+  o.client = ClientOptions();
+  PeerEnv env(Env::Default(), root, o);
+  env.SetManifests({store_->CurrentSnapshot(), nullptr});
+  const std::string path = root + "/" + big_->file;
+  ASSERT_EQ(big_->worker, 0);
+  EXPECT_EQ(env.RemoteWorker(path), 0);
+  EXPECT_EQ(env.RemoteWorker(root + "/manifest.json"), -1);
+  EXPECT_EQ(env.RemoteWorker(root + "/gen-000001/worker-01/x.h5"), -1);  // its own: local
+  EXPECT_EQ(env.OpenRead(path).status().code(), Code::kIOError);        // worker 0 is not a member yet
+  env.SetPeers({{0, server_->address()}});
+  EXPECT_TRUE(env.Exists(path));
+  EXPECT_EQ(env.OpenRead(root + "/gen-000001/worker-00/unnamed.h5").status().code(), Code::kNotFound);
+  auto file = env.OpenRead(path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_TRUE((*file)->VerifiesBlocks());
+  EXPECT_EQ((*file)->Size(), big_->offset + big_->nbytes);
+  const uint64_t B = kChecksumBlockBytes, n = big_->nbytes;
+  for (auto [off, len] : std::vector<std::pair<uint64_t, uint64_t>>{{0, n}, {B - 3, 10}, {5, 17}, {n - 1, 1}}) {
+    std::string got(len, '\0');
+    ASSERT_TRUE((*file)->Read(big_->offset + off, len, got.data()).ok());
+    EXPECT_TRUE(got == Local(*big_, off, len)) << off;
+  }
+  EXPECT_EQ((*file)->Read(0, 1, nullptr).code(), Code::kNotFound);  // the HDF5 header is no shard data
+  const PeerEnv::Stats before = env.stats();
+  EXPECT_GT(before.cache_hits, 0u);  // the last reads were of blocks already fetched
+  // A byte flipped on the serving side: a fresh env (nothing cached) fails naming the block.
+  std::string bytes = testing::Slurp(store_->AbsPath(big_->file));
+  bytes[big_->offset + B + 7] ^= 0x01;
+  testing::Spit(store_->AbsPath(big_->file), bytes);
+  PeerEnv fresh(Env::Default(), root, o);
+  fresh.SetManifests({store_->CurrentSnapshot()});
+  fresh.SetPeers({{0, server_->address()}});
+  auto again = fresh.OpenRead(path);
+  ASSERT_TRUE(again.ok());
+  std::string one(1, '\0');
+  EXPECT_TRUE((*again)->Read(big_->offset + 3, 1, one.data()).ok());  // block 0 is intact
+  Status s = (*again)->Read(big_->offset + B + 7, 1, one.data());
+  EXPECT_EQ(s.code(), Code::kCorruption) << s.ToString();
+  EXPECT_NE(s.message().find("block 1"), std::string::npos) << s.ToString();
 }
 
 TEST_F(PeerDataPlane, ConcurrentClients) {

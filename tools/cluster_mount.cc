@@ -116,7 +116,7 @@ class Agent {
       Follow();
       auto pending = impl_->coordinator->Pending();
       if (pending.ok() && *pending) Apply(**pending);
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
 

@@ -32,6 +32,10 @@ class RandomAccessFile {
   virtual uint64_t Size() const = 0;
   // The OS descriptor when there is one (for splice / fuse_reply_data), else -1.
   virtual int fd() const { return -1; }
+  // True when every byte Read returns has been checked against the checksum
+  // blocks of the manifest record holding it (a file read from another
+  // worker, checked on arrival): readers that verify need not hash it again.
+  virtual bool VerifiesBlocks() const { return false; }
   virtual const std::string& path() const = 0;
 };
 

@@ -37,7 +37,7 @@ class VerifyingShardReader {
 
   const ShardRecord& shard() const { return shard_; }
   // Offset in the shard of the next byte to read.
-  uint64_t position() const { return hasher_.position(); }
+  uint64_t position() const { return pos_; }
 
   // Reads the next n bytes of the shard into dst.
   // \error InvalidArgument when that goes past the shard's end.
@@ -64,7 +64,9 @@ class VerifyingShardReader {
   bool MapWindow(size_t n);
   const ShardRecord& shard_;
   std::unique_ptr<RandomAccessFile> file_;
-  BlockHasher hasher_;   // its position is the reader's
+  BlockHasher hasher_;
+  uint64_t pos_;         // the next byte's offset in the shard
+  const bool hashed_;    // false: the file checks what it reads (RandomAccessFile::VerifiesBlocks)
   bool mappable_;        // fd, large enough, file not short
   char* map_ = nullptr;  // mapping of file bytes [map_begin_, map_begin_ + map_len_)
   uint64_t map_begin_ = 0;
@@ -80,7 +82,8 @@ Status VerifyShardRange(Env* env, const Store& store, const ShardRecord& shard, 
 
 // VerifyShardRange over `file`, an open file of the shard (its bytes at
 // shard.offset), so that the bytes checked are those of the descriptor a
-// caller serves from. With a descriptor the blocks are hashed from a
+// caller serves from; nothing to do for a file that checks what it reads
+// (RandomAccessFile::VerifiesBlocks). With a descriptor the blocks are hashed from a
 // read-only mapping of the file (no copy; a mapped file that another process
 // truncates meanwhile raises SIGBUS: shard files are immutable, and the size
 // is checked first); without one, or when the file is short, they are read
