@@ -167,7 +167,8 @@ def main():
                     if what == "pull":
                         perf = None
                         if os.environ.get("PERF") and r == 0:  # a whole-system profile of the first pull
-                            perf = subprocess.Popen(["perf", "record", "-a", "-g", "-o", os.environ["PERF"]],
+                            who = ["-p", str(daemons[2].pid)] if os.environ.get("PERF_WORKER2") else ["-a"]
+                            perf = subprocess.Popen(["perf", "record", *who, "-g", "-o", os.environ["PERF"]],
                                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                             time.sleep(1)
                         t0 = time.time()

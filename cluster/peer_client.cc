@@ -1,12 +1,11 @@
-// The peer data plane's HTTP client (cpp-httplib), verifying blocks on arrival.
+// The peer data plane's client, verifying blocks on arrival.
 #include "cluster/peer_client.h"
-
-#include <httplib.h>
 
 #include <algorithm>
 #include <cstring>
 #include <thread>
 
+#include "cluster/http_get.h"
 #include "ptc/base/checksum.h"
 
 namespace ptc {
@@ -73,37 +72,31 @@ class BlockFetch {
         hasher_(begin, shard.nbytes) {}
 
   Outcome Run(uint64_t want, uint64_t n, char* dst, Clock::time_point deadline) {
-    const auto left = deadline - Clock::now();
-    if (left <= Clock::duration::zero()) return {IOError(where_ + ": deadline passed"), false};
-    httplib::Client cli(peer_.host, peer_.port);
-    cli.set_keep_alive(false);
-    cli.set_connection_timeout(left);
-    cli.set_read_timeout(left);
-    cli.set_write_timeout(left);
-    const httplib::Headers headers = {{"Authorization", BearerHeader(o_.token)}};
+    if (deadline <= Clock::now()) return {IOError(where_ + ": deadline passed"), false};
     const ShardRequest request{shard_.file, shard_.offset + begin_, end_ - begin_};
+    HttpGetRequest get{peer_, ShardRequestTarget(request), {{"Authorization", BearerHeader(o_.token)}}, deadline};
     int status = 0;
     std::string error_body;
-    bool late = false;
-    auto on_response = [&](const httplib::Response& r) {
-      status = r.status;
-      return true;
+    auto on_head = [&](const HttpHead& head) {
+      status = head.status;
+      HttpBody body;
+      // Asked for exactly what is fetched: received in place, hashed there.
+      if (status == 200 && want == begin_ && n == end_ - begin_) {
+        body.into = dst;
+        body.capacity = n;
+      }
+      return body;
     };
-    auto on_data = [&](const char* data, size_t len) {
+    auto on_body = [&](const char* data, size_t len) {
       if (status != 200) {
         error_body.append(data, std::min<size_t>(len, 512 - std::min<size_t>(512, error_body.size())));
         return true;
       }
-      if (Clock::now() > deadline) {
-        late = true;
-        return false;
-      }
       return Consume(data, len, want, n, dst);
     };
-    httplib::Result res = cli.Get(ShardRequestTarget(request), headers, on_response, on_data);
+    Status transport = HttpGet(get, on_head, on_body);
     if (!verify_.ok()) return {verify_, verify_.code() != Code::kCorruption};
-    if (late) return {IOError(where_ + ": deadline passed after " + std::to_string(got_) + " bytes"), false};
-    if (!res) return {IOError(where_ + ": " + httplib::to_string(res.error())), true};
+    if (!transport.ok()) return {transport.WithContext(where_), true};
     if (status != 200) return {StatusOfHttp(status, where_, error_body), false};
     if (got_ != end_ - begin_) {
       return {
@@ -121,7 +114,9 @@ class BlockFetch {
     }
     const uint64_t pos = begin_ + got_;  // shard offset of data[0]
     const uint64_t lo = std::max(pos, want), hi = std::min(pos + len, want + n);
-    if (lo < hi) std::memcpy(dst + (lo - want), data + (lo - pos), static_cast<size_t>(hi - lo));
+    if (lo < hi && dst + (lo - want) != data + (lo - pos)) {  // not received in place
+      std::memcpy(dst + (lo - want), data + (lo - pos), static_cast<size_t>(hi - lo));
+    }
     verify_ = hasher_.Update(data, len, [this](size_t block, uint64_t digest) { return CheckBlock(block, digest); });
     got_ += len;
     return verify_.ok();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 
+#include "ptc/base/checksum.h"
 #include "ptc/store/store_layout.h"
 
 namespace ptc {
@@ -129,6 +130,18 @@ Result<uint64_t> PeerEnv::FileSize(const std::string& path) {
   return file->Size();
 }
 
+std::shared_ptr<char[]> PeerEnv::SpanBuffer() {
+  {
+    MutexLock lock(&mu_);
+    if (!free_.empty()) {
+      std::shared_ptr<char[]> b = std::move(free_.back());
+      free_.pop_back();
+      return b;
+    }
+  }
+  return std::make_shared_for_overwrite<char[]>(std::max<size_t>(1, options_.span_blocks) * kChecksumBlockBytes);
+}
+
 Status PeerEnv::ReadBlock(const PeerAddress& peer, const ShardRecord& record, size_t block, uint64_t skip, uint64_t n,
                           char* dst) {
   auto holds = [&](const Cached& c) {
@@ -150,7 +163,7 @@ Status PeerEnv::ReadBlock(const PeerAddress& peer, const ShardRecord& record, si
     size_t end_block = std::min(BlockCount(record), block + std::max<size_t>(1, options_.span_blocks));
     begin = BlockBegin(record, block);
     uint64_t end = BlockEnd(record, end_block - 1);
-    std::shared_ptr<char[]> fetched = std::make_shared_for_overwrite<char[]>(end - begin);
+    std::shared_ptr<char[]> fetched = SpanBuffer();
     Status s = client_.ReadShardRange(peer, record, begin, end - begin, fetched.get());
     if (!s.ok() && end_block > block + 1) {
       // The block asked for alone: a bad block after it is not this read's.
@@ -165,7 +178,14 @@ Status PeerEnv::ReadBlock(const PeerAddress& peer, const ShardRecord& record, si
     stats_.bytes += end - begin;
     if (options_.cached_spans > 0 && std::find_if(cache_.begin(), cache_.end(), holds) == cache_.end()) {
       cache_.push_front({record.file, record.offset, block, end_block, begin, bytes});
-      if (cache_.size() > options_.cached_spans) cache_.pop_back();
+      if (cache_.size() > options_.cached_spans) {
+        // Kept for the next fetch when no reader holds it: a fresh 16 MiB buffer
+        // is faulted in and zeroed page by page.
+        if (cache_.back().bytes.use_count() == 1 && free_.size() < options_.cached_spans) {
+          free_.push_back(std::const_pointer_cast<char[]>(std::move(cache_.back().bytes)));
+        }
+        cache_.pop_back();
+      }
     }
   }
   std::copy_n(bytes.get() + (BlockBegin(record, block) - begin) + skip, n, dst);

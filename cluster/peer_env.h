@@ -35,7 +35,7 @@ struct PeerEnvOptions {
   int self = 0;                     // this worker: its directories are local
   PeerClientOptions client;         // token, deadlines
   size_t span_blocks = 4;           // blocks fetched at once by a read that misses (4 MiB each)
-  size_t cached_spans = 8;          // spans kept
+  size_t cached_spans = 4;          // spans kept (their buffers are reused)
 };
 
 class PeerEnv : public Env {
@@ -99,6 +99,9 @@ class PeerEnv : public Env {
   Status ReadBlock(const PeerAddress& peer, const ShardRecord& record, size_t block, uint64_t skip, uint64_t n,
                    char* dst) EXCLUDES(mu_);
 
+  // A buffer for a span: a free one, or a new one.
+  std::shared_ptr<char[]> SpanBuffer() EXCLUDES(mu_);
+
   Env* const local_;
   const std::string root_;  // with a final '/'
   const PeerEnvOptions options_;
@@ -115,6 +118,7 @@ class PeerEnv : public Env {
     std::shared_ptr<const char[]> bytes;
   };
   std::list<Cached> cache_ GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<char[]>> free_ GUARDED_BY(mu_);  // span buffers no one holds
   Stats stats_ GUARDED_BY(mu_);
 };
 

@@ -1,0 +1,62 @@
+// One HTTP/1.1 GET over a TCP connection of its own, for the data plane's
+// client (peer_client.h): the response body is received in reads of up to
+// 1 MiB, into the caller's buffer when it gives one. cpp-httplib's client, as Debian builds it,
+// reads 4 KiB per recv with a poll before each: over a fast link that cost
+// more CPU than the bytes (bench/cluster.py).
+//
+// Thread safety: a pure function of its arguments (each call its own socket).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "cluster/peer_protocol.h"
+#include "ptc/base/status.h"
+
+namespace ptc {
+
+struct HttpGetRequest {
+  PeerAddress peer;
+  std::string target;  // "/path?query"
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::chrono::steady_clock::time_point deadline;
+};
+
+struct HttpHead {
+  int status = 0;
+  std::optional<uint64_t> content_length;  // nullopt: the body ends with the connection
+};
+
+// What to do with a response's body, as on_head decides from its head.
+struct HttpBody {
+  bool read = true;  // false: stop here (the connection is closed)
+  // Where to receive the body straight from the socket when it has a
+  // Content-Length of at most `capacity` bytes (no copy); null: a buffer of
+  // HttpGet's own. on_body then gets pointers into it.
+  char* into = nullptr;
+  uint64_t capacity = 0;
+};
+
+// Parses a response head: "HTTP/1.x CODE reason" and header lines, each
+// ending "\r\n" but the last (the head without its final empty line).
+// \error IOError naming `where` for a malformed status line or header, a
+//        Content-Length that is not a decimal of at most 19 digits, or a
+//        Transfer-Encoding other than identity.
+Result<HttpHead> ParseHttpHead(std::string_view head, const std::string& where);
+
+// Sends the request; calls on_head once the response's head is in, then
+// on_body with the body's bytes in order. on_body returning false stops the
+// transfer (the connection is closed) and HttpGet returns OK.
+// \error IOError naming the peer for what the transport does: no connection,
+//        a send or receive failing, the deadline passing, a malformed or
+//        chunked response head, a body shorter than its Content-Length.
+Status HttpGet(const HttpGetRequest& request, const std::function<HttpBody(const HttpHead&)>& on_head,
+               const std::function<bool(const char*, size_t)>& on_body);
+
+}  // namespace ptc
