@@ -39,13 +39,13 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from netns import Netns, require, start_etcd  # noqa: E402
+from workers import at_generation, status, stop, wait_for, worker_store  # noqa: E402
 from results_section import write_section  # noqa: E402
 
 PTCFS = os.environ.get("PTCFS", os.path.join(ROOT, "build/tools/ptcfs"))
@@ -62,23 +62,6 @@ WORKERS, PORT = 4, 7420
 
 def sh(*args, **kw):
     return subprocess.run(list(args), check=True, capture_output=True, text=True, **kw).stdout
-
-
-def status(mnt):
-    with open(os.path.join(mnt, ".ptcfs", "status")) as f:
-        return json.load(f)
-
-
-def wait(what, fn, timeout=600):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if fn():
-                return
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.01)
-    raise RuntimeError("timed out: " + what)
 
 
 def settle():
@@ -111,8 +94,7 @@ def reconfigure(mnts, asker, config, generation):
     with open(os.path.join(mnts[asker], ".ptcfs", "config"), "w") as f:
         f.write(config + "\n")
     for m in mnts:
-        wait(m + " at generation %d" % generation,
-             lambda: status(m)["generation"] == generation and status(m)["state"] == "serving")
+        wait_for(m + " at generation %d" % generation, lambda: at_generation(m, generation), 600, mnts=mnts)
 
 
 def main():
@@ -132,15 +114,7 @@ def main():
             plan = json.loads(sh(PTCFS, "plan", whole, "--to", TO, "--json"))
             notes.append("plan of the whole store: " + json.dumps({k: plan[k] for k in (
                 "bytes_total", "bytes_kept", "bytes_moved", "lower_bound", "bottleneck")}))
-            stores = []
-            for w in range(WORKERS):
-                s = os.path.join(WORK, "store%d" % w)
-                shutil.copytree(whole, s)
-                for gen in [g for g in os.listdir(s) if g.startswith("gen-")]:
-                    for d in os.listdir(os.path.join(s, gen)):
-                        if d.startswith("worker-") and d != "worker-%02d" % w:
-                            shutil.rmtree(os.path.join(s, gen, d))
-                stores.append(s)
+            stores = [worker_store(whole, os.path.join(WORK, "store%d" % w), w) for w in range(WORKERS)]
             shutil.rmtree(whole)
             token = os.path.join(WORK, "token")
             with open(token, "w") as f:
@@ -155,7 +129,7 @@ def main():
                                         stdout=open(os.path.join(WORK, "worker%d.log" % w), "w"),
                                         stderr=subprocess.STDOUT))
             for m in mnts:
-                wait(m, lambda: status(m)["state"] == "serving", 60)
+                wait_for(m, lambda: status(m)["state"] == "serving", 60, mnts=mnts)
             generation = status(mnts[0])["generation"]
             rank2 = os.path.join(mnts[2], "model", "rank-00002", "model.safetensors")
             buf = bytearray(1 << 20)
@@ -174,7 +148,7 @@ def main():
                         t0 = time.time()
                         with open(os.path.join(mnts[0], ".ptcfs", "config"), "w") as f:
                             f.write(TO + "\n")
-                        wait("rank 2 on worker 2", lambda: os.path.exists(rank2))
+                        wait_for("rank 2 on worker 2", lambda: os.path.exists(rank2), 600)
                         with open(rank2, "rb", buffering=0) as f:
                             n = f.readinto(buf)
                         row["first_mib_s"] = time.time() - t0
@@ -185,11 +159,11 @@ def main():
                             ss = [status(m) for m in mnts[2:]]
                             return all(x["generation"] == generation or
                                        (x["bytes_total"] > 0 and x["bytes_done"] == x["bytes_total"]) for x in ss)
-                        wait("the parts written", written)
+                        wait_for("the parts written", written, 600, mnts=mnts)
                         row["written_s"] = time.time() - t0
                         for m in mnts:
-                            wait(m + " at generation %d" % generation,
-                                 lambda: status(m)["generation"] == generation and status(m)["state"] == "serving")
+                            wait_for(m + " at generation %d" % generation, lambda: at_generation(m, generation), 600,
+                                     mnts=mnts)
                         row["pull_s"] = time.time() - t0
                         if perf:
                             perf.send_signal(2)
@@ -228,13 +202,7 @@ def main():
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
-        for w, d in enumerate(daemons):
-            subprocess.run(["umount", mnts[w]], capture_output=True)
-        for d in daemons:
-            try:
-                d.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                d.kill()
+        stop(daemons, mnts, grace=30)
         if not os.environ.get("KEEP"):
             shutil.rmtree(WORK, ignore_errors=True)
     report(plan, rows, notes)

@@ -16,7 +16,6 @@ manifest.
 
 Usage: cluster_mount_test.py PTCFS   (root; exit 77 = skipped, never under CI=true)
 """
-import json
 import os
 import shutil
 import signal
@@ -24,11 +23,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, start_etcd  # noqa: E402
+from workers import at_generation, status, stop, wait_for, worker_store  # noqa: E402
 
 PTCFS = os.path.abspath(sys.argv[1])
 SCHEMA, DIMS = "llama", "layers=6,hidden=64,heads=8,kv_heads=4,vocab=96,seq=16,ffn=96"
@@ -37,39 +35,6 @@ WORKERS, PORT, JOB = 4, 7411, "job1"
 
 def ptcfs(*args, **kw):
     return subprocess.run([PTCFS, *args], check=True, capture_output=True, text=True, **kw)
-
-
-def status(mnt):
-    with open(os.path.join(mnt, ".ptcfs", "status")) as f:
-        return json.load(f)
-
-
-MOUNTS = []
-
-
-def statuses():
-    out = []
-    for m in MOUNTS:
-        try:
-            s = status(m)
-            out.append("%s: %s gen %s %s %s" % (m, s["state"], s["generation"], s["config"], s.get("last_error", "")))
-        except (OSError, ValueError) as e:
-            out.append("%s: %s" % (m, e))
-    return "\n".join(out)
-
-
-def wait_for(what, fn, timeout=60):
-    deadline = time.time() + timeout
-    while True:
-        try:
-            v = fn()
-            if v:
-                return v
-        except (OSError, ValueError):
-            pass
-        if time.time() > deadline:
-            raise AssertionError("timed out waiting for " + what + "\n" + statuses())
-        time.sleep(0.1)
 
 
 def expect_ranks(tmp, mnts, config, ranks, tag):
@@ -112,7 +77,6 @@ def main():
     require(etcd=True)
     tmp = tempfile.mkdtemp(prefix="ptcfs-cluster-")
     mnts = [os.path.join(tmp, "mnt%d" % w) for w in range(WORKERS)]
-    MOUNTS.extend(mnts)
     daemons = []
     try:
         with Netns(WORKERS) as ns, start_etcd(os.path.join(tmp, "etcd"), ns.host_addr) as etcd:
@@ -121,16 +85,8 @@ def main():
                   "--optimizer", "adam", "--seed", "7", os.path.join(tmp, "saved"))
             ptcfs("import", "--schema", SCHEMA, "--dims", DIMS, "--config", "tp=2,pp=2,dp=2,per_worker=2",
                   os.path.join(tmp, "saved"), os.path.join(tmp, "whole"))
-            stores = []
-            for w in range(WORKERS):
-                s = os.path.join(tmp, "store%d" % w)
-                shutil.copytree(os.path.join(tmp, "whole"), s, symlinks=True)
-                for gen in os.listdir(s):
-                    if gen.startswith("gen-"):
-                        for d in os.listdir(os.path.join(s, gen)):
-                            if d.startswith("worker-") and d != "worker-%02d" % w:
-                                shutil.rmtree(os.path.join(s, gen, d))
-                stores.append(s)
+            stores = [worker_store(os.path.join(tmp, "whole"), os.path.join(tmp, "store%d" % w), w)
+                      for w in range(WORKERS)]
             token = os.path.join(tmp, "token")
             with open(token, "w") as f:
                 f.write("secret-token-of-the-test-job\n")
@@ -145,7 +101,7 @@ def main():
                                             "--token-file", token, "--lease", "2"],
                                         stdout=log, stderr=subprocess.STDOUT))
             for w in range(WORKERS):
-                wait_for("worker %d's mount" % w, lambda: status(mnts[w])["state"] == "serving")
+                wait_for("worker %d's mount" % w, lambda: status(mnts[w])["state"] == "serving", mnts=mnts)
             print("ok   4 workers mounted")
             expect_ranks(tmp, mnts, "tp=2,pp=2,dp=2,per_worker=2", 8, "8")
 
@@ -154,8 +110,7 @@ def main():
                 reconfigure(mnts[asker], config)
                 for w in range(WORKERS):
                     wait_for("worker %d at generation %d" % (w, generation),
-                             lambda: status(mnts[w])["generation"] == generation
-                             and status(mnts[w])["state"] == "serving")
+                             lambda: at_generation(mnts[w], generation), mnts=mnts)
                 print("ok   %s committed on every worker in %.2f s" % (config, time.time() - t0))
                 expect_ranks(tmp, mnts, config, ranks, str(ranks))
 
@@ -176,7 +131,8 @@ def main():
             os.kill(daemons[3].pid, signal.SIGSTOP)
             reconfigure(mnts[0], "tp=2,pp=2,dp=2,per_worker=2")
             for w in range(3):
-                wait_for("worker %d to give the change up" % w, lambda: status(mnts[w])["state"] == "failed", 90)
+                wait_for("worker %d to give the change up" % w, lambda: status(mnts[w])["state"] == "failed", 90,
+                         mnts=mnts)
                 s = status(mnts[w])
                 assert s["generation"] == 3 and s["config"].startswith("tp=2,pp=3"), s
                 assert "aborted" in s["last_error"], s["last_error"]
@@ -186,16 +142,7 @@ def main():
             daemons[3].wait()
             subprocess.run(["umount", "-l", mnts[3]], capture_output=True)
     finally:
-        for w, d in enumerate(daemons):
-            if d.poll() is None:
-                subprocess.run(["umount", mnts[w]], capture_output=True)
-        for d in daemons:
-            try:
-                d.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                d.kill()
-        for m in mnts:
-            subprocess.run(["umount", "-l", m], capture_output=True)
+        stop(daemons, mnts)
         if os.environ.get("KEEP_TMP"):
             print("kept " + tmp)
         else:

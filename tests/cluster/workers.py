@@ -1,0 +1,81 @@
+"""ptcfs worker mounts for the cluster tests and bench/cluster.py: a worker's
+store, a mount's status, waiting on the mounts, stopping them.
+
+Stdlib only.
+"""
+import json
+import os
+import shutil
+import subprocess
+import time
+
+
+def worker_store(whole, dst, worker):
+    """Copies the store `whole` to `dst` without the other workers' shard
+    directories (gen-*/worker-WW): a worker's store holds the job's manifests
+    and its own files only."""
+    shutil.copytree(whole, dst, symlinks=True)
+    mine = "worker-%02d" % worker
+    for gen in os.listdir(dst):
+        if gen.startswith("gen-"):
+            for d in os.listdir(os.path.join(dst, gen)):
+                if d.startswith("worker-") and d != mine:
+                    shutil.rmtree(os.path.join(dst, gen, d))
+    return dst
+
+
+def status(mnt):
+    """MNT/.ptcfs/status, parsed."""
+    with open(os.path.join(mnt, ".ptcfs", "status")) as f:
+        return json.load(f)
+
+
+def describe(mnts):
+    """One line per mount: state, generation, config, last error."""
+    out = []
+    for m in mnts:
+        try:
+            s = status(m)
+            out.append("%s: %s gen %s %s %s" % (m, s["state"], s["generation"], s["config"], s.get("last_error")))
+        except (OSError, ValueError) as e:
+            out.append("%s: %s" % (m, e))
+    return "\n".join(out)
+
+
+def wait_for(what, fn, timeout=60, poll=0.01, mnts=()):
+    """fn()'s first true value, asked every `poll` s (an OSError or a half
+    written status counts as false); AssertionError naming `what` and the
+    mounts' states after `timeout` s."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            v = fn()
+            if v:
+                return v
+        except (OSError, ValueError):
+            pass
+        if time.time() > deadline:
+            raise AssertionError("timed out waiting for " + what + "\n" + describe(mnts))
+        time.sleep(poll)
+
+
+def at_generation(mnt, generation):
+    """Whether the mount serves `generation`, its change done."""
+    s = status(mnt)
+    return s["generation"] == generation and s["state"] == "serving"
+
+
+def stop(daemons, mnts, grace=10):
+    """Unmounts the mounts of the daemons still running, waits for them (kills
+    those that do not end), and lazily unmounts whatever is left."""
+    for d, m in zip(daemons, mnts):
+        if d.poll() is None:
+            subprocess.run(["umount", m], capture_output=True)
+    for d in daemons:
+        try:
+            d.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            d.kill()
+            d.wait()
+    for m in mnts:
+        subprocess.run(["umount", "-l", m], capture_output=True)
