@@ -261,7 +261,9 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
   // thread before it writes, so the removal never meets another writer.
   if (!result.ok()) return;
   Collect();
-  MaybeCompact(spec, dataset);
+  // A cluster's generations are agreed in etcd: a worker compacting on its own
+  // would leave the job's committed state.
+  if (!change) MaybeCompact(spec, dataset);
 }
 
 void Controller::MaybeCompact(const ptc::ModelSpec& spec, const std::optional<ptc::DatasetState>& dataset) {
@@ -340,6 +342,13 @@ void Controller::Collect(bool only_when_idle) {
 
 ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iteration,
                                const std::shared_ptr<const Snapshot>& current) {
+  if (propose_) {
+    const ptc::Status s = ptc::FailedPreconditionError(
+        "megatron/: saves through a mount that is one worker of a cluster are not supported yet "
+        "(a save would commit a generation the other workers do not have)");
+    RecordError(s.message());
+    return s;
+  }
   std::string before;
   std::thread previous;
   {

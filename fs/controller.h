@@ -77,7 +77,9 @@ class Controller {
   ptc::Status Reconfigure(const std::string& text, const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_);
 
   // Makes this mount one worker of a cluster: Reconfigure hands valid
-  // requests to `propose`. Call before the mount serves.
+  // requests to `propose`; saves (Ingest) are refused and no background
+  // compaction runs (a worker alone would commit a generation the job does
+  // not have). Call before the mount serves.
   void SetPropose(std::function<ptc::Status(const std::string&, const ptc::ParallelConfig&)> propose) {
     propose_ = std::move(propose);
   }
