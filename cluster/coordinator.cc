@@ -1,6 +1,7 @@
 #include "cluster/coordinator.h"
 
 #include <algorithm>
+#include <charconv>
 #include <map>
 #include <random>
 #include <thread>
@@ -144,7 +145,11 @@ Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const
     for (const KeyValue& kv : parts.kvs) {
       PTC_ASSIGN_OR_RETURN(auto part, DecodePart("etcd key " + kv.key, kv.value));
       if (part.first != change.id) continue;
-      const int w = std::stoi(kv.key.substr(PartsPrefix(job, change.generation).size()));
+      // A key that names no worker is no part (std::stoi would throw on it).
+      const std::string_view name = std::string_view(kv.key).substr(PartsPrefix(job, change.generation).size());
+      int w = -1;
+      auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), w);
+      if (ec != std::errc() || end != name.data() + name.size() || w < 0) continue;
       by_worker[w] = std::move(part.second);
     }
     std::vector<ShardRecord> all = referenced, others;
