@@ -90,7 +90,9 @@ class Agent {
     std::vector<int> workers;
     for (const ptc::Member& m : members) workers.push_back(m.worker);
     const uint64_t from = fs_->store().CurrentSnapshot()->generation;
-    return impl_->coordinator->Propose(text, from, workers, config.num_workers()).status();
+    // The request as written to .ptcfs/config, less its line end: it names the change in every worker's messages.
+    const std::string request = text.substr(0, text.find_last_not_of(" \t\r\n") + 1);
+    return impl_->coordinator->Propose(request, from, workers, config.num_workers()).status();
   }
 
   // The members' addresses and the generations served, into the env and the server.

@@ -9,13 +9,16 @@ After each step every worker serves the new generation, and the rank files of
 all mounts together equal `ptcfs synth` of the new config, tensor by tensor
 (`ptcfs diff`). Each worker's store holds only its own shard files: what a
 worker's new ranks lack comes from the others over the peer data plane.
-Then a change during which a participant stops (SIGSTOP, its lease expires)
-commits nowhere: every live worker keeps serving the old generation. The peer
+Then two changes that fail on one worker commit nowhere, and every worker
+keeps serving the old generation: one whose part does not fit on worker 2's
+disk (its store on a small tmpfs, filled), one during which a participant
+stops (SIGSTOP, its lease expires). The peer
 server refuses a request without the token and one for a file outside the
 manifest.
 
 Usage: cluster_mount_test.py PTCFS   (root; exit 77 = skipped, never under CI=true)
 """
+import errno
 import os
 import shutil
 import signal
@@ -59,6 +62,34 @@ def reconfigure(mnt, config):
         f.write(config + "\n")
 
 
+def fill(path):
+    """Writes `path` until its file system is full."""
+    chunk = b"\0" * (1 << 20)
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(chunk)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+    with open(path, "ab", buffering=0) as f:  # the last partial chunk's room
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+
+
+def expect_old(mnts, generation, config, tag):
+    """Every mount is done with the failed change and serves `generation` of `config`."""
+    for w, m in enumerate(mnts):
+        wait_for("worker %d to leave the change (%s)" % (w, tag),
+                 lambda: status(m)["state"] in ("serving", "failed"), 90, mnts=mnts)
+        s = status(m)
+        assert s["generation"] == generation and s["config"].startswith(config), s
+
+
 def peer_get(ns, i, url, token):
     code = (
         "import sys, urllib.request, urllib.error\n"
@@ -78,14 +109,18 @@ def main():
     tmp = tempfile.mkdtemp(prefix="ptcfs-cluster-")
     mnts = [os.path.join(tmp, "mnt%d" % w) for w in range(WORKERS)]
     daemons = []
+    disk2 = os.path.join(tmp, "disk2")  # worker 2's store: a small tmpfs, filled to fail a change
+    os.makedirs(disk2)
     try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m,mode=0755", "ptcfs-test-disk", disk2], check=True)
         with Netns(WORKERS) as ns, start_etcd(os.path.join(tmp, "etcd"), ns.host_addr) as etcd:
             # One store per worker, each with only its own shard files.
             ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--config", "tp=2,pp=2,dp=2,per_worker=2",
                   "--optimizer", "adam", "--seed", "7", os.path.join(tmp, "saved"))
             ptcfs("import", "--schema", SCHEMA, "--dims", DIMS, "--config", "tp=2,pp=2,dp=2,per_worker=2",
                   os.path.join(tmp, "saved"), os.path.join(tmp, "whole"))
-            stores = [worker_store(os.path.join(tmp, "whole"), os.path.join(tmp, "store%d" % w), w)
+            stores = [worker_store(os.path.join(tmp, "whole"),
+                                   os.path.join(disk2 if w == 2 else tmp, "store%d" % w), w)
                       for w in range(WORKERS)]
             token = os.path.join(tmp, "token")
             with open(token, "w") as f:
@@ -127,12 +162,33 @@ def main():
             assert peer_get(ns, 1, base + "?file=..%2Fetc%2Fpasswd&offset=0&length=1", secret) == 400
             print("ok   the peer server refuses requests without the token and outside the manifest")
 
+            # Worker 2's disk is full: its part cannot be written, nothing is
+            # committed anywhere, and its store keeps no partial generation.
+            filler = os.path.join(disk2, "filler")
+            fill(filler)
+            reconfigure(mnts[0], "tp=2,pp=2,dp=2,per_worker=2")
+            for w in (2, 0):
+                wait_for("worker %d to give the change up" % w, lambda: status(mnts[w])["state"] == "failed", 90,
+                         mnts=mnts)
+            expect_old(mnts, 3, "tp=2,pp=3", "disk full")
+            assert "No space left on device" in status(mnts[2])["last_error"], status(mnts[2])["last_error"]
+            assert "worker 2 failed" in status(mnts[0])["last_error"], status(mnts[0])["last_error"]
+            left = sorted(d for d in os.listdir(stores[2]) if d.startswith("gen-"))
+            assert "gen-4" not in left, left
+            os.remove(filler)
+            print("ok   a change that does not fit on worker 2's disk committed nowhere: " +
+                  status(mnts[0])["last_error"][:160])
+            expect_ranks(tmp, mnts, "tp=2,pp=3,dp=1,per_worker=2", 6, "6")
+
             # A participant stops during a change: nothing is committed anywhere.
             os.kill(daemons[3].pid, signal.SIGSTOP)
             reconfigure(mnts[0], "tp=2,pp=2,dp=2,per_worker=2")
+            def gave_up(w):  # this change, not the one worker 2's disk failed
+                s = status(mnts[w])
+                return s["state"] == "failed" and "worker 2 failed" not in s["last_error"] and \
+                    "No space" not in s["last_error"]
             for w in range(3):
-                wait_for("worker %d to give the change up" % w, lambda: status(mnts[w])["state"] == "failed", 90,
-                         mnts=mnts)
+                wait_for("worker %d to give the change up" % w, lambda: gave_up(w), 90, mnts=mnts)
                 s = status(mnts[w])
                 assert s["generation"] == 3 and s["config"].startswith("tp=2,pp=3"), s
                 assert "aborted" in s["last_error"], s["last_error"]
@@ -143,6 +199,7 @@ def main():
             subprocess.run(["umount", "-l", mnts[3]], capture_output=True)
     finally:
         stop(daemons, mnts)
+        subprocess.run(["umount", "-l", disk2], capture_output=True)
         if os.environ.get("KEEP_TMP"):
             print("kept " + tmp)
         else:
