@@ -14,6 +14,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// How often Finish looks at etcd when it cannot watch it.
+constexpr std::chrono::milliseconds kPollWithoutWatch{25};
+
 std::string NewChangeId(int worker) {
   std::random_device rd;
   const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -205,7 +208,14 @@ Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const
       return Abort(change, change_kv->mod_revision,
                    "not every worker finished within " + std::to_string(options_.timeout.count() / 1000) + " s");
     }
-    std::this_thread::sleep_for(options_.poll);
+    // Until etcd holds anything newer than this round read (a part, a
+    // failure, a member gone), at most `poll`; a sleep when the watch fails.
+    const auto wait = std::min<Clock::duration>(options_.poll, deadline - Clock::now());
+    const auto wait_ms = std::max<std::chrono::milliseconds>(
+        std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(wait));
+    if (!etcd_->WaitForChange(JobPrefix(job), parts.revision, wait_ms).ok()) {
+      std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(wait_ms, kPollWithoutWatch));
+    }
   }
 }
 

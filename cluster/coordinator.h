@@ -32,7 +32,9 @@ namespace ptc {
 struct CoordinatorOptions {
   std::string job;
   int worker = 0;
-  std::chrono::milliseconds poll{25};         // how often Finish looks at etcd
+  // The longest Finish waits between two looks at etcd: a watch wakes it as
+  // soon as anything of the job changes.
+  std::chrono::milliseconds poll{1000};
   std::chrono::milliseconds timeout{600000};  // a change not committed by then is aborted
 };
 

@@ -107,6 +107,65 @@ Status EtcdClient::Health() const {
   return last;
 }
 
+Result<bool> EtcdClient::WaitForChange(std::string_view prefix, int64_t revision,
+                                       std::chrono::milliseconds timeout) const {
+  const std::string what = "watch " + Quoted(prefix);
+  const std::string body = EncodeWatchCreateRequest(prefix, PrefixRangeEnd(prefix), revision + 1);
+  Status last;
+  for (const std::string& endpoint : options_.endpoints) {
+    const std::string where = "etcd " + endpoint + ": " + what;
+    const PeerAddress a = *ParsePeerAddress(endpoint);
+    httplib::Client cli(a.host, a.port);
+    cli.set_keep_alive(false);
+    cli.set_connection_timeout(options_.timeout);
+    cli.set_write_timeout(options_.timeout);
+    cli.set_read_timeout(timeout);  // no message for this long: nothing changed
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v3/watch";
+    req.body = body;
+    req.headers = {{"Content-Type", "application/json"}};
+    int status = 0;
+    bool created = false, changed = false;
+    Status bad;
+    std::string pending;  // the stream: one JSON message per line
+    req.response_handler = [&](const httplib::Response& r) {
+      status = r.status;
+      return true;
+    };
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      pending.append(data, n);
+      if (status != 200) return pending.size() <= kMaxAnswerBytes;  // an error body: decoded whole below
+      for (size_t nl; (nl = pending.find('\n')) != std::string::npos; pending.erase(0, nl + 1)) {
+        Result<WatchMessage> m = DecodeWatchMessage(where, std::string_view(pending).substr(0, nl));
+        if (!m.ok()) {
+          bad = m.status();
+          return false;
+        }
+        created = created || m->created;
+        // A compacted start revision cancels the watch: what changed is unknown, so read again.
+        changed = m->events > 0 || m->canceled || m->compact_revision > 0;
+        if (changed) return false;
+      }
+      if (pending.size() > kMaxAnswerBytes) {
+        bad = CorruptionError(where + ": a message of the stream exceeds " + std::to_string(kMaxAnswerBytes) + " bytes");
+        return false;
+      }
+      return true;
+    };
+    httplib::Result res = cli.send(req);
+    if (changed) return true;
+    if (!bad.ok()) return bad;
+    if (status == 200 && created) return false;  // the read timed out on a live watch: nothing changed
+    if (status != 0 && status != 200) {
+      Status s = DecodeErrorBody(where, pending);
+      return s.ok() ? IOError(where + ": HTTP " + std::to_string(status) + ": " + pending.substr(0, 200)) : s;
+    }
+    last = IOError(where + ": " + (res ? std::string("the stream ended") : httplib::to_string(res.error())));
+  }
+  return last;
+}
+
 Result<int64_t> EtcdClient::Put(std::string_view key, std::string_view value, int64_t lease) const {
   const std::string what = "put " + Quoted(key);
   PTC_ASSIGN_OR_RETURN(std::string body, Post("/v3/kv/put", EncodePutRequest(key, value, lease), false, what));

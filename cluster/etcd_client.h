@@ -74,6 +74,16 @@ class EtcdClient {
   // \error NotFound when a put names a lease that does not exist; IOError as Get.
   Result<TxnResponse> Txn(const TxnRequest& txn) const;
 
+  // Waits (a watch over etcd's gateway) until a key starting with `prefix` is
+  // written or deleted at a revision after `revision`, at most `timeout`
+  // without a message: true when one was, or when etcd can no longer tell
+  // (`revision` compacted: read again); false when the time passed quietly.
+  // So a reader at revision R sleeps until its view may be stale instead of
+  // polling.
+  // \error IOError when no endpoint can be reached or the watch fails
+  //        (callers fall back to polling); Corruption for a message not understood.
+  Result<bool> WaitForChange(std::string_view prefix, int64_t revision, std::chrono::milliseconds timeout) const;
+
   const EtcdOptions& options() const { return options_; }
 
  private:

@@ -170,6 +170,12 @@ std::string EncodeLeaseGrantRequest(int64_t ttl_seconds) { return json{{"TTL", s
 
 std::string EncodeLeaseIdRequest(int64_t id) { return json{{"ID", std::to_string(id)}}.dump(); }
 
+std::string EncodeWatchCreateRequest(std::string_view key, std::string_view range_end, int64_t start_revision) {
+  json create = RangeJson(key, range_end);
+  create["start_revision"] = std::to_string(start_revision);
+  return json{{"create_request", create}}.dump();
+}
+
 Status DecodeErrorBody(std::string_view where, std::string_view body) {
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("code")) return Status::OK();
@@ -258,6 +264,34 @@ Result<int64_t> DecodeLeaseKeepAliveResponse(std::string_view where, std::string
   const json* result = f.Find("result");
   if (result == nullptr || !result->is_object()) return f.Error("result", "is missing");
   return Int64(JsonFields(*result, std::string(where) + ": result"), "TTL");
+}
+
+Result<WatchMessage> DecodeWatchMessage(std::string_view where, std::string_view line) {
+  PTC_ASSIGN_OR_RETURN(json j, Parse(where, line));
+  JsonFields f(j, std::string(where));
+  if (const json* e = f.Find("error")) {
+    // A stream error: {"error": {"grpc_code", "http_code", "message", ...}}.
+    const json* message = e->is_object() && e->contains("message") ? &(*e)["message"] : nullptr;
+    return IOError(std::string(where) + ": the watch failed: " +
+                   (message && message->is_string() ? message->get<std::string>() : e->dump().substr(0, 200)));
+  }
+  const json* result = f.Find("result");
+  if (result == nullptr || !result->is_object()) return f.Error("result", "is missing");
+  JsonFields r(*result, std::string(where) + ": result");
+  WatchMessage m;
+  PTC_ASSIGN_OR_RETURN(m.revision, HeaderRevision(std::string(where) + ": result", *result));
+  for (auto [key, out] : {std::pair{"created", &m.created}, std::pair{"canceled", &m.canceled}}) {
+    if (const json* v = r.Find(key)) {
+      if (!v->is_boolean()) return r.Error(key, "must be a boolean");
+      *out = v->get<bool>();
+    }
+  }
+  PTC_ASSIGN_OR_RETURN(m.compact_revision, Int64(r, "compact_revision"));
+  if (const json* events = r.Find("events")) {
+    if (!events->is_array()) return r.Error("events", "must be an array");
+    m.events = events->size();
+  }
+  return m;
 }
 
 }  // namespace ptc

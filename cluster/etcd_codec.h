@@ -29,6 +29,8 @@ std::string EncodeTxnRequest(const TxnRequest& txn);
 std::string EncodeLeaseGrantRequest(int64_t ttl_seconds);
 // {"ID": id}: keepalive and revoke.
 std::string EncodeLeaseIdRequest(int64_t id);
+// {"create_request": ...}: a watch of [key, range_end) from start_revision.
+std::string EncodeWatchCreateRequest(std::string_view key, std::string_view range_end, int64_t start_revision);
 
 // The gateway's error body {"error": ..., "code": GRPC_CODE, "message": ...}
 // as a Status: NotFound (5), InvalidArgument (3), FailedPrecondition (9),
@@ -48,5 +50,8 @@ Result<Lease> DecodeLeaseGrantResponse(std::string_view where, std::string_view 
 // The keepalive stream's first message {"result": {"ID", "TTL"}}: the TTL left,
 // 0 when the lease no longer exists.
 Result<int64_t> DecodeLeaseKeepAliveResponse(std::string_view where, std::string_view body);
+// One line of the watch stream: {"result": WatchResponse}; a stream error
+// ({"error": ...}) is its Status (as DecodeErrorBody).
+Result<WatchMessage> DecodeWatchMessage(std::string_view where, std::string_view line);
 
 }  // namespace ptc

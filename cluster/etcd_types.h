@@ -27,6 +27,16 @@ struct RangeResponse {
   int64_t revision = 0;
 };
 
+// One message of a watch's stream (etcd's WatchResponse), as much as a
+// waiter needs: whether anything happened after the watch's start revision.
+struct WatchMessage {
+  bool created = false;          // the watch's first message: it is set up
+  bool canceled = false;         // the watch ended (compacted revision, or etcd's reason)
+  int64_t compact_revision = 0;  // > 0: the start revision was compacted away
+  size_t events = 0;             // puts and deletes under the watched range
+  int64_t revision = 0;          // the header's revision
+};
+
 struct Lease {
   int64_t id = 0;
   int64_t ttl = 0;  // seconds

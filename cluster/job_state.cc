@@ -11,8 +11,6 @@
 namespace ptc {
 namespace {
 
-std::string Root(std::string_view job) { return "/ptcfs/" + std::string(job) + "/"; }
-
 Result<nlohmann::json> ParseObject(std::string_view where, std::string_view value) {
   nlohmann::json j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return CorruptionError(std::string(where) + ": not a JSON object");
@@ -21,9 +19,10 @@ Result<nlohmann::json> ParseObject(std::string_view where, std::string_view valu
 
 }  // namespace
 
-std::string CommittedKey(std::string_view job) { return Root(job) + "committed"; }
-std::string ChangeKey(std::string_view job) { return Root(job) + "change"; }
-std::string GenerationPrefix(std::string_view job, uint64_t g) { return Root(job) + "gen/" + std::to_string(g) + "/"; }
+std::string JobPrefix(std::string_view job) { return "/ptcfs/" + std::string(job) + "/"; }
+std::string CommittedKey(std::string_view job) { return JobPrefix(job) + "committed"; }
+std::string ChangeKey(std::string_view job) { return JobPrefix(job) + "change"; }
+std::string GenerationPrefix(std::string_view job, uint64_t g) { return JobPrefix(job) + "gen/" + std::to_string(g) + "/"; }
 std::string PartsPrefix(std::string_view job, uint64_t g) { return GenerationPrefix(job, g) + "part/"; }
 std::string PartKey(std::string_view job, uint64_t g, int worker) { return PartsPrefix(job, g) + std::to_string(worker); }
 std::string FailedPrefix(std::string_view job, uint64_t g) { return GenerationPrefix(job, g) + "failed/"; }

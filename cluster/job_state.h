@@ -42,6 +42,8 @@ struct Failure {
   std::string error;
 };
 
+// "/ptcfs/JOB/": every key of the job (its members too) starts with it.
+std::string JobPrefix(std::string_view job);
 std::string CommittedKey(std::string_view job);
 std::string ChangeKey(std::string_view job);
 std::string GenerationPrefix(std::string_view job, uint64_t generation);

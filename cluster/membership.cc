@@ -67,9 +67,10 @@ Result<Member> DecodeMember(std::string_view where, std::string_view value) {
   return m;
 }
 
-Result<std::vector<Member>> ListMembers(const EtcdClient& etcd, std::string_view job) {
+Result<std::vector<Member>> ListMembers(const EtcdClient& etcd, std::string_view job, int64_t* revision) {
   PTC_RETURN_IF_ERROR(ValidateJobName(job));
   PTC_ASSIGN_OR_RETURN(RangeResponse r, etcd.GetPrefix(MembersPrefix(job)));
+  if (revision != nullptr) *revision = r.revision;
   std::vector<Member> members;
   for (const KeyValue& kv : r.kvs) {
     PTC_ASSIGN_OR_RETURN(Member m, DecodeMember("etcd key " + kv.key, kv.value));

@@ -41,11 +41,12 @@ std::string EncodeMember(const Member& m);
 // \error Corruption naming `where` when the value is not such a record.
 Result<Member> DecodeMember(std::string_view where, std::string_view value);
 
-// The job's live members, by worker.
+// The job's live members, by worker; `revision`, when given, gets etcd's
+// revision of the read.
 // \error InvalidArgument from ValidateJobName; as EtcdClient::GetPrefix;
 //        Corruption naming the key of a record that cannot be decoded or
 //        whose worker differs from its key's.
-Result<std::vector<Member>> ListMembers(const EtcdClient& etcd, std::string_view job);
+Result<std::vector<Member>> ListMembers(const EtcdClient& etcd, std::string_view job, int64_t* revision = nullptr);
 
 struct MembershipOptions {
   std::string job;
@@ -82,7 +83,9 @@ class Membership {
   int64_t lease() const { return lease_; }
   const MembershipOptions& options() const { return options_; }
   // ListMembers of this job.
-  Result<std::vector<Member>> Members() const { return ListMembers(*etcd_, options_.job); }
+  Result<std::vector<Member>> Members(int64_t* revision = nullptr) const {
+    return ListMembers(*etcd_, options_.job, revision);
+  }
 
  private:
   class Stop;

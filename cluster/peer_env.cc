@@ -69,6 +69,11 @@ void PeerEnv::SetManifests(std::vector<std::shared_ptr<const GenerationManifest>
   manifests_ = std::move(manifests);
 }
 
+void PeerEnv::SetCurrent(std::function<std::shared_ptr<const GenerationManifest>()> current) {
+  MutexLock lock(&mu_);
+  current_ = std::move(current);
+}
+
 PeerEnv::Stats PeerEnv::stats() const {
   MutexLock lock(&mu_);
   return stats_;
@@ -95,13 +100,22 @@ int PeerEnv::RemoteWorker(const std::string& path) const {
 }
 
 Result<PeerEnv::Target> PeerEnv::Lookup(int worker, const std::string& rel) const {
-  MutexLock lock(&mu_);
-  auto peer = peers_.find(worker);
-  if (peer == peers_.end()) {
-    return IOError(root_ + rel + ": held by worker " + std::to_string(worker) + ", which is not a live member of the job");
+  std::function<std::shared_ptr<const GenerationManifest>()> current;
+  std::vector<std::shared_ptr<const GenerationManifest>> manifests;
+  Target t;
+  {
+    MutexLock lock(&mu_);
+    auto peer = peers_.find(worker);
+    if (peer == peers_.end()) {
+      return IOError(root_ + rel + ": held by worker " + std::to_string(worker) +
+                     ", which is not a live member of the job");
+    }
+    t.peer = peer->second;
+    manifests = manifests_;
+    current = current_;
   }
-  Target t{peer->second, {}};
-  for (const auto& m : manifests_) {
+  if (current) manifests.push_back(current());
+  for (const auto& m : manifests) {
     if (m == nullptr) continue;
     for (const ShardRecord& r : m->shards) {
       if (r.file != rel) continue;

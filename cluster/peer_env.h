@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -50,6 +51,10 @@ class PeerEnv : public Env {
   // generations; null entries are skipped); a remote file no record names
   // cannot be read.
   void SetManifests(std::vector<std::shared_ptr<const GenerationManifest>> manifests) EXCLUDES(mu_);
+  // The store's current generation (the store opened on this env), consulted
+  // after those manifests: a generation committed here is readable at once,
+  // before the next SetManifests. Called without the env's lock held.
+  void SetCurrent(std::function<std::shared_ptr<const GenerationManifest>()> current) EXCLUDES(mu_);
 
   // The worker whose directory holds `path`, when it is a shard file path of
   // another worker under the store root; -1 otherwise.
@@ -109,6 +114,7 @@ class PeerEnv : public Env {
   mutable Mutex mu_;
   std::map<int, PeerAddress> peers_ GUARDED_BY(mu_);
   std::vector<std::shared_ptr<const GenerationManifest>> manifests_ GUARDED_BY(mu_);
+  std::function<std::shared_ptr<const GenerationManifest>()> current_ GUARDED_BY(mu_);
   // Cache: spans of blocks [first, end) of (file, data offset), most recent first.
   struct Cached {
     std::string file;

@@ -105,6 +105,36 @@ TEST(EtcdCodec, DecodesResponses) {
   }
 }
 
+TEST(EtcdCodec, WatchStreamMessages) {
+  EXPECT_EQ(EncodeWatchCreateRequest("/a/", "/a0", 12),
+            R"({"create_request":{"key":"L2Ev","range_end":"L2Ew","start_revision":"12"}})");
+  // As etcd 3.4's gateway streams them, one per line.
+  auto created = DecodeWatchMessage("w", R"({"result":{"header":{"revision":"1"},"created":true}})");
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  EXPECT_TRUE(created->created);
+  EXPECT_EQ(created->events, 0u);
+  EXPECT_EQ(created->revision, 1);
+  auto events = DecodeWatchMessage(
+      "w", R"({"result":{"header":{"revision":"2"},"events":[{"kv":{"key":"L2ovYQ==","mod_revision":"2"}},)"
+           R"({"type":"DELETE","kv":{"key":"L2ovYg=="}}]}})");
+  ASSERT_TRUE(events.ok()) << events.status().ToString();
+  EXPECT_FALSE(events->created);
+  EXPECT_EQ(events->events, 2u);
+  auto compacted = DecodeWatchMessage(
+      "w", R"({"result":{"header":{"revision":"9"},"compact_revision":"5","canceled":true}})");
+  ASSERT_TRUE(compacted.ok());
+  EXPECT_TRUE(compacted->canceled);
+  EXPECT_EQ(compacted->compact_revision, 5);
+  Status failed = DecodeWatchMessage("etcd x: watch", R"({"error":{"grpc_code":14,"message":"transport closing"}})")
+                      .status();
+  EXPECT_EQ(failed.code(), Code::kIOError);
+  EXPECT_NE(failed.message().find("etcd x: watch: the watch failed: transport closing"), std::string::npos);
+  for (const char* bad : {"", "[]", "{}", R"({"result":[]})", R"({"result":{"header":{"revision":"1"},"created":1}})",
+                          R"({"result":{"header":{"revision":"1"},"events":{}}})", R"({"result":{}})"}) {
+    EXPECT_EQ(DecodeWatchMessage("w", bad).status().code(), Code::kCorruption) << bad;
+  }
+}
+
 TEST(MemberRecord, KeysAndValues) {
   EXPECT_EQ(MemberKey("job-1", 3), "/ptcfs/job-1/members/3");
   EXPECT_EQ(MembersPrefix("job-1"), "/ptcfs/job-1/members/");

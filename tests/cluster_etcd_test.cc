@@ -259,6 +259,36 @@ TEST_F(Etcd, TransactionsCompareAndSwap) {
   EXPECT_EQ((*client_->Get(key))->value, "gen=3");
 }
 
+TEST_F(Etcd, WaitForChangeWakesOnAWriteUnderThePrefixOnly) {
+  auto start = client_->Put(prefix_ + "a", "1");
+  ASSERT_TRUE(start.ok()) << start.status().ToString();
+  // Nothing newer under the prefix: the wait times out, false.
+  ASSERT_TRUE(client_->Put("/test/elsewhere", "x").ok());
+  const Clock::time_point t0 = Clock::now();
+  auto quiet = client_->WaitForChange(prefix_, *start, std::chrono::milliseconds(300));
+  ASSERT_TRUE(quiet.ok()) << quiet.status().ToString();
+  EXPECT_FALSE(*quiet);
+  EXPECT_GE(Clock::now() - t0, std::chrono::milliseconds(250));
+  // A write after the revision, made while waiting: true, long before the timeout.
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_TRUE(client_->Put(prefix_ + "b", "2").ok());
+  });
+  const Clock::time_point t1 = Clock::now();
+  auto woke = client_->WaitForChange(prefix_, *start, std::chrono::seconds(20));
+  writer.join();
+  ASSERT_TRUE(woke.ok()) << woke.status().ToString();
+  EXPECT_TRUE(*woke);
+  EXPECT_LT(Clock::now() - t1, std::chrono::seconds(5));
+  // A write already made after the revision wakes at once; so does a delete.
+  EXPECT_TRUE(*client_->WaitForChange(prefix_, *start, std::chrono::seconds(20)));
+  auto after = client_->GetPrefix(prefix_);
+  ASSERT_TRUE(after.ok());
+  EXPECT_FALSE(*client_->WaitForChange(prefix_, after->revision, std::chrono::milliseconds(100)));
+  ASSERT_EQ(*client_->Delete(prefix_ + "a"), 1);
+  EXPECT_TRUE(*client_->WaitForChange(prefix_, after->revision, std::chrono::seconds(20)));
+}
+
 TEST_F(Etcd, LeasesKeepAliveRevokeAndExpire) {
   auto lease = client_->GrantLease(5);
   ASSERT_TRUE(lease.ok()) << lease.status().ToString();
@@ -440,6 +470,9 @@ TEST_F(Etcd, UnreachableEndpointIsAClearError) {
   EXPECT_NE(r.status().message().find(o.endpoints[0]), std::string::npos) << r.status().ToString();
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
   EXPECT_FALSE((*client)->Health().ok());
+  auto watch = (*client)->WaitForChange("/x", 1, std::chrono::seconds(30));
+  EXPECT_EQ(watch.status().code(), Code::kIOError);
+  EXPECT_NE(watch.status().message().find("watch '/x'"), std::string::npos) << watch.status().ToString();
   EXPECT_EQ(EtcdClient::Create({{}, o.timeout, 1}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(EtcdClient::Create({{"nohost"}, o.timeout, 1}).status().code(), Code::kInvalidArgument);
 }

@@ -54,6 +54,12 @@ struct ClusterMount::Impl {
 
 namespace {
 
+// The longest the agent sleeps between two looks at etcd (a watch wakes it
+// at once when a key of the job changes), and how often it looks when it
+// cannot watch. The longest also bounds how long an unmount waits for it.
+constexpr std::chrono::milliseconds kFollowEvery{1000};
+constexpr std::chrono::milliseconds kPollWithoutWatch{50};
+
 // The running worker: peer server, membership and the agent's thread, which
 // follows etcd: the members' addresses, and changes to apply.
 class Agent {
@@ -62,6 +68,7 @@ class Agent {
   ~Agent() {
     stop_ = true;
     if (thread_.joinable()) thread_.join();
+    if (impl_ != nullptr) impl_->env->SetCurrent(nullptr);
     if (membership_) (void)membership_->Leave();
     if (server_) server_->Stop();
   }
@@ -74,6 +81,7 @@ class Agent {
     server.token = impl->token;
     server.worker = impl->worker;
     PTC_ASSIGN_OR_RETURN(server_, ptc::PeerServer::Start(&fs_->store(), server));
+    impl->env->SetCurrent([store = &fs_->store()] { return store->CurrentSnapshot(); });
     PTC_ASSIGN_OR_RETURN(membership_, ptc::Membership::Join(impl->etcd.get(), {impl->url.job, impl->worker,
                                                                                impl->listen.ToString(),
                                                                                impl->args.lease_seconds}));
@@ -95,9 +103,12 @@ class Agent {
     return impl_->coordinator->Propose(request, from, workers, config.num_workers()).status();
   }
 
-  // The members' addresses and the generations served, into the env and the server.
-  void Follow() {
-    auto members = membership_->Members();
+  // The members' addresses and the generations served, into the env and the
+  // server. Returns etcd's revision of the members read (0 when it failed).
+  int64_t Follow() {
+    int64_t revision = 0;
+    auto members = membership_->Members(&revision);
+    if (!members.ok()) revision = 0;
     if (members.ok()) {
       std::map<int, ptc::PeerAddress> peers;
       for (const ptc::Member& m : *members) {
@@ -111,14 +122,23 @@ class Agent {
       impl_->env->SetManifests(served_);
       server_->SetKeptGenerations({served_[1]});
     }
+    return revision;
   }
 
+  // Reads the members and the change under way, then sleeps until etcd holds
+  // something newer (a watch of the job's keys), at most kFollowEvery: a
+  // commit by this mount's own rewrite changes no key, and the generations
+  // served follow the store.
   void Loop() {
     while (!stop_) {
-      Follow();
+      const int64_t revision = Follow();
       auto pending = impl_->coordinator->Pending();
       if (pending.ok() && *pending) Apply(**pending);
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (stop_) break;
+      if (revision > 0 && impl_->etcd->WaitForChange(ptc::JobPrefix(impl_->url.job), revision, kFollowEvery).ok()) {
+        continue;
+      }
+      std::this_thread::sleep_for(kPollWithoutWatch);
     }
   }
 

@@ -23,6 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)ptc::DecodeTxnResponse("fuzz", input);
   (void)ptc::DecodeLeaseGrantResponse("fuzz", input);
   (void)ptc::DecodeLeaseKeepAliveResponse("fuzz", input);
+  (void)ptc::DecodeWatchMessage("fuzz", input);
   (void)ptc::DecodeMember("fuzz", input);
   (void)ptc::DecodeFailure("fuzz", input);
   (void)ptc::DecodePart("fuzz", input);
