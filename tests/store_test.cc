@@ -452,6 +452,30 @@ TEST_F(StoreTest, WriterRules) {
   w->reset();
   EXPECT_FALSE(fs::exists(root_ + "/gen-000002"));
 
+  // A verbatim copy takes its source's checksums: the same record as hashing
+  // the same bytes gives, and only before the first byte, for the same size.
+  {
+    auto wv = store->BeginGeneration();
+    ASSERT_TRUE(wv.ok());
+    auto hashed = (*wv)->NewShard("layers.0.attn.w", DType::kF32, {Box{{0, 0}, {1, 2}}}, 0);
+    auto copied = (*wv)->NewShard("layers.0.attn.w", DType::kF32, {Box{{0, 0}, {1, 2}}}, 1);
+    ASSERT_TRUE(hashed.ok() && copied.ok());
+    ASSERT_TRUE((*hashed)->Append("abcdefgh", 8).ok());
+    auto source = (*hashed)->Finish();
+    ASSERT_TRUE(source.ok());
+    ShardRecord other_size = *source;
+    other_size.nbytes = 16;
+    EXPECT_EQ((*copied)->AdoptChecksums(other_size).code(), Code::kFailedPrecondition);
+    ASSERT_TRUE((*copied)->AdoptChecksums(*source).ok());
+    ASSERT_TRUE((*copied)->Append("abcd", 4).ok());
+    EXPECT_EQ((*copied)->AdoptChecksums(*source).code(), Code::kFailedPrecondition);
+    ASSERT_TRUE((*copied)->Append("efgh", 4).ok());
+    auto copy = (*copied)->Finish();
+    ASSERT_TRUE(copy.ok());
+    EXPECT_EQ(copy->checksum, source->checksum);
+    EXPECT_EQ(copy->checksum, Xxh64("abcdefgh", 8));
+  }
+
   // A referenced file that does not exist.
   auto w2 = store->BeginGeneration();
   ASSERT_TRUE(w2.ok());

@@ -41,6 +41,9 @@ class Executor {
     const TargetShard& target = plan_.targets[t];
     PTC_ASSIGN_OR_RETURN(auto sink,
                          writer_->NewShard(target.key.tensor, target.dtype, target.key.boxes, target.worker));
+    if (const ShardRecord* same = internal::VerbatimSource(plan_, first_copy_, t, reader_.manifest())) {
+      PTC_RETURN_IF_ERROR(sink->AdoptChecksums(*same));  // the reader checks every byte against them
+    }
     const size_t elem = DTypeSize(target.dtype);
     for (const Box& box : target.key.boxes) {
       const Index rows = box.rank() ? box.end[0] - box.begin[0] : 1;

@@ -111,6 +111,9 @@ Status GroupStream::Open(GenerationWriter* writer) {
   for (size_t t : group_.targets) {
     const TargetShard& target = plan_.targets[t];
     PTC_ASSIGN_OR_RETURN(auto sink, writer->NewShard(target.key.tensor, target.dtype, target.key.boxes, target.worker));
+    if (const ShardRecord* same = VerbatimSource(plan_, first_copy_, t, manifest_)) {
+      PTC_RETURN_IF_ERROR(sink->AdoptChecksums(*same));
+    }
     targets_.emplace_back();
     targets_.back().index = t;
     targets_.back().sink = std::move(sink);
@@ -233,6 +236,15 @@ char* Scratch::Get(size_t n) {
     buf_ = std::make_unique_for_overwrite<char[]>(size_);
   }
   return buf_.get();
+}
+
+const ShardRecord* VerbatimSource(const Plan& plan, const std::vector<size_t>& first_copy, size_t t,
+                                  const GenerationManifest& source) {
+  if (first_copy[t + 1] - first_copy[t] != 1) return nullptr;
+  const TargetShard& target = plan.targets[t];
+  const ShardRecord& s = source.shards[plan.copies[first_copy[t]].source];
+  const bool same = s.tensor == target.key.tensor && s.boxes == target.key.boxes && s.nbytes == target.nbytes;
+  return same ? &s : nullptr;
 }
 
 std::vector<size_t> FirstCopies(const Plan& plan) {

@@ -42,6 +42,13 @@ std::vector<size_t> FirstCopies(const Plan& plan);
 std::vector<CopyGroup> GroupTargets(const Plan& plan, const std::vector<size_t>& first_copy,
                                     const std::vector<size_t>& to_write, const GenerationManifest& source);
 
+// The source shard target t is a verbatim copy of (one copy from a shard of
+// the same tensor and boxes: the same bytes in the same order), or null.
+// Its sink then takes that shard's checksums (ShardSink::AdoptChecksums):
+// the reader checks every byte against them, so nothing is hashed twice.
+const ShardRecord* VerbatimSource(const Plan& plan, const std::vector<size_t>& first_copy, size_t t,
+                                  const GenerationManifest& source);
+
 // An uninitialised buffer, grown on demand and reused (one per thread).
 class Scratch {
  public:

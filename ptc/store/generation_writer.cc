@@ -39,8 +39,19 @@ Status ShardSink::Append(const void* data, size_t n) {
                                 std::to_string(record_.nbytes) + " (tensor '" + record_.tensor + "')");
   }
   PTC_RETURN_IF_ERROR(file_->PWrite(record_.offset + written_, data, n));
-  hash_.Update(data, n);
+  if (!adopted_) hash_.Update(data, n);
   written_ += n;
+  return Status::OK();
+}
+
+Status ShardSink::AdoptChecksums(const ShardRecord& source) {
+  if (written_ != 0 || finished_) return FailedPreconditionError(record_.file + ": checksums adopted after an append");
+  if (source.nbytes != record_.nbytes) {
+    return FailedPreconditionError(record_.file + ": adopting the checksums of " + source.file + " (" +
+                                   std::to_string(source.nbytes) + " bytes) for a shard of " +
+                                   std::to_string(record_.nbytes));
+  }
+  adopted_ = ShardDigest{source.checksum, source.block_checksums};
   return Status::OK();
 }
 
@@ -54,7 +65,7 @@ Result<ShardRecord> ShardSink::Finish() {
   PTC_RETURN_IF_ERROR(file_->Close());
   finished_ = true;
   StartWriteback(abs_path_);
-  ShardDigest digest = hash_.Finish();
+  ShardDigest digest = adopted_ ? std::move(*adopted_) : hash_.Finish();
   record_.checksum = digest.checksum;
   record_.block_checksums = std::move(digest.blocks);
   return record_;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -28,6 +29,12 @@ class ShardSink {
   ~ShardSink();
   // \error InvalidArgument when more than nbytes would be written; IOError from the Env.
   Status Append(const void* data, size_t n);
+  // The bytes to be appended are those of `source`, in order, each checked
+  // against its checksums as it was read (a verbatim copy of a shard with the
+  // same tensor, boxes and dtype): the record takes its checksums and Append
+  // does not hash again. Before the first Append.
+  // \error FailedPrecondition when bytes were appended already or the sizes differ.
+  Status AdoptChecksums(const ShardRecord& source);
   // Checks that exactly nbytes were written, closes the file (made durable by Commit; its
   // writeback starts now), and returns the record (to pass to GenerationWriter::AddShard).
   // \error FailedPrecondition when fewer bytes were written or Finish was called before.
@@ -40,6 +47,7 @@ class ShardSink {
   ShardRecord record_;  // offset/nbytes/file set; checksum on Finish
   std::unique_ptr<WritableFile> file_;
   ShardHasher hash_;
+  std::optional<ShardDigest> adopted_;  // AdoptChecksums: no hashing
   uint64_t written_ = 0;
   bool finished_ = false;
 };
