@@ -6,9 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <functional>
 #include <map>
 
+#include "ptc/checkpoint/megatron_optimizer.h"
 #include "test_util.h"
 
 namespace ptc::megatron {
@@ -73,7 +76,9 @@ TEST(MegatronState, FindsBackEveryTensorOfEveryRank) {
         auto state = BuildRankState(spec, config, view, kept);
         ASSERT_TRUE(state.ok()) << state.status().ToString();
         const bool optim = config.zero == 0;  // ZeRO-1 state is not in these files
-        ASSERT_EQ(state->storages.size(), view.model.size() + (optim ? view.optim.size() : 0) + 1);
+        // Each Adam state's step has a storage of its own (Adam adds to it in place).
+        const size_t steps = optim ? view.model.size() : 0;
+        ASSERT_EQ(state->storages.size(), view.model.size() + (optim ? view.optim.size() : 0) + steps + 1);
         std::map<std::string, const RankState::Storage*> by_key;
         for (const auto& st : state->storages) by_key[st.key] = &st;
         ASSERT_EQ(by_key.size(), state->storages.size()) << "storage keys repeat";
@@ -85,7 +90,7 @@ TEST(MegatronState, FindsBackEveryTensorOfEveryRank) {
         if (!optim) model_only.optim.clear();
         auto found = FindRankTensors(spec, config, model_only, *root, "test");
         ASSERT_TRUE(found.ok()) << found.status().ToString();
-        ASSERT_EQ(found->size(), state->storages.size() - 1);
+        ASSERT_EQ(found->size(), state->storages.size() - 1 - steps);
         // The i-th tensor found is the storage that holds that local tensor.
         std::vector<const LocalTensor*> order;
         for (const auto* list : {&model_only.model, &model_only.optim}) {
@@ -185,6 +190,155 @@ TEST(MegatronState, KeptEntriesRoundTripThroughTheManifest) {
     ASSERT_FALSE(r.ok()) << needle;
     EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
   }
+}
+
+// A 0-dim float32 step tensor of storage "s" and its bytes.
+StepValue Step(float value, std::vector<std::string> params) {
+  pickle::Tensor t;
+  t.storage_key = "s";
+  t.dtype = DType::kF32;
+  t.storage_numel = 1;
+  std::string bytes(4, '\0');
+  std::memcpy(bytes.data(), &value, 4);
+  return {std::move(params), Value::FromTensor(std::move(t)), {{"s", DType::kF32, 1, bytes}}};
+}
+
+float StepOf(const RankState& state, const Value& step) {
+  for (const auto& st : state.storages) {
+    if (st.key == step.tensor().storage_key) {
+      float f = 0;
+      std::memcpy(&f, st.carried->bytes.data(), 4);
+      return f;
+    }
+  }
+  ADD_FAILURE() << "no storage " << step.tensor().storage_key;
+  return -1;
+}
+
+TEST(MegatronOptimizer, RendersMegatronsTwoGroupsWithStepsAndSettings) {
+  const ModelSpec spec = testing::Spec("megatron-gpt", "layers=4,hidden=32,heads=4,vocab=64,seq=16", DType::kBF16,
+                                       /*optimizer=*/true);
+  const ParallelConfig config = *ParseConfig("tp=2,pp=2");
+  const RankView view = *ComputeView(spec, config, 0);
+  MegatronState kept;
+  kept.iteration = 90;
+  for (double lr : {0.1, 0.2}) kept.optimizer.groups.items().push_back(Value::Dict({{Value::Str("lr"), Value::Float(lr)}}));
+  // Every parameter but the first has step 77 kept.
+  std::vector<std::string> names;
+  for (size_t i = 1; i < view.model.size(); ++i) names.push_back(view.model[i].segments[0].tensor);
+  kept.optimizer.steps.push_back(Step(77, names));
+  auto state = BuildRankState(spec, config, view, kept);
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  const Value& optimizer = *state->root.Find("optimizer");
+  const Value& groups = *optimizer.Find("optimizer")->Find("param_groups");
+  ASSERT_EQ(groups.items().size(), 2u);
+  // Megatron's order: decay group first, keys consecutive across the groups in the view's order.
+  std::vector<size_t> want[2];
+  for (size_t i = 0; i < view.model.size(); ++i) want[WithoutWeightDecay(view.model[i]) ? 1 : 0].push_back(i);
+  ASSERT_FALSE(want[0].empty());
+  ASSERT_FALSE(want[1].empty());
+  EXPECT_TRUE(WithoutWeightDecay(view.model[want[1][0]]));
+  int64_t key = 0;
+  for (size_t g = 0; g < 2; ++g) {
+    EXPECT_EQ(groups.items()[g].Find("lr")->as_float(), g == 0 ? 0.1 : 0.2);
+    const Value& params = *groups.items()[g].Find("params");
+    ASSERT_EQ(params.items().size(), want[g].size());
+    ASSERT_EQ(optimizer.Find("fp32_from_fp16_params")->items()[g].items().size(), want[g].size());
+    for (size_t j = 0; j < want[g].size(); ++j, ++key) {
+      EXPECT_EQ(params.items()[j].as_int(), key);
+      const Value& st = *optimizer.Find("optimizer")->Find("state")->Find(Value::Int(key));
+      EXPECT_EQ(StepOf(*state, *st.Find("step")), want[g][j] == 0 ? 90.0f : 77.0f) << key;
+      EXPECT_TRUE(st.Find("step")->tensor().shape.empty());
+    }
+  }
+  // And the file reads back to the view's tensors through that layout.
+  auto root = pickle::Unpickle(pickle::Pickle(state->root), "test");
+  ASSERT_TRUE(root.ok());
+  auto layout = ReadOptimizerLayout(view, *root->Find("optimizer"), "f.pt");
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  EXPECT_EQ(GroupSettings(*layout, *root->Find("optimizer")), kept.optimizer.groups);
+  // Without kept settings: torch Adam's defaults, no weight decay in group 1.
+  kept.optimizer.groups = Value::List();
+  const Value defaults = BuildRankState(spec, config, view, kept)->root.Find("optimizer")->Find("optimizer")->Find(
+      "param_groups")->items()[1];
+  EXPECT_EQ(defaults.Find("lr")->as_float(), 1e-3);
+  EXPECT_EQ(defaults.Find("wd_mult")->as_float(), 0.0);
+}
+
+TEST(MegatronOptimizer, ReadsEitherGroupOrderAndOneGroupAndNamesWrongSizes) {
+  const ModelSpec spec = testing::Spec("megatron-gpt", "layers=2,hidden=32,heads=4,vocab=64,seq=16", DType::kF32,
+                                       /*optimizer=*/true);
+  const RankView view = *ComputeView(spec, *ParseConfig("tp=1"), 0);
+  std::vector<size_t> decay, none;
+  for (size_t i = 0; i < view.model.size(); ++i) (WithoutWeightDecay(view.model[i]) ? none : decay).push_back(i);
+  auto ints = [](size_t from, size_t n) {
+    Value l = Value::List();
+    for (size_t i = 0; i < n; ++i) l.items().push_back(Value::Int(static_cast<int64_t>(from + i)));
+    return l;
+  };
+  auto optimizer = [](Value groups) {
+    Value inner = Value::Dict();
+    inner.Set("param_groups", std::move(groups));
+    Value o = Value::Dict();
+    o.Set("optimizer", std::move(inner));
+    return o;
+  };
+  // The group without weight decay first, named by its wd_mult.
+  Value first = Value::Dict({{Value::Str("wd_mult"), Value::Float(0.0)}, {Value::Str("params"), ints(0, none.size())}});
+  Value second =
+      Value::Dict({{Value::Str("wd_mult"), Value::Float(1.0)}, {Value::Str("params"), ints(none.size(), decay.size())}});
+  auto layout = ReadOptimizerLayout(view, optimizer(Value::List({first, second})), "f.pt");
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  EXPECT_EQ(layout->file_groups, (std::vector<size_t>{1, 0}));
+  EXPECT_EQ(layout->slots[none[2]].group, 0u);
+  EXPECT_EQ(layout->slots[none[2]].key.as_int(), 2);
+  EXPECT_EQ(layout->slots[decay[1]].group, 1u);
+  EXPECT_EQ(layout->slots[decay[1]].key.as_int(), static_cast<int64_t>(none.size() + 1));
+  EXPECT_EQ(OptimizerPath(*layout, "fp32", decay[1]),
+            (std::vector<Value>{Value::Str("optimizer"), Value::Str("fp32_from_fp16_params"), Value::Int(1),
+                                Value::Int(1)}));
+  // One group: the model's order.
+  layout = ReadOptimizerLayout(
+      view, optimizer(Value::List({Value::Dict({{Value::Str("params"), ints(0, view.model.size())}})})), "f.pt");
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  EXPECT_EQ(layout->slots[3].key.as_int(), 3);
+  // Sizes that are not Megatron's split are named.
+  second.Set("params", ints(none.size(), decay.size() - 1));
+  layout = ReadOptimizerLayout(view, optimizer(Value::List({first, second})), "f.pt");
+  ASSERT_FALSE(layout.ok());
+  EXPECT_NE(layout.status().message().find("f.pt: optimizer/optimizer/param_groups/1/params: " +
+                                           std::to_string(decay.size() - 1) + " parameters, " +
+                                           std::to_string(decay.size()) + " expected"),
+            std::string::npos)
+      << layout.status().message();
+  layout = ReadOptimizerLayout(view, optimizer(Value::List({first, second, second})), "f.pt");
+  ASSERT_FALSE(layout.ok());
+  EXPECT_NE(layout.status().message().find("3 groups"), std::string::npos) << layout.status().message();
+}
+
+TEST(MegatronOptimizer, SettingsAndStepsRoundTripThroughTheManifest) {
+  MegatronState state;
+  state.iteration = 5;
+  state.carried = Value::Dict();
+  state.optimizer.groups.items().push_back(
+      Value::Dict({{Value::Str("betas"), Value::Tuple({Value::Float(0.9), Value::Float(0.95)})}}));
+  state.optimizer.steps.push_back(Step(3, {"a", "b"}));
+  state.optimizer.steps.push_back({{"c"}, Value::Int(4), {}});
+  nlohmann::json extra = {{"megatron", EncodeMegatronState(state)}};
+  auto back = LoadMegatronState(extra, "m.json");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->optimizer.groups, state.optimizer.groups);
+  ASSERT_EQ(back->optimizer.steps.size(), 2u);
+  EXPECT_EQ(back->optimizer.steps[0].params, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(back->optimizer.steps[0].value, state.optimizer.steps[0].value);
+  EXPECT_EQ(back->optimizer.steps[0].tensors[0].bytes, state.optimizer.steps[0].tensors[0].bytes);
+  EXPECT_EQ(back->optimizer.steps[1].value, Value::Int(4));
+  extra["megatron"]["optimizer"]["steps"][1]["tensors"] = extra["megatron"]["optimizer"]["steps"][0]["tensors"];
+  auto bad = LoadMegatronState(extra, "m.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("extra.megatron.optimizer.steps[1]: a tensor value needs its one storage"),
+            std::string::npos)
+      << bad.status().message();
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 
+#include "ptc/checkpoint/megatron_optimizer.h"
 #include "ptc/format/torch_file.h"
 
 namespace ptc::megatron {
@@ -84,22 +85,6 @@ std::vector<Value> StrPath(const std::vector<std::string>& keys) {
   std::vector<Value> out;
   for (const std::string& k : keys) out.push_back(Value::Str(k));
   return out;
-}
-
-// The optimizer tensors of parameter i: where each kind sits (zero=0 layout).
-std::vector<Value> OptimPath(std::string_view kind, size_t i) {
-  if (kind == "fp32") {
-    return {Value::Str("optimizer"), Value::Str("fp32_from_fp16_params"), Value::Int(0),
-            Value::Int(static_cast<int64_t>(i))};
-  }
-  return {Value::Str("optimizer"), Value::Str("optimizer"), Value::Str("state"), Value::Int(static_cast<int64_t>(i)),
-          Value::Str(std::string(kind))};
-}
-
-// Splits "<param>.<kind>" of an optimizer local name.
-std::pair<std::string, std::string> SplitOptimName(const std::string& name) {
-  const size_t dot = name.rfind('.');
-  return {name.substr(0, dot), name.substr(dot + 1)};
 }
 
 std::string Hex(std::string_view bytes) {
@@ -216,36 +201,11 @@ Result<RankState> BuildRankState(const ModelSpec& spec, const ParallelConfig& co
     root.Set("rng_state", rng->value);
     for (const CarriedTensor& c : rng->tensors) out.storages.push_back({c.key, nullptr, &c});
   }
-  if (view.optim.empty() || config.zero == 1) return out;
-  root.Set("optimizer", Value::Dict());
-  std::map<std::string, size_t> param_index;
-  for (size_t i = 0; i < view.model.size(); ++i) param_index[view.model[i].name] = i;
-  Value adam = Value::Dict(), masters = Value::List(), params = Value::List();
-  for (size_t i = 0; i < view.model.size(); ++i) {
-    adam.Set(Value::Int(static_cast<int64_t>(i)), Value::Dict());
-    params.items().push_back(Value::Int(static_cast<int64_t>(i)));
+  if (view.optim.empty() || config.zero == 1) {
+    root.Erase("optimizer");  // the kept grad_scaler alone is no optimizer state
+    return out;
   }
-  std::vector<const LocalTensor*> fp32(view.model.size(), nullptr);
-  for (const LocalTensor& t : view.optim) {
-    const auto [param, kind] = SplitOptimName(t.name);
-    const size_t i = param_index.at(param);
-    if (kind == "fp32") {
-      fp32[i] = &t;
-      continue;
-    }
-    adam.Find(Value::Int(static_cast<int64_t>(i)))->Set(kind, add(t));
-  }
-  for (const LocalTensor* t : fp32) {
-    if (t != nullptr) masters.items().push_back(add(*t));
-  }
-  Value param_group = Value::Dict();
-  param_group.Set("params", std::move(params));
-  Value inner = Value::Dict();
-  inner.Set("state", std::move(adam));
-  inner.Set("param_groups", Value::List({std::move(param_group)}));
-  Value* optimizer = root.Find("optimizer");
-  optimizer->Set("optimizer", std::move(inner));
-  optimizer->Set("fp32_from_fp16_params", Value::List({std::move(masters)}));
+  RenderOptimizer(view, state.optimizer, state.iteration, add, &out);
   return out;
 }
 
@@ -279,11 +239,14 @@ Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const
                                 ": ZeRO-1 optimizer state is not part of Megatron's model_optim_rng.pt "
                                 "(import without optimizer state)");
   }
+  const Value* optimizer = root.Find("optimizer");
+  if (optimizer == nullptr) return InvalidArgumentError(what + ": optimizer: missing (the store holds optimizer state)");
+  PTC_ASSIGN_OR_RETURN(OptimizerLayout layout, ReadOptimizerLayout(view, *optimizer, what));
   std::map<std::string, size_t> param_index;
   for (size_t i = 0; i < view.model.size(); ++i) param_index[view.model[i].name] = i;
   for (const LocalTensor& t : view.optim) {
-    const auto [param, kind] = SplitOptimName(t.name);
-    PTC_RETURN_IF_ERROR(take(t, OptimPath(kind, param_index.at(param))));
+    const size_t dot = t.name.rfind('.');
+    PTC_RETURN_IF_ERROR(take(t, OptimizerPath(layout, t.name.substr(dot + 1), param_index.at(t.name.substr(0, dot)))));
   }
   return out;
 }
@@ -383,6 +346,49 @@ Status DecodeRng(const nlohmann::json& j, const std::string& field, MegatronStat
   return Status::OK();
 }
 
+// extra.megatron.optimizer: {"groups": pickled list of settings dicts,
+// "steps": [{"params": [global names], "value", "tensors"}]}.
+Status DecodeOptimizer(const nlohmann::json& j, const std::string& field, OptimizerMeta* meta) {
+  if (!j.is_object() || !j.contains("groups") || !j["groups"].is_string() || !j.contains("steps") ||
+      !j["steps"].is_array()) {
+    return InvalidArgumentError(field + ": expected {groups, steps}");
+  }
+  PTC_ASSIGN_OR_RETURN(std::string pickled, Unhex(j["groups"].get<std::string>(), field + ".groups"));
+  PTC_ASSIGN_OR_RETURN(meta->groups, pickle::Unpickle(pickled, field + ".groups"));
+  if (meta->groups.kind() != pickle::Kind::kList || meta->groups.items().size() > 2) {
+    return InvalidArgumentError(field + ".groups: a list of at most two groups expected");
+  }
+  for (const nlohmann::json& s : j["steps"]) {
+    const std::string label = field + ".steps[" + std::to_string(meta->steps.size()) + "]";
+    if (!s.is_object() || !s.contains("params") || !s["params"].is_array() || !s.contains("value") ||
+        !s["value"].is_string() || !s.contains("tensors")) {
+      return InvalidArgumentError(label + ": expected {params, value, tensors}");
+    }
+    StepValue step;
+    for (const nlohmann::json& p : s["params"]) {
+      if (!p.is_string()) return InvalidArgumentError(label + ".params: strings expected");
+      step.params.push_back(p.get<std::string>());
+    }
+    PTC_ASSIGN_OR_RETURN(std::string value, Unhex(s["value"].get<std::string>(), label + ".value"));
+    PTC_ASSIGN_OR_RETURN(step.value, pickle::Unpickle(value, label + ".value"));
+    PTC_ASSIGN_OR_RETURN(step.tensors, DecodeTensors(s["tensors"], label + ".tensors"));
+    if (step.value.is_tensor() != (step.tensors.size() == 1) ||
+        (step.value.is_tensor() && step.value.tensor().storage_key != step.tensors[0].key)) {
+      return InvalidArgumentError(label + ": a tensor value needs its one storage, a number none");
+    }
+    meta->steps.push_back(std::move(step));
+  }
+  return Status::OK();
+}
+
+nlohmann::json EncodeOptimizer(const OptimizerMeta& meta) {
+  nlohmann::json steps = nlohmann::json::array();
+  for (const StepValue& s : meta.steps) {
+    steps.push_back({{"params", s.params}, {"value", Hex(pickle::Pickle(s.value))}, {"tensors", EncodeTensors(s.tensors)}});
+  }
+  return {{"groups", Hex(pickle::Pickle(meta.groups))}, {"steps", std::move(steps)}};
+}
+
 }  // namespace
 
 Result<MegatronState> LoadMegatronState(const nlohmann::json& extra, const std::string& what) {
@@ -402,6 +408,9 @@ Result<MegatronState> LoadMegatronState(const nlohmann::json& extra, const std::
   if (auto rng = it->find("rng"); rng != it->end()) {
     PTC_RETURN_IF_ERROR(DecodeRng(*rng, what + ": extra.megatron.rng", &state));
   }
+  if (auto optimizer = it->find("optimizer"); optimizer != it->end()) {
+    PTC_RETURN_IF_ERROR(DecodeOptimizer(*optimizer, what + ": extra.megatron.optimizer", &state.optimizer));
+  }
   auto tensors = it->find("tensors");
   if (tensors == it->end()) return state;
   if (!tensors->is_array()) return bad("'tensors' must be an array");
@@ -413,6 +422,9 @@ nlohmann::json EncodeMegatronState(const MegatronState& state) {
   nlohmann::json j = {{"iteration", state.iteration},
                       {"carried", Hex(pickle::Pickle(state.carried))},
                       {"tensors", EncodeTensors(state.tensors)}};
+  if (!state.optimizer.groups.items().empty() || !state.optimizer.steps.empty()) {
+    j["optimizer"] = EncodeOptimizer(state.optimizer);
+  }
   if (!state.rng.empty()) {
     nlohmann::json ranks = nlohmann::json::array();
     for (const RankRng& r : state.rng) {
@@ -431,6 +443,13 @@ nlohmann::json EncodeMegatronState(const MegatronState& state) {
 pickle::Value CarriedEntries(const pickle::Value& root) {
   Value carried = root;
   carried.Erase("model");
+  // Megatron's other optimizer entries (grad_scaler) are kept beside the
+  // state ptcfs reads; an optimizer entry in another layout is not imported.
+  Value* optimizer = carried.Find("optimizer");
+  if (optimizer != nullptr && optimizer->is_dict() && optimizer->Erase("optimizer") &&
+      optimizer->Erase("fp32_from_fp16_params") && !optimizer->pairs().empty()) {
+    return carried;
+  }
   carried.Erase("optimizer");
   return carried;
 }

@@ -14,12 +14,13 @@
 //                            'position_embeddings': {'weight'}}, 'encoder': {'layers.0....': ...}},
 //                            'word_embeddings_for_head': {'weight'}}   (last stage, pp > 1)
 //             other schemas: the local names as flat keys (Megatron-Core),
-//    'optimizer': zero=0: {'optimizer': {'state': {i: {'exp_avg', 'exp_avg_sq'}},
-//                                        'param_groups': [{..., 'params': [0..n-1]}]},
-//                          'fp32_from_fp16_params': [[fp32 master of each parameter]]}
-//                 (i: the parameter's position in the rank's model tensors); none with
-//                 zero=1 (Megatron's distributed optimizer keeps it in distrib_optim.pt,
-//                 which ptcfs does not render),
+//    'optimizer': zero=0: Megatron's Float16OptimizerWithFloat16Params over torch Adam
+//                 (ptc/checkpoint/megatron_optimizer.h): {'optimizer': {'state': {i: {'step',
+//                 'exp_avg', 'exp_avg_sq'}}, 'param_groups': [{settings..., 'params': [...]}] x 2},
+//                 'fp32_from_fp16_params': [[masters of group 0], [masters of group 1]]}
+//                 (group 0: the parameters with weight decay, group 1: 1-D ones and biases);
+//                 none with zero=1 (Megatron's distributed optimizer keeps it in
+//                 distrib_optim.pt, which ptcfs does not render),
 //    ...every other entry of the imported checkpoint (rng_state, opt_param_scheduler, ...)}
 //
 // Thread safety: pure functions.
@@ -77,6 +78,23 @@ struct RankRng {
   pickle::Value value;
   std::vector<CarriedTensor> tensors{};
 };
+// The `step` of the Adam state of some parameters (the same value for each):
+// a tensor whose storage is `tensor` (torch >= 1.12: a float32 scalar), or a
+// number (older torch).
+struct StepValue {
+  std::vector<std::string> params{};  // global parameter names
+  pickle::Value value;
+  std::vector<CarriedTensor> tensors{};  // the tensor's bytes, key "s"; empty for a number
+};
+// What an optimizer state dict holds besides its tensors
+// (ptc/checkpoint/megatron_optimizer.h): each parameter group's settings
+// (lr, betas, eps, weight_decay, wd_mult, ...: a dict without 'params'), in
+// Megatron's group order, and each parameter's `step`. Settings are kept for
+// one or two groups, or none (then rendered with defaults).
+struct OptimizerMeta {
+  pickle::Value groups = pickle::Value::List();
+  std::vector<StepValue> steps{};
+};
 struct MegatronState {
   uint64_t iteration = 0;
   pickle::Value carried;  // a dict, or None for stores not imported from Megatron
@@ -86,6 +104,7 @@ struct MegatronState {
   // saves without rng_state).
   int rng_tp = 0, rng_pp = 0;
   std::vector<RankRng> rng{};
+  OptimizerMeta optimizer{};
 };
 
 // The record whose rng_state rank (tp, pp) gets: the one of the same
@@ -111,10 +130,11 @@ struct RankState {
   struct Storage {
     std::string key;
     const LocalTensor* tensor = nullptr;     // a local tensor of the view, or
-    const CarriedTensor* carried = nullptr;  // one of the state's carried tensors
+    const CarriedTensor* carried = nullptr;  // one of the state's carried tensors or of `own`
   };
   pickle::Value root;
   std::vector<Storage> storages;
+  std::vector<CarriedTensor> own{};  // the default step, when one is rendered (never resized after)
 };
 // \error InvalidArgument when state.carried is neither a dict nor None.
 Result<RankState> BuildRankState(const ModelSpec& spec, const ParallelConfig& config, const RankView& view,
@@ -130,8 +150,9 @@ Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const
                                                     const RankView& view, const pickle::Value& root,
                                                     const std::string& what);
 
-// The root without 'model' and 'optimizer': what import keeps (its tensors
-// still reference the imported file's storages).
+// The root without 'model' and the optimizer's state ('optimizer' keeps
+// Megatron's other optimizer entries, such as 'grad_scaler'): what import
+// keeps (its tensors still reference the imported file's storages).
 pickle::Value CarriedEntries(const pickle::Value& root);
 
 // An int attribute of the state dict's 'args' (an argparse Namespace):

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "ptc/checkpoint/megatron.h"
+#include "ptc/checkpoint/megatron_optimizer.h"
 #include "ptc/format/torch_file.h"
 
 namespace ptc {
@@ -152,28 +153,95 @@ Result<megatron::RankRng> KeepRng(const RandomAccessFile& file, const TorchFile&
   return out;
 }
 
-// The first rank's entries besides the model and optimizer (and the rng
-// state), with the bytes of their tensors copied out of the file; the
-// 'rng_state' of every rank of the grid, kept per rank.
+// The `step` of every parameter of `view` in the rank file `tf` (each kept
+// once per global parameter: the first of its shards, which the others must
+// equal), into meta->steps. `step_of` maps global names to meta->steps.
+Status KeepSteps(const RankView& view, const megatron::OptimizerLayout& layout, const RandomAccessFile& file,
+                 const TorchFile& tf, const std::string& what, std::map<std::string, size_t>* step_of,
+                 megatron::OptimizerMeta* meta) {
+  const pickle::Value* state = tf.root.Find("optimizer")->Find("optimizer")->Find("state");
+  for (size_t i = 0; i < view.model.size() && state != nullptr; ++i) {
+    const pickle::Value* entry = state->Find(layout.slots[i].key);
+    const pickle::Value* step = entry == nullptr ? nullptr : entry->Find("step");
+    if (step == nullptr || view.model[i].segments.empty()) continue;
+    const std::string where = what + ": optimizer/optimizer/state/" + layout.slots[i].key.DebugString() + "/step";
+    megatron::StepValue value{{view.model[i].segments[0].tensor}, *step, {}};
+    if (step->is_tensor()) {
+      pickle::Tensor& t = value.value.tensor();
+      if (TensorNumBytes(t) > 64) return InvalidArgumentError(where + ": a tensor of more than one number");
+      PTC_ASSIGN_OR_RETURN(std::string bytes, ReadTensorBytes(file, tf, t, where));
+      value.tensors.push_back({"s", t.dtype, TensorNumElements(t), std::move(bytes)});
+      t.storage_key = "s";
+      t.storage_numel = TensorNumElements(t);
+      t.storage_offset = 0;
+      t.stride.assign(t.shape.size(), 1);
+      for (size_t d = t.shape.size(); d-- > 1;) t.stride[d - 1] = t.stride[d] * t.shape[d];
+    } else if (step->kind() != pickle::Kind::kInt && step->kind() != pickle::Kind::kFloat) {
+      return InvalidArgumentError(where + ": a " + std::string(pickle::KindName(step->kind())) +
+                                  ", not a tensor or a number");
+    }
+    auto same = [&](const megatron::StepValue& s) {
+      return s.value == value.value && (s.tensors.empty() || s.tensors[0].bytes == value.tensors[0].bytes);
+    };
+    const std::string& name = value.params[0];
+    if (const auto it = step_of->find(name); it != step_of->end()) {
+      if (!same(meta->steps[it->second])) {
+        return InvalidArgumentError(where + ": differs from the step of " + name +
+                                    " in another rank's file (a parameter's shards share one step)");
+      }
+      continue;
+    }
+    size_t k = 0;
+    while (k < meta->steps.size() && !same(meta->steps[k])) ++k;
+    if (k == meta->steps.size()) {
+      meta->steps.push_back(std::move(value));
+    } else {
+      meta->steps[k].params.push_back(name);
+    }
+    (*step_of)[name] = k;
+  }
+  return Status::OK();
+}
+
+// The first rank's entries besides the model and optimizer state (and the
+// rng state), with the bytes of their tensors copied out of the file; the
+// 'rng_state' of every rank of the grid, kept per rank; the optimizer's
+// group settings (the first rank's) and every parameter's step.
 Result<megatron::MegatronState> KeepEntries(Env* env, const RandomAccessFile& file, const TorchFile& tf,
-                                            const Tree& tree, const std::string& what) {
+                                            const Tree& tree, const CheckpointSource& source,
+                                            const std::string& what) {
   megatron::MegatronState state{tree.iteration, megatron::CarriedEntries(tf.root), {}};
   const bool per_rank_rng = state.carried.Erase("rng_state");
   PTC_RETURN_IF_ERROR(KeepTensors(file, tf, "c", what, &state.carried, &state.tensors));
-  if (!per_rank_rng) return state;
-  state.rng_tp = tree.tp;
-  state.rng_pp = tree.pp;
+  if (!per_rank_rng && !source.spec.optimizer) return state;
+  if (per_rank_rng) {
+    state.rng_tp = tree.tp;
+    state.rng_pp = tree.pp;
+  }
+  std::map<std::string, size_t> step_of;
   for (int pp = 0; pp < tree.pp; ++pp) {
     for (int tp = 0; tp < tree.tp; ++tp) {
       const std::string path = RankFile(tree, tp, pp);
-      if (tp == 0 && pp == 0) {
-        PTC_ASSIGN_OR_RETURN(state.rng.emplace_back(), KeepRng(file, tf, tp, pp, path));
-        continue;
+      std::unique_ptr<RandomAccessFile> f;
+      std::optional<TorchFile> rank_tf;
+      if (tp != 0 || pp != 0) {
+        if (!env->Exists(path)) return NotFoundError(path + ": missing");
+        PTC_ASSIGN_OR_RETURN(f, env->OpenRead(path));
+        PTC_ASSIGN_OR_RETURN(rank_tf, ReadTorchFile(*f, path));
       }
-      if (!env->Exists(path)) return NotFoundError(path + ": missing");
-      PTC_ASSIGN_OR_RETURN(auto f, env->OpenRead(path));
-      PTC_ASSIGN_OR_RETURN(TorchFile rank_tf, ReadTorchFile(*f, path));
-      PTC_ASSIGN_OR_RETURN(state.rng.emplace_back(), KeepRng(*f, rank_tf, tp, pp, path));
+      const RandomAccessFile& rf = f ? *f : file;
+      const TorchFile& rtf = rank_tf ? *rank_tf : tf;
+      if (per_rank_rng) {
+        PTC_ASSIGN_OR_RETURN(state.rng.emplace_back(), KeepRng(rf, rtf, tp, pp, path));
+      }
+      if (!source.spec.optimizer || source.config.zero == 1) continue;
+      const pickle::Value* optimizer = rtf.root.Find("optimizer");
+      if (optimizer == nullptr) return InvalidArgumentError(path + ": optimizer: missing (the first rank's file has one)");
+      PTC_ASSIGN_OR_RETURN(RankView view,
+                           ComputeView(source.spec, source.config, source.config.RankOf(RankCoords{tp, 0, pp})));
+      PTC_ASSIGN_OR_RETURN(megatron::OptimizerLayout layout, megatron::ReadOptimizerLayout(view, *optimizer, path));
+      if (tp == 0 && pp == 0) state.optimizer.groups = megatron::GroupSettings(layout, *optimizer);
+      PTC_RETURN_IF_ERROR(KeepSteps(view, layout, rf, rtf, path, &step_of, &state.optimizer));
     }
   }
   return state;
@@ -229,7 +297,7 @@ Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOp
     }
   }
   PTC_RETURN_IF_ERROR(VerifyTorchFileCrcs(*file, tf, first));
-  PTC_ASSIGN_OR_RETURN(megatron::MegatronState kept, KeepEntries(env, *file, tf, tree, first));
+  PTC_ASSIGN_OR_RETURN(megatron::MegatronState kept, KeepEntries(env, *file, tf, tree, source, first));
   source.extra[std::string(megatron::kManifestKey)] = megatron::EncodeMegatronState(kept);
   source.rank_file = [tree, config = source.config](int rank) {
     const RankCoords c = config.CoordsOf(rank);

@@ -2,10 +2,14 @@
 """Megatron-LM (legacy GPTModel) checkpoints made and checked with real torch,
 independently of ptcfs: the test suite's reference for `--format megatron`.
 
-  make DIR --tp T --pp P [--iteration N] [--args] [--optimizer] [--dtype bf16|f16|f32] [--seed S]
+  make DIR --tp T --pp P [--iteration N] [--args] [--optimizer [--one-group]] [--dtype bf16|f16|f32] [--seed S]
       torch.save random tensors in Megatron's layout: DIR/latest_checkpointed_iteration.txt,
       DIR/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt. With --args, an argparse
-      Namespace in 'args' and numpy/torch rng state in 'rng_state' (each rank's own).
+      Namespace in 'args' and numpy/torch rng state in 'rng_state' (each rank's own). With
+      --optimizer, Megatron's optimizer entry made by torch.optim.Adam.state_dict(): two
+      parameter groups (1-D parameters and biases without weight decay) with Megatron's
+      settings, `step` in every state, fp32 masters per group; --one-group: the layout ptcfs
+      rendered before (one group, no step, no settings).
   save MOUNT/megatron MIRROR --iteration N [--skip mp_rank_TT_PPP] [--consumed SAMPLES] [--state-iteration M]
       A framework's checkpoint through the mount (see save()); --consumed sets
       args.consumed_train_samples, --state-iteration the state dict's 'iteration'.
@@ -13,7 +17,9 @@ independently of ptcfs: the test suite's reference for `--format megatron`.
       The reference reshard: every tensor of the SRC tree (tp=TP, pp=PP) is concatenated
       along its split dim (and its layers renumbered), re-split for TP2/PP2, and compared bit
       for bit with the files of the OUT tree, which torch.load reads (weights_only when
-      asked). Non-tensor entries must be kept, args' parallel sizes rewritten.
+      asked). Non-tensor entries must be kept, args' parallel sizes rewritten. The optimizer
+      state must be in Megatron's two groups with the source's settings and step, and load
+      with torch.optim.Adam.load_state_dict over the rank's parameters (then take a step).
 
 Model: megatron-gpt layers=4, hidden=32, heads=4, vocab=128, seq=16 (ffn 128).
 Exit 0 and "CHECK OK <files>" when everything matches; 3 when torch is missing.
@@ -110,6 +116,15 @@ def with_values(model, values):
 
 
 KINDS = ("exp_avg", "exp_avg_sq", "fp32")
+# Megatron's parameter group settings as a run saves them (the scheduler's lr of the
+# moment; wd_mult, lr_mult, ... from megatron/core/optimizer _get_param_groups), over
+# torch.optim.Adam's own.
+SETTINGS = {"lr": 2.5e-4, "betas": (0.9, 0.95), "eps": 1e-8, "wd_mult": 1.0, "lr_mult": 1.0,
+            "is_expert_parallel": False, "default_config": True, "is_decoupled_lr": False,
+            "max_lr": 3e-4, "min_lr": 3e-5}
+# What ptcfs renders for a store that kept no settings (docs/megatron_format.md).
+DEFAULTS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "amsgrad": False,
+            "wd_mult": 1.0, "lr_mult": 1.0}
 
 
 def global_optimizer(glob, seed):
@@ -120,27 +135,123 @@ def global_optimizer(glob, seed):
             "fp32": {k: v.float() for k, v in glob.items()}}
 
 
-def rank_optimizer(gopt, tp, pp, tp_rank, pp_rank):
-    """Adam state in the layout ptcfs renders: state[i] and fp32 masters by the
-    parameter's position in the depth-first order of the model's tensors."""
+def without_weight_decay(name, shape):
+    """Megatron's rule (_get_param_groups): no weight decay for biases and 1-D parameters."""
+    return len(shape) == 1 or name.endswith(".bias")
+
+
+def megatron_groups(model):
+    """The depth-first positions of the rank's parameters in Megatron's two groups."""
+    params = list(tensors_depth_first(model))
+    decay = [i for i, (n, t) in enumerate(params) if not without_weight_decay(n.replace("/", "."), t.shape)]
+    return [decay, [i for i in range(len(params)) if i not in decay]]
+
+
+def megatron_optimizer(model, parts, steps, settings):
+    """The optimizer entry Megatron's Float16OptimizerWithFloat16Params saves, made by torch
+    itself: torch.optim.Adam over the fp32 masters in Megatron's two groups (settings[g] each),
+    its state set (`step` = steps[i]), then Adam.state_dict()."""
+    groups = megatron_groups(model)
+    params = [torch.nn.Parameter(m.clone()) for m in parts["fp32"]]
+    opt = torch.optim.Adam([dict(settings[g], params=[params[i] for i in groups[g]]) for g in range(2)])
+    for i in groups[0] + groups[1]:
+        opt.state[params[i]] = {"step": steps[i].clone(), "exp_avg": parts["exp_avg"][i].clone(),
+                                "exp_avg_sq": parts["exp_avg_sq"][i].clone()}
+    return {"optimizer": opt.state_dict(), "fp32_from_fp16_params": [[parts["fp32"][i] for i in g] for g in groups]}
+
+
+def source_settings():
+    """The two groups' settings of a made checkpoint (weight decay 0.1, none in group 1)."""
+    return [dict(SETTINGS, weight_decay=0.1), dict(SETTINGS, weight_decay=0.0, wd_mult=0.0)]
+
+
+def rank_optimizer(gopt, tp, pp, tp_rank, pp_rank, steps=None, settings=None, one_group=False, exact=False):
+    """A rank's optimizer entry. one_group: the layout ptcfs rendered before (state[i] and
+    fp32 masters by the parameter's depth-first position, one group, no step or settings).
+    exact: the groups hold exactly `settings` (not torch's defaults besides)."""
+    model = rank_model(gopt["fp32"], tp, pp, tp_rank, pp_rank)
     parts = {k: [v for _, v in tensors_depth_first(rank_model(gopt[k], tp, pp, tp_rank, pp_rank))] for k in KINDS}
     n = len(parts["fp32"])
-    return {"optimizer": {"state": {i: {"exp_avg": parts["exp_avg"][i], "exp_avg_sq": parts["exp_avg_sq"][i]}
-                                    for i in range(n)},
-                          "param_groups": [{"params": list(range(n))}]},
-            "fp32_from_fp16_params": [parts["fp32"]]}
+    if one_group:
+        return {"optimizer": {"state": {i: {"exp_avg": parts["exp_avg"][i], "exp_avg_sq": parts["exp_avg_sq"][i]}
+                                        for i in range(n)},
+                              "param_groups": [{"params": list(range(n))}]},
+                "fp32_from_fp16_params": [parts["fp32"]]}
+    out = megatron_optimizer(model, parts, [steps] * n, settings)
+    if exact:
+        pgs = out["optimizer"]["param_groups"]
+        out["optimizer"]["param_groups"] = [dict(settings[g], params=pg["params"]) for g, pg in enumerate(pgs)]
+    return out
+
+
+def optimizer_by_param(sd):
+    """kind -> values in the depth-first order of sd's model, read through the file's groups
+    (Megatron's two, the one with wd_mult 0 without weight decay; or one)."""
+    n = len(list(tensors_depth_first(sd["model"])))
+    opt = sd["optimizer"]
+    pgs = opt["optimizer"]["param_groups"]
+    if len(pgs) == 1:
+        members = [list(range(n))]
+    else:
+        no_decay = [g for g, pg in enumerate(pgs) if pg.get("wd_mult", 1.0) == 0.0] or [1]
+        decay, nodecay = megatron_groups(sd["model"])
+        members = [nodecay, decay] if no_decay[0] == 0 else [decay, nodecay]
+    out = {k: [None] * n for k in KINDS + ("step",)}
+    for g, pg in enumerate(pgs):
+        for j, (i, key) in enumerate(zip(members[g], pg["params"])):
+            state = opt["optimizer"]["state"][key]
+            out["exp_avg"][i], out["exp_avg_sq"][i] = state["exp_avg"], state["exp_avg_sq"]
+            out["step"][i] = state.get("step")
+            out["fp32"][i] = opt["fp32_from_fp16_params"][g][j]
+    return out
 
 
 def optimizer_as_models(files):
     """Each rank's optimizer state as model-shaped dicts per kind (to gather like parameters)."""
     out = {k: {} for k in KINDS}
     for key, f in files.items():
-        n = len(list(tensors_depth_first(f["model"])))
-        state = f["optimizer"]["optimizer"]["state"]
-        out["exp_avg"][key] = {"model": with_values(f["model"], [state[i]["exp_avg"] for i in range(n)])}
-        out["exp_avg_sq"][key] = {"model": with_values(f["model"], [state[i]["exp_avg_sq"] for i in range(n)])}
-        out["fp32"][key] = {"model": with_values(f["model"], f["optimizer"]["fp32_from_fp16_params"][0])}
+        values = optimizer_by_param(f)
+        for k in KINDS:
+            out[k][key] = {"model": with_values(f["model"], values[k])}
     return out
+
+
+def expected_settings(src):
+    """The settings ptcfs renders for a store imported from `src` (a rank file)."""
+    pgs = src["optimizer"]["optimizer"]["param_groups"]
+    if len(pgs) == 2:
+        return [{k: v for k, v in pg.items() if k != "params"} for pg in pgs]
+    kept = {k: v for k, v in pgs[0].items() if k != "params"}
+    return [dict(DEFAULTS, **kept),
+            dict(DEFAULTS, **{k: v for k, v in kept.items() if k not in ("weight_decay", "wd_mult")}, wd_mult=0.0)]
+
+
+def expected_step(src):
+    """The step ptcfs renders: the source's (one for every parameter), else float32 iteration."""
+    steps = [s for s in optimizer_by_param(src)["step"] if s is not None]
+    return steps[0] if steps else torch.tensor(float(src["iteration"]))
+
+
+def adam_loads(where, sd, want):
+    """torch.optim.Adam over the rank's parameters (fp32, Megatron's groups) loads the rank's
+    optimizer state, which then equals `want` (the reference entry), and takes a step."""
+    params = [torch.nn.Parameter(t.float().clone()) for _, t in tensors_depth_first(sd["model"])]
+    groups = megatron_groups(sd["model"])
+    opt = torch.optim.Adam([{"params": [params[i] for i in g]} for g in groups])
+    opt.load_state_dict(sd["optimizer"]["optimizer"])
+    ref = want["optimizer"]
+    for g, pg in enumerate(opt.param_groups):
+        got = {k: v for k, v in pg.items() if k != "params"}
+        for k, v in ref["param_groups"][g].items():
+            if k != "params":
+                assert got.get(k) == v, f"{where}: group {g} {k} {got.get(k)!r} != {v!r}"
+    for key, i in enumerate(groups[0] + groups[1]):
+        state = opt.state[params[i]]
+        for kind in ("step", "exp_avg", "exp_avg_sq"):
+            compare(f"{where} adam state {key} {kind}", ref["state"][key][kind], state[kind])
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt.step()
 
 
 def make(a):
@@ -164,7 +275,10 @@ def make(a):
                 sd["rng_state"] = [{"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
                                     "torch_rng_state": torch.get_rng_state()}]
             if a.optimizer:
-                sd["optimizer"] = rank_optimizer(gopt, a.tp, a.pp, tp_rank, pp_rank)
+                # A step short of the iteration, as after skipped (overflowed) fp16 steps.
+                sd["optimizer"] = rank_optimizer(gopt, a.tp, a.pp, tp_rank, pp_rank,
+                                                 steps=torch.tensor(float(a.iteration - 7)),
+                                                 settings=source_settings(), one_group=a.one_group)
             d = os.path.join(it_dir, rank_dir(tp_rank, pp_rank, a.pp))
             os.makedirs(d, exist_ok=True)
             torch.save(sd, os.path.join(d, "model_optim_rng.pt"))
@@ -172,7 +286,24 @@ def make(a):
         f.write(str(a.iteration))
 
 
+def allow_megatron_globals():
+    """torch >= 2 with megatron-core: what a Megatron run allows a weights_only load (its
+    safe globals: argparse.Namespace, numpy arrays of the rng state, ...)."""
+    if int(torch.__version__.split(".")[0]) < 2:
+        return
+    import logging
+    import warnings
+    warnings.filterwarnings("ignore")  # megatron.core warns about Transformer Engine / Apex
+    logging.disable(logging.WARNING)
+    try:
+        import megatron.core  # noqa: F401  (registers the safe globals on import)
+    except ImportError:
+        pass
+
+
 def load_tree(root, weights_only=False):
+    if weights_only:
+        allow_megatron_globals()
     it = open(os.path.join(root, "latest_checkpointed_iteration.txt")).read().strip()
     it_dir = os.path.join(root, f"iter_{int(it):07d}")
     files = {}
@@ -252,7 +383,11 @@ def check(a):
             assert repr(sd["rng_state"][0]["np_rng_state"]) == repr(rng["np_rng_state"]), where + ": np_rng_state"
             assert sd["rng_state"][0]["random_rng_state"] == rng["random_rng_state"], where + ": random_rng_state"
         if "optimizer" in ref:
-            compare(where + " optimizer", rank_optimizer(gopt, a.tp2, a.pp2, tp_rank, pp_rank), sd["optimizer"])
+            # Megatron's two groups whatever the source's layout; the source's settings and step.
+            want = rank_optimizer(gopt, a.tp2, a.pp2, tp_rank, pp_rank, steps=expected_step(ref),
+                                  settings=expected_settings(ref), exact=True)
+            compare(where + " optimizer", want, sd["optimizer"])
+            adam_loads(where, sd, want)
     print("CHECK OK", len(out))
 
 
@@ -303,7 +438,8 @@ def main():
     m.add_argument("--pp", type=int, required=True)
     m.add_argument("--iteration", type=int, default=100)
     m.add_argument("--args", action="store_true")
-    m.add_argument("--optimizer", action="store_true")
+    m.add_argument("--optimizer", action="store_true", help="Adam state in Megatron's layout (two groups)")
+    m.add_argument("--one-group", action="store_true", help="the optimizer in ptcfs's former one-group layout")
     m.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     m.add_argument("--seed", type=int, default=1)
     c = sub.add_parser("check")

@@ -1,0 +1,227 @@
+#include "ptc/checkpoint/megatron_optimizer.h"
+
+#include <array>
+#include <cstring>
+#include <map>
+
+namespace ptc::megatron {
+namespace {
+
+using pickle::Value;
+
+// A number of a group's settings (int or float), or nullopt.
+std::optional<double> Number(const Value& group, std::string_view key) {
+  const Value* v = group.Find(key);
+  if (v == nullptr) return std::nullopt;
+  if (v->kind() == pickle::Kind::kFloat) return v->as_float();
+  if (v->kind() == pickle::Kind::kInt) return static_cast<double>(v->as_int());
+  return std::nullopt;
+}
+
+// The file's group without weight decay among two: wd_mult 0, else
+// weight_decay 0 in one group only, else the second (Megatron's order).
+size_t NoDecayGroup(const pickle::Items& groups) {
+  for (const char* key : {"wd_mult", "weight_decay"}) {
+    std::vector<size_t> zero;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (Number(groups[g], key) == 0.0) zero.push_back(g);
+    }
+    if (zero.size() == 1) return zero[0];
+  }
+  return 1;
+}
+
+// Megatron's groups of the rank's parameters: indices into view.model.
+std::array<std::vector<size_t>, 2> MegatronGroups(const RankView& view) {
+  std::array<std::vector<size_t>, 2> groups;
+  for (size_t i = 0; i < view.model.size(); ++i) groups[WithoutWeightDecay(view.model[i]) ? 1 : 0].push_back(i);
+  return groups;
+}
+
+// torch.optim.Adam's defaults, with Megatron's multipliers (group 1: no weight decay).
+Value DefaultSettings(size_t group) {
+  Value d = Value::Dict();
+  d.Set("lr", Value::Float(1e-3));
+  d.Set("betas", Value::Tuple({Value::Float(0.9), Value::Float(0.999)}));
+  d.Set("eps", Value::Float(1e-8));
+  d.Set("weight_decay", Value::Float(0.0));
+  d.Set("amsgrad", Value::Bool(false));
+  d.Set("wd_mult", Value::Float(group == 0 ? 1.0 : 0.0));
+  d.Set("lr_mult", Value::Float(1.0));
+  return d;
+}
+
+// Group g's settings as rendered: the kept ones of two groups; else the
+// defaults, with the kept ones of a single group over them (but for the
+// weight decay of group 1, which has none).
+Value Settings(const OptimizerMeta& meta, size_t g) {
+  const pickle::Items& kept = meta.groups.items();
+  if (kept.size() == 2 && kept[g].is_dict()) return kept[g];
+  Value out = DefaultSettings(g);
+  if (kept.size() == 1 && kept[0].is_dict()) {
+    for (const auto& [k, v] : kept[0].pairs()) {
+      const bool decay = k.kind() == pickle::Kind::kStr && (k.as_str() == "weight_decay" || k.as_str() == "wd_mult");
+      if (g == 0 || !decay) out.Set(k, v);
+    }
+  }
+  return out;
+}
+
+// A 0-dim float32 tensor of storage `key`.
+Value ScalarTensor(const std::string& key) {
+  pickle::Tensor t;
+  t.storage_key = key;
+  t.dtype = DType::kF32;
+  t.storage_numel = 1;
+  return Value::FromTensor(std::move(t));
+}
+
+}  // namespace
+
+bool WithoutWeightDecay(const LocalTensor& param) {
+  return param.shape.size() == 1 || std::string_view(param.name).ends_with(".bias");
+}
+
+Result<OptimizerLayout> ReadOptimizerLayout(const RankView& view, const Value& optimizer, const std::string& what) {
+  const std::string where = what + ": optimizer/optimizer/param_groups";
+  const Value* inner = optimizer.Find("optimizer");
+  const Value* groups = inner == nullptr ? nullptr : inner->Find("param_groups");
+  if (groups == nullptr || !groups->is_sequence()) return InvalidArgumentError(where + ": missing or not a list");
+  const pickle::Items& g = groups->items();
+  OptimizerLayout layout;
+  // members[file group]: the rank's parameters it holds, in order.
+  std::vector<std::vector<size_t>> members;
+  const auto groups_of = MegatronGroups(view);
+  if (g.size() == 1) {
+    members.emplace_back();
+    for (size_t i = 0; i < view.model.size(); ++i) members[0].push_back(i);
+    layout.file_groups = {0};
+  } else if (g.size() == 2) {
+    const size_t no_decay = NoDecayGroup(g);
+    members.resize(2);
+    members[1 - no_decay] = groups_of[0];
+    members[no_decay] = groups_of[1];
+    layout.file_groups = {1 - no_decay, no_decay};
+  } else {
+    return InvalidArgumentError(where + ": " + std::to_string(g.size()) +
+                                " groups (Megatron's two, weight decay and none, or one)");
+  }
+  layout.slots.resize(view.model.size());
+  for (size_t f = 0; f < g.size(); ++f) {
+    const std::string label = where + "/" + std::to_string(f) + "/params";
+    const Value* params = g[f].Find("params");
+    if (params == nullptr || !params->is_sequence()) return InvalidArgumentError(label + ": missing or not a list");
+    if (params->items().size() != members[f].size()) {
+      std::string why = g.size() == 1 ? std::to_string(view.model.size()) + " parameters of the rank"
+                                      : "the rank's " + std::to_string(view.model.size()) + " parameters make " +
+                                            std::to_string(groups_of[0].size()) + " with weight decay and " +
+                                            std::to_string(groups_of[1].size()) +
+                                            " without (Megatron's rule: 1-D parameters and biases have none)";
+      return InvalidArgumentError(label + ": " + std::to_string(params->items().size()) + " parameters, " +
+                                  std::to_string(members[f].size()) + " expected: " + why);
+    }
+    for (size_t j = 0; j < members[f].size(); ++j) {
+      const Value& key = params->items()[j];
+      if (key.kind() != pickle::Kind::kInt) {
+        return InvalidArgumentError(label + "/" + std::to_string(j) + ": a " + std::string(pickle::KindName(key.kind())) +
+                                    ", not an int");
+      }
+      layout.slots[members[f][j]] = {f, j, key};
+    }
+  }
+  return layout;
+}
+
+std::vector<Value> OptimizerPath(const OptimizerLayout& layout, std::string_view kind, size_t i) {
+  const OptimizerLayout::Slot& s = layout.slots[i];
+  if (kind == "fp32") {
+    return {Value::Str("optimizer"), Value::Str("fp32_from_fp16_params"), Value::Int(static_cast<int64_t>(s.group)),
+            Value::Int(static_cast<int64_t>(s.position))};
+  }
+  return {Value::Str("optimizer"), Value::Str("optimizer"), Value::Str("state"), s.key, Value::Str(std::string(kind))};
+}
+
+Value GroupSettings(const OptimizerLayout& layout, const Value& optimizer) {
+  const pickle::Items& groups = optimizer.Find("optimizer")->Find("param_groups")->items();
+  Value out = Value::List();
+  for (size_t f : layout.file_groups) {
+    Value settings = groups[f].is_dict() ? groups[f] : Value::Dict();
+    if (settings.is_dict()) settings.Erase("params");
+    out.items().push_back(std::move(settings));
+  }
+  return out;
+}
+
+void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t iteration,
+                     const std::function<Value(const LocalTensor&)>& add, RankState* out) {
+  std::map<std::string, size_t> param_index;
+  for (size_t i = 0; i < view.model.size(); ++i) param_index[view.model[i].name] = i;
+  // kinds[i]: the optimizer tensors of parameter i by kind.
+  std::vector<std::map<std::string, const LocalTensor*>> kinds(view.model.size());
+  for (const LocalTensor& t : view.optim) {
+    const size_t dot = t.name.rfind('.');
+    kinds[param_index.at(t.name.substr(0, dot))][t.name.substr(dot + 1)] = &t;
+  }
+  std::map<std::string, const StepValue*> step_of;
+  for (const StepValue& s : meta.steps) {
+    for (const std::string& p : s.params) step_of[p] = &s;
+  }
+  const CarriedTensor* default_step = nullptr;
+  auto step = [&](size_t i, int64_t key) -> Value {
+    const std::string storage = "s" + std::to_string(key);
+    const auto it = view.model[i].segments.empty() ? step_of.end() : step_of.find(view.model[i].segments[0].tensor);
+    const CarriedTensor* bytes = nullptr;
+    Value v;
+    if (it != step_of.end()) {
+      v = it->second->value;
+      if (!v.is_tensor()) return v;
+      bytes = &it->second->tensors.at(0);
+    } else {
+      if (default_step == nullptr) {
+        const float f = static_cast<float>(iteration);
+        std::string b(sizeof(f), '\0');
+        std::memcpy(b.data(), &f, sizeof(f));
+        out->own.push_back({"s", DType::kF32, 1, std::move(b)});
+        default_step = &out->own.back();
+      }
+      v = ScalarTensor(storage);
+      bytes = default_step;
+    }
+    // Each state its own storage: Adam adds to its step in place.
+    v.tensor().storage_key = storage;
+    out->storages.push_back({storage, nullptr, bytes});
+    return v;
+  };
+  Value state = Value::Dict(), param_groups = Value::List(), masters = Value::List();
+  int64_t key = 0;
+  for (const auto& members : MegatronGroups(view)) {
+    Value params = Value::List(), fp32 = Value::List();
+    for (size_t i : members) {
+      Value s = Value::Dict();
+      s.Set("step", step(i, key));
+      for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+        if (const auto k = kinds[i].find(kind); k != kinds[i].end()) s.Set(kind, add(*k->second));
+      }
+      if (const auto k = kinds[i].find("fp32"); k != kinds[i].end()) fp32.items().push_back(add(*k->second));
+      state.Set(Value::Int(key), std::move(s));
+      params.items().push_back(Value::Int(key++));
+    }
+    Value group = Settings(meta, param_groups.items().size());
+    group.Set("params", std::move(params));
+    param_groups.items().push_back(std::move(group));
+    masters.items().push_back(std::move(fp32));
+  }
+  Value inner = Value::Dict();
+  inner.Set("state", std::move(state));
+  inner.Set("param_groups", std::move(param_groups));
+  // Megatron's order: optimizer, grad_scaler (kept), fp32_from_fp16_params.
+  Value optimizer = Value::Dict();
+  optimizer.Set("optimizer", std::move(inner));
+  if (const Value* kept = out->root.Find("optimizer"); kept != nullptr && kept->is_dict()) {
+    for (const auto& [k, v] : kept->pairs()) optimizer.Set(k, v);
+  }
+  optimizer.Set("fp32_from_fp16_params", std::move(masters));
+  out->root.Set("optimizer", std::move(optimizer));
+}
+
+}  // namespace ptc::megatron
