@@ -4,7 +4,8 @@
 #   import it into a store, mount it, list a rank's files, reconfigure the
 #   running mount to tp=4,pp=1 (progress shown), read the new files back with
 #   numpy and compare them bit for bit with a reference, load Megatron-LM's
-#   view of the new layout with torch, verify, unmount.
+#   view of the new layout with torch 2 (weights_only, Adam) and a rank file
+#   with safetensors.safe_open (the venv tools/setup-deps.sh makes), verify, unmount.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup-deps.sh
@@ -35,12 +36,28 @@ fc1 = np.load(t / "decoder.layers.0.mlp.linear_fc1.weight.npy")
 print(f"rank 3 of tp=4 holds {len(dtypes)} tensors; its [gate; up] fc1 shard is {fc1.shape}, "
       f"{dtypes['decoder.layers.0.mlp.linear_fc1.weight.npy']} stored as numpy {fc1.dtype}")
 PY
-/usr/bin/python3 - "$mnt" <<'PY'
+.venv/bin/python - "$mnt" <<'PY'
 import sys, torch
-sd = torch.load(f"{sys.argv[1]}/megatron/iter_0000000/mp_rank_03/model_optim_rng.pt", weights_only=True)
+from safetensors import safe_open
+# torch 2 (tools/requirements-clients.txt): torch.load's default is weights_only=True.
+sd = torch.load(f"{sys.argv[1]}/megatron/iter_0000000/mp_rank_03/model_optim_rng.pt")
 w = sd["model"]["decoder.layers.0.mlp.linear_fc1.weight"]
-print(f"Megatron's tp rank 3 file: {len(sd['model'])} tensors, fc1 {tuple(w.shape)} {w.dtype}, "
-      f"Adam state of {len(sd['optimizer']['optimizer']['state'])} parameters")
+opt = sd["optimizer"]["optimizer"]
+print(f"torch {torch.__version__}, weights_only load of Megatron's tp rank 3 file: {len(sd['model'])} tensors, "
+      f"fc1 {tuple(w.shape)} {w.dtype}; Adam state of {len(opt['state'])} parameters in Megatron's "
+      f"{len(opt['param_groups'])} groups ({[len(g['params']) for g in opt['param_groups']]} parameters)")
+# Megatron's optimizer over the rank's parameters (fp32 masters, biases and 1-D ones without weight decay).
+params = [torch.nn.Parameter(t.float()) for t in sd["model"].values()]
+no_wd = [len(p.shape) == 1 or n.endswith(".bias") for n, p in zip(sd["model"], params)]
+adam = torch.optim.Adam([{"params": [p for p, n in zip(params, no_wd) if not n]},
+                         {"params": [p for p, n in zip(params, no_wd) if n]}])
+adam.load_state_dict(opt)
+print(f"torch.optim.Adam.load_state_dict: step {adam.state[params[0]]['step'].item()}, lr {adam.param_groups[0]['lr']}")
+with safe_open(f"{sys.argv[1]}/model/rank-00003/model.safetensors", framework="pt") as f:
+    name = "decoder.layers.0.mlp.linear_fc1.weight"
+    t = f.get_tensor(name)
+    print(f"safetensors.safe_open of rank 3's model.safetensors: {len(list(f.keys()))} tensors, {name} "
+          f"{tuple(t.shape)} {t.dtype}, equal to the Megatron file's: {torch.equal(t, w)}")
 PY
 $ptcfs verify "$work/store"
 $ptcfs umount "$mnt"

@@ -6,7 +6,7 @@ SUDO=""
 PACKAGES=(
   build-essential cmake ninja-build pkg-config clang
   libhdf5-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libgtest-dev libfuse3-dev fuse3
-  python3 python3-numpy python3-h5py
+  python3 python3-numpy python3-h5py python3-venv
   zlib1g-dev python3-torch
   libcpp-httplib-dev etcd-server etcd-client
 )
@@ -18,4 +18,25 @@ if [ "${#missing[@]}" -gt 0 ]; then
   echo "ptcfs setup: installing ${missing[*]}"
   $SUDO apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# The Python clients people use, from PyPI (tools/requirements-clients.txt: torch 2,
+# safetensors, megatron-core, numpy) in .venv/ at the repository root, for the tests
+# labelled `clients` and the quickstart. Debian's /usr/bin/python3 clients stay in use too.
+# Quick when already there: the stamp records the requirements the venv was made from.
+# PTCFS_VENV overrides the place; PTCFS_NO_VENV=1 skips this part.
+if [ "${PTCFS_NO_VENV:-0}" != 1 ]; then
+  root="$(cd "$(dirname "$0")/.." && pwd)"
+  venv="${PTCFS_VENV:-$root/.venv}"
+  requirements="$root/tools/requirements-clients.txt"
+  stamp="$venv/ptcfs-requirements.txt"
+  if [ -x "$venv/bin/python" ] && cmp -s "$requirements" "$stamp"; then
+    echo "ptcfs setup: $venv is up to date"
+  else
+    echo "ptcfs setup: making $venv with $(grep -v '^#' "$requirements" | xargs) from PyPI (about 5 GB, a minute or more)"
+    [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off -r "$requirements"
+    cp "$requirements" "$stamp"
+    echo "ptcfs setup: $venv ready ($("$venv/bin/python" -c 'import torch, safetensors; print("torch", torch.__version__, "safetensors", safetensors.__version__)'))"
+  fi
 fi

@@ -1,0 +1,125 @@
+// The libraries people use, from PyPI, reading and saving through a real
+// mount: safetensors.safe_open (numpy and torch frameworks), torch 2's
+// torch.load (weights_only by default, and mmap=True) and torch.save,
+// megatron-core's IndexedDataset, numpy.load(mmap_mode='r'). They run in the
+// venv tools/setup-deps.sh makes (.venv/ at the repository root, or
+// $PTCFS_VENV; tools/requirements-clients.txt); tests/clients/real_clients.py
+// and tests/clients/megatron_ckpt.py hold the client code. Without the venv
+// the suite skips (77), and fails under CI=true.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "mount_util.h"
+
+namespace ptc {
+namespace {
+
+using namespace ::ptc::testing;  // the helpers of test_util.h
+
+const std::string kLlama = "--schema llama --dims layers=4,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32";
+const std::string kGpt = "--schema megatron-gpt --dims layers=4,hidden=32,heads=4,vocab=128,seq=16";
+
+std::string Venv() {
+  const char* env = std::getenv("PTCFS_VENV");
+  return env != nullptr && *env != '\0' ? env : std::string(PTCFS_SOURCE_DIR) + "/.venv";
+}
+std::string Python() { return Venv() + "/bin/python "; }
+std::string Script(const std::string& name) { return std::string(PTCFS_SOURCE_DIR) + "/tests/clients/" + name + " "; }
+
+// real_clients.py CMD ARGS with the venv's python; expects "<CMD> OK".
+void Client(const std::string& cmd, const std::string& args) {
+  auto [code, out] = Sh(Python() + Script("real_clients.py") + cmd + " " + args);
+  EXPECT_EQ(code, 0) << out;
+  std::string upper;
+  for (char c : cmd) upper.push_back(static_cast<char>(std::toupper(c)));
+  EXPECT_NE(out.find(upper + " OK"), std::string::npos) << out;
+  std::printf("%s", out.c_str());
+}
+
+class ClientsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    RequireFuse();
+    auto [code, out] = Sh(Python() + "-c 'import torch, safetensors, numpy, megatron.core' 2>&1 | tail -3");
+    if (code != 0 || access((Venv() + "/bin/python").c_str(), X_OK) != 0) {
+      std::printf("%s: no venv with torch, safetensors, numpy and megatron-core at %s (make it with "
+                  "tools/setup-deps.sh): %s\n",
+                  InCi() ? "FAIL" : "SKIP", Venv().c_str(), out.c_str());
+      std::exit(InCi() ? 1 : 77);
+    }
+  }
+  void Run(const std::string& args) {
+    auto [code, out] = Ptcfs(args);
+    ASSERT_EQ(code, 0) << args << "\n" << out;
+  }
+  TempDir tmp_;
+};
+
+TEST_F(ClientsTest, SafetensorsAndNumpyMapEveryRankFile) {
+  // f16 parameters (numpy has no bf16), f32 Adam state.
+  const std::string model = kLlama + " --dtype f16 --optimizer adam";
+  Run("synth " + model + " --config tp=2,pp=2 " + tmp_ / "saved");
+  Run("import " + kLlama + " --config tp=2,pp=2 " + tmp_ / "saved " + tmp_ / "store");
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format all");
+  Client("safetensors", m.dir() + "/model " + tmp_ / "saved");
+  Client("npy", m.dir() + "/model " + tmp_ / "saved");
+  // Another config: the reference is that config's synth checkpoint.
+  Run("reconfigure " + m.dir() + " --to tp=1,pp=4");
+  Run("synth " + model + " --config tp=1,pp=4 " + tmp_ / "ref");
+  Client("safetensors", m.dir() + "/model " + tmp_ / "ref");
+  Client("npy", m.dir() + "/model " + tmp_ / "ref");
+}
+
+TEST_F(ClientsTest, Torch2LoadsEveryMegatronFileAndSavesThroughTheMount) {
+  // A Megatron tree written by torch 2 (args, per-rank rng, Adam in Megatron's two groups).
+  // (numpy 2, which a weights_only load allows through megatron.core's safe globals; Debian's
+  // numpy 1 pickles its arrays under numpy.core, which torch 2 then refuses.)
+  auto [mc, mout] = Sh(Python() + Script("megatron_ckpt.py") + "make " + tmp_ / "src --tp 2 --pp 2 --args --optimizer");
+  ASSERT_EQ(mc, 0) << mout;
+  Run("import --format megatron " + kGpt + " " + tmp_ / "src " + tmp_ / "store");
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron");
+  const std::string megatron = m.dir() + "/megatron";
+  auto check = [&](const std::string& src, const std::string& from, const std::string& to) {
+    // torch 2's weights_only load (megatron.core's safe globals), every tensor, setting and
+    // step against the reference reshard, and torch.optim.Adam.load_state_dict.
+    auto [code, out] = Sh(Python() + Script("megatron_ckpt.py") + "check " + src + " " + from + " " + megatron + " " +
+                          to + " --weights-only");
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_NE(out.find("CHECK OK"), std::string::npos) << out;
+  };
+  Client("torchload", megatron);
+  check(tmp_ / "src", "2 2", "2 2");
+  Run("reconfigure " + m.dir() + " --to tp=1,pp=4");
+  Client("torchload", megatron);
+  check(tmp_ / "src", "2 2", "1 4");
+  // torch 2's torch.save of a trained state through the mount commits, and reads back bit for bit.
+  const int generation = MountStatus(m.dir())["generation"].get<int>();
+  auto [sc, sout] = Sh(Python() + Script("megatron_ckpt.py") + "save " + megatron + " " + tmp_ / "saved --iteration 200");
+  ASSERT_EQ(sc, 0) << sout;
+  const auto status = MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  check(tmp_ / "saved", "1 4", "1 4");
+  Run("reconfigure " + m.dir() + " --to tp=2,pp=2");
+  check(tmp_ / "saved", "1 4", "2 2");
+  Client("torchload", megatron);
+}
+
+TEST_F(ClientsTest, MegatronCoreIndexedDatasetReadsEveryRank) {
+  const std::string model = kGpt + " --config tp=1,pp=1,dp=4";
+  Run("synth " + model + " " + tmp_ / "ck");
+  Run("import " + model + " " + tmp_ / "ck " + tmp_ / "store");
+  Run("data synth --samples 1001 --min-len 1 --max-len 50 --vocab 300 " + tmp_ / "ds");
+  Run("data import " + tmp_ / "ds " + tmp_ / "store --global-batch 36 --seed 5");
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format all");
+  Client("indexed", m.dir() + "/data " + tmp_ / "ds");
+  Run("reconfigure " + m.dir() + " --to tp=1,pp=1,dp=3");
+  Client("indexed", m.dir() + "/data " + tmp_ / "ds");
+}
+
+}  // namespace
+}  // namespace ptc
