@@ -118,6 +118,22 @@ TEST_F(MegatronTorchTest, OneGroupOptimizerFilesStillImport) {
   Check(src, "2 2", tmp_ / "out", "1 2");
 }
 
+// A parameter's shards (tensor-parallel pieces, replicated norms) share one
+// step; a tree where they differ is refused, naming the state, and changes nothing.
+TEST_F(MegatronTorchTest, ShardsWithDifferentStepsAreRefused) {
+  const std::string src = Make("src", "--tp 2 --pp 1 --optimizer");
+  auto [dc, dout] = Sh("/usr/bin/python3 -c 'import sys, torch; p = sys.argv[1]; d = torch.load(p); "
+                       "d[\"optimizer\"][\"optimizer\"][\"state\"][0][\"step\"] += 1; torch.save(d, p)' " +
+                       src + "/iter_0000100/mp_rank_01/model_optim_rng.pt");
+  ASSERT_EQ(dc, 0) << dout;
+  auto [code, out] = Ptcfs("import --format megatron " + kModel + " " + src + " " + tmp_ / "store");
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("mp_rank_01/model_optim_rng.pt: optimizer/optimizer/state/0/step: differs from the step of"),
+            std::string::npos)
+      << out;
+  EXPECT_FALSE(fs::exists(tmp_ / "store/manifest.json")) << out;
+}
+
 TEST_F(MegatronTorchTest, MountRendersEveryConfig) {
   testing::RequireFuse();
   const std::string src = Make("src", "--tp 2 --pp 2 --args --optimizer");
