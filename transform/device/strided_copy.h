@@ -19,6 +19,12 @@
 
 namespace ptc {
 
+#ifdef __CUDACC__
+#define PTC_HOST_DEVICE __host__ __device__
+#else
+#define PTC_HOST_DEVICE
+#endif
+
 inline constexpr int kMaxCopyDims = 4;
 // Buffer index of the staging buffer (the bucket's send/receive area).
 inline constexpr int32_t kStagingBuffer = -1;
@@ -34,12 +40,12 @@ struct StridedCopy {
   int64_t src_stride[kMaxCopyDims] = {};
   int64_t dst_stride[kMaxCopyDims] = {};
 
-  int64_t elements() const {
+  PTC_HOST_DEVICE int64_t elements() const {
     int64_t n = 1;
     for (uint32_t d = 0; d < ndim; ++d) n *= extent[d];
     return n;
   }
-  uint64_t bytes() const { return static_cast<uint64_t>(elements()) * elem_size; }
+  PTC_HOST_DEVICE uint64_t bytes() const { return static_cast<uint64_t>(elements()) * elem_size; }
 };
 
 // Builds a descriptor from per-dimension extents and strides (outermost
