@@ -65,10 +65,10 @@ Status Coordinator::Join(const GenerationManifest& current) const {
 }
 
 Result<Change> Coordinator::Propose(const std::string& request, uint64_t from, std::vector<int> workers,
-                                    int workers_needed) const {
+                                    const std::vector<int>& needed) const {
   std::sort(workers.begin(), workers.end());
   workers.erase(std::unique(workers.begin(), workers.end()), workers.end());
-  for (int w = 0; w < workers_needed; ++w) {
+  for (int w : needed) {
     if (!std::binary_search(workers.begin(), workers.end(), w)) {
       return InvalidArgumentError("job " + options_.job + ": the config places ranks on worker " + std::to_string(w) +
                                   ", which is not a live member (live: " + std::to_string(workers.size()) +

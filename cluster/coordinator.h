@@ -55,14 +55,14 @@ class Coordinator {
   // The change under way, if any.
   Result<std::optional<Change>> Pending() const;
 
-  // Proposes `request` (the parsed config `config`, validated by the caller)
-  // as a change of committed generation `from` to `workers` (the live
-  // members, sorted), each of which must hold the ranks the config places on it.
+  // Proposes `request` (a config validated by the caller) as a change of
+  // committed generation `from` to `workers` (the live members), among which
+  // must be every worker the config places ranks on (`needed`).
   // \error FailedPrecondition when a change is under way or `from` is no
   //        longer committed; InvalidArgument when a worker the config needs is
   //        not among `workers`.
   Result<Change> Propose(const std::string& request, uint64_t from, std::vector<int> workers,
-                         int workers_needed) const;
+                         const std::vector<int>& needed) const;
 
   // This worker's part of `change` is durable: `written` (its pieces) and
   // `referenced` (the generation's other pieces, the same on every worker).

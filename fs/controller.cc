@@ -3,6 +3,9 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <set>
+#include <string>
+
 #include <nlohmann/json.hpp>
 
 #include "ptc/base/json_fields.h"
@@ -13,6 +16,23 @@
 
 namespace ptcfs {
 namespace {
+
+// The tensors of which no live worker holds a part, named (the first ones).
+std::string MissingTensors(const ptc::Plan& plan) {
+  std::set<std::string> tensors;
+  for (const auto& [tensor, box] : plan.missing) tensors.insert(tensor);
+  std::string names;
+  size_t shown = 0;
+  for (const std::string& t : tensors) {
+    if (shown++ == 8) {
+      names += ", ...";
+      break;
+    }
+    names += (names.empty() ? "'" : ", '") + t + "'";
+  }
+  return "no live worker holds parts of " + std::to_string(tensors.size()) + " tensors (" +
+         std::to_string(plan.missing.size()) + " regions), so they cannot be recovered: " + names;
+}
 
 // The nice values of a background rewrite and of a background compaction (0
 // is the daemon's serving threads).
@@ -163,9 +183,9 @@ ptc::Status Controller::Start(const std::string& text, const std::shared_ptr<con
   // A mount alone serves a worker of its config; in a cluster a worker may
   // hold no ranks of a config (it still serves its pieces to the others).
   auto request_worker = [&](const ptc::ParallelConfig& config) {
-    if (change || worker_ < config.num_workers()) return ptc::Status::OK();
-    return ptc::InvalidArgumentError("worker " + std::to_string(worker_) + " does not exist in config " +
-                                     config.ToString() + " (" + std::to_string(config.num_workers()) + " workers)");
+    if (change || worker_ < 0 || config.HoldsRanks(worker_)) return ptc::Status::OK();
+    return ptc::InvalidArgumentError("worker " + std::to_string(worker_) + " holds no ranks in config " +
+                                     config.ToString() + " (its workers: " + ptc::WorkersText(config) + ")");
   };
   auto request = ParseRequest(text);
   if (!request.ok()) return fail(ptc::InvalidArgumentError(request.status().message()));
@@ -225,10 +245,7 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
       options.before_commit = [&](ptc::GenerationWriter& w) { return change->before_commit(w, config.ToString()); };
     }
     PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({source.get(), spec, config, {}, alive}));
-    if (!plan.missing.empty()) {
-      return ptc::FailedPreconditionError("no live worker holds part of tensor '" + plan.missing.front().first +
-                                          "' (" + std::to_string(plan.missing.size()) + " regions missing)");
-    }
+    if (!plan.missing.empty()) return ptc::FailedPreconditionError(MissingTensors(plan));
     ptc::Covering covering = ptc::MakeCovering(plan, *source, options.mode);
     if (change) covering = ptc::PartOf(covering, worker_);
     total_ = covering.bytes_written;

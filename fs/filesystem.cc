@@ -85,9 +85,9 @@ ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& 
     PTC_ASSIGN_OR_RETURN(source, ptc::OpenDatasetSource(ptc::Env::Default(), *fs->store_, *dataset),
                          options.store + ": the store's dataset");
   }
-  if (!options.in_cluster && options.worker >= config.num_workers()) {
-    return ptc::InvalidArgumentError("worker " + std::to_string(options.worker) + " does not exist in config " +
-                                     config.ToString() + " (" + std::to_string(config.num_workers()) + " workers)");
+  if (!options.in_cluster && options.worker >= 0 && !config.HoldsRanks(options.worker)) {
+    return ptc::InvalidArgumentError("worker " + std::to_string(options.worker) + " holds no ranks in config " +
+                                     config.ToString() + " (its workers: " + ptc::WorkersText(config) + ")");
   }
   auto checks = std::make_shared<ShardChecks>();
   PTC_ASSIGN_OR_RETURN(

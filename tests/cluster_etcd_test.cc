@@ -406,11 +406,11 @@ TEST_F(Etcd, CoordinatorCommitsWhenAllAreDoneAndAbortsOtherwise) {
   other.generation = 2;
   EXPECT_EQ(workers[1]->Join(other).code(), Code::kFailedPrecondition);
   // Too few live workers for the config; then a change, and no second one meanwhile.
-  EXPECT_EQ(workers[0]->Propose("tp=4", 1, {0, 1, 2}, 4).status().code(), Code::kInvalidArgument);
-  auto change = workers[2]->Propose("tp=3", 1, {2, 0, 1}, 3);
+  EXPECT_EQ(workers[0]->Propose("tp=4", 1, {0, 1, 2}, {0, 1, 2, 3}).status().code(), Code::kInvalidArgument);
+  auto change = workers[2]->Propose("tp=3", 1, {2, 0, 1}, {0, 1, 2});
   ASSERT_TRUE(change.ok()) << change.status().ToString();
   EXPECT_EQ(change->workers, std::vector<int>({0, 1, 2}));
-  EXPECT_EQ(workers[0]->Propose("tp=3", 1, {0, 1, 2}, 3).status().code(), Code::kFailedPrecondition);
+  EXPECT_EQ(workers[0]->Propose("tp=3", 1, {0, 1, 2}, {0, 1, 2}).status().code(), Code::kFailedPrecondition);
   EXPECT_EQ(*workers[1]->Pending(), std::optional<Change>(*change));
   // Every worker finishes its part; each gets the others' pieces.
   const std::vector<ShardRecord> referenced = current.shards;
@@ -436,7 +436,7 @@ TEST_F(Etcd, CoordinatorCommitsWhenAllAreDoneAndAbortsOtherwise) {
   EXPECT_FALSE(*workers[0]->Pending());
 
   // Worker 1 fails: the others' Finish reports the abort, nothing is committed.
-  auto second = workers[0]->Propose("tp=3,per_worker=1", 2, {0, 1, 2}, 3);
+  auto second = workers[0]->Propose("tp=3,per_worker=1", 2, {0, 1, 2}, {0, 1, 2});
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   workers[1]->Fail(*second, IOError("disk full"));
   auto aborted = workers[0]->Finish(*second, "tp=3", {}, referenced, current.tensors);
@@ -449,7 +449,7 @@ TEST_F(Etcd, CoordinatorCommitsWhenAllAreDoneAndAbortsOtherwise) {
   EXPECT_FALSE(*workers[0]->Pending());
 
   // Worker 2 leaves during a change: aborted when its lease is gone.
-  auto third = workers[0]->Propose("tp=3", 2, {0, 1, 2}, 3);
+  auto third = workers[0]->Propose("tp=3", 2, {0, 1, 2}, {0, 1, 2});
   ASSERT_TRUE(third.ok()) << third.status().ToString();
   ASSERT_TRUE(members[2]->Leave().ok());
   auto left = workers[0]->Finish(*third, "tp=3", {}, referenced, current.tensors);

@@ -3,7 +3,9 @@
 // collection of pieces by reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -162,6 +164,65 @@ TEST(Covering, EachWorkerReadsOnlyItsOwnPieces) {
 
 // Garbage collection counts references over every generation kept (current
 // and open): a piece's file goes exactly when no kept manifest names it.
+// With replicas R, every piece of a slot is also on the workers of the next
+// R-1 slots, wherever the placement puts the slots; a plan without the
+// workers a replica covers for loses nothing, and one without every keeper
+// names what it lacks.
+TEST(Covering, ReplicasKeepEachSlotsPiecesOnTheNextSlotsWorkers) {
+  ModelSpec spec = Spec("llama", kLlama, DType::kBF16, /*optimizer=*/true);
+  TempDir tmp;
+  MakeStore(tmp, spec, *ParseConfig("tp=2,pp=1,dp=1,per_worker=1"), 5);
+  auto store = Store::Open(Env::Default(), tmp / "store");
+  ASSERT_TRUE(store.ok());
+  const ParallelConfig to = *ParseConfig("tp=1,pp=5,dp=1,per_worker=1,workers=0+1+4+6+7,replicas=2");
+  auto r = Transform(**store, to, ExecuteOptions());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  auto current = (*store)->CurrentSnapshot();
+  GenerationReader reader(**store, current, /*verify=*/true);
+  auto keys = TargetShardKeys(spec, to);
+  ASSERT_TRUE(keys.ok());
+  std::map<int, int> keys_per_worker;
+  for (const auto& [key, worker] : *keys) {
+    ++keys_per_worker[worker];
+    for (const Box& box : key.boxes) {
+      Status s = reader.Cover(key.tensor, box, worker,
+                              [&, w = worker](const ShardRecord& piece, const Box&, uint64_t, const Box&) {
+                                EXPECT_EQ(piece.worker, w) << key.tensor << " " << box.ToString();
+                                return Status::OK();
+                              });
+      ASSERT_TRUE(s.ok()) << s.ToString();
+    }
+  }
+  // Each worker keeps its own stage and the one of the slot before it.
+  auto primary = TargetShardKeys(spec, *ParseConfig("tp=1,pp=5,dp=1,per_worker=1,workers=0+1+4+6+7"));
+  ASSERT_TRUE(primary.ok());
+  std::map<int, std::set<std::string>> own;
+  for (const auto& [key, worker] : *primary) own[worker].insert(key.tensor);
+  const std::vector<int> slots = {0, 1, 4, 6, 7};
+  for (size_t s = 0; s < slots.size(); ++s) {
+    const int keeper = slots[(s + 1) % slots.size()];
+    for (const std::string& tensor : own[slots[s]]) {
+      EXPECT_TRUE(std::any_of(keys->begin(), keys->end(),
+                              [&](const auto& kw) { return kw.second == keeper && kw.first.tensor == tensor; }))
+          << tensor << " of worker " << slots[s] << " not kept by worker " << keeper;
+    }
+  }
+  EXPECT_EQ(keys_per_worker.size(), 5u);
+  ExpectStoreHolds(tmp, spec, to, 5);
+  if (HasFatalFailure()) return;
+  // Without worker 4: its stage is on worker 6 as well, so nothing is missing.
+  auto survive = MakePlan({current.get(), spec, *ParseConfig("tp=1,pp=5,dp=1,per_worker=1,workers=0+1+6+7+8"),
+                           {}, std::set<int>{0, 1, 6, 7, 8}});
+  ASSERT_TRUE(survive.ok()) << survive.status().ToString();
+  EXPECT_TRUE(survive->missing.empty());
+  // Without workers 4 and 6 (both keepers of slot 2's stage) its tensors are lost.
+  auto lost = MakePlan({current.get(), spec, *ParseConfig("tp=1,pp=5,dp=1,per_worker=1,workers=0+1+7+8+9"),
+                        {}, std::set<int>{0, 1, 7, 8, 9}});
+  ASSERT_TRUE(lost.ok()) << lost.status().ToString();
+  ASSERT_FALSE(lost->missing.empty());
+  for (const auto& [tensor, box] : lost->missing) EXPECT_TRUE(own[4].count(tensor)) << tensor;
+}
+
 TEST(Covering, CollectionRemovesAPieceExactlyWhenNothingReferencesIt) {
   ModelSpec spec = Spec("llama", kLlama, DType::kBF16, true);
   TempDir tmp;

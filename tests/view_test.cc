@@ -25,6 +25,38 @@ TEST(Config, ParseAndPrintRoundTrip) {
   EXPECT_EQ(c->num_workers(), 6);
 }
 
+TEST(Config, PlacementAndReplicas) {
+  auto c = ParseConfig("tp=2,pp=2,dp=1,per_worker=1,workers=0+2+3+5,replicas=2");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->ToString(), "tp=2,pp=2,dp=1,per_worker=1,workers=0+2+3+5,replicas=2");
+  EXPECT_EQ(*ParseConfig(c->ToString()), *c);
+  EXPECT_EQ(c->num_workers(), 4);
+  EXPECT_EQ(c->WorkerOf(1), 2);
+  EXPECT_EQ(c->WorkerOf(3), 5);
+  EXPECT_EQ(c->Workers(), (std::vector<int>{0, 2, 3, 5}));
+  EXPECT_TRUE(c->HoldsRanks(3));
+  EXPECT_FALSE(c->HoldsRanks(1));
+  EXPECT_EQ(c->KeepersOfSlot(0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(c->KeepersOfSlot(3), (std::vector<int>{5, 0}));  // cyclic
+  EXPECT_EQ(WorkersText(*c), "0, 2, 3, 5");
+  // The default placement is written one way.
+  auto plain = ParseConfig("tp=2,per_worker=1,workers=0+1");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->workers.empty());
+  EXPECT_EQ(plain->ToString(), "tp=2,pp=1,dp=1,per_worker=1");
+  auto error = [](const char* text) {
+    auto r = ParseConfig(text);
+    EXPECT_FALSE(r.ok()) << text << " parsed as " << r->ToString();
+    return r.status().message();
+  };
+  EXPECT_NE(error("tp=2,per_worker=1,workers=0+1+2").find("lists 3 workers but the ranks fill 2"), std::string::npos);
+  EXPECT_NE(error("tp=2,per_worker=1,workers=4+4").find("names a worker twice"), std::string::npos);
+  EXPECT_NE(error("tp=2,per_worker=1,workers=0+-1").find("worker id"), std::string::npos);
+  EXPECT_NE(error("tp=2,per_worker=2,replicas=2").find("replicas=2 exceeds the 1 workers"), std::string::npos);
+  EXPECT_NE(error("tp=1048576,pp=1048576,dp=2").find("exceeds 2^30 ranks"), std::string::npos);
+  EXPECT_NE(error("replicas=0").find("replicas=0"), std::string::npos);
+}
+
 TEST(Config, RankOrderIsMegatrons) {
   ParallelConfig c = *ParseConfig("tp=2,pp=3,dp=2");
   for (int r = 0; r < c.world_size(); ++r) {

@@ -11,6 +11,7 @@
 #include "cluster/membership.h"
 #include "cluster/peer_env.h"
 #include "cluster/peer_server.h"
+#include "cluster/recovery.h"
 #include "cluster/token.h"
 #include "ptc/store/store_layout.h"
 
@@ -100,12 +101,13 @@ class Agent {
     const uint64_t from = fs_->store().CurrentSnapshot()->generation;
     // The request as written to .ptcfs/config, less its line end: it names the change in every worker's messages.
     const std::string request = text.substr(0, text.find_last_not_of(" \t\r\n") + 1);
-    return impl_->coordinator->Propose(request, from, workers, config.num_workers()).status();
+    return impl_->coordinator->Propose(request, from, workers, config.Workers()).status();
   }
 
   // The members' addresses and the generations served, into the env and the
-  // server. Returns etcd's revision of the members read (0 when it failed).
-  int64_t Follow() {
+  // server; `live` gets the live workers, sorted. Returns etcd's revision of
+  // the members read (0 when it failed, and `live` is left empty).
+  int64_t Follow(std::vector<int>* live = nullptr) {
     int64_t revision = 0;
     auto members = membership_->Members(&revision);
     if (!members.ok()) revision = 0;
@@ -113,6 +115,7 @@ class Agent {
       std::map<int, ptc::PeerAddress> peers;
       for (const ptc::Member& m : *members) {
         if (auto a = ptc::ParsePeerAddress(m.address); a.ok()) peers[m.worker] = *a;
+        if (live != nullptr) live->push_back(m.worker);
       }
       impl_->env->SetPeers(std::move(peers));
     }
@@ -131,15 +134,46 @@ class Agent {
   // served follow the store.
   void Loop() {
     while (!stop_) {
-      const int64_t revision = Follow();
+      std::vector<int> live;
+      const int64_t revision = Follow(&live);
       auto pending = impl_->coordinator->Pending();
       if (pending.ok() && *pending) Apply(**pending);
+      if (pending.ok() && !*pending && revision > 0) Recover(live);
       if (stop_) break;
       if (revision > 0 && impl_->etcd->WaitForChange(ptc::JobPrefix(impl_->url.job), revision, kFollowEvery).ok()) {
         continue;
       }
       std::this_thread::sleep_for(kPollWithoutWatch);
     }
+  }
+
+  // When workers of the committed config have left the job (their leases
+  // expired after this agent saw them live), the lowest live worker proposes
+  // the survivors' config (SurvivorConfig): the change then runs as any
+  // other, sourcing the lost workers' pieces from their replicas. Once per
+  // (generation, live members): a change that cannot run (pieces on no live
+  // worker) fails, naming them, and is not retried until either changes.
+  void Recover(const std::vector<int>& live) {
+    seen_.insert(live.begin(), live.end());
+    if (live.empty() || live.front() != impl_->worker) return;
+    auto current = fs_->store().CurrentSnapshot();
+    auto config = ptc::ParseConfig(current->config);
+    if (!config.ok()) return;
+    std::vector<int> lost;
+    for (int w : ptc::LostWorkers(*config, live)) {
+      if (seen_.count(w)) lost.push_back(w);
+    }
+    if (lost.empty()) return;
+    const std::pair<uint64_t, std::vector<int>> attempt{current->generation, live};
+    if (attempt == tried_) return;
+    tried_ = attempt;
+    std::string names;
+    for (int w : lost) names += (names.empty() ? "" : ", ") + std::to_string(w);
+    auto to = ptc::SurvivorConfig(fs_->snapshot()->spec(), *config, live);
+    ptc::Status s = to.ok() ? Propose(to->ToString(), *to) : to.status();
+    std::fprintf(stderr, "ptcfs: worker %s left the job: %s\n", names.c_str(),
+                 s.ok() ? ("reconfiguring onto the survivors: " + to->ToString()).c_str() : s.ToString().c_str());
+    if (!s.ok()) fs_->controller().RecordError("worker " + names + " left the job; no change onto the survivors: " + s.message());
   }
 
   void Apply(const ptc::Change& change) {
@@ -174,6 +208,8 @@ class Agent {
   std::unique_ptr<ptc::Membership> membership_;
   std::vector<std::shared_ptr<const ptc::GenerationManifest>> served_ = {nullptr, nullptr};
   std::string applied_;  // the id of the last change applied (the loop's own)
+  std::set<int> seen_;   // workers seen live since the mount started (the loop's own)
+  std::pair<uint64_t, std::vector<int>> tried_;  // the last recovery proposed (the loop's own)
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

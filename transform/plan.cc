@@ -166,21 +166,30 @@ class Planner {
 Result<std::vector<std::pair<ShardKey, int>>> TargetShardKeys(const ModelSpec& spec, const ParallelConfig& config) {
   PTC_RETURN_IF_ERROR(ValidateConfig(spec, config));
   std::vector<std::pair<ShardKey, int>> out;
-  // Replicas repeat only inside a worker (its ranks are consecutive): the
-  // keys seen so far on the current worker, as indices into `out`.
+  // The keys each worker holds so far, as indices into `out`.
   auto less = [&out](size_t a, size_t b) { return out[a].first < out[b].first; };
-  std::set<size_t, decltype(less)> seen(less);
-  int current_worker = -1;
+  std::map<int, std::set<size_t, decltype(less)>> held;
+  auto add = [&](ShardKey key, int worker) {
+    out.emplace_back(std::move(key), worker);
+    if (!held.try_emplace(worker, less).first->second.insert(out.size() - 1).second) out.pop_back();
+  };
+  std::vector<size_t> slot_begin;  // the first key of each slot in `out`
   for (int rank = 0; rank < config.world_size(); ++rank) {
     PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(spec, config, rank));
-    const int worker = config.WorkerOf(rank);
-    if (worker != current_worker) seen.clear(), current_worker = worker;
+    if (rank % config.per_worker == 0) slot_begin.push_back(out.size());
     for (const auto* list : {&view.model, &view.optim}) {
       for (const LocalTensor& t : *list) {
-        for (ShardKey& key : StoredShards(t)) {
-          out.emplace_back(std::move(key), worker);
-          if (!seen.insert(out.size() - 1).second) out.pop_back();
-        }
+        for (ShardKey& key : StoredShards(t)) add(std::move(key), config.WorkerOf(rank));
+      }
+    }
+  }
+  slot_begin.push_back(out.size());
+  // Replicas: each slot's keys also on the workers of the next replicas-1 slots.
+  for (int slot = 0; slot + 1 < static_cast<int>(slot_begin.size()); ++slot) {
+    const std::vector<int> keepers = config.KeepersOfSlot(slot);
+    for (size_t k = 1; k < keepers.size(); ++k) {
+      for (size_t i = slot_begin[static_cast<size_t>(slot)]; i < slot_begin[static_cast<size_t>(slot) + 1]; ++i) {
+        add(out[i].first, keepers[k]);
       }
     }
   }

@@ -80,7 +80,8 @@ struct Plan {
 Result<Plan> MakePlan(const PlanRequest& request);
 
 // The target stored shards of a config: for every rank's local tensors, their
-// StoredShards, deduplicated per worker, in rank order.
+// StoredShards, deduplicated per worker, in rank order; then, with replicas R,
+// each slot's on the workers of the next R-1 slots (ParallelConfig::KeepersOfSlot).
 // \error as ComputeView.
 Result<std::vector<std::pair<ShardKey, int>>> TargetShardKeys(const ModelSpec& spec, const ParallelConfig& config);
 

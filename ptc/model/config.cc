@@ -16,14 +16,68 @@ RankCoords ParallelConfig::CoordsOf(int rank) const {
   return c;
 }
 
+std::vector<int> ParallelConfig::Workers() const {
+  std::vector<int> out(static_cast<size_t>(num_workers()));
+  for (int s = 0; s < num_workers(); ++s) out[static_cast<size_t>(s)] = WorkerOfSlot(s);
+  return out;
+}
+
+bool ParallelConfig::HoldsRanks(int worker) const {
+  for (int s = 0; s < num_workers(); ++s) {
+    if (WorkerOfSlot(s) == worker) return true;
+  }
+  return false;
+}
+
+std::vector<int> ParallelConfig::KeepersOfSlot(int slot) const {
+  std::vector<int> out;
+  const int slots = num_workers();
+  for (int k = 0; k < std::min(replicas, slots); ++k) out.push_back(WorkerOfSlot((slot + k) % slots));
+  return out;
+}
+
+namespace {
+
+std::string PlusList(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "+" : "") + std::to_string(v[i]);
+  return s;
+}
+
+// "a+b+c": each at least `min` and at most 2^20.
+Result<std::vector<int>> ParsePlusList(const std::string& value, int min) {
+  std::vector<int> out;
+  size_t pos = 0;
+  while (pos <= value.size()) {
+    const size_t plus = value.find('+', pos);
+    const std::string part = value.substr(pos, plus == std::string::npos ? std::string::npos : plus - pos);
+    int n = -1;
+    auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), n);
+    if (part.empty() || ec != std::errc() || end != part.data() + part.size() || n < min || n > (1 << 20)) {
+      return InvalidArgumentError("'" + part + "' is not an integer from " + std::to_string(min) + " to 2^20");
+    }
+    out.push_back(n);
+    if (plus == std::string::npos) break;
+    pos = plus + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string WorkersText(const ParallelConfig& config) {
+  std::string s;
+  for (int w : config.Workers()) s += (s.empty() ? "" : ", ") + std::to_string(w);
+  return s;
+}
+
 std::string ParallelConfig::ToString() const {
   std::string s = "tp=" + std::to_string(tp) + ",pp=" + std::to_string(pp) + ",dp=" + std::to_string(dp);
   if (zero) s += ",zero=" + std::to_string(zero);
-  if (!pp_layers.empty()) {
-    s += ",pp_layers=";
-    for (size_t i = 0; i < pp_layers.size(); ++i) s += (i ? "+" : "") + std::to_string(pp_layers[i]);
-  }
+  if (!pp_layers.empty()) s += ",pp_layers=" + PlusList(pp_layers);
   s += ",per_worker=" + std::to_string(per_worker);
+  if (!workers.empty()) s += ",workers=" + PlusList(workers);
+  if (replicas != 1) s += ",replicas=" + std::to_string(replicas);
   return s;
 }
 
@@ -40,17 +94,15 @@ Result<ParallelConfig> ParseConfig(std::string_view text) {
       return InvalidArgumentError("config '" + std::string(text) + "': " + key + "=" + value + ": " + why);
     };
     if (key == "pp_layers") {
-      c.pp_layers.clear();
-      size_t pos = 0;
-      while (pos <= value.size()) {
-        size_t plus = value.find('+', pos);
-        std::string part = value.substr(pos, plus == std::string::npos ? std::string::npos : plus - pos);
-        auto n = ParsePositiveInt(part);
-        if (!n.ok() || *n > (1 << 20)) return err("each stage needs a positive layer count (at most 2^20)");
-        c.pp_layers.push_back(static_cast<int>(*n));
-        if (plus == std::string::npos) break;
-        pos = plus + 1;
-      }
+      auto list = ParsePlusList(value, 1);
+      if (!list.ok()) return err("each stage needs a positive layer count (at most 2^20)");
+      c.pp_layers = std::move(*list);
+      continue;
+    }
+    if (key == "workers") {
+      auto list = ParsePlusList(value, 0);
+      if (!list.ok()) return err("each slot needs a worker id from 0 to 2^20");
+      c.workers = std::move(*list);
       continue;
     }
     int* field = key == "tp"           ? &c.tp
@@ -58,10 +110,11 @@ Result<ParallelConfig> ParseConfig(std::string_view text) {
                  : key == "dp"         ? &c.dp
                  : key == "zero"       ? &c.zero
                  : key == "per_worker" ? &c.per_worker
+                 : key == "replicas"   ? &c.replicas
                                        : nullptr;
     if (field == nullptr) {
       return InvalidArgumentError("config '" + std::string(text) + "': unknown key '" + key +
-                                  "' (expected tp, pp, dp, zero, pp_layers, per_worker)");
+                                  "' (expected tp, pp, dp, zero, pp_layers, per_worker, workers, replicas)");
     }
     if (key == "zero") {
       if (value != "0" && value != "1") return err("zero must be 0 or 1");
@@ -75,6 +128,28 @@ Result<ParallelConfig> ParseConfig(std::string_view text) {
   if (!c.pp_layers.empty() && static_cast<int>(c.pp_layers.size()) != c.pp) {
     return InvalidArgumentError("config '" + std::string(text) + "': pp_layers lists " +
                                 std::to_string(c.pp_layers.size()) + " stages but pp=" + std::to_string(c.pp));
+  }
+  if (static_cast<int64_t>(c.tp) * c.pp * c.dp > (int64_t{1} << 30)) {
+    return InvalidArgumentError("config '" + std::string(text) + "': tp*pp*dp exceeds 2^30 ranks");
+  }
+  if (!c.workers.empty()) {
+    const std::string w = "config '" + std::string(text) + "': workers=" + PlusList(c.workers) + ": ";
+    if (static_cast<int64_t>(c.workers.size()) != static_cast<int64_t>(c.num_workers())) {
+      return InvalidArgumentError(w + "lists " + std::to_string(c.workers.size()) + " workers but the ranks fill " +
+                                  std::to_string(c.num_workers()) + " (world size / per_worker, rounded up)");
+    }
+    std::vector<int> sorted = c.workers;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+      return InvalidArgumentError(w + "names a worker twice");
+    }
+    bool identity = true;
+    for (size_t s = 0; s < c.workers.size(); ++s) identity = identity && c.workers[s] == static_cast<int>(s);
+    if (identity) c.workers.clear();  // the default placement, written one way
+  }
+  if (c.replicas > c.num_workers()) {
+    return InvalidArgumentError("config '" + std::string(text) + "': replicas=" + std::to_string(c.replicas) +
+                                " exceeds the " + std::to_string(c.num_workers()) + " workers holding ranks");
   }
   return c;
 }

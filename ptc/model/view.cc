@@ -204,6 +204,19 @@ Status ValidateConfig(const ModelSpec& spec, const ParallelConfig& config) {
   if (config.tp < 1 || config.pp < 1 || config.dp < 1 || config.per_worker < 1) {
     return InvalidArgumentError(c + ": degrees and per_worker must be positive");
   }
+  if (!config.workers.empty()) {
+    std::vector<int> sorted = config.workers;
+    std::sort(sorted.begin(), sorted.end());
+    if (static_cast<int>(sorted.size()) != config.num_workers() || sorted.front() < 0 ||
+        std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+      return InvalidArgumentError(c + ": workers must name " + std::to_string(config.num_workers()) +
+                                  " distinct workers, one per slot of per_worker ranks");
+    }
+  }
+  if (config.replicas < 1 || config.replicas > config.num_workers()) {
+    return InvalidArgumentError(c + ": replicas must be from 1 to the " + std::to_string(config.num_workers()) +
+                                " workers holding ranks");
+  }
   if (config.pp_layers.empty()) {
     if (spec.dims.layers % config.pp != 0) {
       return InvalidArgumentError(c + ": pp=" + std::to_string(config.pp) + " does not divide layers=" +

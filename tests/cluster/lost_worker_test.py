@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Lost workers: a job with replicas reconfigures onto the survivors when a
+worker dies (docs/cluster.md, "Lost workers"); four ptcfs mounts, each worker
+in a network namespace of its own, one job in a real etcd.
+
+  8 ranks, tp=2,pp=4 (one stage per worker: workers 0-3, per_worker=2)
+  -> the same with replicas=2: each worker also keeps the stage before its own
+  kill -9 worker 1: the survivors move on their own to tp=2,pp=3 on workers
+     0, 2, 3 (6 ranks), worker 1's stage read from its replica on worker 2
+  kill -9 workers 2 and 3 at once (more than replicas-1): the stage both
+     kept is lost; worker 0's change names the tensors that cannot be
+     recovered and commits nothing: it keeps serving what it has.
+After each committed step every rank's files, on the worker its slot names,
+equal `ptcfs synth` of the new config, tensor by tensor (`ptcfs diff`).
+
+Usage: lost_worker_test.py PTCFS   (root; exit 77 = skipped, never under CI=true)
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from netns import Netns, require, start_etcd  # noqa: E402
+from workers import at_generation, status, stop, wait_for, worker_store  # noqa: E402
+
+PTCFS = os.path.abspath(sys.argv[1])
+SCHEMA, DIMS = "llama", "layers=12,hidden=64,heads=8,kv_heads=4,vocab=96,seq=16,ffn=96"
+WORKERS, PORT, JOB = 4, 7431, "lost"
+
+
+def ptcfs(*args):
+    return subprocess.run([PTCFS, *args], check=True, capture_output=True, text=True)
+
+
+def expect_ranks(tmp, mnts, config, placement, tag):
+    """Rank r's files on the mount of placement[r // 2] equal synth of `config`."""
+    ref = os.path.join(tmp, "ref-" + tag)
+    ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--config", config, "--optimizer", "adam", "--seed", "7", ref)
+    joined = os.path.join(tmp, "joined-" + tag)
+    os.makedirs(joined)
+    for r in range(2 * len(placement)):
+        src = os.path.join(mnts[placement[r // 2]], "model", "rank-%05d" % r)
+        assert os.path.isdir(src), src + " missing"
+        os.symlink(src, os.path.join(joined, "rank-%05d" % r))
+    ptcfs("diff", "--schema", SCHEMA, "--dims", DIMS, "--config-a", config, "--config-b", config, ref, joined)
+    print("ok   ranks 0-%d on workers %s equal synth of %s" % (2 * len(placement) - 1, placement, config))
+
+
+def kill(daemons, mnts, workers):
+    for w in workers:
+        os.kill(daemons[w].pid, signal.SIGKILL)
+    for w in workers:
+        daemons[w].wait()
+        subprocess.run(["umount", "-l", mnts[w]], capture_output=True)
+
+
+def main():
+    require(etcd=True)
+    tmp = tempfile.mkdtemp(prefix="ptcfs-lost-")
+    mnts = [os.path.join(tmp, "mnt%d" % w) for w in range(WORKERS)]
+    daemons = []
+    try:
+        with Netns(WORKERS) as ns, start_etcd(os.path.join(tmp, "etcd"), ns.host_addr) as etcd:
+            first = "tp=2,pp=4,dp=1,per_worker=2"
+            ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--config", first, "--optimizer", "adam", "--seed", "7",
+                  os.path.join(tmp, "saved"))
+            ptcfs("import", "--schema", SCHEMA, "--dims", DIMS, "--config", first, os.path.join(tmp, "saved"),
+                  os.path.join(tmp, "whole"))
+            stores = [worker_store(os.path.join(tmp, "whole"), os.path.join(tmp, "store%d" % w), w)
+                      for w in range(WORKERS)]
+            token = os.path.join(tmp, "token")
+            with open(token, "w") as f:
+                f.write("token-of-the-lost-workers-test\n")
+            os.chmod(token, 0o600)
+            url = "etcd://%s/%s" % (etcd.endpoint.split("//")[1], JOB)
+            for w in range(WORKERS):
+                os.makedirs(mnts[w])
+                log = open(os.path.join(tmp, "worker%d.log" % w), "w")
+                daemons.append(ns.popen(w, [PTCFS, "mount", "-f", stores[w], mnts[w], "--worker", str(w),
+                                            "--cluster", url, "--listen", "%s:%d" % (ns.addr(w), PORT),
+                                            "--token-file", token, "--lease", "2"],
+                                        stdout=log, stderr=subprocess.STDOUT))
+            for w in range(WORKERS):
+                wait_for("worker %d's mount" % w, lambda: status(mnts[w])["state"] == "serving", mnts=mnts)
+            print("ok   4 workers mounted")
+
+            # Replicas: each worker also keeps the stage of the worker before it.
+            replicated = first + ",replicas=2"
+            with open(os.path.join(mnts[0], ".ptcfs", "config"), "w") as f:
+                f.write(replicated + "\n")
+            for w in range(WORKERS):
+                wait_for("worker %d at generation 2" % w, lambda: at_generation(mnts[w], 2), mnts=mnts)
+            expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "replicated")
+
+            # Worker 1 dies: the survivors reconfigure onto themselves, unasked.
+            t0 = time.time()
+            kill(daemons, mnts, [1])
+            live = [0, 2, 3]
+            survivors = "tp=2,pp=3,dp=1,per_worker=2,workers=0+2+3,replicas=2"
+            for w in live:
+                wait_for("worker %d at generation 3" % w, lambda: at_generation(mnts[w], 3), 60,
+                         mnts=[mnts[x] for x in live])
+                assert status(mnts[w])["config"] == survivors, status(mnts[w])
+            print("ok   worker 1 killed: the survivors serve %s after %.1f s (lease 2 s)" % (survivors, time.time() - t0))
+            expect_ranks(tmp, mnts, survivors, live, "survivors")
+
+            # Workers 2 and 3 die at once: the stage only they kept is lost.
+            kill(daemons, mnts, [2, 3])
+            wait_for("worker 0 to give the recovery up", lambda: status(mnts[0])["state"] == "failed", 60,
+                     mnts=[mnts[0]])
+            s = status(mnts[0])
+            assert s["generation"] == 3 and s["config"] == survivors, s
+            assert "cannot be recovered" in s["last_error"] and "'decoder.layers.4." in s["last_error"], s["last_error"]
+            assert "'decoder.layers.0." not in s["last_error"] and "'decoder.layers.8." not in s["last_error"], s["last_error"]
+            print("ok   workers 2 and 3 killed: nothing committed; " + s["last_error"][:200])
+            with open(os.path.join(mnts[0], "model", "rank-00000", "model.safetensors"), "rb") as f:
+                assert len(f.read(1 << 20)) > 0
+            print("ok   worker 0 still serves generation 3")
+    finally:
+        stop(daemons, mnts)
+        if os.environ.get("KEEP_TMP"):
+            print("kept " + tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print("PASS lost_worker_test")
+
+
+if __name__ == "__main__":
+    main()
