@@ -54,7 +54,7 @@ Status Coordinator::Join(const GenerationManifest& current) const {
   if (job->generation != mine.generation) {
     return FailedPreconditionError(who + ": the store is at generation " + std::to_string(mine.generation) +
                                    ", the job committed generation " + std::to_string(job->generation) +
-                                   " (a worker that missed a commit must be recovered; docs/cluster.md)");
+                                   " (it changed meanwhile: mount again)");
   }
   if (job->digest != mine.digest || job->config != mine.config) {
     return FailedPreconditionError(who + ": generation " + std::to_string(mine.generation) + " of the store (" +

@@ -183,4 +183,35 @@ Status PeerClient::ReadShardRange(const PeerAddress& peer, const ShardRecord& sh
   return Status::OK();
 }
 
+Result<GenerationManifest> PeerClient::FetchManifest(const PeerAddress& peer, uint64_t generation) const {
+  const std::string where = "worker " + peer.ToString() + ": manifest of generation " + std::to_string(generation);
+  // A manifest names every piece of a model: generous, but bounded.
+  constexpr size_t kMaxManifestBytes = 1ull << 30;
+  HttpGetRequest get{peer,
+                     std::string(kManifestPath) + "?generation=" + std::to_string(generation),
+                     {{"Authorization", BearerHeader(options_.token)}},
+                     Clock::now() + options_.timeout};
+  int status = 0;
+  std::string body;
+  bool too_large = false;
+  auto on_head = [&](const HttpHead& head) {
+    status = head.status;
+    return HttpBody{};
+  };
+  auto on_body = [&](const char* data, size_t len) {
+    too_large = body.size() + len > kMaxManifestBytes;
+    if (too_large) return false;
+    body.append(data, len);
+    return true;
+  };
+  PTC_RETURN_IF_ERROR(HttpGet(get, on_head, on_body), where);
+  if (too_large) return IOError(where + ": larger than " + std::to_string(kMaxManifestBytes) + " bytes");
+  if (status != 200) return StatusOfHttp(status, where, body.substr(0, 512));
+  PTC_ASSIGN_OR_RETURN(GenerationManifest m, DecodeManifest(where, body));
+  if (m.generation != generation) {
+    return CorruptionError(where + ": the peer sent generation " + std::to_string(m.generation));
+  }
+  return m;
+}
+
 }  // namespace ptc

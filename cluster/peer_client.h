@@ -53,6 +53,13 @@ class PeerClient {
   Status ReadShardRange(const PeerAddress& peer, const ShardRecord& shard, uint64_t offset_in_shard, uint64_t length,
                         void* dst) const;
 
+  // The manifest of `generation` as `peer` serves it (GET /v1/manifest),
+  // decoded and validated (DecodeManifest).
+  // \error NotFound when the peer does not serve that generation;
+  //        PermissionDenied as above; Corruption for a manifest that does not
+  //        decode or is of another generation; IOError as above.
+  Result<GenerationManifest> FetchManifest(const PeerAddress& peer, uint64_t generation) const;
+
  private:
   PeerClientOptions options_;
 };

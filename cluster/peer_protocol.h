@@ -16,6 +16,13 @@
 //   413 N above the server's limit   416 range outside the shard's data
 //   500 the file cannot be read
 //
+//   GET /v1/manifest?generation=G
+//   Authorization: Bearer TOKEN
+//
+// The manifest of generation G (manifest.json's JSON) when it is the
+// worker's current or a kept one: how a worker that was away brings its
+// store up to the job's committed generation. 404 for another generation.
+//
 // Thread safety: plain values and pure functions.
 #pragma once
 
@@ -30,6 +37,7 @@
 namespace ptc {
 
 inline constexpr char kShardPath[] = "/v1/shard";
+inline constexpr char kManifestPath[] = "/v1/manifest";
 // The largest N a server accepts by default, and a client asks for at once.
 inline constexpr uint64_t kDefaultMaxRequestBytes = 64 << 20;
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <thread>
 
 #include "cluster/served_files.h"
@@ -76,6 +77,7 @@ struct PeerServer::Impl {
   }
   httplib::Server::HandlerResponse Authorize(const httplib::Request& req, httplib::Response& res);
   void ServeShard(const httplib::Request& req, httplib::Response& res);
+  void ServeManifest(const httplib::Request& req, httplib::Response& res) EXCLUDES(mu);
   // The index of the generations served now: the store's current one and the kept ones.
   std::shared_ptr<const ServedFiles> Served() EXCLUDES(mu);
 
@@ -131,6 +133,30 @@ httplib::Server::HandlerResponse PeerServer::Impl::Authorize(const httplib::Requ
     return R::Handled;
   }
   return R::Unhandled;
+}
+
+void PeerServer::Impl::ServeManifest(const httplib::Request& req, httplib::Response& res) {
+  const std::string text = req.get_param_value("generation");
+  uint64_t g = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), g);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || req.params.size() != 1) {
+    return Refuse(res, 400, "expected ?generation=G (a decimal)");
+  }
+  std::vector<std::shared_ptr<const GenerationManifest>> all = {store->CurrentSnapshot()};
+  {
+    MutexLock lock(&mu);
+    all.insert(all.end(), kept.begin(), kept.end());
+  }
+  for (const auto& m : all) {
+    if (m != nullptr && m->generation == g) {
+      served_count.fetch_add(1, std::memory_order_relaxed);
+      res.status = 200;
+      res.set_content(EncodeManifest(*m), "application/json");
+      return;
+    }
+  }
+  Refuse(res, 404, "generation " + text + " is not served here (this worker is at generation " +
+                       std::to_string(all.front() ? all.front()->generation : 0) + ")");
 }
 
 void PeerServer::Impl::ServeShard(const httplib::Request& req, httplib::Response& res) {
@@ -193,8 +219,10 @@ void PeerServer::Impl::Install() {
   http.set_pre_routing_handler(
       [this](const httplib::Request& req, httplib::Response& res) { return Authorize(req, res); });
   http.Get(kShardPath, [this](const httplib::Request& req, httplib::Response& res) { ServeShard(req, res); });
+  http.Get(kManifestPath, [this](const httplib::Request& req, httplib::Response& res) { ServeManifest(req, res); });
   http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request&, httplib::Response& res) {
-    if (res.body.empty()) Refuse(res, res.status, "no such endpoint or method (GET " + std::string(kShardPath) + ")");
+    if (res.body.empty()) Refuse(res, res.status, "no such endpoint or method (GET " + std::string(kShardPath) + " or " +
+                                                  std::string(kManifestPath) + ")");
     return httplib::Server::HandlerResponse::Handled;
   }));
   http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr) {

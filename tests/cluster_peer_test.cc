@@ -401,6 +401,36 @@ TEST_F(PeerDataPlane, ServesKeptGenerations) {
   EXPECT_EQ(client.ReadShardRange(server_->address(), kept, 0, 10, got.data()).code(), Code::kNotFound);
 }
 
+// A worker that was away takes the job's generation from a peer: the
+// manifest of the current or a kept generation, with the token, nothing else.
+TEST_F(PeerDataPlane, ServesTheManifestOfItsGenerations) {
+  PeerClient client(ClientOptions());
+  const uint64_t g = store_->current().generation;
+  auto got = client.FetchManifest(server_->address(), g);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, store_->current());
+  auto other = client.FetchManifest(server_->address(), g + 7);
+  EXPECT_EQ(other.status().code(), Code::kNotFound);
+  EXPECT_NE(other.status().message().find("not served here (this worker is at generation " + std::to_string(g)),
+            std::string::npos)
+      << other.status().ToString();
+  auto kept = std::make_shared<GenerationManifest>(store_->current());
+  kept->generation = g + 7;
+  server_->SetKeptGenerations({kept});
+  got = client.FetchManifest(server_->address(), g + 7);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, *kept);
+  EXPECT_EQ(PeerClient(ClientOptions("wrong-token-of-32-bytes-abcdefgh")).FetchManifest(server_->address(), g)
+                .status()
+                .code(),
+            Code::kPermissionDenied);
+  EXPECT_EQ(RawGet("/v1/manifest?generation=1", "").first, 401);
+  const std::string bearer = "Bearer " + std::string(kToken);
+  EXPECT_EQ(RawGet("/v1/manifest?generation=x", bearer).first, 400);
+  EXPECT_EQ(RawGet("/v1/manifest?generation=1&file=a", bearer).first, 400);
+  EXPECT_EQ(RawGet("/v1/manifest", bearer).first, 400);
+}
+
 TEST_F(PeerDataPlane, StopIsCleanAndClientsSeeAClearError) {
   const PeerAddress a = server_->address();
   server_->Stop();

@@ -17,6 +17,7 @@
 #include "ptc/store/generation_writer.h"
 #include "ptc/store/h5shard.h"
 #include "ptc/store/shard_verify.h"
+#include "test_util.h"
 
 namespace ptc {
 namespace {
@@ -409,6 +410,44 @@ TEST_F(StoreTest, OpenErrorsAreClear) {
   EXPECT_EQ(Store::Create(Env::Default(), dir_ + "/file").status().code(), Code::kAlreadyExists);
   fs::create_directories(dir_ + "/emptydir");
   EXPECT_TRUE(Store::Create(Env::Default(), dir_ + "/emptydir").ok());
+}
+
+// A worker bringing its store to its job's generation writes that number,
+// keeping what it wrote there for the job before the commit was missed.
+TEST_F(StoreTest, BeginGenerationAtNumbersItAndKeepsItsDirectory) {
+  {
+    auto store = Store::Create(Env::Default(), root_);
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE(CommitGen1(**store).ok());
+  }
+  const std::string part = root_ + "/gen-000005/worker-01/part.h5";
+  fs::create_directories(root_ + "/gen-000005/worker-01");
+  testing::Spit(part, "written before the commit was missed");
+  testing::Spit(root_ + "/gen-000005/" + std::string(kUncommittedMarker), "");
+  fs::create_directories(root_ + "/gen-000003");  // a leftover between: removed
+  auto store = Store::Open(Env::Default(), root_);
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->BeginGenerationAt(1).status().code(), Code::kFailedPrecondition);  // not above the current
+  auto w = (*store)->BeginGenerationAt(5);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ((*w)->generation(), 5u);
+  EXPECT_TRUE(fs::exists(part));
+  EXPECT_FALSE(fs::exists(root_ + "/gen-000003"));
+  for (const ShardRecord& r : (*store)->current().shards) (*w)->AddShard(r);
+  ASSERT_TRUE((*w)->Commit(Meta()).ok());
+  EXPECT_EQ((*store)->current_generation(), 5u);
+  EXPECT_TRUE(fs::exists(part));
+  EXPECT_FALSE(fs::exists(root_ + "/gen-000005/" + std::string(kUncommittedMarker)));
+  w->reset();
+  // A directory above the number asked for: refused, nothing removed.
+  fs::create_directories(root_ + "/gen-000009");
+  testing::Spit(root_ + "/gen-000009/manifest.json", "{}");
+  auto above = (*store)->BeginGenerationAt(7);
+  EXPECT_EQ(above.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(above.status().message().find("cannot write generation 7 here (current 5, next free 10)"),
+            std::string::npos)
+      << above.status().ToString();
+  EXPECT_TRUE(fs::exists(root_ + "/gen-000009/manifest.json"));
 }
 
 TEST_F(StoreTest, LeftoverGenerationIsIgnoredThenRemoved) {

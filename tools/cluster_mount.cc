@@ -12,6 +12,7 @@
 #include "cluster/peer_env.h"
 #include "cluster/peer_server.h"
 #include "cluster/recovery.h"
+#include "cluster/rejoin.h"
 #include "cluster/token.h"
 #include "ptc/store/store_layout.h"
 
@@ -244,14 +245,28 @@ ptc::Result<std::unique_ptr<ClusterMount>> ClusterMount::Prepare(const ClusterAr
   c.worker = worker;
   c.timeout = std::chrono::seconds(args.timeout_seconds);
   impl->coordinator = std::make_unique<ptc::Coordinator>(impl->etcd.get(), c);
-  PTC_ASSIGN_OR_RETURN(auto opened, ptc::Store::Open(ptc::Env::Default(), store));
-  if (!opened->has_generation()) return ptc::FailedPreconditionError(store + ": the store holds no generation yet");
-  PTC_RETURN_IF_ERROR(impl->coordinator->Join(opened->current()));
   ptc::PeerEnvOptions env;
   env.self = worker;
   env.client.token = impl->token;
   impl->env = std::make_unique<ptc::PeerEnv>(ptc::Env::Default(), store, env);
-  impl->env->SetManifests({opened->CurrentSnapshot()});
+  // An empty directory is a store to be: a worker that joins with a new disk.
+  auto opened = ptc::Store::Open(impl->env.get(), store);
+  if (!opened.ok() && opened.status().code() == ptc::Code::kNotFound) opened = ptc::Store::Create(impl->env.get(), store);
+  PTC_RETURN_IF_ERROR(opened.status());
+  ptc::Store& s = **opened;
+  // A worker that was away while the job moved on takes the committed generation from a peer first.
+  PTC_ASSIGN_OR_RETURN(std::optional<ptc::Committed> job, impl->coordinator->GetCommitted());
+  if (job && !ptc::AtCommitted(s, *job)) {
+    PTC_RETURN_IF_ERROR(ptc::CatchUp(*impl->etcd, impl->url.job, worker, *job, ptc::PeerClient(env.client), s));
+    std::fprintf(stderr, "ptcfs: worker %d: the store is now at the job's generation %llu (from a peer)\n", worker,
+                 static_cast<unsigned long long>(job->generation));
+  }
+  if (!s.has_generation()) {
+    return ptc::FailedPreconditionError(store + ": the store holds no generation, and job " + impl->url.job +
+                                        " has none committed yet (import into one worker's store first)");
+  }
+  PTC_RETURN_IF_ERROR(impl->coordinator->Join(s.current()));
+  impl->env->SetManifests({s.CurrentSnapshot()});
   return std::unique_ptr<ClusterMount>(new ClusterMount(std::move(impl)));
 }
 

@@ -66,8 +66,10 @@ ptc::Status CheckMountpoint(const std::string& mountpoint, bool nonempty) {
 // The writer lock for the daemon's whole life, taken before the store is read;
 // the daemon keeps it across fuse_daemonize's fork. With `wait`, a held lock
 // is waited for as the other writers wait (LockStore): saying whom on stderr.
-ptc::Result<ptc::StoreLock> LockForMount(const std::string& store, bool wait) {
-  ptc::StoreLockOptions options = WriterLockOptions(false);
+// `create`: the directory may be no store yet (a cluster worker joining with
+// an empty disk takes its job's generation from a peer).
+ptc::Result<ptc::StoreLock> LockForMount(const std::string& store, bool wait, bool create) {
+  ptc::StoreLockOptions options = WriterLockOptions(false, create);
   options.follow_fork = true;
   ptc::Result<ptc::StoreLock> lock = ptc::StoreLock::Acquire(store, options);
   if (lock.ok() || lock.status().code() != ptc::Code::kFailedPrecondition) return lock;
@@ -82,7 +84,7 @@ ptc::Result<ptc::StoreLock> LockForMount(const std::string& store, bool wait) {
 
 ptc::Status RunMount(const MountArgs& a) {
   PTC_RETURN_IF_ERROR(CheckMountpoint(a.mountpoint, a.nonempty));
-  PTC_ASSIGN_OR_RETURN(ptc::StoreLock lock, LockForMount(a.store, a.wait));
+  PTC_ASSIGN_OR_RETURN(ptc::StoreLock lock, LockForMount(a.store, a.wait, /*create=*/!a.cluster.url.empty()));
   if (a.wait) PTC_RETURN_IF_ERROR(CheckMountpoint(a.mountpoint, a.nonempty));  // it may have changed meanwhile
   MountOptions options;
   // The daemon changes its directory to /: keep the store path absolute.
@@ -216,7 +218,10 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
       ->add_option("--cluster", m->cluster.url,
                    "etcd://HOST:PORT[,HOST:PORT...]/JOB: this mount is worker --worker of JOB, its state\n"
                    "agreed through etcd; a reconfigure on any worker's mount changes every worker's\n"
-                   "(docs/cluster.md). Needs --worker, --listen and --token-file")
+                   "(docs/cluster.md). A store behind the job (or an empty directory: a new disk) first\n"
+                   "takes the job's committed generation from a live worker. When a worker's lease\n"
+                   "expires the others move onto the survivors (configs with replicas=R lose nothing\n"
+                   "while fewer than R workers are gone). Needs --worker, --listen and --token-file")
       ->group("Cluster");
   mount->add_option("--listen", m->cluster.listen, "HOST:PORT: where this worker serves its shard files to the others")
       ->group("Cluster");

@@ -132,7 +132,7 @@ Result<GenerationManifest> Store::LoadGeneration(uint64_t g) const {
   return m;
 }
 
-Status Store::RemoveUncommitted() {
+Status Store::RemoveUncommitted(uint64_t keep) {
   PTC_ASSIGN_OR_RETURN(std::vector<std::string> names, env_->ListDir(root_));
   const uint64_t current = current_generation();
   std::set<uint64_t> ours;
@@ -142,7 +142,7 @@ Status Store::RemoveUncommitted() {
   }
   for (const std::string& name : names) {
     std::optional<uint64_t> g = ParseGenerationDirName(name);
-    if (!g || *g <= current) continue;
+    if (!g || *g <= current || *g == keep) continue;
     // A manifest.json in a directory that is not our own leftover: committed once, or another's.
     if (!ours.count(*g) && env_->Exists(AbsPath(JoinPath(name, kManifestName))) &&
         !env_->Exists(AbsPath(JoinPath(name, kUncommittedMarker)))) {
@@ -155,15 +155,34 @@ Status Store::RemoveUncommitted() {
   return Status::OK();
 }
 
-Result<std::unique_ptr<GenerationWriter>> Store::BeginGeneration() {
+Result<std::unique_ptr<GenerationWriter>> Store::BeginGeneration() { return Begin(std::nullopt); }
+
+Result<std::unique_ptr<GenerationWriter>> Store::BeginGenerationAt(uint64_t g) { return Begin(g); }
+
+Result<std::unique_ptr<GenerationWriter>> Store::Begin(std::optional<uint64_t> at) {
   {
     MutexLock lock(&mu_);
     if (writer_active_) return FailedPreconditionError(root_ + ": another generation is being written");
     writer_active_ = true;
   }
   Status s = CheckWriter();
-  if (s.ok()) s = RemoveUncommitted();
+  if (s.ok() && at && *at <= current_generation()) {
+    s = FailedPreconditionError(root_ + ": cannot write generation " + std::to_string(*at) +
+                                " here: it is not above the current " + std::to_string(current_generation()));
+  }
+  if (s.ok()) s = RemoveUncommitted(at.value_or(0));
   Result<uint64_t> next = s.ok() ? NextGeneration() : Result<uint64_t>(s);
+  if (next.ok() && at) {
+    // gen-<at> itself may be there (kept): every other directory must be below it.
+    const bool kept = env_->IsDirectory(AbsPath(GenerationDirName(*at)));
+    if (*next > *at + (kept ? 1 : 0)) {
+      next = FailedPreconditionError(root_ + ": cannot write generation " + std::to_string(*at) + " here (current " +
+                                     std::to_string(current_generation()) + ", next free " + std::to_string(*next) +
+                                     ")");
+    } else {
+      next = *at;
+    }
+  }
   if (next.ok()) s = env_->CreateDirs(AbsPath(GenerationDirName(*next)));
   if (next.ok() && s.ok())
     s = WriteFileAtomic(env_, AbsPath(JoinPath(GenerationDirName(*next), kUncommittedMarker)), "");

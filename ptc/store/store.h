@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -109,6 +110,14 @@ class Store {
   // \error IOError (or injected) when the directory cannot be prepared.
   // \error IOError (or injected) when the directory cannot be prepared.
   Result<std::unique_ptr<GenerationWriter>> BeginGeneration();
+  // As BeginGeneration, but the new generation is numbered `g` (a worker
+  // bringing its store to the number its job committed), and what is in
+  // gen-g already is kept (a part written for that generation before the
+  // commit was missed: the manifest committed may name its files).
+  // \error FailedPrecondition when g is not above the current generation or
+  //        a gen-* directory other than gen-g is numbered g or above; else as
+  //        BeginGeneration.
+  Result<std::unique_ptr<GenerationWriter>> BeginGenerationAt(uint64_t g);
 
   // Removes generation directories that are neither current nor in
   // `keep_generations`, and every shard file in any gen-* directory that no
@@ -131,7 +140,8 @@ class Store {
   // commit (0: none); the next BeginGeneration removes what is left of it even
   // if a manifest.json was written before the commit failed.
   void WriterDone(uint64_t abandoned = 0) EXCLUDES(mu_);
-  Status RemoveUncommitted();
+  Status RemoveUncommitted(uint64_t keep = 0);
+  Result<std::unique_ptr<GenerationWriter>> Begin(std::optional<uint64_t> at);
   // Takes the writer lock unless this process holds it, then checks that the
   // root manifest still names current_generation(). REQUIRES: writer_active_ set by the caller.
   Status CheckWriter();

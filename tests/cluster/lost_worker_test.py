@@ -7,9 +7,12 @@ in a network namespace of its own, one job in a real etcd.
   -> the same with replicas=2: each worker also keeps the stage before its own
   kill -9 worker 1: the survivors move on their own to tp=2,pp=3 on workers
      0, 2, 3 (6 ranks), worker 1's stage read from its replica on worker 2
+  worker 1 comes back with an empty store: it takes the committed generation
+     from a peer and serves; asked back to tp=2,pp=4 on workers 0-3, it pulls
+     its stage and the one it keeps for worker 2
   kill -9 workers 2 and 3 at once (more than replicas-1): the stage both
      kept is lost; worker 0's change names the tensors that cannot be
-     recovered and commits nothing: it keeps serving what it has.
+     recovered and commits nothing: the survivors keep serving what they have.
 After each committed step every rank's files, on the worker its slot names,
 equal `ptcfs synth` of the new config, tensor by tensor (`ptcfs diff`).
 
@@ -58,6 +61,13 @@ def kill(daemons, mnts, workers):
         subprocess.run(["umount", "-l", mnts[w]], capture_output=True)
 
 
+def start(ns, w, store, mnt, url, token, tmp):
+    log = open(os.path.join(tmp, "worker%d.log" % w), "a")
+    return ns.popen(w, [PTCFS, "mount", "-f", store, mnt, "--worker", str(w), "--cluster", url,
+                        "--listen", "%s:%d" % (ns.addr(w), PORT), "--token-file", token, "--lease", "2"],
+                    stdout=log, stderr=subprocess.STDOUT)
+
+
 def main():
     require(etcd=True)
     tmp = tempfile.mkdtemp(prefix="ptcfs-lost-")
@@ -79,11 +89,7 @@ def main():
             url = "etcd://%s/%s" % (etcd.endpoint.split("//")[1], JOB)
             for w in range(WORKERS):
                 os.makedirs(mnts[w])
-                log = open(os.path.join(tmp, "worker%d.log" % w), "w")
-                daemons.append(ns.popen(w, [PTCFS, "mount", "-f", stores[w], mnts[w], "--worker", str(w),
-                                            "--cluster", url, "--listen", "%s:%d" % (ns.addr(w), PORT),
-                                            "--token-file", token, "--lease", "2"],
-                                        stdout=log, stderr=subprocess.STDOUT))
+                daemons.append(start(ns, w, stores[w], mnts[w], url, token, tmp))
             for w in range(WORKERS):
                 wait_for("worker %d's mount" % w, lambda: status(mnts[w])["state"] == "serving", mnts=mnts)
             print("ok   4 workers mounted")
@@ -108,18 +114,35 @@ def main():
             print("ok   worker 1 killed: the survivors serve %s after %.1f s (lease 2 s)" % (survivors, time.time() - t0))
             expect_ranks(tmp, mnts, survivors, live, "survivors")
 
-            # Workers 2 and 3 die at once: the stage only they kept is lost.
+            # Worker 1 comes back with an empty store, and is used again.
+            empty = os.path.join(tmp, "store1-new")
+            os.makedirs(empty)
+            daemons[1] = start(ns, 1, empty, mnts[1], url, token, tmp)
+            wait_for("worker 1 back at generation 3", lambda: at_generation(mnts[1], 3), 60, mnts=mnts)
+            assert os.listdir(os.path.join(mnts[1], "model")) == [], os.listdir(os.path.join(mnts[1], "model"))
+            print("ok   worker 1 rejoined with an empty store: it serves generation 3 (no ranks of it)")
+            with open(os.path.join(mnts[2], ".ptcfs", "config"), "w") as f:
+                f.write(replicated + "\n")
+            for w in range(WORKERS):
+                wait_for("worker %d at generation 4" % w, lambda: at_generation(mnts[w], 4), mnts=mnts)
+            expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "again")
+
+            # Workers 2 and 3 die at once: the stage only they kept (2's) is lost.
             kill(daemons, mnts, [2, 3])
             wait_for("worker 0 to give the recovery up", lambda: status(mnts[0])["state"] == "failed", 60,
-                     mnts=[mnts[0]])
-            s = status(mnts[0])
-            assert s["generation"] == 3 and s["config"] == survivors, s
-            assert "cannot be recovered" in s["last_error"] and "'decoder.layers.4." in s["last_error"], s["last_error"]
-            assert "'decoder.layers.0." not in s["last_error"] and "'decoder.layers.8." not in s["last_error"], s["last_error"]
-            print("ok   workers 2 and 3 killed: nothing committed; " + s["last_error"][:200])
-            with open(os.path.join(mnts[0], "model", "rank-00000", "model.safetensors"), "rb") as f:
-                assert len(f.read(1 << 20)) > 0
-            print("ok   worker 0 still serves generation 3")
+                     mnts=mnts[:2])
+            for w in (0, 1):
+                s = status(mnts[w])
+                assert s["generation"] == 4 and s["config"] == replicated, s
+            error = status(mnts[0])["last_error"]
+            assert "cannot be recovered" in error and "'decoder.layers.6." in error, error
+            for kept in ("'decoder.layers.0.", "'decoder.layers.3.", "'decoder.layers.9."):
+                assert kept not in error, error
+            print("ok   workers 2 and 3 killed: nothing committed; " + error[:200])
+            for w, r in ((0, 0), (1, 2)):
+                with open(os.path.join(mnts[w], "model", "rank-%05d" % r, "model.safetensors"), "rb") as f:
+                    assert len(f.read(1 << 20)) > 0
+            print("ok   workers 0 and 1 still serve generation 4")
     finally:
         stop(daemons, mnts)
         if os.environ.get("KEEP_TMP"):
