@@ -137,6 +137,11 @@ void Controller::JoinBackground(std::thread previous) {
   cancel_compaction_ = false;
 }
 
+bool Controller::Busy() const {
+  ptc::MutexLock lock(&mu_);
+  return state_ == "repartitioning" || state_ == "saving";
+}
+
 void Controller::RecordError(const std::string& error) {
   ptc::MutexLock lock(&mu_);
   SetLastError(error);

@@ -106,6 +106,9 @@ class Controller {
   ptc::Status Ingest(const std::string& staging_root, uint64_t iteration,
                      const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_);
 
+  // Whether a rewrite or a save runs (a new change would be refused).
+  bool Busy() const EXCLUDES(mu_);
+
   // The status document (docs/mount_format.md).
   // Bad bytes (invalid UTF-8 in last_error or a path) are replaced, never thrown.
   std::string StatusJson(const std::shared_ptr<const Snapshot>& current) const EXCLUDES(mu_);

@@ -164,7 +164,8 @@ class Agent {
     for (int w : ptc::LostWorkers(*config, live)) {
       if (seen_.count(w)) lost.push_back(w);
     }
-    if (lost.empty()) return;
+    // A change this mount still winds down (one that failed on a worker that was dying) first.
+    if (lost.empty() || fs_->controller().Busy()) return;
     const std::pair<uint64_t, std::vector<int>> attempt{current->generation, live};
     if (attempt == tried_) return;
     tried_ = attempt;
@@ -181,6 +182,7 @@ class Agent {
     if (change.id == applied_ || change.from != fs_->store().CurrentSnapshot()->generation) return;
     const std::set<int> participants(change.workers.begin(), change.workers.end());
     if (!participants.count(impl_->worker)) return;
+    if (fs_->controller().Busy()) return;  // the previous change winds down: the next look applies this one
     applied_ = change.id;
     ClusterChange cc;
     cc.participants = participants;
