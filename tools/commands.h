@@ -23,6 +23,7 @@ void AddTransformCommand(CLI::App& app, int* exit_code);
 void AddCompactCommand(CLI::App& app, int* exit_code);
 void AddMountCommands(CLI::App& app, int* exit_code);  // mount, reconfigure, umount
 void AddDataCommand(CLI::App& app, int* exit_code);
+void AddStrategiesCommand(CLI::App& app, int* exit_code);  // cmd_strategies.cc: per length group layouts
 
 // Prints "ptcfs <command>: <message>" to stderr and returns the exit status
 // for `status` (0 when OK, 2 for InvalidArgument/NotFound, else 1).

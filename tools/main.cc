@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   ptcfs::AddCompactCommand(app, &exit_code);
   ptcfs::AddMountCommands(app, &exit_code);
   ptcfs::AddDataCommand(app, &exit_code);
+  ptcfs::AddStrategiesCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
