@@ -84,10 +84,19 @@ Status ParseOptions(const char* text, ptc::SwitchRequest* r) {
 nlohmann::json BufferJson(const std::vector<ptc::LocalTensor>& list) {
   nlohmann::json out = nlohmann::json::array();
   for (const ptc::LocalTensor& t : list) {
+    nlohmann::json segments = nlohmann::json::array();
+    for (const ptc::Segment& s : t.segments) {
+      segments.push_back({{"tensor", s.tensor},
+                          {"begin", s.box.begin},
+                          {"end", s.box.end},
+                          {"offset", s.layout.offset},
+                          {"strides", s.layout.strides}});
+    }
     out.push_back({{"name", t.name},
                    {"dtype", std::string(ptc::DTypeName(t.dtype))},
                    {"shape", t.shape},
-                   {"bytes", ptc::BufferBytes(t)}});
+                   {"bytes", ptc::BufferBytes(t)},
+                   {"segments", std::move(segments)}});
   }
   return out;
 }
@@ -160,6 +169,10 @@ const char* ptcfs_switch_describe(const ptcfs_switch_plan* p, int rank) {
       j = {{"world", plan.world},          {"buckets", plan.num_buckets},  {"bytes_total", plan.bytes_total},
            {"bytes_local", plan.bytes_local}, {"bytes_moved", plan.bytes_moved}, {"bottleneck", plan.bottleneck},
            {"from", p->request.from.ToString()}, {"to", p->request.to.ToString()}};
+      ptc::ModelSpec spec = p->request.spec;
+      spec.optimizer = p->request.contents.optimizer;
+      PTC_ASSIGN_OR_RETURN(auto globals, ptc::GlobalTensors(spec));
+      for (const auto& g : globals) j["tensors"][g.name] = g.shape;
     } else {
       PTC_RETURN_IF_ERROR(CheckRank(p, rank));
       const ptc::RankSchedule& rs = plan.ranks[rank];

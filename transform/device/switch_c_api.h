@@ -51,9 +51,11 @@ PTCFS_SWITCH_API ptcfs_switch_plan* ptcfs_switch_plan_create(const char* schema,
 PTCFS_SWITCH_API void ptcfs_switch_free(ptcfs_switch_plan* plan);
 
 PTCFS_SWITCH_API int ptcfs_switch_world(const ptcfs_switch_plan* plan);
-/* JSON of rank's part (rank >= 0) or of the whole plan (rank < 0): buffers
- * "from" and "to" (name, dtype, shape, bytes), staging_bytes, buckets, bytes
- * sent and received; valid until the next call on this thread. */
+/* JSON of rank's part (rank >= 0): buffers "from" and "to" (name, dtype,
+ * shape, bytes, and segments: global tensor, box begin/end, offset and
+ * strides in elements), staging_bytes, buckets, bytes sent and received; or
+ * of the whole plan (rank < 0): world, buckets, bytes, and "tensors" (global
+ * name -> shape). Valid until the next call on this thread. */
 PTCFS_SWITCH_API const char* ptcfs_switch_describe(const ptcfs_switch_plan* plan, int rank);
 
 /* Fills rank's buffers of one side (0: layout A, 1: layout B) with the
