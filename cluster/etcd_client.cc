@@ -215,6 +215,14 @@ Result<int64_t> EtcdClient::KeepAliveOnce(int64_t lease) const {
   return ttl;
 }
 
+Result<int64_t> EtcdClient::LeaseTimeToLive(int64_t lease) const {
+  const std::string what = "time to live of lease " + std::to_string(lease);
+  PTC_ASSIGN_OR_RETURN(std::string body, Post("/v3/lease/timetolive", EncodeLeaseIdRequest(lease), true, what));
+  // The answer has the grant's fields (ID, TTL): TTL -1 once the lease is gone.
+  PTC_ASSIGN_OR_RETURN(Lease l, DecodeLeaseGrantResponse("etcd: " + what, body));
+  return l.ttl;
+}
+
 Status EtcdClient::RevokeLease(int64_t lease) const {
   const std::string what = "revoke lease " + std::to_string(lease);
   PTC_ASSIGN_OR_RETURN(std::string body, Post("/v3/lease/revoke", EncodeLeaseIdRequest(lease), false, what));

@@ -65,6 +65,9 @@ class EtcdClient {
   // Renews the lease once; the TTL it has now.
   // \error NotFound when the lease expired or was revoked; IOError as Get.
   Result<int64_t> KeepAliveOnce(int64_t lease) const;
+  // The seconds the lease has left; -1 when it expired or was revoked.
+  // \error IOError as Get.
+  Result<int64_t> LeaseTimeToLive(int64_t lease) const;
   // Ends the lease: every key attached to it is deleted.
   // \error NotFound when there is no such lease; IOError as Get.
   Status RevokeLease(int64_t lease) const;

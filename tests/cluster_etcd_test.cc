@@ -298,7 +298,12 @@ TEST_F(Etcd, LeasesKeepAliveRevokeAndExpire) {
   auto ttl = client_->KeepAliveOnce(lease->id);
   ASSERT_TRUE(ttl.ok()) << ttl.status().ToString();
   EXPECT_GE(*ttl, 1);
+  auto left = client_->LeaseTimeToLive(lease->id);
+  ASSERT_TRUE(left.ok()) << left.status().ToString();
+  EXPECT_GE(*left, 1);
+  EXPECT_LE(*left, lease->ttl);
   ASSERT_TRUE(client_->RevokeLease(lease->id).ok());
+  EXPECT_EQ(*client_->LeaseTimeToLive(lease->id), -1);
   EXPECT_FALSE(client_->Get(prefix_ + "held")->has_value());  // deleted with the lease
   EXPECT_EQ(client_->KeepAliveOnce(lease->id).status().code(), Code::kNotFound);
   Status again = client_->RevokeLease(lease->id);

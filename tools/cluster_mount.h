@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "fs/filesystem.h"
 #include "ptc/base/env.h"
 #include "ptc/base/status.h"
@@ -28,6 +30,9 @@ struct ClusterUrl {
 };
 // \error InvalidArgument naming the text when it is not etcd://HOST:PORT[,...]/JOB.
 ptc::Result<ClusterUrl> ParseClusterUrl(std::string_view text);
+
+// `ptcfs cluster status` (cmd_cluster.cc), added with the mount commands.
+void AddClusterCommand(CLI::App& app, int* exit_code);
 
 class ClusterMount {
  public:

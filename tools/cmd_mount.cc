@@ -1,4 +1,4 @@
-// ptcfs mount / reconfigure / umount.
+// ptcfs mount / reconfigure / umount (and `ptcfs cluster`: cmd_cluster.cc).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -263,6 +263,7 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
     std::string cmd = "fusermount3 -u '" + *target + "'";
     *exit_code = std::system(cmd.c_str()) == 0 ? 0 : 1;
   });
+  AddClusterCommand(app, exit_code);
 }
 
 }  // namespace ptcfs

@@ -21,6 +21,7 @@ equal `ptcfs synth` of the new config, tensor by tensor (`ptcfs diff`).
 
 Usage: lost_worker_test.py PTCFS   (root; exit 77 = skipped, never under CI=true)
 """
+import json
 import os
 import shutil
 import signal
@@ -71,6 +72,27 @@ def start(ns, w, store, mnt, url, token, tmp):
                     stdout=log, stderr=subprocess.STDOUT)
 
 
+def cluster_status(url, token, config):
+    """`ptcfs cluster status`: every worker live, its pieces' copies on the
+    workers before and after it, and no loss of one worker loses anything."""
+    text = ptcfs("cluster", "status", "--cluster", url, "--token-file", token).stdout
+    assert "committed: generation 2, " + config in text, text
+    j = json.loads(ptcfs("cluster", "status", "--cluster", url, "--token-file", token, "--json").stdout)
+    assert j["committed"]["generation"] == 2 and j["committed"]["config"] == config and j["change"] is None, j
+    assert [w["worker"] for w in j["workers"]] == [0, 1, 2, 3], j
+    for w in j["workers"]:
+        i = w["worker"]
+        assert w["live"] and 0 <= w["lease_ttl_seconds"] <= 2 and w["pieces"] > 0, w
+        assert sorted(int(x) for x in w["replicas"]) == sorted({(i + 1) % 4, (i + 3) % 4}), w
+        lost = w["if_lost"]
+        assert lost["holds_ranks"] and lost["lost_tensors"] == [] and lost["bytes_moved"] > 0, w
+        others = "+".join(str(x) for x in range(4) if x != i)
+        placement = "" if others == "0+1+2" else ",workers=" + others  # the default placement is not written
+        assert lost["config"] == "tp=2,pp=3,dp=1,per_worker=2%s,replicas=2" % placement, lost
+    print("ok   ptcfs cluster status: 4 live workers, each one's pieces also on its neighbours, any one loss "
+          "recoverable")
+
+
 def main():
     require(etcd=True)
     tmp = tempfile.mkdtemp(prefix="ptcfs-lost-")
@@ -104,6 +126,7 @@ def main():
             for w in range(WORKERS):
                 wait_for("worker %d at generation 2" % w, lambda: at_generation(mnts[w], 2), mnts=mnts)
             expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "replicated")
+            cluster_status(url, token, replicated)
 
             # Worker 1 dies: the survivors reconfigure onto themselves, unasked.
             t0 = time.time()

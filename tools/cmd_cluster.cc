@@ -1,0 +1,234 @@
+// ptcfs cluster status: a job's state across its workers (docs/cluster.md,
+// "Lost workers"): etcd's committed generation and change, the members and
+// their leases, the replicas of each worker's pieces, and what the loss of
+// each worker would cost. `--json` output is documented in docs/cli.md.
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "cluster/coordinator.h"
+#include "cluster/etcd_client.h"
+#include "cluster/membership.h"
+#include "cluster/peer_client.h"
+#include "cluster/recovery.h"
+#include "cluster/token.h"
+#include "ptc/base/json_fields.h"
+#include "ptc/store/model_spec.h"
+#include "tools/cluster_mount.h"
+#include "tools/commands.h"
+#include "tools/progress.h"
+#include "transform/plan.h"
+
+namespace ptcfs {
+namespace {
+
+struct ClusterStatusArgs {
+  std::string url;
+  std::string token_file;
+  bool json = false;
+};
+
+// What losing `worker` would cost the committed generation `m` (config
+// `config`) with `live` (sorted) the workers live now: the survivors' config
+// and the bytes it moves, or the tensors no survivor holds a part of.
+nlohmann::json IfLost(const ptc::GenerationManifest& m, const ptc::ModelSpec& spec, const ptc::ParallelConfig& config,
+                      const std::vector<int>& live, int worker) {
+  if (!config.HoldsRanks(worker)) return {{"holds_ranks", false}};
+  std::vector<int> survivors;
+  for (int w : live) {
+    if (w != worker) survivors.push_back(w);
+  }
+  nlohmann::json j = {{"holds_ranks", true}};
+  auto to = ptc::SurvivorConfig(spec, config, survivors);
+  if (!to.ok()) {
+    j["error"] = to.status().message();
+    return j;
+  }
+  j["config"] = to->ToString();
+  auto plan = ptc::MakePlan({&m, spec, *to, {}, std::set<int>(survivors.begin(), survivors.end())});
+  if (!plan.ok()) {
+    j["error"] = plan.status().message();
+    return j;
+  }
+  std::set<std::string> lost;
+  for (const auto& [tensor, box] : plan->missing) lost.insert(tensor);
+  j["lost_tensors"] = lost;
+  j["bytes_moved"] = plan->bytes_moved;
+  return j;
+}
+
+ptc::Result<nlohmann::json> Gather(const ClusterStatusArgs& a) {
+  PTC_ASSIGN_OR_RETURN(ClusterUrl url, ParseClusterUrl(a.url));
+  ptc::EtcdOptions eo;
+  eo.endpoints = url.endpoints;
+  PTC_ASSIGN_OR_RETURN(auto etcd, ptc::EtcdClient::Create(eo));
+  PTC_RETURN_IF_ERROR(etcd->Health(), a.url);
+  nlohmann::json j = {{"job", url.job}, {"etcd", url.endpoints}, {"committed", nullptr}, {"change", nullptr}};
+  ptc::Coordinator coordinator(etcd.get(), {url.job, -1});
+  PTC_ASSIGN_OR_RETURN(std::optional<ptc::Committed> committed, coordinator.GetCommitted());
+  if (committed) {
+    j["committed"] = {{"generation", committed->generation},
+                      {"config", committed->config},
+                      {"digest", committed->digest}};
+  }
+  PTC_ASSIGN_OR_RETURN(std::optional<ptc::Change> change, coordinator.Pending());
+  if (change) {
+    j["change"] = {{"generation", change->generation}, {"request", change->request}, {"workers", change->workers}};
+  }
+  // The members with their leases (the keys' lease ids).
+  PTC_ASSIGN_OR_RETURN(ptc::RangeResponse keys, etcd->GetPrefix(ptc::MembersPrefix(url.job)));
+  std::map<int, nlohmann::json> workers;
+  std::vector<int> live;
+  std::map<int, ptc::PeerAddress> addresses;
+  for (const ptc::KeyValue& kv : keys.kvs) {
+    PTC_ASSIGN_OR_RETURN(ptc::Member m, ptc::DecodeMember("etcd key " + kv.key, kv.value));
+    auto ttl = etcd->LeaseTimeToLive(kv.lease);
+    workers[m.worker] = {{"worker", m.worker},
+                         {"live", true},
+                         {"address", m.address},
+                         {"lease_ttl_seconds", ttl.ok() ? nlohmann::json(*ttl) : nlohmann::json(nullptr)}};
+    live.push_back(m.worker);
+    if (auto addr = ptc::ParsePeerAddress(m.address); addr.ok()) addresses[m.worker] = *addr;
+  }
+  if (!committed) {
+    for (auto& [w, wj] : workers) j["workers"].push_back(wj);
+    return j;
+  }
+  // The committed generation's pieces, from the first live worker that serves it.
+  PTC_ASSIGN_OR_RETURN(std::string token, ptc::ReadTokenFile(a.token_file));
+  ptc::PeerClientOptions po;
+  po.token = token;
+  ptc::PeerClient client(po);
+  std::optional<ptc::GenerationManifest> manifest;
+  std::string answers;
+  for (const auto& [w, addr] : addresses) {
+    auto got = client.FetchManifest(addr, committed->generation);
+    if (got.ok()) {
+      manifest = std::move(*got);
+      break;
+    }
+    answers += "; worker " + std::to_string(w) + ": " + got.status().message();
+  }
+  if (!manifest) {
+    return ptc::FailedPreconditionError("job " + url.job + ": no live worker serves generation " +
+                                        std::to_string(committed->generation) + answers);
+  }
+  PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(*manifest));
+  PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig config, ptc::ConfigFromManifest(*manifest));
+  // Each worker's pieces, and which other workers hold the same pieces.
+  std::map<std::pair<std::string, std::string>, std::set<int>> holders;  // (tensor, boxes) -> workers
+  auto key = [](const ptc::ShardRecord& s) {
+    std::string boxes;
+    for (const ptc::Box& b : s.boxes) boxes += b.ToString();
+    return std::make_pair(s.tensor, boxes);
+  };
+  for (const ptc::ShardRecord& s : manifest->shards) holders[key(s)].insert(s.worker);
+  std::map<int, std::pair<uint64_t, uint64_t>> held;  // worker -> (pieces, bytes)
+  std::map<int, std::map<int, uint64_t>> replicas;    // worker -> other holder -> bytes of its pieces there
+  for (const ptc::ShardRecord& s : manifest->shards) {
+    held[s.worker].first++;
+    held[s.worker].second += s.nbytes;
+    for (int other : holders[key(s)]) {
+      if (other != s.worker) replicas[s.worker][other] += s.nbytes;
+    }
+  }
+  std::set<int> all(live.begin(), live.end());
+  for (const auto& [w, v] : held) all.insert(w);
+  for (int w : config.Workers()) all.insert(w);
+  j["workers"] = nlohmann::json::array();
+  for (int w : all) {
+    nlohmann::json wj = workers.count(w) ? workers[w] : nlohmann::json{{"worker", w}, {"live", false}};
+    wj["pieces"] = held[w].first;
+    wj["bytes"] = held[w].second;
+    nlohmann::json r = nlohmann::json::object();
+    for (const auto& [other, bytes] : replicas[w]) r[std::to_string(other)] = bytes;
+    wj["replicas"] = r;
+    wj["if_lost"] = IfLost(*manifest, spec, config, live, w);
+    j["workers"].push_back(wj);
+  }
+  return j;
+}
+
+void PrintText(const nlohmann::json& j) {
+  std::printf("job %s\n", j["job"].get<std::string>().c_str());
+  if (j["committed"].is_null()) {
+    std::printf("nothing committed yet\n");
+  } else {
+    std::printf("committed: generation %llu, %s\n",
+                static_cast<unsigned long long>(j["committed"]["generation"].get<uint64_t>()),
+                j["committed"]["config"].get<std::string>().c_str());
+  }
+  if (j["change"].is_null()) {
+    std::printf("no change under way\n");
+  } else {
+    std::printf("change under way to generation %llu: %s\n",
+                static_cast<unsigned long long>(j["change"]["generation"].get<uint64_t>()),
+                j["change"]["request"].get<std::string>().c_str());
+  }
+  if (!j.contains("workers")) return;
+  for (const nlohmann::json& w : j["workers"]) {
+    std::string lease = !w.value("live", false) ? "not live"
+                        : w["lease_ttl_seconds"].is_number()
+                            ? "lease " + std::to_string(w["lease_ttl_seconds"].get<int64_t>()) + " s left"
+                            : "lease ?";
+    std::printf("worker %d  %s  %s", w["worker"].get<int>(), w.value("address", std::string("-")).c_str(),
+                lease.c_str());
+    if (!w.contains("pieces")) {
+      std::printf("\n");
+      continue;
+    }
+    std::printf("  %llu pieces, %s", static_cast<unsigned long long>(w["pieces"].get<uint64_t>()),
+                HumanBytes(w["bytes"].get<uint64_t>()).c_str());
+    std::string copies;
+    for (const auto& [other, bytes] : w["replicas"].items()) {
+      copies += (copies.empty() ? "" : ", ") + HumanBytes(bytes.get<uint64_t>()) + " on worker " + other;
+    }
+    std::printf("; copies of its pieces: %s\n", copies.empty() ? "none" : copies.c_str());
+    const nlohmann::json& lost = w["if_lost"];
+    if (!lost["holds_ranks"].get<bool>()) {
+      std::printf("  if lost: holds no ranks; nothing to do\n");
+    } else if (lost.contains("error")) {
+      std::printf("  if lost: %s\n", lost["error"].get<std::string>().c_str());
+    } else if (!lost["lost_tensors"].empty()) {
+      std::printf("  if lost: %zu tensors lost (first: %s); nothing would be committed\n", lost["lost_tensors"].size(),
+                  lost["lost_tensors"][0].get<std::string>().c_str());
+    } else {
+      std::printf("  if lost: nothing lost; the survivors move to %s (%s moved)\n",
+                  lost["config"].get<std::string>().c_str(), HumanBytes(lost["bytes_moved"].get<uint64_t>()).c_str());
+    }
+  }
+}
+
+ptc::Status RunClusterStatus(const ClusterStatusArgs& a) {
+  PTC_ASSIGN_OR_RETURN(nlohmann::json j, Gather(a));
+  if (a.json) {
+    std::printf("%s\n", ptc::JsonText(j, 2).c_str());
+  } else {
+    PrintText(j);
+  }
+  return ptc::Status::OK();
+}
+
+}  // namespace
+
+void AddClusterCommand(CLI::App& app, int* exit_code) {
+  CLI::App* cluster = app.add_subcommand("cluster", "A job of many workers (docs/cluster.md).");
+  cluster->require_subcommand(1);
+  auto a = std::make_shared<ClusterStatusArgs>();
+  CLI::App* status = cluster->add_subcommand(
+      "status",
+      "Show a job's state across its workers: the committed generation and any change under way\n"
+      "(from etcd), each member's address and lease, the pieces each worker holds and which other\n"
+      "workers hold copies of them, and what losing each worker would cost: the config the\n"
+      "survivors would move to and the bytes it moves, or the tensors no survivor holds.");
+  status->add_option("--cluster", a->url, "etcd://HOST:PORT[,HOST:PORT...]/JOB")->required();
+  status->add_option("--token-file", a->token_file, "the job's shared token: the pieces come from a live worker")
+      ->required();
+  status->add_flag("--json", a->json, "machine-readable output (fields documented in docs/cli.md)");
+  status->callback([a, exit_code] { *exit_code = Report("cluster status", RunClusterStatus(*a)); });
+}
+
+}  // namespace ptcfs
