@@ -7,6 +7,14 @@ namespace ptc {
 
 Status InProcessTransport::Exchange(int rank, std::span<const SwitchMessage> sends,
                                     std::span<const SwitchMessage> recvs) {
+  for (const auto* list : {&sends, &recvs}) {
+    for (const SwitchMessage& m : *list) {
+      if (m.peer < 0 || m.peer >= world_ || m.peer == rank) {
+        return InvalidArgumentError("switch: rank " + std::to_string(rank) + " exchanges with rank " +
+                                    std::to_string(m.peer) + " in a world of " + std::to_string(world_));
+      }
+    }
+  }
   std::unique_lock<std::mutex> lock(mu_);
   for (const SwitchMessage& m : sends) {
     const auto* p = static_cast<const unsigned char*>(m.data);

@@ -7,19 +7,25 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Copies `total` units of T: unit t is column t % upr of row t / upr, rows
-// numbered row-major over the descriptor's outer dimensions.
+// Units of T per work item: one warp copies a chunk of up to kChunk units of
+// one row, its lanes on consecutive units (coalesced). Rows and chunks are
+// found with one division per chunk, not per unit.
+constexpr uint64_t kChunk = 256;
+
+// Copies rows x upr units of T: row r (row-major over the outer dimensions)
+// starts at the descriptor's strides; units inside a row are contiguous.
 template <typename T>
 __device__ void CopyUnits(const StridedCopy& c, const unsigned char* s, unsigned char* d, uint64_t upr,
-                          uint64_t total, uint32_t block, uint32_t blocks) {
+                          uint64_t rows, uint32_t block, uint32_t blocks) {
   const int outer = static_cast<int>(c.ndim) - 1;
-  const uint64_t step = static_cast<uint64_t>(blocks) * blockDim.x;
-  for (uint64_t t = static_cast<uint64_t>(block) * blockDim.x + threadIdx.x; t < total; t += step) {
-    uint64_t row = 0, col = t;
-    if (outer > 0) {
-      row = t / upr;
-      col = t - row * upr;
-    }
+  const uint64_t chunks = (upr + kChunk - 1) / kChunk;
+  const uint64_t items = rows * chunks;
+  const uint32_t lane = threadIdx.x % 32;
+  const uint64_t warps = static_cast<uint64_t>(blocks) * (blockDim.x / 32);
+  for (uint64_t w = static_cast<uint64_t>(block) * (blockDim.x / 32) + threadIdx.x / 32; w < items; w += warps) {
+    uint64_t row = w / chunks;
+    const uint64_t first = (w - row * chunks) * kChunk;
+    const uint64_t last = first + kChunk < upr ? first + kChunk : upr;
     int64_t so = 0, dof = 0;
     for (int k = outer - 1; k >= 0; --k) {
       const uint64_t i = row % static_cast<uint64_t>(c.extent[k]);
@@ -27,9 +33,10 @@ __device__ void CopyUnits(const StridedCopy& c, const unsigned char* s, unsigned
       so += static_cast<int64_t>(i) * c.src_stride[k];
       dof += static_cast<int64_t>(i) * c.dst_stride[k];
     }
-    const T* src = reinterpret_cast<const T*>(s + so * c.elem_size) + col;
-    T* dst = reinterpret_cast<T*>(d + dof * c.elem_size) + col;
-    *dst = *src;
+    const T* src = reinterpret_cast<const T*>(s + so * c.elem_size);
+    T* dst = reinterpret_cast<T*>(d + dof * c.elem_size);
+#pragma unroll 8
+    for (uint64_t u = first + lane; u < last; u += 32) dst[u] = src[u];
   }
 }
 
@@ -87,15 +94,15 @@ __global__ void StridedCopyKernel(const StridedCopy* copies, const uint32_t* fir
       rows *= static_cast<uint64_t>(c.extent[k]);
     }
     if (align % 16 == 0) {
-      CopyUnits<uint4>(c, s, d, row_bytes / 16, rows * (row_bytes / 16), block, blocks);
+      CopyUnits<uint4>(c, s, d, row_bytes / 16, rows, block, blocks);
     } else if (align % 8 == 0) {
-      CopyUnits<uint2>(c, s, d, row_bytes / 8, rows * (row_bytes / 8), block, blocks);
+      CopyUnits<uint2>(c, s, d, row_bytes / 8, rows, block, blocks);
     } else if (align % 4 == 0) {
-      CopyUnits<unsigned int>(c, s, d, row_bytes / 4, rows * (row_bytes / 4), block, blocks);
+      CopyUnits<unsigned int>(c, s, d, row_bytes / 4, rows, block, blocks);
     } else if (align % 2 == 0) {
-      CopyUnits<unsigned short>(c, s, d, row_bytes / 2, rows * (row_bytes / 2), block, blocks);
+      CopyUnits<unsigned short>(c, s, d, row_bytes / 2, rows, block, blocks);
     } else {
-      CopyUnits<unsigned char>(c, s, d, row_bytes, rows * row_bytes, block, blocks);
+      CopyUnits<unsigned char>(c, s, d, row_bytes, rows, block, blocks);
     }
   }
 }
@@ -103,8 +110,9 @@ __global__ void StridedCopyKernel(const StridedCopy* copies, const uint32_t* fir
 }  // namespace
 
 uint32_t BlocksFor(uint64_t bytes) {
-  const uint64_t blocks = (bytes / 16 + kThreads * 4 - 1) / (kThreads * 4);
-  return static_cast<uint32_t>(std::clamp<uint64_t>(blocks, 1, 4096));
+  // One warp per chunk of 16-byte units, kThreads / 32 warps a block.
+  const uint64_t per_block = kChunk * 16 * (kThreads / 32);
+  return static_cast<uint32_t>(std::clamp<uint64_t>((bytes + per_block - 1) / per_block, 1, 8192));
 }
 
 cudaError_t LaunchStridedCopies(const DeviceCopyList& list, const void* const* from, void* const* to,

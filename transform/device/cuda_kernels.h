@@ -19,7 +19,7 @@ struct DeviceCopyList {
   uint32_t blocks = 0;  // first_block[count]
 };
 
-// Blocks for a descriptor of `bytes`: about four 16-byte units a thread, at most 4096.
+// Blocks for a descriptor of `bytes`: a warp per 4 KiB (256 16-byte units), at most 8192.
 uint32_t BlocksFor(uint64_t bytes);
 
 // Queues the copies of `list` on `stream`: from[i] / to[i] are device arrays
