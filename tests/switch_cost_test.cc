@@ -5,6 +5,8 @@
 // and ends at the base layout.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "test_util.h"
 #include "transform/device/cost_model.h"
 
@@ -107,6 +109,17 @@ TEST(SwitchCost, CommandPrintsStrategies) {
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("predicted speedup"), std::string::npos) << out;
   EXPECT_NE(out.find("(8,1,1)"), std::string::npos) << out;
+  // Shares from a dataset's real lengths: 1000 sequences of 100..32768 tokens, a third or so per bucket.
+  TempDir tmp;
+  ASSERT_EQ(Ptcfs("data synth --samples 1000 --min-len 100 --max-len 32768 --vocab 32000 " + tmp / "d").first, 0);
+  auto [rc3, out3] = Ptcfs(std::string("strategies --dims ") + kLlama7B + " --buckets 8192,16384,32768 --source " +
+                           tmp / "d" + " --global-batch 300 --json 2>&1");
+  ASSERT_EQ(rc3, 0) << out3;
+  auto j = nlohmann::json::parse(out3);
+  double seqs = 0;
+  for (const auto& b : j["buckets"]) seqs += b["sequences"].get<double>();
+  EXPECT_NEAR(seqs, 300, 1e-6);
+  EXPECT_NEAR(j["buckets"][2]["sequences"].get<double>(), 300 * 0.5, 30) << out3;  // (16384, 32768]: about half
   auto [rc2, out2] = Ptcfs("strategies --dims " + std::string(kLlama7B) + " --buckets 2048,4096 --shares 1 2>&1");
   EXPECT_EQ(rc2, 2) << out2;
   EXPECT_NE(out2.find("--shares: 1 shares for 2 buckets"), std::string::npos) << out2;
