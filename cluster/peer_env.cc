@@ -137,6 +137,13 @@ Result<std::unique_ptr<RandomAccessFile>> PeerEnv::OpenRead(const std::string& p
 
 bool PeerEnv::Exists(const std::string& path) { return RemoteWorker(path) >= 0 || local_->Exists(path); }
 
+bool PeerEnv::Reachable(const std::string& path) {
+  const int worker = RemoteWorker(path);
+  if (worker < 0) return true;
+  MutexLock lock(&mu_);
+  return peers_.count(worker) > 0;
+}
+
 Result<uint64_t> PeerEnv::FileSize(const std::string& path) {
   const int worker = RemoteWorker(path);
   if (worker < 0) return local_->FileSize(path);

@@ -77,6 +77,8 @@ class PeerEnv : public Env {
     return local_->OpenExisting(path);
   }
   bool Exists(const std::string& path) override;
+  // False for a file of a worker that is not a live member (SetPeers).
+  bool Reachable(const std::string& path) override EXCLUDES(mu_);
   Result<uint64_t> FileSize(const std::string& path) override;
   Result<std::vector<std::string>> ListDir(const std::string& path) override { return local_->ListDir(path); }
   Status CreateDirs(const std::string& path) override { return local_->CreateDirs(path); }

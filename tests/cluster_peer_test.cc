@@ -310,8 +310,11 @@ TEST_F(PeerDataPlane, PeerEnvReadsAnotherWorkersFiles) {
   EXPECT_EQ(env.RemoteWorker(root + "/manifest.json"), -1);
   EXPECT_EQ(env.RemoteWorker(root + "/gen-000001/worker-01/x.h5"), -1);  // its own: local
   EXPECT_EQ(env.OpenRead(path).status().code(), Code::kIOError);        // worker 0 is not a member yet
+  EXPECT_FALSE(env.Reachable(path));
+  EXPECT_TRUE(env.Reachable(root + "/gen-000001/worker-01/x.h5"));
   env.SetPeers({{0, server_->address()}});
   EXPECT_TRUE(env.Exists(path));
+  EXPECT_TRUE(env.Reachable(path));
   EXPECT_EQ(env.OpenRead(root + "/gen-000001/worker-00/unnamed.h5").status().code(), Code::kNotFound);
   auto file = env.OpenRead(path);
   ASSERT_TRUE(file.ok()) << file.status().ToString();

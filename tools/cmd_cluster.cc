@@ -57,6 +57,7 @@ nlohmann::json IfLost(const ptc::GenerationManifest& m, const ptc::ModelSpec& sp
   for (const auto& [tensor, box] : plan->missing) lost.insert(tensor);
   j["lost_tensors"] = lost;
   j["bytes_moved"] = plan->bytes_moved;
+  j["lower_bound"] = plan->lower_bound;
   return j;
 }
 

@@ -95,6 +95,10 @@ class Env {
   virtual Result<std::unique_ptr<WritableFile>> OpenExisting(const std::string& path) = 0;
 
   virtual bool Exists(const std::string& path) = 0;
+  // Whether reading `path` can be tried now: false for a file held by a
+  // machine known to be gone (a cluster worker whose lease expired), so that
+  // a reader with a copy elsewhere takes that one. Local files: true.
+  virtual bool Reachable(const std::string& path) { return true; }
   virtual Result<uint64_t> FileSize(const std::string& path) = 0;
   // Names (not paths) of the entries of a directory, sorted.
   virtual Result<std::vector<std::string>> ListDir(const std::string& path) = 0;

@@ -58,7 +58,11 @@ Status GenerationReader::Cover(const std::string& tensor, const Box& region, int
   auto it = by_tensor_.find(tensor);
   if (it == by_tensor_.end()) return NotFoundError("tensor '" + tensor + "' has no stored shard");
   std::vector<const ShardRecord*> order = it->second;
-  std::stable_partition(order.begin(), order.end(), [&](const ShardRecord* s) { return s->worker == prefer_worker; });
+  auto others =
+      std::stable_partition(order.begin(), order.end(), [&](const ShardRecord* s) { return s->worker == prefer_worker; });
+  // Copies on machines known to be gone last: a copy elsewhere serves the read.
+  std::stable_partition(others, order.end(),
+                        [&](const ShardRecord* s) { return store_.env()->Reachable(store_.AbsPath(s->file)); });
   const size_t elem = dtype_size_.at(tensor);
   std::vector<Box> missing = {region};
   for (const ShardRecord* shard : order) {

@@ -36,9 +36,9 @@ class GenerationReader {
               int prefer_worker = -1) const;
 
   // Calls fn(shard, stored_box, data_offset_of_that_box_in_file, part) for
-  // parts that tile `region`, each taken from one stored copy (preferred
-  // worker first). The mapping without the reading, for callers that serve
-  // bytes straight from the files.
+  // parts that tile `region`, each taken from one stored copy (the preferred
+  // worker's first, copies the Env says are unreachable last). The mapping
+  // without the reading, for callers that serve bytes straight from the files.
   // \error NotFound as Read; errors of fn are returned as they are.
   using PartFn = std::function<Status(const ShardRecord&, const Box&, uint64_t, const Box&)>;
   Status Cover(const std::string& tensor, const Box& region, int prefer_worker, const PartFn& fn) const;
