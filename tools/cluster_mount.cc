@@ -137,6 +137,7 @@ class Agent {
     while (!stop_) {
       std::vector<int> live;
       const int64_t revision = Follow(&live);
+      seen_.insert(live.begin(), live.end());
       auto pending = impl_->coordinator->Pending();
       if (pending.ok() && *pending) Apply(**pending);
       if (pending.ok() && !*pending && revision > 0) Recover(live);
@@ -155,7 +156,6 @@ class Agent {
   // (generation, live members): a change that cannot run (pieces on no live
   // worker) fails, naming them, and is not retried until either changes.
   void Recover(const std::vector<int>& live) {
-    seen_.insert(live.begin(), live.end());
     if (live.empty() || live.front() != impl_->worker) return;
     auto current = fs_->store().CurrentSnapshot();
     auto config = ptc::ParseConfig(current->config);
