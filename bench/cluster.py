@@ -45,7 +45,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from netns import Netns, require, start_etcd  # noqa: E402
-from workers import at_generation, status, stop, wait_for, worker_store  # noqa: E402
+from workers import (at_generation, job_token, job_url, start_worker, status, stop, wait_for,  # noqa: E402
+                     worker_store)
 from results_section import write_section  # noqa: E402
 
 PTCFS = os.environ.get("PTCFS", os.path.join(ROOT, "build/tools/ptcfs"))
@@ -116,18 +117,13 @@ def main():
                 "bytes_total", "bytes_kept", "bytes_moved", "lower_bound", "bottleneck")}))
             stores = [worker_store(whole, os.path.join(WORK, "store%d" % w), w) for w in range(WORKERS)]
             shutil.rmtree(whole)
-            token = os.path.join(WORK, "token")
-            with open(token, "w") as f:
-                f.write("benchmark-token-0123456789\n")
-            os.chmod(token, 0o600)
-            url = "etcd://%s/bench" % etcd.endpoint.split("//")[1]
+            token = job_token(os.path.join(WORK, "token"), "benchmark-token-0123456789")
+            url = job_url(etcd, "bench")
             for w in range(WORKERS):
                 os.makedirs(mnts[w])
-                daemons.append(ns.popen(w, [PTCFS, "mount", "-f", stores[w], mnts[w], "--worker", str(w),
-                                            "--format", "safetensors", "--transform-threads", THREADS, "--cluster", url, "--listen",
-                                            "%s:%d" % (ns.addr(w), PORT), "--token-file", token],
-                                        stdout=open(os.path.join(WORK, "worker%d.log" % w), "w"),
-                                        stderr=subprocess.STDOUT))
+                daemons.append(start_worker(ns, PTCFS, w, stores[w], mnts[w], url, token, PORT,
+                                            os.path.join(WORK, "worker%d.log" % w),
+                                            ["--format", "safetensors", "--transform-threads", THREADS]))
             for m in mnts:
                 wait_for(m, lambda: status(m)["state"] == "serving", 60, mnts=mnts)
             generation = status(mnts[0])["generation"]

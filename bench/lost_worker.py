@@ -39,7 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from netns import Netns, require, start_etcd  # noqa: E402
-from workers import at_generation, status, stop, wait_for, worker_store  # noqa: E402
+from workers import (at_generation, job_token, job_url, start_worker, status, stop, wait_for,  # noqa: E402
+                     worker_store)
 from results_section import write_section  # noqa: E402
 
 PTCFS = os.environ.get("PTCFS", os.path.join(ROOT, "build/tools/ptcfs"))
@@ -66,10 +67,8 @@ def member_live(endpoint, worker):
 
 
 def start(ns, w, store, mnt, url, token):
-    log = open(os.path.join(WORK, "worker%d.log" % w), "a")
-    return ns.popen(w, [PTCFS, "mount", "-f", store, mnt, "--worker", str(w), "--format", "safetensors",
-                        "--cluster", url, "--listen", "%s:%d" % (ns.addr(w), PORT), "--token-file", token,
-                        "--lease", LEASE], stdout=log, stderr=subprocess.STDOUT)
+    return start_worker(ns, PTCFS, w, store, mnt, url, token, PORT, os.path.join(WORK, "worker%d.log" % w),
+                        ["--format", "safetensors", "--lease", LEASE])
 
 
 def main():
@@ -88,11 +87,8 @@ def main():
             shutil.rmtree(os.path.join(WORK, "saved"))
             stores = [worker_store(whole, os.path.join(WORK, "store%d" % w), w) for w in range(WORKERS)]
             shutil.rmtree(whole)
-            token = os.path.join(WORK, "token")
-            with open(token, "w") as f:
-                f.write("benchmark-token-of-lost-workers\n")
-            os.chmod(token, 0o600)
-            url = "etcd://%s/%s" % (etcd.endpoint.split("//")[1], JOB)
+            token = job_token(os.path.join(WORK, "token"), "benchmark-token-of-lost-workers")
+            url = job_url(etcd, JOB)
             for w in range(WORKERS):
                 os.makedirs(mnts[w])
                 daemons.append(start(ns, w, stores[w], mnts[w], url, token))

@@ -29,7 +29,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, start_etcd  # noqa: E402
-from workers import at_generation, status, stop, wait_for, worker_store  # noqa: E402
+from workers import (at_generation, job_token, job_url, start_worker, status, stop, wait_for,  # noqa: E402
+                     worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
 SCHEMA, DIMS = "llama", "layers=6,hidden=64,heads=8,kv_heads=4,vocab=96,seq=16,ffn=96"
@@ -122,19 +123,13 @@ def main():
             stores = [worker_store(os.path.join(tmp, "whole"),
                                    os.path.join(disk2 if w == 2 else tmp, "store%d" % w), w)
                       for w in range(WORKERS)]
-            token = os.path.join(tmp, "token")
-            with open(token, "w") as f:
-                f.write("secret-token-of-the-test-job\n")
-            os.chmod(token, 0o600)
-            url = "etcd://%s/%s" % (etcd.endpoint.split("//")[1], JOB)
+            token = job_token(os.path.join(tmp, "token"), "secret-token-of-the-test-job")
+            url = job_url(etcd, JOB)
+            wrap = os.environ.get("PTCFS_WRAP", "").split()  # e.g. "gdb -batch -ex run -ex bt --args"
             for w in range(WORKERS):
                 os.makedirs(mnts[w])
-                log = open(os.path.join(tmp, "worker%d.log" % w), "w")
-                wrap = os.environ.get("PTCFS_WRAP", "").split()  # e.g. "gdb -batch -ex run -ex bt --args"
-                daemons.append(ns.popen(w, wrap + [PTCFS, "mount", "-f", stores[w], mnts[w], "--worker", str(w),
-                                            "--cluster", url, "--listen", "%s:%d" % (ns.addr(w), PORT),
-                                            "--token-file", token, "--lease", "2"],
-                                        stdout=log, stderr=subprocess.STDOUT))
+                daemons.append(start_worker(ns, PTCFS, w, stores[w], mnts[w], url, token, PORT,
+                                            os.path.join(tmp, "worker%d.log" % w), ["--lease", "2"], wrap))
             for w in range(WORKERS):
                 wait_for("worker %d's mount" % w, lambda: status(mnts[w])["state"] == "serving", mnts=mnts)
             print("ok   4 workers mounted")

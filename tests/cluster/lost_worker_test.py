@@ -32,7 +32,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, start_etcd  # noqa: E402
-from workers import at_generation, status, stop, wait_for, worker_store  # noqa: E402
+from workers import (at_generation, job_token, job_url, start_worker, status, stop, wait_for,  # noqa: E402
+                     worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
 SCHEMA, DIMS = "llama", "layers=12,hidden=64,heads=8,kv_heads=4,vocab=96,seq=16,ffn=96"
@@ -66,10 +67,8 @@ def kill(daemons, mnts, workers):
 
 
 def start(ns, w, store, mnt, url, token, tmp):
-    log = open(os.path.join(tmp, "worker%d.log" % w), "a")
-    return ns.popen(w, [PTCFS, "mount", "-f", store, mnt, "--worker", str(w), "--cluster", url,
-                        "--listen", "%s:%d" % (ns.addr(w), PORT), "--token-file", token, "--lease", "2"],
-                    stdout=log, stderr=subprocess.STDOUT)
+    return start_worker(ns, PTCFS, w, store, mnt, url, token, PORT, os.path.join(tmp, "worker%d.log" % w),
+                        ["--lease", "2"])
 
 
 def cluster_status(url, token, config):
@@ -107,11 +106,8 @@ def main():
                   os.path.join(tmp, "whole"))
             stores = [worker_store(os.path.join(tmp, "whole"), os.path.join(tmp, "store%d" % w), w)
                       for w in range(WORKERS)]
-            token = os.path.join(tmp, "token")
-            with open(token, "w") as f:
-                f.write("token-of-the-lost-workers-test\n")
-            os.chmod(token, 0o600)
-            url = "etcd://%s/%s" % (etcd.endpoint.split("//")[1], JOB)
+            token = job_token(os.path.join(tmp, "token"), "token-of-the-lost-workers-test")
+            url = job_url(etcd, JOB)
             for w in range(WORKERS):
                 os.makedirs(mnts[w])
                 daemons.append(start(ns, w, stores[w], mnts[w], url, token, tmp))

@@ -10,6 +10,29 @@ import subprocess
 import time
 
 
+def job_token(path, text):
+    """Writes the job's shared token to `path`, mode 0600 (as ptcfs requires)."""
+    with open(path, "w") as f:
+        f.write(text + "\n")
+    os.chmod(path, 0o600)
+    return path
+
+
+def job_url(etcd, job):
+    """--cluster's etcd://HOST:PORT/JOB for the netns.Etcd `etcd`."""
+    return "etcd://%s/%s" % (etcd.endpoint.split("//")[1], job)
+
+
+def start_worker(ns, ptcfs, w, store, mnt, url, token, port, log, options=(), wrap=()):
+    """`ptcfs mount -f` of worker w in its namespace (listening on its
+    address at `port`), with extra mount `options`, its output appended to
+    the file `log`; `wrap` is put before the command (a debugger)."""
+    out = open(log, "a")
+    return ns.popen(w, [*wrap, ptcfs, "mount", "-f", store, mnt, "--worker", str(w), *options, "--cluster", url,
+                        "--listen", "%s:%d" % (ns.addr(w), port), "--token-file", token],
+                    stdout=out, stderr=subprocess.STDOUT)
+
+
 def worker_store(whole, dst, worker):
     """Copies the store `whole` to `dst` without the other workers' shard
     directories (gen-*/worker-WW): a worker's store holds the job's manifests
