@@ -24,6 +24,14 @@ namespace ptc {
 // Whether the store's current generation is `committed` (number, config and pieces).
 bool AtCommitted(const Store& store, const Committed& committed);
 
+// The job's `committed` generation's manifest, from the first live member of
+// `job` other than `skip` (-1: none) that serves it with the config and
+// digest etcd holds.
+// \error FailedPrecondition naming each asked worker's answer when none
+//        serves it (or no other worker is live); as ListMembers.
+Result<GenerationManifest> FetchCommitted(const EtcdClient& etcd, const std::string& job, int skip,
+                                          const Committed& committed, const PeerClient& client);
+
 // Commits the job's `committed` generation in `store` (opened with the
 // worker's PeerEnv, so that other workers' files count as present), from the
 // first live member of `job` other than `worker` that serves it.

@@ -14,6 +14,7 @@
 #include "cluster/membership.h"
 #include "cluster/peer_client.h"
 #include "cluster/recovery.h"
+#include "cluster/rejoin.h"
 #include "cluster/token.h"
 #include "ptc/base/json_fields.h"
 #include "ptc/store/model_spec.h"
@@ -83,7 +84,6 @@ ptc::Result<nlohmann::json> Gather(const ClusterStatusArgs& a) {
   PTC_ASSIGN_OR_RETURN(ptc::RangeResponse keys, etcd->GetPrefix(ptc::MembersPrefix(url.job)));
   std::map<int, nlohmann::json> workers;
   std::vector<int> live;
-  std::map<int, ptc::PeerAddress> addresses;
   for (const ptc::KeyValue& kv : keys.kvs) {
     PTC_ASSIGN_OR_RETURN(ptc::Member m, ptc::DecodeMember("etcd key " + kv.key, kv.value));
     auto ttl = etcd->LeaseTimeToLive(kv.lease);
@@ -92,7 +92,6 @@ ptc::Result<nlohmann::json> Gather(const ClusterStatusArgs& a) {
                          {"address", m.address},
                          {"lease_ttl_seconds", ttl.ok() ? nlohmann::json(*ttl) : nlohmann::json(nullptr)}};
     live.push_back(m.worker);
-    if (auto addr = ptc::ParsePeerAddress(m.address); addr.ok()) addresses[m.worker] = *addr;
   }
   if (!committed) {
     for (auto& [w, wj] : workers) j["workers"].push_back(wj);
@@ -102,23 +101,10 @@ ptc::Result<nlohmann::json> Gather(const ClusterStatusArgs& a) {
   PTC_ASSIGN_OR_RETURN(std::string token, ptc::ReadTokenFile(a.token_file));
   ptc::PeerClientOptions po;
   po.token = token;
-  ptc::PeerClient client(po);
-  std::optional<ptc::GenerationManifest> manifest;
-  std::string answers;
-  for (const auto& [w, addr] : addresses) {
-    auto got = client.FetchManifest(addr, committed->generation);
-    if (got.ok()) {
-      manifest = std::move(*got);
-      break;
-    }
-    answers += "; worker " + std::to_string(w) + ": " + got.status().message();
-  }
-  if (!manifest) {
-    return ptc::FailedPreconditionError("job " + url.job + ": no live worker serves generation " +
-                                        std::to_string(committed->generation) + answers);
-  }
-  PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(*manifest));
-  PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig config, ptc::ConfigFromManifest(*manifest));
+  PTC_ASSIGN_OR_RETURN(ptc::GenerationManifest manifest,
+                       ptc::FetchCommitted(*etcd, url.job, /*skip=*/-1, *committed, ptc::PeerClient(po)));
+  PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(manifest));
+  PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig config, ptc::ConfigFromManifest(manifest));
   // Each worker's pieces, and which other workers hold the same pieces.
   std::map<std::pair<std::string, std::string>, std::set<int>> holders;  // (tensor, boxes) -> workers
   auto key = [](const ptc::ShardRecord& s) {
@@ -126,10 +112,10 @@ ptc::Result<nlohmann::json> Gather(const ClusterStatusArgs& a) {
     for (const ptc::Box& b : s.boxes) boxes += b.ToString();
     return std::make_pair(s.tensor, boxes);
   };
-  for (const ptc::ShardRecord& s : manifest->shards) holders[key(s)].insert(s.worker);
+  for (const ptc::ShardRecord& s : manifest.shards) holders[key(s)].insert(s.worker);
   std::map<int, std::pair<uint64_t, uint64_t>> held;  // worker -> (pieces, bytes)
   std::map<int, std::map<int, uint64_t>> replicas;    // worker -> other holder -> bytes of its pieces there
-  for (const ptc::ShardRecord& s : manifest->shards) {
+  for (const ptc::ShardRecord& s : manifest.shards) {
     held[s.worker].first++;
     held[s.worker].second += s.nbytes;
     for (int other : holders[key(s)]) {
@@ -147,7 +133,7 @@ ptc::Result<nlohmann::json> Gather(const ClusterStatusArgs& a) {
     nlohmann::json r = nlohmann::json::object();
     for (const auto& [other, bytes] : replicas[w]) r[std::to_string(other)] = bytes;
     wj["replicas"] = r;
-    wj["if_lost"] = IfLost(*manifest, spec, config, live, w);
+    wj["if_lost"] = IfLost(manifest, spec, config, live, w);
     j["workers"].push_back(wj);
   }
   return j;
