@@ -35,9 +35,7 @@ Result<ParallelConfig> SurvivorConfig(const ModelSpec& spec, const ParallelConfi
       const int slots = c.num_workers();
       c.workers.assign(live.begin(), live.begin() + slots);
       c.replicas = std::min(from.replicas, slots);
-      bool identity = true;
-      for (int s = 0; s < slots; ++s) identity = identity && c.workers[static_cast<size_t>(s)] == s;
-      if (identity) c.workers.clear();
+      c.DropDefaultPlacement();
       if (ValidateConfig(spec, c).ok()) break;
     }
     if (c.dp >= 1 && (!best || better(c, *best))) best = c;

@@ -22,6 +22,13 @@ std::vector<int> ParallelConfig::Workers() const {
   return out;
 }
 
+void ParallelConfig::DropDefaultPlacement() {
+  for (size_t s = 0; s < workers.size(); ++s) {
+    if (workers[s] != static_cast<int>(s)) return;
+  }
+  workers.clear();
+}
+
 bool ParallelConfig::HoldsRanks(int worker) const {
   for (int s = 0; s < num_workers(); ++s) {
     if (WorkerOfSlot(s) == worker) return true;
@@ -143,9 +150,7 @@ Result<ParallelConfig> ParseConfig(std::string_view text) {
     if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
       return InvalidArgumentError(w + "names a worker twice");
     }
-    bool identity = true;
-    for (size_t s = 0; s < c.workers.size(); ++s) identity = identity && c.workers[s] == static_cast<int>(s);
-    if (identity) c.workers.clear();  // the default placement, written one way
+    c.DropDefaultPlacement();
   }
   if (c.replicas > c.num_workers()) {
     return InvalidArgumentError("config '" + std::string(text) + "': replicas=" + std::to_string(c.replicas) +

@@ -48,6 +48,9 @@ struct ParallelConfig {
   int WorkerOf(int rank) const { return WorkerOfSlot(rank / per_worker); }
   // The workers holding ranks, in slot order.
   std::vector<int> Workers() const;
+  // Clears `workers` when it is the default placement (slot s on worker s),
+  // so that a placement is written one way.
+  void DropDefaultPlacement();
   bool HoldsRanks(int worker) const;
   // The workers keeping the stored pieces of `slot`: its own, then the next
   // replicas-1 slots' (cyclically).
