@@ -78,7 +78,9 @@ struct PeerServer::Impl {
   httplib::Server::HandlerResponse Authorize(const httplib::Request& req, httplib::Response& res);
   void ServeShard(const httplib::Request& req, httplib::Response& res);
   void ServeManifest(const httplib::Request& req, httplib::Response& res) EXCLUDES(mu);
-  // The index of the generations served now: the store's current one and the kept ones.
+  // The generations served now: the store's current one, then the kept ones.
+  std::vector<std::shared_ptr<const GenerationManifest>> Generations() EXCLUDES(mu);
+  // Their index.
   std::shared_ptr<const ServedFiles> Served() EXCLUDES(mu);
 
   const Store* const store;
@@ -98,10 +100,16 @@ struct PeerServer::Impl {
   std::atomic<uint64_t> served_count{0}, refused{0}, files_opened{0}, bytes_sent{0};
 };
 
-std::shared_ptr<const ServedFiles> PeerServer::Impl::Served() {
+std::vector<std::shared_ptr<const GenerationManifest>> PeerServer::Impl::Generations() {
   std::vector<std::shared_ptr<const GenerationManifest>> all = {store->CurrentSnapshot()};
   MutexLock lock(&mu);
   all.insert(all.end(), kept.begin(), kept.end());
+  return all;
+}
+
+std::shared_ptr<const ServedFiles> PeerServer::Impl::Served() {
+  const std::vector<std::shared_ptr<const GenerationManifest>> all = Generations();
+  MutexLock lock(&mu);
   std::vector<uint64_t> key;
   for (const auto& m : all) {
     if (m != nullptr) key.push_back(m->generation);
@@ -142,11 +150,7 @@ void PeerServer::Impl::ServeManifest(const httplib::Request& req, httplib::Respo
   if (text.empty() || ec != std::errc() || end != text.data() + text.size() || req.params.size() != 1) {
     return Refuse(res, 400, "expected ?generation=G (a decimal)");
   }
-  std::vector<std::shared_ptr<const GenerationManifest>> all = {store->CurrentSnapshot()};
-  {
-    MutexLock lock(&mu);
-    all.insert(all.end(), kept.begin(), kept.end());
-  }
+  const std::vector<std::shared_ptr<const GenerationManifest>> all = Generations();
   for (const auto& m : all) {
     if (m != nullptr && m->generation == g) {
       served_count.fetch_add(1, std::memory_order_relaxed);
