@@ -42,7 +42,8 @@ Result<std::optional<Change>> Coordinator::Pending() const {
 }
 
 Status Coordinator::Join(const GenerationManifest& current) const {
-  const Committed mine{current.generation, current.config, PiecesDigest(current.config, current.shards)};
+  const std::string digest = PiecesDigest(current.config, current.shards);
+  const Committed mine{current.generation, current.config, digest, digest};
   TxnRequest txn;
   txn.compare = {Compare::Absent(CommittedKey(options_.job))};
   txn.success = {TxnOp::Put(CommittedKey(options_.job), EncodeCommitted(mine))};
@@ -97,11 +98,10 @@ Result<Change> Coordinator::Propose(const std::string& request, uint64_t from, s
 }
 
 void Coordinator::Fail(const Change& change, const Status& error) const {
-  TxnRequest txn;
-  txn.compare = {Compare::ValueIs(ChangeKey(options_.job), EncodeChange(change))};
-  txn.success = {TxnOp::Put(FailedKey(options_.job, change.generation, options_.worker),
-                            EncodeFailure({change.id, error.ToString()}))};
-  (void)etcd_->Txn(txn);  // best effort: the others also time out
+  auto revision = etcd_->Get(ChangeKey(options_.job));
+  if (!revision.ok() || !*revision || (*revision)->value != EncodeChange(change)) return;  // gone already
+  (void)Abort(change, (*revision)->mod_revision,
+              "worker " + std::to_string(options_.worker) + " failed: " + error.ToString());
 }
 
 Status Coordinator::Abort(const Change& change, int64_t revision, const std::string& reason) const {
@@ -185,18 +185,11 @@ Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const
       txn.compare = {Compare::ModRevisionIs(ChangeKey(job), change_kv->mod_revision),
                      Compare::ModRevisionIs(CommittedKey(job), committed_kv->mod_revision)};
       txn.success = {
-          TxnOp::Put(CommittedKey(job), EncodeCommitted({change.generation, config, PiecesDigest(config, all)})),
+          TxnOp::Put(CommittedKey(job), EncodeCommitted({change.generation, config, PiecesDigest(config, all),
+                                                         committed.contents})),
           TxnOp::Delete(ChangeKey(job)), TxnOp::DeletePrefix(GenerationPrefix(job, change.from))};
       PTC_RETURN_IF_ERROR(etcd_->Txn(txn).status());
       continue;  // committed here or by another worker: the next round sees it
-    }
-    PTC_ASSIGN_OR_RETURN(RangeResponse failed, etcd_->GetPrefix(FailedPrefix(job, change.generation)));
-    for (const KeyValue& kv : failed.kvs) {
-      auto f = DecodeFailure("etcd key " + kv.key, kv.value);
-      if (f.ok() && f->id == change.id) {
-        return Abort(change, change_kv->mod_revision,
-                     "worker " + kv.key.substr(FailedPrefix(job, change.generation).size()) + " failed: " + f->error);
-      }
     }
     PTC_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(*etcd_, job));
     for (int w : change.workers) {
@@ -208,8 +201,8 @@ Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const
       return Abort(change, change_kv->mod_revision,
                    "not every worker finished within " + std::to_string(options_.timeout.count() / 1000) + " s");
     }
-    // Until etcd holds anything newer than this round read (a part, a
-    // failure, a member gone), at most `poll`; a sleep when the watch fails.
+    // Until etcd holds anything newer than this round read (a part, an
+    // abort, a member gone), at most `poll`; a sleep when the watch fails.
     const auto wait = std::min<Clock::duration>(options_.poll, deadline - Clock::now());
     const auto wait_ms = std::max<std::chrono::milliseconds>(
         std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(wait));

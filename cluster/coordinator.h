@@ -76,7 +76,10 @@ class Coordinator {
                                           const std::vector<ShardRecord>& referenced,
                                           const std::vector<TensorRecord>& tensors) const;
 
-  // This worker could not apply `change`: the others abort it.
+  // This worker could not apply `change`, which cannot commit without its
+  // part: aborts it (one transaction, while it stands), naming `error`. Best
+  // effort: the others also abort it when this worker's lease expires or
+  // the change times out.
   void Fail(const Change& change, const Status& error) const;
 
  private:

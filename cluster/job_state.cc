@@ -25,14 +25,11 @@ std::string ChangeKey(std::string_view job) { return JobPrefix(job) + "change"; 
 std::string GenerationPrefix(std::string_view job, uint64_t g) { return JobPrefix(job) + "gen/" + std::to_string(g) + "/"; }
 std::string PartsPrefix(std::string_view job, uint64_t g) { return GenerationPrefix(job, g) + "part/"; }
 std::string PartKey(std::string_view job, uint64_t g, int worker) { return PartsPrefix(job, g) + std::to_string(worker); }
-std::string FailedPrefix(std::string_view job, uint64_t g) { return GenerationPrefix(job, g) + "failed/"; }
-std::string FailedKey(std::string_view job, uint64_t g, int worker) {
-  return FailedPrefix(job, g) + std::to_string(worker);
-}
 std::string AbortedKey(std::string_view job, uint64_t g) { return GenerationPrefix(job, g) + "aborted"; }
 
 std::string EncodeCommitted(const Committed& c) {
-  return nlohmann::json{{"generation", c.generation}, {"config", c.config}, {"digest", c.digest}}.dump();
+  return nlohmann::json{{"generation", c.generation}, {"config", c.config}, {"digest", c.digest}, {"contents", c.contents}}
+      .dump();
 }
 
 std::string EncodeChange(const Change& c) {
@@ -65,6 +62,10 @@ Result<Committed> DecodeCommitted(std::string_view where, std::string_view value
   PTC_ASSIGN_OR_RETURN(c.generation, f.Unsigned("generation"));
   PTC_ASSIGN_OR_RETURN(c.config, f.String("config"));
   PTC_ASSIGN_OR_RETURN(c.digest, f.String("digest"));
+  c.contents = c.digest;  // absent (a record written before contents were kept): its own digest
+  if (f.Find("contents") != nullptr) {
+    PTC_ASSIGN_OR_RETURN(c.contents, f.String("contents"));
+  }
   return c;
 }
 

@@ -2,11 +2,10 @@
 // committed, the change under way, and each worker's part of it. Keys and
 // their JSON values; pure functions.
 //
-//   /ptcfs/JOB/committed          {"generation":N,"config":"...","digest":"..."}
+//   /ptcfs/JOB/committed          {"generation":N,"config":"...","digest":"...","contents":"..."}
 //   /ptcfs/JOB/change             {"id":"...","from":N,"generation":N+1,"request":"...","workers":[...]}
 //   /ptcfs/JOB/gen/G/part/W       {"id":"...","part":MANIFEST}  worker W wrote its pieces of G (durable)
-//   /ptcfs/JOB/gen/G/failed/W     {"id":"...","error":"..."}   worker W could not
-//   /ptcfs/JOB/gen/G/aborted      {"id":"...","reason":"..."}  the change to G committed nowhere
+//   /ptcfs/JOB/gen/G/aborted      {"id":"...","error":"..."}   the change to G committed nowhere, and why
 //
 // Thread safety: plain values and pure functions.
 #pragma once
@@ -25,6 +24,10 @@ struct Committed {
   uint64_t generation = 0;
   std::string config;
   std::string digest;  // PiecesDigest of the generation
+  // The digest of the generation that wrote these tensor bytes (the job's
+  // first: a change of layout keeps them): a copy of that generation, in
+  // whatever layout, holds this one's bytes (the durable tier, durable.h).
+  std::string contents;
   friend bool operator==(const Committed&, const Committed&) = default;
 };
 
@@ -49,8 +52,6 @@ std::string ChangeKey(std::string_view job);
 std::string GenerationPrefix(std::string_view job, uint64_t generation);
 std::string PartsPrefix(std::string_view job, uint64_t generation);
 std::string PartKey(std::string_view job, uint64_t generation, int worker);
-std::string FailedPrefix(std::string_view job, uint64_t generation);
-std::string FailedKey(std::string_view job, uint64_t generation, int worker);
 std::string AbortedKey(std::string_view job, uint64_t generation);
 
 std::string EncodeCommitted(const Committed& c);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 
+#include "cluster/durable.h"
 #include "ptc/base/checksum.h"
 #include "ptc/store/store_layout.h"
 
@@ -99,6 +100,14 @@ int PeerEnv::RemoteWorker(const std::string& path) const {
   return worker == options_.self ? -1 : worker;
 }
 
+std::string PeerEnv::LocalPath(const std::string& path) const {
+  if (options_.durable_dir.empty() || !path.starts_with(root_) ||
+      !std::string_view(path).substr(root_.size()).starts_with(kDurablePrefix)) {
+    return path;
+  }
+  return JoinPath(options_.durable_dir, std::string_view(path).substr(root_.size() + kDurablePrefix.size()));
+}
+
 Result<PeerEnv::Target> PeerEnv::Lookup(int worker, const std::string& rel) const {
   std::function<std::shared_ptr<const GenerationManifest>()> current;
   std::vector<std::shared_ptr<const GenerationManifest>> manifests;
@@ -130,12 +139,12 @@ Result<PeerEnv::Target> PeerEnv::Lookup(int worker, const std::string& rel) cons
 
 Result<std::unique_ptr<RandomAccessFile>> PeerEnv::OpenRead(const std::string& path) {
   const int worker = RemoteWorker(path);
-  if (worker < 0) return local_->OpenRead(path);
+  if (worker < 0) return local_->OpenRead(LocalPath(path));
   PTC_ASSIGN_OR_RETURN(Target target, Lookup(worker, path.substr(root_.size())));
   return std::unique_ptr<RandomAccessFile>(new RemoteFile(this, path, std::move(target)));
 }
 
-bool PeerEnv::Exists(const std::string& path) { return RemoteWorker(path) >= 0 || local_->Exists(path); }
+bool PeerEnv::Exists(const std::string& path) { return RemoteWorker(path) >= 0 || local_->Exists(LocalPath(path)); }
 
 bool PeerEnv::Reachable(const std::string& path) {
   const int worker = RemoteWorker(path);
@@ -146,7 +155,7 @@ bool PeerEnv::Reachable(const std::string& path) {
 
 Result<uint64_t> PeerEnv::FileSize(const std::string& path) {
   const int worker = RemoteWorker(path);
-  if (worker < 0) return local_->FileSize(path);
+  if (worker < 0) return local_->FileSize(LocalPath(path));
   PTC_ASSIGN_OR_RETURN(auto file, OpenRead(path));
   return file->Size();
 }

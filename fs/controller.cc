@@ -250,6 +250,20 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
       options.before_commit = [&](ptc::GenerationWriter& w) { return change->before_commit(w, config.ToString()); };
     }
     PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({source.get(), spec, config, {}, alive}));
+    if (!plan.missing.empty() && change && change->last_resort) {
+      auto pieces = change->last_resort();
+      if (!pieces.ok()) return ptc::FailedPreconditionError(MissingTensors(plan) + "; " + pieces.status().message());
+      // The source with the last resort's pieces after the generation's own.
+      auto widened = std::make_shared<ptc::GenerationManifest>(*source);
+      std::set<int> last_resort;
+      for (ptc::ShardRecord& s : *pieces) {
+        last_resort.insert(s.worker);
+        alive->insert(s.worker);
+        widened->shards.push_back(std::move(s));
+      }
+      source = std::move(widened);
+      PTC_ASSIGN_OR_RETURN(plan, ptc::MakePlan({source.get(), spec, config, {}, alive, last_resort}));
+    }
     if (!plan.missing.empty()) return ptc::FailedPreconditionError(MissingTensors(plan));
     ptc::Covering covering = ptc::MakeCovering(plan, *source, options.mode);
     if (change) covering = ptc::PartOf(covering, worker_);

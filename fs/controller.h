@@ -52,6 +52,11 @@ struct ClusterChange {
   std::function<ptc::Status(ptc::GenerationWriter&, const std::string& config)> before_commit;
   // The change failed on this worker (before or in before_commit).
   std::function<void(const ptc::Status&)> failed;
+  // Pieces to read only where no participant holds the bytes (the job's
+  // durable tier), asked when the plan lacks some: their records, each on a
+  // worker that is no participant. Null: none. An error says why there are
+  // none; it is added to the message naming what cannot be recovered.
+  std::function<ptc::Result<std::vector<ptc::ShardRecord>>()> last_resort;
 };
 
 class Controller {

@@ -3,10 +3,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <set>
 #include <thread>
 
 #include "cluster/coordinator.h"
+#include "cluster/durable.h"
 #include "cluster/etcd_client.h"
 #include "cluster/membership.h"
 #include "cluster/peer_env.h"
@@ -61,6 +63,11 @@ namespace {
 // cannot watch. The longest also bounds how long an unmount waits for it.
 constexpr std::chrono::milliseconds kFollowEvery{1000};
 constexpr std::chrono::milliseconds kPollWithoutWatch{50};
+// How often a worker looks again at a durable tier that holds no usable copy
+// after it wrote its share (another worker's may still be on its way).
+constexpr std::chrono::seconds kDurableLookEvery{5};
+// The worker id a durable tier's pieces are read as (no worker's).
+constexpr int kDurableWorker = -1;
 
 // The running worker: peer server, membership and the agent's thread, which
 // follows etcd: the members' addresses, and changes to apply.
@@ -141,6 +148,7 @@ class Agent {
       auto pending = impl_->coordinator->Pending();
       if (pending.ok() && *pending) Apply(**pending);
       if (pending.ok() && !*pending && revision > 0) Recover(live);
+      if (pending.ok() && !*pending) KeepDurable();
       if (stop_) break;
       if (revision > 0 && impl_->etcd->WaitForChange(ptc::JobPrefix(impl_->url.job), revision, kFollowEvery).ok()) {
         continue;
@@ -178,6 +186,42 @@ class Agent {
     if (!s.ok()) fs_->controller().RecordError("worker " + names + " left the job; no change onto the survivors: " + s.message());
   }
 
+  // The durable tier (--durable): until it holds a copy of the job's
+  // contents, this worker copies its share of the committed generation into
+  // it, once per generation (a copy of any generation will do: layouts
+  // change, contents do not), and the last worker to finish completes it.
+  // Runs on the agent's thread: no change is applied meanwhile.
+  void KeepDurable() {
+    const std::string& dir = impl_->args.durable;
+    if (dir.empty() || durable_ok_ || std::chrono::steady_clock::now() < durable_next_) return;
+    auto job = impl_->coordinator->GetCommitted();
+    auto current = fs_->store().CurrentSnapshot();
+    if (!job.ok() || !*job || current->generation != (*job)->generation) return;
+    const ptc::DurableIdentity id{impl_->url.job, (*job)->contents};
+    ptc::Env* env = impl_->env.get();
+    if (ptc::LoadDurable(env, dir, id, current->tensors, kDurableWorker).ok()) {
+      durable_ok_ = true;
+      return;
+    }
+    durable_next_ = std::chrono::steady_clock::now() + kDurableLookEvery;
+    if (durable_written_ == current->generation) return;
+    durable_written_ = current->generation;
+    const auto t0 = std::chrono::steady_clock::now();
+    ptc::Status s = ptc::WriteDurableShare(env, fs_->store(), *current, impl_->worker, dir);
+    ptc::Result<bool> complete = s.ok() ? ptc::CompleteDurable(env, *current, id, impl_->worker, dir) : s;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!complete.ok()) {
+      const std::string error = "durable tier " + dir + ": " + complete.status().message();
+      std::fprintf(stderr, "ptcfs: %s\n", error.c_str());
+      fs_->controller().RecordError(error);
+      return;
+    }
+    durable_ok_ = *complete;
+    std::fprintf(stderr, "ptcfs: worker %d: its share of generation %llu is in the durable tier %s (%.1f s)%s\n",
+                 impl_->worker, static_cast<unsigned long long>(current->generation), dir.c_str(), seconds,
+                 *complete ? "; the copy is complete" : "");
+  }
+
   void Apply(const ptc::Change& change) {
     if (change.id == applied_ || change.from != fs_->store().CurrentSnapshot()->generation) return;
     const std::set<int> participants(change.workers.begin(), change.workers.end());
@@ -202,6 +246,15 @@ class Agent {
       return ptc::Status::OK();
     };
     cc.failed = [change, coordinator](const ptc::Status& s) { coordinator->Fail(change, s); };
+    if (!impl_->args.durable.empty()) {
+      cc.last_resort = [dir = impl_->args.durable, job = impl_->url.job, coordinator, store,
+                        env = impl_->env.get()]() -> ptc::Result<std::vector<ptc::ShardRecord>> {
+        PTC_ASSIGN_OR_RETURN(std::optional<ptc::Committed> committed, coordinator->GetCommitted());
+        if (!committed) return ptc::FailedPreconditionError("the job has no committed generation");
+        return ptc::LoadDurable(env, dir, {job, committed->contents}, store->CurrentSnapshot()->tensors,
+                                kDurableWorker);
+      };
+    }
     (void)fs_->controller().Apply(change.request, fs_->snapshot(), std::move(cc));
   }
 
@@ -213,6 +266,11 @@ class Agent {
   std::string applied_;  // the id of the last change applied (the loop's own)
   std::set<int> seen_;   // workers seen live since the mount started (the loop's own)
   std::pair<uint64_t, std::vector<int>> tried_;  // the last recovery proposed (the loop's own)
+  // The loop's own: the durable tier holds a copy of the job's contents; the
+  // last generation whose share this worker wrote; when to look again.
+  bool durable_ok_ = false;
+  uint64_t durable_written_ = 0;
+  std::chrono::steady_clock::time_point durable_next_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -236,6 +294,11 @@ ptc::Result<std::unique_ptr<ClusterMount>> ClusterMount::Prepare(const ClusterAr
     return ptc::InvalidArgumentError("--listen " + args.listen +
                                      ": give the address the other workers reach this one at, not a wildcard");
   }
+  if (!args.durable.empty()) {
+    // The daemon changes its directory: the tier's path is kept whole.
+    impl->args.durable = std::filesystem::absolute(args.durable).lexically_normal().string();
+    PTC_RETURN_IF_ERROR(ptc::Env::Default()->CreateDirs(impl->args.durable), "--durable");
+  }
   if (args.token_file.empty()) return ptc::InvalidArgumentError("--cluster needs --token-file: the job's shared token");
   PTC_ASSIGN_OR_RETURN(impl->token, ptc::ReadTokenFile(args.token_file));
   ptc::EtcdOptions etcd;
@@ -250,6 +313,7 @@ ptc::Result<std::unique_ptr<ClusterMount>> ClusterMount::Prepare(const ClusterAr
   ptc::PeerEnvOptions env;
   env.self = worker;
   env.client.token = impl->token;
+  env.durable_dir = impl->args.durable;
   impl->env = std::make_unique<ptc::PeerEnv>(ptc::Env::Default(), store, env);
   // An empty directory is a store to be: a worker that joins with a new disk.
   auto opened = ptc::Store::Open(impl->env.get(), store);

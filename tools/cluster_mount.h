@@ -22,6 +22,7 @@ struct ClusterArgs {
   std::string token_file;  // the job's shared token (mode 0600)
   int lease_seconds = 10;  // a worker silent this long has left the job
   int timeout_seconds = 600;
+  std::string durable;     // the job's durable tier (a directory every worker sees); empty: none
 };
 
 struct ClusterUrl {

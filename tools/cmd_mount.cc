@@ -231,6 +231,12 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(2, 3600))
       ->group("Cluster");
   mount
+      ->add_option("--durable", m->cluster.durable,
+                   "DIR: the job's durable tier, a directory every worker sees at this path (a shared\n"
+                   "file system). The workers copy the job's tensors into it once; a piece that no live\n"
+                   "worker holds any more (more than replicas-1 workers lost) is read from it")
+      ->group("Cluster");
+  mount
       ->add_option("--change-timeout", m->cluster.timeout_seconds,
                    "seconds a reconfigure may take across the workers before it is aborted")
       ->check(CLI::Range(1, 86400))

@@ -135,7 +135,8 @@ class Planner {
   }
 
   // Remote pieces: repeatedly the best sender among live replicas on other
-  // workers: same host first, then least bytes sent so far, then lowest id.
+  // workers: any but a last resort first, then same host, then least bytes
+  // sent so far, then lowest id.
   void CoverRemote(size_t t, const std::vector<size_t>& sources, size_t elem, std::vector<Box>* missing) {
     if (missing->empty()) return;
     const int to = plan_->targets[t].worker;
@@ -146,7 +147,8 @@ class Planner {
     while (!missing->empty() && !candidates.empty()) {
       auto rank = [&](size_t s) {
         const int w = (*index_.shards)[s].worker;
-        return std::make_tuple(req_.topology.HostOf(w) != req_.topology.HostOf(to), sent[w], w);
+        return std::make_tuple(req_.last_resort.count(w) > 0, req_.topology.HostOf(w) != req_.topology.HostOf(to),
+                               sent[w], w);
       };
       auto best =
           std::min_element(candidates.begin(), candidates.end(), [&](size_t a, size_t b) { return rank(a) < rank(b); });

@@ -9,7 +9,8 @@
 // its own worker is *kept*: no bytes. Every other target box is covered by
 // *copies*: first from sources on the target's own worker (local), then from
 // other workers (messages), choosing among replicas the sender on the same
-// host first, then the least loaded sender so far, then the lowest worker id.
+// host first, then the least loaded sender so far, then the lowest worker id
+// (a last-resort sender only where no other holds the bytes).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,9 @@ struct PlanRequest {
   ParallelConfig target;
   Topology topology;
   std::optional<std::set<int>> alive;  // workers whose shards can be read; nullopt: all
+  // Workers read from only for bytes no other live worker holds (a cluster's
+  // durable tier, docs/cluster.md); never targets.
+  std::set<int> last_resort = {};
 };
 
 struct TargetShard {

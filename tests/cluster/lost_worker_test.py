@@ -13,9 +13,12 @@ in a network namespace of its own, one job in a real etcd.
   a change to tp=2,pp=2,dp=2 during which worker 3 stops and is killed while
      the others pull from it: aborted everywhere, then the survivors move to
      tp=2,pp=3 on workers 0-2, worker 3's stage read from its replica
-  kill -9 workers 1 and 2 at once (more than replicas-1): the stage both
-     kept is lost; worker 0's change names the tensors that cannot be
-     recovered and commits nothing: it keeps serving what it has.
+  kill -9 workers 1 and 2 at once (more than replicas-1) while the durable
+     tier is away: the stage both kept is lost; worker 0's change names the
+     tensors that cannot be recovered and commits nothing: it keeps serving
+     what it has. The tier back, a change onto worker 0 alone reads that
+     stage from it (the copy the workers wrote at the start, in the layout
+     of its day).
 After each committed step every rank's files, on the worker its slot names,
 equal `ptcfs synth` of the new config, tensor by tensor (`ptcfs diff`).
 
@@ -68,7 +71,7 @@ def kill(daemons, mnts, workers):
 
 def start(ns, w, store, mnt, url, token, tmp):
     return start_worker(ns, PTCFS, w, store, mnt, url, token, PORT, os.path.join(tmp, "worker%d.log" % w),
-                        ["--lease", "2"])
+                        ["--lease", "2", "--durable", os.path.join(tmp, "durable")])
 
 
 def cluster_status(url, token, config):
@@ -114,6 +117,12 @@ def main():
             for w in range(WORKERS):
                 wait_for("worker %d's mount" % w, lambda: status(mnts[w])["state"] == "serving", mnts=mnts)
             print("ok   4 workers mounted")
+            # Each worker copies its share into the durable tier; the last completes the copy.
+            copy = os.path.join(tmp, "durable", "durable.json")
+            wait_for("the durable tier's copy", lambda: os.path.exists(copy), 60, mnts=mnts)
+            with open(copy) as f:
+                assert json.load(f)["extra"]["durable"]["job"] == JOB
+            print("ok   the durable tier holds a copy of the job's tensors")
 
             # Replicas: each worker also keeps the stage of the worker before it.
             replicated = first + ",replicas=2"
@@ -165,7 +174,9 @@ def main():
             print("ok   worker 3 killed mid-change: aborted, then the survivors serve " + survivors)
             expect_ranks(tmp, mnts, survivors, live, "midpull")
 
-            # Workers 1 and 2 die at once: the stage only they kept (1's) is lost.
+            # Workers 1 and 2 die at once, the durable tier away: the stage only they kept (1's) is lost.
+            durable = os.path.join(tmp, "durable")
+            os.rename(durable, durable + ".away")
             kill(daemons, mnts, [1, 2])
             # The two leases expire one after the other: a first attempt with
             # the other still counted live may fail on reading from it; the
@@ -177,12 +188,23 @@ def main():
             assert s["generation"] == 5 and s["config"] == survivors, s
             error = s["last_error"]
             assert "cannot be recovered" in error and "'decoder.layers.4." in error, error
+            assert "durable tier holds no complete copy" in error, error
             for kept in ("'decoder.layers.0.", "'decoder.layers.3.", "'decoder.layers.8."):
                 assert kept not in error, error
             print("ok   workers 1 and 2 killed: nothing committed; " + error[:200])
             with open(os.path.join(mnts[0], "model", "rank-00000", "model.safetensors"), "rb") as f:
                 assert len(f.read(1 << 20)) > 0
             print("ok   worker 0 still serves generation 5")
+
+            # The durable tier back: a change onto worker 0 alone reads the lost stage from it.
+            os.rename(durable + ".away", durable)
+            alone = "tp=2,pp=1,dp=1,per_worker=2"
+            with open(os.path.join(mnts[0], ".ptcfs", "config"), "w") as f:
+                f.write(alone + "\n")
+            wait_for("worker 0 at generation 6", lambda: at_generation(mnts[0], 6), 60, mnts=mnts[:1])
+            assert status(mnts[0])["config"] == alone, status(mnts[0])
+            expect_ranks(tmp, mnts, alone, [0], "durable")
+            print("ok   the durable tier restored what no live worker held")
     finally:
         stop(daemons, mnts)
         if os.environ.get("KEEP_TMP"):
