@@ -162,13 +162,13 @@ Result<std::vector<ShardRecord>> DecodeDurable(std::string_view label, std::stri
 }
 
 Result<std::vector<ShardRecord>> LoadDurable(Env* env, const std::string& dir, const DurableIdentity& id,
-                                             const std::vector<TensorRecord>& tensors, int as_worker) {
+                                             const std::vector<TensorRecord>& tensors) {
   const std::string path = JoinPath(dir, kDurableManifest);
   if (!env->Exists(path)) return NotFoundError(path + ": the durable tier holds no complete copy yet");
   PTC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(env, path));
   PTC_ASSIGN_OR_RETURN(std::vector<ShardRecord> shards, DecodeDurable(path, text, id, tensors));
   for (ShardRecord& s : shards) {
-    s.worker = as_worker;
+    s.worker = kDurableWorker;
     s.file = std::string(kDurablePrefix) + s.file;
   }
   return shards;

@@ -34,6 +34,8 @@ inline constexpr std::string_view kDurableManifest = "durable.json";
 // How a worker's store names the tier's files: ROOT/.durable/REL is DIR/REL
 // (PeerEnvOptions::durable_dir).
 inline constexpr std::string_view kDurablePrefix = ".durable/";
+// The worker a copy's pieces are on, as sources of a plan: no worker's id.
+inline constexpr int kDurableWorker = -1;
 
 struct DurableIdentity {
   std::string job;
@@ -71,10 +73,10 @@ Result<std::vector<ShardRecord>> DecodeDurable(std::string_view label, std::stri
                                                const DurableIdentity& id, const std::vector<TensorRecord>& tensors);
 
 // The tier's copy for `id` as source pieces of a plan: DecodeDurable of
-// DIR/durable.json, each record on worker `as_worker`, its file
-// kDurablePrefix + REL.
+// DIR/durable.json, each record on kDurableWorker, its file kDurablePrefix +
+// REL.
 // \error NotFound when `dir` holds no complete copy; as DecodeDurable.
 Result<std::vector<ShardRecord>> LoadDurable(Env* env, const std::string& dir, const DurableIdentity& id,
-                                             const std::vector<TensorRecord>& tensors, int as_worker);
+                                             const std::vector<TensorRecord>& tensors);
 
 }  // namespace ptc

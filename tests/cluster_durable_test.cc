@@ -24,8 +24,6 @@ using testing::MakeStore;
 using testing::Spec;
 using testing::TempDir;
 
-constexpr int kDurable = -1;
-
 class DurableTier : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -87,16 +85,16 @@ TEST_F(DurableTier, TheLastShareCompletesTheCopy) {
   auto done = CompleteDurable(Env::Default(), *m_, id_, 0, dir_);
   ASSERT_TRUE(done.ok()) << done.status().ToString();
   EXPECT_FALSE(*done);  // worker 1's share is missing
-  EXPECT_EQ(LoadDurable(Env::Default(), dir_, id_, m_->tensors, kDurable).status().code(), Code::kNotFound);
+  EXPECT_EQ(LoadDurable(Env::Default(), dir_, id_, m_->tensors).status().code(), Code::kNotFound);
   ASSERT_TRUE(WriteDurableShare(Env::Default(), *store_, *m_, 1, dir_).ok());
   done = CompleteDurable(Env::Default(), *m_, id_, 1, dir_);
   ASSERT_TRUE(done.ok() && *done) << done.status().ToString();
 
-  auto pieces = LoadDurable(Env::Default(), dir_, id_, m_->tensors, kDurable);
+  auto pieces = LoadDurable(Env::Default(), dir_, id_, m_->tensors);
   ASSERT_TRUE(pieces.ok()) << pieces.status().ToString();
   EXPECT_EQ(pieces->size(), DurableShare(*m_, 0).size() + DurableShare(*m_, 1).size());
   for (const ShardRecord& d : *pieces) {
-    EXPECT_EQ(d.worker, kDurable);
+    EXPECT_EQ(d.worker, kDurableWorker);
     ASSERT_TRUE(d.file.starts_with(kDurablePrefix)) << d.file;
     const ShardRecord* original = nullptr;
     for (const ShardRecord& s : m_->shards) {
@@ -115,26 +113,26 @@ TEST_F(DurableTier, TheLastShareCompletesTheCopy) {
 TEST_F(DurableTier, RefusesAnotherJobsOrContentsOrTensors) {
   WriteAll();
   const std::string file = dir_ + "/durable.json";
-  auto other_job = LoadDurable(Env::Default(), dir_, {"job-b", id_.contents}, m_->tensors, kDurable);
+  auto other_job = LoadDurable(Env::Default(), dir_, {"job-b", id_.contents}, m_->tensors);
   EXPECT_EQ(other_job.status().code(), Code::kFailedPrecondition);
   EXPECT_NE(other_job.status().message().find("job 'job-a', not of 'job-b'"), std::string::npos)
       << other_job.status().ToString();
   EXPECT_NE(other_job.status().message().find(file), std::string::npos);
-  auto older = LoadDurable(Env::Default(), dir_, {id_.job, "newer"}, m_->tensors, kDurable);
+  auto older = LoadDurable(Env::Default(), dir_, {id_.job, "newer"}, m_->tensors);
   EXPECT_EQ(older.status().code(), Code::kFailedPrecondition);
   EXPECT_NE(older.status().message().find("contents-of-job-a"), std::string::npos);
   std::vector<TensorRecord> tensors = m_->tensors;
   tensors[3].shape[0] += 1;
-  auto reshaped = LoadDurable(Env::Default(), dir_, id_, tensors, kDurable);
+  auto reshaped = LoadDurable(Env::Default(), dir_, id_, tensors);
   EXPECT_EQ(reshaped.status().code(), Code::kFailedPrecondition);
   EXPECT_NE(reshaped.status().message().find("'" + tensors[3].name + "'"), std::string::npos);
 
   const std::string text = testing::Slurp(file);
   testing::Spit(file, text.substr(0, text.size() / 2));
-  EXPECT_EQ(LoadDurable(Env::Default(), dir_, id_, m_->tensors, kDurable).status().code(), Code::kCorruption);
+  EXPECT_EQ(LoadDurable(Env::Default(), dir_, id_, m_->tensors).status().code(), Code::kCorruption);
   // A generation manifest that is no durable copy.
   testing::Spit(file, testing::Slurp(tmp_ / "store/gen-000001/manifest.json"));
-  auto plain = LoadDurable(Env::Default(), dir_, id_, m_->tensors, kDurable);
+  auto plain = LoadDurable(Env::Default(), dir_, id_, m_->tensors);
   EXPECT_EQ(plain.status().code(), Code::kCorruption);
   EXPECT_NE(plain.status().message().find("no \"durable\""), std::string::npos) << plain.status().ToString();
 }
@@ -177,11 +175,11 @@ TEST_F(DurableTier, TheCopyAloneRestoresTheTensors) {
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   auto source = std::make_shared<GenerationManifest>(*(*store)->CurrentSnapshot());
   // Worker 0's own pieces are not read either: only the tier's.
-  auto pieces = LoadDurable(&env, dir_, id_, source->tensors, kDurable);
+  auto pieces = LoadDurable(&env, dir_, id_, source->tensors);
   ASSERT_TRUE(pieces.ok()) << pieces.status().ToString();
   source->shards.insert(source->shards.end(), pieces->begin(), pieces->end());
   const ParallelConfig to = *ParseConfig("tp=1,pp=2,dp=1,per_worker=2");
-  auto plan = MakePlan({source.get(), spec_, to, {}, std::set<int>{kDurable}, {kDurable}});
+  auto plan = MakePlan({source.get(), spec_, to, {}, std::set<int>{kDurableWorker}, {kDurableWorker}});
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   ASSERT_TRUE(plan->missing.empty());
   EXPECT_EQ(plan->bytes_moved, plan->bytes_total);
@@ -197,14 +195,14 @@ TEST_F(DurableTier, TheCopyAloneRestoresTheTensors) {
 // Where a live worker holds the bytes, the plan reads them there, not from the tier.
 TEST_F(DurableTier, APlanReadsTheTierOnlyForWhatNoLiveWorkerHolds) {
   WriteAll();
-  auto pieces = LoadDurable(Env::Default(), dir_, id_, m_->tensors, kDurable);
+  auto pieces = LoadDurable(Env::Default(), dir_, id_, m_->tensors);
   ASSERT_TRUE(pieces.ok()) << pieces.status().ToString();
   GenerationManifest source = *m_;
   source.shards.insert(source.shards.end(), pieces->begin(), pieces->end());
   // Workers 1 and 2 lost: stage 1 (on both) is only in the tier; every rank
   // moves to worker 3, which holds nothing: stages 0 and 2 come from worker 0.
   const ParallelConfig to = *ParseConfig("tp=2,pp=3,dp=1,per_worker=6,workers=3");
-  auto plan = MakePlan({&source, spec_, to, {}, std::set<int>{0, 3, kDurable}, {kDurable}});
+  auto plan = MakePlan({&source, spec_, to, {}, std::set<int>{0, 3, kDurableWorker}, {kDurableWorker}});
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   ASSERT_TRUE(plan->missing.empty());
   auto without = MakePlan({m_.get(), spec_, to, {}, std::set<int>{0, 3}});
@@ -215,7 +213,7 @@ TEST_F(DurableTier, APlanReadsTheTierOnlyForWhatNoLiveWorkerHolds) {
     lost += box.volume() * DTypeSize(FindTensor(*m_, tensor)->dtype);
   }
   EXPECT_EQ(plan->messages.size(), 2u);
-  EXPECT_EQ((plan->messages[{kDurable, 3}]), lost);
+  EXPECT_EQ((plan->messages[{kDurableWorker, 3}]), lost);
   EXPECT_EQ((plan->messages[{0, 3}]), plan->bytes_total - lost);
 }
 

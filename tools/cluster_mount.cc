@@ -66,8 +66,7 @@ constexpr std::chrono::milliseconds kPollWithoutWatch{50};
 // How often a worker looks again at a durable tier that holds no usable copy
 // after it wrote its share (another worker's may still be on its way).
 constexpr std::chrono::seconds kDurableLookEvery{5};
-// The worker id a durable tier's pieces are read as (no worker's).
-constexpr int kDurableWorker = -1;
+
 
 // The running worker: peer server, membership and the agent's thread, which
 // follows etcd: the members' addresses, and changes to apply.
@@ -199,7 +198,7 @@ class Agent {
     if (!job.ok() || !*job || current->generation != (*job)->generation) return;
     const ptc::DurableIdentity id{impl_->url.job, (*job)->contents};
     ptc::Env* env = impl_->env.get();
-    if (ptc::LoadDurable(env, dir, id, current->tensors, kDurableWorker).ok()) {
+    if (ptc::LoadDurable(env, dir, id, current->tensors).ok()) {
       durable_ok_ = true;
       return;
     }
@@ -251,8 +250,7 @@ class Agent {
                         env = impl_->env.get()]() -> ptc::Result<std::vector<ptc::ShardRecord>> {
         PTC_ASSIGN_OR_RETURN(std::optional<ptc::Committed> committed, coordinator->GetCommitted());
         if (!committed) return ptc::FailedPreconditionError("the job has no committed generation");
-        return ptc::LoadDurable(env, dir, {job, committed->contents}, store->CurrentSnapshot()->tensors,
-                                kDurableWorker);
+        return ptc::LoadDurable(env, dir, {job, committed->contents}, store->CurrentSnapshot()->tensors);
       };
     }
     (void)fs_->controller().Apply(change.request, fs_->snapshot(), std::move(cc));

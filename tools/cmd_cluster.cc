@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cluster/coordinator.h"
+#include "cluster/durable.h"
 #include "cluster/etcd_client.h"
 #include "cluster/membership.h"
 #include "cluster/peer_client.h"
@@ -29,27 +30,27 @@ namespace {
 struct ClusterStatusArgs {
   std::string url;
   std::string token_file;
+  std::string durable;  // the job's durable tier; empty: not asked
   bool json = false;
 };
 
 // What losing `worker` would cost the committed generation `m` (config
 // `config`) with `live` (sorted) the workers live now: the survivors' config
-// and the bytes it moves, or the tensors no survivor holds a part of.
+// and the bytes it moves, the tensors no survivor holds a part of, and, with
+// the durable tier's copy (`durable`, or null), the bytes read from it.
 nlohmann::json IfLost(const ptc::GenerationManifest& m, const ptc::ModelSpec& spec, const ptc::ParallelConfig& config,
-                      const std::vector<int>& live, int worker) {
+                      const std::vector<int>& live, int worker, const std::vector<ptc::ShardRecord>* durable) {
   if (!config.HoldsRanks(worker)) return {{"holds_ranks", false}};
-  std::vector<int> survivors;
-  for (int w : live) {
-    if (w != worker) survivors.push_back(w);
-  }
+  std::set<int> survivors(live.begin(), live.end());
+  survivors.erase(worker);
   nlohmann::json j = {{"holds_ranks", true}};
-  auto to = ptc::SurvivorConfig(spec, config, survivors);
+  auto to = ptc::SurvivorConfig(spec, config, std::vector<int>(survivors.begin(), survivors.end()));
   if (!to.ok()) {
     j["error"] = to.status().message();
     return j;
   }
   j["config"] = to->ToString();
-  auto plan = ptc::MakePlan({&m, spec, *to, {}, std::set<int>(survivors.begin(), survivors.end())});
+  auto plan = ptc::MakePlan({&m, spec, *to, {}, survivors});
   if (!plan.ok()) {
     j["error"] = plan.status().message();
     return j;
@@ -57,6 +58,18 @@ nlohmann::json IfLost(const ptc::GenerationManifest& m, const ptc::ModelSpec& sp
   std::set<std::string> lost;
   for (const auto& [tensor, box] : plan->missing) lost.insert(tensor);
   j["lost_tensors"] = lost;
+  if (!lost.empty() && durable != nullptr) {
+    ptc::GenerationManifest widened = m;
+    widened.shards.insert(widened.shards.end(), durable->begin(), durable->end());
+    survivors.insert(ptc::kDurableWorker);
+    auto restored = ptc::MakePlan({&widened, spec, *to, {}, survivors, {ptc::kDurableWorker}});
+    if (restored.ok() && restored->missing.empty()) {
+      uint64_t from_durable = 0;
+      for (const auto& [link, bytes] : restored->messages) from_durable += link.first == ptc::kDurableWorker ? bytes : 0;
+      j["from_durable"] = from_durable;
+      plan = std::move(restored);
+    }
+  }
   j["bytes_moved"] = plan->bytes_moved;
   j["lower_bound"] = plan->lower_bound;
   return j;
@@ -122,6 +135,17 @@ ptc::Result<nlohmann::json> Gather(const ClusterStatusArgs& a) {
       if (other != s.worker) replicas[s.worker][other] += s.nbytes;
     }
   }
+  // The durable tier's copy, when asked about.
+  std::optional<std::vector<ptc::ShardRecord>> durable;
+  if (!a.durable.empty()) {
+    auto copy = ptc::LoadDurable(ptc::Env::Default(), a.durable, {url.job, committed->contents}, manifest.tensors);
+    j["durable"] = {{"dir", a.durable}, {"copy", copy.ok()}};
+    if (copy.ok()) {
+      durable = std::move(*copy);
+    } else {
+      j["durable"]["error"] = copy.status().message();
+    }
+  }
   std::set<int> all(live.begin(), live.end());
   for (const auto& [w, v] : held) all.insert(w);
   for (int w : config.Workers()) all.insert(w);
@@ -133,7 +157,7 @@ ptc::Result<nlohmann::json> Gather(const ClusterStatusArgs& a) {
     nlohmann::json r = nlohmann::json::object();
     for (const auto& [other, bytes] : replicas[w]) r[std::to_string(other)] = bytes;
     wj["replicas"] = r;
-    wj["if_lost"] = IfLost(manifest, spec, config, live, w);
+    wj["if_lost"] = IfLost(manifest, spec, config, live, w, durable ? &*durable : nullptr);
     j["workers"].push_back(wj);
   }
   return j;
@@ -156,6 +180,11 @@ void PrintText(const nlohmann::json& j) {
                 j["change"]["request"].get<std::string>().c_str());
   }
   if (!j.contains("workers")) return;
+  if (j.contains("durable")) {
+    const nlohmann::json& d = j["durable"];
+    std::printf("durable tier %s: %s\n", d["dir"].get<std::string>().c_str(),
+                d["copy"].get<bool>() ? "holds a copy of the job's tensors" : d["error"].get<std::string>().c_str());
+  }
   for (const nlohmann::json& w : j["workers"]) {
     std::string lease = !w.value("live", false) ? "not live"
                         : w["lease_ttl_seconds"].is_number()
@@ -179,6 +208,11 @@ void PrintText(const nlohmann::json& j) {
       std::printf("  if lost: holds no ranks; nothing to do\n");
     } else if (lost.contains("error")) {
       std::printf("  if lost: %s\n", lost["error"].get<std::string>().c_str());
+    } else if (lost.contains("from_durable")) {
+      std::printf("  if lost: %zu tensors only on it, restored from the durable tier (%s read from it); the survivors "
+                  "move to %s (%s moved)\n",
+                  lost["lost_tensors"].size(), HumanBytes(lost["from_durable"].get<uint64_t>()).c_str(),
+                  lost["config"].get<std::string>().c_str(), HumanBytes(lost["bytes_moved"].get<uint64_t>()).c_str());
     } else if (!lost["lost_tensors"].empty()) {
       std::printf("  if lost: %zu tensors lost (first: %s); nothing would be committed\n", lost["lost_tensors"].size(),
                   lost["lost_tensors"][0].get<std::string>().c_str());
@@ -210,10 +244,14 @@ void AddClusterCommand(CLI::App& app, int* exit_code) {
       "Show a job's state across its workers: the committed generation and any change under way\n"
       "(from etcd), each member's address and lease, the pieces each worker holds and which other\n"
       "workers hold copies of them, and what losing each worker would cost: the config the\n"
-      "survivors would move to and the bytes it moves, or the tensors no survivor holds.");
+      "survivors would move to and the bytes it moves, or the tensors no survivor holds (and,\n"
+      "with --durable, whether the durable tier restores them).");
   status->add_option("--cluster", a->url, "etcd://HOST:PORT[,HOST:PORT...]/JOB")->required();
   status->add_option("--token-file", a->token_file, "the job's shared token: the pieces come from a live worker")
       ->required();
+  status->add_option("--durable", a->durable,
+                     "DIR: the job's durable tier (the workers' --durable): whether it holds a copy, and\n"
+                     "what a loss would read from it");
   status->add_flag("--json", a->json, "machine-readable output (fields documented in docs/cli.md)");
   status->callback([a, exit_code] { *exit_code = Report("cluster status", RunClusterStatus(*a)); });
 }

@@ -74,12 +74,14 @@ def start(ns, w, store, mnt, url, token, tmp):
                         ["--lease", "2", "--durable", os.path.join(tmp, "durable")])
 
 
-def cluster_status(url, token, config):
+def cluster_status(url, token, config, durable):
     """`ptcfs cluster status`: every worker live, its pieces' copies on the
     workers before and after it, and no loss of one worker loses anything."""
     text = ptcfs("cluster", "status", "--cluster", url, "--token-file", token).stdout
     assert "committed: generation 2, " + config in text, text
-    j = json.loads(ptcfs("cluster", "status", "--cluster", url, "--token-file", token, "--json").stdout)
+    j = json.loads(ptcfs("cluster", "status", "--cluster", url, "--token-file", token, "--json", "--durable",
+                         durable).stdout)
+    assert j["durable"] == {"dir": durable, "copy": True}, j["durable"]
     assert j["committed"]["generation"] == 2 and j["committed"]["config"] == config and j["change"] is None, j
     assert [w["worker"] for w in j["workers"]] == [0, 1, 2, 3], j
     for w in j["workers"]:
@@ -88,6 +90,7 @@ def cluster_status(url, token, config):
         assert sorted(int(x) for x in w["replicas"]) == sorted({(i + 1) % 4, (i + 3) % 4}), w
         lost = w["if_lost"]
         assert lost["holds_ranks"] and lost["lost_tensors"] == [] and lost["bytes_moved"] > 0, w
+        assert "from_durable" not in lost, w  # the replicas suffice
         others = "+".join(str(x) for x in range(4) if x != i)
         placement = "" if others == "0+1+2" else ",workers=" + others  # the default placement is not written
         assert lost["config"] == "tp=2,pp=3,dp=1,per_worker=2%s,replicas=2" % placement, lost
@@ -122,7 +125,13 @@ def main():
             wait_for("the durable tier's copy", lambda: os.path.exists(copy), 60, mnts=mnts)
             with open(copy) as f:
                 assert json.load(f)["extra"]["durable"]["job"] == JOB
-            print("ok   the durable tier holds a copy of the job's tensors")
+            # Without replicas each loss loses a stage, which the tier's copy restores: every byte of it read once.
+            j = json.loads(ptcfs("cluster", "status", "--cluster", url, "--token-file", token, "--json", "--durable",
+                                 os.path.dirname(copy)).stdout)
+            for w in j["workers"]:
+                lost = w["if_lost"]
+                assert lost["lost_tensors"] and lost["from_durable"] == w["bytes"] > 0, w
+            print("ok   the durable tier holds a copy of the job's tensors; each loss would read its stage from it")
 
             # Replicas: each worker also keeps the stage of the worker before it.
             replicated = first + ",replicas=2"
@@ -131,7 +140,7 @@ def main():
             for w in range(WORKERS):
                 wait_for("worker %d at generation 2" % w, lambda: at_generation(mnts[w], 2), mnts=mnts)
             expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "replicated")
-            cluster_status(url, token, replicated)
+            cluster_status(url, token, replicated, os.path.join(tmp, "durable"))
 
             # Worker 1 dies: the survivors reconfigure onto themselves, unasked.
             t0 = time.time()
