@@ -98,10 +98,13 @@ Result<Change> Coordinator::Propose(const std::string& request, uint64_t from, s
 }
 
 void Coordinator::Fail(const Change& change, const Status& error) const {
-  auto revision = etcd_->Get(ChangeKey(options_.job));
-  if (!revision.ok() || !*revision || (*revision)->value != EncodeChange(change)) return;  // gone already
-  (void)Abort(change, (*revision)->mod_revision,
-              "worker " + std::to_string(options_.worker) + " failed: " + error.ToString());
+  Withdraw(change, "worker " + std::to_string(options_.worker) + " failed: " + error.ToString());
+}
+
+void Coordinator::Withdraw(const Change& change, const std::string& reason) const {
+  auto kv = etcd_->Get(ChangeKey(options_.job));
+  if (!kv.ok() || !*kv || (*kv)->value != EncodeChange(change)) return;  // gone already
+  (void)Abort(change, (*kv)->mod_revision, reason);
 }
 
 Status Coordinator::Abort(const Change& change, int64_t revision, const std::string& reason) const {

@@ -82,6 +82,11 @@ class Coordinator {
   // the change times out.
   void Fail(const Change& change, const Status& error) const;
 
+  // Aborts `change` while it stands (one transaction), naming `reason`: Fail,
+  // or a change none of whose participants is live any more (no one is left
+  // to abort it otherwise, and it would refuse every later proposal).
+  void Withdraw(const Change& change, const std::string& reason) const;
+
  private:
   // Aborts `change` (as etcd holds it at `revision`) for `reason`; returns
   // the error Finish reports.

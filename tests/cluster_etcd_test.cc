@@ -444,6 +444,7 @@ TEST_F(Etcd, CoordinatorCommitsWhenAllAreDoneAndAbortsOtherwise) {
   auto second = workers[0]->Propose("tp=3,per_worker=1", 2, {0, 1, 2}, {0, 1, 2});
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   workers[1]->Fail(*second, IOError("disk full"));
+  EXPECT_FALSE(*workers[2]->Pending());  // withdrawn by the worker that failed: the next change may come
   auto aborted = workers[0]->Finish(*second, "tp=3", {}, referenced, current.tensors);
   EXPECT_EQ(aborted.status().code(), Code::kFailedPrecondition);
   EXPECT_NE(aborted.status().message().find("worker 1 failed: IOError: disk full"), std::string::npos)
@@ -460,6 +461,17 @@ TEST_F(Etcd, CoordinatorCommitsWhenAllAreDoneAndAbortsOtherwise) {
   auto left = workers[0]->Finish(*third, "tp=3", {}, referenced, current.tensors);
   EXPECT_NE(left.status().message().find("worker 2 left the job"), std::string::npos) << left.status().ToString();
   EXPECT_EQ((*workers[1]->GetCommitted())->generation, 2u);
+
+  // A change whose participants are all gone is withdrawn by whoever sees it.
+  auto orphan = workers[0]->Propose("tp=3", 2, {0, 1}, {});
+  ASSERT_TRUE(orphan.ok()) << orphan.status().ToString();
+  workers[1]->Withdraw(*orphan, "every participant left the job");
+  EXPECT_FALSE(*workers[0]->Pending());
+  auto gone = workers[0]->Finish(*orphan, "tp=3", {}, referenced, current.tensors);
+  EXPECT_NE(gone.status().message().find("every participant left the job"), std::string::npos)
+      << gone.status().ToString();
+  workers[1]->Withdraw(*orphan, "twice");  // gone already: nothing
+  EXPECT_TRUE(workers[0]->Propose("tp=3", 2, {0, 1}, {}).ok());
 }
 
 TEST_F(Etcd, UnreachableEndpointIsAClearError) {

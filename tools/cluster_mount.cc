@@ -1,5 +1,6 @@
 #include "tools/cluster_mount.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -145,6 +146,7 @@ class Agent {
       const int64_t revision = Follow(&live);
       seen_.insert(live.begin(), live.end());
       auto pending = impl_->coordinator->Pending();
+      if (pending.ok() && *pending && revision > 0) WithdrawOrphan(**pending, live);
       if (pending.ok() && *pending) Apply(**pending);
       if (pending.ok() && !*pending && revision > 0) Recover(live);
       if (pending.ok() && !*pending) KeepDurable();
@@ -154,6 +156,15 @@ class Agent {
       }
       std::this_thread::sleep_for(kPollWithoutWatch);
     }
+  }
+
+  // A change none of whose participants is live (all died or were cut off
+  // while it ran) has no one left to abort it: any worker withdraws it.
+  void WithdrawOrphan(const ptc::Change& change, const std::vector<int>& live) {
+    for (int w : change.workers) {
+      if (std::binary_search(live.begin(), live.end(), w)) return;
+    }
+    impl_->coordinator->Withdraw(change, "every participant of the change left the job");
   }
 
   // When workers of the committed config have left the job (their leases
