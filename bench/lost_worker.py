@@ -35,7 +35,6 @@ import base64
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -46,7 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from netns import Netns, require, start_etcd  # noqa: E402
-from workers import (at_generation, job_token, job_url, start_worker, status, stop, wait_for,  # noqa: E402
+from workers import (at_generation, job_token, job_url, kill, start_worker, status, stop, wait_for,  # noqa: E402
                      worker_store)
 from results_section import write_section  # noqa: E402
 
@@ -76,14 +75,6 @@ def member_live(endpoint, worker):
 def start(ns, w, store, mnt, url, token):
     return start_worker(ns, PTCFS, w, store, mnt, url, token, PORT, os.path.join(WORK, "worker%d.log" % w),
                         ["--format", "safetensors", "--lease", LEASE, "--durable", os.path.join(WORK, "durable")])
-
-
-def kill(daemons, mnts, workers):
-    for w in workers:
-        os.kill(daemons[w].pid, signal.SIGKILL)
-    for w in workers:
-        daemons[w].wait()
-        subprocess.run(["umount", "-l", mnts[w]], capture_output=True)
 
 
 def main():

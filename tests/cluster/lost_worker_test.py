@@ -35,7 +35,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, start_etcd  # noqa: E402
-from workers import (at_generation, job_token, job_url, start_worker, status, stop, wait_for,  # noqa: E402
+from workers import (at_generation, job_token, job_url, kill, start_worker, status, stop, wait_for,  # noqa: E402
                      worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
@@ -59,14 +59,6 @@ def expect_ranks(tmp, mnts, config, placement, tag):
         os.symlink(src, os.path.join(joined, "rank-%05d" % r))
     ptcfs("diff", "--schema", SCHEMA, "--dims", DIMS, "--config-a", config, "--config-b", config, ref, joined)
     print("ok   ranks 0-%d on workers %s equal synth of %s" % (2 * len(placement) - 1, placement, config))
-
-
-def kill(daemons, mnts, workers):
-    for w in workers:
-        os.kill(daemons[w].pid, signal.SIGKILL)
-    for w in workers:
-        daemons[w].wait()
-        subprocess.run(["umount", "-l", mnts[w]], capture_output=True)
 
 
 def start(ns, w, store, mnt, url, token, tmp):

@@ -6,6 +6,7 @@ Stdlib only.
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 
@@ -86,6 +87,16 @@ def at_generation(mnt, generation):
     """Whether the mount serves `generation`, its change done."""
     s = status(mnt)
     return s["generation"] == generation and s["state"] == "serving"
+
+
+def kill(daemons, mnts, workers):
+    """kill -9 the daemons of `workers` at once, waits for them, and lazily
+    unmounts their mounts."""
+    for w in workers:
+        os.kill(daemons[w].pid, signal.SIGKILL)
+    for w in workers:
+        daemons[w].wait()
+        subprocess.run(["umount", "-l", mnts[w]], capture_output=True)
 
 
 def stop(daemons, mnts, grace=10):
