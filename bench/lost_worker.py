@@ -166,11 +166,28 @@ def main():
             while member_live(etcd.endpoint, 1) or member_live(etcd.endpoint, 2):
                 time.sleep(0.01)
             durable["expired_s"] = time.time() - t0
+            # Rank 0 of the survivors' layout holds layers of the lost stage: read whole on worker 0 as soon as
+            # it is served (before the commit its lost regions come from the tier).
+            survivors = "tp=2,pp=2,dp=1,per_worker=2,workers=0+3,replicas=2"
+            rank0 = os.path.join(mnts[0], "model", "rank-00000", "model.safetensors")
+            wait_for("the survivors' layout on worker 0", lambda: status(mnts[0])["config"] == survivors and
+                     os.path.exists(rank0), 600, poll=0.005, mnts=[mnts[0], mnts[3]])
+            whole = bytearray(os.path.getsize(rank0))
+            with open(rank0, "rb", buffering=0) as f:
+                got = 0
+                while got < len(whole):
+                    n = f.readinto(memoryview(whole)[got:])
+                    assert n > 0, (got, len(whole))
+                    got += n
+            durable["rank0_read_s"] = time.time() - t0
+            durable["rank0_read_before_commit"] = status(mnts[0])["generation"] == generation
             generation += 1
             for w in (0, 3):
                 wait_for("worker %d at %d" % (w, generation), lambda: at_generation(mnts[w], generation), 600,
                          mnts=[mnts[0], mnts[3]])
             durable["whole_s"] = time.time() - t0
+            with open(rank0, "rb") as f:
+                assert f.read() == whole, "rank 0 read before the commit differs from the committed one"
             durable["config"] = status(mnts[0])["config"]
             durable["parts"] = [status(mnts[w])["bytes_total"] for w in (0, 3)]
             print(json.dumps(durable), flush=True)
@@ -213,6 +230,8 @@ def report_section(rows, durable):
         "|---|---|",
         "| mounts serving -> the workers' copy in the tier complete (s) | %.2f |" % durable["copy_s"],
         "| kill -9 of workers 1 and 2 -> both leases expired (s) | %.2f |" % durable["expired_s"],
+        "| kill -> rank 0 of the survivors' layout (holding layers of stage 1) read whole on worker 0 (s) | %.2f "
+        "(%s the commit) |" % (durable["rank0_read_s"], "before" if durable["rank0_read_before_commit"] else "after"),
         "| kill -> the survivors serving the committed %s, stage 1 read from the tier (s) | %.2f |" % (
             durable["config"], durable["whole_s"]),
         "| bytes only workers 1 and 2 held / bytes moved (sum of the survivors' parts) | %d / %d |" % (

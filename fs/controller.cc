@@ -110,6 +110,41 @@ ptc::Result<std::optional<ptc::DatasetState>> SavedDataPosition(const ptc::Check
 
 }  // namespace
 
+// What a cluster change reads: the current generation's pieces (those of the
+// participants), and where a region of the new config is on no participant,
+// the last resort's pieces too (the manifest widened with them).
+struct ChangeSource {
+  std::shared_ptr<const ptc::GenerationManifest> manifest;
+  std::optional<std::set<int>> alive;
+  std::set<int> last_resort;
+  std::string unavailable;  // why the last resort could not serve, when it was asked
+};
+
+namespace {
+
+ChangeSource SourceOf(const ClusterChange& change, const ptc::ModelSpec& spec, const ptc::ParallelConfig& config,
+                      std::shared_ptr<const ptc::GenerationManifest> current) {
+  ChangeSource src{std::move(current), change.participants, {}, {}};
+  if (!change.last_resort) return src;
+  auto plan = ptc::MakePlan({src.manifest.get(), spec, config, {}, src.alive});
+  if (!plan.ok() || plan->missing.empty()) return src;
+  auto pieces = change.last_resort();
+  if (!pieces.ok()) {
+    src.unavailable = pieces.status().message();
+    return src;
+  }
+  auto widened = std::make_shared<ptc::GenerationManifest>(*src.manifest);
+  for (ptc::ShardRecord& s : *pieces) {
+    src.last_resort.insert(s.worker);
+    src.alive->insert(s.worker);
+    widened->shards.push_back(std::move(s));
+  }
+  src.manifest = std::move(widened);
+  return src;
+}
+
+}  // namespace
+
 Controller::Controller(ptc::Store* store, int worker, int threads, CompactionPolicy compaction,
                        std::shared_ptr<ShardChecks> checks, std::shared_ptr<const ptc::DatasetSource> source,
                        std::function<void(std::shared_ptr<const Snapshot>)> serve, std::function<ptc::Status()> collect)
@@ -205,8 +240,12 @@ ptc::Status Controller::Start(const std::string& text, const std::shared_ptr<con
     if (!moved.ok()) return fail(moved.status());
     dataset = *moved;
   }
-  // The new layout, served at once from the shards of the current generation.
-  auto lazy = Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, config, worker_, checks_, dataset, source_);
+  // The new layout, served at once from the shards of the current generation
+  // (in a cluster, also from the last resort's where no participant holds a region).
+  std::optional<ChangeSource> src;
+  if (change) src = SourceOf(*change, spec, config, store_->CurrentSnapshot());
+  auto lazy = Snapshot::Create(*store_, src ? src->manifest : store_->CurrentSnapshot(), spec, config, worker_, checks_,
+                               dataset, source_);
   if (!lazy.ok()) return fail(ptc::InvalidArgumentError(lazy.status().message()));
   std::thread previous;
   {
@@ -225,14 +264,16 @@ ptc::Status Controller::Start(const std::string& text, const std::shared_ptr<con
   { ptc::MutexLock wait(&collect_mu_); }     // a removal after a close (CollectIfIdle) ends before the rewrite writes
   serve_(*lazy);
   ptc::MutexLock lock(&mu_);
-  worker_thread_ = std::thread([this, config, spec, dataset, change = std::move(change), current]() mutable {
-    Rewrite(config, spec, dataset, std::move(change), current);
-  });
+  worker_thread_ = std::thread(
+      [this, config, spec, dataset, change = std::move(change), src = std::move(src), current]() mutable {
+        Rewrite(config, spec, dataset, std::move(change), std::move(src), current);
+      });
   return ptc::Status::OK();
 }
 
 void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset,
-                         std::optional<ClusterChange> change, std::shared_ptr<const Snapshot> previous) {
+                         std::optional<ClusterChange> change, std::optional<ChangeSource> src,
+                         std::shared_ptr<const Snapshot> previous) {
   // Reads of the new layout are served meanwhile (from the old shards) and come
   // first: the rewrite and the executor threads it starts (which inherit this)
   // run at a lower CPU priority. Best effort: the rewrite runs either way.
@@ -242,29 +283,16 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
   if (dataset) options.extra["dataset"] = ptc::EncodeDatasetState(*dataset);
   options.progress = [this](uint64_t n) { done_ += n; };
   auto rewrite = [&]() -> ptc::Result<std::shared_ptr<const Snapshot>> {
-    auto source = store_->CurrentSnapshot();
-    std::optional<std::set<int>> alive;
+    if (!src) src = ChangeSource{store_->CurrentSnapshot(), std::nullopt, {}, {}};
+    const auto& source = src->manifest;
     if (change) {
-      alive = change->participants;
       options.mode = ptc::CommitMode::kWorkerLocal;
       options.before_commit = [&](ptc::GenerationWriter& w) { return change->before_commit(w, config.ToString()); };
     }
-    PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({source.get(), spec, config, {}, alive}));
-    if (!plan.missing.empty() && change && change->last_resort) {
-      auto pieces = change->last_resort();
-      if (!pieces.ok()) return ptc::FailedPreconditionError(MissingTensors(plan) + "; " + pieces.status().message());
-      // The source with the last resort's pieces after the generation's own.
-      auto widened = std::make_shared<ptc::GenerationManifest>(*source);
-      std::set<int> last_resort;
-      for (ptc::ShardRecord& s : *pieces) {
-        last_resort.insert(s.worker);
-        alive->insert(s.worker);
-        widened->shards.push_back(std::move(s));
-      }
-      source = std::move(widened);
-      PTC_ASSIGN_OR_RETURN(plan, ptc::MakePlan({source.get(), spec, config, {}, alive, last_resort}));
+    PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({source.get(), spec, config, {}, src->alive, src->last_resort}));
+    if (!plan.missing.empty()) {
+      return ptc::FailedPreconditionError(MissingTensors(plan) + (src->unavailable.empty() ? "" : "; " + src->unavailable));
     }
-    if (!plan.missing.empty()) return ptc::FailedPreconditionError(MissingTensors(plan));
     ptc::Covering covering = ptc::MakeCovering(plan, *source, options.mode);
     if (change) covering = ptc::PartOf(covering, worker_);
     total_ = covering.bytes_written;

@@ -59,6 +59,8 @@ struct ClusterChange {
   std::function<ptc::Result<std::vector<ptc::ShardRecord>>()> last_resort;
 };
 
+struct ChangeSource;  // what a cluster change reads (controller.cc)
+
 class Controller {
  public:
   // `serve` installs a snapshot as the one the mount shows; `collect` removes
@@ -130,9 +132,12 @@ class Controller {
  private:
   ptc::Status Start(const std::string& text, const std::shared_ptr<const Snapshot>& current,
                     std::optional<ClusterChange> change) EXCLUDES(mu_);
-  // `previous`: the snapshot served before, served again when a cluster change fails.
+  // `source`: what a cluster change reads (controller.cc), nullopt: the
+  // store's current generation. `previous`: the snapshot served before,
+  // served again when a cluster change fails.
   void Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset,
-               std::optional<ClusterChange> change, std::shared_ptr<const Snapshot> previous) EXCLUDES(mu_);
+               std::optional<ClusterChange> change, std::optional<ChangeSource> source,
+               std::shared_ptr<const Snapshot> previous) EXCLUDES(mu_);
   // On the rewrite's thread after its commit: measures the served
   // generation's fragmentation and compacts it when the policy says so.
   void MaybeCompact(const ptc::ModelSpec& spec, const std::optional<ptc::DatasetState>& dataset)

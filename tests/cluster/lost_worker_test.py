@@ -202,9 +202,15 @@ def main():
             alone = "tp=2,pp=1,dp=1,per_worker=2"
             with open(os.path.join(mnts[0], ".ptcfs", "config"), "w") as f:
                 f.write(alone + "\n")
+            # The new layout is served at once, the lost stage read from the tier until the commit.
+            rank0 = os.path.join(mnts[0], "model", "rank-00000", "model.safetensors")
+            wait_for("worker 0 serving " + alone, lambda: status(mnts[0])["config"] == alone, 60, mnts=mnts[:1])
+            with open(rank0, "rb") as f:
+                early = f.read()
             wait_for("worker 0 at generation 6", lambda: at_generation(mnts[0], 6), 60, mnts=mnts[:1])
-            assert status(mnts[0])["config"] == alone, status(mnts[0])
             expect_ranks(tmp, mnts, alone, [0], "durable")
+            with open(rank0, "rb") as f:
+                assert f.read() == early, "rank 0 read during the change differs from the committed one"
             print("ok   the durable tier restored what no live worker held")
     finally:
         stop(daemons, mnts)
