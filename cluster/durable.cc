@@ -66,7 +66,7 @@ std::vector<ShardRecord> DurableShare(const GenerationManifest& m, int worker) {
 }
 
 Status WriteDurableShare(Env* env, const Store& store, const GenerationManifest& m, int worker,
-                         const std::string& dir) {
+                         const std::string& dir, const std::atomic<bool>* stop) {
   std::vector<ShardRecord> share = DurableShare(m, worker);
   if (share.empty()) return Status::OK();
   const std::string data = ShareName(m.generation, worker, ".bin");
@@ -78,6 +78,7 @@ Status WriteDurableShare(Env* env, const Store& store, const GenerationManifest&
   for (ShardRecord& s : share) {
     PTC_ASSIGN_OR_RETURN(auto reader, VerifyingShardReader::Open(env, store, s));
     while (reader->position() < s.nbytes) {
+      if (stop != nullptr && *stop) return FailedPreconditionError(path + ": cancelled");
       const uint64_t n = std::min(kCopyChunk, s.nbytes - reader->position());
       PTC_ASSIGN_OR_RETURN(const char* bytes, reader->Next(n, buffer.get()));
       PTC_RETURN_IF_ERROR(out->Append(bytes, n));

@@ -19,6 +19,7 @@
 // directory are other workers, each writing its own files.
 #pragma once
 
+#include <atomic>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,11 +50,11 @@ std::vector<ShardRecord> DurableShare(const GenerationManifest& m, int worker);
 // Copies `worker`'s share of `m` (a generation of `store`, read through
 // `env`) into `dir`: the bytes, checked against their records' checksums as
 // they are read, synced; then the share's records. Nothing when the share
-// is empty.
+// is empty. `stop` (may be null), asked between chunks, ends the copy.
 // \error as VerifyingShardReader (Corruption naming a bad piece) and the Env
-//        (the file at fault named).
+//        (the file at fault named); FailedPrecondition "cancelled" when stopped.
 Status WriteDurableShare(Env* env, const Store& store, const GenerationManifest& m, int worker,
-                         const std::string& dir);
+                         const std::string& dir, const std::atomic<bool>* stop = nullptr);
 
 // When `dir` holds every worker's share of `m`: writes durable.json, the copy
 // of `m` for `id` (atomically: through a temporary file of `worker`'s own, as

@@ -4,6 +4,7 @@
 // source of a change whose result equals synth of the new config.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -148,6 +149,15 @@ TEST_F(DurableTier, ADamagedPieceFailsTheShare) {
   EXPECT_EQ(s.code(), Code::kCorruption);
   EXPECT_NE(s.message().find(victim.tensor), std::string::npos) << s.ToString();
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/gen-000001/worker-01.json"));
+}
+
+// A stopped copy ends before its records are written: no share counts.
+TEST_F(DurableTier, AStoppedCopyLeavesNoShare) {
+  std::atomic<bool> stop{true};
+  Status s = WriteDurableShare(Env::Default(), *store_, *m_, 0, dir_, &stop);
+  EXPECT_EQ(s.code(), Code::kFailedPrecondition);
+  EXPECT_NE(s.message().find("cancelled"), std::string::npos) << s.ToString();
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/gen-000001/worker-00.json"));
 }
 
 // Completing a newer generation's copy removes the older shares.

@@ -18,6 +18,7 @@
 #include "cluster/rejoin.h"
 #include "cluster/token.h"
 #include "ptc/store/store_layout.h"
+#include "tools/durable_keeper.h"
 
 namespace ptcfs {
 
@@ -64,9 +65,6 @@ namespace {
 // cannot watch. The longest also bounds how long an unmount waits for it.
 constexpr std::chrono::milliseconds kFollowEvery{1000};
 constexpr std::chrono::milliseconds kPollWithoutWatch{50};
-// How often a worker looks again at a durable tier that holds no usable copy
-// after it wrote its share (another worker's may still be on its way).
-constexpr std::chrono::seconds kDurableLookEvery{5};
 
 
 // The running worker: peer server, membership and the agent's thread, which
@@ -77,6 +75,7 @@ class Agent {
   ~Agent() {
     stop_ = true;
     if (thread_.joinable()) thread_.join();
+    durable_.reset();
     if (impl_ != nullptr) impl_->env->SetCurrent(nullptr);
     if (membership_) (void)membership_->Leave();
     if (server_) server_->Stop();
@@ -97,6 +96,10 @@ class Agent {
     Follow();
     fs_->controller().SetPropose(
         [this](const std::string& text, const ptc::ParallelConfig& config) { return Propose(text, config); });
+    if (!impl->args.durable.empty()) {
+      durable_ = std::make_unique<DurableKeeper>(impl->args.durable, impl->url.job, impl->worker, impl->env.get(), fs_,
+                                                 impl->coordinator.get());
+    }
     thread_ = std::thread([this] { Loop(); });
     return ptc::Status::OK();
   }
@@ -149,7 +152,7 @@ class Agent {
       if (pending.ok() && *pending && revision > 0) WithdrawOrphan(**pending, live);
       if (pending.ok() && *pending) Apply(**pending);
       if (pending.ok() && !*pending && revision > 0) Recover(live);
-      if (pending.ok() && !*pending) KeepDurable();
+      if (pending.ok() && !*pending && durable_) durable_->Look();
       if (stop_) break;
       if (revision > 0 && impl_->etcd->WaitForChange(ptc::JobPrefix(impl_->url.job), revision, kFollowEvery).ok()) {
         continue;
@@ -196,42 +199,6 @@ class Agent {
     if (!s.ok()) fs_->controller().RecordError("worker " + names + " left the job; no change onto the survivors: " + s.message());
   }
 
-  // The durable tier (--durable): until it holds a copy of the job's
-  // contents, this worker copies its share of the committed generation into
-  // it, once per generation (a copy of any generation will do: layouts
-  // change, contents do not), and the last worker to finish completes it.
-  // Runs on the agent's thread: no change is applied meanwhile.
-  void KeepDurable() {
-    const std::string& dir = impl_->args.durable;
-    if (dir.empty() || durable_ok_ || std::chrono::steady_clock::now() < durable_next_) return;
-    auto job = impl_->coordinator->GetCommitted();
-    auto current = fs_->store().CurrentSnapshot();
-    if (!job.ok() || !*job || current->generation != (*job)->generation) return;
-    const ptc::DurableIdentity id{impl_->url.job, (*job)->contents};
-    ptc::Env* env = impl_->env.get();
-    if (ptc::LoadDurable(env, dir, id, current->tensors).ok()) {
-      durable_ok_ = true;
-      return;
-    }
-    durable_next_ = std::chrono::steady_clock::now() + kDurableLookEvery;
-    if (durable_written_ == current->generation) return;
-    durable_written_ = current->generation;
-    const auto t0 = std::chrono::steady_clock::now();
-    ptc::Status s = ptc::WriteDurableShare(env, fs_->store(), *current, impl_->worker, dir);
-    ptc::Result<bool> complete = s.ok() ? ptc::CompleteDurable(env, *current, id, impl_->worker, dir) : s;
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!complete.ok()) {
-      const std::string error = "durable tier " + dir + ": " + complete.status().message();
-      std::fprintf(stderr, "ptcfs: %s\n", error.c_str());
-      fs_->controller().RecordError(error);
-      return;
-    }
-    durable_ok_ = *complete;
-    std::fprintf(stderr, "ptcfs: worker %d: its share of generation %llu is in the durable tier %s (%.1f s)%s\n",
-                 impl_->worker, static_cast<unsigned long long>(current->generation), dir.c_str(), seconds,
-                 *complete ? "; the copy is complete" : "");
-  }
-
   void Apply(const ptc::Change& change) {
     if (change.id == applied_ || change.from != fs_->store().CurrentSnapshot()->generation) return;
     const std::set<int> participants(change.workers.begin(), change.workers.end());
@@ -275,11 +242,7 @@ class Agent {
   std::string applied_;  // the id of the last change applied (the loop's own)
   std::set<int> seen_;   // workers seen live since the mount started (the loop's own)
   std::pair<uint64_t, std::vector<int>> tried_;  // the last recovery proposed (the loop's own)
-  // The loop's own: the durable tier holds a copy of the job's contents; the
-  // last generation whose share this worker wrote; when to look again.
-  bool durable_ok_ = false;
-  uint64_t durable_written_ = 0;
-  std::chrono::steady_clock::time_point durable_next_;
+  std::unique_ptr<DurableKeeper> durable_;  // with --durable
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -1,0 +1,68 @@
+#include "tools/durable_keeper.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "cluster/durable.h"
+
+namespace ptcfs {
+namespace {
+
+// How often the tier is looked at again while it holds no usable copy and
+// this worker's share is in (another worker's may still be on its way).
+constexpr std::chrono::seconds kLookEvery{5};
+
+}  // namespace
+
+DurableKeeper::~DurableKeeper() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void DurableKeeper::Look() {
+  const auto now = std::chrono::steady_clock::now();
+  if (complete_ || copying_ || now < next_look_) return;
+  auto job = coordinator_->GetCommitted();
+  auto current = fs_->store().CurrentSnapshot();
+  if (!job.ok() || !*job || current->generation != (*job)->generation) return;
+  if (ptc::LoadDurable(env_, dir_, {job_, (*job)->contents}, current->tensors).ok()) {
+    complete_ = true;
+    return;
+  }
+  next_look_ = now + kLookEvery;
+  if (copied_ == current->generation) return;
+  copied_ = current->generation;
+  if (thread_.joinable()) thread_.join();  // the previous copy, ended
+  copying_ = true;
+  thread_ = std::thread([this, current, contents = (*job)->contents] { Copy(current, contents); });
+}
+
+void DurableKeeper::Copy(std::shared_ptr<const ptc::GenerationManifest> generation, std::string contents) {
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);  // best effort, as a compaction
+  const auto t0 = std::chrono::steady_clock::now();
+  ptc::Status s = ptc::WriteDurableShare(env_, fs_->store(), *generation, worker_, dir_, &stop_);
+  ptc::Result<bool> complete =
+      s.ok() ? ptc::CompleteDurable(env_, *generation, {job_, std::move(contents)}, worker_, dir_) : s;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const bool moved_on = fs_->store().CurrentSnapshot()->generation != generation->generation;
+  if (!complete.ok() && (stop_ || moved_on)) {
+    // Unmounted, or the job moved on (its files may be collected under the
+    // copy): the next generation is copied instead.
+    std::fprintf(stderr, "ptcfs: durable tier %s: the copy of generation %llu ended (%s)\n", dir_.c_str(),
+                 static_cast<unsigned long long>(generation->generation), stop_ ? "unmounted" : "the job moved on");
+  } else if (!complete.ok()) {
+    const std::string error = "durable tier " + dir_ + ": " + complete.status().message();
+    std::fprintf(stderr, "ptcfs: %s\n", error.c_str());
+    fs_->controller().RecordError(error);
+  } else {
+    complete_ = *complete;
+    std::fprintf(stderr, "ptcfs: worker %d: its share of generation %llu is in the durable tier %s (%.1f s)%s\n",
+                 worker_, static_cast<unsigned long long>(generation->generation), dir_.c_str(), seconds,
+                 *complete ? "; the copy is complete" : "");
+  }
+  copying_ = false;
+}
+
+}  // namespace ptcfs

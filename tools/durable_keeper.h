@@ -1,0 +1,54 @@
+// One cluster worker's part in keeping the job's durable tier (--durable;
+// docs/cluster.md, "Durable tier"): until the tier holds a copy of the job's
+// contents, the worker copies its share of the committed generation into it
+// (cluster/durable.h), once per generation, and completes the copy when its
+// share is the last. The copy runs on a thread of its own at the lowest CPU
+// priority: no change or recovery waits for it.
+//
+// Thread safety: Look from one thread (the agent's); the destructor stops a
+// copy under way (nothing is completed) and joins it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+
+#include "cluster/coordinator.h"
+#include "fs/filesystem.h"
+#include "ptc/base/env.h"
+
+namespace ptcfs {
+
+class DurableKeeper {
+ public:
+  // `env`: the store's (shared by the copy's reads and the tier's writes);
+  // `fs` and `coordinator` outlive the keeper.
+  DurableKeeper(std::string dir, std::string job, int worker, ptc::Env* env, Filesystem* fs,
+                const ptc::Coordinator* coordinator)
+      : dir_(std::move(dir)), job_(std::move(job)), worker_(worker), env_(env), fs_(fs), coordinator_(coordinator) {}
+  ~DurableKeeper();
+
+  // While no change is under way: starts the copy of this worker's share
+  // when the tier holds no copy of the job's contents and the store is at
+  // the job's committed generation. Errors go to stderr and last_error.
+  void Look();
+
+ private:
+  void Copy(std::shared_ptr<const ptc::GenerationManifest> generation, std::string contents);
+
+  const std::string dir_, job_;
+  const int worker_;
+  ptc::Env* const env_;
+  Filesystem* const fs_;
+  const ptc::Coordinator* const coordinator_;
+  std::atomic<bool> complete_{false};  // the tier holds a copy of the job's contents
+  std::atomic<bool> copying_{false};
+  std::atomic<bool> stop_{false};
+  uint64_t copied_ = 0;  // the last generation whose share was copied (Look's own)
+  std::chrono::steady_clock::time_point next_look_;  // Look's own
+  std::thread thread_;
+};
+
+}  // namespace ptcfs
