@@ -83,7 +83,8 @@ Result<std::vector<Member>> ListMembers(const EtcdClient& etcd, std::string_view
   return members;
 }
 
-Result<std::unique_ptr<Membership>> Membership::Join(const EtcdClient* etcd, MembershipOptions options) {
+Result<std::unique_ptr<Membership>> Membership::Join(const EtcdClient* etcd, MembershipOptions options,
+                                                     const std::vector<Compare>& only_if) {
   PTC_RETURN_IF_ERROR(ValidateJobName(options.job));
   if (options.worker < 0) return InvalidArgumentError("worker " + std::to_string(options.worker) + " < 0");
   PTC_RETURN_IF_ERROR(ParsePeerAddress(options.address), "member address");
@@ -92,12 +93,16 @@ Result<std::unique_ptr<Membership>> Membership::Join(const EtcdClient* etcd, Mem
   PTC_ASSIGN_OR_RETURN(Lease lease, etcd->GrantLease(options.ttl_seconds), "join " + key);
   TxnRequest txn;
   txn.compare = {Compare::Absent(key)};
+  txn.compare.insert(txn.compare.end(), only_if.begin(), only_if.end());
   txn.success = {TxnOp::Put(key, EncodeMember({options.worker, options.address}), lease.id)};
   Result<TxnResponse> r = etcd->Txn(txn);
   if (!r.ok() || !r->succeeded) {
     (void)etcd->RevokeLease(lease.id);
     PTC_RETURN_IF_ERROR(r.status(), "join " + key);
     Result<std::optional<KeyValue>> holder = etcd->Get(key);
+    if (holder.ok() && !holder->has_value() && !only_if.empty()) {
+      return FailedPreconditionError("join " + key + ": the job changed since this worker read it");
+    }
     std::string who = "another daemon";
     if (holder.ok() && holder->has_value()) {
       Result<Member> m = DecodeMember(key, (*holder)->value);

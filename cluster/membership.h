@@ -57,14 +57,18 @@ struct MembershipOptions {
 
 class Membership {
  public:
-  // Grants a lease, creates this worker's key under it (if absent, in one
-  // transaction) and starts renewing the lease.
+  // Grants a lease, creates this worker's key under it (if absent, and if
+  // every comparison of `only_if` holds: a worker that rejoins, cluster/rejoin.h;
+  // in one transaction) and starts renewing the lease.
   // \error InvalidArgument for a bad job name, worker < 0, an address that is
   //        not HOST:PORT, ttl_seconds < 1.
   // \error AlreadyExists naming the worker and the holder's address when a
   //        live member holds the worker index (the lease granted is revoked).
+  // \error FailedPrecondition when the key is absent but a comparison of
+  //        `only_if` failed (the lease granted is revoked).
   // \error as EtcdClient (IOError when etcd cannot be reached).
-  static Result<std::unique_ptr<Membership>> Join(const EtcdClient* etcd, MembershipOptions options);
+  static Result<std::unique_ptr<Membership>> Join(const EtcdClient* etcd, MembershipOptions options,
+                                                  const std::vector<Compare>& only_if = {});
   // Leave(), its error ignored.
   ~Membership();
   Membership(const Membership&) = delete;

@@ -59,4 +59,8 @@ Status CatchUp(const EtcdClient& etcd, const std::string& job, int worker, const
   return Status::OK();
 }
 
+std::vector<Compare> RejoinConditions(const std::string& job, const std::string& committed_value) {
+  return {Compare::ValueIs(CommittedKey(job), committed_value), Compare::Absent(ChangeKey(job))};
+}
+
 }  // namespace ptc

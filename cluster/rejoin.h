@@ -12,6 +12,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "cluster/etcd_client.h"
 #include "cluster/job_state.h"
@@ -42,5 +43,13 @@ Result<GenerationManifest> FetchCommitted(const EtcdClient& etcd, const std::str
 //        above it; as Store::BeginGenerationAt and GenerationWriter::Commit.
 Status CatchUp(const EtcdClient& etcd, const std::string& job, int worker, const Committed& committed,
                const PeerClient& client, Store& store);
+
+// The comparisons under which a worker whose membership was lost (its lease
+// expired while its link was cut) joins again once its store is at the job's
+// committed generation (Membership::Join's only_if): the committed key still
+// holds `committed_value` (as read before catching up) and no change is under
+// way. So no change is proposed without it between its catching up and its
+// joining, and none lists it before it has caught up.
+std::vector<Compare> RejoinConditions(const std::string& job, const std::string& committed_value);
 
 }  // namespace ptc

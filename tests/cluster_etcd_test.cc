@@ -19,6 +19,7 @@
 #include "cluster/coordinator.h"
 #include "cluster/etcd_client.h"
 #include "cluster/membership.h"
+#include "cluster/rejoin.h"
 #include "test_util.h"
 
 namespace ptc {
@@ -366,6 +367,35 @@ TEST_F(Etcd, LeaseExpiryRemovesADeadMember) {
   EXPECT_EQ((*live)->health().code(), Code::kNotFound) << (*live)->health().ToString();
   EXPECT_TRUE(ListMembers(*client_, job)->empty());
   EXPECT_EQ((*live)->Leave().code(), Code::kNotFound);
+}
+
+// A worker whose lease was lost (its link was cut) joins again only while the
+// job is where it caught up with it (RejoinConditions: the committed state it
+// read, no change under way); otherwise nothing is left behind.
+TEST_F(Etcd, RejoinsOnlyWhileTheJobIsWhereItCaughtUp) {
+  const std::string job = "rejoin-" + std::to_string(getpid());
+  const std::string committed = EncodeCommitted({3, "tp=1,pp=1", "abc"});
+  ASSERT_TRUE(client_->Put(CommittedKey(job), committed).ok());
+  const MembershipOptions options{job, 2, "127.0.0.1:9002", 2};
+  const std::vector<Compare> conditions = RejoinConditions(job, committed);
+  // A change under way: refused (FailedPrecondition, not AlreadyExists), no key left.
+  ASSERT_TRUE(client_->Put(ChangeKey(job), "{}").ok());
+  auto refused = Membership::Join(client_.get(), options, conditions);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Code::kFailedPrecondition) << refused.status().ToString();
+  EXPECT_TRUE(ListMembers(*client_, job)->empty());
+  ASSERT_TRUE(client_->Delete(ChangeKey(job)).ok());
+  // The job committed another generation since: refused.
+  ASSERT_TRUE(client_->Put(CommittedKey(job), EncodeCommitted({4, "tp=1,pp=1", "def"})).ok());
+  EXPECT_EQ(Membership::Join(client_.get(), options, conditions).status().code(), Code::kFailedPrecondition);
+  EXPECT_TRUE(ListMembers(*client_, job)->empty());
+  // Where it caught up, nothing under way: it is a member again.
+  ASSERT_TRUE(client_->Put(CommittedKey(job), committed).ok());
+  auto joined = Membership::Join(client_.get(), options, conditions);
+  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+  EXPECT_EQ(*(*joined)->Members(), std::vector<Member>({{2, "127.0.0.1:9002"}}));
+  // The key held: a second daemon for the worker is still AlreadyExists.
+  EXPECT_EQ(Membership::Join(client_.get(), options, conditions).status().code(), Code::kAlreadyExists);
 }
 
 // A piece of a worker's part: a shard record of tensor "t".
