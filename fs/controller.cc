@@ -174,7 +174,7 @@ void Controller::JoinBackground(std::thread previous) {
 
 bool Controller::Busy() const {
   ptc::MutexLock lock(&mu_);
-  return state_ == "repartitioning" || state_ == "saving";
+  return Writing();
 }
 
 void Controller::RecordError(const std::string& error) {
@@ -250,7 +250,7 @@ ptc::Status Controller::Start(const std::string& text, const std::shared_ptr<con
   std::thread previous;
   {
     ptc::MutexLock lock(&mu_);
-    if (state_ == "repartitioning" || state_ == "saving") {
+    if (Writing()) {
       return ptc::FailedPreconditionError(
           "a reconfiguration or save is still running; wait for .ptcfs/status to say serving");
     }
@@ -397,7 +397,7 @@ void Controller::Collect(bool only_when_idle) {
     if (only_when_idle) {
       ptc::MutexLock state(&mu_);
       // A running rewrite, save or compaction collects after its commit.
-      if (state_ == "repartitioning" || state_ == "saving" || compaction_state_ == "running") return;
+      if (Writing() || compaction_state_ == "running") return;
     }
     s = collect_();
   }
@@ -417,7 +417,7 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
   std::thread previous;
   {
     ptc::MutexLock lock(&mu_);
-    if (state_ == "repartitioning" || state_ == "saving") {
+    if (Writing()) {
       return ptc::FailedPreconditionError(
           "a reconfiguration or save is running; save again once .ptcfs/status "
           "says serving");

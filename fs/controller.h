@@ -113,8 +113,21 @@ class Controller {
   ptc::Status Ingest(const std::string& staging_root, uint64_t iteration,
                      const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_);
 
-  // Whether a rewrite or a save runs (a new change would be refused).
+  // Whether a rewrite, a save or an Adopt runs (a new change would be refused).
   bool Busy() const EXCLUDES(mu_);
+
+  // Brings the store to a generation that no change or save of this mount
+  // wrote (a cluster worker catching up with its job after it lost its
+  // membership, cluster/rejoin.h): runs `write`, which commits it, as the
+  // store's only writer (state "rejoining"), then serves the store's current
+  // generation in its own config, as a change's commit is served, and removes
+  // the generations it replaced that no open file reads. Open files keep
+  // reading the generation they were opened in. Clears last_error when served.
+  // \error FailedPrecondition while a rewrite or save runs; as `write` (the
+  //         generation served before stays); as SpecFromManifest,
+  //         ConfigFromManifest, LoadDatasetState and Snapshot::Create.
+  //         Each is kept as last_error too.
+  ptc::Status Adopt(const std::function<ptc::Status(ptc::Store&)>& write) EXCLUDES(mu_, collect_mu_);
 
   // The status document (docs/mount_format.md).
   // Bad bytes (invalid UTF-8 in last_error or a path) are replaced, never thrown.
@@ -151,6 +164,10 @@ class Controller {
   // Collect, or nothing when `only_when_idle` and a rewrite or save runs.
   void Collect(bool only_when_idle) EXCLUDES(mu_, collect_mu_);
   void SetLastError(const std::string& error) REQUIRES(mu_);
+  // A rewrite, save or Adopt holds the store's writer role.
+  bool Writing() const REQUIRES(mu_) {
+    return state_ == "repartitioning" || state_ == "saving" || state_ == "rejoining";
+  }
 
   ptc::Store* store_;
   const int worker_;
@@ -166,7 +183,7 @@ class Controller {
   // writes, so a removal never meets a writer.
   ptc::Mutex collect_mu_;
   mutable ptc::Mutex mu_;
-  std::string state_ GUARDED_BY(mu_) = "serving";  // serving | repartitioning | saving | failed
+  std::string state_ GUARDED_BY(mu_) = "serving";  // serving | repartitioning | saving | rejoining | failed
   std::string last_error_ GUARDED_BY(mu_);
   std::thread worker_thread_ GUARDED_BY(mu_);
   std::atomic<uint64_t> done_{0}, total_{0};
