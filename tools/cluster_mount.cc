@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <set>
+#include <string>
 #include <thread>
 
 #include "cluster/coordinator.h"
@@ -18,6 +19,7 @@
 #include "cluster/rejoin.h"
 #include "cluster/token.h"
 #include "ptc/store/store_layout.h"
+#include "tools/cluster_rejoin.h"
 #include "tools/durable_keeper.h"
 
 namespace ptcfs {
@@ -93,6 +95,8 @@ class Agent {
     PTC_ASSIGN_OR_RETURN(membership_, ptc::Membership::Join(impl->etcd.get(), {impl->url.job, impl->worker,
                                                                                impl->listen.ToString(),
                                                                                impl->args.lease_seconds}));
+    rejoin_ = {impl->etcd.get(), impl->coordinator.get(), membership_->options(), {}};
+    rejoin_.client.token = impl->token;
     Follow();
     fs_->controller().SetPropose(
         [this](const std::string& text, const ptc::ParallelConfig& config) { return Propose(text, config); });
@@ -105,8 +109,14 @@ class Agent {
   }
 
  private:
+  // On a FUSE thread, or the agent's (Recover). membership_ is the agent's own: not read here.
   ptc::Status Propose(const std::string& text, const ptc::ParallelConfig& config) {
-    PTC_ASSIGN_OR_RETURN(std::vector<ptc::Member> members, membership_->Members());
+    if (!member_) {
+      return ptc::FailedPreconditionError("worker " + std::to_string(impl_->worker) + " is not a member of job " +
+                                          impl_->url.job + " now (it lost its membership): rejoining; " +
+                                          "try again once .ptcfs/status shows no error");
+    }
+    PTC_ASSIGN_OR_RETURN(std::vector<ptc::Member> members, ptc::ListMembers(*impl_->etcd, impl_->url.job));
     std::vector<int> workers;
     for (const ptc::Member& m : members) workers.push_back(m.worker);
     const uint64_t from = fs_->store().CurrentSnapshot()->generation;
@@ -150,9 +160,10 @@ class Agent {
       seen_.insert(live.begin(), live.end());
       auto pending = impl_->coordinator->Pending();
       if (pending.ok() && *pending && revision > 0) WithdrawOrphan(**pending, live);
-      if (pending.ok() && *pending) Apply(**pending);
-      if (pending.ok() && !*pending && revision > 0) Recover(live);
-      if (pending.ok() && !*pending && durable_) durable_->Look();
+      const bool member = InStep(pending);  // a worker that rejoins neither applies, recovers nor copies
+      if (member && pending.ok() && *pending) Apply(**pending);
+      if (member && pending.ok() && !*pending && revision > 0) Recover(live);
+      if (member && pending.ok() && !*pending && durable_) durable_->Look();
       if (stop_) break;
       if (revision > 0 && impl_->etcd->WaitForChange(ptc::JobPrefix(impl_->url.job), revision, kFollowEvery).ok()) {
         continue;
@@ -199,6 +210,56 @@ class Agent {
     if (!s.ok()) fs_->controller().RecordError("worker " + names + " left the job; no change onto the survivors: " + s.message());
   }
 
+  // Whether this worker is a member of the job in step with it. One whose
+  // lease was lost (its link was cut longer than the lease), or that a change
+  // committed without (a race with a recovery as it rejoined), stops being
+  // one: .ptcfs/status and stderr say so, and it rejoins (Rejoin,
+  // cluster_rejoin.h) on a later look, once etcd can be reached.
+  bool InStep(const ptc::Result<std::optional<ptc::Change>>& pending) {
+    const std::string who = "worker " + std::to_string(impl_->worker) + " lost its membership of job " + impl_->url.job;
+    if (member_) {
+      ptc::Status health = membership_->health();
+      if (health.ok() && !Behind(pending)) return true;
+      if (health.ok()) {
+        (void)membership_->Leave();
+        health = ptc::FailedPreconditionError("the job committed a generation without it");
+      }
+      member_ = false;
+      away_ = who + " (" + health.message() + "): rejoining";
+      NoteAway(away_);
+    }
+    // etcd unreachable (the link still cut): no attempt, which would wait on etcd again.
+    auto joined = pending.ok() ? Rejoin(rejoin_, fs_->controller(), fs_->store())
+                               : ptc::Result<std::unique_ptr<ptc::Membership>>(pending.status());
+    if (!joined.ok()) {
+      NoteAway(away_ + ": " + joined.status().message());
+      return false;
+    }
+    membership_ = std::move(*joined);
+    member_ = true;
+    fs_->controller().RecordError("");  // the loss is over
+    std::fprintf(stderr, "ptcfs: worker %d rejoined job %s at generation %llu\n", impl_->worker,
+                 impl_->url.job.c_str(), static_cast<unsigned long long>(fs_->store().current_generation()));
+    noted_.clear();
+    return true;
+  }
+
+  // Whether a change committed without this member while it was not busy
+  // (only the agent's thread starts changes: its own are over).
+  bool Behind(const ptc::Result<std::optional<ptc::Change>>& pending) {
+    if (!pending.ok() || *pending || fs_->controller().Busy()) return false;
+    auto committed = impl_->coordinator->GetCommitted();
+    return committed.ok() && *committed && (*committed)->generation != fs_->store().current_generation();
+  }
+
+  // Keeps `message` as last_error and logs it when it changed.
+  void NoteAway(const std::string& message) {
+    fs_->controller().RecordError(message);
+    if (message == noted_) return;
+    noted_ = message;
+    std::fprintf(stderr, "ptcfs: %s\n", message.c_str());
+  }
+
   void Apply(const ptc::Change& change) {
     if (change.id == applied_ || change.from != fs_->store().CurrentSnapshot()->generation) return;
     const std::set<int> participants(change.workers.begin(), change.workers.end());
@@ -237,7 +298,10 @@ class Agent {
   Filesystem* const fs_;
   ClusterMount::Impl* impl_ = nullptr;
   std::unique_ptr<ptc::PeerServer> server_;
-  std::unique_ptr<ptc::Membership> membership_;
+  std::unique_ptr<ptc::Membership> membership_;  // replaced when it rejoins (the loop's own after Start)
+  std::atomic<bool> member_{true};              // membership_ is held and in step with the job
+  RejoinTarget rejoin_;                         // how it joins again (set by Start)
+  std::string away_, noted_;                    // what status says while it rejoins (the loop's own)
   std::vector<std::shared_ptr<const ptc::GenerationManifest>> served_ = {nullptr, nullptr};
   std::string applied_;  // the id of the last change applied (the loop's own)
   std::set<int> seen_;   // workers seen live since the mount started (the loop's own)

@@ -1,0 +1,37 @@
+#include "tools/cluster_rejoin.h"
+
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "cluster/job_state.h"
+#include "cluster/rejoin.h"
+
+namespace ptcfs {
+
+ptc::Result<std::unique_ptr<ptc::Membership>> Rejoin(const RejoinTarget& target, Controller& controller,
+                                                     const ptc::Store& store) {
+  const std::string& job = target.membership.job;
+  const int worker = target.membership.worker;
+  if (controller.Busy()) return ptc::FailedPreconditionError("waiting for this mount's change to wind down");
+  PTC_ASSIGN_OR_RETURN(std::optional<ptc::Change> pending, target.coordinator->Pending());
+  if (pending) {
+    return ptc::FailedPreconditionError("waiting for the job's change " + pending->id + " (to generation " +
+                                        std::to_string(pending->generation) + ") to end");
+  }
+  // The committed key's value as read: the join below holds only while the job is still there.
+  PTC_ASSIGN_OR_RETURN(std::optional<ptc::KeyValue> kv, target.etcd->Get(ptc::CommittedKey(job)));
+  if (!kv) return ptc::FailedPreconditionError("job " + job + " has no committed generation in etcd");
+  PTC_ASSIGN_OR_RETURN(ptc::Committed committed, ptc::DecodeCommitted("etcd key " + kv->key, kv->value));
+  if (!ptc::AtCommitted(store, committed)) {
+    const uint64_t from = store.current_generation();
+    PTC_RETURN_IF_ERROR(controller.Adopt([&](ptc::Store& s) {
+      return ptc::CatchUp(*target.etcd, job, worker, committed, ptc::PeerClient(target.client), s);
+    }));
+    std::fprintf(stderr, "ptcfs: worker %d: the store moved from generation %llu to the job's %llu (from a peer)\n",
+                 worker, static_cast<unsigned long long>(from), static_cast<unsigned long long>(committed.generation));
+  }
+  return ptc::Membership::Join(target.etcd, target.membership, ptc::RejoinConditions(job, kv->value));
+}
+
+}  // namespace ptcfs
