@@ -13,6 +13,7 @@ or NATed beyond that.
     with Netns(3) as ns, start_etcd(tmp, ns.host_addr) as etcd:
         worker = ns.popen(0, ["ptcfs", "serve", "--etcd", etcd.endpoint, ...])
         ns.run(2, ["ping", "-c1", ns.addr(0)], check=True)
+        ns.set_link(1, False)             # worker 1 cut off; set_link(1, True) restores it
     # every namespace, veth and the bridge is gone here, processes killed
 
 Cleanup always runs: on leaving the ``with`` block (also when the body raises),
@@ -303,6 +304,12 @@ class Netns:
         if not 0 <= i < self.n:
             raise IndexError(f"namespace {i} of {self.n}")
         return f"{_SUBNET}.{self._x}.{i + 2}"
+
+    def set_link(self, i: int, up: bool) -> None:
+        """Cuts namespace i off the bridge (up=False: the host end of its veth
+        goes down, so what it sends and what is sent to it is dropped, and its
+        connections hang until their own timeouts) or restores its link."""
+        _ip("link", "set", self._host_veths[i], "up" if up else "down")
 
     def _argv(self, i: int, argv: Sequence[str]) -> list:
         # Only the network namespace: unlike `ip netns exec`, nsenter keeps the

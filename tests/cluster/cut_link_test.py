@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""A cut link: a worker cut off from the job while mounted rejoins by itself
+when its link comes back (docs/cluster.md, "Lost workers"); four ptcfs
+mounts, each worker in a network namespace of its own, one job in a real etcd.
+
+  8 ranks, tp=2,pp=4 (one stage per worker: workers 0-3, per_worker=2)
+  -> the same with replicas=2 (generation 2)
+  worker 2's link cut (`ip link set <its veth> down`): its lease expires, the
+     survivors move on their own to tp=2,pp=3 on workers 0, 1, 3
+     (generation 3), worker 2's stage read from its replica; worker 2's mount
+     still serves generation 2 meanwhile (its reads answer, bit-exact), and
+     its .ptcfs/status says it lost its membership and is rejoining
+  the link restored: worker 2 catches up with generation 3 from a peer,
+     serves it, then joins again (`ptcfs cluster status` lists it live)
+  asked back to tp=2,pp=4 on workers 0-3 (on worker 2's own mount): it pulls
+     its stage again (generation 4)
+After each committed step every rank's files, on the worker its slot names,
+equal `ptcfs synth` of the config, tensor by tensor (`ptcfs diff`).
+
+Usage: cut_link_test.py PTCFS   (root; exit 77 = skipped, never under CI=true)
+"""
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from netns import Netns, require, start_etcd  # noqa: E402
+from workers import (at_generation, job_token, job_url, start_worker, status, stop, wait_for,  # noqa: E402
+                     worker_store)
+
+PTCFS = os.path.abspath(sys.argv[1])
+SCHEMA, DIMS = "llama", "layers=12,hidden=64,heads=8,kv_heads=4,vocab=96,seq=16,ffn=96"
+WORKERS, PORT, JOB, CUT = 4, 7441, "cut", 2
+LEASE = 2
+
+
+def ptcfs(*args):
+    return subprocess.run([PTCFS, *args], check=True, capture_output=True, text=True)
+
+
+def expect_ranks(tmp, mnts, config, placement, tag):
+    """Rank r's files on the mount of placement[r // 2] equal synth of `config`."""
+    ref = os.path.join(tmp, "ref-" + tag)
+    ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--config", config, "--optimizer", "adam", "--seed", "7", ref)
+    joined = os.path.join(tmp, "joined-" + tag)
+    os.makedirs(joined)
+    for r in range(2 * len(placement)):
+        src = os.path.join(mnts[placement[r // 2]], "model", "rank-%05d" % r)
+        assert os.path.isdir(src), src + " missing"
+        os.symlink(src, os.path.join(joined, "rank-%05d" % r))
+    ptcfs("diff", "--schema", SCHEMA, "--dims", DIMS, "--config-a", config, "--config-b", config, ref, joined)
+    print("ok   ranks 0-%d on workers %s equal synth of %s" % (2 * len(placement) - 1, placement, config))
+
+
+def rank_digests(mnt, timeout=30):
+    """sha256 of every file under MNT/model, read in a child process (a mount
+    that hangs fails the test after `timeout` s instead of hanging it)."""
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(os.path.join(mnt, "model")) for f in fs)
+    assert files, mnt + ": no rank files"
+    code = "import hashlib,sys\nfor p in sys.argv[1:]:\n print(hashlib.sha256(open(p,'rb').read()).hexdigest(), p)\n"
+    t0 = time.time()
+    out = subprocess.run([sys.executable, "-c", code, *files], check=True, capture_output=True, text=True,
+                         timeout=timeout).stdout
+    return out, time.time() - t0
+
+
+def cluster_json(url, token):
+    return json.loads(ptcfs("cluster", "status", "--cluster", url, "--token-file", token, "--json").stdout)
+
+
+def start(ns, w, store, mnt, url, token, tmp):
+    return start_worker(ns, PTCFS, w, store, mnt, url, token, PORT, os.path.join(tmp, "worker%d.log" % w),
+                        ["--lease", str(LEASE)])
+
+
+def main():
+    require(etcd=True)
+    tmp = tempfile.mkdtemp(prefix="ptcfs-cut-")
+    mnts = [os.path.join(tmp, "mnt%d" % w) for w in range(WORKERS)]
+    daemons = []
+    started = time.time()
+    try:
+        with Netns(WORKERS) as ns, start_etcd(os.path.join(tmp, "etcd"), ns.host_addr) as etcd:
+            try:
+                first = "tp=2,pp=4,dp=1,per_worker=2"
+                ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--config", first, "--optimizer", "adam", "--seed",
+                      "7", os.path.join(tmp, "saved"))
+                ptcfs("import", "--schema", SCHEMA, "--dims", DIMS, "--config", first, os.path.join(tmp, "saved"),
+                      os.path.join(tmp, "whole"))
+                stores = [worker_store(os.path.join(tmp, "whole"), os.path.join(tmp, "store%d" % w), w)
+                          for w in range(WORKERS)]
+                token = job_token(os.path.join(tmp, "token"), "token-of-the-cut-link-test")
+                url = job_url(etcd, JOB)
+                for w in range(WORKERS):
+                    os.makedirs(mnts[w])
+                    daemons.append(start(ns, w, stores[w], mnts[w], url, token, tmp))
+                for w in range(WORKERS):
+                    wait_for("worker %d's mount" % w, lambda: status(mnts[w])["state"] == "serving", mnts=mnts)
+                print("ok   4 workers mounted")
+
+                replicated = first + ",replicas=2"
+                with open(os.path.join(mnts[0], ".ptcfs", "config"), "w") as f:
+                    f.write(replicated + "\n")
+                for w in range(WORKERS):
+                    wait_for("worker %d at generation 2" % w, lambda: at_generation(mnts[w], 2), mnts=mnts)
+                expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "replicated")
+                before, _ = rank_digests(mnts[CUT])
+
+                # Worker 2's link is cut: the survivors reconfigure onto themselves.
+                t0 = time.time()
+                ns.set_link(CUT, False)
+                live = [w for w in range(WORKERS) if w != CUT]
+                survivors = "tp=2,pp=3,dp=1,per_worker=2,workers=0+1+3,replicas=2"
+                for w in live:
+                    wait_for("worker %d at generation 3" % w, lambda: at_generation(mnts[w], 3), 60,
+                             mnts=[mnts[x] for x in live])
+                    assert status(mnts[w])["config"] == survivors, status(mnts[w])
+                print("ok   worker %d cut off: the survivors serve %s after %.1f s (lease %d s)" %
+                      (CUT, survivors, time.time() - t0, LEASE))
+                expect_ranks(tmp, mnts, survivors, live, "survivors")
+
+                # Cut off, worker 2 still serves what it had, and says it is away.
+                away = wait_for("worker %d to note its lost membership" % CUT,
+                                lambda: "lost its membership" in (status(mnts[CUT])["last_error"] or "") and
+                                status(mnts[CUT]), 60, poll=0.2, mnts=mnts[CUT:CUT + 1])
+                assert away["generation"] == 2 and away["config"] == replicated, away
+                assert "worker %d lost its membership of job %s" % (CUT, JOB) in away["last_error"], away
+                assert "rejoining" in away["last_error"], away
+                during, seconds = rank_digests(mnts[CUT])
+                assert during == before, "worker %d's ranks changed while cut off" % CUT
+                print("ok   cut off, worker %d serves generation 2 (its ranks read in %.2f s, bit-exact): %s" %
+                      (CUT, seconds, away["last_error"][:160]))
+                assert daemons[CUT].poll() is None, "worker %d's daemon ended" % CUT
+
+                # The link comes back: worker 2 catches up, then joins again.
+                t1 = time.time()
+                ns.set_link(CUT, True)
+                back = wait_for("worker %d back at generation 3" % CUT,
+                                lambda: at_generation(mnts[CUT], 3) and status(mnts[CUT])["last_error"] is None and
+                                status(mnts[CUT]), 90, poll=0.05, mnts=mnts)
+                rejoined = time.time() - t1
+                assert back["config"] == survivors, back
+                assert os.listdir(os.path.join(mnts[CUT], "model")) == [], os.listdir(
+                    os.path.join(mnts[CUT], "model"))
+                j = wait_for("worker %d live in ptcfs cluster status" % CUT,
+                             lambda: (lambda j: CUT in [w["worker"] for w in j["workers"] if w["live"]] and j)(
+                                 cluster_json(url, token)), 30, poll=0.2)
+                assert j["committed"]["generation"] == 3 and j["committed"]["config"] == survivors, j
+                assert sorted(w["worker"] for w in j["workers"] if w["live"]) == [0, 1, 2, 3], j
+                for w in live:
+                    assert at_generation(mnts[w], 3) and status(mnts[w])["config"] == survivors, status(mnts[w])
+                print("ok   link restored: worker %d serves generation 3 (%s) %.1f s later, and is live again" %
+                      (CUT, survivors, rejoined))
+                with open(os.path.join(tmp, "worker%d.log" % CUT)) as f:
+                    log = f.read()
+                assert "lost its membership" in log and "rejoined job %s at generation 3" % JOB in log, log[-2000:]
+
+                # Back onto all four workers, asked on worker 2's own mount: it pulls its stage again.
+                with open(os.path.join(mnts[CUT], ".ptcfs", "config"), "w") as f:
+                    f.write(replicated + "\n")
+                for w in range(WORKERS):
+                    wait_for("worker %d at generation 4" % w, lambda: at_generation(mnts[w], 4), 60, mnts=mnts)
+                    assert status(mnts[w])["config"] == replicated, status(mnts[w])
+                expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "again")
+                j = cluster_json(url, token)
+                assert j["committed"]["generation"] == 4 and all(w["live"] for w in j["workers"]), j
+                print("ok   back on 4 workers: worker %d holds ranks 4-5 again" % CUT)
+            finally:
+                with contextlib.suppress(Exception):
+                    ns.set_link(CUT, True)  # so that its daemon can leave the job as it unmounts
+                stop(daemons, mnts)
+    finally:
+        stop(daemons, mnts)
+        if os.environ.get("KEEP_TMP"):
+            print("kept " + tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print("PASS cut_link_test (%.1f s)" % (time.time() - started))
+
+
+if __name__ == "__main__":
+    main()
