@@ -62,7 +62,10 @@ def rank_digests(mnt, timeout=30):
     that hangs fails the test after `timeout` s instead of hanging it)."""
     files = sorted(os.path.join(d, f) for d, _, fs in os.walk(os.path.join(mnt, "model")) for f in fs)
     assert files, mnt + ": no rank files"
-    code = "import hashlib,sys\nfor p in sys.argv[1:]:\n print(hashlib.sha256(open(p,'rb').read()).hexdigest(), p)\n"
+    # The kernel's cached pages dropped first: the daemon serves every read.
+    code = ("import hashlib,os,sys\nfor p in sys.argv[1:]:\n with open(p,'rb') as f:\n"
+            "  os.posix_fadvise(f.fileno(),0,0,os.POSIX_FADV_DONTNEED)\n"
+            "  print(hashlib.sha256(f.read()).hexdigest(), p)\n")
     t0 = time.time()
     out = subprocess.run([sys.executable, "-c", code, *files], check=True, capture_output=True, text=True,
                          timeout=timeout).stdout
@@ -136,6 +139,14 @@ def main():
                 print("ok   cut off, worker %d serves generation 2 (its ranks read in %.2f s, bit-exact): %s" %
                       (CUT, seconds, away["last_error"][:160]))
                 assert daemons[CUT].poll() is None, "worker %d's daemon ended" % CUT
+                try:  # not a member: a config written to its mount is refused, not proposed
+                    with open(os.path.join(mnts[CUT], ".ptcfs", "config"), "w") as f:
+                        f.write(first + "\n")
+                    raise AssertionError("worker %d took a config while cut off" % CUT)
+                except OSError as e:
+                    refused = status(mnts[CUT])["last_error"]
+                    assert "is not a member of job" in refused, (e, refused)
+                    print("ok   cut off, worker %d refuses a config (%s): %s" % (CUT, e.strerror, refused[:100]))
 
                 # The link comes back: worker 2 catches up, then joins again.
                 t1 = time.time()
@@ -159,6 +170,7 @@ def main():
                 with open(os.path.join(tmp, "worker%d.log" % CUT)) as f:
                     log = f.read()
                 assert "lost its membership" in log and "rejoined job %s at generation 3" % JOB in log, log[-2000:]
+                assert "left the job" not in log, log[-2000:]  # it proposed no recovery onto itself
 
                 # Back onto all four workers, asked on worker 2's own mount: it pulls its stage again.
                 with open(os.path.join(mnts[CUT], ".ptcfs", "config"), "w") as f:
