@@ -135,16 +135,30 @@ Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const
                                                      const std::vector<TensorRecord>& tensors) const {
   const std::string& job = options_.job;
   const std::string change_text = EncodeChange(change);
-  {
+  // Etcd out of reach (this worker's link cut) is no outcome: the job may
+  // commit the part meanwhile (every part was in), and a part this worker gave
+  // up is removed from its store. So an IOError is tried again each `poll`
+  // until the deadline, when the part is published and while waiting.
+  const Clock::time_point deadline = Clock::now() + options_.timeout;
+  auto unreachable = [&](const Status& s) {
+    if (s.code() != Code::kIOError || Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(options_.poll);
+    return true;
+  };
+  for (;;) {
     TxnRequest txn;
     txn.compare = {Compare::ValueIs(ChangeKey(job), change_text)};
     txn.success = {TxnOp::Put(PartKey(job, change.generation, options_.worker),
                               EncodePart(change.id, written, tensors))};
-    PTC_ASSIGN_OR_RETURN(TxnResponse r, etcd_->Txn(txn));
-    if (!r.succeeded) return Aborted(change);
+    Result<TxnResponse> r = etcd_->Txn(txn);  // the same part again when an answer was lost
+    if (!r.ok() && unreachable(r.status())) continue;
+    PTC_RETURN_IF_ERROR(r.status());
+    if (!r->succeeded) return Aborted(change);
+    break;
   }
-  const Clock::time_point deadline = Clock::now() + options_.timeout;
-  for (;;) {
+  // One look: the other participants' pieces once committed; nullopt: look again.
+  using Look = std::optional<std::vector<ShardRecord>>;
+  auto look = [&]() -> Result<Look> {
     // The parts published, by worker.
     PTC_ASSIGN_OR_RETURN(RangeResponse parts, etcd_->GetPrefix(PartsPrefix(job, change.generation)));
     std::map<int, std::vector<ShardRecord>> by_worker;
@@ -174,13 +188,13 @@ Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const
     if (committed.generation == change.generation) {
       // Parts stay until the next commit: read again when the last one came
       // after this round read them.
-      if (!complete) continue;
+      if (!complete) return Look();
       const std::string digest = PiecesDigest(config, all);
       if (committed.digest != digest) {
         return CorruptionError("job " + job + ": generation " + std::to_string(change.generation) +
                                " was committed with pieces " + committed.digest + ", this worker has " + digest);
       }
-      return others;
+      return Look(std::move(others));
     }
     if (!change_kv || change_kv->value != change_text) return Aborted(change);
     if (complete) {
@@ -192,7 +206,7 @@ Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const
                                                          committed.contents})),
           TxnOp::Delete(ChangeKey(job)), TxnOp::DeletePrefix(GenerationPrefix(job, change.from))};
       PTC_RETURN_IF_ERROR(etcd_->Txn(txn).status());
-      continue;  // committed here or by another worker: the next round sees it
+      return Look();  // committed here or by another worker: the next round sees it
     }
     PTC_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(*etcd_, job));
     for (int w : change.workers) {
@@ -212,6 +226,13 @@ Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const
     if (!etcd_->WaitForChange(JobPrefix(job), parts.revision, wait_ms).ok()) {
       std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(wait_ms, kPollWithoutWatch));
     }
+    return Look();
+  };
+  for (;;) {
+    Result<Look> r = look();
+    if (!r.ok() && unreachable(r.status())) continue;
+    PTC_RETURN_IF_ERROR(r.status());
+    if (*r) return std::move(**r);
   }
 }
 

@@ -67,7 +67,9 @@ class Coordinator {
   // This worker's part of `change` is durable: `written` (its pieces) and
   // `referenced` (the generation's other pieces, the same on every worker).
   // Publishes the part, waits for the others' and the commit (see above) and
-  // returns the other participants' pieces.
+  // returns the other participants' pieces. Etcd out of reach (IOError: this
+  // worker's link cut) is tried again each `poll` until the timeout: the job
+  // may commit the part meanwhile, so it is kept until the outcome is known.
   // \error Aborted as FailedPrecondition naming the reason (a worker failed,
   //        left, the timeout), after which nothing is committed anywhere;
   //        Corruption when the committed digest differs from this worker's.

@@ -131,6 +131,10 @@ class EtcdProcess {
   }
 
   const std::string& endpoint() const { return endpoint_; }
+  // SIGSTOP: etcd stops answering (as behind a cut link); SIGCONT: it answers again.
+  void Signal(int sig) const {
+    if (pid_ > 0) kill(pid_, sig);
+  }
 
  private:
   TempDir dir_;  // removed after Kill (members destroyed after the destructor's body)
@@ -502,6 +506,55 @@ TEST_F(Etcd, CoordinatorCommitsWhenAllAreDoneAndAbortsOtherwise) {
       << gone.status().ToString();
   workers[1]->Withdraw(*orphan, "twice");  // gone already: nothing
   EXPECT_TRUE(workers[0]->Propose("tp=3", 2, {0, 1}, {}).ok());
+}
+
+// A participant that cannot reach etcd while it waits for the commit (its
+// link cut) keeps its part and tries again: the job commits the part
+// meanwhile, and once etcd answers it gets the others' pieces, not an error.
+TEST_F(Etcd, FinishOutlivesEtcdOutOfReach) {
+  const std::string job = "cut-" + std::to_string(getpid());
+  GenerationManifest current;
+  current.generation = 1;
+  current.config = "tp=2,pp=1,per_worker=1";
+  current.tensors = {{"t", DType::kF32, {8}}};
+  current.shards = {Piece(0, 0)};
+  current.shards[0].file = "gen-000001/worker-00/t.s0.h5";
+  std::vector<std::unique_ptr<Membership>> members;
+  std::vector<std::unique_ptr<Coordinator>> workers;
+  EtcdOptions quick;  // worker 0's client gives up on a call after 300 ms
+  quick.endpoints = {etcd_->endpoint()};
+  quick.timeout = std::chrono::milliseconds(300);
+  auto quick_client = EtcdClient::Create(quick);
+  ASSERT_TRUE(quick_client.ok()) << quick_client.status().ToString();
+  for (int w = 0; w < 2; ++w) {
+    auto m = Membership::Join(client_.get(), {job, w, "127.0.0.1:" + std::to_string(9200 + w), 10});
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    members.push_back(std::move(*m));
+    CoordinatorOptions o;
+    o.job = job;
+    o.worker = w;
+    o.poll = std::chrono::milliseconds(50);
+    o.timeout = std::chrono::seconds(20);
+    workers.push_back(std::make_unique<Coordinator>(w == 0 ? quick_client->get() : client_.get(), o));
+    ASSERT_TRUE(workers.back()->Join(current).ok());
+  }
+  auto change = workers[1]->Propose("tp=2", 1, {0, 1}, {0, 1});
+  ASSERT_TRUE(change.ok()) << change.status().ToString();
+  Result<std::vector<ShardRecord>> got = InternalError("not run");
+  std::thread first([&] { got = workers[0]->Finish(*change, "tp=2", {Piece(0, 1)}, current.shards, current.tensors); });
+  ASSERT_TRUE(Eventually([&] { return client_->Get(PartKey(job, 2, 0)).value().has_value(); },
+                         std::chrono::seconds(5)));
+  // etcd stops answering for longer than several of worker 0's calls.
+  etcd_->Signal(SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  etcd_->Signal(SIGCONT);
+  auto second = workers[1]->Finish(*change, "tp=2", {Piece(1, 2)}, current.shards, current.tensors);
+  first.join();
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(got->size(), 1u);
+  EXPECT_EQ(got->front().worker, 1);
+  EXPECT_EQ((*workers[0]->GetCommitted())->generation, 2u);
 }
 
 TEST_F(Etcd, UnreachableEndpointIsAClearError) {
