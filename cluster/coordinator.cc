@@ -187,8 +187,10 @@ Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const
                                       [&](int w) { return by_worker.count(w) > 0; });
     if (committed.generation == change.generation) {
       // Parts stay until the next commit: read again when the last one came
-      // after this round read them.
-      if (!complete) return Look();
+      // after this round read them. Without this worker's own part the
+      // generation is another change's (ours was aborted, its parts removed,
+      // while this worker could not reach etcd).
+      if (!complete) return by_worker.count(options_.worker) ? Result<Look>(Look()) : Result<Look>(Aborted(change));
       const std::string digest = PiecesDigest(config, all);
       if (committed.digest != digest) {
         return CorruptionError("job " + job + ": generation " + std::to_string(change.generation) +
