@@ -237,6 +237,9 @@ class Agent {
     }
     membership_ = std::move(*joined);
     member_ = true;
+    // Workers count as lost once seen live again: after an outage of etcd itself, the
+    // first to rejoin would otherwise recover the job onto itself before the others rejoin.
+    seen_.clear();
     fs_->controller().RecordError("");  // the loss is over
     std::fprintf(stderr, "ptcfs: worker %d rejoined job %s at generation %llu\n", impl_->worker,
                  impl_->url.job.c_str(), static_cast<unsigned long long>(fs_->store().current_generation()));
@@ -304,7 +307,7 @@ class Agent {
   std::string away_, noted_;                    // what status says while it rejoins (the loop's own)
   std::vector<std::shared_ptr<const ptc::GenerationManifest>> served_ = {nullptr, nullptr};
   std::string applied_;  // the id of the last change applied (the loop's own)
-  std::set<int> seen_;   // workers seen live since the mount started (the loop's own)
+  std::set<int> seen_;   // workers seen live since the mount started or rejoined (the loop's own)
   std::pair<uint64_t, std::vector<int>> tried_;  // the last recovery proposed (the loop's own)
   std::unique_ptr<DurableKeeper> durable_;  // with --durable
   std::atomic<bool> stop_{false};
