@@ -122,7 +122,8 @@ class Controller {
   // store's only writer (state "rejoining"), then serves the store's current
   // generation in its own config, as a change's commit is served, and removes
   // the generations it replaced that no open file reads. Open files keep
-  // reading the generation they were opened in. Clears last_error when served.
+  // reading the generation they were opened in. last_error stays as it was
+  // when served (the caller's own, e.g. "rejoining", until it is done).
   // \error FailedPrecondition while a rewrite or save runs; as `write` (the
   //         generation served before stays); as SpecFromManifest,
   //         ConfigFromManifest, LoadDatasetState and Snapshot::Create.

@@ -41,11 +41,7 @@ ptc::Status Controller::Adopt(const std::function<ptc::Status(ptc::Store&)>& wri
   {
     ptc::MutexLock lock(&mu_);
     state_ = result.ok() ? "serving" : before;
-    if (result.ok()) {
-      last_error_.clear();
-    } else {
-      SetLastError(result.status().message());
-    }
+    if (!result.ok()) SetLastError(result.status().message());  // else the caller's to clear (it may not be done)
   }
   if (result.ok()) Collect();
   return result.status();
