@@ -72,6 +72,34 @@ def rank_digests(mnt, timeout=30):
     return out, time.time() - t0
 
 
+def placement(config):
+    """The workers of a config's slots, in slot order (per_worker=2: slot r // 2 holds rank r)."""
+    fields = dict(kv.split("=") for kv in config.split(","))
+    if "workers" in fields:
+        return [int(w) for w in fields["workers"].split("+")]
+    slots = int(fields["tp"]) * int(fields["pp"]) * int(fields.get("dp", 1)) // int(fields["per_worker"])
+    return list(range(slots))
+
+
+def settled(states):
+    """The survivors' common status once they serve one generation, with no change under way, on a
+    config that places nothing on the cut worker; else None."""
+    first = states[0]
+    if any(s["state"] != "serving" or s["generation"] != first["generation"] or s["config"] != first["config"]
+           for s in states):
+        return None
+    return first if CUT not in placement(first["config"]) else None
+
+
+def reconfigure(mnt, config):
+    """Writes `config` to MNT/.ptcfs/config; a refusal names the mount's last_error."""
+    try:
+        with open(os.path.join(mnt, ".ptcfs", "config"), "w") as f:
+            f.write(config + "\n")
+    except OSError as e:
+        raise AssertionError("%s refused %s (%s): %s" % (mnt, config, e, status(mnt)["last_error"]))
+
+
 def cluster_json(url, token):
     return json.loads(ptcfs("cluster", "status", "--cluster", url, "--token-file", token, "--json").stdout)
 
@@ -107,8 +135,7 @@ def main():
                 print("ok   4 workers mounted")
 
                 replicated = first + ",replicas=2"
-                with open(os.path.join(mnts[0], ".ptcfs", "config"), "w") as f:
-                    f.write(replicated + "\n")
+                reconfigure(mnts[0], replicated)
                 for w in range(WORKERS):
                     wait_for("worker %d at generation 2" % w, lambda: at_generation(mnts[w], 2), mnts=mnts)
                 expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "replicated")
@@ -173,8 +200,7 @@ def main():
                 assert "left the job" not in log, log[-2000:]  # it proposed no recovery onto itself
 
                 # Back onto all four workers, asked on worker 2's own mount: it pulls its stage again.
-                with open(os.path.join(mnts[CUT], ".ptcfs", "config"), "w") as f:
-                    f.write(replicated + "\n")
+                reconfigure(mnts[CUT], replicated)
                 for w in range(WORKERS):
                     wait_for("worker %d at generation 4" % w, lambda: at_generation(mnts[w], 4), 60, mnts=mnts)
                     assert status(mnts[w])["config"] == replicated, status(mnts[w])
@@ -182,6 +208,39 @@ def main():
                 j = cluster_json(url, token)
                 assert j["committed"]["generation"] == 4 and all(w["live"] for w in j["workers"]), j
                 print("ok   back on 4 workers: worker %d holds ranks 4-5 again" % CUT)
+
+                # Cut again, mid-change: whether the change is aborted (worker 2's lease
+                # expires before its part is in) or committed with its part, the survivors
+                # end on a config without it, and worker 2 rejoins at their generation.
+                reconfigure(mnts[0], "tp=2,pp=2,dp=2,per_worker=2,replicas=2")
+                seen = wait_for("worker %d to take the change up" % CUT,
+                                lambda: (lambda s: (s["state"] != "serving" or s["generation"] != 4) and s)(
+                                    status(mnts[CUT])), 30, poll=0.002, mnts=mnts)
+                t2 = time.time()
+                ns.set_link(CUT, False)
+                final = wait_for("the survivors to settle without worker %d" % CUT,
+                                 lambda: settled([status(mnts[w]) for w in live]), 120, poll=0.1,
+                                 mnts=[mnts[x] for x in live])
+                print("ok   cut mid-change (worker %d %s at generation %d): the survivors serve %s at generation %d "
+                      "after %.1f s" % (CUT, seen["state"], seen["generation"], final["config"], final["generation"],
+                                        time.time() - t2))
+                time.sleep(LEASE)  # cut off for a while longer
+                t3 = time.time()
+                ns.set_link(CUT, True)
+                back = wait_for("worker %d back at generation %d" % (CUT, final["generation"]),
+                                lambda: at_generation(mnts[CUT], final["generation"]) and
+                                status(mnts[CUT])["last_error"] is None and status(mnts[CUT]), 120, poll=0.05,
+                                mnts=mnts)
+                assert back["config"] == final["config"], back
+                print("ok   link restored: worker %d serves generation %d %.1f s later" %
+                      (CUT, final["generation"], time.time() - t3))
+                expect_ranks(tmp, mnts, final["config"], placement(final["config"]), "midchange")
+                reconfigure(mnts[1], replicated)
+                last = final["generation"] + 1
+                for w in range(WORKERS):
+                    wait_for("worker %d at generation %d" % (w, last), lambda: at_generation(mnts[w], last), 60,
+                             mnts=mnts)
+                expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "final")
             finally:
                 with contextlib.suppress(Exception):
                     ns.set_link(CUT, True)  # so that its daemon can leave the job as it unmounts
