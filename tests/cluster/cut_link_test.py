@@ -14,6 +14,10 @@ mounts, each worker in a network namespace of its own, one job in a real etcd.
      serves it, then joins again (`ptcfs cluster status` lists it live)
   asked back to tp=2,pp=4 on workers 0-3 (on worker 2's own mount): it pulls
      its stage again (generation 4)
+  worker 2 cut again while the job moves to tp=2,pp=2,dp=2: the change is
+     aborted (or committed with its part); either way the survivors end on a
+     config without it, it rejoins at their generation once the link is back,
+     and a change back to four workers uses it again
 After each committed step every rank's files, on the worker its slot names,
 equal `ptcfs synth` of the config, tensor by tensor (`ptcfs diff`).
 
