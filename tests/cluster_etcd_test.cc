@@ -378,7 +378,7 @@ TEST_F(Etcd, LeaseExpiryRemovesADeadMember) {
 // read, no change under way); otherwise nothing is left behind.
 TEST_F(Etcd, RejoinsOnlyWhileTheJobIsWhereItCaughtUp) {
   const std::string job = "rejoin-" + std::to_string(getpid());
-  const std::string committed = EncodeCommitted({3, "tp=1,pp=1", "abc"});
+  const std::string committed = EncodeCommitted({3, "tp=1,pp=1", "abc", "abc"});
   ASSERT_TRUE(client_->Put(CommittedKey(job), committed).ok());
   const MembershipOptions options{job, 2, "127.0.0.1:9002", 2};
   const std::vector<Compare> conditions = RejoinConditions(job, committed);
@@ -390,7 +390,7 @@ TEST_F(Etcd, RejoinsOnlyWhileTheJobIsWhereItCaughtUp) {
   EXPECT_TRUE(ListMembers(*client_, job)->empty());
   ASSERT_TRUE(client_->Delete(ChangeKey(job)).ok());
   // The job committed another generation since: refused.
-  ASSERT_TRUE(client_->Put(CommittedKey(job), EncodeCommitted({4, "tp=1,pp=1", "def"})).ok());
+  ASSERT_TRUE(client_->Put(CommittedKey(job), EncodeCommitted({4, "tp=1,pp=1", "def", "abc"})).ok());
   EXPECT_EQ(Membership::Join(client_.get(), options, conditions).status().code(), Code::kFailedPrecondition);
   EXPECT_TRUE(ListMembers(*client_, job)->empty());
   // Where it caught up, nothing under way: it is a member again.
