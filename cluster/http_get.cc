@@ -29,19 +29,32 @@ class Socket {
   int fd_;
 };
 
-// Waits until `fd` is ready for `events` or the deadline.
-Status Wait(int fd, short events, Clock::time_point deadline, const std::string& where) {
+// When a wait gives up: the request's deadline, or `stall` without progress.
+struct Limits {
+  Clock::time_point deadline;
+  std::chrono::milliseconds stall{0};
+};
+
+// Waits until `fd` is ready for `events`, the deadline or the stall limit.
+Status Wait(int fd, short events, const Limits& limits, const std::string& where) {
+  const Clock::time_point stalled =
+      limits.stall.count() > 0 ? Clock::now() + limits.stall : Clock::time_point::max();
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return IOError(where + ": deadline passed");
+    const auto now = Clock::now();
+    if (now >= limits.deadline) return IOError(where + ": deadline passed");
+    if (now >= stalled) {
+      return IOError(where + ": nothing from the peer for " + std::to_string(limits.stall.count()) +
+                     " ms (is it or its link gone?)");
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(std::min(limits.deadline, stalled) - now);
     pollfd p{fd, events, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1 << 30)));
+    const int r = ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 1, 1 << 30)));
     if (r > 0) return Status::OK();
     if (r < 0 && errno != EINTR) return ErrnoError(where + ": poll", errno);
   }
 }
 
-Result<std::unique_ptr<Socket>> Connect(const PeerAddress& peer, Clock::time_point deadline, const std::string& where) {
+Result<std::unique_ptr<Socket>> Connect(const PeerAddress& peer, const Limits& limits, const std::string& where) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -60,7 +73,7 @@ Result<std::unique_ptr<Socket>> Connect(const PeerAddress& peer, Clock::time_poi
       last = ErrnoError(where + ": connect", errno);
       continue;
     }
-    if (Status w = Wait(s->fd(), POLLOUT, deadline, where + ": connect"); !w.ok()) {
+    if (Status w = Wait(s->fd(), POLLOUT, limits, where + ": connect"); !w.ok()) {
       last = w;
       continue;
     }
@@ -77,24 +90,24 @@ Result<std::unique_ptr<Socket>> Connect(const PeerAddress& peer, Clock::time_poi
 }
 
 // Receives up to n bytes (at least one, or 0 at the end of the stream).
-Result<size_t> Receive(int fd, char* dst, size_t n, Clock::time_point deadline, const std::string& where) {
+Result<size_t> Receive(int fd, char* dst, size_t n, const Limits& limits, const std::string& where) {
   for (;;) {
     const ssize_t r = ::recv(fd, dst, n, 0);
     if (r >= 0) return static_cast<size_t>(r);
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return ErrnoError(where + ": recv", errno);
-    PTC_RETURN_IF_ERROR(Wait(fd, POLLIN, deadline, where));
+    PTC_RETURN_IF_ERROR(Wait(fd, POLLIN, limits, where));
   }
 }
 
-Status SendAll(int fd, std::string_view data, Clock::time_point deadline, const std::string& where) {
+Status SendAll(int fd, std::string_view data, const Limits& limits, const std::string& where) {
   while (!data.empty()) {
     const ssize_t r = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
     if (r > 0) {
       data.remove_prefix(static_cast<size_t>(r));
     } else if (r < 0 && errno != EINTR) {
       if (errno != EAGAIN && errno != EWOULDBLOCK) return ErrnoError(where + ": send", errno);
-      PTC_RETURN_IF_ERROR(Wait(fd, POLLOUT, deadline, where));
+      PTC_RETURN_IF_ERROR(Wait(fd, POLLOUT, limits, where));
     }
   }
   return Status::OK();
@@ -147,19 +160,19 @@ Result<HttpHead> ParseHttpHead(std::string_view head, const std::string& where) 
 Status HttpGet(const HttpGetRequest& request, const std::function<HttpBody(const HttpHead&)>& on_head,
                const std::function<bool(const char*, size_t)>& on_body) {
   const std::string where = "peer " + request.peer.ToString();
-  PTC_ASSIGN_OR_RETURN(std::unique_ptr<Socket> socket, Connect(request.peer, request.deadline, where));
+  const Limits limits{request.deadline, request.stall};
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<Socket> socket, Connect(request.peer, limits, where));
   std::string text = "GET " + request.target + " HTTP/1.1\r\nHost: " + request.peer.ToString() +
                      "\r\nConnection: close\r\nAccept-Encoding: identity\r\n";
   for (const auto& [name, value] : request.headers) text += name + ": " + value + "\r\n";
   text += "\r\n";
-  PTC_RETURN_IF_ERROR(SendAll(socket->fd(), text, request.deadline, where));
+  PTC_RETURN_IF_ERROR(SendAll(socket->fd(), text, limits, where));
   // The head, and whatever of the body came with it.
   std::string head_buf(kHeadLimit, '\0');
   size_t have = 0, head_end = std::string_view::npos;
   while (head_end == std::string_view::npos) {
     if (have >= kHeadLimit) return IOError(where + ": response head larger than " + std::to_string(kHeadLimit));
-    PTC_ASSIGN_OR_RETURN(size_t got, Receive(socket->fd(), head_buf.data() + have, kHeadLimit - have,
-                                             request.deadline, where));
+    PTC_ASSIGN_OR_RETURN(size_t got, Receive(socket->fd(), head_buf.data() + have, kHeadLimit - have, limits, where));
     if (got == 0) return IOError(where + ": connection closed before the response head");
     have += got;
     head_end = std::string_view(head_buf.data(), have).find("\r\n\r\n");
@@ -184,7 +197,7 @@ Status HttpGet(const HttpGetRequest& request, const std::function<HttpBody(const
     }
     if (left == 0) return Status::OK();
     PTC_ASSIGN_OR_RETURN(chunk, Receive(socket->fd(), place(), static_cast<size_t>(std::min<uint64_t>(kReadBytes, left)),
-                                        request.deadline, where));
+                                        limits, where));
     if (chunk == 0) {
       if (!head.content_length) return Status::OK();
       return IOError(where + ": connection closed " + std::to_string(left) + " bytes before the body's end");

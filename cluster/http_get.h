@@ -26,6 +26,10 @@ struct HttpGetRequest {
   std::string target;  // "/path?query"
   std::vector<std::pair<std::string, std::string>> headers;
   std::chrono::steady_clock::time_point deadline;
+  // The longest wait for the peer to connect, take the request or send the
+  // next bytes (0: the deadline only): a link cut mid-transfer, where no
+  // reset ever comes, fails after this instead of at the deadline.
+  std::chrono::milliseconds stall{0};
 };
 
 struct HttpHead {
@@ -54,7 +58,8 @@ Result<HttpHead> ParseHttpHead(std::string_view head, const std::string& where);
 // on_body with the body's bytes in order. on_body returning false stops the
 // transfer (the connection is closed) and HttpGet returns OK.
 // \error IOError naming the peer for what the transport does: no connection,
-//        a send or receive failing, the deadline passing, a malformed or
+//        a send or receive failing, the deadline passing, nothing from the
+//        peer for `stall`, a malformed or
 //        chunked response head, a body shorter than its Content-Length.
 Status HttpGet(const HttpGetRequest& request, const std::function<HttpBody(const HttpHead&)>& on_head,
                const std::function<bool(const char*, size_t)>& on_body);

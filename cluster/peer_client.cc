@@ -74,7 +74,8 @@ class BlockFetch {
   Outcome Run(uint64_t want, uint64_t n, char* dst, Clock::time_point deadline) {
     if (deadline <= Clock::now()) return {IOError(where_ + ": deadline passed"), false};
     const ShardRequest request{shard_.file, shard_.offset + begin_, end_ - begin_};
-    HttpGetRequest get{peer_, ShardRequestTarget(request), {{"Authorization", BearerHeader(o_.token)}}, deadline};
+    HttpGetRequest get{peer_, ShardRequestTarget(request), {{"Authorization", BearerHeader(o_.token)}}, deadline,
+                       o_.stall};
     int status = 0;
     std::string error_body;
     auto on_head = [&](const HttpHead& head) {
@@ -190,7 +191,8 @@ Result<GenerationManifest> PeerClient::FetchManifest(const PeerAddress& peer, ui
   HttpGetRequest get{peer,
                      std::string(kManifestPath) + "?generation=" + std::to_string(generation),
                      {{"Authorization", BearerHeader(options_.token)}},
-                     Clock::now() + options_.timeout};
+                     Clock::now() + options_.timeout,
+                     options_.stall};
   int status = 0;
   std::string body;
   bool too_large = false;

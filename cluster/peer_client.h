@@ -28,6 +28,9 @@ struct PeerClientOptions {
   // Tries per request: a connection failure, a broken or short response is
   // tried again (the same bytes: requests are idempotent) until the deadline.
   int attempts = 3;
+  // The longest the peer may send nothing (HttpGetRequest::stall): a peer
+  // whose link was cut fails each attempt after this, not at the deadline.
+  std::chrono::milliseconds stall{3000};
   // Bytes per request, a multiple of kChecksumBlockBytes, at most the server's limit.
   uint64_t max_request_bytes = kDefaultMaxRequestBytes;
 };

@@ -3,7 +3,11 @@
 // (checked on arrival), and every refusal: tokens, paths, ranges.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <random>
@@ -458,6 +462,33 @@ TEST_F(PeerDataPlane, StopIsCleanAndClientsSeeAClearError) {
   ASSERT_FALSE(clash.ok());
   EXPECT_EQ(clash.status().code(), Code::kIOError);
   EXPECT_NE(clash.status().message().find(a.ToString()), std::string::npos) << clash.status().ToString();
+}
+
+// A peer that takes the connection and then sends nothing (its link cut
+// mid-transfer: no reset ever comes) fails each attempt after `stall`, long
+// before the deadline, naming the silence.
+TEST_F(PeerDataPlane, ASilentPeerFailsAfterTheStallNotTheDeadline) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);  // the kernel accepts; nobody ever answers
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  PeerClientOptions o = ClientOptions();
+  o.timeout = std::chrono::seconds(30);
+  o.stall = std::chrono::milliseconds(200);
+  o.attempts = 2;
+  std::vector<char> buf(16);
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = PeerClient(o).ReadShardRange({"127.0.0.1", ntohs(a.sin_port)}, *big_, 0, buf.size(), buf.data());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(listener);
+  EXPECT_EQ(s.code(), Code::kIOError);
+  EXPECT_NE(s.message().find("nothing from the peer for 200 ms"), std::string::npos) << s.ToString();
+  EXPECT_LT(seconds, 5.0) << s.ToString();
 }
 
 TEST_F(PeerDataPlane, StartRefusesBadOptions) {

@@ -24,6 +24,7 @@ equal `ptcfs synth` of the config, tensor by tensor (`ptcfs diff`).
 Usage: cut_link_test.py PTCFS   (root; exit 77 = skipped, never under CI=true)
 """
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -176,7 +177,7 @@ def main():
                     raise AssertionError("worker %d took a config while cut off" % CUT)
                 except OSError as e:
                     refused = status(mnts[CUT])["last_error"]
-                    assert "is not a member of job" in refused, (e, refused)
+                    assert e.errno == errno.EBUSY and "is not a member of job" in refused, (e, refused)
                     print("ok   cut off, worker %d refuses a config (%s): %s" % (CUT, e.strerror, refused[:100]))
 
                 # The link comes back: worker 2 catches up, then joins again.
