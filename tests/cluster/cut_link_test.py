@@ -35,31 +35,17 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, start_etcd  # noqa: E402
-from workers import (at_generation, job_token, job_url, start_worker, status, stop, wait_for,  # noqa: E402
+from workers import (Model, at_generation, job_token, job_url, start_worker, status, stop, wait_for,  # noqa: E402
                      worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
 SCHEMA, DIMS = "llama", "layers=12,hidden=64,heads=8,kv_heads=4,vocab=96,seq=16,ffn=96"
+MODEL = Model(PTCFS, SCHEMA, DIMS)
+ptcfs = MODEL.run
 WORKERS, PORT, JOB, CUT = 4, 7441, "cut", 2
 LEASE = 2
 
 
-def ptcfs(*args):
-    return subprocess.run([PTCFS, *args], check=True, capture_output=True, text=True)
-
-
-def expect_ranks(tmp, mnts, config, placement, tag):
-    """Rank r's files on the mount of placement[r // 2] equal synth of `config`."""
-    ref = os.path.join(tmp, "ref-" + tag)
-    ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--config", config, "--optimizer", "adam", "--seed", "7", ref)
-    joined = os.path.join(tmp, "joined-" + tag)
-    os.makedirs(joined)
-    for r in range(2 * len(placement)):
-        src = os.path.join(mnts[placement[r // 2]], "model", "rank-%05d" % r)
-        assert os.path.isdir(src), src + " missing"
-        os.symlink(src, os.path.join(joined, "rank-%05d" % r))
-    ptcfs("diff", "--schema", SCHEMA, "--dims", DIMS, "--config-a", config, "--config-b", config, ref, joined)
-    print("ok   ranks 0-%d on workers %s equal synth of %s" % (2 * len(placement) - 1, placement, config))
 
 
 def rank_digests(mnt, timeout=30):
@@ -143,7 +129,7 @@ def main():
                 reconfigure(mnts[0], replicated)
                 for w in range(WORKERS):
                     wait_for("worker %d at generation 2" % w, lambda: at_generation(mnts[w], 2), mnts=mnts)
-                expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "replicated")
+                MODEL.expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "replicated")
                 before, _ = rank_digests(mnts[CUT])
 
                 # Worker 2's link is cut: the survivors reconfigure onto themselves.
@@ -157,7 +143,7 @@ def main():
                     assert status(mnts[w])["config"] == survivors, status(mnts[w])
                 print("ok   worker %d cut off: the survivors serve %s after %.1f s (lease %d s)" %
                       (CUT, survivors, time.time() - t0, LEASE))
-                expect_ranks(tmp, mnts, survivors, live, "survivors")
+                MODEL.expect_ranks(tmp, mnts, survivors, live, "survivors")
 
                 # Cut off, worker 2 still serves what it had, and says it is away.
                 away = wait_for("worker %d to note its lost membership" % CUT,
@@ -209,7 +195,7 @@ def main():
                 for w in range(WORKERS):
                     wait_for("worker %d at generation 4" % w, lambda: at_generation(mnts[w], 4), 60, mnts=mnts)
                     assert status(mnts[w])["config"] == replicated, status(mnts[w])
-                expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "again")
+                MODEL.expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "again")
                 j = cluster_json(url, token)
                 assert j["committed"]["generation"] == 4 and all(w["live"] for w in j["workers"]), j
                 print("ok   back on 4 workers: worker %d holds ranks 4-5 again" % CUT)
@@ -239,13 +225,13 @@ def main():
                 assert back["config"] == final["config"], back
                 print("ok   link restored: worker %d serves generation %d %.1f s later" %
                       (CUT, final["generation"], time.time() - t3))
-                expect_ranks(tmp, mnts, final["config"], placement(final["config"]), "midchange")
+                MODEL.expect_ranks(tmp, mnts, final["config"], placement(final["config"]), "midchange")
                 reconfigure(mnts[1], replicated)
                 last = final["generation"] + 1
                 for w in range(WORKERS):
                     wait_for("worker %d at generation %d" % (w, last), lambda: at_generation(mnts[w], last), 60,
                              mnts=mnts)
-                expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "final")
+                MODEL.expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "final")
             finally:
                 with contextlib.suppress(Exception):
                     ns.set_link(CUT, True)  # so that its daemon can leave the job as it unmounts

@@ -28,37 +28,22 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, start_etcd  # noqa: E402
-from workers import (at_generation, job_token, job_url, kill, start_worker, status, stop, wait_for,  # noqa: E402
+from workers import (Model, at_generation, job_token, job_url, kill, start_worker, status, stop, wait_for,  # noqa: E402
                      worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
 SCHEMA, DIMS = "llama", "layers=12,hidden=64,heads=8,kv_heads=4,vocab=96,seq=16,ffn=96"
+MODEL = Model(PTCFS, SCHEMA, DIMS)
+ptcfs = MODEL.run
 WORKERS, PORT, JOB = 4, 7431, "lost"
 
 
-def ptcfs(*args):
-    return subprocess.run([PTCFS, *args], check=True, capture_output=True, text=True)
-
-
-def expect_ranks(tmp, mnts, config, placement, tag):
-    """Rank r's files on the mount of placement[r // 2] equal synth of `config`."""
-    ref = os.path.join(tmp, "ref-" + tag)
-    ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--config", config, "--optimizer", "adam", "--seed", "7", ref)
-    joined = os.path.join(tmp, "joined-" + tag)
-    os.makedirs(joined)
-    for r in range(2 * len(placement)):
-        src = os.path.join(mnts[placement[r // 2]], "model", "rank-%05d" % r)
-        assert os.path.isdir(src), src + " missing"
-        os.symlink(src, os.path.join(joined, "rank-%05d" % r))
-    ptcfs("diff", "--schema", SCHEMA, "--dims", DIMS, "--config-a", config, "--config-b", config, ref, joined)
-    print("ok   ranks 0-%d on workers %s equal synth of %s" % (2 * len(placement) - 1, placement, config))
 
 
 def start(ns, w, store, mnt, url, token, tmp):
@@ -131,7 +116,7 @@ def main():
                 f.write(replicated + "\n")
             for w in range(WORKERS):
                 wait_for("worker %d at generation 2" % w, lambda: at_generation(mnts[w], 2), mnts=mnts)
-            expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "replicated")
+            MODEL.expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "replicated")
             cluster_status(url, token, replicated, os.path.join(tmp, "durable"))
 
             # Worker 1 dies: the survivors reconfigure onto themselves, unasked.
@@ -144,7 +129,7 @@ def main():
                          mnts=[mnts[x] for x in live])
                 assert status(mnts[w])["config"] == survivors, status(mnts[w])
             print("ok   worker 1 killed: the survivors serve %s after %.1f s (lease 2 s)" % (survivors, time.time() - t0))
-            expect_ranks(tmp, mnts, survivors, live, "survivors")
+            MODEL.expect_ranks(tmp, mnts, survivors, live, "survivors")
 
             # Worker 1 comes back with an empty store, and is used again.
             empty = os.path.join(tmp, "store1-new")
@@ -157,7 +142,7 @@ def main():
                 f.write(replicated + "\n")
             for w in range(WORKERS):
                 wait_for("worker %d at generation 4" % w, lambda: at_generation(mnts[w], 4), mnts=mnts)
-            expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "again")
+            MODEL.expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "again")
 
             # Worker 3 stops while the others pull from it, then dies: the
             # change is aborted, and the survivors recover without it.
@@ -173,7 +158,7 @@ def main():
                          mnts=[mnts[x] for x in live])
                 assert status(mnts[w])["config"] == survivors, status(mnts[w])
             print("ok   worker 3 killed mid-change: aborted, then the survivors serve " + survivors)
-            expect_ranks(tmp, mnts, survivors, live, "midpull")
+            MODEL.expect_ranks(tmp, mnts, survivors, live, "midpull")
 
             # Workers 1 and 2 die at once, the durable tier away: the stage only they kept (1's) is lost.
             durable = os.path.join(tmp, "durable")
@@ -208,7 +193,7 @@ def main():
             with open(rank0, "rb") as f:
                 early = f.read()
             wait_for("worker 0 at generation 6", lambda: at_generation(mnts[0], 6), 60, mnts=mnts[:1])
-            expect_ranks(tmp, mnts, alone, [0], "durable")
+            MODEL.expect_ranks(tmp, mnts, alone, [0], "durable")
             with open(rank0, "rb") as f:
                 assert f.read() == early, "rank 0 read during the change differs from the committed one"
             print("ok   the durable tier restored what no live worker held")

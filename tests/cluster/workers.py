@@ -11,6 +11,37 @@ import subprocess
 import time
 
 
+class Model:
+    """The model a cluster test runs (`ptcfs synth` of `schema` and `dims`,
+    with adam state, seed 7) and the check that a job's ranks equal it."""
+
+    def __init__(self, ptcfs, schema, dims):
+        self.ptcfs, self.schema, self.dims = ptcfs, schema, dims
+
+    def run(self, *args, **kw):
+        """`ptcfs ARGS`, checked: its CompletedProcess, output as text."""
+        return subprocess.run([self.ptcfs, *args], check=True, capture_output=True, text=True, **kw)
+
+    def expect_ranks(self, tmp, mnts, config, placement, tag):
+        """Rank r's files, on the mount of worker placement[r // 2] (two
+        ranks per worker), equal `ptcfs synth` of `config` tensor by tensor
+        (`ptcfs diff`); the reference goes to TMP/ref-TAG."""
+        ref = os.path.join(tmp, "ref-" + tag)
+        if not os.path.exists(ref):
+            self.run("synth", "--schema", self.schema, "--dims", self.dims, "--config", config, "--optimizer", "adam",
+                     "--seed", "7", ref)
+        joined = os.path.join(tmp, "joined-" + tag)
+        shutil.rmtree(joined, ignore_errors=True)
+        os.makedirs(joined)
+        for r in range(2 * len(placement)):
+            src = os.path.join(mnts[placement[r // 2]], "model", "rank-%05d" % r)
+            assert os.path.isdir(src), src + " missing"
+            os.symlink(src, os.path.join(joined, "rank-%05d" % r))
+        self.run("diff", "--schema", self.schema, "--dims", self.dims, "--config-a", config, "--config-b", config, ref,
+                 joined)
+        print("ok   ranks 0-%d on workers %s equal synth of %s" % (2 * len(placement) - 1, list(placement), config))
+
+
 def job_token(path, text):
     """Writes the job's shared token to `path`, mode 0600 (as ptcfs requires)."""
     with open(path, "w") as f:
