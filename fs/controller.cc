@@ -490,6 +490,7 @@ std::string Controller::StatusJson(const std::shared_ptr<const Snapshot>& curren
                     {"samples", d->num_samples},
                     {"global_batch", d->global_batch}};
   }
+  if (status_part_) j["cluster"] = status_part_();
   // Messages quote what was written and paths: bytes that are not UTF-8 become U+FFFD.
   return ptc::JsonText(j, 2) + "\n";
 }

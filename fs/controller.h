@@ -16,6 +16,8 @@
 #include <string>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "fs/snapshot.h"
 #include "ptc/base/mutex.h"
 #include "ptc/store/generation_writer.h"
@@ -130,6 +132,14 @@ class Controller {
   //         Each is kept as last_error too.
   ptc::Status Adopt(const std::function<ptc::Status(ptc::Store&)>& write) EXCLUDES(mu_, collect_mu_);
 
+  // A part the status document shows under "cluster" (a cluster mount's
+  // view of its job), asked at each read with the controller's lock held (it
+  // must not call the controller); null: none.
+  void SetStatusPart(std::function<nlohmann::json()> part) EXCLUDES(mu_) {
+    ptc::MutexLock lock(&mu_);
+    status_part_ = std::move(part);
+  }
+
   // The status document (docs/mount_format.md).
   // Bad bytes (invalid UTF-8 in last_error or a path) are replaced, never thrown.
   std::string StatusJson(const std::shared_ptr<const Snapshot>& current) const EXCLUDES(mu_);
@@ -179,6 +189,7 @@ class Controller {
   std::function<void(std::shared_ptr<const Snapshot>)> serve_;
   std::function<ptc::Status()> collect_;
   std::function<ptc::Status(const std::string&, const ptc::ParallelConfig&)> propose_;
+  std::function<nlohmann::json()> status_part_ GUARDED_BY(mu_);
   // Lock order: collect_mu_, then mu_. Held while removing replaced
   // generations; a rewrite or save takes it (after setting state_) before it
   // writes, so a removal never meets a writer.

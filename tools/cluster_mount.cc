@@ -18,7 +18,10 @@
 #include "cluster/recovery.h"
 #include "cluster/rejoin.h"
 #include "cluster/token.h"
+#include "ptc/base/mutex.h"
+#include "ptc/store/model_spec.h"
 #include "ptc/store/store_layout.h"
+#include "tools/cluster_report.h"
 #include "tools/cluster_rejoin.h"
 #include "tools/durable_keeper.h"
 
@@ -98,6 +101,7 @@ class Agent {
     rejoin_ = {impl->etcd.get(), impl->coordinator.get(), membership_->options(), {}};
     rejoin_.client.token = impl->token;
     Follow();
+    fs_->controller().SetStatusPart([this] { return StatusPart(); });
     fs_->controller().SetPropose(
         [this](const std::string& text, const ptc::ParallelConfig& config) { return Propose(text, config); });
     if (!impl->args.durable.empty()) {
@@ -164,6 +168,7 @@ class Agent {
       if (member && pending.ok() && *pending) Apply(**pending);
       if (member && pending.ok() && !*pending && revision > 0) Recover(live);
       if (member && pending.ok() && !*pending && durable_) durable_->Look();
+      if (revision > 0) Report(live);
       if (stop_) break;
       if (revision > 0 && impl_->etcd->WaitForChange(ptc::JobPrefix(impl_->url.job), revision, kFollowEvery).ok()) {
         continue;
@@ -263,6 +268,37 @@ class Agent {
     std::fprintf(stderr, "ptcfs: %s\n", message.c_str());
   }
 
+  // The "cluster" part of .ptcfs/status (docs/mount_format.md): this
+  // worker's view of its job, made again when the generation or the live
+  // members change (a plan per look would be too slow for a large model).
+  void Report(const std::vector<int>& live) {
+    auto current = fs_->store().CurrentSnapshot();
+    auto key = std::make_pair(current->generation, live);
+    if (key == reported_) return;
+    reported_ = std::move(key);
+    nlohmann::json j = {{"job", impl_->url.job}, {"worker", impl_->worker}, {"members", live}};
+    auto spec = ptc::SpecFromManifest(*current);
+    auto config = ptc::ConfigFromManifest(*current);
+    if (spec.ok() && config.ok()) {
+      const auto held = PiecesByWorker(*current);
+      const auto mine = held.find(impl_->worker);
+      j.update(PiecesJson(mine == held.end() ? WorkerPieces{} : mine->second));
+      j["if_lost"] = IfLost(*current, *spec, *config, live, impl_->worker, nullptr);
+    }
+    ptc::MutexLock lock(&report_mu_);
+    report_ = std::move(j);
+  }
+
+  nlohmann::json StatusPart() EXCLUDES(report_mu_) {
+    nlohmann::json j;
+    {
+      ptc::MutexLock lock(&report_mu_);
+      j = report_;
+    }
+    j["member"] = member_.load();
+    return j;
+  }
+
   void Apply(const ptc::Change& change) {
     if (change.id == applied_ || change.from != fs_->store().CurrentSnapshot()->generation) return;
     const std::set<int> participants(change.workers.begin(), change.workers.end());
@@ -310,6 +346,9 @@ class Agent {
   std::set<int> seen_;   // workers seen live since the mount started or rejoined (the loop's own)
   std::pair<uint64_t, std::vector<int>> tried_;  // the last recovery proposed (the loop's own)
   std::unique_ptr<DurableKeeper> durable_;  // with --durable
+  std::pair<uint64_t, std::vector<int>> reported_;  // what report_ was made for (the loop's own)
+  ptc::Mutex report_mu_;
+  nlohmann::json report_ GUARDED_BY(report_mu_) = nlohmann::json::object();
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -14,15 +14,14 @@
 #include "cluster/etcd_client.h"
 #include "cluster/membership.h"
 #include "cluster/peer_client.h"
-#include "cluster/recovery.h"
 #include "cluster/rejoin.h"
 #include "cluster/token.h"
 #include "ptc/base/json_fields.h"
 #include "ptc/store/model_spec.h"
 #include "tools/cluster_mount.h"
+#include "tools/cluster_report.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
-#include "transform/plan.h"
 
 namespace ptcfs {
 namespace {
@@ -33,47 +32,6 @@ struct ClusterStatusArgs {
   std::string durable;  // the job's durable tier; empty: not asked
   bool json = false;
 };
-
-// What losing `worker` would cost the committed generation `m` (config
-// `config`) with `live` (sorted) the workers live now: the survivors' config
-// and the bytes it moves, the tensors no survivor holds a part of, and, with
-// the durable tier's copy (`durable`, or null), the bytes read from it.
-nlohmann::json IfLost(const ptc::GenerationManifest& m, const ptc::ModelSpec& spec, const ptc::ParallelConfig& config,
-                      const std::vector<int>& live, int worker, const std::vector<ptc::ShardRecord>* durable) {
-  if (!config.HoldsRanks(worker)) return {{"holds_ranks", false}};
-  std::set<int> survivors(live.begin(), live.end());
-  survivors.erase(worker);
-  nlohmann::json j = {{"holds_ranks", true}};
-  auto to = ptc::SurvivorConfig(spec, config, std::vector<int>(survivors.begin(), survivors.end()));
-  if (!to.ok()) {
-    j["error"] = to.status().message();
-    return j;
-  }
-  j["config"] = to->ToString();
-  auto plan = ptc::MakePlan({&m, spec, *to, {}, survivors});
-  if (!plan.ok()) {
-    j["error"] = plan.status().message();
-    return j;
-  }
-  std::set<std::string> lost;
-  for (const auto& [tensor, box] : plan->missing) lost.insert(tensor);
-  j["lost_tensors"] = lost;
-  if (!lost.empty() && durable != nullptr) {
-    ptc::GenerationManifest widened = m;
-    widened.shards.insert(widened.shards.end(), durable->begin(), durable->end());
-    survivors.insert(ptc::kDurableWorker);
-    auto restored = ptc::MakePlan({&widened, spec, *to, {}, survivors, {ptc::kDurableWorker}});
-    if (restored.ok() && restored->missing.empty()) {
-      uint64_t from_durable = 0;
-      for (const auto& [link, bytes] : restored->messages) from_durable += link.first == ptc::kDurableWorker ? bytes : 0;
-      j["from_durable"] = from_durable;
-      plan = std::move(restored);
-    }
-  }
-  j["bytes_moved"] = plan->bytes_moved;
-  j["lower_bound"] = plan->lower_bound;
-  return j;
-}
 
 ptc::Result<nlohmann::json> Gather(const ClusterStatusArgs& a) {
   PTC_ASSIGN_OR_RETURN(ClusterUrl url, ParseClusterUrl(a.url));
@@ -118,23 +76,7 @@ ptc::Result<nlohmann::json> Gather(const ClusterStatusArgs& a) {
                        ptc::FetchCommitted(*etcd, url.job, /*skip=*/-1, *committed, ptc::PeerClient(po)));
   PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(manifest));
   PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig config, ptc::ConfigFromManifest(manifest));
-  // Each worker's pieces, and which other workers hold the same pieces.
-  std::map<std::pair<std::string, std::string>, std::set<int>> holders;  // (tensor, boxes) -> workers
-  auto key = [](const ptc::ShardRecord& s) {
-    std::string boxes;
-    for (const ptc::Box& b : s.boxes) boxes += b.ToString();
-    return std::make_pair(s.tensor, boxes);
-  };
-  for (const ptc::ShardRecord& s : manifest.shards) holders[key(s)].insert(s.worker);
-  std::map<int, std::pair<uint64_t, uint64_t>> held;  // worker -> (pieces, bytes)
-  std::map<int, std::map<int, uint64_t>> replicas;    // worker -> other holder -> bytes of its pieces there
-  for (const ptc::ShardRecord& s : manifest.shards) {
-    held[s.worker].first++;
-    held[s.worker].second += s.nbytes;
-    for (int other : holders[key(s)]) {
-      if (other != s.worker) replicas[s.worker][other] += s.nbytes;
-    }
-  }
+  const std::map<int, WorkerPieces> held = PiecesByWorker(manifest);
   // The durable tier's copy, when asked about.
   std::optional<std::vector<ptc::ShardRecord>> durable;
   if (!a.durable.empty()) {
@@ -152,11 +94,8 @@ ptc::Result<nlohmann::json> Gather(const ClusterStatusArgs& a) {
   j["workers"] = nlohmann::json::array();
   for (int w : all) {
     nlohmann::json wj = workers.count(w) ? workers[w] : nlohmann::json{{"worker", w}, {"live", false}};
-    wj["pieces"] = held[w].first;
-    wj["bytes"] = held[w].second;
-    nlohmann::json r = nlohmann::json::object();
-    for (const auto& [other, bytes] : replicas[w]) r[std::to_string(other)] = bytes;
-    wj["replicas"] = r;
+    auto it = held.find(w);
+    wj.update(PiecesJson(it == held.end() ? WorkerPieces{} : it->second));
     wj["if_lost"] = IfLost(manifest, spec, config, live, w, durable ? &*durable : nullptr);
     j["workers"].push_back(wj);
   }

@@ -51,7 +51,7 @@ def start(ns, w, store, mnt, url, token, tmp):
                         ["--lease", "2", "--durable", os.path.join(tmp, "durable")])
 
 
-def cluster_status(url, token, config, durable):
+def cluster_status(url, token, config, durable, mnts):
     """`ptcfs cluster status`: every worker live, its pieces' copies on the
     workers before and after it, and no loss of one worker loses anything."""
     text = ptcfs("cluster", "status", "--cluster", url, "--token-file", token).stdout
@@ -73,6 +73,17 @@ def cluster_status(url, token, config, durable):
         assert lost["config"] == "tp=2,pp=3,dp=1,per_worker=2%s,replicas=2" % placement, lost
     print("ok   ptcfs cluster status: 4 live workers, each one's pieces also on its neighbours, any one loss "
           "recoverable")
+    # Each mount's .ptcfs/status says the same of its own worker.
+    for w in j["workers"]:
+        i = w["worker"]
+
+        def reported():  # made again by the agent once it has seen the generation
+            c = status(mnts[i])["cluster"]
+            return c if c.get("if_lost", {}).get("config") == w["if_lost"]["config"] else None
+        mine = wait_for("worker %d's status of generation 2" % i, reported, 10, mnts=mnts)
+        assert mine["member"] and mine["members"] == [0, 1, 2, 3] and mine["job"] == JOB, mine
+        assert mine["replicas"] == w["replicas"] and mine["bytes"] == w["bytes"], (mine, w)
+    print("ok   each mount's .ptcfs/status shows its members, the copies of its pieces and what its loss would cost")
 
 
 def main():
@@ -117,7 +128,7 @@ def main():
             for w in range(WORKERS):
                 wait_for("worker %d at generation 2" % w, lambda: at_generation(mnts[w], 2), mnts=mnts)
             MODEL.expect_ranks(tmp, mnts, replicated, [0, 1, 2, 3], "replicated")
-            cluster_status(url, token, replicated, os.path.join(tmp, "durable"))
+            cluster_status(url, token, replicated, os.path.join(tmp, "durable"), mnts)
 
             # Worker 1 dies: the survivors reconfigure onto themselves, unasked.
             t0 = time.time()
