@@ -89,12 +89,14 @@ class Coordinator {
   // to abort it otherwise, and it would refuse every later proposal).
   void Withdraw(const Change& change, const std::string& reason) const;
 
+  // Why `change` ended without a commit: FailedPrecondition naming it and
+  // the reason its aborted record gives ("withdrawn" when there is none).
+  Status Aborted(const Change& change) const;
+
  private:
   // Aborts `change` (as etcd holds it at `revision`) for `reason`; returns
   // the error Finish reports.
   Status Abort(const Change& change, int64_t revision, const std::string& reason) const;
-  // Why `change` ended without a commit (its aborted record), as an error.
-  Status Aborted(const Change& change) const;
 
   const EtcdClient* const etcd_;
   const CoordinatorOptions options_;

@@ -130,19 +130,19 @@ void Membership::KeepAlive() {
     Result<int64_t> r = etcd_->KeepAliveOnce(lease_);
     if (r.ok()) {
       renewed = Clock::now();
+      MutexLock lock(&mu_);
+      health_ = Status::OK();  // etcd back: it renews every lease as it starts
       continue;
     }
-    const std::string what = "member " + MemberKey(options_.job, options_.worker) + ": lease lost: ";
+    const std::string what = "member " + MemberKey(options_.job, options_.worker) + ": ";
     if (r.status().code() == Code::kNotFound) {
       MutexLock lock(&mu_);
-      health_ = NotFoundError(what + r.status().message());
+      health_ = NotFoundError(what + "lease lost: " + r.status().message());
       return;
     }
     if (Clock::now() - renewed > ttl) {
       MutexLock lock(&mu_);
-      health_ =
-          IOError(what + "no renewal for " + std::to_string(options_.ttl_seconds) + " s: " + r.status().message());
-      return;
+      health_ = IOError(what + "no renewal for " + std::to_string(options_.ttl_seconds) + " s: " + r.status().message());
     }
   }
 }

@@ -79,9 +79,11 @@ class Membership {
   // \error as EtcdClient::RevokeLease (NotFound when the lease was lost already).
   Status Leave() EXCLUDES(mu_);
 
-  // OK while the lease is renewed. Once it is lost: NotFound when etcd says it
-  // expired or was revoked, IOError when no renewal succeeded for a whole
-  // TTL. A lost membership stays lost: the daemon must Join again.
+  // OK while the lease is renewed. NotFound once etcd says it expired or was
+  // revoked: that stays so, and the daemon must Join again. IOError while no
+  // renewal succeeded for a whole TTL (etcd, or the link to it, away): the
+  // renewals go on, and the first that succeeds makes it OK again (an etcd
+  // that starts again on its data renews every lease it holds).
   Status health() const EXCLUDES(mu_);
 
   int64_t lease() const { return lease_; }

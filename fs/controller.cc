@@ -195,14 +195,26 @@ ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_p
   auto request = ParseRequest(text);
   ptc::Status s = request.ok() ? ptc::ValidateConfig(current->spec(), request->config)
                                : ptc::InvalidArgumentError(request.status().message());
+  std::string before;
+  if (s.ok()) {
+    // "proposed" before the job has it: its agent may apply it at once.
+    ptc::MutexLock lock(&mu_);
+    if (Writing()) {
+      s = ptc::FailedPreconditionError(
+          "a reconfiguration or save is still running; wait for .ptcfs/status to say serving");
+    } else {
+      before = state_;
+      state_ = "proposed";
+    }
+  }
   if (s.ok()) s = propose_(text, request->config);
+  ptc::MutexLock lock(&mu_);
   if (!s.ok()) {
-    RecordError(s.message());
+    if (!before.empty() && state_ == "proposed") state_ = before;
+    SetLastError(s.message());
     return s;
   }
-  ptc::MutexLock lock(&mu_);  // a failure before is not this request's
-  if (state_ == "failed") state_ = "serving";
-  last_error_.clear();
+  if (state_ == "proposed") last_error_.clear();  // a failure before is not this request's
   return s;
 }
 
@@ -210,8 +222,18 @@ ptc::Status Controller::Apply(const std::string& text, const std::shared_ptr<con
                               ClusterChange change) {
   auto failed = change.failed;
   ptc::Status s = Start(text, current, std::move(change));
-  if (!s.ok() && failed) failed(s);
+  if (s.ok()) return s;
+  if (failed) failed(s);
+  ptc::MutexLock lock(&mu_);
+  if (!Writing()) state_ = "failed";
   return s;
+}
+
+void Controller::EndProposal(const ptc::Status& why) {
+  ptc::MutexLock lock(&mu_);
+  if (state_ != "proposed") return;
+  state_ = "failed";
+  SetLastError(why.message());
 }
 
 ptc::Status Controller::Start(const std::string& text, const std::shared_ptr<const Snapshot>& current,

@@ -82,7 +82,8 @@ class Controller {
   // \error InvalidArgument naming what is wrong (also kept as last_error);
   // \error FailedPrecondition while a rewrite runs.
   // In a cluster (SetPropose) the request goes to the job instead, once
-  // valid: every worker then applies it with Apply.
+  // valid (state "proposed" until this worker applies it, or EndProposal):
+  // every worker then applies it with Apply.
   ptc::Status Reconfigure(const std::string& text, const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_);
 
   // Makes this mount one worker of a cluster: Reconfigure hands valid
@@ -95,9 +96,14 @@ class Controller {
 
   // Applies a change the cluster agreed on (Reconfigure's text): as
   // Reconfigure does alone, with the rewrite as `change` says. On an error
-  // here change.failed is called too.
+  // here change.failed is called too, and the state is "failed".
   ptc::Status Apply(const std::string& text, const std::shared_ptr<const Snapshot>& current, ClusterChange change)
       EXCLUDES(mu_);
+
+  // The change this mount proposed ended before it applied it (the job
+  // aborted it first: another worker failed at once): state "failed",
+  // `why` kept as last_error. Nothing when the state is not "proposed".
+  void EndProposal(const ptc::Status& why) EXCLUDES(mu_);
 
   // Commits the Megatron save of `iteration` staged under `staging_root`
   // (megatron/ writes, fs/staging.h) as a new generation, in the current
@@ -195,7 +201,8 @@ class Controller {
   // writes, so a removal never meets a writer.
   ptc::Mutex collect_mu_;
   mutable ptc::Mutex mu_;
-  std::string state_ GUARDED_BY(mu_) = "serving";  // serving | repartitioning | saving | rejoining | failed
+  // serving | proposed | repartitioning | saving | rejoining | failed
+  std::string state_ GUARDED_BY(mu_) = "serving";
   std::string last_error_ GUARDED_BY(mu_);
   std::thread worker_thread_ GUARDED_BY(mu_);
   std::atomic<uint64_t> done_{0}, total_{0};

@@ -67,10 +67,42 @@ class EtcdProcess {
   Status Start(const std::string& binary) {
     const int client = FreePort(), peer = FreePort();
     if (client == 0 || peer == 0 || client == peer) return IOError("no free port");
+    binary_ = binary;
     endpoint_ = "127.0.0.1:" + std::to_string(client);
-    const std::string client_url = "http://" + endpoint_;
-    const std::string peer_url = "http://127.0.0.1:" + std::to_string(peer);
+    peer_url_ = "http://127.0.0.1:" + std::to_string(peer);
     log_ = dir_ / "etcd.log";
+    return Launch();
+  }
+
+  // Starts it again after Kill, on its data and ports.
+  Status Restart() { return Launch(); }
+
+  void Kill(int sig = SIGTERM) {
+    if (pid_ <= 0) return;
+    kill(pid_, sig);
+    for (int i = 0; i < 100; ++i) {
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  const std::string& endpoint() const { return endpoint_; }
+  // SIGSTOP: etcd stops answering (as behind a cut link); SIGCONT: it answers again.
+  void Signal(int sig) const {
+    if (pid_ > 0) kill(pid_, sig);
+  }
+
+ private:
+  Status Launch() {
+    const std::string& binary = binary_;
+    const std::string client_url = "http://" + endpoint_;
+    const std::string& peer_url = peer_url_;
     std::vector<std::string> args = {
         binary, "--name=ptcfs-test", "--data-dir=" + (dir_ / "data"), "--listen-client-urls=" + client_url,
         "--advertise-client-urls=" + client_url, "--listen-peer-urls=" + peer_url,
@@ -87,7 +119,7 @@ class EtcdProcess {
       // Dies with the test process, whatever kills it.
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(1);
-      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (fd >= 0) {
         dup2(fd, 1);
         dup2(fd, 2);
@@ -115,30 +147,10 @@ class EtcdProcess {
     return IOError(binary + " not healthy after 20 s: " + health.ToString() + "\n" + testing::Slurp(log_));
   }
 
-  void Kill() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    for (int i = 0; i < 100; ++i) {
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        pid_ = -1;
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
-  const std::string& endpoint() const { return endpoint_; }
-  // SIGSTOP: etcd stops answering (as behind a cut link); SIGCONT: it answers again.
-  void Signal(int sig) const {
-    if (pid_ > 0) kill(pid_, sig);
-  }
-
- private:
   TempDir dir_;  // removed after Kill (members destroyed after the destructor's body)
-  std::string endpoint_;
+  std::string binary_;
+  std::string endpoint_;  // the client's HOST:PORT
+  std::string peer_url_;
   std::string log_;
   pid_t pid_ = -1;
 };
@@ -351,6 +363,26 @@ TEST_F(Etcd, MembersSeeEachOtherAndLeave) {
   EXPECT_EQ(ListMembers(*client_, job)->size(), 1u);
   EXPECT_EQ(Membership::Join(client_.get(), {"bad/job", 0, "127.0.0.1:1", 2}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(Membership::Join(client_.get(), {job, 2, "no-port", 2}).status().code(), Code::kInvalidArgument);
+}
+
+// etcd killed and started again on its data renews every lease as it starts:
+// a member whose renewals failed meanwhile (IOError) is a member again, and
+// its key stays.
+TEST_F(Etcd, AMemberOutlivesARestartOfEtcd) {
+  const std::string job = "restart-" + std::to_string(getpid());
+  auto m = Membership::Join(client_.get(), {job, 0, "127.0.0.1:9000", 1});
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  etcd_->Kill(SIGKILL);
+  EXPECT_TRUE(Eventually([&] { return (*m)->health().code() == Code::kIOError; }, std::chrono::seconds(5)))
+      << (*m)->health().ToString();
+  EXPECT_NE((*m)->health().message().find("no renewal for 1 s"), std::string::npos) << (*m)->health().ToString();
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // away for longer than the lease
+  ASSERT_TRUE(etcd_->Restart().ok());
+  EXPECT_TRUE(Eventually([&] { return (*m)->health().ok(); }, std::chrono::seconds(5))) << (*m)->health().ToString();
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // the renewed lease is kept renewed
+  EXPECT_TRUE((*m)->health().ok()) << (*m)->health().ToString();
+  EXPECT_EQ(*(*m)->Members(), std::vector<Member>({{0, "127.0.0.1:9000"}}));
+  EXPECT_TRUE((*m)->Leave().ok());
 }
 
 TEST_F(Etcd, LeaseExpiryRemovesADeadMember) {

@@ -15,6 +15,8 @@
 #include <string>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "test_util.h"
 
 namespace ptcfs {
@@ -150,6 +152,53 @@ TEST_F(FilesystemTest, StagedFilesRenamedWhileStatted) {
   EXPECT_EQ(attr->attr.st_size, 5);
   EXPECT_EQ(Slurp(tmp_ / ("store/ingest/" + iter + "/" + file)), "bytes");
   EXPECT_EQ(fs_->Lookup(dir->ino, file).value().ino, ino);
+}
+
+// A cluster mount hands a config to its job: "proposed" until its agent
+// applies it; a change the job aborted first (another worker failed at once)
+// ends as "failed" with the reason; a proposal the job refused, or a change
+// that cannot start here, says so too. (The agent's side: tools/cluster_mount.cc.)
+TEST_F(FilesystemTest, AProposalEndsInItsOutcome) {
+  using ptc::Code, ptc::FailedPreconditionError, ptc::ParallelConfig, ptc::Status;
+  Controller& c = fs_->controller();
+  std::string asked;
+  Status answer = Status::OK();
+  c.SetPropose([&](const std::string& text, const ParallelConfig&) {
+    asked = text;
+    return answer;
+  });
+  auto state = [&] { return nlohmann::json::parse(c.StatusJson(fs_->snapshot())); };
+  ASSERT_TRUE(c.Reconfigure("tp=1,pp=1\n", fs_->snapshot()).ok());
+  EXPECT_EQ(asked, "tp=1,pp=1\n");
+  EXPECT_EQ(state()["state"], "proposed");
+  EXPECT_EQ(state()["generation"], 1);
+  c.EndProposal(FailedPreconditionError("the change to generation 2 was aborted: worker 2 failed"));
+  EXPECT_EQ(state()["state"], "failed");
+  EXPECT_EQ(state()["last_error"], "the change to generation 2 was aborted: worker 2 failed");
+  c.EndProposal(FailedPreconditionError("once only"));  // not proposed: nothing changes
+  EXPECT_EQ(state()["last_error"], "the change to generation 2 was aborted: worker 2 failed");
+  // Refused by the job: the state stays as it was, the reason is kept.
+  answer = FailedPreconditionError("a change is under way");
+  EXPECT_EQ(c.Reconfigure("tp=1,pp=1\n", fs_->snapshot()).code(), Code::kFailedPrecondition);
+  EXPECT_EQ(state()["state"], "failed");
+  EXPECT_EQ(state()["last_error"], "a change is under way");
+  // A bad config never reaches the job.
+  asked.clear();
+  EXPECT_EQ(c.Reconfigure("tp=3\n", fs_->snapshot()).code(), Code::kInvalidArgument);
+  EXPECT_TRUE(asked.empty());
+  // Proposed, then the job's change cannot start here: failed, and the job is told.
+  answer = Status::OK();
+  ASSERT_TRUE(c.Reconfigure("tp=2,pp=1\n", fs_->snapshot()).ok());
+  EXPECT_EQ(state()["state"], "proposed");
+  EXPECT_TRUE(state()["last_error"].is_null());
+  Status told = Status::OK();
+  ClusterChange change;
+  change.participants = {0};
+  change.failed = [&](const Status& s) { told = s; };
+  EXPECT_FALSE(c.Apply("{\"config\": \"tp=2,pp=1\", \"step\": 5}\n", fs_->snapshot(), change).ok());
+  EXPECT_EQ(state()["state"], "failed");
+  EXPECT_EQ(told.code(), Code::kInvalidArgument) << told.ToString();
+  EXPECT_EQ(state()["last_error"], told.message());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -117,7 +118,7 @@ class Agent {
   ptc::Status Propose(const std::string& text, const ptc::ParallelConfig& config) {
     if (!member_) {
       return ptc::FailedPreconditionError("worker " + std::to_string(impl_->worker) + " is not a member of job " +
-                                          impl_->url.job + " now (it lost its membership): rejoining; " +
+                                          impl_->url.job + " now (etcd out of reach, or it rejoins): " +
                                           "try again once .ptcfs/status shows no error");
     }
     PTC_ASSIGN_OR_RETURN(std::vector<ptc::Member> members, ptc::ListMembers(*impl_->etcd, impl_->url.job));
@@ -126,7 +127,29 @@ class Agent {
     const uint64_t from = fs_->store().CurrentSnapshot()->generation;
     // The request as written to .ptcfs/config, less its line end: it names the change in every worker's messages.
     const std::string request = text.substr(0, text.find_last_not_of(" \t\r\n") + 1);
-    return impl_->coordinator->Propose(request, from, workers, config.Workers()).status();
+    PTC_ASSIGN_OR_RETURN(ptc::Change change, impl_->coordinator->Propose(request, from, workers, config.Workers()));
+    ptc::MutexLock lock(&proposed_mu_);
+    proposed_ = std::move(change);
+    return ptc::Status::OK();
+  }
+
+  // The change this mount proposed, until its agent applied it or saw it end.
+  std::optional<ptc::Change> Proposed() EXCLUDES(proposed_mu_) {
+    ptc::MutexLock lock(&proposed_mu_);
+    return proposed_;
+  }
+
+  // The change this mount proposed (`asked`, read before `pending`) is over
+  // for the agent once applied; one the job no longer has that it never
+  // applied was aborted first (another participant failed at once): the
+  // mount's state says so (Controller::EndProposal).
+  void Settle(const ptc::Change& asked, const ptc::Result<std::optional<ptc::Change>>& pending) {
+    if (asked.id != applied_) {
+      if (!pending.ok() || (*pending && (*pending)->id == asked.id)) return;
+      fs_->controller().EndProposal(impl_->coordinator->Aborted(asked));
+    }
+    ptc::MutexLock lock(&proposed_mu_);
+    if (proposed_ && proposed_->id == asked.id) proposed_.reset();
   }
 
   // The members' addresses and the generations served, into the env and the
@@ -162,10 +185,12 @@ class Agent {
       std::vector<int> live;
       const int64_t revision = Follow(&live);
       seen_.insert(live.begin(), live.end());
+      const std::optional<ptc::Change> asked = Proposed();  // before Pending: a change it names is in etcd
       auto pending = impl_->coordinator->Pending();
       if (pending.ok() && *pending && revision > 0) WithdrawOrphan(**pending, live);
       const bool member = InStep(pending);  // a worker that rejoins neither applies, recovers nor copies
       if (member && pending.ok() && *pending) Apply(**pending);
+      if (asked) Settle(*asked, pending);
       if (member && pending.ok() && !*pending && revision > 0) Recover(live);
       if (member && pending.ok() && !*pending && durable_) durable_->Look();
       if (revision > 0) Report(live);
@@ -215,22 +240,36 @@ class Agent {
     if (!s.ok()) fs_->controller().RecordError("worker " + names + " left the job; no change onto the survivors: " + s.message());
   }
 
-  // Whether this worker is a member of the job in step with it. One whose
-  // lease was lost (its link was cut longer than the lease), or that a change
-  // committed without (a race with a recovery as it rejoined), stops being
-  // one: .ptcfs/status and stderr say so, and it rejoins (Rejoin,
-  // cluster_rejoin.h) on a later look, once etcd can be reached.
+  // Whether this worker is a member of the job in step with it. While no
+  // renewal of its lease succeeds (etcd, or the link to it, away for a whole
+  // lease) it is not sure: .ptcfs/status and stderr say so, it serves what it
+  // has and goes on renewing; an etcd that starts again renews every lease,
+  // and it is a member as before. One whose lease was lost (its link was cut
+  // longer than the lease), or that a change committed without (a race with a
+  // recovery as it rejoined), stops being one: status and stderr say so, and
+  // it rejoins (Rejoin, cluster_rejoin.h) on a later look, once etcd answers.
   bool InStep(const ptc::Result<std::optional<ptc::Change>>& pending) {
-    const std::string who = "worker " + std::to_string(impl_->worker) + " lost its membership of job " + impl_->url.job;
-    if (member_) {
+    const std::string worker = "worker " + std::to_string(impl_->worker);
+    if (held_) {
       ptc::Status health = membership_->health();
-      if (health.ok() && !Behind(pending)) return true;
+      if (health.ok() && !Behind(pending)) {
+        if (!member_) Resume();
+        return true;
+      }
+      if (health.code() == ptc::Code::kIOError) {
+        member_ = false;
+        NoteAway(worker + " cannot reach etcd for job " + impl_->url.job + " (" + health.message() +
+                 "): serving generation " + std::to_string(fs_->store().current_generation()) +
+                 "; a member again once etcd renews its lease, else it rejoins");
+        return false;
+      }
       if (health.ok()) {
         (void)membership_->Leave();
         health = ptc::FailedPreconditionError("the job committed a generation without it");
       }
+      held_ = false;
       member_ = false;
-      away_ = who + " (" + health.message() + "): rejoining";
+      away_ = worker + " lost its membership of job " + impl_->url.job + " (" + health.message() + "): rejoining";
       NoteAway(away_);
     }
     // etcd unreachable (the link still cut): no attempt, which would wait on etcd again.
@@ -241,15 +280,26 @@ class Agent {
       return false;
     }
     membership_ = std::move(*joined);
+    held_ = true;
     member_ = true;
-    // Workers count as lost once seen live again: after an outage of etcd itself, the
-    // first to rejoin would otherwise recover the job onto itself before the others rejoin.
+    // Workers count as lost once seen live again: the first to rejoin after its
+    // link came back would otherwise count the others, whose leases expire too, as lost.
     seen_.clear();
     fs_->controller().RecordError("");  // the loss is over
-    std::fprintf(stderr, "ptcfs: worker %d rejoined job %s at generation %llu\n", impl_->worker,
-                 impl_->url.job.c_str(), static_cast<unsigned long long>(fs_->store().current_generation()));
+    std::fprintf(stderr, "ptcfs: %s rejoined job %s at generation %llu\n", worker.c_str(), impl_->url.job.c_str(),
+                 static_cast<unsigned long long>(fs_->store().current_generation()));
     noted_.clear();
     return true;
+  }
+
+  // etcd renewed the lease again (it was away, then started again): the
+  // worker is a member as it was, nothing was lost.
+  void Resume() {
+    member_ = true;
+    fs_->controller().RecordError("");
+    std::fprintf(stderr, "ptcfs: worker %d reaches etcd again, its lease renewed: a member of job %s as before\n",
+                 impl_->worker, impl_->url.job.c_str());
+    noted_.clear();
   }
 
   // Whether a change committed without this member while it was not busy
@@ -338,11 +388,14 @@ class Agent {
   ClusterMount::Impl* impl_ = nullptr;
   std::unique_ptr<ptc::PeerServer> server_;
   std::unique_ptr<ptc::Membership> membership_;  // replaced when it rejoins (the loop's own after Start)
-  std::atomic<bool> member_{true};              // membership_ is held and in step with the job
+  bool held_ = true;                            // membership_ may still be renewed (the loop's own)
+  std::atomic<bool> member_{true};              // membership_ is renewed and in step with the job
   RejoinTarget rejoin_;                         // how it joins again (set by Start)
   std::string away_, noted_;                    // what status says while it rejoins (the loop's own)
   std::vector<std::shared_ptr<const ptc::GenerationManifest>> served_ = {nullptr, nullptr};
   std::string applied_;  // the id of the last change applied (the loop's own)
+  ptc::Mutex proposed_mu_;
+  std::optional<ptc::Change> proposed_ GUARDED_BY(proposed_mu_);  // see Settle
   std::set<int> seen_;   // workers seen live since the mount started or rejoined (the loop's own)
   std::pair<uint64_t, std::vector<int>> tried_;  // the last recovery proposed (the loop's own)
   std::unique_ptr<DurableKeeper> durable_;  // with --durable

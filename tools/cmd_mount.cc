@@ -132,7 +132,7 @@ std::string ConfigRequest(const ReconfigureArgs& a) {
 
 ptc::Status RunReconfigure(const ReconfigureArgs& a) {
   const std::string& mountpoint = a.mountpoint;
-  PTC_ASSIGN_OR_RETURN(nlohmann::json before, ReadStatus(mountpoint));
+  PTC_RETURN_IF_ERROR(ReadStatus(mountpoint).status());  // a ptcfs mount
   const std::string path = mountpoint + "/.ptcfs/config";
   int fd = open(path.c_str(), O_WRONLY | O_TRUNC);
   if (fd < 0) return ptc::ErrnoError(path, errno);
@@ -147,24 +147,20 @@ ptc::Status RunReconfigure(const ReconfigureArgs& a) {
     return ptc::InvalidArgumentError("rejected: " + why);
   }
   if (a.no_wait) return ptc::Status::OK();
-  const auto started = std::chrono::steady_clock::now();
   std::unique_ptr<Progress> progress;
   uint64_t shown = 0;
   while (true) {
     PTC_ASSIGN_OR_RETURN(nlohmann::json s, ReadStatus(mountpoint));
-    if (!progress && s["bytes_total"].get<uint64_t>() > 0) {
+    // A cluster mount hands the request to the job ("proposed") until its agent applies it.
+    const std::string state = s["state"];
+    if (state == "repartitioning" && !progress && s["bytes_total"].get<uint64_t>() > 0) {
       progress = std::make_unique<Progress>("reconfigure", s["bytes_total"].get<uint64_t>());
     }
     if (progress && s["bytes_done"].get<uint64_t>() > shown) {
       progress->Add(s["bytes_done"].get<uint64_t>() - shown);
       shown = s["bytes_done"].get<uint64_t>();
     }
-    const std::string state = s["state"];
-    // A cluster mount hands the request to the job; its agent starts it
-    // within a poll interval: until then it serves the old generation.
-    const bool not_started = state == "serving" && s["generation"] == before["generation"] &&
-                             std::chrono::steady_clock::now() < started + std::chrono::seconds(5);
-    if (state == "serving" && !not_started) {
+    if (state == "serving") {
       progress.reset();
       std::printf("%s: serving %s, generation %llu\n", mountpoint.c_str(), s["config"].get<std::string>().c_str(),
                   static_cast<unsigned long long>(s["generation"].get<uint64_t>()));

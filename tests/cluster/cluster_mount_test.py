@@ -29,21 +29,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, start_etcd  # noqa: E402
-from workers import (Model, at_generation, job_token, job_url, start_worker, status, stop, wait_for,  # noqa: E402
-                     worker_store)
+from workers import (Model, at_generation, job_token, job_url, reconfigure, start_worker, status, stop,  # noqa: E402
+                     wait_for, worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
 SCHEMA, DIMS = "llama", "layers=6,hidden=64,heads=8,kv_heads=4,vocab=96,seq=16,ffn=96"
 MODEL = Model(PTCFS, SCHEMA, DIMS)
 ptcfs = MODEL.run
 WORKERS, PORT, JOB = 4, 7411, "job1"
-
-
-
-
-def reconfigure(mnt, config):
-    with open(os.path.join(mnt, ".ptcfs", "config"), "w") as f:
-        f.write(config + "\n")
 
 
 def fill(path):

@@ -44,8 +44,6 @@ ptcfs = MODEL.run
 WORKERS, PORT, JOB = 4, 7431, "lost"
 
 
-
-
 def start(ns, w, store, mnt, url, token, tmp):
     return start_worker(ns, PTCFS, w, store, mnt, url, token, PORT, os.path.join(tmp, "worker%d.log" % w),
                         ["--lease", "2", "--durable", os.path.join(tmp, "durable")])

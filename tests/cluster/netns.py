@@ -378,12 +378,15 @@ class Netns:
 
 class Etcd:
     """A running etcd (see start_etcd); a context manager. .endpoint is
-    "http://HOST:PORT", .log_path its log, .stop() ends it (idempotent)."""
+    "http://HOST:PORT", .log_path its log, .stop() ends it (idempotent),
+    .kill() kills it at once (kill -9) and .restart() starts it again on its
+    data and ports."""
 
-    def __init__(self, proc: subprocess.Popen, endpoint: str, log_path: str):
+    def __init__(self, proc: subprocess.Popen, endpoint: str, log_path: str, argv: Sequence[str] = ()):
         self.proc = proc
         self.endpoint = endpoint
         self.log_path = log_path
+        self.argv = list(argv)
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -401,6 +404,25 @@ class Etcd:
 
     close = stop
 
+    def kill(self) -> None:
+        """kill -9, as a crash or a lost host would stop it; reaps it."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait()
+
+    def restart(self, timeout: float = 20.0) -> None:
+        """Starts the stopped etcd again, with its data and on its ports;
+        returns once GET /health says so (RuntimeError with the log's tail
+        otherwise)."""
+        assert self.proc.poll() is not None, "etcd is still running"
+        self.proc = _spawn_etcd(self.argv, self.log_path)
+        with _live_lock:
+            if self not in _live:
+                _live.append(self)
+        if not _wait_healthy(self, timeout):
+            raise RuntimeError(f"etcd at {self.endpoint} not healthy again after {timeout:g} s; log "
+                               f"{self.log_path}:\n{self.log_tail()}")
+
     def __enter__(self) -> "Etcd":
         return self
 
@@ -415,6 +437,22 @@ def _healthy(endpoint: str) -> bool:
             return json.loads(r.read()).get("health") == "true"
     except (OSError, ValueError, urllib.error.URLError):
         return False
+
+
+def _spawn_etcd(argv: Sequence[str], log_path: str) -> subprocess.Popen:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent)
+
+
+def _wait_healthy(etcd: Etcd, timeout: float) -> bool:
+    """Whether `etcd` says it is healthy within `timeout` s (False as soon as it exits)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and etcd.proc.poll() is None:
+        if _healthy(etcd.endpoint):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def start_etcd(data_dir: str, host: str, port: int = 0, timeout: float = 20.0) -> Etcd:
@@ -445,17 +483,12 @@ def start_etcd(data_dir: str, host: str, port: int = 0, timeout: float = 20.0) -
             f"--initial-cluster=ptcfs-test={peer_url}", "--initial-cluster-state=new",
             "--heartbeat-interval=10", "--election-timeout=100", "--logger=zap", "--log-level=warn"
         ]
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=_die_with_parent)
-        etcd = Etcd(proc, endpoint, log_path)
+        proc = _spawn_etcd(argv, log_path)
+        etcd = Etcd(proc, endpoint, log_path, argv)
         with _live_lock:
             _live.append(etcd)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and proc.poll() is None:
-            if _healthy(endpoint):
-                return etcd
-            time.sleep(0.05)
+        if _wait_healthy(etcd, timeout):
+            return etcd
         running = proc.poll() is None
         last = etcd.log_tail()
         etcd.stop()

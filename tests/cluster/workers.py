@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 
@@ -40,6 +41,10 @@ class Model:
         self.run("diff", "--schema", self.schema, "--dims", self.dims, "--config-a", config, "--config-b", config, ref,
                  joined)
         print("ok   ranks 0-%d on workers %s equal synth of %s" % (2 * len(placement) - 1, list(placement), config))
+
+    def cluster_json(self, url, token):
+        """`ptcfs cluster status --json` of the job at `url`, parsed."""
+        return json.loads(self.run("cluster", "status", "--cluster", url, "--token-file", token, "--json").stdout)
 
 
 def job_token(path, text):
@@ -83,6 +88,31 @@ def status(mnt):
     """MNT/.ptcfs/status, parsed."""
     with open(os.path.join(mnt, ".ptcfs", "status")) as f:
         return json.load(f)
+
+
+def reconfigure(mnt, config):
+    """Writes `config` to MNT/.ptcfs/config; a refusal names the mount's last_error."""
+    try:
+        with open(os.path.join(mnt, ".ptcfs", "config"), "w") as f:
+            f.write(config + "\n")
+    except OSError as e:
+        raise AssertionError("%s refused %s (%s): %s" % (mnt, config, e, status(mnt)["last_error"]))
+
+
+def rank_digests(mnt, timeout=30):
+    """sha256 of every file under MNT/model, read in a child process (a mount
+    that hangs fails the test after `timeout` s instead of hanging it), and
+    the seconds the reads took."""
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(os.path.join(mnt, "model")) for f in fs)
+    assert files, mnt + ": no rank files"
+    # The kernel's cached pages dropped first: the daemon serves every read.
+    code = ("import hashlib,os,sys\nfor p in sys.argv[1:]:\n with open(p,'rb') as f:\n"
+            "  os.posix_fadvise(f.fileno(),0,0,os.POSIX_FADV_DONTNEED)\n"
+            "  print(hashlib.sha256(f.read()).hexdigest(), p)\n")
+    t0 = time.time()
+    out = subprocess.run([sys.executable, "-c", code, *files], check=True, capture_output=True, text=True,
+                         timeout=timeout).stdout
+    return out, time.time() - t0
 
 
 def describe(mnts):
