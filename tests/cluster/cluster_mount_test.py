@@ -20,7 +20,6 @@ Usage: cluster_mount_test.py PTCFS   (root; exit 77 = skipped, never under CI=tr
 """
 import errno
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,8 +28,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, start_etcd  # noqa: E402
-from workers import (Model, at_generation, job_token, job_url, reconfigure, start_worker, status, stop,  # noqa: E402
-                     wait_for, worker_store)
+from workers import (Model, at_generation, job_token, job_url, reconfigure, remove_tmp, start_worker,  # noqa: E402
+                     status, stop, wait_for, worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
 SCHEMA, DIMS = "llama", "layers=6,hidden=64,heads=8,kv_heads=4,vocab=96,seq=16,ffn=96"
@@ -171,10 +170,7 @@ def main():
     finally:
         stop(daemons, mnts)
         subprocess.run(["umount", "-l", disk2], capture_output=True)
-        if os.environ.get("KEEP_TMP"):
-            print("kept " + tmp)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        remove_tmp(tmp)
     print("PASS cluster_mount_test")
 
 

@@ -27,7 +27,6 @@ Usage: cut_link_test.py PTCFS   (root; exit 77 = skipped, never under CI=true)
 import contextlib
 import errno
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, start_etcd  # noqa: E402
 from workers import (Model, at_generation, job_token, job_url, rank_digests, reconfigure, start_worker,  # noqa: E402
-                     status, stop, wait_for, worker_store)
+                     remove_tmp, status, stop, wait_for, worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
 SCHEMA, DIMS = "llama", "layers=12,hidden=64,heads=8,kv_heads=4,vocab=96,seq=16,ffn=96"
@@ -207,10 +206,7 @@ def main():
                 stop(daemons, mnts)
     finally:
         stop(daemons, mnts)
-        if os.environ.get("KEEP_TMP"):
-            print("kept " + tmp)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        remove_tmp(tmp)
     print("PASS cut_link_test (%.1f s)" % (time.time() - started))
 
 

@@ -26,7 +26,6 @@ Usage: lost_worker_test.py PTCFS   (root; exit 77 = skipped, never under CI=true
 """
 import json
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -34,8 +33,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, start_etcd  # noqa: E402
-from workers import (Model, at_generation, job_token, job_url, kill, start_worker, status, stop, wait_for,  # noqa: E402
-                     worker_store)
+from workers import (Model, at_generation, job_token, job_url, kill, remove_tmp, start_worker,  # noqa: E402
+                     status, stop, wait_for, worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
 SCHEMA, DIMS = "llama", "layers=12,hidden=64,heads=8,kv_heads=4,vocab=96,seq=16,ffn=96"
@@ -208,10 +207,7 @@ def main():
             print("ok   the durable tier restored what no live worker held")
     finally:
         stop(daemons, mnts)
-        if os.environ.get("KEEP_TMP"):
-            print("kept " + tmp)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        remove_tmp(tmp)
     print("PASS lost_worker_test")
 
 

@@ -160,6 +160,14 @@ def kill(daemons, mnts, workers):
         subprocess.run(["umount", "-l", mnts[w]], capture_output=True)
 
 
+def remove_tmp(tmp):
+    """Removes a test's directory TMP, or keeps it and says so when KEEP_TMP is set."""
+    if os.environ.get("KEEP_TMP"):
+        print("kept " + tmp)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def stop(daemons, mnts, grace=10):
     """Unmounts the mounts of the daemons still running, waits for them (kills
     those that do not end), and lazily unmounts whatever is left."""
