@@ -53,15 +53,19 @@ ptc::Result<Request> ParseRequest(const std::string& raw) {
   if (!text.empty() && text.front() == '{') {
     const auto bad = ptc::InvalidArgumentError(
         ".ptcfs/config: expected a config such as tp=4,pp=1 or {\"config\": \"tp=4,pp=1\", \"step\": 100}");
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    std::string duplicate;
+    nlohmann::json j = ptc::ParseJsonUniqueKeys(text, &duplicate);
+    if (!duplicate.empty())
+      return ptc::InvalidArgumentError(".ptcfs/config: the field '" + ptc::Abbreviate(duplicate) + "' is given twice");
     if (j.is_discarded() || !j.is_object() || !j.contains("config") || !j["config"].is_string()) return bad;
     for (const auto& [key, value] : j.items()) {
       if (key == "config") continue;
       if (key != "step" && key != "epoch") {
-        return ptc::InvalidArgumentError(".ptcfs/config: unknown field '" + key + "' (config, step, epoch)");
+        return ptc::InvalidArgumentError(".ptcfs/config: unknown field '" + ptc::Abbreviate(key) +
+                                         "' (config, step, epoch)");
       }
-      if (!value.is_number_unsigned()) {
-        return ptc::InvalidArgumentError(".ptcfs/config: '" + key + "' must be a non-negative integer");
+      if (const std::string problem = ptc::UnsignedProblem(value); !problem.empty()) {
+        return ptc::InvalidArgumentError(".ptcfs/config: '" + key + "' " + problem);
       }
       (key == "step" ? r.step : r.epoch) = value.get<uint64_t>();
     }

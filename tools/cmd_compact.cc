@@ -46,11 +46,11 @@ ptc::Status RunCompact(const CompactArgs& a) {
     PTC_ASSIGN_OR_RETURN(r, ptc::ExecuteCovering(*store, c.source, c.spec, c.config, c.covering, options));
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!a.keep_old) PTC_RETURN_IF_ERROR(store->CollectGarbage(), "removing old generations");
   std::printf("generation %llu compacted as generation %llu in %.2f s: %llu shards written (%s), %llu kept (%s)\n",
               static_cast<unsigned long long>(current), static_cast<unsigned long long>(r.generation), secs,
               static_cast<unsigned long long>(r.shards_written), HumanBytes(r.bytes_written).c_str(),
               static_cast<unsigned long long>(r.shards_referenced), HumanBytes(r.bytes_referenced).c_str());
+  CollectAfterCommit("compact", *store, a.keep_old);
   return ptc::Status::OK();
 }
 

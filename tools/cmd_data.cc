@@ -53,6 +53,8 @@ ptc::Result<std::vector<uint64_t>> ParseBuckets(const std::string& text) {
 ptc::Status RunSynth(const DataArgs& a) {
   PTC_RETURN_IF_ERROR(ptc::CheckSynthSpec(a.synth));
   const uint64_t avg = (a.synth.min_len + a.synth.max_len) / 2;
+  // OUT_PREFIX's directory is made as `ptcfs synth` makes OUT_DIR.
+  PTC_RETURN_IF_ERROR(ptc::Env::Default()->CreateDirs(ptc::DirName(a.source)));
   Progress progress("synth", a.synth.samples * avg * (ptc::SynthDTypeCode(a.synth) == 8 ? 2 : 4));
   PTC_RETURN_IF_ERROR(ptc::WriteSynthDataset(ptc::Env::Default(), a.synth, a.source, progress.fn()));
   std::printf("wrote %s.bin and %s.idx: %llu samples of %s tokens\n", a.source.c_str(), a.source.c_str(),

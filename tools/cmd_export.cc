@@ -6,6 +6,7 @@
 #include "ptc/checkpoint/synth_checkpoint.h"
 #include "ptc/store/model_spec.h"
 #include "tools/commands.h"
+#include "tools/path_check.h"
 #include "tools/progress.h"
 
 namespace ptcfs {
@@ -44,6 +45,7 @@ ptc::Status RunExportMegatron(const ExportArgs& a, const ptc::ParallelConfig& co
 
 ptc::Status RunExport(const ExportArgs& a) {
   PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig config, ptc::ParseConfig(a.config));
+  PTC_RETURN_IF_ERROR(CheckOutsideStore(a.store, a.out));
   if (a.format == "megatron") return RunExportMegatron(a, config);
   PTC_ASSIGN_OR_RETURN(ptc::CheckpointFormat format, ptc::ParseCheckpointFormat(a.format));
   PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::Open(ptc::Env::Default(), a.store));

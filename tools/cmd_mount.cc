@@ -1,5 +1,7 @@
 // ptcfs mount / reconfigure / umount (and `ptcfs cluster`: cmd_cluster.cc).
 #include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,6 +23,7 @@
 #include "ptc/base/json_fields.h"
 #include "tools/cluster_mount.h"
 #include "tools/commands.h"
+#include "tools/path_check.h"
 #include "tools/progress.h"
 
 namespace ptcfs {
@@ -84,6 +87,7 @@ ptc::Result<ptc::StoreLock> LockForMount(const std::string& store, bool wait, bo
 
 ptc::Status RunMount(const MountArgs& a) {
   PTC_RETURN_IF_ERROR(CheckMountpoint(a.mountpoint, a.nonempty));
+  PTC_RETURN_IF_ERROR(CheckMountpointApart(a.store, a.mountpoint));
   PTC_ASSIGN_OR_RETURN(ptc::StoreLock lock, LockForMount(a.store, a.wait, /*create=*/!a.cluster.url.empty()));
   if (a.wait) PTC_RETURN_IF_ERROR(CheckMountpoint(a.mountpoint, a.nonempty));  // it may have changed meanwhile
   MountOptions options;
@@ -104,6 +108,45 @@ ptc::Status RunMount(const MountArgs& a) {
     session.attach = [&cluster](Filesystem& fs) { return cluster->Attach(fs); };
   }
   return MountAndServe(options, session);
+}
+
+// fusermount3 -u MOUNTPOINT, run without a shell; its complaint becomes ours.
+ptc::Status RunUmount(const std::string& mountpoint) {
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return ptc::ErrnoError("umount: pipe", errno);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, out[1], STDERR_FILENO);
+  const char* argv[] = {"fusermount3", "-u", "--", mountpoint.c_str(), nullptr};
+  pid_t pid = -1;
+  const int spawned = posix_spawnp(&pid, "fusermount3", &actions, nullptr, const_cast<char* const*>(argv), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(out[1]);
+  std::string said;
+  char buf[512];
+  for (ssize_t n; spawned == 0 && (n = read(out[0], buf, sizeof buf)) != 0;) {
+    if (n > 0 && said.size() < 4096) said.append(buf, static_cast<size_t>(n));
+    if (n < 0 && errno != EINTR) break;
+  }
+  close(out[0]);
+  if (spawned != 0) return ptc::ErrnoError("umount: running fusermount3 (Debian package fuse3)", spawned);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return ptc::Status::OK();
+  if (said.find("busy") != std::string::npos) {
+    return ptc::FailedPreconditionError(mountpoint + ": busy: a process has a file open there or its working "
+                                        "directory in it (`fuser -vm " + mountpoint + "` lists them); close them and "
+                                        "unmount again");
+  }
+  if (said.find("not found in") != std::string::npos || said.find("Invalid argument") != std::string::npos) {
+    return ptc::InvalidArgumentError(mountpoint + ": not a mount point");
+  }
+  if (said.find("No such file") != std::string::npos) return ptc::NotFoundError(mountpoint + ": no such directory");
+  const size_t colon = said.rfind(": ");
+  std::string why = OneLine(colon == std::string::npos ? said : said.substr(colon + 2));
+  return ptc::IOError(mountpoint + ": unmount failed: " + (why.empty() ? "fusermount3 failed" : why));
 }
 
 ptc::Result<nlohmann::json> ReadStatus(const std::string& mountpoint) {
@@ -261,10 +304,7 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
   auto target = std::make_shared<std::string>();
   CLI::App* um = app.add_subcommand("umount", "Unmount a ptcfs mount (fusermount3 -u).");
   um->add_option("MOUNTPOINT", *target, "a ptcfs mount")->required();
-  um->callback([target, exit_code] {
-    std::string cmd = "fusermount3 -u '" + *target + "'";
-    *exit_code = std::system(cmd.c_str()) == 0 ? 0 : 1;
-  });
+  um->callback([target, exit_code] { *exit_code = Report("umount", RunUmount(*target)); });
   AddClusterCommand(app, exit_code);
 }
 

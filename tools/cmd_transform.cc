@@ -148,11 +148,11 @@ ptc::Status RunTransform(const PlanArgs& a) {
     PTC_ASSIGN_OR_RETURN(r, ptc::ExecutePlan(*p.store, p.source, p.spec, p.to, p.plan, options));
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!a.keep_old) PTC_RETURN_IF_ERROR(p.store->CollectGarbage(), "removing old generations");
   std::printf("generation %llu (%s) committed in %.2f s: %llu pieces referenced (%s), %llu written (%s)\n",
               static_cast<unsigned long long>(r.generation), p.to.ToString().c_str(), secs,
               static_cast<unsigned long long>(r.shards_referenced), HumanBytes(r.bytes_referenced).c_str(),
               static_cast<unsigned long long>(r.shards_written), HumanBytes(r.bytes_written).c_str());
+  CollectAfterCommit("transform", *p.store, a.keep_old);
   return ptc::Status::OK();
 }
 

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ptc/base/status.h"
+#include "ptc/store/store.h"
 #include "ptc/store/store_lock.h"
 
 namespace ptcfs {
@@ -25,9 +26,25 @@ void AddMountCommands(CLI::App& app, int* exit_code);  // mount, reconfigure, um
 void AddDataCommand(CLI::App& app, int* exit_code);
 void AddStrategiesCommand(CLI::App& app, int* exit_code);  // cmd_strategies.cc: per length group layouts
 
+// The process's edges (exit_status.cc). Before parsing: descriptors 0-2 that
+// are closed are opened on /dev/null (read-only), so no file ptcfs opens takes
+// their number. "ptcfs data synth": the command argv names. A CLI11 message on
+// one line. After the command: flushes stdout; a failed write (a full disk,
+// a closed descriptor) is reported and turns exit 0 into 1.
+void KeepStandardDescriptorsOpen();
+std::string CommandName(const CLI::App& app, int argc, char** argv);
+std::string OneLine(std::string text);
+int FinishStandardOutput(const CLI::App& app, int exit_code);
+
 // Prints "ptcfs <command>: <message>" to stderr and returns the exit status
 // for `status` (0 when OK, 2 for InvalidArgument/NotFound, else 1).
 int Report(const char* command, const ptc::Status& status);
+
+// After a command committed a new generation: removes the older ones
+// (Store::CollectGarbage) unless `keep_old`. A failure there does not undo the
+// commit: it is printed as a warning naming what was left behind, and the
+// command still succeeds (exit 0); the next commit collects again.
+void CollectAfterCommit(const char* command, ptc::Store& store, bool keep_old);
 
 // The options of a writing command's StoreLock: this process's command line
 // as the holder, `wait` to block (saying on stderr whom it waits for).

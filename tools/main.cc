@@ -1,6 +1,9 @@
 // ptcfs: parallelizable tensor collections, served as files.
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+#include <string>
+
 #include "tools/commands.h"
 
 int main(int argc, char** argv) {
@@ -31,14 +34,18 @@ int main(int argc, char** argv) {
   ptcfs::AddMountCommands(app, &exit_code);
   ptcfs::AddDataCommand(app, &exit_code);
   ptcfs::AddStrategiesCommand(app, &exit_code);
+  ptcfs::KeepStandardDescriptorsOpen();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // --help prints and exits 0; every usage error exits 2 (docs/cli.md), not
-    // CLI11's own codes (104-106 and more).
-    return app.exit(e) == 0 ? 0 : 2;
+    // --help prints and exits 0; every usage error is one line and exits 2
+    // (docs/cli.md), not CLI11's own lines and codes (104-106 and more).
+    if (e.get_exit_code() == 0) return app.exit(e);
+    const std::string command = ptcfs::CommandName(app, argc, argv);
+    std::fprintf(stderr, "%s: %s (%s --help)\n", command.c_str(), ptcfs::OneLine(e.what()).c_str(), command.c_str());
+    return 2;
   }
-  return exit_code;
+  return ptcfs::FinishStandardOutput(app, exit_code);
 }
 
 #if defined(__SANITIZE_ADDRESS__)

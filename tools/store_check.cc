@@ -9,33 +9,6 @@
 namespace ptcfs {
 namespace {
 
-// Tensor table against the tensors the schema and dims give.
-void CheckTensorTable(const ptc::GenerationManifest& m, const std::vector<ptc::GlobalTensor>& globals,
-                      std::vector<std::string>* problems) {
-  std::map<std::string, const ptc::TensorRecord*> recorded;
-  for (const ptc::TensorRecord& t : m.tensors) recorded[t.name] = &t;
-  for (const ptc::GlobalTensor& g : globals) {
-    auto it = recorded.find(g.name);
-    if (it == recorded.end()) {
-      problems->push_back("tensor '" + g.name + "': the schema and dims give it, the manifest does not list it");
-      continue;
-    }
-    const ptc::TensorRecord& t = *it->second;
-    if (t.dtype != g.dtype) {
-      problems->push_back("tensor '" + g.name + "': dtype " + std::string(ptc::DTypeName(t.dtype)) +
-                          " in the manifest, the model gives " + std::string(ptc::DTypeName(g.dtype)));
-    }
-    if (t.shape != g.shape) {
-      problems->push_back("tensor '" + g.name + "': shape " + ptc::ShapeToString(t.shape) +
-                          " in the manifest, but dims '" + m.dims + "' give " + ptc::ShapeToString(g.shape));
-    }
-    recorded.erase(it);
-  }
-  for (const auto& [name, t] : recorded) {
-    problems->push_back("tensor '" + name + "': in the manifest but not in the schema");
-  }
-}
-
 // Every target shard of the config is covered by shards of its own worker.
 void CheckCoverage(const ptc::GenerationManifest& m, const ptc::ModelSpec& spec, const ptc::ParallelConfig& config,
                    std::vector<std::string>* problems) {
@@ -74,7 +47,7 @@ void CheckCoverage(const ptc::GenerationManifest& m, const ptc::ModelSpec& spec,
 std::vector<std::string> ServingProblems(const ptc::GenerationManifest& m) {
   std::vector<std::string> problems;
   if (m.tensors.empty() && m.schema.is_null()) return problems;  // a dataset only
-  auto spec = ptc::SpecFromManifest(m);
+  auto spec = ptc::ModelOfManifest(m);
   if (!spec.ok()) return {spec.status().message()};
   auto config = ptc::ConfigFromManifest(m);
   if (!config.ok()) return {config.status().message()};
@@ -83,7 +56,7 @@ std::vector<std::string> ServingProblems(const ptc::GenerationManifest& m) {
   }
   auto globals = ptc::GlobalTensors(*spec);
   if (!globals.ok()) return {"dims '" + m.dims + "': " + globals.status().message()};
-  CheckTensorTable(m, *globals, &problems);
+  problems = ptc::TensorTableProblems(m, *globals);
   if (problems.empty()) CheckCoverage(m, *spec, *config, &problems);
   return problems;
 }

@@ -51,17 +51,37 @@ class WritableFile {
 };
 
 // A directory opened once to write a tree of output files in it (an export, a
-// synthetic checkpoint). Files and subdirectories are made by name, relative
-// to the opened directory (POSIX: openat, mkdirat), never by a path, so no
-// name can climb out of the tree, and a symbolic link found in it (planted
-// between a check that the output directory is empty and the writes) is
-// refused, never followed.
+// synthetic checkpoint) or to prune one (a store's garbage collection). Files
+// and subdirectories are made, listed and removed by name, relative to the
+// opened directory (POSIX: openat, mkdirat, fstatat, unlinkat), never by a
+// path, so no name can climb out of the tree, and a symbolic link found in it
+// (planted between a check and the writes, or a directory moved elsewhere and
+// linked back) is refused or removed as a link, never followed.
 //
 // Every \error names the path (the directory's path joined with the name).
 class OutputDir {
  public:
+  // What an entry is, as lstat(2) sees it: a link is not followed.
+  enum class EntryKind { kFile, kDirectory, kLink, kOther };
+  struct Entry {
+    std::string name;
+    EntryKind kind;
+  };
+
   virtual ~OutputDir() = default;
   virtual const std::string& path() const = 0;
+  // The entries, sorted by name, without "." and "..".
+  // \error IOError from the OS.
+  virtual Result<std::vector<Entry>> List() = 0;
+  // The existing subdirectory `name`.
+  // \error InvalidArgument as CreateDir; PermissionDenied when it is a symbolic
+  //        link; NotFound when absent; FailedPrecondition when not a directory.
+  virtual Result<std::unique_ptr<OutputDir>> OpenDir(const std::string& name) = 0;
+  // Removes the entry `name`: a file, a link (the link itself, never what it
+  // points at) or an empty directory.
+  // \error InvalidArgument as CreateDir; IOError from the OS (a directory that
+  //        is not empty among them).
+  virtual Status Remove(const std::string& name) = 0;
   // The subdirectory `name`, made when it does not exist.
   // \error InvalidArgument for "", ".", ".." or a name with '/';
   //        PermissionDenied ("PATH: a symbolic link ...") when it is a symbolic link;
@@ -105,7 +125,9 @@ class Env {
   virtual Status CreateDirs(const std::string& path) = 0;                     // mkdir -p; OK if it exists
   virtual Status Rename(const std::string& from, const std::string& to) = 0;  // atomic replace
   virtual Status Remove(const std::string& path) = 0;                         // a file or an empty directory
-  virtual Status RemoveTree(const std::string& path) = 0;                     // rm -r; OK if absent
+  // rm -r, OK if absent: links in the tree (and `path` itself, when a link)
+  // are removed as links, never followed.
+  virtual Status RemoveTree(const std::string& path) = 0;
   virtual Status SyncDir(const std::string& path) = 0;                        // fsync a directory (after rename)
   // Makes everything written to the file system holding `path` durable
   // (syncfs): one call instead of an fsync per file before a commit.

@@ -108,6 +108,28 @@ class MemOutputDir final : public OutputDir {
     if (env_->Exists(path)) return AlreadyExistsError(path + ": exists (output files are created, never overwritten)");
     return env_->OpenWrite(path);
   }
+  Result<std::vector<Entry>> List() override {
+    PTC_ASSIGN_OR_RETURN(std::vector<std::string> names, env_->ListDir(path_));
+    std::vector<Entry> entries;
+    for (std::string& name : names) {
+      const EntryKind kind = env_->IsDirectory(JoinPath(path_, name)) ? EntryKind::kDirectory : EntryKind::kFile;
+      entries.push_back({std::move(name), kind});
+    }
+    return entries;
+  }
+  Result<std::unique_ptr<OutputDir>> OpenDir(const std::string& name) override {
+    PTC_RETURN_IF_ERROR(CheckEntryName(path_, name));
+    const std::string path = JoinPath(path_, name);
+    if (!env_->IsDirectory(path)) {
+      if (env_->Exists(path)) return FailedPreconditionError(path + ": not a directory");
+      return NotFoundError(path + ": no such directory");
+    }
+    return std::unique_ptr<OutputDir>(new MemOutputDir(env_, path));
+  }
+  Status Remove(const std::string& name) override {
+    PTC_RETURN_IF_ERROR(CheckEntryName(path_, name));
+    return env_->Remove(JoinPath(path_, name));
+  }
   Status Rename(const std::string& from, const std::string& to) override {
     PTC_RETURN_IF_ERROR(CheckEntryName(path_, from));
     PTC_RETURN_IF_ERROR(CheckEntryName(path_, to));

@@ -123,6 +123,71 @@ bool IsLinkAt(int dir, const std::string& name) {
   return ::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode);
 }
 
+OutputDir::EntryKind KindOf(mode_t mode) {
+  if (S_ISREG(mode)) return OutputDir::EntryKind::kFile;
+  if (S_ISDIR(mode)) return OutputDir::EntryKind::kDirectory;
+  if (S_ISLNK(mode)) return OutputDir::EntryKind::kLink;
+  return OutputDir::EntryKind::kOther;
+}
+
+// The entries of the directory open as `fd` (not consumed), lstat'ed relative to it.
+Result<std::vector<OutputDir::Entry>> ListAt(int fd, const std::string& path) {
+  const int dup_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (dup_fd < 0) return ErrnoError(path + ": list directory", errno);
+  DIR* dir = ::fdopendir(dup_fd);
+  if (dir == nullptr) {
+    const int err = errno;
+    ::close(dup_fd);
+    return ErrnoError(path + ": list directory", err);
+  }
+  ::rewinddir(dir);
+  std::vector<OutputDir::Entry> entries;
+  int err = 0;
+  for (;;) {
+    errno = 0;
+    struct dirent* e = ::readdir(dir);
+    if (e == nullptr) {
+      err = errno;
+      break;
+    }
+    std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    struct stat st;
+    if (::fstatat(fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) continue;  // removed meanwhile
+      err = errno;
+      break;
+    }
+    entries.push_back({std::move(name), KindOf(st.st_mode)});
+  }
+  ::closedir(dir);
+  if (err != 0) return ErrnoError(path + ": list directory", err);
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  return entries;
+}
+
+// rm -r of `name` in the directory open as `dir`, by descriptors: a link is
+// unlinked, never followed, and no path is resolved twice. OK if absent.
+Status RemoveTreeAt(int dir, const std::string& name, const std::string& path) {
+  struct stat st;
+  if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
+    return errno == ENOENT ? Status::OK() : ErrnoError(path + ": remove tree", errno);
+  if (S_ISDIR(st.st_mode)) {
+    const int fd = OpenAtRetry(dir, name, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return ErrnoError(path + ": remove tree", errno);
+    Result<std::vector<OutputDir::Entry>> entries = ListAt(fd, path);
+    Status s = entries.status();
+    for (size_t i = 0; s.ok() && i < entries->size(); ++i) {
+      s = RemoveTreeAt(fd, (*entries)[i].name, JoinPath(path, (*entries)[i].name));
+    }
+    ::close(fd);
+    PTC_RETURN_IF_ERROR(s);
+  }
+  if (::unlinkat(dir, name.c_str(), S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) != 0 && errno != ENOENT)
+    return ErrnoError(path + ": remove", errno);
+  return Status::OK();
+}
+
 // A directory of an output tree, by descriptor: entries are made with
 // mkdirat/openat relative to it, links never followed (O_NOFOLLOW), files
 // created new (O_EXCL: not a link, a hard link or a FIFO planted there).
@@ -159,6 +224,32 @@ class PosixOutputDir final : public OutputDir {
       return ErrnoError(path + ": create", err);
     }
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd, 0));
+  }
+
+  Result<std::vector<Entry>> List() override { return ListAt(fd_, path_); }
+
+  Result<std::unique_ptr<OutputDir>> OpenDir(const std::string& name) override {
+    PTC_RETURN_IF_ERROR(CheckEntryName(path_, name));
+    const std::string path = JoinPath(path_, name);
+    const int fd = OpenAtRetry(fd_, name, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) {
+      const int err = errno;
+      if (IsLinkAt(fd_, name)) return Status(Code::kPermissionDenied, path + ": a symbolic link (not followed)");
+      if (err == ENOENT) return NotFoundError(path + ": no such directory");
+      if (err == ENOTDIR) return FailedPreconditionError(path + ": not a directory");
+      return ErrnoError(path + ": open directory", err);
+    }
+    return std::unique_ptr<OutputDir>(new PosixOutputDir(path, fd));
+  }
+
+  Status Remove(const std::string& name) override {
+    PTC_RETURN_IF_ERROR(CheckEntryName(path_, name));
+    struct stat st;
+    if (::fstatat(fd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
+      return ErrnoError(JoinPath(path_, name) + ": remove", errno);
+    if (::unlinkat(fd_, name.c_str(), S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) != 0)
+      return ErrnoError(JoinPath(path_, name) + ": remove", errno);
+    return Status::OK();
   }
 
   Status Rename(const std::string& from, const std::string& to) override {
@@ -252,10 +343,16 @@ class PosixEnv final : public Env {
   }
 
   Status RemoveTree(const std::string& path) override {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-    if (ec) return ErrnoError(path + ": remove tree", ec.value());
-    return Status::OK();
+    std::string_view trimmed = path;
+    while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.remove_suffix(1);
+    const std::string name(trimmed.substr(trimmed.rfind('/') + 1));  // npos + 1 == 0
+    const int dir = OpenRetry(DirName(path), O_RDONLY | O_DIRECTORY);
+    if (dir < 0) return errno == ENOENT ? Status::OK() : ErrnoError(path + ": remove tree", errno);
+    Status s = name.empty() || name == "." || name == ".."
+                   ? InvalidArgumentError(path + ": remove tree: not a name in a directory")
+                   : RemoveTreeAt(dir, name, path);
+    ::close(dir);
+    return s;
   }
 
   Status SyncFileSystem(const std::string& path) override {

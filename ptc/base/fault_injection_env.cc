@@ -45,6 +45,15 @@ class FaultOutputDir final : public OutputDir {
     PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, base_->NewWritableFile(name));
     return std::unique_ptr<WritableFile>(new FaultWritableFile(env_, path, std::move(file)));
   }
+  Result<std::vector<Entry>> List() override { return base_->List(); }
+  Result<std::unique_ptr<OutputDir>> OpenDir(const std::string& name) override {
+    PTC_ASSIGN_OR_RETURN(std::unique_ptr<OutputDir> dir, base_->OpenDir(name));
+    return std::unique_ptr<OutputDir>(new FaultOutputDir(env_, std::move(dir)));
+  }
+  Status Remove(const std::string& name) override {
+    PTC_RETURN_IF_ERROR(env_->MaybeFail(FaultInjectionEnv::Op::kRemove, JoinPath(path(), name)));
+    return base_->Remove(name);
+  }
   Status Rename(const std::string& from, const std::string& to) override {
     PTC_RETURN_IF_ERROR(env_->MaybeFail(FaultInjectionEnv::Op::kRename, JoinPath(path(), from)));
     return base_->Rename(from, to);

@@ -6,7 +6,7 @@
 // WritableFile::Append, WritableFile::PWrite, WritableFile::Sync, Rename,
 // Remove, RemoveTree, CreateDirs, SyncDir; in an OutputDir, as the same kinds:
 // OpenOutputDir and CreateDir (CreateDirs), NewWritableFile (OpenWrite),
-// Rename, Sync (SyncDir). Reads, listings and Close are never counted or
+// Remove, Rename, Sync (SyncDir). Reads, listings and Close are never counted or
 // failed. A failed op does nothing in the base Env.
 //
 // Typical use: for n = 0, 1, 2, ...: FailAfter(n); run the protocol; check the

@@ -24,6 +24,15 @@ std::string JsonText(const nlohmann::json& j, int indent = -1);
 // True for an integer >= 0. Parsed text holds those as unsigned numbers; a json
 // built in code may hold them as signed ones.
 bool IsNonNegativeInteger(const nlohmann::json& v);
+// Why `v` is not an unsigned 64-bit integer ("" when it is): "must be a
+// non-negative integer", or "is out of range (at most 18446744073709551615)"
+// for a whole number above it (which JSON parsers hold as a float).
+std::string UnsignedProblem(const nlohmann::json& v);
+
+// nlohmann::json::parse without exceptions that also refuses an object with a
+// key twice (parse keeps the last): discarded when the text is not JSON or
+// holds a duplicate key, which is then in `*duplicate`. Linear in the text.
+nlohmann::json ParseJsonUniqueKeys(std::string_view text, std::string* duplicate);
 
 class JsonFields {
  public:
@@ -37,7 +46,7 @@ class JsonFields {
   Result<const nlohmann::json*> Get(std::string_view key) const;
   // \error as Get; Corruption `"KEY" must be a string`.
   Result<std::string> String(std::string_view key) const;
-  // \error as Get; Corruption `"KEY" must be a non-negative integer` (see IsNonNegativeInteger).
+  // \error as Get; Corruption `"KEY" ` + UnsignedProblem.
   Result<uint64_t> Unsigned(std::string_view key) const;
   // \error as Get; Corruption `"KEY" must be an array`.
   Result<const nlohmann::json*> Array(std::string_view key) const;

@@ -63,4 +63,11 @@ Status ErrnoError(std::string_view what, int err) {
   return Status(code, std::string(what) + ": " + std::strerror(err));
 }
 
+std::string Abbreviate(std::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return std::string(text);
+  size_t cut = max_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+  return std::string(text.substr(0, cut)) + "... (" + std::to_string(text.size()) + " bytes)";
+}
+
 }  // namespace ptc

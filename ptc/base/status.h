@@ -71,6 +71,10 @@ Status FailedPreconditionError(std::string message);
 Status AlreadyExistsError(std::string message);
 Status InternalError(std::string message);
 
+// `text` for quoting an input in a message: whole when at most `max_bytes`,
+// else its start and "... (N bytes)", cut on a UTF-8 character boundary.
+std::string Abbreviate(std::string_view text, size_t max_bytes = 120);
+
 // Either a value or a non-OK Status.
 template <typename T>
 class [[nodiscard]] Result {

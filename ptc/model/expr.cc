@@ -19,7 +19,7 @@ class Parser {
 
  private:
   Status Error(const std::string& why) const {
-    return InvalidArgumentError("formula '" + std::string(text_) + "': " + why);
+    return InvalidArgumentError("formula '" + Abbreviate(text_) + "': " + why);
   }
   void Skip() {
     while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;

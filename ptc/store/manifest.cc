@@ -8,6 +8,7 @@
 #include "ptc/base/checksum.h"
 #include "ptc/base/json_fields.h"
 #include "ptc/model/tensor_name.h"
+#include "ptc/store/store_layout.h"
 
 namespace ptc {
 namespace {
@@ -132,6 +133,8 @@ Status DecodeHeader(const JsonFields& f, GenerationManifest& m) {
   PTC_ASSIGN_OR_RETURN(uint64_t version, f.Unsigned("version"));
   if (version != kVersion) return f.Error("version", "is " + std::to_string(version) + "; this build reads version 1");
   PTC_ASSIGN_OR_RETURN(m.generation, f.Unsigned("generation"));
+  if (m.generation > kMaxGeneration)
+    return f.Error("generation", "is out of range (at most " + std::to_string(kMaxGeneration) + ")");
   if (const json* parent = f.Find("parent"); parent != nullptr && !parent->is_null()) {
     PTC_ASSIGN_OR_RETURN(m.parent, f.Unsigned("parent"));
     if (*m.parent >= m.generation) return f.Error("parent", "must be lower than the generation");

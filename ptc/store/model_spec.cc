@@ -1,5 +1,8 @@
 #include "ptc/store/model_spec.h"
 
+#include <string_view>
+#include <unordered_map>
+
 namespace ptc {
 
 Status DescribeModel(const ModelSpec& spec, const ParallelConfig& config, GenerationManifest* m) {
@@ -13,7 +16,7 @@ Status DescribeModel(const ModelSpec& spec, const ParallelConfig& config, Genera
   return Status::OK();
 }
 
-Result<ModelSpec> SpecFromManifest(const GenerationManifest& m) {
+Result<ModelSpec> ModelOfManifest(const GenerationManifest& m) {
   const std::string where = "generation " + std::to_string(m.generation) + " manifest";
   ModelSpec spec;
   auto corrupt = [&](const Status& s) { return CorruptionError(where + ": " + s.message()); };
@@ -39,6 +42,46 @@ Result<ModelSpec> SpecFromManifest(const GenerationManifest& m) {
   spec.dtype = *dtype;
   spec.optimizer = model["optimizer"].get<bool>();
   return spec;
+}
+
+Result<ModelSpec> SpecFromManifest(const GenerationManifest& m) {
+  PTC_ASSIGN_OR_RETURN(ModelSpec spec, ModelOfManifest(m));
+  const std::string where = "generation " + std::to_string(m.generation) + " manifest";
+  Result<std::vector<GlobalTensor>> globals = GlobalTensors(spec);
+  if (!globals.ok()) return CorruptionError(where + ": dims '" + m.dims + "': " + globals.status().message());
+  const std::vector<std::string> problems = TensorTableProblems(m, *globals);
+  if (!problems.empty()) {
+    return CorruptionError(where + ": " + problems.front() +
+                           (problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) + " more)" : ""));
+  }
+  return spec;
+}
+
+std::vector<std::string> TensorTableProblems(const GenerationManifest& m, const std::vector<GlobalTensor>& globals) {
+  std::vector<std::string> problems;
+  std::unordered_map<std::string_view, const TensorRecord*> recorded;
+  for (const TensorRecord& t : m.tensors) recorded.emplace(t.name, &t);
+  for (const GlobalTensor& g : globals) {
+    auto it = recorded.find(g.name);
+    if (it == recorded.end()) {
+      problems.push_back("tensor '" + g.name + "': the schema and dims give it, the manifest does not list it");
+      continue;
+    }
+    const TensorRecord& t = *it->second;
+    if (t.dtype != g.dtype) {
+      problems.push_back("tensor '" + g.name + "': dtype " + std::string(DTypeName(t.dtype)) +
+                         " in the manifest, the model gives " + std::string(DTypeName(g.dtype)));
+    }
+    if (t.shape != g.shape) {
+      problems.push_back("tensor '" + g.name + "': shape " + ShapeToString(t.shape) + " in the manifest, but dims '" +
+                         m.dims + "' give " + ShapeToString(g.shape));
+    }
+    recorded.erase(it);
+  }
+  for (const TensorRecord& t : m.tensors) {
+    if (recorded.count(t.name)) problems.push_back("tensor '" + t.name + "': in the manifest but not in the schema");
+  }
+  return problems;
 }
 
 Result<ParallelConfig> ConfigFromManifest(const GenerationManifest& m) {

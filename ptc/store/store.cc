@@ -112,6 +112,10 @@ Result<uint64_t> Store::NextGeneration() const {
   uint64_t top = current_generation();
   for (const std::string& name : names) {
     std::optional<uint64_t> g = ParseGenerationDirName(name);
+    if (g && *g >= kMaxGeneration) {
+      return FailedPreconditionError(AbsPath(name) + ": numbered above the generations ptcfs writes (at most " +
+                                     std::to_string(kMaxGeneration) + "); remove or rename it");
+    }
     if (g) top = std::max(top, *g);
   }
   return top + 1;
@@ -200,23 +204,32 @@ Result<std::unique_ptr<GenerationWriter>> Store::Begin(std::optional<uint64_t> a
 
 namespace {
 
-// Removes every file under `rel` (relative to root) not in `keep`, and the
-// directories that become empty. Returns whether `rel` itself is now empty.
-Result<bool> PruneTree(const Store& store, const std::string& rel, const std::set<std::string>& keep) {
-  Env* env = store.env();
-  PTC_ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(store.AbsPath(rel)));
+// Whether a kept file lies at `rel` or under it.
+bool KeepsUnder(const std::set<std::string>& keep, const std::string& rel) {
+  auto it = keep.lower_bound(rel);
+  return it != keep.end() && (*it == rel || (it->size() > rel.size() && it->compare(0, rel.size(), rel) == 0 &&
+                                             (*it)[rel.size()] == '/'));
+}
+
+// Removes every entry under `dir` (store-relative path `rel`) not in `keep`,
+// and the directories that become empty. A symbolic link is never followed:
+// kept as it is while a kept file lies under its path (a generation moved to
+// another disk and linked back is read through it), otherwise the link alone
+// is removed, never what it points at. Returns whether `dir` is now empty.
+Result<bool> PruneTree(OutputDir& dir, const std::string& rel, const std::set<std::string>& keep) {
+  PTC_ASSIGN_OR_RETURN(std::vector<OutputDir::Entry> entries, dir.List());
   bool empty = true;
-  for (const std::string& name : names) {
-    const std::string child = JoinPath(rel, name);
-    const std::string abs = store.AbsPath(child);
-    if (env->IsDirectory(abs)) {
-      PTC_ASSIGN_OR_RETURN(bool child_empty, PruneTree(store, child, keep));
-      if (child_empty) PTC_RETURN_IF_ERROR(env->Remove(abs));
-      empty = empty && child_empty;
-    } else if (keep.count(child)) {
+  for (const OutputDir::Entry& e : entries) {
+    const std::string child = JoinPath(rel, e.name);
+    if (e.kind == OutputDir::EntryKind::kDirectory) {
+      PTC_ASSIGN_OR_RETURN(std::unique_ptr<OutputDir> sub, dir.OpenDir(e.name));
+      PTC_ASSIGN_OR_RETURN(bool sub_empty, PruneTree(*sub, child, keep));
+      if (sub_empty) PTC_RETURN_IF_ERROR(dir.Remove(e.name));
+      empty = empty && sub_empty;
+    } else if (KeepsUnder(keep, child)) {
       empty = false;
     } else {
-      PTC_RETURN_IF_ERROR(env->Remove(abs));
+      PTC_RETURN_IF_ERROR(dir.Remove(e.name));
     }
   }
   return empty;
@@ -254,14 +267,23 @@ Status Store::CollectGarbage(const std::set<uint64_t>& keep_generations) {
     PTC_RETURN_IF_ERROR(m.status(), "collecting garbage");
     add_live(*m);
   }
-  PTC_ASSIGN_OR_RETURN(std::vector<std::string> names, env_->ListDir(root_));
-  for (const std::string& name : names) {
-    std::optional<uint64_t> g = ParseGenerationDirName(name);
-    if (!g || *g > current_gen || !env_->IsDirectory(AbsPath(name))) continue;  // uncommitted: BeginGeneration's
-    PTC_ASSIGN_OR_RETURN(bool empty, PruneTree(*this, name, keep), "collecting garbage");
-    if (empty && !live.count(*g)) PTC_RETURN_IF_ERROR(env_->Remove(AbsPath(name)), "collecting garbage");
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<OutputDir> root, env_->OpenOutputDir(root_), "collecting garbage");
+  PTC_ASSIGN_OR_RETURN(std::vector<OutputDir::Entry> entries, root->List(), "collecting garbage");
+  for (const OutputDir::Entry& e : entries) {
+    std::optional<uint64_t> g = ParseGenerationDirName(e.name);
+    if (!g || *g > current_gen) continue;  // not a generation, or uncommitted: BeginGeneration's
+    if (e.kind == OutputDir::EntryKind::kLink) {
+      // A generation directory moved elsewhere and linked back: read through,
+      // never pruned through; the link goes when nothing kept lies under it.
+      if (!KeepsUnder(keep, e.name)) PTC_RETURN_IF_ERROR(root->Remove(e.name), "collecting garbage");
+      continue;
+    }
+    if (e.kind != OutputDir::EntryKind::kDirectory) continue;
+    PTC_ASSIGN_OR_RETURN(std::unique_ptr<OutputDir> dir, root->OpenDir(e.name), "collecting garbage");
+    PTC_ASSIGN_OR_RETURN(bool empty, PruneTree(*dir, e.name, keep), "collecting garbage");
+    if (empty && !live.count(*g)) PTC_RETURN_IF_ERROR(root->Remove(e.name), "collecting garbage");
   }
-  return env_->SyncDir(root_);
+  return root->Sync();
 }
 
 }  // namespace ptc

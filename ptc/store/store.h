@@ -123,7 +123,10 @@ class Store {
   // `keep_generations`, and every shard file in any gen-* directory that no
   // current or kept manifest references (files in old generation directories
   // that the current manifest references stay). Leaves directories numbered
-  // above the current generation alone.
+  // above the current generation alone. Never follows a symbolic link: a
+  // generation directory (or a directory in one) that is a link, e.g. moved to
+  // another disk and linked back, is read through but not pruned; once nothing
+  // kept lies under it the link itself is removed, never what it points at.
   // \error FailedPrecondition when a GenerationWriter is active, or as BeginGeneration
   //        (the writer lock, a root manifest changed by another writer).
   // \error Corruption when a kept manifest cannot be read; IOError when removal fails.

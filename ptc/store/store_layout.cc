@@ -34,8 +34,12 @@ Result<uint64_t> DecodeRootManifest(const std::string& label, std::string_view t
     return CorruptionError(label + ": unsupported \"version\" (this build reads version 1)");
   }
   auto generation = j.find("generation");
-  if (generation == j.end() || !generation->is_number_unsigned()) {
-    return CorruptionError(label + ": \"generation\" must be a non-negative integer");
+  if (generation == j.end() || !generation->is_number()) {
+    return CorruptionError(label + ": \"generation\" must be an integer from 0 to " + std::to_string(kMaxGeneration));
+  }
+  if (!generation->is_number_unsigned() || generation->get<uint64_t>() > kMaxGeneration) {
+    return CorruptionError(label + ": \"generation\" " + Abbreviate(generation->dump(), 40) + " is out of range (0 to " +
+                           std::to_string(kMaxGeneration) + ")");
   }
   return generation->get<uint64_t>();
 }
@@ -50,8 +54,12 @@ std::optional<uint64_t> ParseGenerationDirName(std::string_view name) {
   if (name.size() < 5 || name.substr(0, 4) != "gen-") return std::nullopt;
   uint64_t g = 0;
   for (char c : name.substr(4)) {
-    if (c < '0' || c > '9' || g > UINT64_MAX / 10 - 10) return std::nullopt;
-    g = g * 10 + static_cast<uint64_t>(c - '0');
+    if (c < '0' || c > '9') return std::nullopt;
+    if (g > (UINT64_MAX - 9) / 10) {
+      g = UINT64_MAX;  // saturates
+    } else {
+      g = g * 10 + static_cast<uint64_t>(c - '0');
+    }
   }
   return g;
 }

@@ -25,12 +25,17 @@ std::string EncodeRootManifest(uint64_t generation);
 
 // The generation a root manifest names (0: none). `label` starts every error.
 // \error Corruption when the text is not a ptcfs-store manifest of version 1
-//        with a non-negative "generation".
+//        with a "generation" from 0 to kMaxGeneration.
 Result<uint64_t> DecodeRootManifest(const std::string& label, std::string_view text);
+
+// The largest generation number: what every JSON reader holds exactly (2^53-1).
+inline constexpr uint64_t kMaxGeneration = (uint64_t{1} << 53) - 1;
 
 // "gen-000007".
 std::string GenerationDirName(uint64_t g);
-// Parses "gen-000007" -> 7; nullopt for any other name.
+// Parses "gen-000007" -> 7; nullopt for any other name. A number above
+// UINT64_MAX parses as UINT64_MAX (a generation directory all the same, and
+// above kMaxGeneration).
 std::optional<uint64_t> ParseGenerationDirName(std::string_view name);
 
 // "worker-03".

@@ -15,7 +15,6 @@
 #include <fstream>
 #include <iterator>
 #include <list>
-#include <sstream>
 
 #include "ptc/base/mutex.h"
 #include "ptc/store/store_layout.h"
@@ -87,6 +86,39 @@ std::string Host() {
   return buf;
 }
 
+// Opens STORE/lock, made new (O_EXCL) when absent. Never through a link
+// (O_NOFOLLOW), never a FIFO or device (O_NONBLOCK, then fstat), never a file
+// with another name elsewhere (a hard link): the holder writes its line into
+// this file and truncates it on release.
+Result<int> OpenLockFile(const std::string& path) {
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == EEXIST) fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ELOOP)
+      return FailedPreconditionError(path + ": a symbolic link; the writer lock is never taken through a link "
+                                            "(remove it: ptcfs makes the lock file itself)");
+    return ErrnoError(path, errno);
+  }
+  struct stat st;
+  const char* wrong = nullptr;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return ErrnoError(path + ": stat", err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    wrong = "not a regular file";
+  } else if (st.st_nlink != 1) {
+    wrong = "a file with another name too (a hard link)";
+  }
+  if (wrong != nullptr) {
+    close(fd);
+    return FailedPreconditionError(path + ": " + wrong + "; the writer lock is taken only on a regular file of the "
+                                   "store's own (remove it: ptcfs makes the lock file itself)");
+  }
+  return fd;
+}
+
 std::string Key(const std::string& root) {
   std::error_code ec;
   std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(root), ec);
@@ -117,8 +149,7 @@ Result<StoreLock> StoreLock::Acquire(const std::string& root, const StoreLockOpt
   lock.key_ = Key(root);
   if (HeldByThisProcess(root)) return FailedPreconditionError(root + ": this process already holds the writer lock");
   const std::string path = root + "/" + kStoreLockName;
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError(path, errno);
+  PTC_ASSIGN_OR_RETURN(const int fd, OpenLockFile(path));
   int rc;
   do {
     rc = flock(fd, LOCK_EX | (options.wait ? 0 : LOCK_NB));
@@ -151,11 +182,23 @@ bool StoreLock::HeldByThisProcess(const std::string& root) {
 
 Result<std::string> StoreLock::ReadHolder(const std::string& root) {
   const std::string path = root + "/" + kStoreLockName;
-  std::ifstream in(path);
-  if (!in) return errno == ENOENT ? NotFoundError(path + ": no lock file") : ErrnoError(path, errno);
-  std::string line;
-  std::getline(in, line);
-  return line;
+  const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? NotFoundError(path + ": no lock file") : ErrnoError(path, errno);
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return FailedPreconditionError(path + ": not a regular file");
+  }
+  char buf[4096];
+  ssize_t n;
+  do {
+    n = pread(fd, buf, sizeof buf, 0);
+  } while (n < 0 && errno == EINTR);
+  const int err = errno;
+  close(fd);
+  if (n < 0) return ErrnoError(path, err);
+  std::string line(buf, static_cast<size_t>(n));
+  return line.substr(0, line.find('\n'));
 }
 
 StoreLock::StoreLock(StoreLock&& other) noexcept : fd_(other.fd_), key_(std::move(other.key_)) { other.fd_ = -1; }

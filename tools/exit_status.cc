@@ -1,0 +1,62 @@
+// What every command does at its edges: the standard descriptors, usage
+// errors on one line, and a standard output that could not be written.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "tools/commands.h"
+
+namespace ptcfs {
+
+void KeepStandardDescriptorsOpen() {
+  // A descriptor 0-2 closed by the caller would be the next file ptcfs opens
+  // (a shard, the lock), and printf would write into it. /dev/null read-only
+  // in its place: reads see nothing, writes fail (EBADF) and are reported.
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int null_fd = open("/dev/null", O_RDONLY);
+    if (null_fd >= 0 && null_fd != fd) {
+      dup2(null_fd, fd);
+      close(null_fd);
+    }
+  }
+}
+
+std::string CommandName(const CLI::App& app, int argc, char** argv) {
+  std::string name = "ptcfs";
+  const CLI::App* at = &app;
+  for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
+    const std::string word = argv[i];
+    const auto subs = at->get_subcommands([&](const CLI::App* s) { return s->check_name(word); });
+    if (subs.empty()) break;
+    name += " " + subs.front()->get_name();
+    at = subs.front();
+  }
+  return name;
+}
+
+std::string OneLine(std::string text) {
+  for (char& c : text) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  while (!text.empty() && text.back() == ' ') text.pop_back();
+  return text;
+}
+
+int FinishStandardOutput(const CLI::App& app, int exit_code) {
+  errno = 0;
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return exit_code;
+  const int err = errno != 0 ? errno : EIO;
+  std::string command = "ptcfs";
+  for (const CLI::App* at = &app; !at->get_subcommands().empty();) {
+    at = at->get_subcommands().front();
+    command += " " + at->get_name();
+  }
+  std::fprintf(stderr, "%s: writing standard output: %s\n", command.c_str(), std::strerror(err));
+  return exit_code == 0 ? 1 : exit_code;
+}
+
+}  // namespace ptcfs
