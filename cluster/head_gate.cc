@@ -42,7 +42,7 @@ struct Waiting {
 };
 
 // A listening socket on address:port: (fd, bound port).
-Result<std::pair<int, int>> Listen(const std::string& address, int port) {
+Result<std::pair<int, int>> ListenOn(const std::string& address, int port) {
   const std::string where = PeerAddress{address, port}.ToString();
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -92,7 +92,7 @@ size_t HeadEnd(const std::string& bytes, size_t from) {
 }
 
 struct HeadGate::Impl {
-  Impl(HeadGateOptions o, Ready r) : options(o), ready(std::move(r)) {}
+  explicit Impl(HeadGateOptions o) : options(o) {}
 
   void Run();
   // Takes what arrived on `w`; false when `w` is done here (handed on or closed).
@@ -105,7 +105,7 @@ struct HeadGate::Impl {
   bool HandOnIfComplete(Waiting& w);
 
   const HeadGateOptions options;
-  const Ready ready;
+  Ready ready;  // set by Start, before the thread starts
   int listener = -1;
   int wake = -1;  // an eventfd: Return and Stop wake the thread
   int port = 0;
@@ -257,10 +257,9 @@ void HeadGate::Impl::Run() {
 HeadGate::HeadGate(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HeadGate::~HeadGate() { Stop(); }
 
-Result<std::unique_ptr<HeadGate>> HeadGate::Start(const std::string& address, int port, HeadGateOptions options,
-                                                  Ready ready) {
-  PTC_ASSIGN_OR_RETURN(auto listening, Listen(address, port));
-  auto impl = std::make_unique<Impl>(options, std::move(ready));
+Result<std::unique_ptr<HeadGate>> HeadGate::Listen(const std::string& address, int port, HeadGateOptions options) {
+  PTC_ASSIGN_OR_RETURN(auto listening, ListenOn(address, port));
+  auto impl = std::make_unique<Impl>(options);
   impl->listener = listening.first;
   impl->port = listening.second;
   impl->wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -268,12 +267,17 @@ Result<std::unique_ptr<HeadGate>> HeadGate::Start(const std::string& address, in
     ::close(impl->listener);
     return ErrnoError(PeerAddress{address, impl->port}.ToString() + ": eventfd", errno);
   }
-  Impl* raw = impl.get();
-  impl->thread = std::thread([raw] { raw->Run(); });
   return std::unique_ptr<HeadGate>(new HeadGate(std::move(impl)));
 }
 
 int HeadGate::port() const { return impl_->port; }
+
+void HeadGate::Start(Ready ready) {
+  MutexLock lock(&impl_->stop_mu);
+  if (impl_->stopped || impl_->thread.joinable()) return;
+  impl_->ready = std::move(ready);
+  impl_->thread = std::thread([d = impl_.get()] { d->Run(); });
+}
 
 void HeadGate::Return(ReadyConnection c) {
   {
@@ -301,7 +305,7 @@ void HeadGate::Stop() {
   d.stopping = true;
   const uint64_t one = 1;
   (void)!::write(d.wake, &one, sizeof(one));
-  d.thread.join();
+  if (d.thread.joinable()) d.thread.join();
   ::close(d.listener);
   std::vector<ReadyConnection> back;
   {

@@ -58,11 +58,10 @@ class HeadGate {
   using Ready = std::function<void(ReadyConnection)>;
 
   // Listens on address:port (port 0: a free one; SO_REUSEADDR, a backlog of
-  // SOMAXCONN) and starts accepting.
+  // SOMAXCONN); connections queue until Start.
   // \error IOError naming ADDRESS:PORT when the address does not resolve or
   //        no socket of it can bind and listen.
-  static Result<std::unique_ptr<HeadGate>> Start(const std::string& address, int port, HeadGateOptions options,
-                                                 Ready ready);
+  static Result<std::unique_ptr<HeadGate>> Listen(const std::string& address, int port, HeadGateOptions options);
   // Stop().
   ~HeadGate();
   HeadGate(const HeadGate&) = delete;
@@ -70,6 +69,10 @@ class HeadGate {
 
   // The bound port.
   int port() const;
+
+  // Starts accepting on the gate's thread; each connection whose head is
+  // complete goes to `ready`. Once.
+  void Start(Ready ready);
 
   // A connection back after a response, kept alive: it waits here for its
   // next head (bytes already received count towards it). After Stop: closed.

@@ -278,12 +278,11 @@ Status PeerServer::Impl::Bind() {
   g.head_timeout = options.head_timeout;
   g.keep_alive_timeout = kKeepAliveTimeout;
   g.max_waiting = options.max_waiting;
-  auto started = HeadGate::Start(options.address, options.port, g, [this](ReadyConnection c) {
-    pool->enqueue([this, c] { Serve(c); });
-  });
-  if (!started.ok()) return started.status().WithContext("the peer server cannot listen");
-  gate = std::move(*started);
+  auto listening = HeadGate::Listen(options.address, options.port, g);
+  if (!listening.ok()) return listening.status().WithContext("the peer server cannot listen");
+  gate = std::move(*listening);
   bound = PeerAddress{options.address, gate->port()};
+  gate->Start([this](ReadyConnection c) { pool->enqueue([this, c] { Serve(c); }); });
   return Status::OK();
 }
 

@@ -46,6 +46,40 @@ int OpenNonBlocking(int port) {
   return fd;
 }
 
+// What the server sends on `fd` until it closes the connection or `seconds` pass.
+std::string ReadUntilClosed(int fd, double seconds) {
+  std::string got;
+  const Clock::time_point t0 = Clock::now();
+  while (Since(t0) < seconds) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return got;
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// A connected loopback socket (blocking connect; the server's backlog takes it).
+int Connect(int port) {
+  const int fd = OpenNonBlocking(port);
+  pollfd p{fd, POLLOUT, 0};
+  ::poll(&p, 1, 2000);
+  return fd;
+}
+
+std::string ManifestRequest(bool close) {
+  return std::string("GET /v1/manifest?generation=1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ") + kToken +
+         "\r\n" + (close ? "Connection: close\r\n" : "") + "\r\n";
+}
+
 // One slow or idle client: its socket and when the server closed it (< 0: open).
 struct SlowClient {
   int fd = -1;
@@ -123,12 +157,17 @@ class PeerSlowClients : public ::testing::Test {
     auto store = Store::Open(Env::Default(), tmp_ / "store");
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     store_ = std::move(*store);
+    shard_ = &store_->current().shards.front();
     PeerServerOptions o;
     o.token = kToken;  // the defaults otherwise: 8 threads, the default head deadline
+    Restart(o);
+  }
+
+  void Restart(const PeerServerOptions& o) {
+    server_.reset();
     auto server = PeerServer::Start(store_.get(), o);
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(*server);
-    shard_ = &store_->current().shards.front();
   }
 
   // Reads 4 KiB of the shard as a worker does; the seconds it took.
@@ -185,6 +224,82 @@ TEST_F(PeerSlowClients, ALegitimateReadIsServedWithinASecond) {
   EXPECT_EQ(server_->stats().head_timeouts, 200u);
   // And the server serves as before.
   EXPECT_LT(TimedRead(), 1.0);
+}
+
+// Kept-alive connections go back to the gate between requests: two requests
+// sent in one write (pipelined) are both answered, a third after a pause
+// too, and "Connection: close" ends the connection.
+TEST_F(PeerSlowClients, KeptAliveAndPipelinedRequestsAreServed) {
+  const int fd = Connect(server_->address().port);
+  const std::string two = ManifestRequest(false) + ManifestRequest(false);
+  ASSERT_EQ(::send(fd, two.data(), two.size(), MSG_NOSIGNAL), static_cast<ssize_t>(two.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const std::string last = ManifestRequest(true);
+  ASSERT_EQ(::send(fd, last.data(), last.size(), MSG_NOSIGNAL), static_cast<ssize_t>(last.size()));
+  const std::string got = ReadUntilClosed(fd, 5);
+  ::close(fd);
+  EXPECT_EQ(Count(got, "HTTP/1.1 200 OK\r\n"), 3u) << got.substr(0, 300);
+  EXPECT_EQ(Count(got, "\"generation\""), 3u) << "three manifests";
+  EXPECT_EQ(Count(got, "Connection: close\r\n"), 1u);
+  EXPECT_EQ(server_->stats().served, 3u);
+  EXPECT_EQ(server_->stats().head_timeouts, 0u);
+}
+
+// A kept-alive connection with no next request ends after the keep-alive
+// wait (2 s), not counted as a late head; a head longer than the limit ends
+// its connection at once, without an answer.
+TEST_F(PeerSlowClients, IdleKeptAliveAndOversizedHeadsAreClosed) {
+  const int fd = Connect(server_->address().port);
+  const std::string one = ManifestRequest(false);
+  ASSERT_EQ(::send(fd, one.data(), one.size(), MSG_NOSIGNAL), static_cast<ssize_t>(one.size()));
+  const Clock::time_point t0 = Clock::now();
+  const std::string got = ReadUntilClosed(fd, 6);
+  const double closed_after = Since(t0);
+  ::close(fd);
+  EXPECT_EQ(Count(got, "HTTP/1.1 200 OK\r\n"), 1u);
+  EXPECT_GT(closed_after, 1.8);
+  EXPECT_LT(closed_after, 4.0);
+  EXPECT_EQ(server_->stats().head_timeouts, 0u);
+
+  const int big = Connect(server_->address().port);
+  const std::string head = "GET /v1/manifest?generation=1 HTTP/1.1\r\nX: " + std::string(32 << 10, 'a');
+  (void)::send(big, head.data(), head.size(), MSG_NOSIGNAL);
+  const Clock::time_point t1 = Clock::now();
+  EXPECT_EQ(ReadUntilClosed(big, 5), "");
+  EXPECT_LT(Since(t1), 1.0) << "closed at once, not at the head deadline";
+  ::close(big);
+  EXPECT_EQ(server_->stats().served, 1u);
+}
+
+// More connections waiting for their heads than max_waiting: the longest
+// waiting are closed to make room, and a legitimate read is still served.
+TEST_F(PeerSlowClients, TheLongestWaitingMakeRoom) {
+  PeerServerOptions o;
+  o.token = kToken;
+  o.max_waiting = 16;
+  o.head_timeout = std::chrono::seconds(30);  // only eviction ends them here
+  Restart(o);
+  SlowSwarm swarm(server_->address().port, 40, 0, std::chrono::milliseconds(300));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_LT(TimedRead(), 1.0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const std::vector<SlowClient>& clients = swarm.Finish();
+  size_t closed = 0;
+  for (const SlowClient& c : clients) closed += c.closed_after >= 0 ? 1 : 0;
+  EXPECT_GE(closed, 40u - 16u);
+  EXPECT_LE(closed, 40u - 16u + 1u);  // the read's own connection took one place
+  EXPECT_EQ(server_->stats().evicted, closed);
+  EXPECT_EQ(server_->stats().head_timeouts, 0u);
+}
+
+TEST_F(PeerSlowClients, StartRefusesBadLimits) {
+  PeerServerOptions o;
+  o.token = kToken;
+  o.head_timeout = std::chrono::milliseconds(0);
+  EXPECT_EQ(PeerServer::Start(store_.get(), o).status().code(), Code::kInvalidArgument);
+  o.head_timeout = std::chrono::seconds(1);
+  o.max_waiting = 0;
+  EXPECT_EQ(PeerServer::Start(store_.get(), o).status().code(), Code::kInvalidArgument);
 }
 
 }  // namespace
