@@ -2,7 +2,7 @@
 // PeerServer while other connections hold it idle or send their request
 // heads a byte at a time (slowloris), as docs/cluster.md bounds it.
 //
-//   peer_slow_clients_bench [--clients N] [--interval-ms MS] [--requests R] [--timeout-s S]
+//   peer_slow_clients_bench [--clients N] [--interval-ms MS] [--requests R] [--gap-ms G] [--timeout-s S]
 //
 // Three scenarios, each on a fresh server (defaults: 8 threads) over a small
 // synthetic store on loopback: no other clients; N connections that send
@@ -11,8 +11,9 @@
 // takes them rather than SYN cookies hiding them) and reconnect whenever the
 // server closes one, keeping N open as an attacker would. In each scenario,
 // R reads of 4 KiB (PeerClient, one attempt, no stall limit: the time until
-// the server answers) one after the other, starting 500 ms after the others
-// connected. Prints a Markdown table row per scenario: median and slowest
+// the server answers) one after the other, G ms apart (default 500: the reads
+// outlast the server's head deadline, so some meet the reopened connections),
+// starting 500 ms after the others connected. Prints a Markdown table row per scenario: median and slowest
 // read in ms, reads that failed by the S-second deadline, and how many of the
 // other connections the server closed (each then reopened).
 #include <arpa/inet.h>
@@ -125,13 +126,14 @@ int Fail(const std::string& what) {
 
 int main(int argc, char** argv) {
   int clients = 100, requests = 5, timeout_s = 60;
-  int interval_ms = 4000;
+  int interval_ms = 4000, gap_ms = 500;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const int v = std::atoi(argv[i + 1]);
     if (flag == "--clients") clients = v;
     else if (flag == "--interval-ms") interval_ms = v;
     else if (flag == "--requests") requests = v;
+    else if (flag == "--gap-ms") gap_ms = v;
     else if (flag == "--timeout-s") timeout_s = v;
     else return Fail("unknown flag " + flag);
   }
@@ -181,6 +183,7 @@ int main(int argc, char** argv) {
       co.stall = std::chrono::milliseconds(0);
       std::string got(std::min<uint64_t>(4096, shard.nbytes), '\0');
       for (int r = 0; r < requests; ++r) {
+        if (r > 0) std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
         const Clock::time_point t0 = Clock::now();
         ptc::Status s = ptc::PeerClient(co).ReadShardRange((*server)->address(), shard, 0, got.size(), got.data());
         ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());

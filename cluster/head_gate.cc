@@ -64,7 +64,7 @@ Result<std::pair<int, int>> ListenOn(const std::string& address, int port) {
     int yes = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0) {
-      last = ErrnoError(where + ": bind (address in use or not local?)", errno);
+      last = ErrnoError(where + ": bind", errno);
       ::close(fd);
       continue;
     }

@@ -279,7 +279,7 @@ Status PeerServer::Impl::Bind() {
   g.keep_alive_timeout = kKeepAliveTimeout;
   g.max_waiting = options.max_waiting;
   auto listening = HeadGate::Listen(options.address, options.port, g);
-  if (!listening.ok()) return listening.status().WithContext("the peer server cannot listen");
+  if (!listening.ok()) return listening.status().WithContext("peer server");
   gate = std::move(*listening);
   bound = PeerAddress{options.address, gate->port()};
   gate->Start([this](ReadyConnection c) { pool->enqueue([this, c] { Serve(c); }); });
