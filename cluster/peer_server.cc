@@ -1,9 +1,12 @@
-// The peer data plane's HTTP server (cpp-httplib).
+// The peer data plane's HTTP server: the head gate accepts and collects
+// request heads (head_gate.h), cpp-httplib parses and answers them on a pool
+// of workers.
 #include "cluster/peer_server.h"
 
 #include <httplib.h>
 
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +14,8 @@
 #include <charconv>
 #include <thread>
 
+#include "cluster/connection_stream.h"
+#include "cluster/head_gate.h"
 #include "cluster/served_files.h"
 #include "cluster/token.h"
 #include "ptc/base/mutex.h"
@@ -20,6 +25,28 @@ namespace {
 
 // Bytes read from the file and written to the socket at a time.
 constexpr size_t kStreamChunk = 1 << 20;
+// Requests on one kept-alive connection (cpp-httplib's default): the last is answered
+// with "Connection: close".
+constexpr int kKeepAliveRequests = 5;
+// A kept-alive connection's wait for its next request (as before the gate: cpp-httplib's).
+constexpr std::chrono::seconds kKeepAliveTimeout{2};
+
+// cpp-httplib's request handling without its accept loop, whose workers each
+// wait on one connection's head (head_gate.h accepts instead).
+// process_request is protected.
+class HttpCore : public httplib::Server {
+ public:
+  // Reads one request from `strm`, routes it and writes the response; false
+  // when the connection cannot carry another request.
+  bool Process(httplib::Stream& strm, bool close_connection, bool& connection_closed) {
+    return process_request(strm, close_connection, connection_closed, nullptr);
+  }
+  // cpp-httplib cuts a response's body short once svr_sock_, its listening
+  // socket (never opened here), is INVALID_SOCKET: its sign of shutting down.
+  // Any other value reads as running; nothing here passes it to a system call
+  // (stop(), which would, is never called).
+  void SetRunning(bool running) { svr_sock_ = running ? 0 : INVALID_SOCKET; }
+};
 
 int HttpStatusOf(const Status& s) {
   switch (s.code()) {
@@ -68,6 +95,9 @@ struct PeerServer::Impl {
   void Install();
   Status Bind();
   void Stop() EXCLUDES(stop_mu);
+  // Answers the request whose head `c` holds (on a worker), then returns the
+  // connection to the gate or closes it.
+  void Serve(ReadyConnection c);
 
   // Answers `status` with a one-line reason.
   void Refuse(httplib::Response& res, int status, const std::string& message) {
@@ -86,9 +116,12 @@ struct PeerServer::Impl {
   const Store* const store;
   const PeerServerOptions options;
   PeerAddress bound;
-  httplib::Server http;
-  std::thread listener;
-  std::atomic<bool> listener_done{false};
+  HttpCore http;
+  // Stop order: stopping, then the gate (no more connections handed on),
+  // then the pool (joins the requests in progress).
+  std::atomic<bool> stopping{false};
+  std::unique_ptr<httplib::ThreadPool> pool;
+  std::unique_ptr<HeadGate> gate;
 
   Mutex mu;
   std::vector<std::shared_ptr<const GenerationManifest>> kept GUARDED_BY(mu);
@@ -206,20 +239,7 @@ void PeerServer::Impl::ServeShard(const httplib::Request& req, httplib::Response
 }
 
 void PeerServer::Impl::Install() {
-  const int threads = options.threads;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  http.set_read_timeout(options.io_timeout);
-  http.set_write_timeout(options.io_timeout);
-  http.set_keep_alive_timeout(2);
   http.set_payload_max_length(4096);
-  http.set_tcp_nodelay(true);
-  // SO_REUSEADDR only: cpp-httplib's default adds SO_REUSEPORT, which would let
-  // a second server (another daemon of the same user) bind our port and take
-  // part of the connections.
-  http.set_socket_options([](int sock) {
-    int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
   http.set_pre_routing_handler(
       [this](const httplib::Request& req, httplib::Response& res) { return Authorize(req, res); });
   http.Get(kShardPath, [this](const httplib::Request& req, httplib::Response& res) { ServeShard(req, res); });
@@ -234,26 +254,35 @@ void PeerServer::Impl::Install() {
   });
 }
 
+void PeerServer::Impl::Serve(ReadyConnection c) {
+  bool keep = false;
+  if (!stopping) {
+    // The request's body, if any, must follow its head as promptly.
+    ConnectionStream strm(c.fd, std::move(c.bytes), std::chrono::steady_clock::now() + options.head_timeout,
+                          options.io_timeout);
+    const bool last = c.requests + 1 >= kKeepAliveRequests;
+    bool closed = false;
+    keep = http.Process(strm, last, closed) && !closed && !last && !stopping;
+    if (keep) gate->Return(ReadyConnection{c.fd, strm.TakeUnread(), c.requests + 1});
+  }
+  if (!keep) {
+    ::shutdown(c.fd, SHUT_RDWR);
+    ::close(c.fd);
+  }
+}
+
 Status PeerServer::Impl::Bind() {
-  if (options.port == 0) {
-    const int port = http.bind_to_any_port(options.address);
-    if (port <= 0) return IOError(options.address + ":0: the peer server cannot bind");
-    bound = PeerAddress{options.address, port};
-  } else {
-    bound = PeerAddress{options.address, options.port};
-    if (!http.bind_to_port(options.address, options.port)) {
-      return IOError(bound.ToString() + ": the peer server cannot bind (address in use or not local?)");
-    }
-  }
-  listener = std::thread([this] {
-    http.listen_after_bind();
-    listener_done = true;
-  });
-  // stop() before the loop runs would be lost: wait until it runs.
-  for (int i = 0; i < 5000 && !http.is_running() && !listener_done; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  if (!http.is_running()) return IOError(bound.ToString() + ": the peer server does not listen");
+  http.SetRunning(true);
+  pool = std::make_unique<httplib::ThreadPool>(static_cast<size_t>(options.threads));
+  HeadGateOptions g;
+  g.head_timeout = options.head_timeout;
+  g.keep_alive_timeout = kKeepAliveTimeout;
+  g.max_waiting = options.max_waiting;
+  auto listening = HeadGate::Listen(options.address, options.port, g);
+  if (!listening.ok()) return listening.status().WithContext("peer server");
+  gate = std::move(*listening);
+  bound = PeerAddress{options.address, gate->port()};
+  gate->Start([this](ReadyConnection c) { pool->enqueue([this, c] { Serve(c); }); });
   return Status::OK();
 }
 
@@ -261,12 +290,10 @@ void PeerServer::Impl::Stop() {
   MutexLock lock(&stop_mu);
   if (stopped) return;
   stopped = true;
-  // Bind returned once the loop ran (is_running): one stop() ends it. (A
-  // second stop() would trip an assertion of cpp-httplib.)
-  if (listener.joinable()) {
-    if (!listener_done) http.stop();
-    listener.join();
-  }
+  stopping = true;
+  if (gate != nullptr) gate->Stop();
+  http.SetRunning(false);  // responses in progress end at their next chunk
+  if (pool != nullptr) pool->shutdown();
 }
 
 PeerServer::PeerServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -276,6 +303,8 @@ Result<std::unique_ptr<PeerServer>> PeerServer::Start(const Store* store, PeerSe
   PTC_RETURN_IF_ERROR(ValidateToken(options.token), "peer server");
   if (options.max_request_bytes == 0) return InvalidArgumentError("peer server: max_request_bytes is 0");
   if (options.threads < 1) return InvalidArgumentError("peer server: threads < 1");
+  if (options.head_timeout.count() <= 0) return InvalidArgumentError("peer server: head_timeout is not positive");
+  if (options.max_waiting < 1) return InvalidArgumentError("peer server: max_waiting < 1");
   auto impl = std::make_unique<Impl>(store, std::move(options));
   impl->Install();
   PTC_RETURN_IF_ERROR(impl->Bind());
@@ -290,8 +319,9 @@ void PeerServer::SetKeptGenerations(std::vector<std::shared_ptr<const Generation
 }
 
 PeerServerStats PeerServer::stats() const {
+  const HeadGateStats gate = impl_->gate->stats();
   return PeerServerStats{impl_->served_count.load(), impl_->refused.load(), impl_->files_opened.load(),
-                         impl_->bytes_sent.load()};
+                         impl_->bytes_sent.load(), gate.head_timeouts, gate.evicted};
 }
 
 void PeerServer::Stop() { impl_->Stop(); }

@@ -9,6 +9,13 @@
 // any file is opened. Responses are streamed from the file in chunks of
 // 1 MiB: memory per request is bounded whatever its length.
 //
+// Slow clients: a connection holds no worker until its request head is in
+// (head_gate.h); one that has not sent it all `head_timeout` after it was
+// accepted is closed, idle or trickling. So idle and slowloris connections
+// delay no request; they cost a descriptor each, for at most head_timeout,
+// and at most `max_waiting` wait at once (the longest waiting is closed to
+// admit one more). The listen backlog is SOMAXCONN.
+//
 // Thread safety: all methods may be called from any thread. The Store must
 // outlive the server.
 #pragma once
@@ -33,7 +40,11 @@ struct PeerServerOptions {
   uint64_t max_request_bytes = kDefaultMaxRequestBytes;  // larger requests: 413
   int threads = 8;                                       // requests served at once
   int worker = -1;  // >= 0: serve only this worker's shard files (a cluster worker's own)
-  std::chrono::seconds io_timeout{10};                   // per socket read or write
+  std::chrono::seconds io_timeout{10};                   // per socket write (a response's)
+  // From accept to a request head's last byte (a kept-alive connection's next
+  // head: from its first byte); a request body must follow as promptly.
+  std::chrono::milliseconds head_timeout{2000};
+  size_t max_waiting = 512;  // connections waiting for their request head at once
 };
 
 // Counters since Start.
@@ -42,13 +53,16 @@ struct PeerServerStats {
   uint64_t refused = 0;       // requests answered with an error status
   uint64_t files_opened = 0;  // shard files opened
   uint64_t bytes_sent = 0;    // shard bytes in 200 responses
+  uint64_t head_timeouts = 0;  // connections closed without a complete request head by head_timeout
+  uint64_t evicted = 0;        // connections closed waiting for their head: max_waiting others were
 };
 
 class PeerServer {
  public:
   // Binds to options.address:options.port and starts serving `store`.
   // \error InvalidArgument when the token fails ValidateToken (the token is not
-  //        shown), max_request_bytes is 0 or threads < 1.
+  //        shown), max_request_bytes is 0, threads < 1, head_timeout is not
+  //        positive or max_waiting < 1.
   // \error IOError naming ADDRESS:PORT when it cannot bind or listen.
   static Result<std::unique_ptr<PeerServer>> Start(const Store* store, PeerServerOptions options);
   // Stop().
