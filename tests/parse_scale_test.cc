@@ -24,6 +24,9 @@ using namespace ::ptc::testing;  // the helpers of test_util.h
 
 constexpr int kKeys = 100'000;
 constexpr double kBoundSeconds = 5;
+// A whole `ptcfs synth` of 100,000 tensors: 2-4 s in Release on 2 busy cores
+// (the quadratic code ran for minutes).
+constexpr double kSynthBoundSeconds = 30;
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -133,7 +136,7 @@ TEST(ParseScaleTest, SynthOfOneRuleOver100kLayersTakesSeconds) {
   auto r = TimedSynth(tmp, schema, "layers=" + std::to_string(kKeys) + ",hidden=8,heads=1,vocab=8,seq=8",
                       "tp=1,pp=1,dp=1", &seconds);
   ASSERT_EQ(r.first, 0) << r.second;
-  EXPECT_LT(seconds, 4 * kBoundSeconds);
+  EXPECT_LT(seconds, kSynthBoundSeconds);
   Result<SafetensorsHeader> h = ReadSafetensorsHeader(Env::Default(), tmp / "ckpt/rank-00000/model.safetensors");
   ASSERT_TRUE(h.ok()) << h.status().ToString();
   ASSERT_EQ(h->tensors.size(), static_cast<size_t>(kKeys));
@@ -154,7 +157,7 @@ TEST(ParseScaleTest, SynthOf100kRulesHalfOfThemTiedTakesSeconds) {
   double seconds = 0;
   auto r = TimedSynth(tmp, schema, "layers=2,hidden=8,heads=1,vocab=8,seq=8", "tp=1,pp=2,dp=1", &seconds);
   ASSERT_EQ(r.first, 0) << r.second;
-  EXPECT_LT(seconds, 4 * kBoundSeconds);
+  EXPECT_LT(seconds, kSynthBoundSeconds);
   for (int rank : {0, 1}) {
     Result<SafetensorsHeader> h =
         ReadSafetensorsHeader(Env::Default(), tmp / ("ckpt/rank-0000" + std::to_string(rank) + "/model.safetensors"));
