@@ -19,7 +19,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$ROOT/build}
 SIZES=${PTCFS_BENCH_SIZES:-1000,10000,100000}
 RESULTS=$ROOT/bench/RESULTS.md
-CMDLINE="bench/parse_scale.sh $*"
+CMDLINE="bench/parse_scale.sh${*:+ $*}"
 for v in PARSE_SCALE_BENCH PTCFS PTCFS_BENCH_SIZES; do
   [ -n "${!v:-}" ] && CMDLINE="$v='${!v}' $CMDLINE"
 done
@@ -36,6 +36,7 @@ now() { date +%s.%N; }
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 echo "parse_scale_bench --sizes $SIZES..." >&2
+LOAD=$(cut -d' ' -f1 /proc/loadavg)  # a shared machine: the figures scale with it
 BENCH_TABLE=$("$PARSE_SCALE_BENCH" --runs 5 --sizes "$SIZES")
 
 echo '{"name": "wide", "tensors": [{"name": "layers.{i}.w", "shape": [1], "pp": "layer"}]}' >"$TMP/schema.json"
@@ -61,7 +62,8 @@ CLI_TABLE=$(
 SECTION=$(cat <<MD
 ## Parsing at scale (issue 24)
 
-Produced by \`$CMDLINE\` on $(date -u +%Y-%m-%d) ($(nproc) cores, $(uname -m)).
+Produced by \`$CMDLINE\` on $(date -u +%Y-%m-%d) ($(nproc) cores, $(uname -m), load average $LOAD
+at the start: other builds shared the cores, so the times are upper bounds).
 
 Header parse, header encode and schema expansion, in process (\`bench/parse_scale.cc\`), one
 core, median of 5 runs. The header holds n tensors of one F32 element each
