@@ -152,8 +152,10 @@ Result<std::vector<ShardRecord>> DecodeDurable(std::string_view label, std::stri
     return FailedPreconditionError(where + ": a copy of contents " + contents + ", the job's are " + id.contents +
                                    " (an older state)");
   }
+  const auto by_name = TensorsByName(copy);
   for (const TensorRecord& t : tensors) {
-    const TensorRecord* held = FindTensor(copy, t.name);
+    const auto found = by_name.find(t.name);
+    const TensorRecord* held = found == by_name.end() ? nullptr : found->second;
     if (held == nullptr || !(*held == t)) {
       return FailedPreconditionError(where + ": tensor '" + t.name + "' is " +
                                      (held == nullptr ? "missing" : "of another dtype or shape"));

@@ -27,8 +27,9 @@ ptc::Status RunVerify(const std::string& path) {
   std::vector<std::string> failures;  // printed once the progress line has ended
   {
     Progress progress("verify", total);
+    const auto by_name = ptc::TensorsByName(m);  // DecodeManifest checked that each shard's tensor is listed
     for (const ptc::ShardRecord* s : pieces) {
-      const ptc::TensorRecord* t = ptc::FindTensor(m, s->tensor);
+      const ptc::TensorRecord* t = by_name.at(s->tensor);
       ptc::Status st = ptc::VerifyShard(store->env(), *store, *s);
       if (st.ok()) st = ptc::CheckH5Shard(store->AbsPath(s->file), *s, t->dtype);
       if (!st.ok()) failures.push_back(st.message());

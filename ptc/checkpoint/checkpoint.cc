@@ -2,7 +2,9 @@
 
 #include <cstdio>
 #include <cstring>
-#include <set>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "ptc/format/npy.h"
@@ -58,13 +60,20 @@ Status WriteNpyFiles(OutputDir& dir, const std::vector<LocalTensor>& tensors, co
   return Status::OK();
 }
 
-Status CheckFile(const std::string& path, const SafetensorsHeader& header, const std::vector<LocalTensor>& expected) {
-  for (const SafetensorsEntry& e : header.tensors) PTC_RETURN_IF_ERROR(ValidateTensorName(e.name, path));
-  std::set<std::string> names;
+// The file's tensors by name, once each matches `expected`.
+Result<std::unordered_map<std::string_view, const SafetensorsEntry*>> CheckFile(
+    const std::string& path, const SafetensorsHeader& header, const std::vector<LocalTensor>& expected) {
+  std::unordered_map<std::string_view, const SafetensorsEntry*> by_name;  // a rank may hold 100,000 tensors
+  for (const SafetensorsEntry& e : header.tensors) {
+    PTC_RETURN_IF_ERROR(ValidateTensorName(e.name, path));
+    by_name.emplace(e.name, &e);
+  }
+  std::unordered_set<std::string_view> names;
   for (const LocalTensor& t : expected) {
     names.insert(t.name);
-    const SafetensorsEntry* e = header.Find(t.name);
-    if (e == nullptr) return InvalidArgumentError(path + ": missing tensor '" + t.name + "'");
+    auto found = by_name.find(t.name);
+    if (found == by_name.end()) return InvalidArgumentError(path + ": missing tensor '" + t.name + "'");
+    const SafetensorsEntry* e = found->second;
     if (e->dtype != t.dtype) {
       return InvalidArgumentError(path + ": tensor '" + t.name + "' has dtype " + std::string(DTypeName(e->dtype)) +
                                   ", expected " + std::string(DTypeName(t.dtype)));
@@ -79,7 +88,7 @@ Status CheckFile(const std::string& path, const SafetensorsHeader& header, const
       return InvalidArgumentError(path + ": unknown tensor '" + e.name + "' (not in this rank's view of the schema)");
     }
   }
-  return Status::OK();
+  return by_name;
 }
 
 }  // namespace
@@ -134,9 +143,9 @@ Result<std::unique_ptr<RankCheckpoint>> RankCheckpoint::Open(Env* env, const std
       return NotFoundError(path + ": missing (rank " + std::to_string(view.rank) + " of the config has no file)");
     }
     PTC_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(env, path));
-    PTC_RETURN_IF_ERROR(CheckFile(path, header, expected));
+    PTC_ASSIGN_OR_RETURN(auto by_name, CheckFile(path, header, expected));
     PTC_ASSIGN_OR_RETURN(files.emplace_back(), env->OpenRead(path));
-    for (const LocalTensor& t : expected) where[t.name] = {files.back().get(), header.Find(t.name)->offset};
+    for (const LocalTensor& t : expected) where[t.name] = {files.back().get(), by_name.at(t.name)->offset};
     return Status::OK();
   };
   PTC_RETURN_IF_ERROR(open(ModelFilePath(dir, view.rank), view.model));

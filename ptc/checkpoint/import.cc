@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -30,7 +32,13 @@ class Importer {
     const int worker = source_.config.WorkerOf(view.rank);
     for (const auto* list : {&view.model, &view.optim}) {
       for (const LocalTensor& t : *list) {
-        for (const ShardKey& key : StoredShards(t)) PTC_RETURN_IF_ERROR(ImportShard(*ckpt, view.rank, worker, t, key));
+        // The segments of each key's tensor, in order: a ZeRO-1 piece holds
+        // segments of every parameter, so no scan of all of them per key.
+        std::unordered_map<std::string_view, std::vector<const Segment*>> segments;
+        for (const Segment& s : t.segments) segments[s.tensor].push_back(&s);
+        for (const ShardKey& key : StoredShards(t)) {
+          PTC_RETURN_IF_ERROR(ImportShard(*ckpt, view.rank, worker, t, key, segments.at(key.tensor)));
+        }
       }
     }
     return Status::OK();
@@ -39,11 +47,11 @@ class Importer {
   ImportResult result;
 
  private:
-  // Streams the shard's data (each segment of key.tensor densely, in order) to `consume`.
-  Status ReadShard(const RankCheckpoint& ckpt, const LocalTensor& t, const ShardKey& key,
+  // Streams the shard's data (its segments: those of key.tensor, each densely, in order) to `consume`.
+  Status ReadShard(const RankCheckpoint& ckpt, const LocalTensor& t, const std::vector<const Segment*>& segments,
                    const std::function<Status(const void*, size_t)>& consume) {
-    for (const Segment& s : t.segments) {
-      if (s.tensor != key.tensor) continue;
+    for (const Segment* seg : segments) {
+      const Segment& s = *seg;
       buf_.resize(s.box.volume() * DTypeSize(t.dtype));
       PTC_RETURN_IF_ERROR(ReadRegion(ckpt.Locate(t, s), s.box, buf_.data(), s.box, DenseLayout(s.box)));
       PTC_RETURN_IF_ERROR(consume(buf_.data(), buf_.size()));
@@ -53,18 +61,19 @@ class Importer {
     return Status::OK();
   }
 
-  Status ImportShard(const RankCheckpoint& ckpt, int rank, int worker, const LocalTensor& t, const ShardKey& key) {
+  Status ImportShard(const RankCheckpoint& ckpt, int rank, int worker, const LocalTensor& t, const ShardKey& key,
+                     const std::vector<const Segment*>& segments) {
     uint64_t checksum;
     if (stored_.count({key, worker})) {
       ShardHasher hash;
-      PTC_RETURN_IF_ERROR(ReadShard(ckpt, t, key, [&](const void* p, size_t n) {
+      PTC_RETURN_IF_ERROR(ReadShard(ckpt, t, segments, [&](const void* p, size_t n) {
         hash.Update(p, n);
         return Status::OK();
       }));
       checksum = hash.Finish().checksum;
     } else {
       PTC_ASSIGN_OR_RETURN(auto sink, writer_->NewShard(key.tensor, t.dtype, key.boxes, worker));
-      PTC_RETURN_IF_ERROR(ReadShard(ckpt, t, key, [&](const void* p, size_t n) { return sink->Append(p, n); }));
+      PTC_RETURN_IF_ERROR(ReadShard(ckpt, t, segments, [&](const void* p, size_t n) { return sink->Append(p, n); }));
       PTC_ASSIGN_OR_RETURN(ShardRecord record, sink->Finish());
       checksum = record.checksum;
       result.shards++;

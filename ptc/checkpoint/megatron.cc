@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cstdio>
 #include <map>
+#include <unordered_map>
 
 #include "ptc/checkpoint/megatron_optimizer.h"
 #include "ptc/format/torch_file.h"
@@ -43,24 +44,61 @@ Value TensorValue(const LocalTensor& t, size_t storage) {
   return Value::FromTensor(std::move(p));
 }
 
-// The dict under `parent` at `key`, created (as `kind`) when absent.
-Value* Child(Value* parent, const std::string& key, bool ordered) {
-  if (Value* v = parent->Find(key)) return v;
-  parent->Set(key, ordered ? Value::OrderedDict() : Value::Dict());
-  return parent->Find(key);
-}
+// Puts leaves into a tree of dicts, creating the dicts on their way: what
+// Value::Set and Find would do, without scanning a dict for each key (an
+// encoder's state_dict holds every layer's tensors).
+class TreeWriter {
+ public:
+  explicit TreeWriter(Value* root) : root_(root) {}
 
-void Put(Value* root, const std::vector<std::string>& path, Value leaf) {
-  Value* node = root;
-  for (size_t i = 0; i + 1 < path.size(); ++i) node = Child(node, path[i], /*ordered=*/i + 2 == path.size());
-  node->Set(path.back(), std::move(leaf));
-}
+  // Sets the leaf at `path`; the dicts on the way are created when absent
+  // (the leaf's own as an OrderedDict, as a module's state_dict is).
+  void Put(const std::vector<std::string>& path, Value leaf) {
+    Value* node = root_;
+    std::string prefix;  // path[0..i) joined by '\0': the dict `node`
+    for (size_t i = 0; i < path.size(); ++i) {
+      const bool last = i + 1 == path.size();
+      Value* child = Slot(prefix, node, path[i]);
+      if (child == nullptr) {
+        node->pairs().emplace_back(Value::Str(path[i]), last                ? std::move(leaf)
+                                                        : i + 2 == path.size() ? Value::OrderedDict()
+                                                                               : Value::Dict());
+        keys_[prefix].emplace(path[i], node->pairs().size() - 1);
+        child = &node->pairs().back().second;
+      } else if (last) {
+        *child = std::move(leaf);
+      }
+      if (last) return;
+      node = child;
+      prefix += path[i];
+      prefix += '\0';
+    }
+  }
 
-const Value* Get(const Value& root, const std::vector<Value>& path) {
+ private:
+  // The value at Str key `key` of the dict `node` (at `prefix`), or nullptr.
+  Value* Slot(const std::string& prefix, Value* node, const std::string& key) {
+    auto [at, fresh] = keys_.try_emplace(prefix);
+    if (fresh && node->is_dict()) {  // a dict this writer did not create: index what it holds
+      for (size_t k = 0; k < node->pairs().size(); ++k) {
+        const Value& name = node->pairs()[k].first;
+        if (name.kind() == pickle::Kind::kStr) at->second.try_emplace(name.as_str(), k);
+      }
+    }
+    const auto found = at->second.find(key);
+    return found == at->second.end() ? nullptr : &node->pairs()[found->second].second;
+  }
+
+  Value* root_;
+  // Per dict (by its path), the position of each Str key in its pairs.
+  std::unordered_map<std::string, std::unordered_map<std::string, size_t>> keys_;
+};
+
+const Value* Get(const Value& root, const std::vector<Value>& path, pickle::DictIndex* index) {
   const Value* node = &root;
   for (const Value& key : path) {
     if (node->is_dict()) {
-      node = node->Find(key);
+      node = index->Find(*node, key);
     } else if (node->is_sequence() && key.kind() == pickle::Kind::kInt && key.as_int() >= 0 &&
                static_cast<size_t>(key.as_int()) < node->items().size()) {
       node = &node->items()[static_cast<size_t>(key.as_int())];
@@ -195,7 +233,8 @@ Result<RankState> BuildRankState(const ModelSpec& spec, const ParallelConfig& co
     return v;
   };
   root.Set("model", Value::Dict());
-  for (const LocalTensor& t : view.model) Put(&root, ModelKeyPath(spec.schema.name, t.name), add(t));
+  TreeWriter tree(&root);
+  for (const LocalTensor& t : view.model) tree.Put(ModelKeyPath(spec.schema.name, t.name), add(t));
   for (const CarriedTensor& c : state.tensors) out.storages.push_back({c.key, nullptr, &c});
   if (const RankRng* rng = RngFor(state, view.coords.tp, view.coords.pp)) {
     root.Set("rng_state", rng->value);
@@ -213,8 +252,9 @@ Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const
                                                     const RankView& view, const pickle::Value& root,
                                                     const std::string& what) {
   std::vector<pickle::Tensor> out;
+  pickle::DictIndex index;
   auto take = [&](const LocalTensor& t, const std::vector<Value>& path) -> Status {
-    const Value* v = Get(root, path);
+    const Value* v = Get(root, path, &index);
     const std::string where = what + ": " + PathText(path);
     if (v == nullptr) return InvalidArgumentError(where + ": missing (tensor " + t.name + " of the rank's view)");
     if (!v->is_tensor())

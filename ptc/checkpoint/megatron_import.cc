@@ -160,8 +160,9 @@ Status KeepSteps(const RankView& view, const megatron::OptimizerLayout& layout, 
                  const TorchFile& tf, const std::string& what, std::map<std::string, size_t>* step_of,
                  megatron::OptimizerMeta* meta) {
   const pickle::Value* state = tf.root.Find("optimizer")->Find("optimizer")->Find("state");
+  pickle::DictIndex index;  // state holds an entry per parameter
   for (size_t i = 0; i < view.model.size() && state != nullptr; ++i) {
-    const pickle::Value* entry = state->Find(layout.slots[i].key);
+    const pickle::Value* entry = index.Find(*state, layout.slots[i].key);
     const pickle::Value* step = entry == nullptr ? nullptr : entry->Find("step");
     if (step == nullptr || view.model[i].segments.empty()) continue;
     const std::string where = what + ": optimizer/optimizer/state/" + layout.slots[i].key.DebugString() + "/step";
@@ -279,10 +280,11 @@ Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOp
     // The dtype most of rank 0's parameters have: one tensor of another dtype
     // is then blamed by name (FindRankTensors), not every other tensor.
     std::map<DType, size_t> votes;
+    pickle::DictIndex index;
     for (const LocalTensor& t : view.model) {
       const pickle::Value* v = &tf.root;
       for (const std::string& key : megatron::ModelKeyPath(o.schema.name, t.name)) {
-        v = v->Find(key);
+        v = index.Find(*v, key);
         if (v == nullptr) break;
       }
       if (v != nullptr && v->is_tensor()) votes[v->tensor().dtype]++;

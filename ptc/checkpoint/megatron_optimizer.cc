@@ -203,7 +203,7 @@ void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t i
         if (const auto k = kinds[i].find(kind); k != kinds[i].end()) s.Set(kind, add(*k->second));
       }
       if (const auto k = kinds[i].find("fp32"); k != kinds[i].end()) fp32.items().push_back(add(*k->second));
-      state.Set(Value::Int(key), std::move(s));
+      state.pairs().emplace_back(Value::Int(key), std::move(s));  // a fresh key: no Set's scan
       params.items().push_back(Value::Int(key++));
     }
     Value group = Settings(meta, param_groups.items().size());

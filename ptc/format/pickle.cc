@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <optional>
 #include <utility>
 
 namespace ptc::pickle {
@@ -292,6 +293,35 @@ Status Value::SetAttr(std::string_view name, Value value) {
                                 " object whose state is a " + std::string(KindName(o.state->kind())));
   o.state->Set(name, std::move(value));
   return Status::OK();
+}
+
+namespace {
+
+// DictIndex's text of a key, or nullopt for a key of another kind.
+std::optional<std::string> IndexKey(const Value& key) {
+  if (key.kind() == Kind::kStr) return "s" + key.as_str();
+  if (key.kind() == Kind::kInt) return "i" + std::to_string(key.as_int());
+  return std::nullopt;
+}
+
+}  // namespace
+
+const Value* DictIndex::Find(const Value& dict, const Value& key) {
+  if (!dict.is_dict()) return nullptr;
+  std::optional<std::string> text = IndexKey(key);
+  if (!text) return dict.Find(key);
+  auto [at, fresh] = by_dict_.try_emplace(&dict);
+  if (fresh) {
+    for (const auto& [k, v] : dict.pairs()) {
+      if (std::optional<std::string> t = IndexKey(k)) at->second.try_emplace(std::move(*t), &v);
+    }
+  }
+  const auto found = at->second.find(*text);
+  return found == at->second.end() ? nullptr : found->second;
+}
+
+const Value* DictIndex::Find(const Value& dict, std::string_view key) {
+  return Find(dict, Value::Str(std::string(key)));
 }
 
 std::string Value::DebugString() const {

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -214,6 +215,21 @@ class Value {
   std::variant<std::monostate, bool, int64_t, double, std::string, Items, DictData, Boxed<Tensor>, Boxed<Global>,
                Boxed<Object>>
       data_;
+};
+
+// Look-ups by key in the dicts of a tree that does not change while the index
+// lives: a dict's str and int keys are indexed at its first look-up, so n
+// look-ups cost O(n) where Value::Find scans the dict each time (a state_dict
+// of 100,000 tensors). Answers as Value::Find, the first of repeated keys.
+class DictIndex {
+ public:
+  // As dict.Find(key); nullptr when `dict` is not a dict or lacks the key.
+  const Value* Find(const Value& dict, const Value& key);
+  const Value* Find(const Value& dict, std::string_view key);  // a Str key
+
+ private:
+  // Per indexed dict: "s<text>" for a Str key, "i<decimal>" for an Int key.
+  std::unordered_map<const Value*, std::unordered_map<std::string, const Value*>> by_dict_;
 };
 
 // Calls fn(path, tensor) for each tensor under `root`, in tree order,

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
-#include <set>
 #include <tuple>
+#include <unordered_set>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -56,42 +56,114 @@ std::optional<uint64_t> ByteSize(DType dtype, const Shape& shape) {
   return n;
 }
 
-// Parses the JSON text, rejecting a key that repeats within one object
-// (nlohmann would silently keep the last one).
-Result<json> ParseJson(std::string_view label, std::string_view text) {
-  std::vector<std::set<std::string>> keys;  // one set per open object
-  std::string top_key;
-  std::optional<std::string> duplicate;
-  bool too_deep = false;
-  json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) {
-    const bool opens = event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
-    if (too_deep || (opens && depth >= kMaxJsonDepth)) {
-      too_deep = true;  // discard the rest; the key stack is no longer tracked
-      return false;
+// Builds the header's JSON value from nlohmann's SAX events, refusing a key
+// that repeats within one object (nlohmann would silently keep the last one)
+// and nesting deeper than kMaxJsonDepth. One pass, O(log n) per key: the
+// object's own map finds a repeated key. (nlohmann's parser callback would
+// also do, but at every object's end it scans the whole enclosing object for
+// discarded values: quadratic in the number of tensors, 67 s for 50,000.)
+// After a refusal the rest is still parsed, not built, so that a syntax error
+// anywhere wins as it did.
+class HeaderBuilder {
+ public:
+  bool null() { return Add(json(nullptr)); }
+  bool boolean(bool v) { return Add(json(v)); }
+  bool number_integer(json::number_integer_t v) { return Add(json(v)); }
+  bool number_unsigned(json::number_unsigned_t v) { return Add(json(v)); }
+  bool number_float(json::number_float_t v, const json::string_t& /*text*/) { return Add(json(v)); }
+  bool string(json::string_t& v) { return Add(json(std::move(v))); }
+  bool binary(json::binary_t& v) { return Add(json(std::move(v))); }  // never in JSON text
+  bool start_object(std::size_t /*len*/) { return Open(json::value_t::object); }
+  bool start_array(std::size_t /*len*/) { return Open(json::value_t::array); }
+  bool end_object() { return Close(); }
+  bool end_array() { return Close(); }
+
+  bool key(json::string_t& key) {
+    if (!building()) return true;
+    // depth_ counts the open values: 1 for the header object's own keys.
+    if (depth_ == 1) top_key_ = key;
+    auto [at, fresh] = open_.back()->get_ref<json::object_t&>().try_emplace(key);
+    if (!fresh) {
+      const std::string where = top_key_ == kMetadataKey ? top_key_ : "tensor '" + top_key_ + "'";
+      duplicate_ =
+          depth_ == 1 ? "key '" + key + "' appears twice in the header" : where + ": key '" + key + "' appears twice";
+      return true;
     }
-    if (event == json::parse_event_t::object_start) keys.emplace_back();
-    if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-    if (event != json::parse_event_t::key || keys.empty() || duplicate) return true;
-    const std::string& key = parsed.get_ref<const std::string&>();
-    if (depth == 1) top_key = key;
-    if (!keys.back().insert(key).second) {
-      const std::string where = top_key == kMetadataKey ? top_key : "tensor '" + top_key + "'";
-      duplicate =
-          depth == 1 ? "key '" + key + "' appears twice in the header" : where + ": key '" + key + "' appears twice";
-    }
+    slot_ = &at->second;
     return true;
-  };
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true);
-  } catch (const json::exception& e) {
-    std::string what = e.what();
-    size_t close = what.find("] ");
-    if (close != std::string::npos) what = what.substr(close + 2);
-    return Bad(label, "header is not valid JSON: " + what);
   }
-  if (too_deep) return Bad(label, "header nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-  if (duplicate) return Bad(label, *duplicate);
+
+  bool parse_error(std::size_t /*position*/, const std::string& /*token*/, const json::exception& e) {
+    error_ = e.what();
+    return false;
+  }
+
+  // The outcome, in the order of precedence the messages always had.
+  Result<json> Finish(std::string_view label) {
+    if (error_) {
+      std::string what = *error_;
+      size_t close = what.find("] ");
+      if (close != std::string::npos) what = what.substr(close + 2);
+      return Bad(label, "header is not valid JSON: " + what);
+    }
+    if (too_deep_) return Bad(label, "header nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    if (duplicate_) return Bad(label, *duplicate_);
+    return std::move(root_);
+  }
+
+ private:
+  bool building() const { return !too_deep_ && !duplicate_; }
+
+  // Stores `v` where the parse is: the root, the next element of the open
+  // array, or the slot of the last key of the open object.
+  json* Place(json v) {
+    if (open_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    json& parent = *open_.back();
+    if (parent.is_array()) {
+      auto& items = parent.get_ref<json::array_t&>();
+      items.push_back(std::move(v));
+      return &items.back();
+    }
+    *slot_ = std::move(v);
+    return slot_;
+  }
+
+  bool Add(json v) {
+    if (building()) Place(std::move(v));
+    return true;
+  }
+
+  bool Open(json::value_t type) {
+    if (depth_ >= kMaxJsonDepth) too_deep_ = true;
+    ++depth_;
+    if (building()) open_.push_back(Place(json(type)));
+    return true;
+  }
+
+  bool Close() {
+    --depth_;
+    if (building()) open_.pop_back();
+    return true;
+  }
+
+  json root_;
+  std::vector<json*> open_;  // the open arrays and objects, innermost last
+  json* slot_ = nullptr;     // the value of the open object's last key
+  int depth_ = 0;
+  std::string top_key_;
+  std::optional<std::string> duplicate_;
+  std::optional<std::string> error_;
+  bool too_deep_ = false;
+};
+
+// Parses the JSON text of a header: see HeaderBuilder.
+Result<json> ParseJson(std::string_view label, std::string_view text) {
+  HeaderBuilder builder;
+  json::sax_parse(text.begin(), text.end(), &builder);
+  PTC_ASSIGN_OR_RETURN(json j, builder.Finish(label));
   if (!j.is_object()) return Bad(label, "header is not a JSON object but " + Excerpt(j));
   return j;
 }
@@ -239,26 +311,43 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(Env* env, const std::string& pat
 
 Result<std::string> EncodeSafetensorsHeader(const std::vector<TensorSpec>& tensors,
                                             const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json j = nlohmann::ordered_json::object();
-  if (!metadata.empty()) j[std::string(kMetadataKey)] = metadata;
+  std::unordered_set<std::string_view> names;
+  std::vector<uint64_t> ends;  // of each tensor's data
   uint64_t offset = 0;
   for (const TensorSpec& t : tensors) {
     const std::string where = "tensor '" + t.name + "'";
     if (t.name.empty() || t.name == kMetadataKey) return InvalidArgumentError("invalid tensor name '" + t.name + "'");
-    if (j.contains(t.name)) return InvalidArgumentError(where + " is listed twice");
+    if (!names.insert(t.name).second) return InvalidArgumentError(where + " is listed twice");
     if (std::any_of(t.shape.begin(), t.shape.end(), [](Index d) { return d < 0; }))
       return InvalidArgumentError(where + ": negative dimension in shape " + ShapeToString(t.shape));
     std::optional<uint64_t> nbytes = ByteSize(t.dtype, t.shape);
     if (!nbytes || __builtin_add_overflow(offset, *nbytes, &offset))
       return InvalidArgumentError(where + ": shape " + ShapeToString(t.shape) + " overflows 64-bit sizes");
-    j[t.name] = {{"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset - *nbytes, offset}}};
+    ends.push_back(offset);
   }
-  std::string text;
+  // The object's text is written member by member, as dump() would write it:
+  // an ordered_json object finds a key by a linear search, which made this
+  // quadratic in the number of tensors.
+  using ordered_json = nlohmann::ordered_json;
+  std::string text = "{";
+  auto member = [&text](const std::string& key, const ordered_json& value) {
+    if (text.size() > 1) text += ',';
+    text += ordered_json(key).dump();
+    text += ':';
+    text += value.dump();
+  };
   try {
-    text = j.dump();
-  } catch (const nlohmann::ordered_json::exception&) {
+    if (!metadata.empty()) member(std::string(kMetadataKey), metadata);
+    uint64_t begin = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const TensorSpec& t = tensors[i];
+      member(t.name, {{"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"data_offsets", {begin, ends[i]}}});
+      begin = ends[i];
+    }
+  } catch (const ordered_json::exception&) {
     return InvalidArgumentError("a tensor name or metadata text is not valid UTF-8");
   }
+  text += '}';
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');
   std::string out;
   internal::Put64(out, text.size());

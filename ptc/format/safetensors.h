@@ -54,7 +54,8 @@ struct SafetensorsHeader {
   uint64_t data_start = 0;  // 8 + N
   uint64_t file_size = 0;
 
-  // nullptr when there is no tensor of that name.
+  // nullptr when there is no tensor of that name. A linear search: index
+  // `tensors` by name for many look-ups (RankCheckpoint::Open does).
   const SafetensorsEntry* Find(std::string_view name) const;
 };
 

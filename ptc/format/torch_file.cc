@@ -4,6 +4,8 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <string_view>
+#include <unordered_map>
 
 #include "ptc/format/crc32.h"
 
@@ -65,6 +67,8 @@ Result<std::string> ReadMember(const RandomAccessFile& file, const ZipEntry& e, 
 Result<std::vector<TorchStorage>> CollectStorages(const pickle::Value& root, const ZipArchive& zip,
                                                   const std::string& archive, const std::string& what) {
   std::map<std::string, TorchStorage> by_key;
+  std::unordered_map<std::string_view, const ZipEntry*> members;  // by name: a file may hold 100,000 storages
+  for (const ZipEntry& e : zip.members) members.emplace(e.name, &e);
   Status status;
   pickle::ForEachTensor(root, [&](const std::string& path, const pickle::Tensor& t) {
     if (!status.ok()) return;
@@ -72,7 +76,8 @@ Result<std::vector<TorchStorage>> CollectStorages(const pickle::Value& root, con
     auto it = by_key.find(t.storage_key);
     if (it == by_key.end()) {
       const std::string name = archive + "/data/" + t.storage_key;
-      const ZipEntry* e = zip.Find(name);
+      const auto found = members.find(name);
+      const ZipEntry* e = found == members.end() ? nullptr : found->second;
       if (!e) {
         status = InvalidArgumentError(where + " references storage '" + t.storage_key + "' but there is no member '" +
                                       name + "'");
@@ -108,6 +113,10 @@ Result<std::vector<TorchStorage>> CollectStorages(const pickle::Value& root, con
 }  // namespace
 
 const TorchStorage* TorchFile::FindStorage(std::string_view key) const {
+  if (storage_index.size() == storages.size()) {
+    const auto found = storage_index.find(key);
+    return found == storage_index.end() ? nullptr : &storages[found->second];
+  }
   for (const TorchStorage& s : storages) {
     if (s.key == key) return &s;
   }
@@ -139,6 +148,7 @@ Result<TorchFile> ReadTorchFile(const RandomAccessFile& file, const std::string&
   PTC_ASSIGN_OR_RETURN(std::string data, ReadMember(file, *pkl, what));
   PTC_ASSIGN_OR_RETURN(tf.root, pickle::Unpickle(data, what + ": " + pkl_name));
   PTC_ASSIGN_OR_RETURN(tf.storages, CollectStorages(tf.root, tf.zip, tf.archive, what));
+  for (size_t i = 0; i < tf.storages.size(); ++i) tf.storage_index.emplace(tf.storages[i].key, i);
   return tf;
 }
 

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,9 +51,12 @@ struct TorchFile {
   std::string archive;
   pickle::Value root;
   std::vector<TorchStorage> storages;  // those the tensors reference, in file order
+  // Index into `storages` by key, filled by ReadTorchFile; FindStorage scans
+  // `storages` when the index does not cover them (a TorchFile built by hand).
+  std::map<std::string, size_t, std::less<>> storage_index;
   ZipArchive zip;
 
-  // nullptr when no tensor references `key`.
+  // nullptr when no tensor references `key`. O(log n) in a TorchFile that ReadTorchFile made.
   const TorchStorage* FindStorage(std::string_view key) const;
 };
 

@@ -1,7 +1,7 @@
 #include "ptc/model/schema.h"
 
 #include <fstream>
-#include <set>
+#include <unordered_map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -142,10 +142,11 @@ Result<Schema> ParseSchema(std::string_view label_view, const json& doc) {
   }
   Schema s;
   s.name = doc.contains("name") && doc["name"].is_string() ? doc["name"].get<std::string>() : label;
-  std::set<std::string> names;
-  for (size_t i = 0; i < doc["tensors"].size(); ++i) {
-    PTC_ASSIGN_OR_RETURN(TensorRule rule, ParseRule(label, i, doc["tensors"][i]));
-    if (!names.insert(rule.name).second) {
+  std::unordered_map<std::string, size_t> index;  // of each rule, by name
+  const json& tensors = doc["tensors"];
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    PTC_ASSIGN_OR_RETURN(TensorRule rule, ParseRule(label, i, tensors[i]));
+    if (!index.emplace(rule.name, s.rules.size()).second) {
       return InvalidArgumentError(label + ": rule '" + rule.name + "' appears twice");
     }
     s.rules.push_back(std::move(rule));
@@ -153,7 +154,8 @@ Result<Schema> ParseSchema(std::string_view label_view, const json& doc) {
   if (s.rules.empty()) return InvalidArgumentError(label + ": schema has no tensors");
   for (TensorRule& rule : s.rules) {
     if (rule.tied_to.empty()) continue;
-    const TensorRule* target = s.Find(rule.tied_to);
+    auto found = index.find(rule.tied_to);
+    const TensorRule* target = found == index.end() ? nullptr : &s.rules[found->second];
     if (target == nullptr || target->pp == PpPlacement::kLayer || !target->tied_to.empty()) {
       return InvalidArgumentError(label + ": rule '" + rule.name + "': tied_to '" + rule.tied_to +
                                   "' must name a first- or last-stage rule that is not itself tied");

@@ -49,6 +49,8 @@ struct Schema {
   std::vector<TensorRule> rules;
 
   nlohmann::json ToJson() const;
+  // The rule of that name, or nullptr. A linear search: index `rules` by name
+  // for many look-ups.
   const TensorRule* Find(std::string_view name) const;
 };
 

@@ -1,6 +1,8 @@
 #include "ptc/model/view.h"
 
 #include <algorithm>
+#include <string_view>
+#include <unordered_map>
 
 #include "ptc/model/expr.h"
 
@@ -85,10 +87,12 @@ Result<std::vector<Placement>> PlaceParameters(const ModelSpec& spec, const Para
                         config, coords.tp));
     return Status::OK();
   };
+  std::unordered_map<std::string_view, const TensorRule*> by_name;  // tied_to targets (ParseSchema checked them)
+  for (const TensorRule& rule : spec.schema.rules) by_name.emplace(rule.name, &rule);
   auto add_stage_rules = [&](PpPlacement which) -> Status {
     for (const TensorRule& rule : spec.schema.rules) {
       if (rule.pp != which || !PlacedOn(rule, coords.pp, config.pp)) continue;
-      if (!rule.tied_to.empty() && PlacedOn(*spec.schema.Find(rule.tied_to), coords.pp, config.pp)) continue;
+      if (!rule.tied_to.empty() && PlacedOn(*by_name.at(rule.tied_to), coords.pp, config.pp)) continue;
       PTC_RETURN_IF_ERROR(add(rule, 0, 0));
     }
     return Status::OK();
@@ -152,10 +156,12 @@ LocalTensor ZeroPiece(const std::vector<Placement>& params, const ParallelConfig
 
 std::vector<ShardKey> StoredShards(const LocalTensor& local) {
   std::vector<ShardKey> keys;
+  // A ZeRO-1 piece has segments of every parameter of the rank.
+  std::unordered_map<std::string_view, size_t> index;  // of each key, by tensor
   for (const Segment& s : local.segments) {
-    auto it = std::find_if(keys.begin(), keys.end(), [&](const ShardKey& k) { return k.tensor == s.tensor; });
-    if (it == keys.end()) it = keys.insert(keys.end(), ShardKey{s.tensor, {}});
-    it->boxes.push_back(s.box);
+    auto [at, fresh] = index.try_emplace(s.tensor, keys.size());
+    if (fresh) keys.push_back(ShardKey{s.tensor, {}});
+    keys[at->second].boxes.push_back(s.box);
   }
   return keys;
 }

@@ -201,6 +201,12 @@ const TensorRecord* FindTensor(const GenerationManifest& m, std::string_view nam
   return nullptr;
 }
 
+std::unordered_map<std::string_view, const TensorRecord*> TensorsByName(const GenerationManifest& m) {
+  std::unordered_map<std::string_view, const TensorRecord*> out;
+  for (const TensorRecord& t : m.tensors) out.emplace(t.name, &t);
+  return out;
+}
+
 nlohmann::json BoxesToJson(const std::vector<Box>& boxes) {
   nlohmann::json out = nlohmann::json::array();
   for (const Box& b : boxes) out.push_back(nlohmann::json::array({b.begin, b.end}));

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -63,8 +64,12 @@ struct GenerationManifest {
   friend bool operator==(const GenerationManifest&, const GenerationManifest&) = default;
 };
 
-// The tensor named `name`, or nullptr.
+// The tensor named `name`, or nullptr. A linear search: for a look-up per
+// shard use TensorsByName.
 const TensorRecord* FindTensor(const GenerationManifest& m, std::string_view name);
+
+// The tensors of `m` by name (the first of a repeated name); `m` must outlive it.
+std::unordered_map<std::string_view, const TensorRecord*> TensorsByName(const GenerationManifest& m);
 
 // Pretty JSON with a fixed key order. Strings that are not valid UTF-8 are
 // written with U+FFFD replacements (DecodeManifest then sees other names).

@@ -215,9 +215,11 @@ std::vector<const ShardRecord*> DistinctPieces(const GenerationManifest& m) {
 }
 
 Status VerifyGeneration(const Store& store, const GenerationManifest& m, bool check_hdf5) {
+  const auto by_name = TensorsByName(m);
   for (const ShardRecord* s : DistinctPieces(m)) {
     PTC_RETURN_IF_ERROR(VerifyShard(store.env(), store, *s));
-    const TensorRecord* t = FindTensor(m, s->tensor);
+    const auto found = by_name.find(s->tensor);
+    const TensorRecord* t = found == by_name.end() ? nullptr : found->second;
     if (check_hdf5 && t != nullptr) PTC_RETURN_IF_ERROR(CheckH5Shard(store.AbsPath(s->file), *s, t->dtype));
   }
   return Status::OK();

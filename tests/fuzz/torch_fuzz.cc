@@ -34,6 +34,18 @@ class StringFile final : public ptc::RandomAccessFile {
 
 constexpr ptc::pickle::UnpickleLimits kLimits{64, 100000};
 
+// DictIndex answers as Value::Find for every key of every dict of the tree.
+void CheckDictIndex(const ptc::pickle::Value& v, ptc::pickle::DictIndex& index) {
+  if (v.is_dict()) {
+    for (const auto& [key, value] : v.pairs()) {
+      if (index.Find(v, key) != v.Find(key)) __builtin_trap();
+      CheckDictIndex(value, index);
+    }
+  } else if (v.is_sequence()) {
+    for (const ptc::pickle::Value& item : v.items()) CheckDictIndex(item, index);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -41,6 +53,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto v = ptc::pickle::Unpickle(input, "fuzz", kLimits);
   if (v.ok()) {
     (void)v->DebugString();
+    ptc::pickle::DictIndex index;
+    CheckDictIndex(*v, index);
     auto again = ptc::pickle::Unpickle(ptc::pickle::Pickle(*v), "again");
     if (!again.ok() || !(*again == *v)) __builtin_trap();
   }
@@ -54,6 +68,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   auto tf = ptc::ReadTorchFile(file, "fuzz");
   if (tf.ok()) {
+    for (const ptc::TorchStorage& s : tf->storages) {
+      if (tf->FindStorage(s.key) != &s) __builtin_trap();  // the index
+    }
     ptc::pickle::ForEachTensor(tf->root, [&](const std::string&, const ptc::pickle::Tensor& t) {
       if (ptc::TensorNumBytes(t) > (1u << 20)) return;
       auto bytes = ptc::ReadTensorBytes(file, *tf, t, "fuzz");
