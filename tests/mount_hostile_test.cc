@@ -129,8 +129,8 @@ TEST_F(MountHostileTest, EmptyConfigIsRejected) {
 // built for it, and the mount serves the same bytes.
 TEST_F(MountHostileTest, ConfigsBeyondTheLimitsAreRefusedAndTheMountServesOn) {
   MakeStore("tp=2,pp=1", tmp_ / "store");
-  const auto stored = Snapshot(tmp_ / "store");
   Mount m(tmp_ / "store", tmp_ / "mnt");
+  const auto stored = Snapshot(tmp_ / "store");  // with the daemon's lock
   const auto served = Snapshot(m.dir() + "/model");
   ASSERT_FALSE(served.empty());
   struct Case {
