@@ -137,7 +137,7 @@ TEST_F(MountHostileTest, ConfigsBeyondTheLimitsAreRefusedAndTheMountServesOn) {
     std::string config, limit;
   };
   for (const Case& k : {Case{"tp=1,pp=1,dp=1048576", "1048576 ranks exceeds the limit of 65536 ranks"},
-                        Case{"tp=1,pp=1,dp=32768", "exceeds the limit of 2097152 local tensors in a layout"}}) {
+                        Case{"tp=1,pp=1,dp=32768", "exceeds the limit of 524288 local tensors in a layout"}}) {
     auto [c, o] = Ptcfs("reconfigure " + m.dir() + " --to " + k.config);
     EXPECT_EQ(c, 2) << o;
     EXPECT_NE(o.find(k.limit), std::string::npos) << o;

@@ -30,10 +30,11 @@ inline constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 40;
 // ranks holding all of it each still counts in 64 bits.
 inline constexpr uint64_t kMaxModelBytes = uint64_t{1} << 46;
 // Local tensors of a layout: ranks x local tensors per rank. A mount serving
-// every rank keeps a view (~1 KiB per local tensor with its file nodes) of each,
-// a plan a shard key of each; this keeps either within about 2 GiB.
-inline constexpr uint64_t kMaxLayoutTensors = uint64_t{1} << 21;
-// Files one export or synth writes (ranks x files per rank).
+// every rank keeps a view of each, a rewrite its shard records (about 2.5 KiB per
+// local tensor in all, measured): this keeps the daemon within about 1.3 GiB.
+inline constexpr uint64_t kMaxLayoutTensors = uint64_t{1} << 19;
+// Files one export or synth writes (ranks x files per rank; with npy a file per
+// local tensor, so also bounded by kMaxLayoutTensors while that is lower).
 inline constexpr uint64_t kMaxFilesWritten = uint64_t{1} << 20;
 
 // `text` for a message: at most `max` bytes, the rest counted.
