@@ -1,5 +1,6 @@
 #include "fs/controller.h"
 
+#include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -292,7 +293,13 @@ ptc::Status Controller::Start(const std::string& text, const std::shared_ptr<con
   ptc::MutexLock lock(&mu_);
   worker_thread_ = std::thread(
       [this, config, spec, dataset, change = std::move(change), src = std::move(src), current]() mutable {
-        Rewrite(config, spec, dataset, std::move(change), std::move(src), current);
+        Rewrite(config, spec, dataset, std::move(change), std::move(src), std::move(current));
+        // The replaced layout's views, trees and plan are freed by now (but for
+        // nodes the kernel still holds): give the pages back, or a daemon keeps
+        // the peak of its largest layout for good (issue 24 item 3).
+#if defined(__GLIBC__)
+        ::malloc_trim(0);
+#endif
       });
   return ptc::Status::OK();
 }

@@ -1,5 +1,5 @@
-// The mount against hostile and odd inputs (issue 12): bytes that are not
-// UTF-8, huge and empty configs, missing shard files, chmod, file times, and
+// The mount against hostile and odd inputs (issues 12 and 24): bytes that are not
+// UTF-8, huge, empty and oversized configs, missing shard files, chmod, file times, and
 // the removal of a generation whose last reader closes. No input may end the
 // daemon. Every test unmounts, also when it fails (Mount's destructor).
 #include <fcntl.h>
@@ -121,6 +121,40 @@ TEST_F(MountHostileTest, EmptyConfigIsRejected) {
   EXPECT_NE(o.find("empty config"), std::string::npos) << o;
   EXPECT_FALSE(fs::exists(tmp_ / "store/gen-000002"));
   EXPECT_TRUE(before == Snapshot(tmp_ / "store")) << "the store changed";
+}
+
+// Issue 24 item 3: a config that passes the parser's syntax but asks for a
+// million ranks (or more local tensors than a layout may hold) once grew the
+// daemon until the OOM killer ended it. Now it is refused before anything is
+// built for it, and the mount serves the same bytes.
+TEST_F(MountHostileTest, ConfigsBeyondTheLimitsAreRefusedAndTheMountServesOn) {
+  MakeStore("tp=2,pp=1", tmp_ / "store");
+  Mount m(tmp_ / "store", tmp_ / "mnt");
+  const auto stored = Snapshot(tmp_ / "store");  // with the daemon's lock
+  const auto served = Snapshot(m.dir() + "/model");
+  ASSERT_FALSE(served.empty());
+  struct Case {
+    std::string config, limit;
+  };
+  for (const Case& k : {Case{"tp=1,pp=1,dp=1048576", "1048576 ranks exceeds the limit of 65536 ranks"},
+                        Case{"tp=1,pp=1,dp=32768", "exceeds the limit of 524288 local tensors in a layout"}}) {
+    auto [c, o] = Ptcfs("reconfigure " + m.dir() + " --to " + k.config);
+    EXPECT_EQ(c, 2) << o;
+    EXPECT_NE(o.find(k.limit), std::string::npos) << o;
+    ExpectAlive(m.dir());
+    EXPECT_NE(MountStatus(m.dir())["last_error"].get<std::string>().find(k.limit), std::string::npos);
+    EXPECT_EQ(WriteConfig(m.dir(), k.config), EINVAL);
+    ExpectAlive(m.dir());
+    EXPECT_EQ(MountStatus(m.dir())["config"], "tp=2,pp=1,dp=1,per_worker=8");
+    EXPECT_EQ(MountStatus(m.dir())["generation"], 1);
+  }
+  EXPECT_TRUE(served == Snapshot(m.dir() + "/model")) << "the mount serves other bytes";
+  EXPECT_TRUE(stored == Snapshot(tmp_ / "store")) << "the store changed";
+  // A config within the limits is still taken.
+  ASSERT_EQ(WriteConfig(m.dir(), "tp=2,pp=1,dp=2"), 0);
+  WaitServing(m.dir());
+  EXPECT_EQ(Slurp(m.dir() + "/model/rank-00002/model.safetensors").size(),
+            Slurp(m.dir() + "/model/rank-00000/model.safetensors").size());
 }
 
 TEST_F(MountHostileTest, MissingShardFailsWithEio) {

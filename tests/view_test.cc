@@ -53,7 +53,7 @@ TEST(Config, PlacementAndReplicas) {
   EXPECT_NE(error("tp=2,per_worker=1,workers=4+4").find("names a worker twice"), std::string::npos);
   EXPECT_NE(error("tp=2,per_worker=1,workers=0+-1").find("worker id"), std::string::npos);
   EXPECT_NE(error("tp=2,per_worker=2,replicas=2").find("replicas=2 exceeds the 1 workers"), std::string::npos);
-  EXPECT_NE(error("tp=1048576,pp=1048576,dp=2").find("exceeds 2^30 ranks"), std::string::npos);
+  EXPECT_NE(error("tp=1048576,pp=1048576,dp=2").find("ranks exceeds the limit of 65536 ranks"), std::string::npos);
   EXPECT_NE(error("replicas=0").find("replicas=0"), std::string::npos);
 }
 

@@ -1,6 +1,8 @@
 // Path helpers and whole-file helpers shared by every Env.
 #include "ptc/base/env.h"
 
+#include <unistd.h>
+
 namespace ptc {
 
 std::string JoinPath(std::string_view a, std::string_view b) {
@@ -62,6 +64,11 @@ Status CheckEntryName(std::string_view dir, std::string_view name) {
                                 "' is not a file name (empty, '.', '..', or with '/')");
   }
   return Status::OK();
+}
+
+uint64_t Env::MemoryBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
 }  // namespace ptc

@@ -138,6 +138,9 @@ class Env {
   // it, nothing is followed (OutputDir).
   // \error as CreateDirs; IOError when it cannot be opened.
   virtual Result<std::unique_ptr<OutputDir>> OpenOutputDir(const std::string& path) = 0;
+  // The memory of this machine in bytes (physical pages): what a command may
+  // hold at once at most (ptc/model/limits.h). 0 when it cannot be told.
+  virtual uint64_t MemoryBytes();
 };
 
 // A fresh, empty in-memory Env. Paths are plain strings; directories exist

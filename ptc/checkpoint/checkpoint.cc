@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ptc/format/npy.h"
+#include "ptc/model/limits.h"
 #include "ptc/model/tensor_name.h"
 
 namespace ptc {
@@ -111,6 +112,27 @@ Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name) {
   if (name == "safetensors") return CheckpointFormat::kSafetensors;
   if (name == "npy") return CheckpointFormat::kNpy;
   return InvalidArgumentError("format '" + std::string(name) + "' is not one of safetensors, npy");
+}
+
+Status CheckCheckpointWrite(Env* env, const ModelSpec& spec, const ParallelConfig& config, CheckpointFormat format,
+                            const std::string& what) {
+  PTC_RETURN_IF_ERROR(ValidateConfig(spec, config));
+  uint64_t files = 0, largest = 0;
+  std::string largest_name;
+  for (int rank = 0; rank < config.world_size(); ++rank) {
+    PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(spec, config, rank));
+    const uint64_t tensors = view.model.size() + view.optim.size();
+    // The rank's directory, then model (+ optim) or tensors/ with a file per tensor and dtypes.json.
+    files += 1 + (format == CheckpointFormat::kNpy ? 2 + tensors : view.optim.empty() ? 1 : 2);
+    for (const auto* list : {&view.model, &view.optim}) {
+      for (const LocalTensor& t : *list) {
+        const uint64_t bytes = static_cast<uint64_t>(NumElements(t.shape)) * DTypeSize(t.dtype);
+        if (bytes > largest) largest = bytes, largest_name = t.name;
+      }
+    }
+  }
+  PTC_RETURN_IF_ERROR(CheckFilesWritten(files, what));
+  return CheckHeldBytes(largest, env->MemoryBytes(), what + ": tensor '" + largest_name + "'");
 }
 
 Status WriteRankCheckpoint(Env* env, const std::string& dir, const ParallelConfig& config, const RankView& view,

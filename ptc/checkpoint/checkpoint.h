@@ -41,6 +41,14 @@ enum class CheckpointFormat {
 // \error InvalidArgument for anything else.
 Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name);
 
+// Checks, before anything is written, that writing every rank of `config` in
+// `format` stays within the limits (ptc/model/limits.h): the files made
+// (kMaxFilesWritten) and the largest local tensor, held in memory while it is
+// written, against env->MemoryBytes(). `what` starts the messages.
+// \error InvalidArgument naming the limit and the value; as ComputeView.
+Status CheckCheckpointWrite(Env* env, const ModelSpec& spec, const ParallelConfig& config, CheckpointFormat format,
+                            const std::string& what);
+
 // Writes one rank's files in `format`, one local tensor in memory at a time.
 // \error as SafetensorsWriter / NpyWriter and `fill`; the message names the file.
 // \error InvalidArgument when a tensor name would make a file outside the

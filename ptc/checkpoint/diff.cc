@@ -4,6 +4,8 @@
 #include <map>
 #include <vector>
 
+#include "ptc/model/limits.h"
+
 namespace ptc {
 namespace {
 
@@ -136,6 +138,16 @@ Result<DiffResult> DiffCheckpoints(Env* env, const Schema& schema, const ModelDi
     return diff;
   }
   PTC_ASSIGN_OR_RETURN(std::vector<GlobalTensor> globals, GlobalTensors(sa.spec));
+  // Each side assembles one global tensor at a time: its bytes and a bit per element.
+  const GlobalTensor* largest = nullptr;
+  uint64_t held = 0;
+  for (const GlobalTensor& g : globals) {
+    const uint64_t n = static_cast<uint64_t>(NumElements(g.shape));
+    if (const uint64_t bytes = 2 * (n * DTypeSize(g.dtype) + n / 8); bytes > held) held = bytes, largest = &g;
+  }
+  if (largest != nullptr) {
+    PTC_RETURN_IF_ERROR(CheckHeldBytes(held, env->MemoryBytes(), "diff: assembling tensor '" + largest->name + "'"));
+  }
   Assembly xa, xb;
   for (const GlobalTensor& g : globals) {
     PTC_RETURN_IF_ERROR(Assemble(sa, "A", g, &xa, &diff));

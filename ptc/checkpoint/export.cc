@@ -31,7 +31,7 @@ Status ExportCheckpoint(const Store& store, const ParallelConfig& config, const 
   Env* env = store.env();
   if (!store.has_generation()) return FailedPreconditionError(store.root() + ": the store holds no generation yet");
   PTC_ASSIGN_OR_RETURN(ModelSpec spec, SpecFromManifest(store.current()));
-  PTC_RETURN_IF_ERROR(ValidateConfig(spec, config));
+  PTC_RETURN_IF_ERROR(CheckCheckpointWrite(env, spec, config, format, out_dir));
   return WriteFreshDirectory(env, out_dir, [&] { return ExportRanks(store, spec, config, out_dir, format, progress); });
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ptc/base/checksum.h"
+#include "ptc/model/limits.h"
 #include "ptc/store/generation_writer.h"
 #include "ptc/store/model_spec.h"
 #include "ptc/store/store.h"
@@ -114,8 +115,23 @@ Result<ImportResult> ImportInto(Store* store, const CheckpointSource& source, co
 }
 
 // The views of every rank, each rank's files opened (checked) once.
-Result<std::vector<RankView>> CheckedViews(const CheckpointSource& source) {
+// The largest segment (read into memory whole) must fit in `env`'s memory.
+Result<std::vector<RankView>> CheckedViews(Env* env, const CheckpointSource& source) {
   PTC_RETURN_IF_ERROR(ValidateConfig(source.spec, source.config));
+  uint64_t largest = 0;
+  std::string largest_name;
+  for (int r = 0; r < source.config.world_size(); ++r) {
+    PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(source.spec, source.config, r));
+    for (const auto* list : {&view.model, &view.optim}) {
+      for (const LocalTensor& t : *list) {
+        for (const Segment& s : t.segments) {
+          const uint64_t bytes = static_cast<uint64_t>(s.box.volume()) * DTypeSize(t.dtype);
+          if (bytes > largest) largest = bytes, largest_name = t.name;
+        }
+      }
+    }
+  }
+  PTC_RETURN_IF_ERROR(CheckHeldBytes(largest, env->MemoryBytes(), "import: a piece of tensor '" + largest_name + "'"));
   std::vector<RankView> views;
   for (int r = 0; r < source.config.world_size(); ++r) {
     PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(source.spec, source.config, r));
@@ -128,7 +144,7 @@ Result<std::vector<RankView>> CheckedViews(const CheckpointSource& source) {
 }  // namespace
 
 Result<ImportResult> ImportInto(Store* store, const CheckpointSource& source, const ProgressFn& progress) {
-  PTC_ASSIGN_OR_RETURN(std::vector<RankView> views, CheckedViews(source));
+  PTC_ASSIGN_OR_RETURN(std::vector<RankView> views, CheckedViews(store->env(), source));
   return ImportInto(store, source, views, progress);
 }
 
@@ -146,7 +162,7 @@ Result<ImportResult> ImportCheckpoint(Env* env, const std::string& src_dir, cons
 Result<ImportResult> ImportFrom(Env* env, const CheckpointSource& source, const std::string& store_path,
                                 const ProgressFn& progress) {
   // Check every rank's files before the store is touched.
-  PTC_ASSIGN_OR_RETURN(std::vector<RankView> views, CheckedViews(source));
+  PTC_ASSIGN_OR_RETURN(std::vector<RankView> views, CheckedViews(env, source));
   const bool existed = env->Exists(JoinPath(store_path, "manifest.json"));
   std::unique_ptr<Store> store;
   if (existed) {

@@ -6,7 +6,7 @@ namespace ptc {
 
 Status WriteSynthCheckpoint(Env* env, const ModelSpec& spec, const ParallelConfig& config, uint64_t seed,
                             const std::string& dir, const ProgressFn& progress) {
-  PTC_RETURN_IF_ERROR(ValidateConfig(spec, config));
+  PTC_RETURN_IF_ERROR(CheckCheckpointWrite(env, spec, config, CheckpointFormat::kSafetensors, dir));
   PTC_ASSIGN_OR_RETURN(std::vector<GlobalTensor> globals, GlobalTensors(spec));
   std::map<std::string, Shape> shapes;
   for (const GlobalTensor& g : globals) shapes[g.name] = g.shape;

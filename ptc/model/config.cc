@@ -5,6 +5,7 @@
 #include <charconv>
 
 #include "ptc/base/kv_text.h"
+#include "ptc/model/limits.h"
 
 namespace ptc {
 
@@ -136,8 +137,9 @@ Result<ParallelConfig> ParseConfig(std::string_view text) {
     return InvalidArgumentError("config '" + std::string(text) + "': pp_layers lists " +
                                 std::to_string(c.pp_layers.size()) + " stages but pp=" + std::to_string(c.pp));
   }
-  if (static_cast<int64_t>(c.tp) * c.pp * c.dp > (int64_t{1} << 30)) {
-    return InvalidArgumentError("config '" + std::string(text) + "': tp*pp*dp exceeds 2^30 ranks");
+  if (const int64_t ranks = int64_t{c.tp} * c.pp * c.dp; ranks > kMaxRanks) {
+    return InvalidArgumentError("config '" + CutForMessage(text) + "': tp*pp*dp = " + std::to_string(ranks) +
+                                " ranks exceeds the limit of " + std::to_string(kMaxRanks) + " ranks");
   }
   if (!c.workers.empty()) {
     const std::string w = "config '" + std::string(text) + "': workers=" + PlusList(c.workers) + ": ";

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "ptc/base/kv_text.h"
+#include "ptc/model/limits.h"
 
 namespace ptc {
 namespace {
@@ -55,7 +56,13 @@ Result<ModelDims> ParseDims(std::string_view text) {
   for (const char* required : {"layers", "hidden", "heads", "vocab", "seq"}) {
     if (*d.Lookup(required) == 0) return InvalidArgumentError(label + ": missing " + required + "=");
   }
-  if (d.ffn == 0) d.ffn = 4 * d.hidden;
+  if (d.layers > kMaxLayers) {
+    return InvalidArgumentError("model dims '" + CutForMessage(text) + "': layers=" + std::to_string(d.layers) +
+                                " exceeds the limit of " + std::to_string(kMaxLayers) + " layers");
+  }
+  if (d.ffn == 0 && __builtin_mul_overflow(d.hidden, Index{4}, &d.ffn)) {
+    return InvalidArgumentError(label + ": ffn = 4*hidden overflows (give ffn= explicitly)");
+  }
   if (d.kv_heads == 0) d.kv_heads = d.heads;
   if (d.heads % d.kv_heads != 0) {
     return InvalidArgumentError(label + ": heads=" + std::to_string(d.heads) +

@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "ptc/model/expr.h"
+#include "ptc/model/limits.h"
 
 namespace ptc {
 namespace {
@@ -18,18 +19,6 @@ std::string Substitute(const std::string& pattern, Index layer) {
 
 VariableLookup DimsLookup(const ModelDims& dims) {
   return [&dims](std::string_view name) { return dims.Lookup(name); };
-}
-
-Result<Shape> RuleShape(const TensorRule& rule, const ModelDims& dims) {
-  Shape shape;
-  for (const std::string& f : rule.shape) {
-    PTC_ASSIGN_OR_RETURN(Index v, EvalExpr(f, DimsLookup(dims)), "rule '" + rule.name + "'");
-    if (v <= 0) {
-      return InvalidArgumentError("rule '" + rule.name + "': shape formula '" + f + "' gives " + std::to_string(v));
-    }
-    shape.push_back(v);
-  }
-  return shape;
 }
 
 // The global tensor a rule's placement holds, for global layer `layer`.
@@ -154,6 +143,18 @@ LocalTensor ZeroPiece(const std::vector<Placement>& params, const ParallelConfig
 
 }  // namespace
 
+Result<Shape> RuleShape(const TensorRule& rule, const ModelDims& dims) {
+  Shape shape;
+  for (const std::string& f : rule.shape) {
+    PTC_ASSIGN_OR_RETURN(Index v, EvalExpr(f, DimsLookup(dims)), "rule '" + rule.name + "'");
+    if (v <= 0) {
+      return InvalidArgumentError("rule '" + rule.name + "': shape formula '" + f + "' gives " + std::to_string(v));
+    }
+    shape.push_back(v);
+  }
+  return shape;
+}
+
 std::vector<ShardKey> StoredShards(const LocalTensor& local) {
   std::vector<ShardKey> keys;
   // A ZeRO-1 piece has segments of every parameter of the rank.
@@ -210,6 +211,7 @@ Status ValidateConfig(const ModelSpec& spec, const ParallelConfig& config) {
   if (config.tp < 1 || config.pp < 1 || config.dp < 1 || config.per_worker < 1) {
     return InvalidArgumentError(c + ": degrees and per_worker must be positive");
   }
+  PTC_RETURN_IF_ERROR(CheckLayoutLimits(spec, config));  // before anything is built for the config
   if (!config.workers.empty()) {
     std::vector<int> sorted = config.workers;
     std::sort(sorted.begin(), sorted.end());

@@ -65,6 +65,11 @@ struct RankView {
 // \error InvalidArgument naming the rule whose shape formula fails.
 Result<std::vector<GlobalTensor>> GlobalTensors(const ModelSpec& spec);
 
+// The shape of `rule`'s tensors under `dims`.
+// \error InvalidArgument naming the rule whose shape formula fails, overflows
+//   or gives a non-positive size.
+Result<Shape> RuleShape(const TensorRule& rule, const ModelDims& dims);
+
 // Checks that `config` partitions the model: pp divides layers (or pp_layers
 // sums to layers), tp divides every split dim's units and sizes.
 // \error InvalidArgument naming the rule and the numbers, e.g.

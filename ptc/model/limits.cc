@@ -1,0 +1,118 @@
+#include "ptc/model/limits.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+
+namespace ptc {
+namespace {
+
+// a * b, or nullopt past 2^64.
+std::optional<uint64_t> Mul(uint64_t a, uint64_t b) {
+  uint64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+
+// "1099511627776 bytes (1.0 TiB)".
+std::string Bytes(uint64_t n) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 6) v /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  return std::to_string(n) + " bytes (" + buf + ")";
+}
+
+}  // namespace
+
+std::string CutForMessage(std::string_view text, size_t max) {
+  if (text.size() <= max) return std::string(text);
+  return std::string(text.substr(0, max)) + "... (" + std::to_string(text.size() - max) + " bytes cut)";
+}
+
+Result<LayoutSize> CheckModelLimits(const ModelSpec& spec) {
+  const std::string m = "model dims " + CutForMessage(spec.dims.ToString());
+  if (spec.dims.layers > kMaxLayers) {
+    return InvalidArgumentError(m + ": layers=" + std::to_string(spec.dims.layers) + " exceeds the limit of " +
+                                std::to_string(kMaxLayers) + " layers");
+  }
+  // Per parameter: itself, then exp_avg, exp_avg_sq and fp32 (F32) with Adam.
+  const uint64_t kinds = spec.optimizer ? 4 : 1;
+  const uint64_t state_elem = spec.optimizer ? std::max<uint64_t>(DTypeSize(spec.dtype), 4) : DTypeSize(spec.dtype);
+  const uint64_t per_elem = DTypeSize(spec.dtype) + (spec.optimizer ? 12 : 0);
+  LayoutSize size;
+  for (const TensorRule& rule : spec.schema.rules) {
+    if (!rule.tied_to.empty()) continue;  // the same global tensor as its target
+    PTC_ASSIGN_OR_RETURN(Shape shape, RuleShape(rule, spec.dims), m);
+    uint64_t elems = 1;
+    for (Index d : shape) {
+      auto e = Mul(elems, static_cast<uint64_t>(d));
+      if (!e || *e > kMaxTensorBytes) {
+        return InvalidArgumentError(m + ": rule '" + CutForMessage(rule.name) + "' has shape " +
+                                    CutForMessage(ShapeToString(shape)) + ", more than the limit of " +
+                                    Bytes(kMaxTensorBytes) + " per tensor");
+      }
+      elems = *e;
+    }
+    const uint64_t bytes = elems * state_elem;  // elems <= 2^40, state_elem <= 8
+    if (bytes > kMaxTensorBytes) {
+      return InvalidArgumentError(m + ": rule '" + CutForMessage(rule.name) + "' has shape " + ShapeToString(shape) +
+                                  ", a tensor of " + Bytes(bytes) + ", more than the limit of " +
+                                  Bytes(kMaxTensorBytes) + " per tensor");
+    }
+    if (bytes > size.largest_tensor) size.largest_tensor = bytes, size.largest_name = rule.name;
+    const uint64_t count = rule.pp == PpPlacement::kLayer ? static_cast<uint64_t>(spec.dims.layers) : 1;
+    size.tensors += count * kinds;                       // <= rules * 2^16: no overflow
+    size.model_bytes += count * elems * per_elem;        // <= 2^14 * 2^40 * 14 per rule, checked below
+    if (size.model_bytes > kMaxModelBytes) {
+      return InvalidArgumentError(m + ": the model's tensors hold more than the limit of " + Bytes(kMaxModelBytes));
+    }
+  }
+  if (size.tensors > kMaxTensors) {
+    return InvalidArgumentError(m + ": the model has " + std::to_string(size.tensors) +
+                                " tensors (optimizer state included), more than the limit of " +
+                                std::to_string(kMaxTensors));
+  }
+  return size;
+}
+
+Status CheckLayoutLimits(const ModelSpec& spec, const ParallelConfig& config) {
+  const std::string c = "config " + CutForMessage(config.ToString());
+  const int64_t ranks = int64_t{config.tp} * config.pp * config.dp;
+  if (ranks > kMaxRanks) {
+    return InvalidArgumentError(c + ": tp*pp*dp = " + std::to_string(ranks) + " ranks exceeds the limit of " +
+                                std::to_string(kMaxRanks) + " ranks");
+  }
+  PTC_ASSIGN_OR_RETURN(LayoutSize size, CheckModelLimits(spec));
+  // The fullest rank: every first- and last-stage placement plus the layers of
+  // the longest stage, with per-parameter optimizer state (ZeRO-1 holds less).
+  Index stage_layers = config.pp >= 1 ? spec.dims.layers / config.pp : spec.dims.layers;
+  for (int n : config.pp_layers) stage_layers = std::max<Index>(stage_layers, n);
+  stage_layers = std::min(stage_layers, spec.dims.layers);
+  const uint64_t kinds = spec.optimizer ? 4 : 1;
+  uint64_t stage_rules = 0, layer_rules = 0;
+  for (const TensorRule& rule : spec.schema.rules) (rule.pp == PpPlacement::kLayer ? layer_rules : stage_rules) += 1;
+  const uint64_t per_rank = (stage_rules + layer_rules * static_cast<uint64_t>(stage_layers)) * kinds;
+  const uint64_t layout = per_rank * static_cast<uint64_t>(ranks);  // <= 2^20 * 2^16
+  if (layout > kMaxLayoutTensors) {
+    return InvalidArgumentError(c + ": " + std::to_string(ranks) + " ranks x " + std::to_string(per_rank) +
+                                " local tensors = " + std::to_string(layout) + " exceeds the limit of " +
+                                std::to_string(kMaxLayoutTensors) + " local tensors in a layout");
+  }
+  return Status::OK();
+}
+
+Status CheckFilesWritten(uint64_t files, const std::string& what) {
+  if (files <= kMaxFilesWritten) return Status::OK();
+  return InvalidArgumentError(what + ": would write " + std::to_string(files) + " files, more than the limit of " +
+                              std::to_string(kMaxFilesWritten) + " files");
+}
+
+Status CheckHeldBytes(uint64_t bytes, uint64_t memory, const std::string& what) {
+  if (memory == 0 || bytes <= memory) return Status::OK();
+  return InvalidArgumentError(what + " of " + Bytes(bytes) + " exceeds this machine's memory of " + Bytes(memory));
+}
+
+}  // namespace ptc
