@@ -3,7 +3,7 @@
 // torch.load (weights_only by default, and mmap=True) and torch.save,
 // megatron-core's IndexedDataset, numpy.load(mmap_mode='r'). They run in the
 // venv tools/setup-deps.sh makes (.venv/ at the repository root, or
-// $PTCFS_VENV; tools/requirements-clients.txt); tests/clients/real_clients.py
+// $PTCFS_VENV; tools/requirements-clients.txt); tests/clients/real_clients.py,
 // tests/clients/megatron_ckpt.py and tests/clients/mcore_gpt.py (megatron-core's GPTModel
 // on CPU) hold the client code. Without the venv
 // the suite skips (77), and fails under CI=true.
