@@ -77,12 +77,13 @@ ptc::Result<Request> ParseRequest(const std::string& raw) {
   return r;
 }
 
-// The data position a save commits with its model: args.consumed_train_samples
-// of the save as the consumed samples of the store's current epoch, checked
-// like a reconfigure's step (a multiple of the global batch, or the epoch's
-// end; not beyond it). `current` when the store has no dataset or the save's
-// args do not say. Also checks that the save's 'iteration' is the one the
-// latest file names.
+// The data position a save commits with its model. Megatron counts
+// args.consumed_train_samples over the whole run, the global batch B per step
+// and never reset at an epoch (docs/dataset_format.md, "A save's position"):
+// T = consumed / B steps, so epoch T / S and step T % S of the store's epochs
+// of S = ceil(N / B) steps (the end of an epoch is step 0 of the next).
+// `current` when the store has no dataset or the save's args do not say.
+// Also checks that the save's 'iteration' is the one the latest file names.
 ptc::Result<std::optional<ptc::DatasetState>> SavedDataPosition(const ptc::CheckpointSource& source, uint64_t iteration,
                                                                 const std::optional<ptc::DatasetState>& current) {
   const std::string what = "the saved state dict";
@@ -97,18 +98,13 @@ ptc::Result<std::optional<ptc::DatasetState>> SavedDataPosition(const ptc::Check
                        ptc::megatron::ArgsInt(saved.carried, "consumed_train_samples", what));
   if (!consumed) return current;
   const std::string name = "args.consumed_train_samples " + std::to_string(*consumed);
-  const uint64_t batch = current->global_batch, samples = current->num_samples;
-  if (*consumed < 0 || (static_cast<uint64_t>(*consumed) % batch != 0 && static_cast<uint64_t>(*consumed) != samples)) {
+  const uint64_t batch = current->global_batch;
+  if (*consumed < 0 || static_cast<uint64_t>(*consumed) % batch != 0) {
     return ptc::InvalidArgumentError(name + " is not a position of the dataset: a multiple of its global batch " +
-                                     std::to_string(batch) + " (or its " + std::to_string(samples) +
-                                     " samples, the end of the epoch) is");
+                                     std::to_string(batch) + " (the samples of every step since the start) is");
   }
-  const uint64_t c = static_cast<uint64_t>(*consumed);
-  if (c > samples) {
-    return ptc::InvalidArgumentError(name + " is beyond the end of the epoch (" + std::to_string(samples) +
-                                     " samples)");
-  }
-  auto moved = ptc::StateAtStep(*current, c / batch + (c % batch != 0));
+  const uint64_t steps = static_cast<uint64_t>(*consumed) / batch, per_epoch = current->steps_per_epoch();
+  auto moved = ptc::StateAtStep(*current, steps % per_epoch, steps / per_epoch);
   if (!moved.ok()) return ptc::InvalidArgumentError(name + ": " + moved.status().message());
   return std::optional<ptc::DatasetState>(*moved);
 }

@@ -115,7 +115,7 @@ class Controller {
   // \error FailedPrecondition while a rewrite runs; InvalidArgument with
   //        zero=1 (Megatron's files do not hold ZeRO-1 state), for a
   //        consumed_train_samples that is no position of the dataset (off the
-  //        global batch, beyond the epoch) or a state dict iteration other
+  //        global batch; the count is cumulative, docs/dataset_format.md) or a state dict iteration other
   //        than `iteration`; as OpenMegatronCheckpoint and ImportInto (a
   //        missing rank names it).
   ptc::Status Ingest(const std::string& staging_root, uint64_t iteration,

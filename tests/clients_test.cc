@@ -3,8 +3,9 @@
 // torch.load (weights_only by default, and mmap=True) and torch.save,
 // megatron-core's IndexedDataset, numpy.load(mmap_mode='r'). They run in the
 // venv tools/setup-deps.sh makes (.venv/ at the repository root, or
-// $PTCFS_VENV; tools/requirements-clients.txt); tests/clients/real_clients.py
-// and tests/clients/megatron_ckpt.py hold the client code. Without the venv
+// $PTCFS_VENV; tools/requirements-clients.txt); tests/clients/real_clients.py,
+// tests/clients/megatron_ckpt.py and tests/clients/mcore_gpt.py (megatron-core's GPTModel
+// on CPU) hold the client code. Without the venv
 // the suite skips (77), and fails under CI=true.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -107,6 +108,32 @@ TEST_F(ClientsTest, Torch2LoadsEveryMegatronFileAndSavesThroughTheMount) {
   Run("reconfigure " + m.dir() + " --to tp=2,pp=2");
   check(tmp_ / "saved", "1 4", "2 2");
   Client("torchload", megatron);
+}
+
+TEST_F(ClientsTest, MegatronCoreGptModelLoadsItsRankFilesAndStepsAdam) {
+  // megatron-core's GPTModel (local spec, float64, gloo on CPU) in its own parameter order:
+  // tests/clients/mcore_gpt.py writes the llama schema in the local spec's names and order.
+  const std::string dims = " --dims layers=4,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32";
+  const std::string mcore = Python() + Script("mcore_gpt.py");
+  auto [sc, sout] = Sh(mcore + "schema " + tmp_ / "local.json " + PTCFS_BINARY);
+  ASSERT_EQ(sc, 0) << sout;
+  const std::string model = "--schema " + tmp_ / "local.json" + dims;
+  Run("synth " + model + " --dtype f64 --optimizer adam --config tp=2 " + tmp_ / "src");
+  Run("import " + model + " --config tp=2 " + tmp_ / "src " + tmp_ / "store");
+  for (const std::string& c : {"tp=2", "tp=1", "tp=1,pp=2"}) {
+    SCOPED_TRACE(c);
+    const std::string tp = c.substr(3, 1), pp = c.size() > 4 ? "2" : "1";
+    Run("export --format megatron --config " + c + " " + tmp_ / "store " + tmp_ / ("tree" + c));
+    ASSERT_EQ(Sh("mkdir -p " + tmp_ / ("out" + c)).first, 0);
+    auto [code, out] = Sh(mcore + "run " + tmp_ / ("tree" + c) + " " + tp + " " + pp + " " + tmp_ / ("out" + c) + " 2>&1");
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_NE(out.find("RUN OK"), std::string::npos) << out;
+  }
+  // Logits at tp=2 and at pp=2 equal tp=1's (float64, within 1e-12).
+  for (const std::string& c : {"tp=2", "tp=1,pp=2"}) {
+    auto [code, out] = Sh(mcore + "compare " + tmp_ / ("out" + c) + "/logits.pt " + tmp_ / "outtp=1/logits.pt 2>&1");
+    EXPECT_EQ(code, 0) << c << "\n" << out;
+  }
 }
 
 TEST_F(ClientsTest, MegatronCoreIndexedDatasetReadsEveryRank) {

@@ -244,7 +244,7 @@ TEST_F(MegatronTorchTest, SaveMovesTheDataPositionWithTheModel) {
   // A position the dataset does not have is refused, naming it; nothing is committed.
   for (const auto& [consumed, needle] : std::vector<std::pair<int, std::string>>{
            {100, "args.consumed_train_samples 100 is not a position of the dataset: a multiple of its global batch 37"},
-           {1036, "args.consumed_train_samples 1036 is beyond the end of the epoch (1001 samples)"}}) {
+           {1001, "args.consumed_train_samples 1001 is not a position of the dataset: a multiple of its global batch"}}) {
     SCOPED_TRACE(consumed);
     const std::string it = std::to_string(300 + consumed);
     auto [bc, bout] = Sh(Client() + "save " + megatron + " " + tmp_ / ("bad" + it) + " --iteration " + it +
@@ -257,6 +257,22 @@ TEST_F(MegatronTorchTest, SaveMovesTheDataPositionWithTheModel) {
     EXPECT_NE(status["last_error"].get<std::string>().find(needle), std::string::npos) << status.dump();
     EXPECT_EQ(testing::Slurp(megatron + "/latest_checkpointed_iteration.txt"), "200");
   }
+  // Megatron's count is cumulative: 28 steps make epoch 0 (1001 samples, the
+  // last batch short), so 31 global batches are step 3 of epoch 1.
+  auto [ec, eout] = Sh(Client() + "save " + megatron + " " + tmp_ / "epoch1 --iteration 300 --consumed 1147");
+  ASSERT_EQ(ec, 0) << eout;
+  status = testing::MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 2) << status.dump();
+  EXPECT_EQ(status["dataset"]["epoch"], 1) << status.dump();
+  EXPECT_EQ(status["dataset"]["step"], 3) << status.dump();
+  EXPECT_EQ(status["dataset"]["consumed"], 111) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  EXPECT_EQ(lines(), 1001 - 111);
+  auto [wc, wout] = Ptcfs("data view --config tp=2,pp=2 --rank 0 --file ids.txt " + tmp_ / "store");
+  ASSERT_EQ(wc, 0) << wout;
+  EXPECT_EQ(wout, testing::Slurp(m.dir() + "/data/rank-00000/ids.txt"));
+  EXPECT_NE(wout, vout);  // epoch 1's order is another permutation
+  generation = status["generation"].get<int>() - 1;
   // So is a state dict of another iteration than the latest file names.
   auto [ic, iout] = Sh(Client() + "save " + megatron + " " + tmp_ / "bad500 --iteration 500 --state-iteration 499");
   EXPECT_EQ(ic, 4) << iout;

@@ -31,12 +31,13 @@ struct RankBytes {
 class GlobalValues {
  public:
   explicit GlobalValues(uint64_t seed) : seed_(seed) {}
-  const std::vector<unsigned char>& Get(const std::string& name, DType dtype, const Shape& shape) {
-    auto key = name + "/" + std::string(DTypeName(dtype));
+  // `param_dtype`: the parameters' dtype (the values of master copies).
+  const std::vector<unsigned char>& Get(const std::string& name, DType dtype, const Shape& shape, DType param_dtype) {
+    auto key = name + "/" + std::string(DTypeName(dtype)) + "/" + std::string(DTypeName(param_dtype));
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
     std::vector<unsigned char> v(NumElements(shape) * DTypeSize(dtype));
-    SynthValues(name, seed_, dtype, 0, NumElements(shape), v.data());
+    SynthValues(name, seed_, dtype, 0, NumElements(shape), v.data(), param_dtype);
     return cache_.emplace(key, std::move(v)).first->second;
   }
 
@@ -66,7 +67,7 @@ inline RankBytes ReferenceRank(const ModelSpec& base, const ParallelConfig& conf
     std::vector<unsigned char> buf(NumElements(t.shape) * DTypeSize(dtype), kSwitchFill);
     for (const Segment& s : t.segments) {
       const Shape& shape = shapes.at(s.tensor);
-      const auto& global = values.Get(s.tensor + suffix, dtype, shape);
+      const auto& global = values.Get(s.tensor + suffix, dtype, shape, contents.param_dtype);
       const Box full = Box::Full(shape);
       CopyRegion(s.box, global.data(), full, DenseLayout(full), buf.data(), s.box, s.layout, DTypeSize(dtype));
     }

@@ -253,9 +253,10 @@ Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const
                                                     const std::string& what) {
   std::vector<pickle::Tensor> out;
   pickle::DictIndex index;
-  auto take = [&](const LocalTensor& t, const std::vector<Value>& path) -> Status {
+  // `state_of`: what names the parameter whose optimizer state t is (empty for a parameter).
+  auto take = [&](const LocalTensor& t, const std::vector<Value>& path, const std::string& state_of = {}) -> Status {
     const Value* v = Get(root, path, &index);
-    const std::string where = what + ": " + PathText(path);
+    const std::string where = what + ": " + PathText(path) + state_of;
     if (v == nullptr) return InvalidArgumentError(where + ": missing (tensor " + t.name + " of the rank's view)");
     if (!v->is_tensor())
       return InvalidArgumentError(where + ": a " + std::string(pickle::KindName(v->kind())) + ", not a tensor");
@@ -286,7 +287,12 @@ Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const
   for (size_t i = 0; i < view.model.size(); ++i) param_index[view.model[i].name] = i;
   for (const LocalTensor& t : view.optim) {
     const size_t dot = t.name.rfind('.');
-    PTC_RETURN_IF_ERROR(take(t, OptimizerPath(layout, t.name.substr(dot + 1), param_index.at(t.name.substr(0, dot)))));
+    const size_t i = param_index.at(t.name.substr(0, dot));
+    // The state is numbered in the model's parameter order (docs/megatron_format.md): a file
+    // numbered in another order misfits first at the state named here.
+    PTC_RETURN_IF_ERROR(take(t, OptimizerPath(layout, t.name.substr(dot + 1), i),
+                             " (the state of " + view.model[i].name + ", parameter " + std::to_string(i) +
+                                 " in the schema's order)"));
   }
   return out;
 }

@@ -16,7 +16,8 @@ Status WriteSynthCheckpoint(Env* env, const ModelSpec& spec, const ParallelConfi
     for (const Segment& s : t.segments) {
       const Box full = Box::Full(shapes.at(s.tensor));
       ForEachRun(s.box, full, DenseLayout(full), s.box, s.layout,
-                 [&](Index g, Index l, Index n) { SynthValues(s.tensor, seed, t.dtype, g, n, out + l * elem); });
+                 [&](Index g, Index l, Index n) { SynthValues(s.tensor, seed, t.dtype, g, n, out + l * elem, spec.dtype);
+                 });
     }
     return Status::OK();
   };

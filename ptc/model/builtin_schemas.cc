@@ -5,6 +5,8 @@ namespace {
 
 // Megatron-LM legacy (GPTModel) names. Query/key/value are interleaved per
 // head, so tp splits them by heads.
+// The rules are in legacy Megatron's registration order: ParallelAttention
+// builds query_key_value before dense; each linear its weight, then its bias.
 constexpr std::string_view kMegatronGpt = R"json({
   "name": "megatron-gpt",
   "tensors": [
@@ -38,15 +40,19 @@ constexpr std::string_view kMegatronGpt = R"json({
 // Megatron-Core GPT with GQA and SwiGLU (Llama). linear_qkv rows are grouped
 // per query group ([q x heads/kv_heads, k, v] per group), so tp splits by
 // query group; linear_fc1 holds [gate; up], each split on its own.
+// The rules are in the order Megatron-Core's GPTModel registers its
+// parameters with Transformer Engine (the order of named_parameters(), which
+// numbers the optimizer state): Attention.__init__ builds linear_proj before
+// SelfAttention adds linear_qkv, whose fused norm weight TE registers first.
 constexpr std::string_view kLlama = R"json({
   "name": "llama",
   "tensors": [
     {"name": "embedding.word_embeddings.weight", "shape": ["vocab", "hidden"], "tp": {"dim": 0}, "pp": "first"},
+    {"name": "decoder.layers.{i}.self_attention.linear_proj.weight",
+     "shape": ["hidden", "heads*head_dim"], "tp": {"dim": 1, "units": "heads"}, "pp": "layer"},
     {"name": "decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight", "shape": ["hidden"], "pp": "layer"},
     {"name": "decoder.layers.{i}.self_attention.linear_qkv.weight",
      "shape": ["(heads+2*kv_heads)*head_dim", "hidden"], "tp": {"dim": 0, "units": "kv_heads"}, "pp": "layer"},
-    {"name": "decoder.layers.{i}.self_attention.linear_proj.weight",
-     "shape": ["hidden", "heads*head_dim"], "tp": {"dim": 1, "units": "heads"}, "pp": "layer"},
     {"name": "decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", "shape": ["hidden"], "pp": "layer"},
     {"name": "decoder.layers.{i}.mlp.linear_fc1.weight",
      "shape": ["2*ffn", "hidden"], "tp": {"dim": 0, "segments": 2}, "pp": "layer"},

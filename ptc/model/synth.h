@@ -4,7 +4,10 @@
 // benchmarks compare against.
 //
 // Floating types get finite values of both signs; integer types random bits;
-// BOOL 0 or 1.
+// BOOL 0 or 1. Adam state is what an Adam step accepts (view.h names it): for
+// a parameter P, "P.exp_avg_sq" is never negative, and the F32 master copy
+// "P.fp32" holds P's own elements (of the parameters' dtype) widened to F32,
+// F64 rounded to nearest; so a first step from synthetic state is finite.
 #pragma once
 
 #include <cstdint>
@@ -15,8 +18,14 @@
 
 namespace ptc {
 
+inline constexpr std::string_view kMasterSuffix = ".fp32";
+inline constexpr std::string_view kSecondMomentSuffix = ".exp_avg_sq";
+
 // Writes elements [first, first + count) (row-major flat indices of the
 // global tensor) to `out`, which holds count * DTypeSize(dtype) bytes.
-void SynthValues(std::string_view tensor, uint64_t seed, DType dtype, Index first, Index count, void* out);
+// `param_dtype` is the dtype of the model's parameters: it decides the values
+// of a master copy "P.fp32" (dtype F32) and nothing else.
+void SynthValues(std::string_view tensor, uint64_t seed, DType dtype, Index first, Index count, void* out,
+                 DType param_dtype);
 
 }  // namespace ptc

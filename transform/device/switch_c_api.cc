@@ -214,7 +214,8 @@ int ptcfs_switch_synth(const ptcfs_switch_plan* p, int rank, int side, uint64_t 
         for (ptc::Index r = 0; r < s.box.volume() / row; ++r) {
           ptc::Index flat = 0;
           for (size_t d = 0; d < idx.size(); ++d) flat += idx[d] * strides[d];
-          ptc::SynthValues(s.tensor, seed, t.dtype, flat, row, dense.data() + r * row * elem);
+          ptc::SynthValues(s.tensor, seed, t.dtype, flat, row, dense.data() + r * row * elem,
+                          p->request.contents.param_dtype);
           for (size_t d = idx.size() - 1; d-- > 0;) {
             if (++idx[d] < s.box.end[d]) break;
             idx[d] = s.box.begin[d];
