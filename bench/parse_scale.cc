@@ -7,7 +7,7 @@
 // For each size n:
 //   header parse   ParseSafetensorsHeader of a header of n one-element tensors
 //   header encode  EncodeSafetensorsHeader of n tensor specs (a writer's first step)
-//   schema expand  a schema of one rule "layers.{i}.w" over n layers: ParseSchema
+//   schema expand  a schema of ten rules "layers.{i}.wR" over n/10 layers: ParseSchema
 //                  of its JSON, GlobalTensors and ComputeView of the one rank
 #include <algorithm>
 #include <chrono>
@@ -91,10 +91,12 @@ int main(int argc, char** argv) {
     std::vector<ptc::TensorSpec> specs;
     for (int i = 0; i < n; ++i) specs.push_back({"model.layers." + std::to_string(i) + ".w", ptc::DType::kF32, {1}});
     const double encode = Median(runs, [&] { return ptc::EncodeSafetensorsHeader(specs, {{"format", "pt"}}).ok(); });
-    const nlohmann::json doc = nlohmann::json::parse(R"({"name": "wide", "tensors": [
-        {"name": "layers.{i}.w", "shape": [1], "pp": "layer"}]})");
+    // Ten rules over n/10 layers: the layer count stays under its limit (ptc/model/limits.h).
+    nlohmann::json doc = {{"name", "wide"}, {"tensors", nlohmann::json::array()}};
+    for (int r = 0; r < 10; ++r)
+      doc["tensors"].push_back({{"name", "layers.{i}.w" + std::to_string(r)}, {"shape", {1}}, {"pp", "layer"}});
     ptc::ModelSpec spec;
-    spec.dims = *ptc::ParseDims("layers=" + std::to_string(n) + ",hidden=8,heads=1,vocab=8,seq=8");
+    spec.dims = *ptc::ParseDims("layers=" + std::to_string(n / 10) + ",hidden=8,heads=1,vocab=8,seq=8");
     const ptc::ParallelConfig config = *ptc::ParseConfig("tp=1,pp=1,dp=1");
     const double expand = Median(runs, [&] {
       auto schema = ptc::ParseSchema("wide", doc);

@@ -8,7 +8,7 @@
 # 1. parse_scale_bench: ParseSafetensorsHeader, EncodeSafetensorsHeader and a
 #    schema's expansion (ParseSchema, GlobalTensors, ComputeView) at 10^3, 10^4
 #    and 10^5 keys / tensors; median of 5 runs each.
-# 2. `ptcfs synth` of a schema file with one rule over 10^3..10^5 layers (one
+# 2. `ptcfs synth` of a schema file with ten rules over 10^2..10^4 layers (one
 #    rank, one-element tensors: the time is the expansion and the header, not
 #    data); median of 5.
 # PTCFS_BENCH_SIZES replaces the sizes (comma-separated, for a quick try);
@@ -39,13 +39,16 @@ echo "parse_scale_bench --sizes $SIZES..." >&2
 LOAD=$(cut -d' ' -f1 /proc/loadavg)  # a shared machine: the figures scale with it
 BENCH_TABLE=$("$PARSE_SCALE_BENCH" --runs 5 --sizes "$SIZES")
 
-echo '{"name": "wide", "tensors": [{"name": "layers.{i}.w", "shape": [1], "pp": "layer"}]}' >"$TMP/schema.json"
+# Ten rules over n/10 layers: n tensors, the layer count under its limit (ptc/model/limits.h).
+rules=$(sep=""; for r in 0 1 2 3 4 5 6 7 8 9; do
+  printf '%s{"name": "layers.{i}.w%d", "shape": [1], "pp": "layer"}' "$sep" "$r"; sep=", "; done)
+echo "{\"name\": \"wide\", \"tensors\": [$rules]}" >"$TMP/schema.json"
 CLI_TABLE=$(
-  echo '| tensors (layers) | `ptcfs synth` |'
+  echo '| tensors (10 rules) | `ptcfs synth` |'
   echo '|---|---|'
   for n in ${SIZES//,/ }; do
     echo "ptcfs synth, $n layers..." >&2
-    MODEL="--schema $TMP/schema.json --dims layers=$n,hidden=8,heads=1,vocab=8,seq=8 --config tp=1,pp=1,dp=1"
+    MODEL="--schema $TMP/schema.json --dims layers=$((n / 10)),hidden=8,heads=1,vocab=8,seq=8 --config tp=1,pp=1,dp=1"
     synth=()
     for _ in 1 2 3 4 5; do
       rm -rf "$TMP/ckpt"
@@ -67,8 +70,8 @@ at the start: other builds shared the cores, so the times are upper bounds).
 
 Header parse, header encode and schema expansion, in process (\`bench/parse_scale.cc\`), one
 core, median of 5 runs. The header holds n tensors of one F32 element each
-(\`"model.layers.i.w": {"dtype", "shape", "data_offsets"}\`); the schema is one rule
-\`layers.{i}.w\` over n layers, expanded for the one rank of tp=1,pp=1,dp=1.
+(\`"model.layers.i.w": {"dtype", "shape", "data_offsets"}\`); the schema is ten rules
+\`layers.{i}.w0\` ... \`layers.{i}.w9\` over n/10 layers, expanded for the one rank of tp=1,pp=1,dp=1.
 
 $BENCH_TABLE
 

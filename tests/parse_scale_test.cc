@@ -128,19 +128,25 @@ std::pair<int, std::string> TimedSynth(const TempDir& tmp, const std::string& sc
   return r;
 }
 
-TEST(ParseScaleTest, SynthOfOneRuleOver100kLayersTakesSeconds) {
+TEST(ParseScaleTest, SynthOfSevenRulesOver16kLayersTakesSeconds) {
+  // 7 per-layer rules x 2^14 layers (the layer limit, ptc/model/limits.h): 114,688 tensors.
+  constexpr int kRules = 7, kLayers = 1 << 14;
   TempDir tmp;
-  const std::string schema = R"({"name": "wide", "tensors": [
-      {"name": "layers.{i}.w", "shape": [1], "pp": "layer"}]})";
+  std::string schema = R"({"name": "wide", "tensors": [)";
+  for (int r = 0; r < kRules; ++r) {
+    schema += std::string(r ? ", " : "") + R"({"name": "layers.{i}.w)" + std::to_string(r) +
+              R"(", "shape": [1], "pp": "layer"})";
+  }
+  schema += "]}";
   double seconds = 0;
-  auto r = TimedSynth(tmp, schema, "layers=" + std::to_string(kKeys) + ",hidden=8,heads=1,vocab=8,seq=8",
+  auto r = TimedSynth(tmp, schema, "layers=" + std::to_string(kLayers) + ",hidden=8,heads=1,vocab=8,seq=8",
                       "tp=1,pp=1,dp=1", &seconds);
   ASSERT_EQ(r.first, 0) << r.second;
   EXPECT_LT(seconds, kSynthBoundSeconds);
   Result<SafetensorsHeader> h = ReadSafetensorsHeader(Env::Default(), tmp / "ckpt/rank-00000/model.safetensors");
   ASSERT_TRUE(h.ok()) << h.status().ToString();
-  ASSERT_EQ(h->tensors.size(), static_cast<size_t>(kKeys));
-  EXPECT_EQ(h->tensors.back().name, "layers." + std::to_string(kKeys - 1) + ".w");
+  ASSERT_EQ(h->tensors.size(), static_cast<size_t>(kRules * kLayers));
+  EXPECT_EQ(h->tensors.back().name, "layers." + std::to_string(kLayers - 1) + ".w" + std::to_string(kRules - 1));
 }
 
 TEST(ParseScaleTest, SynthOf100kRulesHalfOfThemTiedTakesSeconds) {
