@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "ptc/base/mutex.h"
+#include "ptc/base/regular_file.h"
 #include "ptc/store/store_layout.h"
 
 namespace ptc {
@@ -151,11 +152,10 @@ bool StoreLock::HeldByThisProcess(const std::string& root) {
 
 Result<std::string> StoreLock::ReadHolder(const std::string& root) {
   const std::string path = root + "/" + kStoreLockName;
-  std::ifstream in(path);
-  if (!in) return errno == ENOENT ? NotFoundError(path + ": no lock file") : ErrnoError(path, errno);
-  std::string line;
-  std::getline(in, line);
-  return line;
+  Result<std::string> text = ReadRegularFile(path, 1 << 20);  // a FIFO planted there is refused, not waited on
+  if (text.status().code() == Code::kNotFound) return NotFoundError(path + ": no lock file");
+  PTC_RETURN_IF_ERROR(text.status());
+  return text->substr(0, text->find('\n'));
 }
 
 StoreLock::StoreLock(StoreLock&& other) noexcept : fd_(other.fd_), key_(std::move(other.key_)) { other.fd_ = -1; }
