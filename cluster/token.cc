@@ -25,7 +25,9 @@ Status ValidateToken(std::string_view token) {
 }
 
 Result<std::string> ReadTokenFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  // O_NONBLOCK: a FIFO given as the token file is refused below (not a regular
+  // file), never waited on in open(2); reads of a regular file ignore the flag.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) return NotFoundError(path + ": no such token file");

@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <filesystem>
 
+#include "ptc/base/regular_file.h"
+
 namespace ptcfs {
 
 ptc::Result<std::string> Staging::Join(const std::string& parent, const std::string& name) {
@@ -23,9 +25,9 @@ ptc::Status Staging::Mkdir(const std::string& rel) {
 }
 
 ptc::Result<int> Staging::Open(const std::string& rel, int flags) {
-  const int fd = ::open(Path(rel).c_str(), flags | O_CLOEXEC, 0644);
-  if (fd < 0) return ptc::ErrnoError(Path(rel), errno);
-  return fd;
+  // Without blocking, regular files only: a FIFO planted in STORE/ingest/
+  // would hold staging_mu_ (and every save) in open(2) waiting for a reader.
+  return ptc::OpenRegularFile(Path(rel), flags, "");
 }
 
 ptc::Result<struct stat> Staging::Stat(const std::string& rel) const {

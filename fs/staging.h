@@ -32,7 +32,9 @@ class Staging {
 
   // Each \error is ErrnoError naming the path (EEXIST, ENOENT, ENOTEMPTY, ...).
   ptc::Status Mkdir(const std::string& rel);                 // creates the root first when needed
-  ptc::Result<int> Open(const std::string& rel, int flags);  // an fd (O_CREAT: mode 0644)
+  // An fd of a regular file (O_CREAT: mode 0644), opened without blocking: any
+  // other type (a FIFO) is an IOError "PATH: not a regular file (a FIFO)".
+  ptc::Result<int> Open(const std::string& rel, int flags);
   ptc::Result<struct stat> Stat(const std::string& rel) const;
   ptc::Status Rename(const std::string& from, const std::string& to);
   ptc::Status Unlink(const std::string& rel);

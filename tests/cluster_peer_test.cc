@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -53,6 +56,16 @@ TEST(PeerToken, ReadsOnlyPrivateFiles) {
   }
   EXPECT_EQ(ReadTokenFile(tmp.path()).status().code(), Code::kPermissionDenied);  // a directory
   EXPECT_EQ(ReadTokenFile(tmp / "absent").status().code(), Code::kNotFound);
+  // A FIFO (--token-file <(...)) is refused, not waited on in open(2) (issue 24).
+  const std::string fifo = tmp / "fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto read = std::async(std::launch::async, [&] { return ReadTokenFile(fifo); });
+  if (read.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "blocked on the FIFO";
+    const int w = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // releases it: it then reads EOF
+    if (w >= 0) close(w);
+  }
+  EXPECT_EQ(read.get().status().code(), Code::kPermissionDenied);
   testing::Spit(path, "short\n");
   ASSERT_EQ(chmod(path.c_str(), 0600), 0);
   EXPECT_EQ(ReadTokenFile(path).status().code(), Code::kInvalidArgument);

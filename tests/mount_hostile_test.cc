@@ -1,8 +1,10 @@
 // The mount against hostile and odd inputs (issues 12 and 24): bytes that are not
-// UTF-8, huge, empty and oversized configs, missing shard files, chmod, file times, and
-// the removal of a generation whose last reader closes. No input may end the
-// daemon. Every test unmounts, also when it fails (Mount's destructor).
+// UTF-8, huge, empty and oversized configs, missing shard files, chmod, file times,
+// the removal of a generation whose last reader closes, and a shard that is a
+// FIFO. No input may end the daemon, or keep it alive after umount. Every test
+// unmounts, also when it fails (Mount's destructor).
 #include <fcntl.h>
+#include <signal.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mount_util.h"
+#include "ptc/store/store_lock.h"
 
 namespace ptc {
 namespace {
@@ -239,6 +242,65 @@ TEST_F(MountHostileTest, ReplacedGenerationGoesWhenItsLastReaderCloses) {
   EXPECT_TRUE(MountStatus(m.dir())["last_error"].is_null()) << MountStatus(m.dir()).dump();
   auto [code, out] = Ptcfs("verify " + tmp_ / "store");
   EXPECT_EQ(code, 0) << out;
+}
+
+// Issue 24, item 6: a shard that is a FIFO blocked the daemon in open(2),
+// under a lock every read of the generation took, and kept it alive (holding
+// the store lock) after `ptcfs umount`. Now it is refused at once.
+TEST_F(MountHostileTest, FifoShardFailsPromptlyAndUmountEnds) {
+  const std::string store = tmp_ / "store";
+  MakeStore("tp=2,pp=1", store);
+  auto [c, o] = Ptcfs("export --config tp=2,pp=1 " + store + " " + tmp_ / "exp");
+  ASSERT_EQ(c, 0) << o;
+  // Tensor-parallel rank 0's shard of a split tensor: rank 1's files do not use it.
+  const std::string tensor = "language_model.encoder.layers.0.self_attention.dense.weight";
+  const auto manifest = nlohmann::json::parse(Slurp(store + "/gen-000001/manifest.json"));
+  std::string rank0;
+  int shards = 0;
+  for (const auto& s : manifest["shards"]) {
+    if (s["tensor"] != tensor) continue;
+    ++shards;
+    if (s["boxes"][0][0] == nlohmann::json::array({0, 0})) rank0 = s["file"].get<std::string>();
+  }
+  ASSERT_EQ(shards, 2) << "the tensor is not split in two";
+  ASSERT_FALSE(rank0.empty());
+  const std::string shard = store + "/" + rank0;
+  fs::rename(shard, tmp_ / "kept.h5");
+  ASSERT_EQ(mkfifo(shard.c_str(), 0644), 0);
+  {
+    Mount m(store, tmp_ / "mnt");
+    const std::string timeout = "timeout -k 5 20 ";
+    auto [c0, o0] = Sh(timeout + "cat " + m.dir() + "/model/rank-00000/model.safetensors >/dev/null");
+    EXPECT_NE(c0, 124) << "the read hung";
+    EXPECT_NE(c0, 0);
+    EXPECT_NE(o0.find("Input/output error"), std::string::npos) << o0;
+    const nlohmann::json status = MountStatus(m.dir());
+    const std::string error = status["last_error"].is_string() ? status["last_error"].get<std::string>() : status.dump();
+    EXPECT_NE(error.find(shard + ": not a regular file (a FIFO)"), std::string::npos) << error;
+    // Another rank's file, of other shards of the same generation, reads bit-exact.
+    auto [c1, o1] = Sh(timeout + "cmp " + m.dir() + "/model/rank-00001/model.safetensors " +
+                       tmp_ / "exp/rank-00001/model.safetensors");
+    EXPECT_EQ(c1, 0) << "(124: hung) " << o1;
+    ExpectAlive(m.dir());
+    const std::string holder = StoreLock::ReadHolder(store).value();
+    ASSERT_TRUE(holder.starts_with("pid ")) << holder;
+    auto [cu, ou] = Ptcfs("umount " + m.dir());
+    EXPECT_EQ(cu, 0) << ou;
+    // The daemon ends and lets go of the store within a few seconds.
+    bool released = false;
+    for (int i = 0; i < 100 && !released; ++i) {
+      released = StoreLock::Acquire(store).ok();  // released again at once
+      if (!released) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_TRUE(released) << "the daemon lingers after umount: " << holder;
+    if (!released) kill(std::stoi(holder.substr(4)), SIGKILL);  // the daemon this test started
+  }
+  fs::remove(shard);
+  fs::rename(tmp_ / "kept.h5", shard);
+  auto [ct, ot] = Ptcfs("transform " + store + " --to tp=1,pp=1");
+  EXPECT_EQ(ct, 0) << ot;
+  auto [cv, ov] = Ptcfs("verify " + store);
+  EXPECT_EQ(cv, 0) << ov;
 }
 
 }  // namespace

@@ -10,10 +10,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +19,7 @@
 #include "fs/mount.h"
 #include "fs/mountinfo.h"
 #include "ptc/base/json_fields.h"
+#include "ptc/base/regular_file.h"
 #include "tools/cluster_mount.h"
 #include "tools/commands.h"
 #include "tools/path_check.h"
@@ -150,11 +149,13 @@ ptc::Status RunUmount(const std::string& mountpoint) {
 }
 
 ptc::Result<nlohmann::json> ReadStatus(const std::string& mountpoint) {
-  std::ifstream in(mountpoint + "/.ptcfs/status");
-  if (!in) return ptc::NotFoundError(mountpoint + ": not a ptcfs mount (no .ptcfs/status)");
-  std::stringstream s;
-  s << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(s.str(), nullptr, false);
+  // Read without blocking: a FIFO at that path (no mount there) is refused.
+  ptc::Result<std::string> text = ptc::ReadRegularFile(mountpoint + "/.ptcfs/status");
+  if (text.status().code() == ptc::Code::kNotFound) {
+    return ptc::NotFoundError(mountpoint + ": not a ptcfs mount (no .ptcfs/status)");
+  }
+  PTC_RETURN_IF_ERROR(text.status().WithContext(mountpoint + ": not a ptcfs mount"));
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   if (j.is_discarded()) return ptc::CorruptionError(mountpoint + "/.ptcfs/status: not JSON");
   return j;
 }
@@ -177,8 +178,7 @@ ptc::Status RunReconfigure(const ReconfigureArgs& a) {
   const std::string& mountpoint = a.mountpoint;
   PTC_RETURN_IF_ERROR(ReadStatus(mountpoint).status());  // a ptcfs mount
   const std::string path = mountpoint + "/.ptcfs/config";
-  int fd = open(path.c_str(), O_WRONLY | O_TRUNC);
-  if (fd < 0) return ptc::ErrnoError(path, errno);
+  PTC_ASSIGN_OR_RETURN(const int fd, ptc::OpenRegularFile(path, O_WRONLY | O_TRUNC, "open for writing"));
   const std::string text = ConfigRequest(a);
   ssize_t n = write(fd, text.data(), text.size());
   int err = errno;

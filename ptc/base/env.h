@@ -105,13 +105,17 @@ class Env {
   // The process-wide POSIX implementation. Never deleted.
   static Env* Default();
 
+  // Opens a regular file for reading. POSIX: opened without blocking and
+  // checked first (ptc/base/regular_file.h), so a FIFO is refused, never waited on.
+  // \error NotFound when `path` does not exist.
+  // \error IOError "PATH: not a regular file (a FIFO)" for a FIFO, a device, a directory...; IOError from the OS.
   virtual Result<std::unique_ptr<RandomAccessFile>> OpenRead(const std::string& path) = 0;
   // Creates or truncates. The last component of `path` is not followed when
   // it is a symbolic link (PermissionDenied naming the path).
   virtual Result<std::unique_ptr<WritableFile>> OpenWrite(const std::string& path) = 0;
   // Opens an existing file for writing without truncating it (to fill the
   // preallocated dataset of an HDF5 shard file).
-  // \error NotFound when the file does not exist.
+  // \error NotFound when the file does not exist; IOError as OpenRead when it is not a regular file.
   virtual Result<std::unique_ptr<WritableFile>> OpenExisting(const std::string& path) = 0;
 
   virtual bool Exists(const std::string& path) = 0;
@@ -119,6 +123,7 @@ class Env {
   // machine known to be gone (a cluster worker whose lease expired), so that
   // a reader with a copy elsewhere takes that one. Local files: true.
   virtual bool Reachable(const std::string& path) { return true; }
+  // \error NotFound; IOError as OpenRead when it is not a regular file (a FIFO has no size to read).
   virtual Result<uint64_t> FileSize(const std::string& path) = 0;
   // Names (not paths) of the entries of a directory, sorted.
   virtual Result<std::vector<std::string>> ListDir(const std::string& path) = 0;

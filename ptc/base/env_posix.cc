@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "ptc/base/env.h"
+#include "ptc/base/regular_file.h"
 
 namespace ptc {
 namespace {
@@ -273,9 +274,10 @@ class PosixOutputDir final : public OutputDir {
 
 class PosixEnv final : public Env {
  public:
+  // Regular files only, opened without blocking (regular_file.h): a FIFO
+  // planted as a shard or an input is refused, never waited on.
   Result<std::unique_ptr<RandomAccessFile>> OpenRead(const std::string& path) override {
-    int fd = OpenRetry(path, O_RDONLY);
-    if (fd < 0) return ErrnoError(path + ": open for reading", errno);
+    PTC_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, O_RDONLY, "open for reading"));
     return std::unique_ptr<RandomAccessFile>(new PosixRandomAccessFile(path, fd));
   }
 
@@ -286,9 +288,9 @@ class PosixEnv final : public Env {
   }
 
   // Append continues at the current end of the file.
+  // A regular file only, as OpenRead (a FIFO's write end would wait for a reader).
   Result<std::unique_ptr<WritableFile>> OpenExisting(const std::string& path) override {
-    int fd = OpenRetry(path, O_WRONLY);
-    if (fd < 0) return ErrnoError(path + ": open existing for writing", errno);
+    PTC_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, O_WRONLY, "open existing for writing"));
     struct stat st;
     uint64_t size = ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd, size));
@@ -302,6 +304,7 @@ class PosixEnv final : public Env {
   Result<uint64_t> FileSize(const std::string& path) override {
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) return ErrnoError(path + ": stat", errno);
+    if (!S_ISREG(st.st_mode)) return NotRegularFileError(path, st.st_mode);  // a FIFO has no size to read
     return static_cast<uint64_t>(st.st_size);
   }
 

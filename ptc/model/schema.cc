@@ -1,11 +1,11 @@
 #include "ptc/model/schema.h"
 
-#include <fstream>
+#include <set>
 #include <unordered_map>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "ptc/base/regular_file.h"
 #include "ptc/model/builtin_schemas.h"
 #include "ptc/model/tensor_name.h"
 
@@ -180,14 +180,13 @@ Result<Schema> LoadSchema(const std::string& name_or_path) {
   if (std::string_view text = BuiltinSchemaText(name_or_path); !text.empty()) {
     return ParseSchema(name_or_path, json::parse(text));
   }
-  std::ifstream in(name_or_path);
-  if (!in) {
+  Result<std::string> text = ReadRegularFile(name_or_path);  // a FIFO is refused, not waited on
+  if (text.status().code() == Code::kNotFound) {
     return NotFoundError("schema '" + name_or_path +
                          "' is neither a built-in (megatron-gpt, llama) nor a readable file");
   }
-  std::stringstream buf;
-  buf << in.rdbuf();
-  json doc = json::parse(buf.str(), nullptr, /*allow_exceptions=*/false);
+  PTC_RETURN_IF_ERROR(text.status().WithContext("schema"));
+  json doc = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return InvalidArgumentError(name_or_path + ": not valid JSON");
   return ParseSchema(name_or_path, doc);
 }

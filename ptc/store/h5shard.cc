@@ -3,10 +3,13 @@
 #include "ptc/store/h5shard.h"
 
 #include <hdf5.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <mutex>
+
+#include "ptc/base/regular_file.h"
 
 namespace ptc {
 namespace {
@@ -281,8 +284,10 @@ Status CheckAttribute(hid_t dset, const char* name, const std::string& expect, c
 
 Status CheckH5Shard(const std::string& path, const ShardRecord& shard, DType dtype) {
   DisableHdf5ErrorPrinting();
-  if (::access(path.c_str(), F_OK) != 0)
-    return ErrnoError(path + ": shard file of tensor '" + shard.tensor + "'", errno);
+  // HDF5 opens the path itself, blocking on a FIFO: a regular file only.
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return ErrnoError(path + ": shard file of tensor '" + shard.tensor + "'", errno);
+  if (!S_ISREG(st.st_mode)) return NotRegularFileError(path, st.st_mode);
   PTC_ASSIGN_OR_RETURN(Hid file, Check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, path, "H5Fopen",
                                        Code::kCorruption));
   PTC_ASSIGN_OR_RETURN(Hid dset, Check(H5Dopen2(file.get(), "data", H5P_DEFAULT), H5Dclose, path,

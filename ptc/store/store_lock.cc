@@ -17,6 +17,7 @@
 #include <list>
 
 #include "ptc/base/mutex.h"
+#include "ptc/base/regular_file.h"
 #include "ptc/store/store_layout.h"
 
 namespace ptc {
@@ -182,23 +183,10 @@ bool StoreLock::HeldByThisProcess(const std::string& root) {
 
 Result<std::string> StoreLock::ReadHolder(const std::string& root) {
   const std::string path = root + "/" + kStoreLockName;
-  const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT ? NotFoundError(path + ": no lock file") : ErrnoError(path, errno);
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    return FailedPreconditionError(path + ": not a regular file");
-  }
-  char buf[4096];
-  ssize_t n;
-  do {
-    n = pread(fd, buf, sizeof buf, 0);
-  } while (n < 0 && errno == EINTR);
-  const int err = errno;
-  close(fd);
-  if (n < 0) return ErrnoError(path, err);
-  std::string line(buf, static_cast<size_t>(n));
-  return line.substr(0, line.find('\n'));
+  Result<std::string> text = ReadRegularFile(path, 1 << 20);  // a FIFO planted there is refused, not waited on
+  if (text.status().code() == Code::kNotFound) return NotFoundError(path + ": no lock file");
+  PTC_RETURN_IF_ERROR(text.status());
+  return text->substr(0, text->find('\n'));
 }
 
 StoreLock::StoreLock(StoreLock&& other) noexcept : fd_(other.fd_), key_(std::move(other.key_)) { other.fd_ = -1; }

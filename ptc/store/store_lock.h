@@ -55,7 +55,8 @@ class StoreLock {
 
   // The description in ROOT/lock ("pid 1234 (...)"); "" when empty. It names
   // the last holder, which may be gone: only a failed Acquire proves it lives.
-  // \error NotFound when there is no lock file; IOError from the OS.
+  // \error NotFound when there is no lock file; IOError from the OS or when it
+  //        is not a regular file (never waited on, as a FIFO would be).
   static Result<std::string> ReadHolder(const std::string& root);
 
   StoreLock() = default;

@@ -29,13 +29,23 @@ Result<const RandomAccessFile*> GenerationReader::File(const ShardRecord& shard)
     MutexLock lock(&mu_);
     PTC_RETURN_IF_ERROR(verified_.at(&shard));
   }
-  MutexLock lock(&mu_);
-  auto it = files_.find(shard.file);
-  if (it == files_.end()) {
-    PTC_ASSIGN_OR_RETURN(auto file, store_.env()->OpenRead(store_.AbsPath(shard.file)));
-    it = files_.emplace(shard.file, std::move(file)).first;
+  {
+    MutexLock lock(&mu_);
+    if (auto it = files_.find(shard.file); it != files_.end()) return it->second.get();
   }
-  return it->second.get();
+  // Opened outside the lock: an open that is slow (a remote worker's file, a
+  // busy disk) holds up only the reads of this shard, never those of others.
+  // Two threads may open the same file at once; the first one kept wins and
+  // the other's copy is closed, outside the lock.
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> opened, store_.env()->OpenRead(store_.AbsPath(shard.file)));
+  const RandomAccessFile* kept;
+  {
+    MutexLock lock(&mu_);
+    auto [it, inserted] = files_.try_emplace(shard.file, nullptr);
+    if (inserted) it->second = std::move(opened);
+    kept = it->second.get();
+  }
+  return kept;  // `opened`, when another thread's copy was kept, is closed here
 }
 
 Status GenerationReader::ReadShard(const ShardRecord& shard, const Box& region, void* dst, const Box& dst_box,

@@ -60,6 +60,8 @@ class GenerationReader {
   const bool verify_;
   std::map<std::string, std::vector<const ShardRecord*>> by_tensor_;
   std::map<std::string, size_t> dtype_size_;
+  // Guards the two caches only: never held across file I/O (an open or a
+  // verification of one shard must not hold up reads of the others).
   mutable Mutex mu_;
   mutable std::map<std::string, std::unique_ptr<RandomAccessFile>> files_ GUARDED_BY(mu_);
   mutable std::map<const ShardRecord*, Status> verified_ GUARDED_BY(mu_);
