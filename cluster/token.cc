@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstdio>
 
+#include "ptc/base/regular_file.h"
+
 namespace ptc {
 
 Status ValidateToken(std::string_view token) {
@@ -48,20 +50,9 @@ Result<std::string> ReadTokenFile(const std::string& path) {
                       (S_ISREG(st.st_mode) ? std::string("mode ") + mode : std::string("another type")) +
                       "); chmod 600 " + path);
   }
-  std::string text;
-  char buf[1024];
-  while (text.size() <= kMaxTokenBytes + 64) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoError(path + ": read", err);
-    }
-    if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-  }
+  Result<std::string> read = ReadToEnd(fd, path, kMaxTokenBytes + 64);  // more: ValidateToken names the limit
   ::close(fd);
+  PTC_ASSIGN_OR_RETURN(std::string text, std::move(read));
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ' || text.back() == '\t')) {
     text.pop_back();
   }

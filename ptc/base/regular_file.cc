@@ -58,25 +58,23 @@ Result<int> OpenRegularFile(const std::string& path, int flags, std::string_view
   return fd;
 }
 
-Result<std::string> ReadRegularFile(const std::string& path, size_t max_bytes) {
-  PTC_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, O_RDONLY));
+Result<std::string> ReadToEnd(int fd, const std::string& path, size_t max_bytes) {
   std::string text;
   char buf[64 << 10];
   while (true) {
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoError(path + ": read", err);
-    }
-    if (n == 0) break;
-    if (text.size() + static_cast<size_t>(n) > max_bytes) {
-      ::close(fd);
+    if (n < 0) return ErrnoError(path + ": read", errno);
+    if (n == 0) return text;
+    if (text.size() + static_cast<size_t>(n) > max_bytes)
       return IOError(path + ": larger than " + std::to_string(max_bytes) + " bytes");
-    }
     text.append(buf, static_cast<size_t>(n));
   }
+}
+
+Result<std::string> ReadRegularFile(const std::string& path, size_t max_bytes) {
+  PTC_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, O_RDONLY));
+  Result<std::string> text = ReadToEnd(fd, path, max_bytes);
   ::close(fd);
   return text;
 }

@@ -45,6 +45,11 @@ Result<int> OpenRegularFile(const std::string& path, int flags, std::string_view
 //        the file holds more than `max_bytes`.
 Result<std::string> ReadRegularFile(const std::string& path, size_t max_bytes = size_t{64} << 20);
 
+// The bytes of the open descriptor `fd` from its position to its end (it
+// stays open), at most `max_bytes`.
+// \error IOError naming `path` when a read fails or there are more bytes.
+Result<std::string> ReadToEnd(int fd, const std::string& path, size_t max_bytes);
+
 // Checks, opening nothing, that `path` (links followed) is a regular file:
 // for libraries that open a path themselves (HDF5's H5Fopen), so that a FIFO
 // never reaches their open(2). A file replaced between this check and their
