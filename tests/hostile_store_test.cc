@@ -316,5 +316,29 @@ TEST_F(HostileStoreTest, ExportRefusesWhatVerifyRefuses) {
   EXPECT_FALSE(fs::exists(tmp_ / "out"));
 }
 
+// Item 9: integer options are checked as text: CLI11 alone took -1 as 2^64-1
+// and clamped a number too large, so `data synth --samples 10^20` ran.
+TEST(HostileCliRound3, IntegerOptionsOutOfRangeAreNamed) {
+  TempDir tmp;
+  auto r = Ptcfs("data synth --samples 99999999999999999999 --min-len 1 --max-len 2 --vocab 3 " + tmp / "d");
+  EXPECT_EQ(r.first, 2) << r.second;
+  EXPECT_EQ(r.second, "ptcfs data synth: --samples: 99999999999999999999 is out of range (at most "
+                      "18446744073709551615) (ptcfs data synth --help)\n");
+  r = Ptcfs("data synth --samples -1 --min-len 1 --max-len 2 --vocab 3 " + tmp / "d");
+  EXPECT_EQ(r.first, 2) << r.second;
+  EXPECT_TRUE(r.second.starts_with("ptcfs data synth: --samples: ") && Contains(r.second, "-1")) << r.second;
+  r = Ptcfs("compact " + tmp / "s" + " --generation -1");
+  EXPECT_EQ(r.first, 2) << r.second;
+  EXPECT_TRUE(Contains(r.second, "--generation: -1 is below 0 (ptcfs compact --help)")) << r.second;
+  r = Ptcfs("compact " + tmp / "s" + " --generation 99999999999999999999");
+  EXPECT_EQ(r.first, 2) << r.second;
+  EXPECT_TRUE(Contains(r.second, "99999999999999999999 is out of range (-9223372036854775808 to")) << r.second;
+  // In range for the type, but more than the disk holds: refused before a byte is written.
+  r = Ptcfs("data synth --samples 1000000000000000 --min-len 1000 --max-len 1000 --vocab 3 " + tmp / "d");
+  EXPECT_EQ(r.first, 2) << r.second;
+  EXPECT_TRUE(Contains(r.second, "free in " + tmp.path())) << r.second;
+  EXPECT_FALSE(fs::exists(tmp / "d.bin"));
+}
+
 }  // namespace
 }  // namespace ptc

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "ptc/store/store.h"
+#include "tools/cli_numbers.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 #include "transform/execute.h"
@@ -71,7 +72,7 @@ void AddCompactCommand(CLI::App& app, int* exit_code) {
   sub->add_option("STORE", a->store, "store directory")->required();
   sub->add_option("--generation", a->generation,
                   "compact only if this is the current generation (guards against compacting a newer one)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(AtLeast(0));
   sub->add_option("--threads", a->threads, "writer threads")->check(CLI::Range(1, 256));
   sub->add_flag("--keep-old", a->keep_old, "keep earlier generations' files");
   AddWaitFlag(sub, &a->wait);

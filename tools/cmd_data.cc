@@ -4,6 +4,8 @@
 //   data status   where the store is in its data
 //   data advance  set the position (step, epoch) in a new generation
 //   data view     a rank's view file, rendered to stdout (what the mount will serve)
+#include <sys/statvfs.h>
+
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -53,9 +55,23 @@ ptc::Result<std::vector<uint64_t>> ParseBuckets(const std::string& text) {
 ptc::Status RunSynth(const DataArgs& a) {
   PTC_RETURN_IF_ERROR(ptc::CheckSynthSpec(a.synth));
   const uint64_t avg = (a.synth.min_len + a.synth.max_len) / 2;
+  // The tokens' bytes, checked against the disk before anything is written.
+  uint64_t bytes = 0;
+  const uint64_t token_bytes = ptc::SynthDTypeCode(a.synth) == 8 ? 2 : 4;
+  const bool overflow = __builtin_mul_overflow(a.synth.samples, avg, &bytes) ||
+                        __builtin_mul_overflow(bytes, token_bytes, &bytes);
   // OUT_PREFIX's directory is made as `ptcfs synth` makes OUT_DIR.
-  PTC_RETURN_IF_ERROR(ptc::Env::Default()->CreateDirs(ptc::DirName(a.source)));
-  Progress progress("synth", a.synth.samples * avg * (ptc::SynthDTypeCode(a.synth) == 8 ? 2 : 4));
+  const std::string dir = ptc::DirName(a.source);
+  PTC_RETURN_IF_ERROR(ptc::Env::Default()->CreateDirs(dir));
+  struct statvfs fs;
+  if (statvfs(dir.c_str(), &fs) == 0 &&
+      (overflow || bytes > static_cast<uint64_t>(fs.f_bavail) * static_cast<uint64_t>(fs.f_frsize))) {
+    return ptc::InvalidArgumentError(
+        "--samples " + std::to_string(a.synth.samples) + " of about " + std::to_string(avg) + " tokens: " +
+        (overflow ? std::string("more bytes than 2^64") : "about " + HumanBytes(bytes)) + ", more than the " +
+        HumanBytes(static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize) + " free in " + dir);
+  }
+  Progress progress("synth", bytes);
   PTC_RETURN_IF_ERROR(ptc::WriteSynthDataset(ptc::Env::Default(), a.synth, a.source, progress.fn()));
   std::printf("wrote %s.bin and %s.idx: %llu samples of %s tokens\n", a.source.c_str(), a.source.c_str(),
               static_cast<unsigned long long>(a.synth.samples),

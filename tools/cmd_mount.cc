@@ -21,6 +21,7 @@
 #include "ptc/base/json_fields.h"
 #include "ptc/base/regular_file.h"
 #include "tools/cluster_mount.h"
+#include "tools/cli_numbers.h"
 #include "tools/commands.h"
 #include "tools/path_check.h"
 #include "tools/progress.h"
@@ -248,11 +249,11 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
                    "after a reconfigure, compact in the background (lowest priority; a reconfigure\n"
                    "cancels it) when the layout's shards are read from more than this many stored pieces\n"
                    "on average (default 8; 0: never on this rule)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(AtLeast(0));
   mount
       ->add_option("--compact-min-piece", m->compaction.min_piece_bytes,
                    "... or when one is read from a piece smaller than this many bytes (default 0: never)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(AtLeast(0));
   mount
       ->add_option("--cluster", m->cluster.url,
                    "etcd://HOST:PORT[,HOST:PORT...]/JOB: this mount is worker --worker of JOB, its state\n"

@@ -8,6 +8,7 @@
 #include "ptc/base/json_fields.h"
 #include "ptc/base/kv_text.h"
 #include "ptc/store/model_spec.h"
+#include "tools/cli_numbers.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 #include "transform/execute.h"
@@ -160,7 +161,7 @@ void AddCommonOptions(CLI::App* sub, PlanArgs* a) {
   sub->add_option("--to", a->to, "target parallel config, e.g. tp=4,pp=1,dp=2,zero=1")->required();
   sub->add_option("--alive", a->alive, "comma-separated workers whose shards can be read (default: all)");
   sub->add_option("--workers-per-host", a->workers_per_host, "topology: workers sharing a host (for link classes)")
-      ->check(CLI::PositiveNumber);
+      ->check(AtLeast(1));
   sub->add_option("STORE", a->store, "store directory")->required();
 }
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "tools/cli_numbers.h"
 #include "tools/commands.h"
 
 int main(int argc, char** argv) {
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   ptcfs::AddMountCommands(app, &exit_code);
   ptcfs::AddDataCommand(app, &exit_code);
   ptcfs::AddStrategiesCommand(app, &exit_code);
+  ptcfs::CheckIntegerOptions(app);
   ptcfs::KeepStandardDescriptorsOpen();
   try {
     app.parse(argc, argv);
