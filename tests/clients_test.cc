@@ -120,7 +120,7 @@ TEST_F(ClientsTest, MegatronCoreGptModelLoadsItsRankFilesAndStepsAdam) {
   const std::string model = "--schema " + tmp_ / "local.json" + dims;
   Run("synth " + model + " --dtype f64 --optimizer adam --config tp=2 " + tmp_ / "src");
   Run("import " + model + " --config tp=2 " + tmp_ / "src " + tmp_ / "store");
-  for (const std::string& c : {"tp=2", "tp=1", "tp=1,pp=2"}) {
+  for (const std::string c : {"tp=2", "tp=1", "tp=1,pp=2"}) {
     SCOPED_TRACE(c);
     const std::string tp = c.substr(3, 1), pp = c.size() > 4 ? "2" : "1";
     Run("export --format megatron --config " + c + " " + tmp_ / "store " + tmp_ / ("tree" + c));
@@ -130,10 +130,33 @@ TEST_F(ClientsTest, MegatronCoreGptModelLoadsItsRankFilesAndStepsAdam) {
     EXPECT_NE(out.find("RUN OK"), std::string::npos) << out;
   }
   // Logits at tp=2 and at pp=2 equal tp=1's (float64, within 1e-12).
-  for (const std::string& c : {"tp=2", "tp=1,pp=2"}) {
+  for (const std::string c : {"tp=2", "tp=1,pp=2"}) {
     auto [code, out] = Sh(mcore + "compare " + tmp_ / ("out" + c) + "/logits.pt " + tmp_ / "outtp=1/logits.pt 2>&1");
     EXPECT_EQ(code, 0) << c << "\n" << out;
   }
+  // The model's own save through the mount (torch.save of model.state_dict(), with
+  // Megatron-Core's _extra_state entries, linear_qkv's as io.BytesIO) commits, and they are
+  // rendered back at their places: every one, each linear_qkv's bytes those of the saved
+  // rank of its module (tp mod 2), at the saved tp=2 and at tp=1, pp=2.
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron");
+  const std::string megatron = m.dir() + "/megatron";
+  const int generation = MountStatus(m.dir())["generation"].get<int>();
+  ASSERT_EQ(Sh("mkdir -p " + tmp_ / "save " + tmp_ / "strict2 " + tmp_ / "strict12").first, 0);
+  auto [code, out] = Sh(mcore + "run " + megatron + " 2 1 " + tmp_ / "save --save 2 2>&1");
+  ASSERT_EQ(code, 0) << out;
+  const auto status = MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  std::tie(code, out) = Sh(mcore + "run " + megatron + " 2 1 " + tmp_ / "strict2 --strict 2 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("RUN OK"), std::string::npos) << out;
+  Run("reconfigure " + m.dir() + " --to tp=1,pp=2");
+  std::tie(code, out) = Sh(mcore + "run " + megatron + " 1 2 " + tmp_ / "strict12 --strict 2 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("RUN OK"), std::string::npos) << out;
+  // Rendered from the same saved state, the two grids' logits agree.
+  std::tie(code, out) = Sh(mcore + "compare " + tmp_ / "strict2/logits.pt " + tmp_ / "strict12/logits.pt 2>&1");
+  EXPECT_EQ(code, 0) << out;
 }
 
 TEST_F(ClientsTest, MegatronCoreIndexedDatasetReadsEveryRank) {

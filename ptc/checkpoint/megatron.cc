@@ -5,6 +5,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "ptc/checkpoint/megatron_extra.h"
 #include "ptc/checkpoint/megatron_optimizer.h"
 #include "ptc/format/torch_file.h"
 
@@ -234,8 +235,19 @@ Result<RankState> BuildRankState(const ModelSpec& spec, const ParallelConfig& co
   };
   root.Set("model", Value::Dict());
   TreeWriter tree(&root);
-  for (const LocalTensor& t : view.model) tree.Put(ModelKeyPath(spec.schema.name, t.name), add(t));
+  const std::vector<PlacedExtra> extras = PlaceExtras(state, view);
+  std::vector<std::vector<const PlacedExtra*>> extras_after(view.model.size());
+  for (const PlacedExtra& e : extras) {
+    if (e.after < extras_after.size()) extras_after[e.after].push_back(&e);
+  }
+  for (size_t i = 0; i < view.model.size(); ++i) {
+    tree.Put(ModelKeyPath(spec.schema.name, view.model[i].name), add(view.model[i]));
+    for (const PlacedExtra* e : extras_after[i]) tree.Put(ModelKeyPath(spec.schema.name, e->local_key), e->entry->value);
+  }
   for (const CarriedTensor& c : state.tensors) out.storages.push_back({c.key, nullptr, &c});
+  for (const PlacedExtra& e : extras) {
+    for (const CarriedTensor& c : e.entry->tensors) out.storages.push_back({c.key, nullptr, &c});
+  }
   if (const RankRng* rng = RngFor(state, view.coords.tp, view.coords.pp)) {
     root.Set("rng_state", rng->value);
     for (const CarriedTensor& c : rng->tensors) out.storages.push_back({c.key, nullptr, &c});
@@ -427,6 +439,34 @@ Status DecodeOptimizer(const nlohmann::json& j, const std::string& field, Optimi
   return Status::OK();
 }
 
+// extra.megatron.extra_state: {"tp": T, "entries": [{"tp", "key", "anchor", "value", "tensors"}]}
+// (ptc/checkpoint/megatron_extra.h).
+Status DecodeExtras(const nlohmann::json& j, const std::string& field, MegatronState* state) {
+  if (!j.is_object() || !j.contains("tp") || !j["tp"].is_number_unsigned() || !j.contains("entries") ||
+      !j["entries"].is_array()) {
+    return InvalidArgumentError(field + ": expected {tp, entries}");
+  }
+  const uint64_t tp = j["tp"].get<uint64_t>();
+  if (tp == 0 || tp > 1 << 16) return InvalidArgumentError(field + ".tp: " + std::to_string(tp) + " is no tp size");
+  state->extra_tp = static_cast<int>(tp);
+  for (const nlohmann::json& e : j["entries"]) {
+    const std::string label = field + ".entries[" + std::to_string(state->extra.size()) + "]";
+    if (!e.is_object() || !e.contains("tp") || !e["tp"].is_number_unsigned() || e["tp"].get<uint64_t>() >= tp ||
+        !e.contains("key") || !e["key"].is_string() || !e.contains("anchor") || !e["anchor"].is_string() ||
+        !e.contains("value") || !e["value"].is_string() || !e.contains("tensors")) {
+      return InvalidArgumentError(label + ": expected {tp (below " + std::to_string(tp) +
+                                  "), key, anchor, value, tensors}");
+    }
+    ExtraEntry entry{static_cast<int>(e["tp"].get<uint64_t>()), e["key"].get<std::string>(),
+                     e["anchor"].get<std::string>(), Value(), {}};
+    PTC_ASSIGN_OR_RETURN(std::string pickled, Unhex(e["value"].get<std::string>(), label + ".value"));
+    PTC_ASSIGN_OR_RETURN(entry.value, pickle::Unpickle(pickled, label + ".value"));
+    PTC_ASSIGN_OR_RETURN(entry.tensors, DecodeTensors(e["tensors"], label + ".tensors"));
+    state->extra.push_back(std::move(entry));
+  }
+  return Status::OK();
+}
+
 nlohmann::json EncodeOptimizer(const OptimizerMeta& meta) {
   nlohmann::json steps = nlohmann::json::array();
   for (const StepValue& s : meta.steps) {
@@ -457,6 +497,9 @@ Result<MegatronState> LoadMegatronState(const nlohmann::json& extra, const std::
   if (auto optimizer = it->find("optimizer"); optimizer != it->end()) {
     PTC_RETURN_IF_ERROR(DecodeOptimizer(*optimizer, what + ": extra.megatron.optimizer", &state.optimizer));
   }
+  if (auto extra = it->find("extra_state"); extra != it->end()) {
+    PTC_RETURN_IF_ERROR(DecodeExtras(*extra, what + ": extra.megatron.extra_state", &state));
+  }
   auto tensors = it->find("tensors");
   if (tensors == it->end()) return state;
   if (!tensors->is_array()) return bad("'tensors' must be an array");
@@ -470,6 +513,17 @@ nlohmann::json EncodeMegatronState(const MegatronState& state) {
                       {"tensors", EncodeTensors(state.tensors)}};
   if (!state.optimizer.groups.items().empty() || !state.optimizer.steps.empty()) {
     j["optimizer"] = EncodeOptimizer(state.optimizer);
+  }
+  if (state.extra_tp > 0) {
+    nlohmann::json entries = nlohmann::json::array();
+    for (const ExtraEntry& e : state.extra) {
+      entries.push_back({{"tp", static_cast<uint64_t>(e.tp)},
+                         {"key", e.key},
+                         {"anchor", e.anchor},
+                         {"value", Hex(pickle::Pickle(e.value))},
+                         {"tensors", EncodeTensors(e.tensors)}});
+    }
+    j["extra_state"] = {{"tp", static_cast<uint64_t>(state.extra_tp)}, {"entries", std::move(entries)}};
   }
   if (!state.rng.empty()) {
     nlohmann::json ranks = nlohmann::json::array();

@@ -13,7 +13,8 @@
 //    'model': megatron-gpt: {'language_model': {'embedding': {'word_embeddings': {'weight'},
 //                            'position_embeddings': {'weight'}}, 'encoder': {'layers.0....': ...}},
 //                            'word_embeddings_for_head': {'weight'}}   (last stage, pp > 1)
-//             other schemas: the local names as flat keys (Megatron-Core),
+//             other schemas: the local names as flat keys (Megatron-Core), with the
+//             kept `*._extra_state` entries of the rank's modules (megatron_extra.h),
 //    'optimizer': zero=0: Megatron's Float16OptimizerWithFloat16Params over torch Adam
 //                 (ptc/checkpoint/megatron_optimizer.h): {'optimizer': {'state': {i: {'step',
 //                 'exp_avg', 'exp_avg_sq'}}, 'param_groups': [{settings..., 'params': [...]}] x 2},
@@ -95,6 +96,16 @@ struct OptimizerMeta {
   pickle::Value groups = pickle::Value::List();
   std::vector<StepValue> steps{};
 };
+// One `*._extra_state` entry of a saved rank's model dict
+// (ptc/checkpoint/megatron_extra.h): its global key, the global name of the
+// schema tensor it sits by, its value; its tensors reference storages
+// "x<entry>_<n>" (unique in the state).
+struct ExtraEntry {
+  int tp = 0;  // the saved tp rank
+  std::string key, anchor;
+  pickle::Value value;
+  std::vector<CarriedTensor> tensors{};
+};
 struct MegatronState {
   uint64_t iteration = 0;
   pickle::Value carried;  // a dict, or None for stores not imported from Megatron
@@ -105,6 +116,10 @@ struct MegatronState {
   int rng_tp = 0, rng_pp = 0;
   std::vector<RankRng> rng{};
   OptimizerMeta optimizer{};
+  // The model dicts' `*._extra_state` entries of a save at tensor parallelism
+  // extra_tp (0: none kept).
+  int extra_tp = 0;
+  std::vector<ExtraEntry> extra{};
 };
 
 // The record whose rng_state rank (tp, pp) gets: the one of the same
@@ -136,6 +151,8 @@ struct RankState {
   std::vector<Storage> storages;
   std::vector<CarriedTensor> own{};  // the default step, when one is rendered (never resized after)
 };
+// The model dict gets the kept `*._extra_state` entries of the rank's modules
+// (PlaceExtras), their tensors' storages after the carried ones.
 // \error InvalidArgument when state.carried is neither a dict nor None.
 Result<RankState> BuildRankState(const ModelSpec& spec, const ParallelConfig& config, const RankView& view,
                                  const MegatronState& state);
@@ -154,6 +171,7 @@ Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const
 // Megatron's other optimizer entries, such as 'grad_scaler'): what import
 // keeps (its tensors still reference the imported file's storages).
 pickle::Value CarriedEntries(const pickle::Value& root);
+
 
 // An int attribute of the state dict's 'args' (an argparse Namespace):
 // nullopt when the root has no args object or args lacks the attribute.

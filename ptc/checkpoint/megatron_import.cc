@@ -5,6 +5,7 @@
 #include <set>
 
 #include "ptc/checkpoint/megatron.h"
+#include "ptc/checkpoint/megatron_extra.h"
 #include "ptc/checkpoint/megatron_optimizer.h"
 #include "ptc/format/torch_file.h"
 
@@ -153,6 +154,25 @@ Result<megatron::RankRng> KeepRng(const RandomAccessFile& file, const TorchFile&
   return out;
 }
 
+// The `*._extra_state` entries of one rank's flat model dict (Megatron-Core),
+// named globally, with their tensors' bytes; an entry another pp rank of the
+// same tp rank kept under the same global name already is not kept again.
+Status KeepExtras(const RankView& view, const RandomAccessFile& file, const TorchFile& tf, const std::string& what,
+                  std::set<std::pair<int, std::string>>* seen, megatron::MegatronState* state) {
+  const pickle::Value* model = tf.root.Find("model");
+  if (model == nullptr || !model->is_dict() || view.model.empty()) return Status::OK();
+  for (const auto& [key, value] : model->pairs()) {
+    if (key.kind() != pickle::Kind::kStr || !megatron::IsExtraStateKey(key.as_str())) continue;
+    megatron::ExtraName name = megatron::GlobalExtraName(view, key.as_str());
+    if (!seen->insert({view.coords.tp, name.key}).second) continue;
+    megatron::ExtraEntry e{view.coords.tp, std::move(name.key), std::move(name.anchor), value, {}};
+    const std::string prefix = "x" + std::to_string(state->extra.size()) + "_";
+    PTC_RETURN_IF_ERROR(KeepTensors(file, tf, prefix, what + ": model/" + key.as_str(), &e.value, &e.tensors));
+    state->extra.push_back(std::move(e));
+  }
+  return Status::OK();
+}
+
 // The `step` of every parameter of `view` in the rank file `tf` (each kept
 // once per global parameter: the first of its shards, which the others must
 // equal), into meta->steps. `step_of` maps global names to meta->steps.
@@ -206,7 +226,8 @@ Status KeepSteps(const RankView& view, const megatron::OptimizerLayout& layout, 
 
 // The first rank's entries besides the model and optimizer state (and the
 // rng state), with the bytes of their tensors copied out of the file; the
-// 'rng_state' of every rank of the grid, kept per rank; the optimizer's
+// 'rng_state' of every rank of the grid, kept per rank; every rank's
+// `*._extra_state` model entries (megatron_extra.h); the optimizer's
 // group settings (the first rank's) and every parameter's step.
 Result<megatron::MegatronState> KeepEntries(Env* env, const RandomAccessFile& file, const TorchFile& tf,
                                             const Tree& tree, const CheckpointSource& source,
@@ -214,12 +235,12 @@ Result<megatron::MegatronState> KeepEntries(Env* env, const RandomAccessFile& fi
   megatron::MegatronState state{tree.iteration, megatron::CarriedEntries(tf.root), {}};
   const bool per_rank_rng = state.carried.Erase("rng_state");
   PTC_RETURN_IF_ERROR(KeepTensors(file, tf, "c", what, &state.carried, &state.tensors));
-  if (!per_rank_rng && !source.spec.optimizer) return state;
   if (per_rank_rng) {
     state.rng_tp = tree.tp;
     state.rng_pp = tree.pp;
   }
   std::map<std::string, size_t> step_of;
+  std::set<std::pair<int, std::string>> extras_seen;
   for (int pp = 0; pp < tree.pp; ++pp) {
     for (int tp = 0; tp < tree.tp; ++tp) {
       const std::string path = RankFile(tree, tp, pp);
@@ -235,16 +256,18 @@ Result<megatron::MegatronState> KeepEntries(Env* env, const RandomAccessFile& fi
       if (per_rank_rng) {
         PTC_ASSIGN_OR_RETURN(state.rng.emplace_back(), KeepRng(rf, rtf, tp, pp, path));
       }
+      PTC_ASSIGN_OR_RETURN(RankView view,
+                           ComputeView(source.spec, source.config, source.config.RankOf(RankCoords{tp, 0, pp})));
+      PTC_RETURN_IF_ERROR(KeepExtras(view, rf, rtf, path, &extras_seen, &state));
       if (!source.spec.optimizer || source.config.zero == 1) continue;
       const pickle::Value* optimizer = rtf.root.Find("optimizer");
       if (optimizer == nullptr) return InvalidArgumentError(path + ": optimizer: missing (the first rank's file has one)");
-      PTC_ASSIGN_OR_RETURN(RankView view,
-                           ComputeView(source.spec, source.config, source.config.RankOf(RankCoords{tp, 0, pp})));
       PTC_ASSIGN_OR_RETURN(megatron::OptimizerLayout layout, megatron::ReadOptimizerLayout(view, *optimizer, path));
       if (tp == 0 && pp == 0) state.optimizer.groups = megatron::GroupSettings(layout, *optimizer);
       PTC_RETURN_IF_ERROR(KeepSteps(view, layout, rf, rtf, path, &step_of, &state.optimizer));
     }
   }
+  if (!state.extra.empty()) state.extra_tp = tree.tp;
   return state;
 }
 

@@ -9,8 +9,8 @@
 // restricted unpickler, every member's CRC-32 is checked, and every tensor of
 // the rank's view must be found with the schema's dtype and shape. The
 // non-tensor entries of the first rank's file (args, ...), each rank's
-// rng_state and the iteration are kept in the manifest (extra["megatron"])
-// and rendered again.
+// rng_state and `*._extra_state` model entries, and the iteration are kept in
+// the manifest (extra["megatron"]) and rendered again.
 //
 // Thread safety: the source's functions must be called from one thread.
 #pragma once

@@ -4,7 +4,8 @@
 // The unpickler never runs code: it knows the opcodes of protocols 0-5 that
 // pickle.dumps and torch.save emit for checkpoint contents, and accepts only
 // the globals of an allowlist (docs/torch_format.md): torch tensors and
-// storages, dtypes, collections.OrderedDict, argparse.Namespace, numpy arrays
+// storages, dtypes, collections.OrderedDict, argparse.Namespace, io.BytesIO
+// (Transformer Engine's extra state), numpy arrays
 // (Megatron's rng state), sets, slices and enum-like classes under
 // `megatron.`. Tensors become Tensor references (storage key, dtype, view);
 // the data stays in the zip file. Calls of other allowed callables become

@@ -66,6 +66,7 @@ bool IsAllowedGlobal(const std::string& module, const std::string& name) {
       "torch._utils._rebuild_parameter",
       "torch.Size",
       "argparse.Namespace",
+      "_io.BytesIO",  // Transformer Engine's `*._extra_state` (a buffer of bytes, kept opaque)
       "_codecs.encode",
       "builtins.set",
       "builtins.frozenset",

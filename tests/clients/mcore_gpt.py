@@ -7,14 +7,19 @@
                           norm comes first in the layer, as TransformerLayer builds it)
   run DIR TP PP OUT       TP*PP gloo processes; each builds GPTModel (local spec, float64,
                           use_cpu_initialization) in its (tp, pp) rank, loads
-                          DIR/iter_*/mp_rank_*/model_optim_rng.pt's model with strict=True,
+                          DIR/iter_*/mp_rank_*/model_optim_rng.pt's model with strict=True
+                          (missing _extra_state entries filled from the model, but with
+                          --strict SAVED_TP, where the file must have every one, and each
+                          linear_qkv's the bytes the save at tp SAVED_TP gave it: see --save),
                           checks that named_parameters() numbers the optimizer state
                           (every state fits its parameter, masters equal the parameters),
                           loads it into torch Adam over Megatron-Core's own parameter groups
                           (_get_param_groups), writes the logits of a fixed batch (gathered
                           over tp, float64) to OUT/logits.pt, takes an Adam step (finite),
                           and with --save ITER saves every rank's file the way Megatron does
-                          (torch.save of model and optimizer state in its own order) into
+                          (torch.save of model and optimizer state in its own order; each
+                          linear_qkv._extra_state an io.BytesIO naming the saving tp rank and
+                          the global key, as Transformer Engine keeps opaque bytes) into
                           DIR/iter_ITER/, then writes DIR/latest_checkpointed_iteration.txt
   compare A B             two logits files equal within 1e-12
 
@@ -24,6 +29,7 @@ moves its inv_freq to the current CUDA device at the first forward).
 Prints "<CMD> OK" and exits 0 on success.
 """
 import contextlib
+import io
 import json
 import os
 import pathlib
@@ -100,12 +106,19 @@ def build(tp, pp):
     return model.double()
 
 
+def extra_tag(key, tp_rank, pp_rank, pp):
+    """The bytes a save puts in linear_qkv._extra_state: the saving tp rank and the global key."""
+    parts = key.split(".")
+    parts[2] = str(int(parts[2]) + pp_rank * DIMS["layers"] // pp)  # decoder.layers.N.
+    return f"tp{tp_rank} {'.'.join(parts)}".encode()
+
+
 def rank_file(root, iteration, tp_rank, pp_rank, pp):
     d = f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "")
     return pathlib.Path(root) / f"iter_{iteration:07d}" / d / "model_optim_rng.pt"
 
 
-def worker(rank, world, tp, pp, root, out, save):
+def worker(rank, world, tp, pp, root, out, save, strict):
     os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     import megatron.core  # noqa: F401 (its safe globals for a weights_only load)
@@ -118,10 +131,15 @@ def worker(rank, world, tp, pp, root, out, save):
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
     iteration = int((pathlib.Path(root) / "latest_checkpointed_iteration.txt").read_text())
     sd = torch.load(rank_file(root, iteration, tp_rank, pp_rank, pp), weights_only=False)
-    # ptcfs does not yet keep _extra_state (issue 26, item 3): the entries Megatron-Core's
-    # linears have (None on CPU) are the only ones added, so strict=True still checks every
-    # parameter's name and shape.
+    # A store that never had Megatron-Core's _extra_state entries (synth) renders none: with
+    # --strict (a store imported from the model's own save) none may be missing; else only they
+    # are added (None on CPU), so strict=True still checks every parameter's name and shape.
     extra = {k: v for k, v in model.state_dict().items() if k.endswith("._extra_state") and k not in sd["model"]}
+    assert not (strict and extra), f"{len(extra)} _extra_state entries missing, e.g. {sorted(extra)[:3]}"
+    for key, value in sd["model"].items():
+        if strict and key.endswith("linear_qkv._extra_state"):  # the saved rank's own bytes
+            want = extra_tag(key, tp_rank % strict, pp_rank, pp)
+            assert isinstance(value, io.BytesIO) and value.getvalue() == want, f"{key}: {value!r}, saved {want!r}"
     model.load_state_dict({**sd["model"], **extra}, strict=True)
     names = [n for n, _ in model.named_parameters()]
     # The optimizer state numbers named_parameters() split into Megatron-Core's groups.
@@ -171,7 +189,13 @@ def worker(rank, world, tp, pp, root, out, save):
         # order through Megatron-Core's groups, the fp32 masters per group.
         sd["iteration"] = save
         sd["model"] = model.state_dict()
+        for key in sd["model"]:  # as Transformer Engine saves its extra state: opaque bytes
+            if key.endswith("linear_qkv._extra_state"):
+                sd["model"][key] = io.BytesIO(extra_tag(key, tp_rank, pp_rank, pp))
         state = adam.state_dict()
+        for moments in state["state"].values():  # Megatron's Adam runs over the fp32 masters
+            for kind in ("exp_avg", "exp_avg_sq"):
+                moments[kind] = moments[kind].float()
         sd["optimizer"] = {"optimizer": state,
                            "fp32_from_fp16_params": [[p.detach().float().clone() for p in g["params"]]
                                                      for g in adam.param_groups]}
@@ -193,10 +217,12 @@ def main():
         pathlib.Path(sys.argv[2]).write_text(json.dumps(local_schema(te), indent=1))
     elif cmd == "run":
         root, tp, pp, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-        save = int(sys.argv[7]) if len(sys.argv) > 7 and sys.argv[6] == "--save" else None
+        flags = sys.argv[6:]
+        save = int(flags[flags.index("--save") + 1]) if "--save" in flags else None
+        strict = int(flags[flags.index("--strict") + 1]) if "--strict" in flags else 0
         os.environ["MASTER_PORT"] = str(29500 + os.getpid() % 2000)
         ctx = torch.multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=worker, args=(r, tp * pp, tp, pp, root, out, save)) for r in range(tp * pp)]
+        procs = [ctx.Process(target=worker, args=(r, tp * pp, tp, pp, root, out, save, strict)) for r in range(tp * pp)]
         for p in procs:
             p.start()
         for p in procs:
