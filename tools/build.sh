@@ -20,7 +20,7 @@ case "$kind" in
     dir=build-tsan
     flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPTCFS_TSAN=ON)
     target=(--target ptcfs env_test virtual_file_test transform_test mount_test store_lock_test filesystem_test
-            cluster_peer_test cluster_etcd_test switch_cpu_test)
+            cluster_peer_test cluster_etcd_test cluster_slowloris_test switch_cpu_test)
     ;;
   *) echo "usage: $0 [release|asan|tsa|tsan]" >&2; exit 2 ;;
 esac
