@@ -30,7 +30,6 @@ constexpr const char* kHugeLayers = "layers=10000000,hidden=32,heads=4,vocab=128
 constexpr const char* k4TiB = "layers=1,hidden=1048576,heads=1,vocab=1048576,seq=16";
 constexpr const char* kMillionRanks = "tp=1,pp=1,dp=1000000";
 
-bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // A small checkpoint (SRC) and its store (STORE), made once for every case.
 class HostileLimitsTest : public ::testing::Test {

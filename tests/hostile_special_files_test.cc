@@ -37,7 +37,6 @@ constexpr const char* kFifo = "not a regular file (a FIFO)";
 // Longer than any refusal takes, far shorter than a hang.
 constexpr const char* kTimeout = "timeout -k 5 20 ";
 
-bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // Runs fn on a thread. When it has not returned within 10 s it is blocked in
 // open(2) of `fifo`: the other end is opened (a reader's and a writer's, each

@@ -25,7 +25,6 @@ using namespace ::ptc::testing;  // the helpers of test_util.h
 
 constexpr const char* kDims = "layers=4,hidden=32,heads=4,vocab=128,seq=16";
 
-bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 class HostileStoreTest : public ::testing::Test {
  protected:

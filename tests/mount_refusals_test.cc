@@ -20,7 +20,6 @@ using namespace ::ptc::testing;
 
 const std::string kDims = "layers=4,hidden=32,heads=4,vocab=128,seq=16";
 
-bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 class MountRefusalsTest : public ::testing::Test {
  protected:

@@ -111,6 +111,9 @@ inline std::map<std::string, std::string> Snapshot(const std::string& dir) {
   return files;
 }
 
+// Whether `text` holds `part` (messages are checked for the names they must carry).
+inline bool Contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
 // Runs a shell command; returns its exit status and stdout+stderr.
 inline std::pair<int, std::string> Sh(const std::string& command) {
   FILE* p = popen(("(" + command + ") 2>&1").c_str(), "r");

@@ -28,13 +28,13 @@ void AddStrategiesCommand(CLI::App& app, int* exit_code);  // cmd_strategies.cc:
 
 // The process's edges (exit_status.cc). Before parsing: descriptors 0-2 that
 // are closed are opened on /dev/null (read-only), so no file ptcfs opens takes
-// their number. "ptcfs data synth": the command argv names. A CLI11 message on
+// their number. "ptcfs data synth": the command argv names (for both messages). A CLI11 message on
 // one line. After the command: flushes stdout; a failed write (a full disk,
 // a closed descriptor) is reported and turns exit 0 into 1.
 void KeepStandardDescriptorsOpen();
 std::string CommandName(const CLI::App& app, int argc, char** argv);
 std::string OneLine(std::string text);
-int FinishStandardOutput(const CLI::App& app, int exit_code);
+int FinishStandardOutput(const std::string& command, int exit_code);
 
 // Prints "ptcfs <command>: <message>" to stderr and returns the exit status
 // for `status` (0 when OK, 2 for InvalidArgument/NotFound, else 1).

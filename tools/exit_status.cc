@@ -46,15 +46,10 @@ std::string OneLine(std::string text) {
   return text;
 }
 
-int FinishStandardOutput(const CLI::App& app, int exit_code) {
+int FinishStandardOutput(const std::string& command, int exit_code) {
   errno = 0;
   if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return exit_code;
   const int err = errno != 0 ? errno : EIO;
-  std::string command = "ptcfs";
-  for (const CLI::App* at = &app; !at->get_subcommands().empty();) {
-    at = at->get_subcommands().front();
-    command += " " + at->get_name();
-  }
   std::fprintf(stderr, "%s: writing standard output: %s\n", command.c_str(), std::strerror(err));
   return exit_code == 0 ? 1 : exit_code;
 }

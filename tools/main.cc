@@ -37,17 +37,17 @@ int main(int argc, char** argv) {
   ptcfs::AddStrategiesCommand(app, &exit_code);
   ptcfs::CheckIntegerOptions(app);
   ptcfs::KeepStandardDescriptorsOpen();
+  const std::string command = ptcfs::CommandName(app, argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help prints and exits 0; every usage error is one line and exits 2
     // (docs/cli.md), not CLI11's own lines and codes (104-106 and more).
     if (e.get_exit_code() == 0) return app.exit(e);
-    const std::string command = ptcfs::CommandName(app, argc, argv);
     std::fprintf(stderr, "%s: %s (%s --help)\n", command.c_str(), ptcfs::OneLine(e.what()).c_str(), command.c_str());
     return 2;
   }
-  return ptcfs::FinishStandardOutput(app, exit_code);
+  return ptcfs::FinishStandardOutput(command, exit_code);
 }
 
 #if defined(__SANITIZE_ADDRESS__)
