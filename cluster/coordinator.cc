@@ -6,6 +6,7 @@
 #include <random>
 #include <thread>
 
+#include "cluster/commit_rule.h"
 #include "cluster/membership.h"
 #include "ptc/base/checksum.h"
 
@@ -25,7 +26,7 @@ std::string NewChangeId(int worker) {
 
 }  // namespace
 
-Coordinator::Coordinator(const EtcdClient* etcd, CoordinatorOptions options) : etcd_(etcd), options_(std::move(options)) {}
+Coordinator::Coordinator(const KvStore* etcd, CoordinatorOptions options) : etcd_(etcd), options_(std::move(options)) {}
 
 Result<std::optional<Committed>> Coordinator::GetCommitted() const {
   PTC_ASSIGN_OR_RETURN(std::optional<KeyValue> kv, etcd_->Get(CommittedKey(options_.job)));
@@ -173,7 +174,9 @@ Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const
       by_worker[w] = std::move(part.second);
     }
     std::vector<ShardRecord> all = referenced, others;
+    FinishRound round;
     for (auto& [w, shards] : by_worker) {
+      round.parts.insert(w);
       all.insert(all.end(), shards.begin(), shards.end());
       if (w != options_.worker) others.insert(others.end(), shards.begin(), shards.end());
     }
@@ -183,42 +186,40 @@ Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const
     PTC_ASSIGN_OR_RETURN(std::optional<KeyValue> committed_kv, etcd_->Get(CommittedKey(job)));
     if (!committed_kv) return FailedPreconditionError("job " + job + ": its committed state vanished");
     PTC_ASSIGN_OR_RETURN(Committed committed, DecodeCommitted("etcd key " + committed_kv->key, committed_kv->value));
-    const bool complete = std::all_of(change.workers.begin(), change.workers.end(),
-                                      [&](int w) { return by_worker.count(w) > 0; });
-    if (committed.generation == change.generation) {
-      // Parts stay until the next commit: read again when the last one came
-      // after this round read them. Without this worker's own part the
-      // generation is another change's (ours was aborted, its parts removed,
-      // while this worker could not reach etcd).
-      if (!complete) return by_worker.count(options_.worker) ? Result<Look>(Look()) : Result<Look>(Aborted(change));
-      const std::string digest = PiecesDigest(config, all);
-      if (committed.digest != digest) {
+    PTC_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(*etcd_, job));
+    const std::string digest = PiecesDigest(config, all);
+    round.change_stands = change_kv && change_kv->value == change_text;
+    round.committed_generation = committed.generation;
+    round.digest_matches = committed.digest == digest;
+    for (const Member& m : members) round.members.push_back(m.worker);
+    std::sort(round.members.begin(), round.members.end());
+    round.past_deadline = Clock::now() > deadline;
+    round.timeout = options_.timeout;
+    const FinishDecision decision = DecideFinish(change, options_.worker, round);
+    switch (decision.action) {
+      case FinishAction::kDone:
+        return Look(std::move(others));
+      case FinishAction::kCorrupt:
         return CorruptionError("job " + job + ": generation " + std::to_string(change.generation) +
                                " was committed with pieces " + committed.digest + ", this worker has " + digest);
+      case FinishAction::kAborted:
+        return Aborted(change);
+      case FinishAction::kCommit: {
+        TxnRequest txn;
+        txn.compare = {Compare::ModRevisionIs(ChangeKey(job), change_kv->mod_revision),
+                       Compare::ModRevisionIs(CommittedKey(job), committed_kv->mod_revision)};
+        txn.success = {TxnOp::Put(CommittedKey(job), EncodeCommitted({change.generation, config, digest,
+                                                                      committed.contents})),
+                       TxnOp::Delete(ChangeKey(job)), TxnOp::DeletePrefix(GenerationPrefix(job, change.from))};
+        PTC_RETURN_IF_ERROR(etcd_->Txn(txn).status());
+        return Look();  // committed here or by another worker: the next round sees it
       }
-      return Look(std::move(others));
-    }
-    if (!change_kv || change_kv->value != change_text) return Aborted(change);
-    if (complete) {
-      TxnRequest txn;
-      txn.compare = {Compare::ModRevisionIs(ChangeKey(job), change_kv->mod_revision),
-                     Compare::ModRevisionIs(CommittedKey(job), committed_kv->mod_revision)};
-      txn.success = {
-          TxnOp::Put(CommittedKey(job), EncodeCommitted({change.generation, config, PiecesDigest(config, all),
-                                                         committed.contents})),
-          TxnOp::Delete(ChangeKey(job)), TxnOp::DeletePrefix(GenerationPrefix(job, change.from))};
-      PTC_RETURN_IF_ERROR(etcd_->Txn(txn).status());
-      return Look();  // committed here or by another worker: the next round sees it
-    }
-    PTC_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(*etcd_, job));
-    for (int w : change.workers) {
-      if (std::none_of(members.begin(), members.end(), [&](const Member& m) { return m.worker == w; })) {
-        return Abort(change, change_kv->mod_revision, "worker " + std::to_string(w) + " left the job (its lease expired)");
-      }
-    }
-    if (Clock::now() > deadline) {
-      return Abort(change, change_kv->mod_revision,
-                   "not every worker finished within " + std::to_string(options_.timeout.count() / 1000) + " s");
+      case FinishAction::kAbort:
+        return Abort(change, change_kv->mod_revision, decision.reason);
+      case FinishAction::kLookAgain:
+        return Look();
+      case FinishAction::kWait:
+        break;
     }
     // Until etcd holds anything newer than this round read (a part, an
     // abort, a member gone), at most `poll`; a sleep when the watch fails.

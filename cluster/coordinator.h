@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "cluster/etcd_client.h"
+#include "cluster/kv_store.h"
 #include "cluster/job_state.h"
 #include "ptc/base/status.h"
 #include "ptc/store/manifest.h"
@@ -41,7 +41,7 @@ struct CoordinatorOptions {
 class Coordinator {
  public:
   // `etcd` must outlive the coordinator.
-  Coordinator(const EtcdClient* etcd, CoordinatorOptions options);
+  Coordinator(const KvStore* etcd, CoordinatorOptions options);
 
   const CoordinatorOptions& options() const { return options_; }
 
@@ -98,7 +98,7 @@ class Coordinator {
   // the error Finish reports.
   Status Abort(const Change& change, int64_t revision, const std::string& reason) const;
 
-  const EtcdClient* const etcd_;
+  const KvStore* const etcd_;
   const CoordinatorOptions options_;
 };
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cluster/etcd_types.h"
+#include "cluster/kv_store.h"
 #include "ptc/base/status.h"
 
 namespace ptc {
@@ -34,48 +35,48 @@ struct EtcdOptions {
   int attempts = 3;                         // rounds over the endpoints
 };
 
-class EtcdClient {
+class EtcdClient final : public KvStore {
  public:
   // \error InvalidArgument when there is no endpoint, one is not HOST:PORT, or attempts < 1.
   static Result<std::unique_ptr<EtcdClient>> Create(EtcdOptions options);
 
   // OK when an endpoint answers GET /health with {"health":"true"}.
   // \error IOError naming the endpoints otherwise.
-  Status Health() const;
+  Status Health() const override;
 
   // Sets key to value (attached to `lease` unless 0); the revision of the write.
   // \error NotFound when the lease does not exist; IOError when etcd cannot be reached or fails.
-  Result<int64_t> Put(std::string_view key, std::string_view value, int64_t lease = 0) const;
+  Result<int64_t> Put(std::string_view key, std::string_view value, int64_t lease = 0) const override;
   // The key, or nullopt when absent.
   // \error IOError when etcd cannot be reached or fails; Corruption for an answer not understood.
-  Result<std::optional<KeyValue>> Get(std::string_view key) const;
+  Result<std::optional<KeyValue>> Get(std::string_view key) const override;
   // Every key starting with `prefix`, sorted, with the revision read.
   // \error as Get.
-  Result<RangeResponse> GetPrefix(std::string_view prefix) const;
+  Result<RangeResponse> GetPrefix(std::string_view prefix) const override;
   // Deletes the key; the number of keys deleted (0 or 1).
   // \error as Get.
-  Result<int64_t> Delete(std::string_view key) const;
+  Result<int64_t> Delete(std::string_view key) const override;
   // Deletes every key starting with `prefix`; the number deleted.
   // \error as Get.
-  Result<int64_t> DeletePrefix(std::string_view prefix) const;
+  Result<int64_t> DeletePrefix(std::string_view prefix) const override;
 
   // A new lease of ttl_seconds (etcd may grant more: its minimum TTL).
   // \error InvalidArgument when ttl_seconds < 1; IOError as Get.
-  Result<Lease> GrantLease(int64_t ttl_seconds) const;
+  Result<Lease> GrantLease(int64_t ttl_seconds) const override;
   // Renews the lease once; the TTL it has now.
   // \error NotFound when the lease expired or was revoked; IOError as Get.
-  Result<int64_t> KeepAliveOnce(int64_t lease) const;
+  Result<int64_t> KeepAliveOnce(int64_t lease) const override;
   // The seconds the lease has left; -1 when it expired or was revoked.
   // \error IOError as Get.
-  Result<int64_t> LeaseTimeToLive(int64_t lease) const;
+  Result<int64_t> LeaseTimeToLive(int64_t lease) const override;
   // Ends the lease: every key attached to it is deleted.
   // \error NotFound when there is no such lease; IOError as Get.
-  Status RevokeLease(int64_t lease) const;
+  Status RevokeLease(int64_t lease) const override;
 
   // One transaction: if every comparison holds, the success writes, else the
   // failure writes, atomically. A conflict is not an error: succeeded is false.
   // \error NotFound when a put names a lease that does not exist; IOError as Get.
-  Result<TxnResponse> Txn(const TxnRequest& txn) const;
+  Result<TxnResponse> Txn(const TxnRequest& txn) const override;
 
   // Waits (a watch over etcd's gateway) until a key starting with `prefix` is
   // written or deleted at a revision after `revision`, at most `timeout`
@@ -85,7 +86,7 @@ class EtcdClient {
   // polling.
   // \error IOError when no endpoint can be reached or the watch fails
   //        (callers fall back to polling); Corruption for a message not understood.
-  Result<bool> WaitForChange(std::string_view prefix, int64_t revision, std::chrono::milliseconds timeout) const;
+  Result<bool> WaitForChange(std::string_view prefix, int64_t revision, std::chrono::milliseconds timeout) const override;
 
   const EtcdOptions& options() const { return options_; }
 

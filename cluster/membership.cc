@@ -67,7 +67,7 @@ Result<Member> DecodeMember(std::string_view where, std::string_view value) {
   return m;
 }
 
-Result<std::vector<Member>> ListMembers(const EtcdClient& etcd, std::string_view job, int64_t* revision) {
+Result<std::vector<Member>> ListMembers(const KvStore& etcd, std::string_view job, int64_t* revision) {
   PTC_RETURN_IF_ERROR(ValidateJobName(job));
   PTC_ASSIGN_OR_RETURN(RangeResponse r, etcd.GetPrefix(MembersPrefix(job)));
   if (revision != nullptr) *revision = r.revision;
@@ -83,7 +83,7 @@ Result<std::vector<Member>> ListMembers(const EtcdClient& etcd, std::string_view
   return members;
 }
 
-Result<std::unique_ptr<Membership>> Membership::Join(const EtcdClient* etcd, MembershipOptions options,
+Result<std::unique_ptr<Membership>> Membership::Join(const KvStore* etcd, MembershipOptions options,
                                                      const std::vector<Compare>& only_if) {
   PTC_RETURN_IF_ERROR(ValidateJobName(options.job));
   if (options.worker < 0) return InvalidArgumentError("worker " + std::to_string(options.worker) + " < 0");
@@ -116,7 +116,7 @@ Result<std::unique_ptr<Membership>> Membership::Join(const EtcdClient* etcd, Mem
   return m;
 }
 
-Membership::Membership(const EtcdClient* etcd, MembershipOptions options, int64_t lease)
+Membership::Membership(const KvStore* etcd, MembershipOptions options, int64_t lease)
     : etcd_(etcd), options_(std::move(options)), lease_(lease), stop_(std::make_unique<Stop>()) {}
 
 Membership::~Membership() { (void)Leave(); }

@@ -9,7 +9,7 @@
 // never hold the same worker index.
 //
 // Thread safety: the free functions and Membership's methods may be called
-// from any thread. The EtcdClient must outlive the Membership.
+// from any thread. The KvStore must outlive the Membership.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "cluster/etcd_client.h"
+#include "cluster/kv_store.h"
 #include "ptc/base/mutex.h"
 #include "ptc/base/status.h"
 
@@ -43,10 +43,10 @@ Result<Member> DecodeMember(std::string_view where, std::string_view value);
 
 // The job's live members, by worker; `revision`, when given, gets etcd's
 // revision of the read.
-// \error InvalidArgument from ValidateJobName; as EtcdClient::GetPrefix;
+// \error InvalidArgument from ValidateJobName; as KvStore::GetPrefix;
 //        Corruption naming the key of a record that cannot be decoded or
 //        whose worker differs from its key's.
-Result<std::vector<Member>> ListMembers(const EtcdClient& etcd, std::string_view job, int64_t* revision = nullptr);
+Result<std::vector<Member>> ListMembers(const KvStore& etcd, std::string_view job, int64_t* revision = nullptr);
 
 struct MembershipOptions {
   std::string job;
@@ -66,8 +66,8 @@ class Membership {
   //        live member holds the worker index (the lease granted is revoked).
   // \error FailedPrecondition when the key is absent but a comparison of
   //        `only_if` failed (the lease granted is revoked).
-  // \error as EtcdClient (IOError when etcd cannot be reached).
-  static Result<std::unique_ptr<Membership>> Join(const EtcdClient* etcd, MembershipOptions options,
+  // \error as KvStore (IOError when etcd cannot be reached).
+  static Result<std::unique_ptr<Membership>> Join(const KvStore* etcd, MembershipOptions options,
                                                   const std::vector<Compare>& only_if = {});
   // Leave(), its error ignored.
   ~Membership();
@@ -76,7 +76,7 @@ class Membership {
 
   // Stops renewing and revokes the lease: the key is deleted at once.
   // Idempotent (later calls return OK).
-  // \error as EtcdClient::RevokeLease (NotFound when the lease was lost already).
+  // \error as KvStore::RevokeLease (NotFound when the lease was lost already).
   Status Leave() EXCLUDES(mu_);
 
   // OK while the lease is renewed. NotFound once etcd says it expired or was
@@ -95,10 +95,10 @@ class Membership {
 
  private:
   class Stop;
-  Membership(const EtcdClient* etcd, MembershipOptions options, int64_t lease);
+  Membership(const KvStore* etcd, MembershipOptions options, int64_t lease);
   void KeepAlive() EXCLUDES(mu_);
 
-  const EtcdClient* const etcd_;
+  const KvStore* const etcd_;
   const MembershipOptions options_;
   const int64_t lease_;
   std::unique_ptr<Stop> stop_;

@@ -12,7 +12,7 @@ bool AtCommitted(const Store& store, const Committed& committed) {
          PiecesDigest(current->config, current->shards) == committed.digest;
 }
 
-Result<GenerationManifest> FetchCommitted(const EtcdClient& etcd, const std::string& job, int skip,
+Result<GenerationManifest> FetchCommitted(const KvStore& etcd, const std::string& job, int skip,
                                           const Committed& committed, const PeerClient& client) {
   PTC_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(etcd, job));
   std::string answers;
@@ -33,7 +33,7 @@ Result<GenerationManifest> FetchCommitted(const EtcdClient& etcd, const std::str
                                  (answers.empty() ? std::string(" (no other worker is live)") : answers));
 }
 
-Status CatchUp(const EtcdClient& etcd, const std::string& job, int worker, const Committed& committed,
+Status CatchUp(const KvStore& etcd, const std::string& job, int worker, const Committed& committed,
                const PeerClient& client, Store& store) {
   const std::string who = "worker " + std::to_string(worker) + " of job " + job + ": bringing the store to generation " +
                           std::to_string(committed.generation);

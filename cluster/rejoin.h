@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "cluster/etcd_client.h"
+#include "cluster/kv_store.h"
 #include "cluster/job_state.h"
 #include "cluster/peer_client.h"
 #include "ptc/base/status.h"
@@ -30,7 +30,7 @@ bool AtCommitted(const Store& store, const Committed& committed);
 // digest etcd holds.
 // \error FailedPrecondition naming each asked worker's answer when none
 //        serves it (or no other worker is live); as ListMembers.
-Result<GenerationManifest> FetchCommitted(const EtcdClient& etcd, const std::string& job, int skip,
+Result<GenerationManifest> FetchCommitted(const KvStore& etcd, const std::string& job, int skip,
                                           const Committed& committed, const PeerClient& client);
 
 // Commits the job's `committed` generation in `store` (opened with the
@@ -41,7 +41,7 @@ Result<GenerationManifest> FetchCommitted(const EtcdClient& etcd, const std::str
 //        lacks or holds damaged pieces the manifest places on this worker
 //        (named; nothing is written), or the store holds a generation at or
 //        above it; as Store::BeginGenerationAt and GenerationWriter::Commit.
-Status CatchUp(const EtcdClient& etcd, const std::string& job, int worker, const Committed& committed,
+Status CatchUp(const KvStore& etcd, const std::string& job, int worker, const Committed& committed,
                const PeerClient& client, Store& store);
 
 // The comparisons under which a worker whose membership was lost (its lease

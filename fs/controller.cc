@@ -123,13 +123,13 @@ struct ChangeSource {
 
 namespace {
 
-ChangeSource SourceOf(const ClusterChange& change, const ptc::ModelSpec& spec, const ptc::ParallelConfig& config,
+ChangeSource SourceOf(AgreedChange& change, const ptc::ModelSpec& spec, const ptc::ParallelConfig& config,
                       std::shared_ptr<const ptc::GenerationManifest> current) {
-  ChangeSource src{std::move(current), change.participants, {}, {}};
-  if (!change.last_resort) return src;
+  ChangeSource src{std::move(current), change.participants(), {}, {}};
+  if (!change.has_last_resort()) return src;
   auto plan = ptc::MakePlan({src.manifest.get(), spec, config, {}, src.alive});
   if (!plan.ok() || plan->missing.empty()) return src;
-  auto pieces = change.last_resort();
+  auto pieces = change.LastResort();
   if (!pieces.ok()) {
     src.unavailable = pieces.status().message();
     return src;
@@ -145,6 +145,24 @@ ChangeSource SourceOf(const ClusterChange& change, const ptc::ModelSpec& spec, c
 }
 
 }  // namespace
+
+const char* MountStateName(MountState state) {
+  switch (state) {
+    case MountState::kServing:
+      return "serving";
+    case MountState::kProposed:
+      return "proposed";
+    case MountState::kRepartitioning:
+      return "repartitioning";
+    case MountState::kSaving:
+      return "saving";
+    case MountState::kRejoining:
+      return "rejoining";
+    case MountState::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
 
 Controller::Controller(ptc::Store* store, int worker, int threads, CompactionPolicy compaction,
                        std::shared_ptr<ShardChecks> checks, std::shared_ptr<const ptc::DatasetSource> source,
@@ -192,11 +210,16 @@ void Controller::SetLastError(const std::string& error) {
 }
 
 ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_ptr<const Snapshot>& current) {
-  if (!propose_) return Start(text, current, std::nullopt);
+  JobParticipant* job = nullptr;
+  {
+    ptc::MutexLock lock(&mu_);
+    job = job_;
+  }
+  if (job == nullptr) return Start(text, current, nullptr);
   auto request = ParseRequest(text);
   ptc::Status s = request.ok() ? ptc::ValidateConfig(current->spec(), request->config)
                                : ptc::InvalidArgumentError(request.status().message());
-  std::string before;
+  std::optional<MountState> before;
   if (s.ok()) {
     // "proposed" before the job has it: its agent may apply it at once.
     ptc::MutexLock lock(&mu_);
@@ -205,40 +228,39 @@ ptc::Status Controller::Reconfigure(const std::string& text, const std::shared_p
           "a reconfiguration or save is still running; wait for .ptcfs/status to say serving");
     } else {
       before = state_;
-      state_ = "proposed";
+      state_ = MountState::kProposed;
     }
   }
-  if (s.ok()) s = propose_(text, request->config);
+  if (s.ok()) s = job->Propose(text, request->config);
   ptc::MutexLock lock(&mu_);
   if (!s.ok()) {
-    if (!before.empty() && state_ == "proposed") state_ = before;
+    if (before && state_ == MountState::kProposed) state_ = *before;
     SetLastError(s.message());
     return s;
   }
-  if (state_ == "proposed") last_error_.clear();  // a failure before is not this request's
+  if (state_ == MountState::kProposed) last_error_.clear();  // a failure before is not this request's
   return s;
 }
 
 ptc::Status Controller::Apply(const std::string& text, const std::shared_ptr<const Snapshot>& current,
-                              ClusterChange change) {
-  auto failed = change.failed;
-  ptc::Status s = Start(text, current, std::move(change));
+                              std::shared_ptr<AgreedChange> change) {
+  ptc::Status s = Start(text, current, change);
   if (s.ok()) return s;
-  if (failed) failed(s);
+  change->Failed(s);
   ptc::MutexLock lock(&mu_);
-  if (!Writing()) state_ = "failed";
+  if (!Writing()) state_ = MountState::kFailed;
   return s;
 }
 
 void Controller::EndProposal(const ptc::Status& why) {
   ptc::MutexLock lock(&mu_);
-  if (state_ != "proposed") return;
-  state_ = "failed";
+  if (state_ != MountState::kProposed) return;
+  state_ = MountState::kFailed;
   SetLastError(why.message());
 }
 
 ptc::Status Controller::Start(const std::string& text, const std::shared_ptr<const Snapshot>& current,
-                              std::optional<ClusterChange> change) {
+                              std::shared_ptr<AgreedChange> change) {
   auto fail = [&](const ptc::Status& s) {
     RecordError(s.message());
     return s;
@@ -277,7 +299,7 @@ ptc::Status Controller::Start(const std::string& text, const std::shared_ptr<con
       return ptc::FailedPreconditionError(
           "a reconfiguration or save is still running; wait for .ptcfs/status to say serving");
     }
-    state_ = "repartitioning";
+    state_ = MountState::kRepartitioning;
     last_error_.clear();
     done_ = 0;
     total_ = 0;
@@ -301,7 +323,7 @@ ptc::Status Controller::Start(const std::string& text, const std::shared_ptr<con
 }
 
 void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset,
-                         std::optional<ClusterChange> change, std::optional<ChangeSource> src,
+                         std::shared_ptr<AgreedChange> change, std::optional<ChangeSource> src,
                          std::shared_ptr<const Snapshot> previous) {
   // Reads of the new layout are served meanwhile (from the old shards) and come
   // first: the rewrite and the executor threads it starts (which inherit this)
@@ -316,7 +338,7 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
     const auto& source = src->manifest;
     if (change) {
       options.mode = ptc::CommitMode::kWorkerLocal;
-      options.before_commit = [&](ptc::GenerationWriter& w) { return change->before_commit(w, config.ToString()); };
+      options.before_commit = [&](ptc::GenerationWriter& w) { return change->BeforeCommit(w, config.ToString()); };
     }
     PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({source.get(), spec, config, {}, src->alive, src->last_resort}));
     if (!plan.missing.empty()) {
@@ -339,11 +361,11 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
   if (result.ok()) serve_(*result);
   if (!result.ok() && change) {
     serve_(previous);  // nothing was committed anywhere: the job stays on the old generation
-    if (change->failed) change->failed(result.status());
+    change->Failed(result.status());
   }
   {
     ptc::MutexLock lock(&mu_);
-    state_ = result.ok() ? "serving" : "failed";
+    state_ = result.ok() ? MountState::kServing : MountState::kFailed;
     if (result.ok()) {
       last_error_.clear();  // committed
     } else {
@@ -369,7 +391,7 @@ void Controller::MaybeCompact(const ptc::ModelSpec& spec, const std::optional<pt
   {
     ptc::MutexLock lock(&mu_);
     fragmentation_ = covering.fragmentation;
-    if (covering.writes.targets.empty() || !compaction_.Due(covering.fragmentation) || state_ != "serving" ||
+    if (covering.writes.targets.empty() || !compaction_.Due(covering.fragmentation) || state_ != MountState::kServing ||
         cancel_compaction_) {
       return;
     }
@@ -435,14 +457,19 @@ void Controller::Collect(bool only_when_idle) {
 
 ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iteration,
                                const std::shared_ptr<const Snapshot>& current) {
-  if (propose_) {
+  bool in_cluster = false;
+  {
+    ptc::MutexLock lock(&mu_);
+    in_cluster = job_ != nullptr;
+  }
+  if (in_cluster) {
     const ptc::Status s = ptc::FailedPreconditionError(
         "megatron/: saves through a mount that is one worker of a cluster are not supported yet "
         "(a save would commit a generation the other workers do not have)");
     RecordError(s.message());
     return s;
   }
-  std::string before;
+  MountState before = MountState::kServing;
   std::thread previous;
   {
     ptc::MutexLock lock(&mu_);
@@ -452,7 +479,7 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
           "says serving");
     }
     before = state_;
-    state_ = "saving";
+    state_ = MountState::kSaving;
     previous = std::move(worker_thread_);
   }
   JoinBackground(std::move(previous));    // a finished rewrite, perhaps still removing what it replaced or compacting
@@ -489,7 +516,7 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
     return ptc::Status::OK();
   }();
   ptc::MutexLock lock(&mu_);
-  state_ = result.ok() ? "serving" : before;
+  state_ = result.ok() ? MountState::kServing : before;
   if (!result.ok()) SetLastError("save of iteration " + std::to_string(iteration) + ": " + result.message());
   return result;
 }
@@ -499,7 +526,7 @@ std::string Controller::StatusJson(const std::shared_ptr<const Snapshot>& curren
   nlohmann::json j = {
       {"generation", current->generation()},
       {"config", current->config().ToString()},
-      {"state", state_},
+      {"state", MountStateName(state_)},
       {"bytes_done", done_.load()},
       {"bytes_total", total_.load()},
       {"last_error", last_error_.empty() ? nlohmann::json(nullptr) : nlohmann::json(last_error_)},
@@ -519,7 +546,7 @@ std::string Controller::StatusJson(const std::shared_ptr<const Snapshot>& curren
                     {"samples", d->num_samples},
                     {"global_batch", d->global_batch}};
   }
-  if (status_part_) j["cluster"] = status_part_();
+  if (job_ != nullptr) j["cluster"] = job_->StatusPart();
   // Messages quote what was written and paths: bytes that are not UTF-8 become U+FFFD.
   return ptc::JsonText(j, 2) + "\n";
 }

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fs/participant.h"
 #include "fs/snapshot.h"
 #include "ptc/base/mutex.h"
 #include "ptc/store/generation_writer.h"
@@ -41,27 +42,19 @@ struct CompactionPolicy {
   }
 };
 
-// A change of layout agreed by the workers of a cluster (tools/ wires the
-// controller to cluster/; docs/cluster.md): this worker reads only the
-// participants' pieces, writes only its own part (the pieces its new ranks
-// lack, read from their workers through the store's Env) and commits only
-// after `before_commit`, which returns the other workers' pieces.
-struct ClusterChange {
-  std::set<int> participants;
-  // With this worker's part written (`config`: the new config, canonical);
-  // adds the others' pieces to the writer, or fails (nothing is committed,
-  // the previous layout is served again).
-  std::function<ptc::Status(ptc::GenerationWriter&, const std::string& config)> before_commit;
-  // The change failed on this worker (before or in before_commit).
-  std::function<void(const ptc::Status&)> failed;
-  // Pieces to read only where no participant holds the bytes (the job's
-  // durable tier), asked when the plan lacks some: their records, each on a
-  // worker that is no participant. Null: none. An error says why there are
-  // none; it is added to the message naming what cannot be recovered.
-  std::function<ptc::Result<std::vector<ptc::ShardRecord>>()> last_resort;
-};
-
 struct ChangeSource;  // what a cluster change reads (controller.cc)
+
+// What the mount is doing (.ptcfs/status "state", docs/mount_format.md).
+enum class MountState {
+  kServing,         // serving its generation, nothing under way
+  kProposed,        // a request went to the job; this worker has not applied it yet
+  kRepartitioning,  // a change of layout is being written (served at once from the old shards)
+  kSaving,          // a save through megatron/ is being committed
+  kRejoining,       // a cluster worker brings its store to the job's generation
+  kFailed,          // the last change or save failed (last_error says why); serving as before
+};
+// "serving", "proposed", "repartitioning", "saving", "rejoining", "failed".
+const char* MountStateName(MountState state);
 
 class Controller {
  public:
@@ -81,24 +74,26 @@ class Controller {
   // commits the new dataset position with the new layout.
   // \error InvalidArgument naming what is wrong (also kept as last_error);
   // \error FailedPrecondition while a rewrite runs.
-  // In a cluster (SetPropose) the request goes to the job instead, once
+  // In a cluster (SetParticipant) the request goes to the job instead, once
   // valid (state "proposed" until this worker applies it, or EndProposal):
   // every worker then applies it with Apply.
   ptc::Status Reconfigure(const std::string& text, const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_);
 
-  // Makes this mount one worker of a cluster: Reconfigure hands valid
-  // requests to `propose`; saves (Ingest) are refused and no background
+  // Makes this mount one worker of a cluster job: Reconfigure hands valid
+  // requests to the job (JobParticipant::Propose), the status document
+  // shows its "cluster" part; saves (Ingest) are refused and no background
   // compaction runs (a worker alone would commit a generation the job does
-  // not have). Call before the mount serves.
-  void SetPropose(std::function<ptc::Status(const std::string&, const ptc::ParallelConfig&)> propose) {
-    propose_ = std::move(propose);
+  // not have). `job` outlives the controller or is reset (null) first.
+  void SetParticipant(JobParticipant* job) EXCLUDES(mu_) {
+    ptc::MutexLock lock(&mu_);
+    job_ = job;
   }
 
   // Applies a change the cluster agreed on (Reconfigure's text): as
   // Reconfigure does alone, with the rewrite as `change` says. On an error
-  // here change.failed is called too, and the state is "failed".
-  ptc::Status Apply(const std::string& text, const std::shared_ptr<const Snapshot>& current, ClusterChange change)
-      EXCLUDES(mu_);
+  // here change->Failed is called too, and the state is "failed".
+  ptc::Status Apply(const std::string& text, const std::shared_ptr<const Snapshot>& current,
+                    std::shared_ptr<AgreedChange> change) EXCLUDES(mu_);
 
   // The change this mount proposed ended before it applied it (the job
   // aborted it first: another worker failed at once): state "failed",
@@ -138,14 +133,6 @@ class Controller {
   //         Each is kept as last_error too.
   ptc::Status Adopt(const std::function<ptc::Status(ptc::Store&)>& write) EXCLUDES(mu_, collect_mu_);
 
-  // A part the status document shows under "cluster" (a cluster mount's
-  // view of its job), asked at each read with the controller's lock held (it
-  // must not call the controller); null: none.
-  void SetStatusPart(std::function<nlohmann::json()> part) EXCLUDES(mu_) {
-    ptc::MutexLock lock(&mu_);
-    status_part_ = std::move(part);
-  }
-
   // The status document (docs/mount_format.md).
   // Bad bytes (invalid UTF-8 in last_error or a path) are replaced, never thrown.
   std::string StatusJson(const std::shared_ptr<const Snapshot>& current) const EXCLUDES(mu_);
@@ -161,12 +148,12 @@ class Controller {
 
  private:
   ptc::Status Start(const std::string& text, const std::shared_ptr<const Snapshot>& current,
-                    std::optional<ClusterChange> change) EXCLUDES(mu_);
+                    std::shared_ptr<AgreedChange> change) EXCLUDES(mu_);
   // `source`: what a cluster change reads (controller.cc), nullopt: the
   // store's current generation. `previous`: the snapshot served before,
   // served again when a cluster change fails.
   void Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset,
-               std::optional<ClusterChange> change, std::optional<ChangeSource> source,
+               std::shared_ptr<AgreedChange> change, std::optional<ChangeSource> source,
                std::shared_ptr<const Snapshot> previous) EXCLUDES(mu_);
   // On the rewrite's thread after its commit: measures the served
   // generation's fragmentation and compacts it when the policy says so.
@@ -183,7 +170,7 @@ class Controller {
   void SetLastError(const std::string& error) REQUIRES(mu_);
   // A rewrite, save or Adopt holds the store's writer role.
   bool Writing() const REQUIRES(mu_) {
-    return state_ == "repartitioning" || state_ == "saving" || state_ == "rejoining";
+    return state_ == MountState::kRepartitioning || state_ == MountState::kSaving || state_ == MountState::kRejoining;
   }
 
   ptc::Store* store_;
@@ -194,15 +181,13 @@ class Controller {
   const std::shared_ptr<const ptc::DatasetSource> source_;
   std::function<void(std::shared_ptr<const Snapshot>)> serve_;
   std::function<ptc::Status()> collect_;
-  std::function<ptc::Status(const std::string&, const ptc::ParallelConfig&)> propose_;
-  std::function<nlohmann::json()> status_part_ GUARDED_BY(mu_);
+  JobParticipant* job_ GUARDED_BY(mu_) = nullptr;  // a cluster worker's job (SetParticipant)
   // Lock order: collect_mu_, then mu_. Held while removing replaced
   // generations; a rewrite or save takes it (after setting state_) before it
   // writes, so a removal never meets a writer.
   ptc::Mutex collect_mu_;
   mutable ptc::Mutex mu_;
-  // serving | proposed | repartitioning | saving | rejoining | failed
-  std::string state_ GUARDED_BY(mu_) = "serving";
+  MountState state_ GUARDED_BY(mu_) = MountState::kServing;
   std::string last_error_ GUARDED_BY(mu_);
   std::thread worker_thread_ GUARDED_BY(mu_);
   std::atomic<uint64_t> done_{0}, total_{0};

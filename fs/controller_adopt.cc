@@ -7,7 +7,7 @@
 namespace ptcfs {
 
 ptc::Status Controller::Adopt(const std::function<ptc::Status(ptc::Store&)>& write) {
-  std::string before;
+  MountState before = MountState::kServing;
   std::thread previous;
   {
     ptc::MutexLock lock(&mu_);
@@ -15,7 +15,7 @@ ptc::Status Controller::Adopt(const std::function<ptc::Status(ptc::Store&)>& wri
       return ptc::FailedPreconditionError("a reconfiguration or save is running; the store is written once it ends");
     }
     before = state_;
-    state_ = "rejoining";
+    state_ = MountState::kRejoining;
     previous = std::move(worker_thread_);
   }
   JoinBackground(std::move(previous));    // a finished rewrite, perhaps still removing what it replaced
@@ -40,7 +40,7 @@ ptc::Status Controller::Adopt(const std::function<ptc::Status(ptc::Store&)>& wri
   if (result.ok()) serve_(*result);
   {
     ptc::MutexLock lock(&mu_);
-    state_ = result.ok() ? "serving" : before;
+    state_ = result.ok() ? MountState::kServing : before;
     if (!result.ok()) SetLastError(result.status().message());  // else the caller's to clear (it may not be done)
   }
   if (result.ok()) Collect();

@@ -108,6 +108,7 @@ ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& 
   status_node->kind = Node::kStatus;
   meta->children["status"] = fs->AddNode(status_node);
   fs->snapshot_ = snap;
+  fs->announced_ = snap;
   fs->served_sec_ = snap->commit_time().tv_sec;
   fs->served_nsec_ = snap->commit_time().tv_nsec;
   fs->AddTrees(*root, snap);
@@ -141,6 +142,11 @@ ptc::Result<std::shared_ptr<Filesystem::Handle>> Filesystem::HandleOf(uint64_t f
 std::shared_ptr<const Snapshot> Filesystem::snapshot() const {
   ptc::MutexLock lock(&mu_);
   return snapshot_;
+}
+
+std::shared_ptr<const Snapshot> Filesystem::Announced() const {
+  ptc::MutexLock lock(&mu_);
+  return announced_;
 }
 
 std::string Filesystem::StagedPath(const Node& node) const {
@@ -262,6 +268,8 @@ void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
   if (invalidate_) {
     for (const char* tree : {"model", "data", "megatron"}) invalidate_(kRootInode, tree);
   }
+  ptc::MutexLock lock(&mu_);
+  if (snapshot_ == snap) announced_ = snap;  // unless a later Serve replaced it meanwhile: that one announces
 }
 
 ptc::Status Filesystem::CollectReplaced() {
@@ -357,8 +365,8 @@ ptc::Result<Entry> Filesystem::GetAttr(uint64_t ino) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> node, NodeOf(ino));
   PTC_ASSIGN_OR_RETURN(uint64_t size, SizeOf(*node));
   struct stat st = Attr(*node, size);
-  if (node->kind == Node::kConfig) st.st_size = static_cast<off_t>(snapshot()->config().ToString().size() + 1);
-  if (node->kind == Node::kStatus) st.st_size = static_cast<off_t>(controller_->StatusJson(snapshot()).size());
+  if (node->kind == Node::kConfig) st.st_size = static_cast<off_t>(Announced()->config().ToString().size() + 1);
+  if (node->kind == Node::kStatus) st.st_size = static_cast<off_t>(controller_->StatusJson(Announced()).size());
   return Entry{ino, st, Timeout(*node)};
 }
 
@@ -412,7 +420,7 @@ ptc::Result<OpenReply> Filesystem::Open(uint64_t ino, int flags) {
     reply.direct_io = true;  // content changes; never cached
     if (!writing) {
       std::string text =
-          node->kind == Node::kConfig ? snapshot()->config().ToString() + "\n" : controller_->StatusJson(snapshot());
+          node->kind == Node::kConfig ? Announced()->config().ToString() + "\n" : controller_->StatusJson(Announced());
       ptc::MutexLock lock(&h->mu);
       h->text = std::move(text);
     }

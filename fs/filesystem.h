@@ -147,6 +147,8 @@ class Filesystem {
   Controller& controller() { return *controller_; }
   const ptc::Store& store() const { return *store_; }
   std::shared_ptr<const Snapshot> snapshot() const EXCLUDES(mu_);
+  // The snapshot .ptcfs/config and .ptcfs/status describe (announced_).
+  std::shared_ptr<const Snapshot> Announced() const EXCLUDES(mu_);
 
  private:
   struct Handle;
@@ -205,6 +207,10 @@ class Filesystem {
   ptc::Mutex staging_mu_;
   mutable ptc::Mutex mu_;
   std::shared_ptr<const Snapshot> snapshot_ GUARDED_BY(mu_);
+  // What .ptcfs/config and .ptcfs/status show: snapshot_ once the kernel has
+  // dropped the replaced trees' entries (Serve), so that a reader who sees
+  // the new config there opens the new layout's files, not cached old ones.
+  std::shared_ptr<const Snapshot> announced_ GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<Node>> nodes_ GUARDED_BY(mu_);
   uint64_t next_ino_ GUARDED_BY(mu_) = kRootInode;
   std::map<uint64_t, std::shared_ptr<Handle>> handles_ GUARDED_BY(mu_);

@@ -20,29 +20,18 @@
 #include "cluster/etcd_client.h"
 #include "cluster/membership.h"
 #include "cluster/rejoin.h"
+#include "kv_conformance.h"
+#include "net_util.h"
 #include "test_util.h"
 
 namespace ptc {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using testing::Eventually;
+using testing::FreePort;
+using testing::Piece;
 using testing::TempDir;
-
-// A TCP port on 127.0.0.1 that was free a moment ago.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
-}
 
 // The etcd binary: $PTCFS_ETCD, else `etcd` on PATH; "" when there is none.
 std::string FindEtcd() {
@@ -185,17 +174,6 @@ class Etcd : public ::testing::Test {
     prefix_ = std::string("/test/") + ::testing::UnitTest::GetInstance()->current_test_info()->name() + "/";
   }
 
-  // Polls `done` every 50 ms for up to `limit`; true when it held.
-  template <typename F>
-  static bool Eventually(F done, std::chrono::milliseconds limit) {
-    const Clock::time_point end = Clock::now() + limit;
-    while (Clock::now() < end) {
-      if (done()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return done();
-  }
-
   static inline EtcdProcess* etcd_ = nullptr;
   static inline bool missing_ = false;
   static inline std::string problem_;
@@ -203,136 +181,13 @@ class Etcd : public ::testing::Test {
   std::string prefix_;
 };
 
-TEST_F(Etcd, PutGetPrefixDelete) {
-  const std::string binary_key = prefix_ + std::string("k\0\xff", 3);
-  const std::string binary_value("v\0\x01\xfe", 4);
-  auto r1 = client_->Put(prefix_ + "a", "1");
-  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
-  auto r2 = client_->Put(binary_key, binary_value);
-  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
-  EXPECT_GT(*r2, *r1);
-  auto a = client_->Get(prefix_ + "a");
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
-  ASSERT_TRUE(a->has_value());
-  EXPECT_EQ((*a)->value, "1");
-  EXPECT_EQ((*a)->mod_revision, *r1);
-  EXPECT_EQ((*a)->version, 1);
-  auto b = client_->Get(binary_key);
-  ASSERT_TRUE(b.ok() && b->has_value());
-  EXPECT_EQ((*b)->value, binary_value);
-  auto absent = client_->Get(prefix_ + "nothing");
-  ASSERT_TRUE(absent.ok()) << absent.status().ToString();
-  EXPECT_FALSE(absent->has_value());
-  ASSERT_TRUE(client_->Put("/test/outside", "x").ok());
-  auto range = client_->GetPrefix(prefix_);
-  ASSERT_TRUE(range.ok()) << range.status().ToString();
-  ASSERT_EQ(range->kvs.size(), 2u);  // not /test/outside
-  EXPECT_EQ(range->kvs[0].key, prefix_ + "a");
-  EXPECT_EQ(range->kvs[1].key, binary_key);
-  EXPECT_GE(range->revision, *r2);
-  EXPECT_EQ(*client_->Delete(prefix_ + "a"), 1);
-  EXPECT_EQ(*client_->Delete(prefix_ + "a"), 0);
-  EXPECT_EQ(*client_->DeletePrefix(prefix_), 1);
-  EXPECT_TRUE(client_->GetPrefix(prefix_)->kvs.empty());
-}
+TEST_F(Etcd, PutGetPrefixDelete) { testing::CheckPutGetPrefixDelete(*client_, prefix_); }
 
-TEST_F(Etcd, TransactionsCompareAndSwap) {
-  const std::string key = prefix_ + "committed";
-  // Create only if absent: the first succeeds, the second conflicts.
-  TxnRequest create;
-  create.compare = {Compare::Absent(key)};
-  create.success = {TxnOp::Put(key, "gen=1")};
-  auto c1 = client_->Txn(create);
-  ASSERT_TRUE(c1.ok()) << c1.status().ToString();
-  EXPECT_TRUE(c1->succeeded);
-  auto c2 = client_->Txn(create);
-  ASSERT_TRUE(c2.ok()) << c2.status().ToString();
-  EXPECT_FALSE(c2->succeeded);
-  // Two writers read the same revision; one wins, the other's compare fails
-  // and its failure branch runs instead.
-  const int64_t read = (*client_->Get(key))->mod_revision;
-  TxnRequest w1;
-  w1.compare = {Compare::ModRevisionIs(key, read)};
-  w1.success = {TxnOp::Put(key, "gen=2"), TxnOp::Put(prefix_ + "pending", "none")};
-  TxnRequest w2 = w1;
-  w2.success = {TxnOp::Put(key, "gen=2b")};
-  w2.failure = {TxnOp::Put(prefix_ + "lost", "w2")};
-  auto t1 = client_->Txn(w1);
-  ASSERT_TRUE(t1.ok()) << t1.status().ToString();
-  EXPECT_TRUE(t1->succeeded);
-  auto t2 = client_->Txn(w2);
-  ASSERT_TRUE(t2.ok()) << t2.status().ToString();
-  EXPECT_FALSE(t2->succeeded);
-  EXPECT_EQ((*client_->Get(key))->value, "gen=2");
-  EXPECT_EQ((*client_->Get(prefix_ + "pending"))->value, "none");  // same transaction
-  EXPECT_EQ((*client_->Get(prefix_ + "pending"))->mod_revision, t1->revision);
-  EXPECT_EQ((*client_->Get(prefix_ + "lost"))->value, "w2");
-  // Compare on the value.
-  TxnRequest by_value;
-  by_value.compare = {Compare::ValueIs(key, "gen=2")};
-  by_value.success = {TxnOp::Put(key, "gen=3")};
-  EXPECT_TRUE(client_->Txn(by_value)->succeeded);
-  EXPECT_FALSE(client_->Txn(by_value)->succeeded);
-  EXPECT_EQ((*client_->Get(key))->value, "gen=3");
-}
+TEST_F(Etcd, TransactionsCompareAndSwap) { testing::CheckTransactionsCompareAndSwap(*client_, prefix_); }
 
-TEST_F(Etcd, WaitForChangeWakesOnAWriteUnderThePrefixOnly) {
-  auto start = client_->Put(prefix_ + "a", "1");
-  ASSERT_TRUE(start.ok()) << start.status().ToString();
-  // Nothing newer under the prefix: the wait times out, false.
-  ASSERT_TRUE(client_->Put("/test/elsewhere", "x").ok());
-  const Clock::time_point t0 = Clock::now();
-  auto quiet = client_->WaitForChange(prefix_, *start, std::chrono::milliseconds(300));
-  ASSERT_TRUE(quiet.ok()) << quiet.status().ToString();
-  EXPECT_FALSE(*quiet);
-  EXPECT_GE(Clock::now() - t0, std::chrono::milliseconds(250));
-  // A write after the revision, made while waiting: true, long before the timeout.
-  std::thread writer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    ASSERT_TRUE(client_->Put(prefix_ + "b", "2").ok());
-  });
-  const Clock::time_point t1 = Clock::now();
-  auto woke = client_->WaitForChange(prefix_, *start, std::chrono::seconds(20));
-  writer.join();
-  ASSERT_TRUE(woke.ok()) << woke.status().ToString();
-  EXPECT_TRUE(*woke);
-  EXPECT_LT(Clock::now() - t1, std::chrono::seconds(5));
-  // A write already made after the revision wakes at once; so does a delete.
-  EXPECT_TRUE(*client_->WaitForChange(prefix_, *start, std::chrono::seconds(20)));
-  auto after = client_->GetPrefix(prefix_);
-  ASSERT_TRUE(after.ok());
-  EXPECT_FALSE(*client_->WaitForChange(prefix_, after->revision, std::chrono::milliseconds(100)));
-  ASSERT_EQ(*client_->Delete(prefix_ + "a"), 1);
-  EXPECT_TRUE(*client_->WaitForChange(prefix_, after->revision, std::chrono::seconds(20)));
-}
+TEST_F(Etcd, WaitForChangeWakesOnAWriteUnderThePrefixOnly) { testing::CheckWaitForChangeWakesOnAWriteUnderThePrefixOnly(*client_, prefix_); }
 
-TEST_F(Etcd, LeasesKeepAliveRevokeAndExpire) {
-  auto lease = client_->GrantLease(5);
-  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
-  EXPECT_GE(lease->ttl, 5);
-  ASSERT_TRUE(client_->Put(prefix_ + "held", "x", lease->id).ok());
-  EXPECT_EQ((*client_->Get(prefix_ + "held"))->lease, lease->id);
-  auto ttl = client_->KeepAliveOnce(lease->id);
-  ASSERT_TRUE(ttl.ok()) << ttl.status().ToString();
-  EXPECT_GE(*ttl, 1);
-  auto left = client_->LeaseTimeToLive(lease->id);
-  ASSERT_TRUE(left.ok()) << left.status().ToString();
-  EXPECT_GE(*left, 1);
-  EXPECT_LE(*left, lease->ttl);
-  ASSERT_TRUE(client_->RevokeLease(lease->id).ok());
-  EXPECT_EQ(*client_->LeaseTimeToLive(lease->id), -1);
-  EXPECT_FALSE(client_->Get(prefix_ + "held")->has_value());  // deleted with the lease
-  EXPECT_EQ(client_->KeepAliveOnce(lease->id).status().code(), Code::kNotFound);
-  Status again = client_->RevokeLease(lease->id);
-  EXPECT_EQ(again.code(), Code::kNotFound) << again.ToString();
-  EXPECT_EQ(client_->Put(prefix_ + "x", "y", lease->id).status().code(), Code::kNotFound);
-  EXPECT_EQ(client_->GrantLease(0).status().code(), Code::kInvalidArgument);
-  // A lease not renewed expires and takes its keys with it.
-  auto short_lease = client_->GrantLease(1);
-  ASSERT_TRUE(short_lease.ok());
-  ASSERT_TRUE(client_->Put(prefix_ + "short", "x", short_lease->id).ok());
-  EXPECT_TRUE(Eventually([&] { return !client_->Get(prefix_ + "short")->has_value(); }, std::chrono::seconds(6)));
-}
+TEST_F(Etcd, LeasesKeepAliveRevokeAndExpire) { testing::CheckLeasesKeepAliveRevokeAndExpire(*client_, prefix_, [](int64_t) {}); }
 
 TEST_F(Etcd, MembersSeeEachOtherAndLeave) {
   const std::string job = "job-" + std::to_string(getpid());
@@ -434,110 +289,13 @@ TEST_F(Etcd, RejoinsOnlyWhileTheJobIsWhereItCaughtUp) {
   EXPECT_EQ(Membership::Join(client_.get(), options, conditions).status().code(), Code::kAlreadyExists);
 }
 
-// A piece of a worker's part: a shard record of tensor "t".
-ShardRecord Piece(int worker, int k) {
-  ShardRecord r;
-  r.tensor = "t";
-  r.boxes = {Box({static_cast<Index>(k)}, {static_cast<Index>(k + 1)})};
-  r.worker = worker;
-  r.file = "gen-000002/worker-0" + std::to_string(worker) + "/t.s" + std::to_string(k) + ".h5";
-  r.offset = 2048;
-  r.nbytes = 4;
-  r.checksum = 0x1234 + k;
-  return r;
-}
-
 // The reconfiguration protocol (coordinator.h) between three workers of one
 // job: one change at a time; every part published, then one commit with the
 // same digest everywhere; a failed worker or one that left aborts the change
 // on every worker, with nothing committed.
 TEST_F(Etcd, CoordinatorCommitsWhenAllAreDoneAndAbortsOtherwise) {
   const std::string job = "coord-" + std::to_string(getpid());
-  GenerationManifest current;
-  current.generation = 1;
-  current.config = "tp=3,pp=1,per_worker=1";
-  current.tensors = {{"t", DType::kF32, {8}}};
-  current.shards = {Piece(0, 0)};
-  current.shards[0].file = "gen-000001/worker-00/t.s0.h5";
-  std::vector<std::unique_ptr<Membership>> members;
-  std::vector<std::unique_ptr<Coordinator>> workers;
-  for (int w = 0; w < 3; ++w) {
-    auto m = Membership::Join(client_.get(), {job, w, "127.0.0.1:" + std::to_string(9100 + w), 2});
-    ASSERT_TRUE(m.ok()) << m.status().ToString();
-    members.push_back(std::move(*m));
-    CoordinatorOptions o;
-    o.job = job;
-    o.worker = w;
-    o.poll = std::chrono::milliseconds(10);
-    o.timeout = std::chrono::seconds(20);
-    workers.push_back(std::make_unique<Coordinator>(client_.get(), o));
-    ASSERT_TRUE(workers.back()->Join(current).ok());  // the first sets the committed state, the others agree
-  }
-  GenerationManifest other = current;
-  other.generation = 2;
-  EXPECT_EQ(workers[1]->Join(other).code(), Code::kFailedPrecondition);
-  // Too few live workers for the config; then a change, and no second one meanwhile.
-  EXPECT_EQ(workers[0]->Propose("tp=4", 1, {0, 1, 2}, {0, 1, 2, 3}).status().code(), Code::kInvalidArgument);
-  auto change = workers[2]->Propose("tp=3", 1, {2, 0, 1}, {0, 1, 2});
-  ASSERT_TRUE(change.ok()) << change.status().ToString();
-  EXPECT_EQ(change->workers, std::vector<int>({0, 1, 2}));
-  EXPECT_EQ(workers[0]->Propose("tp=3", 1, {0, 1, 2}, {0, 1, 2}).status().code(), Code::kFailedPrecondition);
-  EXPECT_EQ(*workers[1]->Pending(), std::optional<Change>(*change));
-  // Every worker finishes its part; each gets the others' pieces.
-  const std::vector<ShardRecord> referenced = current.shards;
-  std::vector<Result<std::vector<ShardRecord>>> got(3, InternalError("not run"));
-  {
-    std::vector<std::thread> threads;
-    for (int w = 0; w < 3; ++w) {
-      threads.emplace_back([&, w] {
-        got[w] = workers[w]->Finish(*change, "tp=3", {Piece(w, w + 1)}, referenced, current.tensors);
-      });
-    }
-    for (auto& t : threads) t.join();
-  }
-  for (int w = 0; w < 3; ++w) {
-    ASSERT_TRUE(got[w].ok()) << w << ": " << got[w].status().ToString();
-    ASSERT_EQ(got[w]->size(), 2u);
-    for (const ShardRecord& r : *got[w]) EXPECT_NE(r.worker, w);
-  }
-  auto committed = workers[0]->GetCommitted();
-  ASSERT_TRUE(committed.ok() && *committed);
-  EXPECT_EQ((*committed)->generation, 2u);
-  EXPECT_EQ((*committed)->digest, PiecesDigest("tp=3", {Piece(2, 3), Piece(0, 1), current.shards[0], Piece(1, 2)}));
-  EXPECT_FALSE(*workers[0]->Pending());
-
-  // Worker 1 fails: the others' Finish reports the abort, nothing is committed.
-  auto second = workers[0]->Propose("tp=3,per_worker=1", 2, {0, 1, 2}, {0, 1, 2});
-  ASSERT_TRUE(second.ok()) << second.status().ToString();
-  workers[1]->Fail(*second, IOError("disk full"));
-  EXPECT_FALSE(*workers[2]->Pending());  // withdrawn by the worker that failed: the next change may come
-  auto aborted = workers[0]->Finish(*second, "tp=3", {}, referenced, current.tensors);
-  EXPECT_EQ(aborted.status().code(), Code::kFailedPrecondition);
-  EXPECT_NE(aborted.status().message().find("worker 1 failed: IOError: disk full"), std::string::npos)
-      << aborted.status().ToString();
-  auto late = workers[2]->Finish(*second, "tp=3", {}, referenced, current.tensors);  // after the abort
-  EXPECT_EQ(late.status().code(), Code::kFailedPrecondition);
-  EXPECT_EQ((*workers[0]->GetCommitted())->generation, 2u);
-  EXPECT_FALSE(*workers[0]->Pending());
-
-  // Worker 2 leaves during a change: aborted when its lease is gone.
-  auto third = workers[0]->Propose("tp=3", 2, {0, 1, 2}, {0, 1, 2});
-  ASSERT_TRUE(third.ok()) << third.status().ToString();
-  ASSERT_TRUE(members[2]->Leave().ok());
-  auto left = workers[0]->Finish(*third, "tp=3", {}, referenced, current.tensors);
-  EXPECT_NE(left.status().message().find("worker 2 left the job"), std::string::npos) << left.status().ToString();
-  EXPECT_EQ((*workers[1]->GetCommitted())->generation, 2u);
-
-  // A change whose participants are all gone is withdrawn by whoever sees it.
-  auto orphan = workers[0]->Propose("tp=3", 2, {0, 1}, {});
-  ASSERT_TRUE(orphan.ok()) << orphan.status().ToString();
-  workers[1]->Withdraw(*orphan, "every participant left the job");
-  EXPECT_FALSE(*workers[0]->Pending());
-  auto gone = workers[0]->Finish(*orphan, "tp=3", {}, referenced, current.tensors);
-  EXPECT_NE(gone.status().message().find("every participant left the job"), std::string::npos)
-      << gone.status().ToString();
-  workers[1]->Withdraw(*orphan, "twice");  // gone already: nothing
-  EXPECT_TRUE(workers[0]->Propose("tp=3", 2, {0, 1}, {}).ok());
+  testing::CheckCoordinatorProtocol(*client_, job);
 }
 
 // A participant that cannot reach etcd while it waits for the commit (its

@@ -157,17 +157,36 @@ TEST_F(FilesystemTest, StagedFilesRenamedWhileStatted) {
 // A cluster mount hands a config to its job: "proposed" until its agent
 // applies it; a change the job aborted first (another worker failed at once)
 // ends as "failed" with the reason; a proposal the job refused, or a change
-// that cannot start here, says so too. (The agent's side: tools/cluster_mount.cc.)
+// that cannot start here, says so too. (The agent's side: worker/agent.cc,
+// worker_agent_test.)
 TEST_F(FilesystemTest, AProposalEndsInItsOutcome) {
   using ptc::Code, ptc::FailedPreconditionError, ptc::ParallelConfig, ptc::Status;
+  // A job that records what it is asked and answers as told.
+  struct Job final : JobParticipant {
+    Status Propose(const std::string& text, const ParallelConfig&) override {
+      asked = text;
+      return answer;
+    }
+    nlohmann::json StatusPart() const override { return {{"job", "j"}}; }
+    std::string asked;
+    Status answer = Status::OK();
+  } job;
+  // A change that records the failure it is told of.
+  struct Change final : AgreedChange {
+    const std::set<int>& participants() const override { return workers; }
+    Status BeforeCommit(ptc::GenerationWriter&, const std::string&) override { return Status::OK(); }
+    void Failed(const Status& s) override { told = s; }
+    bool has_last_resort() const override { return false; }
+    ptc::Result<std::vector<ptc::ShardRecord>> LastResort() override { return FailedPreconditionError("none"); }
+    std::set<int> workers = {0};
+    Status told = Status::OK();
+  };
   Controller& c = fs_->controller();
-  std::string asked;
-  Status answer = Status::OK();
-  c.SetPropose([&](const std::string& text, const ParallelConfig&) {
-    asked = text;
-    return answer;
-  });
+  c.SetParticipant(&job);
+  std::string& asked = job.asked;
+  Status& answer = job.answer;
   auto state = [&] { return nlohmann::json::parse(c.StatusJson(fs_->snapshot())); };
+  EXPECT_EQ(state()["cluster"], nlohmann::json({{"job", "j"}}));
   ASSERT_TRUE(c.Reconfigure("tp=1,pp=1\n", fs_->snapshot()).ok());
   EXPECT_EQ(asked, "tp=1,pp=1\n");
   EXPECT_EQ(state()["state"], "proposed");
@@ -191,14 +210,12 @@ TEST_F(FilesystemTest, AProposalEndsInItsOutcome) {
   ASSERT_TRUE(c.Reconfigure("tp=2,pp=1\n", fs_->snapshot()).ok());
   EXPECT_EQ(state()["state"], "proposed");
   EXPECT_TRUE(state()["last_error"].is_null());
-  Status told = Status::OK();
-  ClusterChange change;
-  change.participants = {0};
-  change.failed = [&](const Status& s) { told = s; };
+  auto change = std::make_shared<Change>();
   EXPECT_FALSE(c.Apply("{\"config\": \"tp=2,pp=1\", \"step\": 5}\n", fs_->snapshot(), change).ok());
   EXPECT_EQ(state()["state"], "failed");
-  EXPECT_EQ(told.code(), Code::kInvalidArgument) << told.ToString();
-  EXPECT_EQ(state()["last_error"], told.message());
+  EXPECT_EQ(change->told.code(), Code::kInvalidArgument) << change->told.ToString();
+  EXPECT_EQ(state()["last_error"], change->told.message());
+  c.SetParticipant(nullptr);
 }
 
 }  // namespace

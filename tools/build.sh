@@ -14,13 +14,13 @@ case "$kind" in
     dir=build-tsa
     flags=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 -DCMAKE_C_COMPILER=clang
            -DCMAKE_CXX_COMPILER=clang++ -DPTCFS_THREAD_SAFETY=ON -DPTCFS_BUILD_TESTS=OFF)
-    target=(--target ptcfs cluster)
+    target=(--target ptcfs cluster worker)
     ;;
   tsan)
     dir=build-tsan
     flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPTCFS_TSAN=ON)
     target=(--target ptcfs env_test virtual_file_test transform_test mount_test store_lock_test filesystem_test
-            cluster_peer_test cluster_etcd_test cluster_slowloris_test switch_cpu_test)
+            cluster_peer_test cluster_etcd_test cluster_slowloris_test switch_cpu_test worker_agent_test cluster_kv_test)
     ;;
   *) echo "usage: $0 [release|asan|tsa|tsan]" >&2; exit 2 ;;
 esac

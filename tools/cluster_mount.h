@@ -1,6 +1,5 @@
-// A mount that is one worker of a cluster (docs/cluster.md): the store read
-// through a PeerEnv, this worker's PeerServer and membership in etcd, and the
-// agent that applies the job's changes to the mount.
+// `ptcfs mount --cluster`: the command line of a mount that is one worker of
+// a cluster job (docs/cluster.md); the worker itself is worker/worker.h.
 #pragma once
 
 #include <memory>
@@ -10,9 +9,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "fs/filesystem.h"
-#include "ptc/base/env.h"
 #include "ptc/base/status.h"
+#include "worker/worker.h"
 
 namespace ptcfs {
 
@@ -35,27 +33,12 @@ ptc::Result<ClusterUrl> ParseClusterUrl(std::string_view text);
 // `ptcfs cluster status` (cmd_cluster.cc), added with the mount commands.
 void AddClusterCommand(CLI::App& app, int* exit_code);
 
-class ClusterMount {
- public:
-  // Before mounting, so that errors reach the user: reads the token, reaches
-  // etcd, and agrees the store's generation with the job's (Coordinator::Join).
-  // \error as ParseClusterUrl, ReadTokenFile, EtcdClient::Health, Coordinator::Join.
-  static ptc::Result<std::unique_ptr<ClusterMount>> Prepare(const ClusterArgs& args, const std::string& store,
-                                                            int worker);
-  ~ClusterMount();
-
-  // The Env to open the store with (MountOptions::env).
-  ptc::Env* env();
-
-  // In the daemon, once mounted: starts the peer server, joins the job, and
-  // the agent. What it returns stops them all.
-  ptc::Result<std::shared_ptr<void>> Attach(Filesystem& fs);
-
- struct Impl;  // for the agent in the .cc
-
- private:
-  explicit ClusterMount(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
-};
+// The worker a `ptcfs mount --cluster` runs (worker/worker.h), its
+// arguments checked and etcd reached before mounting, so that errors reach
+// the user.
+// \error as ParseClusterUrl, ReadTokenFile, EtcdClient::Health, Worker::Prepare;
+//        InvalidArgument for a missing --worker or --token-file, a wildcard --listen.
+ptc::Result<std::unique_ptr<Worker>> PrepareClusterWorker(const ClusterArgs& args, const std::string& store,
+                                                          int worker);
 
 }  // namespace ptcfs

@@ -19,7 +19,7 @@
 #include "ptc/base/json_fields.h"
 #include "ptc/store/model_spec.h"
 #include "tools/cluster_mount.h"
-#include "tools/cluster_report.h"
+#include "worker/job_report.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 

@@ -100,9 +100,9 @@ ptc::Status RunMount(const MountArgs& a) {
   options.transform_threads = a.transform_threads;
   options.compaction = a.compaction;
   SessionOptions session{a.mountpoint, a.foreground, a.threads, nullptr};
-  std::unique_ptr<ClusterMount> cluster;
+  std::unique_ptr<Worker> cluster;
   if (!a.cluster.url.empty()) {
-    PTC_ASSIGN_OR_RETURN(cluster, ClusterMount::Prepare(a.cluster, options.store, a.worker));
+    PTC_ASSIGN_OR_RETURN(cluster, PrepareClusterWorker(a.cluster, options.store, a.worker));
     options.env = cluster->env();
     options.in_cluster = true;
     session.attach = [&cluster](Filesystem& fs) { return cluster->Attach(fs); };

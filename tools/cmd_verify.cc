@@ -9,7 +9,7 @@
 #include "ptc/store/store.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
-#include "tools/store_check.h"
+#include "worker/serving_check.h"
 
 namespace ptcfs {
 namespace {

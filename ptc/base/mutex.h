@@ -19,6 +19,7 @@
 // made it.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 
@@ -59,6 +60,13 @@ class CondVar {
     std::unique_lock<std::mutex> lock(mu_->mu_, std::adopt_lock);
     cv_.wait(lock);
     lock.release();  // still held: the caller's
+  }
+  // Wait, at most until `deadline`: false when it passed first.
+  bool WaitUntil(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mu_->mu_, std::adopt_lock);
+    const bool woken = cv_.wait_until(lock, deadline) == std::cv_status::no_timeout;
+    lock.release();  // still held: the caller's
+    return woken;
   }
   void SignalAll() { cv_.notify_all(); }
 

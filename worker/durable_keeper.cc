@@ -1,4 +1,4 @@
-#include "tools/durable_keeper.h"
+#include "worker/durable_keeper.h"
 
 #include <sys/resource.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "tools/cluster_rejoin.h"
+#include "worker/rejoin.h"
 
 #include <cstdio>
 #include <optional>
@@ -20,18 +20,18 @@ ptc::Result<std::unique_ptr<ptc::Membership>> Rejoin(const RejoinTarget& target,
                                         std::to_string(pending->generation) + ") to end");
   }
   // The committed key's value as read: the join below holds only while the job is still there.
-  PTC_ASSIGN_OR_RETURN(std::optional<ptc::KeyValue> kv, target.etcd->Get(ptc::CommittedKey(job)));
+  PTC_ASSIGN_OR_RETURN(std::optional<ptc::KeyValue> kv, target.kv->Get(ptc::CommittedKey(job)));
   if (!kv) return ptc::FailedPreconditionError("job " + job + " has no committed generation in etcd");
   PTC_ASSIGN_OR_RETURN(ptc::Committed committed, ptc::DecodeCommitted("etcd key " + kv->key, kv->value));
   if (!ptc::AtCommitted(store, committed)) {
     const uint64_t from = store.current_generation();
     PTC_RETURN_IF_ERROR(controller.Adopt([&](ptc::Store& s) {
-      return ptc::CatchUp(*target.etcd, job, worker, committed, ptc::PeerClient(target.client), s);
+      return ptc::CatchUp(*target.kv, job, worker, committed, ptc::PeerClient(target.client), s);
     }));
     std::fprintf(stderr, "ptcfs: worker %d: the store moved from generation %llu to the job's %llu (from a peer)\n",
                  worker, static_cast<unsigned long long>(from), static_cast<unsigned long long>(committed.generation));
   }
-  return ptc::Membership::Join(target.etcd, target.membership, ptc::RejoinConditions(job, kv->value));
+  return ptc::Membership::Join(target.kv, target.membership, ptc::RejoinConditions(job, kv->value));
 }
 
 }  // namespace ptcfs

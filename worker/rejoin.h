@@ -13,7 +13,7 @@
 #include <memory>
 
 #include "cluster/coordinator.h"
-#include "cluster/etcd_client.h"
+#include "cluster/kv_store.h"
 #include "cluster/membership.h"
 #include "cluster/peer_client.h"
 #include "fs/controller.h"
@@ -23,7 +23,7 @@
 namespace ptcfs {
 
 struct RejoinTarget {
-  const ptc::EtcdClient* etcd = nullptr;
+  const ptc::KvStore* kv = nullptr;
   const ptc::Coordinator* coordinator = nullptr;
   ptc::MembershipOptions membership;  // job, worker, address, lease
   ptc::PeerClientOptions client;      // for the committed manifest, from a peer

@@ -1,4 +1,4 @@
-#include "tools/store_check.h"
+#include "worker/serving_check.h"
 
 #include <map>
 

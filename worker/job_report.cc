@@ -1,4 +1,4 @@
-#include "tools/cluster_report.h"
+#include "worker/job_report.h"
 
 #include <set>
 #include <string>

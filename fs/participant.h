@@ -1,0 +1,61 @@
+// What a mount that is one worker of a cluster job asks of the job, and what
+// it is told (docs/cluster.md). The Controller talks to these interfaces;
+// worker/agent.cc implements them over the cluster layer, which fs/ does not
+// see.
+//
+// Thread safety: as each method says.
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ptc/base/status.h"
+#include "ptc/model/config.h"
+#include "ptc/store/generation_writer.h"
+#include "ptc/store/manifest.h"
+
+namespace ptcfs {
+
+// The job this mount is a worker of.
+class JobParticipant {
+ public:
+  virtual ~JobParticipant() = default;
+  // A valid request written to .ptcfs/config (`config` parsed from it): goes
+  // to the job, which every worker then applies (Controller::Apply). From a
+  // FUSE thread.
+  // \error FailedPrecondition when this worker is not a member now or a
+  //        change is under way; InvalidArgument when the config needs a worker
+  //        that is not live.
+  virtual ptc::Status Propose(const std::string& request, const ptc::ParallelConfig& config) = 0;
+  // The "cluster" part of .ptcfs/status; asked with the controller's lock
+  // held (it must not call the controller).
+  virtual nlohmann::json StatusPart() const = 0;
+};
+
+// One change of layout the job agreed, as this worker applies it: it reads
+// only the participants' pieces, writes only its own part (the pieces its new
+// ranks lack) and commits only after BeforeCommit, which returns the other
+// workers' pieces. Called from the controller's rewrite thread.
+class AgreedChange {
+ public:
+  virtual ~AgreedChange() = default;
+  virtual const std::set<int>& participants() const = 0;
+  // With this worker's part written (`config`: the new config, canonical):
+  // adds the others' pieces to the writer, or fails (nothing is committed,
+  // the previous layout is served again).
+  virtual ptc::Status BeforeCommit(ptc::GenerationWriter& writer, const std::string& config) = 0;
+  // The change failed on this worker (before or in BeforeCommit).
+  virtual void Failed(const ptc::Status& error) = 0;
+  // Whether LastResort may give pieces (the job has a durable tier).
+  virtual bool has_last_resort() const = 0;
+  // Pieces to read only where no participant holds the bytes (the job's
+  // durable tier), asked when the plan lacks some: their records, each on a
+  // worker that is no participant.
+  // \error why there are none; it is added to the message naming what cannot be recovered.
+  virtual ptc::Result<std::vector<ptc::ShardRecord>> LastResort() = 0;
+};
+
+}  // namespace ptcfs

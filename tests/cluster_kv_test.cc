@@ -1,0 +1,195 @@
+// The key-value seam (cluster/kv_store.h): MemKv keeps etcd's semantics (the
+// checks cluster_etcd_test runs against a real etcd), injects its faults, and
+// the coordinator's protocol holds over it, faults included. The commit rule
+// (cluster/commit_rule.h) row by row.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "cluster/commit_rule.h"
+#include "cluster/coordinator.h"
+#include "cluster/mem_kv_store.h"
+#include "cluster/membership.h"
+#include "kv_conformance.h"
+
+namespace ptc {
+namespace {
+
+using testing::Piece;
+
+class MemKvTest : public ::testing::Test {
+ protected:
+  MemKv kv_;
+  std::unique_ptr<MemKvClient> client_ = kv_.Connect();
+};
+
+TEST_F(MemKvTest, PutGetPrefixDelete) { testing::CheckPutGetPrefixDelete(*client_, "/test/a/"); }
+TEST_F(MemKvTest, TransactionsCompareAndSwap) { testing::CheckTransactionsCompareAndSwap(*client_, "/test/b/"); }
+TEST_F(MemKvTest, WaitForChangeWakesOnAWriteUnderThePrefixOnly) {
+  testing::CheckWaitForChangeWakesOnAWriteUnderThePrefixOnly(*client_, "/test/c/");
+}
+TEST_F(MemKvTest, LeasesKeepAliveRevokeAndExpire) {
+  testing::CheckLeasesKeepAliveRevokeAndExpire(*client_, "/test/d/",
+                                               [&](int64_t lease) { EXPECT_TRUE(kv_.ExpireLease(lease)); });
+}
+TEST_F(MemKvTest, CoordinatorProtocol) { testing::CheckCoordinatorProtocol(*client_, "coord"); }
+
+TEST_F(MemKvTest, ACutLinkOrAStoreAwayIsAnIOErrorAndLosesNothing) {
+  auto other = kv_.Connect();
+  ASSERT_TRUE(client_->Put("/k", "1").ok());
+  client_->Cut(true);
+  for (const Status& s : {client_->Put("/k", "2").status(), client_->Get("/k").status(), client_->Health(),
+                          client_->WaitForChange("/", 0, std::chrono::seconds(5)).status()}) {
+    EXPECT_EQ(s.code(), Code::kIOError) << s.ToString();
+    EXPECT_NE(s.message().find("unreachable"), std::string::npos) << s.ToString();
+  }
+  EXPECT_EQ((*other->Get("/k"))->value, "1");  // the other client's link is whole
+  client_->Cut(false);
+  EXPECT_EQ((*client_->Get("/k"))->value, "1");
+  // The store away: every client fails, leases stay and renew once it is back.
+  auto lease = client_->GrantLease(3);
+  ASSERT_TRUE(lease.ok());
+  kv_.SetReachable(false);
+  EXPECT_EQ(other->KeepAliveOnce(lease->id).status().code(), Code::kIOError);
+  kv_.SetReachable(true);
+  EXPECT_EQ(*other->KeepAliveOnce(lease->id), 3);
+}
+
+TEST_F(MemKvTest, ALostAnswerWasApplied) {
+  client_->LoseAnswers(1);
+  TxnRequest txn;
+  txn.compare = {Compare::Absent("/k")};
+  txn.success = {TxnOp::Put("/k", "v")};
+  auto lost = client_->Txn(txn);
+  EXPECT_EQ(lost.status().code(), Code::kIOError);
+  EXPECT_NE(lost.status().message().find("answer lost"), std::string::npos) << lost.status().ToString();
+  EXPECT_EQ((*client_->Get("/k"))->value, "v");  // applied
+  EXPECT_FALSE(client_->Txn(txn)->succeeded);     // a retry sees it
+}
+
+// A participant whose answers are lost and whose link is cut while it waits
+// for the commit keeps its part and tries again: the job commits meanwhile,
+// and it gets the others' pieces once it reaches the store.
+TEST_F(MemKvTest, FinishOutlivesALostAnswerAndACutLink) {
+  const std::string job = "cut";
+  GenerationManifest current;
+  current.generation = 1;
+  current.config = "tp=2,pp=1,per_worker=1";
+  current.tensors = {{"t", DType::kF32, {8}}};
+  current.shards = {Piece(0, 0)};
+  std::vector<std::unique_ptr<MemKvClient>> links;
+  std::vector<std::unique_ptr<Membership>> members;
+  std::vector<std::unique_ptr<Coordinator>> workers;
+  for (int w = 0; w < 2; ++w) {
+    links.push_back(kv_.Connect());
+    auto m = Membership::Join(links.back().get(), {job, w, "127.0.0.1:" + std::to_string(9100 + w), 30});
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    members.push_back(std::move(*m));
+    CoordinatorOptions o;
+    o.job = job;
+    o.worker = w;
+    o.poll = std::chrono::milliseconds(10);
+    o.timeout = std::chrono::seconds(20);
+    workers.push_back(std::make_unique<Coordinator>(links.back().get(), o));
+    ASSERT_TRUE(workers.back()->Join(current).ok());
+  }
+  auto change = workers[1]->Propose("tp=2", 1, {0, 1}, {0, 1});
+  ASSERT_TRUE(change.ok()) << change.status().ToString();
+  links[0]->LoseAnswers(1);  // its part is published, the answer lost: published again
+  Result<std::vector<ShardRecord>> got = InternalError("not run");
+  std::thread first([&] { got = workers[0]->Finish(*change, "tp=2", {Piece(0, 1)}, current.shards, current.tensors); });
+  ASSERT_TRUE(testing::Eventually([&] { return client_->Get(PartKey(job, 2, 0)).value().has_value(); },
+                                  std::chrono::seconds(5)));
+  links[0]->Cut(true);
+  auto second = workers[1]->Finish(*change, "tp=2", {Piece(1, 2)}, current.shards, current.tensors);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();  // committed while worker 0 is cut off
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  links[0]->Cut(false);
+  first.join();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(got->size(), 1u);
+  EXPECT_EQ(got->front().worker, 1);
+  EXPECT_EQ((*workers[0]->GetCommitted())->generation, 2u);
+}
+
+// A participant whose lease expires mid-change (a worker killed: no renewal,
+// no Fail) aborts the change on the others, naming it.
+TEST_F(MemKvTest, ALeaseExpiringMidChangeAbortsIt) {
+  const std::string job = "lost";
+  GenerationManifest current;
+  current.generation = 1;
+  current.config = "tp=2,pp=1,per_worker=1";
+  current.tensors = {{"t", DType::kF32, {8}}};
+  current.shards = {Piece(0, 0)};
+  std::vector<std::unique_ptr<MemKvClient>> links;
+  std::vector<std::unique_ptr<Membership>> members;
+  std::vector<std::unique_ptr<Coordinator>> workers;
+  for (int w = 0; w < 2; ++w) {
+    links.push_back(kv_.Connect());
+    auto m = Membership::Join(links.back().get(), {job, w, "127.0.0.1:" + std::to_string(9200 + w), 30});
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    members.push_back(std::move(*m));
+    CoordinatorOptions o;
+    o.job = job;
+    o.worker = w;
+    o.poll = std::chrono::milliseconds(10);
+    workers.push_back(std::make_unique<Coordinator>(links.back().get(), o));
+    ASSERT_TRUE(workers.back()->Join(current).ok());
+  }
+  auto change = workers[0]->Propose("tp=2", 1, {0, 1}, {0, 1});
+  ASSERT_TRUE(change.ok()) << change.status().ToString();
+  links[1]->Cut(true);  // worker 1 dies: it renews nothing more
+  Result<std::vector<ShardRecord>> got = InternalError("not run");
+  std::thread first([&] { got = workers[0]->Finish(*change, "tp=2", {Piece(0, 1)}, current.shards, current.tensors); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(kv_.ExpireLease(members[1]->lease()));
+  first.join();
+  EXPECT_EQ(got.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(got.status().message().find("worker 1 left the job (its lease expired)"), std::string::npos)
+      << got.status().ToString();
+  EXPECT_EQ((*workers[0]->GetCommitted())->generation, 1u);
+  EXPECT_FALSE(*workers[0]->Pending());
+}
+
+// The commit rule, one row per outcome (docs/cluster.md).
+TEST(CommitRule, EveryRow) {
+  const Change change{"w0-1", 4, 5, "tp=3", {0, 1, 2}};
+  auto round = [](std::set<int> parts, bool stands, uint64_t committed, bool digest, std::vector<int> members,
+                  bool late) {
+    return FinishRound{std::move(parts), stands, committed, digest, std::move(members), late,
+                       std::chrono::milliseconds(600000)};
+  };
+  struct Row {
+    const char* what;
+    FinishRound round;
+    FinishDecision want;
+  };
+  const std::vector<Row> rows = {
+      {"committed with every part, same pieces", round({0, 1, 2}, false, 5, true, {0, 1, 2}, false),
+       {FinishAction::kDone, ""}},
+      {"committed with other pieces", round({0, 1, 2}, false, 5, false, {0, 1, 2}, false),
+       {FinishAction::kCorrupt, ""}},
+      {"committed, a part read before it came", round({0, 2}, false, 5, true, {0, 1, 2}, false),
+       {FinishAction::kLookAgain, ""}},
+      {"another change's generation committed", round({1, 2}, false, 5, true, {0, 1, 2}, false),
+       {FinishAction::kAborted, ""}},
+      {"change gone, nothing committed", round({0, 1}, false, 4, false, {0, 1, 2}, false),
+       {FinishAction::kAborted, ""}},
+      {"every part in", round({0, 1, 2}, true, 4, false, {0, 1, 2}, false), {FinishAction::kCommit, ""}},
+      {"every part in, past the deadline", round({0, 1, 2}, true, 4, false, {0, 1, 2}, true),
+       {FinishAction::kCommit, ""}},
+      {"a participant left", round({0, 2}, true, 4, false, {0, 2}, false),
+       {FinishAction::kAbort, "worker 1 left the job (its lease expired)"}},
+      {"past the deadline", round({0, 2}, true, 4, false, {0, 1, 2}, true),
+       {FinishAction::kAbort, "not every worker finished within 600 s"}},
+      {"parts to come", round({0}, true, 4, false, {0, 1, 2, 3}, false), {FinishAction::kWait, ""}},
+  };
+  for (const Row& row : rows) {
+    const FinishDecision got = DecideFinish(change, 0, row.round);
+    EXPECT_EQ(static_cast<int>(got.action), static_cast<int>(row.want.action)) << row.what;
+    EXPECT_EQ(got.reason, row.want.reason) << row.what;
+  }
+}
+
+}  // namespace
+}  // namespace ptc

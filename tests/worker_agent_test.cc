@@ -1,0 +1,320 @@
+// The worker layer (worker/) without root or etcd: three workers of one job,
+// each an in-process file system (fs/) over its own store directory, joined
+// by an in-memory key-value store (cluster/mem_kv_store.h) with faults
+// injected on demand, and by their peer servers on loopback. The scenarios of
+// the netns suites (tests/cluster/), with the same outcomes: a change, a
+// worker lost mid-change, a recovery onto the survivors, a rejoin after a
+// lease loss, the store away and back, a change whose participants all left.
+// After each committed change every rank's files, read through the worker
+// its slot names, equal synth of the committed config, tensor by tensor.
+//
+// The stores live in temporary directories, not in memory Envs: HDF5 opens
+// shard files through the OS.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "cluster/coordinator.h"
+#include "cluster/job_state.h"
+#include "cluster/mem_kv_store.h"
+#include "cluster/membership.h"
+#include "fs/filesystem.h"
+#include "kv_conformance.h"
+#include "net_util.h"
+#include "ptc/checkpoint/diff.h"
+#include "ptc/checkpoint/import.h"
+#include "ptc/checkpoint/synth_checkpoint.h"
+#include "test_util.h"
+#include "worker/worker.h"
+
+namespace ptcfs {
+namespace {
+
+using ptc::Code;
+using ptc::testing::Eventually;
+using ptc::testing::TempDir;
+
+constexpr char kJob[] = "agents";
+constexpr char kDims[] = "layers=6,hidden=32,heads=4,kv_heads=2,vocab=64,seq=8,ffn=48";
+constexpr uint64_t kSeed = 7;
+constexpr int kWorkers = 3;
+constexpr auto kLong = std::chrono::seconds(60);
+
+// One worker: its link to the key-value store, the Worker, its mounted file
+// system (in process) and its agent.
+struct Node {
+  ptc::MemKvClient* link = nullptr;  // owned by `worker`
+  std::unique_ptr<Worker> worker;
+  std::unique_ptr<Filesystem> fs;
+  std::shared_ptr<void> agent;
+  void Stop() {
+    agent.reset();
+    fs.reset();
+    worker.reset();
+    link = nullptr;
+  }
+};
+
+class WorkerAgentTest : public ::testing::Test {
+ protected:
+  // The job at generation 1: tp=2,pp=3 over workers 0-2 (one stage each), each
+  // store holding the manifests and its own worker's shards only.
+  void SetUp() override {
+    spec_ = ptc::testing::Spec("llama", kDims, ptc::DType::kF32, /*optimizer=*/true);
+    const ptc::ParallelConfig start = *ptc::ParseConfig("tp=2,pp=3,per_worker=2");
+    ASSERT_TRUE(ptc::WriteSynthCheckpoint(ptc::Env::Default(), spec_, start, kSeed, tmp_ / "src").ok());
+    auto imported = ptc::ImportCheckpoint(ptc::Env::Default(), tmp_ / "src", tmp_ / "whole", spec_.schema, spec_.dims,
+                                          start);
+    ASSERT_TRUE(imported.ok()) << imported.status().ToString();
+    for (int w = 0; w < kWorkers; ++w) {
+      const std::string store = Store(w);
+      std::filesystem::copy(tmp_ / "whole", store, std::filesystem::copy_options::recursive);
+      char mine[16];
+      std::snprintf(mine, sizeof(mine), "worker-%02d", w);
+      for (const auto& gen : std::filesystem::directory_iterator(store)) {
+        if (!gen.is_directory() || !gen.path().filename().string().starts_with("gen-")) continue;
+        for (const auto& d : std::filesystem::directory_iterator(gen.path())) {
+          const std::string name = d.path().filename().string();
+          if (name.starts_with("worker-") && name != mine) std::filesystem::remove_all(d.path());
+        }
+      }
+    }
+    admin_ = kv_.Connect();
+    for (int w = 0; w < kWorkers; ++w) ASSERT_TRUE(Start(w).ok());
+  }
+
+  void TearDown() override {
+    for (Node& n : nodes_) n.Stop();
+  }
+
+  std::string Store(int w) const { return tmp_ / ("store" + std::to_string(w)); }
+
+  // Prepares, mounts (in process) and attaches worker w.
+  ptc::Status Start(int w) {
+    WorkerOptions o;
+    o.job = kJob;
+    o.worker = w;
+    o.listen = {"127.0.0.1", ptc::testing::FreePort()};
+    o.token = "agents-token-0123456789";
+    o.lease_seconds = 1;
+    o.timeout = std::chrono::seconds(30);
+    auto link = kv_.Connect();
+    ptc::MemKvClient* raw = link.get();
+    PTC_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Prepare(o, std::move(link), Store(w)));
+    MountOptions m;
+    m.store = Store(w);
+    m.worker = w;
+    m.npy = false;
+    m.env = worker->env();
+    m.in_cluster = true;
+    PTC_ASSIGN_OR_RETURN(std::unique_ptr<Filesystem> fs, Filesystem::Create(m));
+    PTC_ASSIGN_OR_RETURN(std::shared_ptr<void> agent, worker->Attach(*fs));
+    if (nodes_.size() <= static_cast<size_t>(w)) nodes_.resize(w + 1);
+    nodes_[w] = {raw, std::move(worker), std::move(fs), std::move(agent)};
+    return ptc::Status::OK();
+  }
+
+  // As kill -9: the worker's link is cut (it renews nothing, answers
+  // nothing), it stops, and its lease expires.
+  void Kill(int w) {
+    const int64_t lease = LeaseOf(w);
+    nodes_[w].link->Cut(true);
+    nodes_[w].Stop();
+    EXPECT_TRUE(kv_.ExpireLease(lease)) << "worker " << w;
+  }
+
+  int64_t LeaseOf(int w) {
+    auto kv = admin_->Get(ptc::MemberKey(kJob, w));
+    EXPECT_TRUE(kv.ok() && kv->has_value()) << "worker " << w << " is no member";
+    return kv.ok() && kv->has_value() ? (*kv)->lease : 0;
+  }
+
+  nlohmann::json Status(int w) {
+    Filesystem& fs = *nodes_[w].fs;
+    return nlohmann::json::parse(fs.controller().StatusJson(fs.snapshot()));
+  }
+
+  ptc::Status Reconfigure(int w, const std::string& config) {
+    Filesystem& fs = *nodes_[w].fs;
+    return fs.controller().Reconfigure(config + "\n", fs.snapshot());
+  }
+
+  // Every worker in `workers` serves `generation`, and the job committed it.
+  bool AtGeneration(const std::vector<int>& workers, uint64_t generation) {
+    auto committed = ptc::Coordinator(admin_.get(), {kJob, -1}).GetCommitted();
+    if (!committed.ok() || !*committed || (*committed)->generation != generation) return false;
+    for (int w : workers) {
+      if (nodes_[w].fs->snapshot()->generation() != generation || Status(w)["state"] != "serving") return false;
+    }
+    return true;
+  }
+
+  // Waits for AtGeneration; on a timeout the workers' states say why.
+  void ExpectGeneration(const std::vector<int>& workers, uint64_t generation) {
+    const bool reached = Eventually([&] { return AtGeneration(workers, generation); }, kLong);
+    std::string states;
+    for (int w : workers) states += "\nworker " + std::to_string(w) + ": " + Status(w).dump();
+    ASSERT_TRUE(reached) << "generation " << generation << " not served by every worker:" << states;
+  }
+
+  // The whole content of `path` (under the mount's root) on worker w.
+  std::string ReadFile(int w, const std::string& path) {
+    Filesystem& fs = *nodes_[w].fs;
+    uint64_t ino = kRootInode;
+    for (const auto& part : std::filesystem::path(path)) {
+      auto e = fs.Lookup(ino, part.string());
+      EXPECT_TRUE(e.ok()) << path << " on worker " << w << ": " << e.status().ToString();
+      if (!e.ok()) return "";
+      ino = e->ino;
+    }
+    auto open = fs.Open(ino, O_RDONLY);
+    EXPECT_TRUE(open.ok()) << open.status().ToString();
+    if (!open.ok()) return "";
+    std::string data;
+    for (;;) {
+      auto r = fs.Read(open->fh, data.size(), 1 << 20);
+      EXPECT_TRUE(r.ok()) << path << ": " << r.status().ToString();
+      if (!r.ok()) break;
+      if (r->fd_range.fd >= 0) {
+        std::string chunk(r->fd_length, '\0');
+        EXPECT_EQ(pread(r->fd_range.fd, chunk.data(), chunk.size(), r->fd_range.position),
+                  static_cast<ssize_t>(chunk.size()));
+        data += chunk;
+      } else if (r->bytes.empty()) {
+        break;
+      } else {
+        data.append(r->bytes.data(), r->bytes.size());
+      }
+    }
+    fs.Release(open->fh);
+    return data;
+  }
+
+  // Every rank of the committed config, read through the worker its slot
+  // names, equals synth of that config (ptcfs diff's comparison).
+  void ExpectRanksEqualSynth() {
+    auto committed = ptc::Coordinator(admin_.get(), {kJob, -1}).GetCommitted();
+    ASSERT_TRUE(committed.ok() && *committed);
+    const std::string text = (*committed)->config;
+    auto config = ptc::ParseConfig(text);
+    ASSERT_TRUE(config.ok()) << text;
+    const std::string tag = std::to_string((*committed)->generation);
+    const std::string ref = tmp_ / ("ref-" + tag), joined = tmp_ / ("joined-" + tag);
+    ASSERT_TRUE(ptc::WriteSynthCheckpoint(ptc::Env::Default(), spec_, *config, kSeed, ref).ok());
+    for (int r = 0; r < config->world_size(); ++r) {
+      char rank[32];
+      std::snprintf(rank, sizeof(rank), "rank-%05d", r);
+      const int w = config->WorkerOf(r);
+      ASSERT_TRUE(w < static_cast<int>(nodes_.size()) && nodes_[w].fs) << rank << " is on worker " << w << ", not up";
+      std::filesystem::create_directories(joined + "/" + rank);
+      for (const std::string file : {"model.safetensors", "optim.safetensors"}) {
+        ptc::testing::Spit(joined + "/" + rank + "/" + file, ReadFile(w, std::string("model/") + rank + "/" + file));
+      }
+    }
+    auto diff = ptc::DiffCheckpoints(ptc::Env::Default(), spec_.schema, spec_.dims, {ref, *config}, {joined, *config});
+    ASSERT_TRUE(diff.ok()) << diff.status().ToString();
+    EXPECT_TRUE(diff->equal) << text << ": " << diff->reason;
+  }
+
+  TempDir tmp_;
+  ptc::ModelSpec spec_;
+  ptc::MemKv kv_;
+  std::unique_ptr<ptc::MemKvClient> admin_;  // the test's own link
+  std::vector<Node> nodes_;
+};
+
+TEST_F(WorkerAgentTest, AChangeOnOneMountIsCommittedByEvery) {
+  ASSERT_TRUE(Reconfigure(1, "tp=2,pp=3,per_worker=2,replicas=2").ok());
+  ExpectGeneration({0, 1, 2}, 2);
+  EXPECT_EQ(nodes_[0].fs->snapshot()->generation(), 2u);
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_EQ(Status(w)["cluster"]["members"], nlohmann::json({0, 1, 2})) << Status(w).dump();
+    EXPECT_EQ(Status(w)["cluster"]["member"], true);
+  }
+  ExpectRanksEqualSynth();
+}
+
+// A worker dies while a change runs: the change is aborted on every worker,
+// nothing committed; the survivors then move onto themselves, the lost
+// stage read from its replica.
+TEST_F(WorkerAgentTest, AWorkerLostMidChangeAbortsItAndTheSurvivorsRecover) {
+  ASSERT_TRUE(Reconfigure(0, "tp=2,pp=3,per_worker=2,replicas=2").ok());
+  ExpectGeneration({0, 1, 2}, 2);
+  nodes_[2].link->Cut(true);  // dying: it sees the change no more
+  ASSERT_TRUE(Reconfigure(0, "tp=1,pp=6,per_worker=2,replicas=2").ok());
+  ASSERT_TRUE(Eventually([&] { return admin_->Get(ptc::PartKey(kJob, 3, 0))->has_value(); }, kLong))
+      << "worker 0 never published its part: " << Status(0).dump();
+  Kill(2);
+  ExpectGeneration({0, 1}, 3);
+  // The change to tp=1,pp=6 committed nowhere; the survivors' config did.
+  auto committed = ptc::Coordinator(admin_.get(), {kJob, -1}).GetCommitted();
+  ASSERT_TRUE(committed.ok() && *committed);
+  EXPECT_EQ((*committed)->config.find("pp=6"), std::string::npos) << (*committed)->config;
+  EXPECT_EQ(ptc::ParseConfig((*committed)->config)->Workers(), std::vector<int>({0, 1}));
+  ExpectRanksEqualSynth();
+}
+
+// A worker whose lease expired while its link was cut (the job recovered
+// without it) rejoins by itself once the link is back: it catches up with
+// the committed generation from a peer, then joins; a change brings it back
+// into the layout.
+TEST_F(WorkerAgentTest, AWorkerRejoinsAfterItsLeaseWasLost) {
+  ASSERT_TRUE(Reconfigure(0, "tp=2,pp=3,per_worker=2,replicas=2").ok());
+  ExpectGeneration({0, 1, 2}, 2);
+  const int64_t lease = LeaseOf(2);
+  nodes_[2].link->Cut(true);
+  ASSERT_TRUE(kv_.ExpireLease(lease));
+  ExpectGeneration({0, 1}, 3);  // the survivors' config
+  EXPECT_EQ(nodes_[2].fs->snapshot()->generation(), 2u);  // it serves what it has meanwhile
+  nodes_[2].link->Cut(false);
+  ASSERT_TRUE(Eventually([&] { return AtGeneration({2}, 3) && Status(2)["cluster"]["member"] == true; }, kLong))
+      << Status(2).dump();
+  EXPECT_NE(LeaseOf(2), lease);  // a new lease
+  ASSERT_TRUE(Reconfigure(2, "tp=2,pp=3,per_worker=2,replicas=2").ok());
+  ExpectGeneration({0, 1, 2}, 4);
+  ExpectRanksEqualSynth();
+}
+
+// The key-value store away for longer than a lease: every worker says so and
+// refuses changes, serving what it has; back, the leases renew and a change
+// commits as before.
+TEST_F(WorkerAgentTest, TheStoreAwayAndBack) {
+  kv_.SetReachable(false);
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_TRUE(Eventually([&] { return Status(w)["last_error"].dump().find("cannot reach etcd") != std::string::npos; },
+                           kLong))
+        << Status(w).dump();
+  }
+  const ptc::Status refused = Reconfigure(0, "tp=2,pp=3,per_worker=2,replicas=2");
+  EXPECT_EQ(refused.code(), Code::kFailedPrecondition) << refused.ToString();
+  EXPECT_NE(refused.message().find("is not a member of job agents now"), std::string::npos) << refused.ToString();
+  kv_.SetReachable(true);
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_TRUE(Eventually([&] { return Status(w)["last_error"].is_null() && Status(w)["cluster"]["member"] == true; },
+                           kLong))
+        << Status(w).dump();
+  }
+  ASSERT_TRUE(Reconfigure(0, "tp=2,pp=3,per_worker=2,replicas=2").ok());
+  ExpectGeneration({0, 1, 2}, 2);
+  ExpectRanksEqualSynth();
+}
+
+// A change none of whose participants is live has no one to abort it: the
+// workers withdraw it, and the next change goes through.
+TEST_F(WorkerAgentTest, AChangeWhoseParticipantsAllLeftIsWithdrawn) {
+  ptc::Coordinator outsider(admin_.get(), {kJob, 9});
+  auto orphan = outsider.Propose("tp=2,pp=3,per_worker=2", 1, {7, 8}, {});
+  ASSERT_TRUE(orphan.ok()) << orphan.status().ToString();
+  ASSERT_TRUE(Eventually([&] { return !outsider.Pending()->has_value(); }, kLong));
+  const ptc::Status why = outsider.Aborted(*orphan);
+  EXPECT_NE(why.message().find("every participant of the change left the job"), std::string::npos) << why.ToString();
+  ASSERT_TRUE(Reconfigure(2, "tp=2,pp=3,per_worker=2,replicas=2").ok());
+  ExpectGeneration({0, 1, 2}, 2);
+  ExpectRanksEqualSynth();
+}
+
+}  // namespace
+}  // namespace ptcfs

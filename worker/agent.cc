@@ -1,0 +1,314 @@
+#include "worker/agent.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+
+#include "cluster/durable.h"
+#include "cluster/job_state.h"
+#include "cluster/recovery.h"
+#include "ptc/store/model_spec.h"
+#include "ptc/store/store_layout.h"
+#include "worker/job_report.h"
+
+namespace ptcfs {
+namespace {
+
+// The longest the agent sleeps between two looks at etcd (a watch wakes it
+// at once when a key of the job changes), and how often it looks when it
+// cannot watch. The longest also bounds how long an unmount waits for it.
+constexpr std::chrono::milliseconds kFollowEvery{1000};
+constexpr std::chrono::milliseconds kPollWithoutWatch{50};
+
+
+// A change the job agreed, as this worker applies it (fs/participant.h):
+// its part is published and the commit awaited through the coordinator.
+class AppliedChange final : public AgreedChange {
+ public:
+  AppliedChange(ptc::Change change, std::set<int> participants, const ptc::Coordinator* coordinator,
+                const ptc::Store* store, ptc::Env* env, const WorkerOptions& options)
+      : change_(std::move(change)),
+        participants_(std::move(participants)),
+        coordinator_(coordinator),
+        store_(store),
+        env_(env),
+        job_(options.job),
+        durable_(options.durable) {}
+
+  const std::set<int>& participants() const override { return participants_; }
+
+  ptc::Status BeforeCommit(ptc::GenerationWriter& writer, const std::string& config) override {
+    // The part is durable before the job may count on it.
+    PTC_RETURN_IF_ERROR(store_->env()->SyncFileSystem(store_->root()));
+    const std::string prefix = ptc::GenerationDirName(writer.generation()) + "/";
+    std::vector<ptc::ShardRecord> written, referenced;
+    for (ptc::ShardRecord& s : writer.Shards()) (s.file.starts_with(prefix) ? written : referenced).push_back(s);
+    PTC_ASSIGN_OR_RETURN(std::vector<ptc::ShardRecord> others,
+                         coordinator_->Finish(change_, config, written, referenced, store_->CurrentSnapshot()->tensors));
+    for (ptc::ShardRecord& s : others) writer.AddShard(std::move(s));
+    return ptc::Status::OK();
+  }
+
+  void Failed(const ptc::Status& error) override { coordinator_->Fail(change_, error); }
+
+  bool has_last_resort() const override { return !durable_.empty(); }
+
+  ptc::Result<std::vector<ptc::ShardRecord>> LastResort() override {
+    if (durable_.empty()) return ptc::FailedPreconditionError("the job has no durable tier");
+    PTC_ASSIGN_OR_RETURN(std::optional<ptc::Committed> committed, coordinator_->GetCommitted());
+    if (!committed) return ptc::FailedPreconditionError("the job has no committed generation");
+    return ptc::LoadDurable(env_, durable_, {job_, committed->contents}, store_->CurrentSnapshot()->tensors);
+  }
+
+ private:
+  const ptc::Change change_;
+  const std::set<int> participants_;
+  const ptc::Coordinator* const coordinator_;
+  const ptc::Store* const store_;
+  ptc::Env* const env_;
+  const std::string job_, durable_;
+};
+
+}  // namespace
+
+Agent::~Agent() {
+  fs_->controller().SetParticipant(nullptr);  // no FUSE thread calls into the agent from here on
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  durable_.reset();
+  env_->SetCurrent(nullptr);
+  if (membership_) (void)membership_->Leave();
+  if (server_) server_->Stop();
+}
+
+ptc::Status Agent::Start() {
+  ptc::PeerServerOptions server;
+  server.address = options_.listen.host;
+  server.port = options_.listen.port;
+  server.token = options_.token;
+  server.worker = options_.worker;
+  PTC_ASSIGN_OR_RETURN(server_, ptc::PeerServer::Start(&fs_->store(), server));
+  env_->SetCurrent([store = &fs_->store()] { return store->CurrentSnapshot(); });
+  PTC_ASSIGN_OR_RETURN(membership_, ptc::Membership::Join(kv_, {options_.job, options_.worker,
+                                                                options_.listen.ToString(), options_.lease_seconds}));
+  rejoin_ = {kv_, coordinator_, membership_->options(), {}};
+  rejoin_.client.token = options_.token;
+  Follow();
+  fs_->controller().SetParticipant(this);
+  if (!options_.durable.empty()) {
+    durable_ = std::make_unique<DurableKeeper>(options_.durable, options_.job, options_.worker, env_, fs_, coordinator_);
+  }
+  thread_ = std::thread([this] { Loop(); });
+  return ptc::Status::OK();
+}
+
+ptc::Status Agent::Propose(const std::string& text, const ptc::ParallelConfig& config) {
+  if (!member_) {
+    return ptc::FailedPreconditionError("worker " + std::to_string(options_.worker) + " is not a member of job " +
+                                        options_.job + " now (etcd out of reach, or it rejoins): " +
+                                        "try again once .ptcfs/status shows no error");
+  }
+  PTC_ASSIGN_OR_RETURN(std::vector<ptc::Member> members, ptc::ListMembers(*kv_, options_.job));
+  std::vector<int> workers;
+  for (const ptc::Member& m : members) workers.push_back(m.worker);
+  const uint64_t from = fs_->store().CurrentSnapshot()->generation;
+  // The request as written to .ptcfs/config, less its line end: it names the change in every worker's messages.
+  const std::string request = text.substr(0, text.find_last_not_of(" \t\r\n") + 1);
+  PTC_ASSIGN_OR_RETURN(ptc::Change change, coordinator_->Propose(request, from, workers, config.Workers()));
+  ptc::MutexLock lock(&proposed_mu_);
+  proposed_ = std::move(change);
+  return ptc::Status::OK();
+}
+
+std::optional<ptc::Change> Agent::Proposed() {
+  ptc::MutexLock lock(&proposed_mu_);
+  return proposed_;
+}
+
+void Agent::Settle(const ptc::Change& asked, const ptc::Result<std::optional<ptc::Change>>& pending) {
+  if (asked.id != applied_) {
+    if (!pending.ok() || (*pending && (*pending)->id == asked.id)) return;
+    fs_->controller().EndProposal(coordinator_->Aborted(asked));
+  }
+  ptc::MutexLock lock(&proposed_mu_);
+  if (proposed_ && proposed_->id == asked.id) proposed_.reset();
+}
+
+int64_t Agent::Follow(std::vector<int>* live) {
+  int64_t revision = 0;
+  auto members = membership_->Members(&revision);
+  if (!members.ok()) revision = 0;
+  if (members.ok()) {
+    std::map<int, ptc::PeerAddress> peers;
+    for (const ptc::Member& m : *members) {
+      if (auto a = ptc::ParsePeerAddress(m.address); a.ok()) peers[m.worker] = *a;
+      if (live != nullptr) live->push_back(m.worker);
+    }
+    env_->SetPeers(std::move(peers));
+  }
+  auto current = fs_->store().CurrentSnapshot();
+  if (current != served_.front()) {
+    served_ = {current, served_.front()};  // the previous one: readers of older files
+    env_->SetManifests(served_);
+    server_->SetKeptGenerations({served_[1]});
+  }
+  return revision;
+}
+
+void Agent::Loop() {
+  while (!stop_) {
+    std::vector<int> live;
+    const int64_t revision = Follow(&live);
+    seen_.insert(live.begin(), live.end());
+    const std::optional<ptc::Change> asked = Proposed();  // before Pending: a change it names is in etcd
+    auto pending = coordinator_->Pending();
+    if (pending.ok() && *pending && revision > 0) WithdrawOrphan(**pending, live);
+    const bool member = InStep(pending);  // a worker that rejoins neither applies, recovers nor copies
+    if (member && pending.ok() && *pending) Apply(**pending);
+    if (asked) Settle(*asked, pending);
+    if (member && pending.ok() && !*pending && revision > 0) Recover(live);
+    if (member && pending.ok() && !*pending && durable_) durable_->Look();
+    if (revision > 0) Report(live);
+    if (stop_) break;
+    if (revision > 0 && kv_->WaitForChange(ptc::JobPrefix(options_.job), revision, kFollowEvery).ok()) {
+      continue;
+    }
+    std::this_thread::sleep_for(kPollWithoutWatch);
+  }
+}
+
+void Agent::WithdrawOrphan(const ptc::Change& change, const std::vector<int>& live) {
+  for (int w : change.workers) {
+    if (std::binary_search(live.begin(), live.end(), w)) return;
+  }
+  coordinator_->Withdraw(change, "every participant of the change left the job");
+}
+
+void Agent::Recover(const std::vector<int>& live) {
+  if (live.empty() || live.front() != options_.worker) return;
+  auto current = fs_->store().CurrentSnapshot();
+  auto config = ptc::ParseConfig(current->config);
+  if (!config.ok()) return;
+  std::vector<int> lost;
+  for (int w : ptc::LostWorkers(*config, live)) {
+    if (seen_.count(w)) lost.push_back(w);
+  }
+  // A change this mount still winds down (one that failed on a worker that was dying) first.
+  if (lost.empty() || fs_->controller().Busy()) return;
+  const std::pair<uint64_t, std::vector<int>> attempt{current->generation, live};
+  if (attempt == tried_) return;
+  tried_ = attempt;
+  std::string names;
+  for (int w : lost) names += (names.empty() ? "" : ", ") + std::to_string(w);
+  auto to = ptc::SurvivorConfig(fs_->snapshot()->spec(), *config, live);
+  ptc::Status s = to.ok() ? Propose(to->ToString(), *to) : to.status();
+  std::fprintf(stderr, "ptcfs: worker %s left the job: %s\n", names.c_str(),
+               s.ok() ? ("reconfiguring onto the survivors: " + to->ToString()).c_str() : s.ToString().c_str());
+  if (!s.ok()) fs_->controller().RecordError("worker " + names + " left the job; no change onto the survivors: " + s.message());
+}
+
+bool Agent::InStep(const ptc::Result<std::optional<ptc::Change>>& pending) {
+  const std::string worker = "worker " + std::to_string(options_.worker);
+  if (held_) {
+    ptc::Status health = membership_->health();
+    if (health.ok() && !Behind(pending)) {
+      if (!member_) Resume();
+      return true;
+    }
+    if (health.code() == ptc::Code::kIOError) {
+      member_ = false;
+      NoteAway(worker + " cannot reach etcd for job " + options_.job + " (" + health.message() +
+               "): serving generation " + std::to_string(fs_->store().current_generation()) +
+               "; a member again once etcd renews its lease, else it rejoins");
+      return false;
+    }
+    if (health.ok()) {
+      (void)membership_->Leave();
+      health = ptc::FailedPreconditionError("the job committed a generation without it");
+    }
+    held_ = false;
+    member_ = false;
+    away_ = worker + " lost its membership of job " + options_.job + " (" + health.message() + "): rejoining";
+    NoteAway(away_);
+  }
+  // etcd unreachable (the link still cut): no attempt, which would wait on etcd again.
+  auto joined = pending.ok() ? Rejoin(rejoin_, fs_->controller(), fs_->store())
+                             : ptc::Result<std::unique_ptr<ptc::Membership>>(pending.status());
+  if (!joined.ok()) {
+    NoteAway(away_ + ": " + joined.status().message());
+    return false;
+  }
+  membership_ = std::move(*joined);
+  held_ = true;
+  member_ = true;
+  // Workers count as lost once seen live again: the first to rejoin after its
+  // link came back would otherwise count the others, whose leases expire too, as lost.
+  seen_.clear();
+  fs_->controller().RecordError("");  // the loss is over
+  std::fprintf(stderr, "ptcfs: %s rejoined job %s at generation %llu\n", worker.c_str(), options_.job.c_str(),
+               static_cast<unsigned long long>(fs_->store().current_generation()));
+  noted_.clear();
+  return true;
+}
+
+void Agent::Resume() {
+  member_ = true;
+  fs_->controller().RecordError("");
+  std::fprintf(stderr, "ptcfs: worker %d reaches etcd again, its lease renewed: a member of job %s as before\n",
+               options_.worker, options_.job.c_str());
+  noted_.clear();
+}
+
+bool Agent::Behind(const ptc::Result<std::optional<ptc::Change>>& pending) {
+  if (!pending.ok() || *pending || fs_->controller().Busy()) return false;
+  auto committed = coordinator_->GetCommitted();
+  return committed.ok() && *committed && (*committed)->generation != fs_->store().current_generation();
+}
+
+void Agent::NoteAway(const std::string& message) {
+  fs_->controller().RecordError(message);
+  if (message == noted_) return;
+  noted_ = message;
+  std::fprintf(stderr, "ptcfs: %s\n", message.c_str());
+}
+
+void Agent::Report(const std::vector<int>& live) {
+  auto current = fs_->store().CurrentSnapshot();
+  auto key = std::make_pair(current->generation, live);
+  if (key == reported_) return;
+  reported_ = std::move(key);
+  nlohmann::json j = {{"job", options_.job}, {"worker", options_.worker}, {"members", live}};
+  auto spec = ptc::SpecFromManifest(*current);
+  auto config = ptc::ConfigFromManifest(*current);
+  if (spec.ok() && config.ok()) {
+    const auto held = PiecesByWorker(*current);
+    const auto mine = held.find(options_.worker);
+    j.update(PiecesJson(mine == held.end() ? WorkerPieces{} : mine->second));
+    j["if_lost"] = IfLost(*current, *spec, *config, live, options_.worker, nullptr);
+  }
+  ptc::MutexLock lock(&report_mu_);
+  report_ = std::move(j);
+}
+
+nlohmann::json Agent::StatusPart() const {
+  nlohmann::json j;
+  {
+    ptc::MutexLock lock(&report_mu_);
+    j = report_;
+  }
+  j["member"] = member_.load();
+  return j;
+}
+
+void Agent::Apply(const ptc::Change& change) {
+  if (change.id == applied_ || change.from != fs_->store().CurrentSnapshot()->generation) return;
+  const std::set<int> participants(change.workers.begin(), change.workers.end());
+  if (!participants.count(options_.worker)) return;
+  if (fs_->controller().Busy()) return;  // the previous change winds down: the next look applies this one
+  applied_ = change.id;
+  auto agreed = std::make_shared<AppliedChange>(change, participants, coordinator_, &fs_->store(), env_, options_);
+  (void)fs_->controller().Apply(change.request, fs_->snapshot(), std::move(agreed));
+}
+
+}  // namespace ptcfs

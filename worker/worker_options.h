@@ -1,0 +1,24 @@
+// What makes a mount one worker of a cluster job (docs/cluster.md): the
+// values `ptcfs mount --cluster` parses, checked by the command line.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "cluster/peer_protocol.h"
+#include "ptc/base/env.h"
+
+namespace ptcfs {
+
+struct WorkerOptions {
+  std::string job;
+  int worker = 0;
+  ptc::PeerAddress listen;  // this worker's peer server: the address the others reach it at
+  std::string token;        // the job's shared token
+  int lease_seconds = 10;   // a worker silent this long has left the job
+  std::chrono::seconds timeout{600};  // a change not committed by then is aborted
+  std::string durable;      // the job's durable tier (an absolute path every worker sees); empty: none
+  ptc::Env* base = nullptr;  // the Env under the store's PeerEnv; null: Env::Default()
+};
+
+}  // namespace ptcfs
