@@ -1,7 +1,5 @@
 #include "cluster/mem_kv_store.h"
 
-#include <algorithm>
-
 namespace ptc {
 namespace {
 
@@ -217,7 +215,8 @@ Result<TxnResponse> MemKvClient::Txn(const TxnRequest& txn) const {
   TxnResponse r;
   {
     MutexLock lock(&kv_->mu_);
-    r.succeeded = std::all_of(txn.compare.begin(), txn.compare.end(), [&](const Compare& c) { return kv_->Holds(c); });
+    r.succeeded = true;
+    for (const Compare& c : txn.compare) r.succeeded = r.succeeded && kv_->Holds(c);
     const std::vector<TxnOp>& ops = r.succeeded ? txn.success : txn.failure;
     for (const TxnOp& op : ops) {
       if (op.kind == TxnOp::Kind::kPut) PTC_RETURN_IF_ERROR(kv_->CheckLease(op.lease));  // nothing applied

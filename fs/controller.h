@@ -159,6 +159,14 @@ class Controller {
   // generation's fragmentation and compacts it when the policy says so.
   void MaybeCompact(const ptc::ModelSpec& spec, const std::optional<ptc::DatasetState>& dataset)
       EXCLUDES(mu_, collect_mu_);
+  // Takes the store's writer role for `state` (a rewrite, a save or an
+  // adopted generation; a rewrite also starts with no error and no
+  // progress): no other writer starts until the state leaves it. Then joins
+  // the background thread (a finished rewrite may still be removing what it
+  // replaced, or compacting) and waits out a removal after a close. Returns
+  // the state before.
+  // \error FailedPrecondition `busy` while another writer holds the role.
+  ptc::Result<MountState> BeginWriting(MountState state, const std::string& busy) EXCLUDES(mu_, collect_mu_);
   // Stops a running compaction and joins `previous`, the background thread;
   // the caller then is the store's writer. The caller has set state_ to its
   // own state first (so that no compaction starts after this).

@@ -7,19 +7,9 @@
 namespace ptcfs {
 
 ptc::Status Controller::Adopt(const std::function<ptc::Status(ptc::Store&)>& write) {
-  MountState before = MountState::kServing;
-  std::thread previous;
-  {
-    ptc::MutexLock lock(&mu_);
-    if (Writing()) {
-      return ptc::FailedPreconditionError("a reconfiguration or save is running; the store is written once it ends");
-    }
-    before = state_;
-    state_ = MountState::kRejoining;
-    previous = std::move(worker_thread_);
-  }
-  JoinBackground(std::move(previous));    // a finished rewrite, perhaps still removing what it replaced
-  { ptc::MutexLock wait(&collect_mu_); }  // a removal after a close (CollectIfIdle) ends before the write
+  PTC_ASSIGN_OR_RETURN(
+      const MountState before,
+      BeginWriting(MountState::kRejoining, "a reconfiguration or save is running; the store is written once it ends"));
   auto adopt = [&]() -> ptc::Result<std::shared_ptr<const Snapshot>> {
     PTC_RETURN_IF_ERROR(write(*store_));
     auto generation = store_->CurrentSnapshot();
