@@ -37,6 +37,7 @@
 #include "fs/staging.h"
 #include "fs/virtual_file.h"
 #include "ptc/base/mutex.h"
+#include "ptc/checkpoint/megatron_names.h"
 
 namespace ptcfs {
 
@@ -50,6 +51,8 @@ struct MountOptions {
   bool safetensors = true;
   bool npy = true;
   bool megatron = false;  // megatron/ (Megatron-LM torch files)
+  // The name set megatron/ renders (saves may use either).
+  ptc::megatron::NameSet megatron_names = ptc::megatron::NameSet::kTe;
   int transform_threads = 2;
   CompactionPolicy compaction;  // when to compact in the background after a reconfigure
   // The Env the store is opened with (a cluster worker's PeerEnv, which reads

@@ -45,7 +45,8 @@ ptc::Result<std::shared_ptr<Node>> Filesystem::BuildMegatronTree(const std::shar
   const ptc::ParallelConfig& config = snap->config();
   for (size_t v : MegatronRanks(snap->views())) {
     const ptc::RankView& view = snap->views()[v];
-    PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan, PlanMegatronFile(snap->spec(), config, view, state),
+    PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan,
+                         PlanMegatronFile(snap->spec(), config, view, state, options_.megatron_names),
                          ptc::RankDirName(view.rank));
     auto file = std::make_shared<Node>();
     file->kind = Node::kMegatronFile;
@@ -77,7 +78,8 @@ void Filesystem::AddStaged(Node& dir, const std::shared_ptr<const Snapshot>& sna
 ptc::Result<std::unique_ptr<VirtualFile>> Filesystem::RenderMegatron(const Snapshot& snap, const ptc::RankView& view,
                                                                      int worker) const {
   PTC_ASSIGN_OR_RETURN(ptc::megatron::MegatronState state, snap.megatron());
-  PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan, PlanMegatronFile(snap.spec(), snap.config(), view, state));
+  PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan,
+                       PlanMegatronFile(snap.spec(), snap.config(), view, state, options_.megatron_names));
   // The same config and iteration give the same bytes, whichever generation holds them.
   const auto key = std::make_tuple(snap.config().ToString(), view.rank, state.iteration);
   std::vector<uint32_t> crcs;

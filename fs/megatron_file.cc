@@ -36,9 +36,10 @@ std::vector<ptc::TorchStorageSpec> StorageSpecs(const ptc::megatron::RankState& 
 }  // namespace
 
 ptc::Result<MegatronFilePlan> PlanMegatronFile(const ptc::ModelSpec& spec, const ptc::ParallelConfig& config,
-                                               const ptc::RankView& view, const ptc::megatron::MegatronState& state) {
+                                               const ptc::RankView& view, const ptc::megatron::MegatronState& state,
+                                               ptc::megatron::NameSet names) {
   MegatronFilePlan plan;
-  PTC_ASSIGN_OR_RETURN(plan.state, ptc::megatron::BuildRankState(spec, config, view, state));
+  PTC_ASSIGN_OR_RETURN(plan.state, ptc::megatron::BuildRankState(spec, config, view, state, names));
   PTC_ASSIGN_OR_RETURN(plan.torch, ptc::PlanTorchFile(kMegatronArchive, plan.state.root, StorageSpecs(plan.state)));
   PTC_ASSIGN_OR_RETURN(ptc::ZipLayout layout, ptc::LayoutTorchFile(plan.torch));
   plan.size = layout.size;
@@ -119,7 +120,7 @@ std::vector<size_t> MegatronRanks(const std::vector<ptc::RankView>& views) {
 
 ptc::Status ExportMegatron(ptc::Env* env, const ptc::Store& store,
                            std::shared_ptr<const ptc::GenerationManifest> generation, const ptc::ModelSpec& spec,
-                           const ptc::ParallelConfig& config, const std::string& out_dir,
+                           const ptc::ParallelConfig& config, const std::string& out_dir, ptc::megatron::NameSet names,
                            const ptc::ProgressFn& progress) {
   PTC_RETURN_IF_ERROR(ptc::ValidateConfig(spec, config));
   const std::string manifest = store.ManifestPath(generation->generation);
@@ -137,7 +138,7 @@ ptc::Status ExportMegatron(ptc::Env* env, const ptc::Store& store,
                        out->CreateDir(ptc::megatron::IterationDirName(state.iteration)));
   for (size_t v : MegatronRanks(views)) {
     const ptc::RankView& view = views[v];
-    PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan, PlanMegatronFile(spec, config, view, state));
+    PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan, PlanMegatronFile(spec, config, view, state, names));
     PTC_ASSIGN_OR_RETURN(std::unique_ptr<ptc::OutputDir> dir,
                          iter_dir->CreateDir(ptc::megatron::RankDirName(view.coords.tp, view.coords.pp, config.pp)));
     const std::string path = ptc::JoinPath(dir->path(), ptc::megatron::kRankFile);

@@ -35,9 +35,11 @@ struct MegatronFilePlan {
 
 inline constexpr const char* kMegatronArchive = "model_optim_rng";
 
+// `names`: Megatron-Core's name set the file uses (ptc/checkpoint/megatron_names.h).
 // \error as BuildRankState and PlanTorchFile.
 ptc::Result<MegatronFilePlan> PlanMegatronFile(const ptc::ModelSpec& spec, const ptc::ParallelConfig& config,
-                                               const ptc::RankView& view, const ptc::megatron::MegatronState& state);
+                                               const ptc::RankView& view, const ptc::megatron::MegatronState& state,
+                                               ptc::megatron::NameSet names);
 
 // The CRC-32 of each storage of `plan`, reading the tensors from the store
 // (every shard passes `check` first).
@@ -57,11 +59,12 @@ ptc::Result<std::unique_ptr<VirtualFile>> MakeMegatronFile(const ptc::Generation
 std::vector<size_t> MegatronRanks(const std::vector<ptc::RankView>& views);
 
 // `ptcfs export --format megatron`: OUT/latest_checkpointed_iteration.txt and
-// OUT/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt for every (tp, pp).
+// OUT/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt for every (tp, pp), in name set `names`.
 // \error as ValidateConfig, the store reads and the Env (naming the file).
 ptc::Status ExportMegatron(ptc::Env* env, const ptc::Store& store,
                            std::shared_ptr<const ptc::GenerationManifest> generation, const ptc::ModelSpec& spec,
                            const ptc::ParallelConfig& config, const std::string& out_dir,
+                           ptc::megatron::NameSet names = ptc::megatron::NameSet::kTe,
                            const ptc::ProgressFn& progress = {});
 
 }  // namespace ptcfs

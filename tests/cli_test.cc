@@ -57,6 +57,46 @@ TEST_F(CliTest, HelpTeaches) {
   r = Ptcfs("export --help");
   EXPECT_NE(r.second.find("--config"), std::string::npos);
   EXPECT_NE(r.second.find("npy"), std::string::npos);
+  // --names says what each set names and that it numbers the optimizer state.
+  for (const char* cmd : {"export --help", "mount --help"}) {
+    r = Ptcfs(cmd);
+    EXPECT_EQ(r.first, 0) << cmd;
+    for (const char* part :
+         {"--names", "linear_qkv.layer_norm_weight", "input_layernorm.weight", "numbers the optimizer state"}) {
+      EXPECT_TRUE(Contains(r.second, part)) << cmd << ": " << part << "\n" << r.second;
+    }
+  }
+}
+
+// Megatron-Core's two name sets (docs/megatron_format.md): a llama store exported in local
+// names imports again (recognised from the files) and exports in te names to the bytes the
+// store's own te export has; --names outside --format megatron is refused before anything.
+TEST_F(CliTest, MegatronNameSetsRoundTrip) {
+  const std::string model = "--schema llama --dims layers=4,hidden=32,heads=4,kv_heads=2,vocab=64,seq=16";
+  auto run = [&](const std::string& args) {
+    auto r = Ptcfs(args);
+    ASSERT_EQ(r.first, 0) << args << "\n" << r.second;
+  };
+  run("synth " + model + " --optimizer adam --config tp=2,pp=2 " + tmp_ / "llama");
+  run("import " + model + " --config tp=2,pp=2 " + tmp_ / "llama " + tmp_ / "lstore");
+  run("export --format megatron --names local --config tp=2,pp=2 " + tmp_ / "lstore " + tmp_ / "local");
+  run("export --format megatron --config tp=1,pp=2 " + tmp_ / "lstore " + tmp_ / "te");
+  const std::string file = Slurp(tmp_ / "local/iter_0000000/mp_rank_01_001/model_optim_rng.pt");
+  EXPECT_TRUE(Contains(file, "decoder.layers.1.input_layernorm.weight"));
+  EXPECT_FALSE(Contains(file, "layer_norm_weight"));
+  run("import --format megatron " + model + " " + tmp_ / "local " + tmp_ / "again");
+  run("export --format megatron --names te --config tp=1,pp=2 " + tmp_ / "again " + tmp_ / "te-again");
+  EXPECT_EQ(Snapshot(tmp_ / "te-again"), Snapshot(tmp_ / "te"));
+  auto r = Ptcfs("export --names local --config tp=1 " + tmp_ / "store " + tmp_ / "out");
+  EXPECT_EQ(r.first, 2) << r.second;
+  EXPECT_TRUE(Contains(r.second, "--names local: names the tensors of --format megatron only")) << r.second;
+  r = Ptcfs("export --format megatron --names tE --config tp=1 " + tmp_ / "store " + tmp_ / "out");
+  EXPECT_EQ(r.first, 2) << r.second;
+  EXPECT_FALSE(fs::exists(tmp_ / "out"));
+  r = Ptcfs("mount --names local " + tmp_ / "store " + tmp_ / "nowhere");
+  EXPECT_EQ(r.first, 2) << r.second;
+  EXPECT_TRUE(Contains(r.second, "--names local: names the files of megatron/ (--format megatron or all)")) << r.second;
+  ExpectStoreUnchanged();
 }
 
 TEST_F(CliTest, ImportExportVerifyInspectDiff) {

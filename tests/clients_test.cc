@@ -111,19 +111,16 @@ TEST_F(ClientsTest, Torch2LoadsEveryMegatronFileAndSavesThroughTheMount) {
 }
 
 TEST_F(ClientsTest, MegatronCoreGptModelLoadsItsRankFilesAndStepsAdam) {
-  // megatron-core's GPTModel (local spec, float64, gloo on CPU) in its own parameter order:
-  // tests/clients/mcore_gpt.py writes the llama schema in the local spec's names and order.
-  const std::string dims = " --dims layers=4,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32";
+  // megatron-core's GPTModel (local spec, float64, gloo on CPU) against the built-in llama
+  // schema rendered in the local spec's names and parameter order (--names local).
   const std::string mcore = Python() + Script("mcore_gpt.py");
-  auto [sc, sout] = Sh(mcore + "schema " + tmp_ / "local.json " + PTCFS_BINARY);
-  ASSERT_EQ(sc, 0) << sout;
-  const std::string model = "--schema " + tmp_ / "local.json" + dims;
+  const std::string model = kLlama;
   Run("synth " + model + " --dtype f64 --optimizer adam --config tp=2 " + tmp_ / "src");
   Run("import " + model + " --config tp=2 " + tmp_ / "src " + tmp_ / "store");
   for (const std::string c : {"tp=2", "tp=1", "tp=1,pp=2"}) {
     SCOPED_TRACE(c);
     const std::string tp = c.substr(3, 1), pp = c.size() > 4 ? "2" : "1";
-    Run("export --format megatron --config " + c + " " + tmp_ / "store " + tmp_ / ("tree" + c));
+    Run("export --format megatron --names local --config " + c + " " + tmp_ / "store " + tmp_ / ("tree" + c));
     ASSERT_EQ(Sh("mkdir -p " + tmp_ / ("out" + c)).first, 0);
     auto [code, out] = Sh(mcore + "run " + tmp_ / ("tree" + c) + " " + tp + " " + pp + " " + tmp_ / ("out" + c) + " 2>&1");
     EXPECT_EQ(code, 0) << out;
@@ -134,20 +131,36 @@ TEST_F(ClientsTest, MegatronCoreGptModelLoadsItsRankFilesAndStepsAdam) {
     auto [code, out] = Sh(mcore + "compare " + tmp_ / ("out" + c) + "/logits.pt " + tmp_ / "outtp=1/logits.pt 2>&1");
     EXPECT_EQ(code, 0) << c << "\n" << out;
   }
-  // The model's own save through the mount (torch.save of model.state_dict(), with
-  // Megatron-Core's _extra_state entries, linear_qkv's as io.BytesIO) commits, and they are
-  // rendered back at their places: every one, each linear_qkv's bytes those of the saved
-  // rank of its module (tp mod 2), at the saved tp=2 and at tp=1, pp=2.
-  Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron");
+  // The default te names are not the model's: its strict load refuses them.
+  Run("export --format megatron --config tp=1 " + tmp_ / "store " + tmp_ / "tree-te");
+  ASSERT_EQ(Sh("mkdir -p " + tmp_ / "out-te").first, 0);
+  auto [tc, tout] = Sh(mcore + "run " + tmp_ / "tree-te 1 1 " + tmp_ / "out-te 2>&1");
+  EXPECT_NE(tc, 0) << tout;
+  EXPECT_NE(tout.find("linear_qkv.layer_norm_weight"), std::string::npos) << tout;
+  // The model's own saves through the mount (torch.save of model.state_dict() in its
+  // registration order, with Megatron-Core's _extra_state entries, linear_qkv's as io.BytesIO,
+  // and Adam's state numbered by its named_parameters()) commit, and megatron/ then renders
+  // what each rank saved, bit for bit, keys in order; at tp=2, then at tp=1, pp=2. Loaded
+  // strict, the extra state of each linear_qkv is the saved rank's of its module (tp mod 2).
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron --names local");
   const std::string megatron = m.dir() + "/megatron";
-  const int generation = MountStatus(m.dir())["generation"].get<int>();
-  ASSERT_EQ(Sh("mkdir -p " + tmp_ / "save " + tmp_ / "strict2 " + tmp_ / "strict12").first, 0);
-  auto [code, out] = Sh(mcore + "run " + megatron + " 2 1 " + tmp_ / "save --save 2 2>&1");
-  ASSERT_EQ(code, 0) << out;
-  const auto status = MountStatus(m.dir());
-  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
-  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
-  std::tie(code, out) = Sh(mcore + "run " + megatron + " 2 1 " + tmp_ / "strict2 --strict 2 2>&1");
+  int generation = MountStatus(m.dir())["generation"].get<int>();
+  for (const std::string c : {"save2", "strict2", "save12", "strict12"}) ASSERT_EQ(Sh("mkdir -p " + tmp_ / c).first, 0);
+  // `strict`: the store has every _extra_state entry (not the synthetic one).
+  auto save = [&](const std::string& tp_pp, const std::string& out, const std::string& iteration, bool strict) {
+    auto [code, text] = Sh(mcore + "run " + megatron + " " + tp_pp + " " + tmp_ / out + (strict ? " --strict 2" : "") +
+                           " --save " + iteration + " 2>&1");
+    ASSERT_EQ(code, 0) << text;
+    const auto status = MountStatus(m.dir());
+    EXPECT_EQ(status["generation"], ++generation) << status.dump();
+    EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+    EXPECT_EQ(Slurp(megatron + "/latest_checkpointed_iteration.txt"), iteration);
+    std::tie(code, text) = Sh(mcore + "same " + megatron + " " + tp_pp + " " + tmp_ / out + " 2>&1");
+    EXPECT_EQ(code, 0) << text;
+    EXPECT_NE(text.find("SAME OK"), std::string::npos) << text;
+  };
+  save("2 1", "save2", "2", false);
+  auto [code, out] = Sh(mcore + "run " + megatron + " 2 1 " + tmp_ / "strict2 --strict 2 2>&1");
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("RUN OK"), std::string::npos) << out;
   Run("reconfigure " + m.dir() + " --to tp=1,pp=2");
@@ -157,6 +170,8 @@ TEST_F(ClientsTest, MegatronCoreGptModelLoadsItsRankFilesAndStepsAdam) {
   // Rendered from the same saved state, the two grids' logits agree.
   std::tie(code, out) = Sh(mcore + "compare " + tmp_ / "strict2/logits.pt " + tmp_ / "strict12/logits.pt 2>&1");
   EXPECT_EQ(code, 0) << out;
+  generation = MountStatus(m.dir())["generation"].get<int>();  // the reconfigure committed one
+  save("1 2", "save12", "3", true);
 }
 
 TEST_F(ClientsTest, MegatronCoreIndexedDatasetReadsEveryRank) {

@@ -1,5 +1,6 @@
 // ptcfs export: the store's current generation in any parallel config.
 #include <memory>
+#include <optional>
 
 #include "fs/megatron_file.h"
 #include "ptc/checkpoint/export.h"
@@ -14,6 +15,7 @@ namespace {
 
 struct ExportArgs {
   std::string config, format = "safetensors", store, out;
+  std::optional<std::string> names;  // --names, megatron only
 };
 
 // Bytes of tensors in the Megatron files of `config` (data-parallel rank 0).
@@ -37,16 +39,20 @@ ptc::Status RunExportMegatron(const ExportArgs& a, const ptc::ParallelConfig& co
   auto generation = store->CurrentSnapshot();
   PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(*generation), a.store);
   PTC_RETURN_IF_ERROR(ptc::ValidateConfig(spec, config));
+  PTC_ASSIGN_OR_RETURN(const ptc::megatron::NameSet names, ptc::megatron::ParseNameSet(a.names.value_or("te")),
+                       "--names");
   PTC_ASSIGN_OR_RETURN(uint64_t total, MegatronBytes(spec, config));
   Progress progress("export", total);
   return ptc::WriteFreshDirectory(
-      env, a.out, [&] { return ExportMegatron(env, *store, generation, spec, config, a.out, progress.fn()); });
+      env, a.out, [&] { return ExportMegatron(env, *store, generation, spec, config, a.out, names, progress.fn()); });
 }
 
 ptc::Status RunExport(const ExportArgs& a) {
   PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig config, ptc::ParseConfig(a.config));
   PTC_RETURN_IF_ERROR(CheckOutsideStore(a.store, a.out));
   if (a.format == "megatron") return RunExportMegatron(a, config);
+  if (a.names)
+    return ptc::InvalidArgumentError("--names " + *a.names + ": names the tensors of --format megatron only");
   PTC_ASSIGN_OR_RETURN(ptc::CheckpointFormat format, ptc::ParseCheckpointFormat(a.format));
   PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::Open(ptc::Env::Default(), a.store));
   if (!store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
@@ -73,6 +79,7 @@ void AddExportCommand(CLI::App& app, int* exit_code) {
                   "latest_checkpointed_iteration.txt + iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt\n"
                   "(torch.save files; docs/megatron_format.md)")
       ->check(CLI::IsMember({"safetensors", "npy", "megatron"}));
+  sub->add_option("--names", a->names, kMegatronNamesHelp)->check(CLI::IsMember({"te", "local"}));
   sub->add_option("STORE", a->store, "store directory")->required();
   sub->add_option("OUT_DIR", a->out, "directory to write")->required();
   sub->callback([a, exit_code] { *exit_code = Report("export", RunExport(*a)); });

@@ -31,6 +31,7 @@ namespace {
 
 struct MountArgs {
   std::string store, mountpoint, format = "both";
+  std::optional<std::string> names;  // --names, megatron/ only
   int worker = -1;
   int threads = 8;
   int transform_threads = 2;
@@ -86,6 +87,10 @@ ptc::Result<ptc::StoreLock> LockForMount(const std::string& store, bool wait, bo
 }
 
 ptc::Status RunMount(const MountArgs& a) {
+  if (a.names && a.format != "megatron" && a.format != "all") {
+    return ptc::InvalidArgumentError("--names " + *a.names +
+                                     ": names the files of megatron/ (--format megatron or all)");
+  }
   PTC_RETURN_IF_ERROR(CheckMountpoint(a.mountpoint, a.nonempty));
   PTC_RETURN_IF_ERROR(CheckMountpointApart(a.store, a.mountpoint));
   PTC_ASSIGN_OR_RETURN(ptc::StoreLock lock, LockForMount(a.store, a.wait, /*create=*/!a.cluster.url.empty()));
@@ -97,6 +102,7 @@ ptc::Status RunMount(const MountArgs& a) {
   options.safetensors = a.format == "safetensors" || a.format == "both" || a.format == "all";
   options.npy = a.format == "npy" || a.format == "both" || a.format == "all";
   options.megatron = a.format == "megatron" || a.format == "all";
+  PTC_ASSIGN_OR_RETURN(options.megatron_names, ptc::megatron::ParseNameSet(a.names.value_or("te")), "--names");
   options.transform_threads = a.transform_threads;
   options.compaction = a.compaction;
   SessionOptions session{a.mountpoint, a.foreground, a.threads, nullptr};
@@ -237,6 +243,7 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
                    "which model files to show: safetensors, npy, both (the two; default), megatron\n"
                    "(megatron/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt), or all")
       ->check(CLI::IsMember({"safetensors", "npy", "both", "megatron", "all"}));
+  mount->add_option("--names", m->names, kMegatronNamesHelp)->check(CLI::IsMember({"te", "local"}));
   mount->add_flag("-f,--foreground", m->foreground, "stay in the foreground");
   mount->add_flag("--nonempty", m->nonempty, "mount over a directory that holds files (hidden while mounted)");
   mount->add_flag("--wait", m->wait,

@@ -12,6 +12,16 @@
 
 namespace ptcfs {
 
+// --names of `export --format megatron` and `mount` (ptc/checkpoint/megatron_names.h).
+inline constexpr const char* kMegatronNamesHelp =
+    "Megatron-Core's names in the Megatron files, which also give the parameter order that\n"
+    "numbers the optimizer state: te (default; with Transformer Engine, each layer's norms are\n"
+    "fused into self_attention.linear_qkv.layer_norm_weight and mlp.linear_fc1.layer_norm_weight)\n"
+    "or local (its local layer spec, as on a CPU machine: input_layernorm.weight and\n"
+    "pre_mlp_layernorm.weight, each registered before its attention or MLP). Schemas without\n"
+    "these norms (megatron-gpt) read the same either way; saves and imports take either set\n"
+    "(docs/megatron_format.md)";
+
 void AddSynthCommand(CLI::App& app, int* exit_code);
 void AddImportCommand(CLI::App& app, int* exit_code);
 void AddExportCommand(CLI::App& app, int* exit_code);

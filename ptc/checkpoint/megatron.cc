@@ -1,5 +1,6 @@
 #include "ptc/checkpoint/megatron.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <map>
@@ -205,14 +206,16 @@ std::vector<std::string> ModelKeyPath(std::string_view schema_name, std::string_
   return path;
 }
 
-Result<RankState> BuildRankState(const ModelSpec& spec, const ParallelConfig& config, const RankView& view,
-                                 const MegatronState& state) {
+Result<RankState> BuildRankState(const ModelSpec& spec, const ParallelConfig& config, const RankView& schema_view,
+                                 const MegatronState& state, NameSet names) {
   const pickle::Value& carried = state.carried;
   if (!carried.is_dict() && !carried.is_none()) {
     return InvalidArgumentError("kept checkpoint entries are a " + std::string(pickle::KindName(carried.kind())) +
                                 ", not a dict");
   }
   RankState out;
+  out.view = std::make_shared<const RankView>(ViewInNameSet(schema_view, names));
+  const RankView& view = *out.view;
   out.root = carried.is_dict() ? carried : Value::Dict();
   Value& root = out.root;
   if (Value* args = root.Find("args"); args != nullptr && args->kind() == pickle::Kind::kObject) {
@@ -260,9 +263,58 @@ Result<RankState> BuildRankState(const ModelSpec& spec, const ParallelConfig& co
   return out;
 }
 
+Result<NameSet> FileNameSet(const ModelSpec& spec, const RankView& view, const pickle::Value& root,
+                            const std::string& what) {
+  pickle::DictIndex index;
+  auto has = [&](const std::string& name) {
+    return Get(root, StrPath(ModelKeyPath(spec.schema.name, name)), &index) != nullptr;
+  };
+  auto where = [&](const std::string& name) {
+    return what + ": " + PathText(StrPath(ModelKeyPath(spec.schema.name, name)));
+  };
+  return RecogniseNameSet(view, has, where);
+}
+
+namespace {
+
+// Megatron numbers the optimizer state in the order the model registers its
+// parameters, which is the order of its state dict: the file's model tensors
+// must come in the order of `view` (in the file's name set `names`).
+// \error InvalidArgument naming the first tensor at another place.
+Status CheckParameterOrder(const ModelSpec& spec, const RankView& view, const Value& root, NameSet names,
+                           const std::string& what) {
+  const Value* model = root.Find("model");
+  if (model == nullptr) return Status::OK();
+  std::unordered_map<std::string, size_t> at;  // the file's tensors' paths ('.'-joined, as local names) in order
+  pickle::ForEachTensor(*model,
+                        [&](const std::string& path, const pickle::Tensor&) { at.try_emplace(path, at.size()); });
+  std::vector<size_t> in_file(view.model.size());
+  for (size_t i = 0; i < in_file.size(); ++i) in_file[i] = i;
+  auto place = [&](size_t i) {
+    const auto it = at.find(view.model[i].name);
+    return it == at.end() ? at.size() : it->second;
+  };
+  std::stable_sort(in_file.begin(), in_file.end(), [&](size_t a, size_t b) { return place(a) < place(b); });
+  for (size_t k = 0; k < in_file.size(); ++k) {
+    if (in_file[k] == k) continue;
+    return InvalidArgumentError(
+        what + ": " + PathText(StrPath(ModelKeyPath(spec.schema.name, view.model[in_file[k]].name))) +
+        ": the rank's parameter " + std::to_string(k) + " in the file's order, where the schema's order in " +
+        std::string(NameSetName(names)) + " names has " + view.model[k].name +
+        " (Megatron numbers the optimizer state in the order the model registers its parameters: "
+        "docs/megatron_format.md, \"The parameter order\")");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const ParallelConfig& config,
-                                                    const RankView& view, const pickle::Value& root,
+                                                    const RankView& schema_view, const pickle::Value& root,
                                                     const std::string& what) {
+  PTC_ASSIGN_OR_RETURN(const NameSet names, FileNameSet(spec, schema_view, root, what));
+  std::vector<size_t> from;  // the file's parameter i is schema_view.model[from[i]]
+  const RankView view = ViewInNameSet(schema_view, names, &from);
   std::vector<pickle::Tensor> out;
   pickle::DictIndex index;
   // `state_of`: what names the parameter whose optimizer state t is (empty for a parameter).
@@ -286,6 +338,10 @@ Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const
     return Status::OK();
   };
   for (const LocalTensor& t : view.model) PTC_RETURN_IF_ERROR(take(t, StrPath(ModelKeyPath(spec.schema.name, t.name))));
+  // Back in schema_view's order: out[i] is schema_view.model[i]'s (the optimizer state's order is the view's).
+  std::vector<pickle::Tensor> in_schema_order(out.size());
+  for (size_t i = 0; i < from.size(); ++i) in_schema_order[from[i]] = std::move(out[i]);
+  out = std::move(in_schema_order);
   if (view.optim.empty()) return out;
   if (config.zero == 1) {
     return InvalidArgumentError(what +
@@ -294,6 +350,7 @@ Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const
   }
   const Value* optimizer = root.Find("optimizer");
   if (optimizer == nullptr) return InvalidArgumentError(what + ": optimizer: missing (the store holds optimizer state)");
+  PTC_RETURN_IF_ERROR(CheckParameterOrder(spec, view, root, names, what));
   PTC_ASSIGN_OR_RETURN(OptimizerLayout layout, ReadOptimizerLayout(view, *optimizer, what));
   std::map<std::string, size_t> param_index;
   for (size_t i = 0; i < view.model.size(); ++i) param_index[view.model[i].name] = i;
@@ -304,7 +361,7 @@ Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const
     // numbered in another order misfits first at the state named here.
     PTC_RETURN_IF_ERROR(take(t, OptimizerPath(layout, t.name.substr(dot + 1), i),
                              " (the state of " + view.model[i].name + ", parameter " + std::to_string(i) +
-                                 " in the schema's order)"));
+                                 " in the schema's order in " + std::string(NameSetName(names)) + " names)"));
   }
   return out;
 }

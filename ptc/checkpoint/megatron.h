@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -37,6 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ptc/base/status.h"
+#include "ptc/checkpoint/megatron_names.h"
 #include "ptc/format/pickle.h"
 #include "ptc/model/config.h"
 #include "ptc/model/view.h"
@@ -135,9 +137,11 @@ inline constexpr uint64_t kMaxCarriedTensorBytes = 1 << 20;
 Result<MegatronState> LoadMegatronState(const nlohmann::json& extra, const std::string& what);
 nlohmann::json EncodeMegatronState(const MegatronState& state);
 
-// The state dict of `view`'s rank: tensors are references to storages "0",
-// "1", ... holding the rank's local tensors (model tensors, then optimizer
-// state), then the carried tensors' storages. The carried entries' `args`
+// The state dict of `view`'s rank in name set `names` (megatron_names.h: the
+// model dict's names and order, and so the optimizer state's numbering):
+// tensors are references to storages "0", "1", ... holding the rank's local
+// tensors (model tensors, then optimizer state), then the carried tensors'
+// storages. The carried entries' `args`
 // get tensor_model_parallel_size, pipeline_model_parallel_size,
 // data_parallel_size and world_size of `config` (those present); 'rng_state'
 // is the rank's own when kept per rank (RngFor), its tensors' storages last.
@@ -148,6 +152,8 @@ struct RankState {
     const CarriedTensor* carried = nullptr;  // one of the state's carried tensors or of `own`
   };
   pickle::Value root;
+  // The view in the rendered names and order; the storages' tensors are its.
+  std::shared_ptr<const RankView> view;
   std::vector<Storage> storages;
   std::vector<CarriedTensor> own{};  // the default step, when one is rendered (never resized after)
 };
@@ -155,14 +161,24 @@ struct RankState {
 // (PlaceExtras), their tensors' storages after the carried ones.
 // \error InvalidArgument when state.carried is neither a dict nor None.
 Result<RankState> BuildRankState(const ModelSpec& spec, const ParallelConfig& config, const RankView& view,
-                                 const MegatronState& state);
+                                 const MegatronState& state, NameSet names = NameSet::kTe);
 
-// The tensors of `view` found in a rank file's state dict, in the order of
-// view.model then view.optim. `what` names the file in messages.
+// The name set of a rank file's model dict (RecogniseNameSet): `view` in the
+// schema's names. `what` names the file.
+// \error as RecogniseNameSet.
+Result<NameSet> FileNameSet(const ModelSpec& spec, const RankView& view, const pickle::Value& root,
+                            const std::string& what);
+
+// The tensors of `view` (the schema's names) found in a rank file's state
+// dict, in the order of view.model then view.optim. The file may use either
+// name set (FileNameSet); with optimizer state, its model dict must hold the
+// parameters in that set's registration order, which numbers the state
+// (docs/megatron_format.md, "The parameter order"). `what` names the file.
 // \error InvalidArgument naming the file and the key path: a tensor missing,
 //        an entry that is not a tensor, another dtype or shape than the view's,
-//        a view that is not contiguous; optimizer state in a layout not above;
-//        a view with ZeRO-1 optimizer state.
+//        a view that is not contiguous; names of both sets; with optimizer
+//        state, the first parameter out of order; optimizer state in a layout
+//        not above; a view with ZeRO-1 optimizer state.
 Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const ParallelConfig& config,
                                                     const RankView& view, const pickle::Value& root,
                                                     const std::string& what);

@@ -258,6 +258,9 @@ Result<megatron::MegatronState> KeepEntries(Env* env, const RandomAccessFile& fi
       }
       PTC_ASSIGN_OR_RETURN(RankView view,
                            ComputeView(source.spec, source.config, source.config.RankOf(RankCoords{tp, 0, pp})));
+      // The rank's tensors as the file names and numbers them (either of Megatron-Core's name sets).
+      PTC_ASSIGN_OR_RETURN(const megatron::NameSet names, megatron::FileNameSet(source.spec, view, rtf.root, path));
+      view = megatron::ViewInNameSet(view, names);
       PTC_RETURN_IF_ERROR(KeepExtras(view, rf, rtf, path, &extras_seen, &state));
       if (!source.spec.optimizer || source.config.zero == 1) continue;
       const pickle::Value* optimizer = rtf.root.Find("optimizer");
@@ -300,6 +303,8 @@ Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOp
     PTC_RETURN_IF_ERROR(ValidateConfig(source.spec, source.config));
     PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(source.spec, source.config, 0));
     if (view.model.empty()) return InvalidArgumentError(first + ": the schema gives rank 0 no tensor");
+    PTC_ASSIGN_OR_RETURN(const megatron::NameSet names, megatron::FileNameSet(source.spec, view, tf.root, first));
+    view = megatron::ViewInNameSet(view, names);
     // The dtype most of rank 0's parameters have: one tensor of another dtype
     // is then blamed by name (FindRankTensors), not every other tensor.
     std::map<DType, size_t> votes;

@@ -7,7 +7,9 @@
 // directories (dp = 1: every data-parallel rank loads the same files); every
 // directory of that grid must be there. Each rank file is read with the
 // restricted unpickler, every member's CRC-32 is checked, and every tensor of
-// the rank's view must be found with the schema's dtype and shape. The
+// the rank's view must be found with the schema's dtype and shape, in either
+// of Megatron-Core's name sets (megatron_names.h, recognised per file; with
+// optimizer state, in that set's parameter order). The
 // non-tensor entries of the first rank's file (args, ...), each rank's
 // rng_state and `*._extra_state` model entries, and the iteration are kept in
 // the manifest (extra["megatron"]) and rendered again.

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Megatron-Core's GPTModel as it really runs, on CPU, against a mount's megatron/ tree.
 
-  schema OUT              the llama schema in Megatron-Core's local-spec names and order
-                          (`ptcfs schema llama` renamed: TE's fused norm weights are
-                          input_layernorm.weight / pre_mlp_layernorm.weight, and the input
-                          norm comes first in the layer, as TransformerLayer builds it)
+The files are the built-in llama schema's, rendered in Megatron-Core's local names
+(`--names local`: input_layernorm.weight / pre_mlp_layernorm.weight, the input norm first in
+the layer, as TransformerLayer builds it); the test has no schema of its own.
+
   run DIR TP PP OUT       TP*PP gloo processes; each builds GPTModel (local spec, float64,
                           use_cpu_initialization) in its (tp, pp) rank, loads
                           DIR/iter_*/mp_rank_*/model_optim_rng.pt's model with strict=True
+                          (its parameters in named_parameters()' names and order)
                           (missing _extra_state entries filled from the model, but with
                           --strict SAVED_TP, where the file must have every one, and each
                           linear_qkv's the bytes the save at tp SAVED_TP gave it: see --save),
@@ -22,6 +23,10 @@
                           the global key, as Transformer Engine keeps opaque bytes) into
                           DIR/iter_ITER/, then writes DIR/latest_checkpointed_iteration.txt
   compare A B             two logits files equal within 1e-12
+  same DIR TP PP OUT      DIR's rank files (the latest iteration) hold what the save wrote to
+                          OUT/saved-TP-PP.pt: the model dict (keys in order, tensors bit for bit,
+                          each _extra_state's bytes) and the optimizer state (numbering, groups
+                          and their settings, every state, the fp32 masters)
 
 CPU shims (small): Megatron-Core's CUDA RNG tracker (get_cuda_rng_tracker) is a no-op fork
 (dropout is 0, initialisation on CPU), and torch.cuda.current_device() answers "cpu" (RoPE
@@ -30,10 +35,8 @@ Prints "<CMD> OK" and exits 0 on success.
 """
 import contextlib
 import io
-import json
 import os
 import pathlib
-import subprocess
 import sys
 import warnings
 
@@ -45,21 +48,6 @@ import torch.distributed as dist
 DIMS = dict(layers=4, hidden=64, heads=4, kv_heads=2, vocab=256, seq=32)
 FFN = 4 * DIMS["hidden"]
 TOKENS = 16
-
-
-def local_schema(te_schema):
-    """TE names -> local-spec names. The order is the built-in's (Megatron-Core's with TE) but
-    for the input norm, which TransformerLayer builds first where TE fuses it into linear_qkv."""
-    rename = {
-        "decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight": "decoder.layers.{i}.input_layernorm.weight",
-        "decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight": "decoder.layers.{i}.pre_mlp_layernorm.weight",
-    }
-    rules = [dict(r, name=rename.get(r["name"], r["name"])) for r in te_schema["tensors"]]
-    norm = next(r for r in rules if r["name"] == "decoder.layers.{i}.input_layernorm.weight")
-    rules.remove(norm)
-    first_layer = next(k for k, r in enumerate(rules) if r["pp"] == "layer")
-    rules.insert(first_layer, norm)
-    return {"name": "llama-local", "tensors": rules}
 
 
 class _NoFork:
@@ -142,6 +130,9 @@ def worker(rank, world, tp, pp, root, out, save, strict):
             assert isinstance(value, io.BytesIO) and value.getvalue() == want, f"{key}: {value!r}, saved {want!r}"
     model.load_state_dict({**sd["model"], **extra}, strict=True)
     names = [n for n, _ in model.named_parameters()]
+    # The file's parameters: the model's names, in its registration order.
+    in_file = [k for k in sd["model"] if not k.endswith("._extra_state")]
+    assert in_file == names, f"file order {in_file[:4]}... != named_parameters() {names[:4]}..."
     # The optimizer state numbers named_parameters() split into Megatron-Core's groups.
     groups = _get_param_groups([model], OptimizerConfig(lr=1e-3, min_lr=0.0, weight_decay=0.1), None)
     params = dict(model.named_parameters())
@@ -210,12 +201,27 @@ def worker(rank, world, tp, pp, root, out, save, strict):
     dist.destroy_process_group()
 
 
+def same_value(a, b, where):
+    """a equals b: dicts with the same keys in the same order, tensors bit for bit, BytesIO bytes."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, io.BytesIO):
+        assert isinstance(b, io.BytesIO) and a.getvalue() == b.getvalue(), f"{where}: {a.getvalue()!r}, {b!r}"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and list(a) == list(b), f"{where}: keys {list(a)[:6]} != {list(b)[:6]}"
+        for k in a:
+            same_value(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: {a!r} != {b!r}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            same_value(x, y, f"{where}/{i}")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
 def main():
     cmd = sys.argv[1]
-    if cmd == "schema":
-        te = json.loads(subprocess.check_output([sys.argv[3], "schema", "llama"]))
-        pathlib.Path(sys.argv[2]).write_text(json.dumps(local_schema(te), indent=1))
-    elif cmd == "run":
+    if cmd == "run":
         root, tp, pp, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
         flags = sys.argv[6:]
         save = int(flags[flags.index("--save") + 1]) if "--save" in flags else None
@@ -234,6 +240,16 @@ def main():
         diff = (a - b).abs().max().item()
         assert diff <= 1e-12, f"logits differ by {diff}"
         print("max diff", diff)
+    elif cmd == "same":
+        root, tp, pp, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+        iteration = int((pathlib.Path(root) / "latest_checkpointed_iteration.txt").read_text())
+        import megatron.core  # noqa: F401
+        for pp_rank in range(pp):
+            for tp_rank in range(tp):
+                got = torch.load(rank_file(root, iteration, tp_rank, pp_rank, pp), weights_only=False)
+                want = torch.load(pathlib.Path(out) / f"saved-{tp_rank}-{pp_rank}.pt", weights_only=False)
+                for key in ("model", "optimizer"):
+                    same_value(got[key], want[key], f"rank tp {tp_rank} pp {pp_rank}: {key}")
     print(cmd.upper(), "OK")
 
 

@@ -1,0 +1,69 @@
+// Megatron-Core's two name sets for the same model (docs/megatron_format.md,
+// "Two name sets"). With Transformer Engine (`te`, the built-in llama schema's
+// names: the store's canonical ones) a layer's norms are fused into the linear
+// after them; without it (`local`: the local layer spec, every CPU machine)
+// they are modules of their own:
+//
+//   te                                         local
+//   P.self_attention.linear_qkv.layer_norm_weight   P.input_layernorm.weight
+//   P.self_attention.linear_qkv.layer_norm_bias     P.input_layernorm.bias
+//   P.mlp.linear_fc1.layer_norm_weight              P.pre_mlp_layernorm.weight
+//   P.mlp.linear_fc1.layer_norm_bias                P.pre_mlp_layernorm.bias
+//
+// The order differs too, and it numbers the optimizer state: TransformerLayer
+// registers input_layernorm before self_attention and pre_mlp_layernorm before
+// mlp, where TE registers each norm inside its linear (after linear_proj for
+// linear_qkv's). So a local model's named_parameters() put P.input_layernorm.*
+// right before P's first self_attention tensor, P.pre_mlp_layernorm.* right
+// before P's first mlp tensor; everything else keeps the te order.
+//
+// A pure mapping at the format edge: the store keeps one name per tensor (the
+// schema's), a rank file is rendered, and recognised on import, in either set.
+// A schema without TE's fused names (megatron-gpt, a custom schema written in
+// local names) has the same names and order in both.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ptc/base/status.h"
+#include "ptc/model/view.h"
+
+namespace ptc::megatron {
+
+enum class NameSet { kTe, kLocal };
+
+// "te" or "local".
+// \error InvalidArgument naming the text and the two names.
+Result<NameSet> ParseNameSet(std::string_view text);
+std::string_view NameSetName(NameSet names);
+
+// The name in `names` of the tensor called `name` in te names (a local or a
+// global name); unchanged when it is no fused norm.
+std::string NameIn(NameSet names, std::string_view name);
+
+// The order in which a model in `names` registers the parameters `te_order`
+// (te names, in te order): indices into te_order.
+std::vector<size_t> RegistrationOrder(NameSet names, const std::vector<std::string>& te_order);
+
+// `view` (te names, the schema's order) as a model in `names` saves it: its
+// model tensors renamed and in that model's order, its optimizer state
+// tensors ("P.exp_avg", ...) renamed in their place. `from`, when given, gets
+// for each model tensor of the result its index in view.model.
+RankView ViewInNameSet(const RankView& view, NameSet names, std::vector<size_t>* from = nullptr);
+
+// The name set of a rank file: `has(name)` says whether the file holds a model
+// tensor of that local name. The first fused norm of `view` (te names) that
+// the file holds in one set decides; te when it holds none in either.
+// `where(name)` names a local name's place in the file in messages.
+// \error InvalidArgument naming the first tensor in the other set (or in both)
+//        and the tensor that decided.
+Result<NameSet> RecogniseNameSet(const RankView& view, const std::function<bool(const std::string&)>& has,
+                                 const std::function<std::string(const std::string&)>& where);
+
+}  // namespace ptc::megatron
