@@ -115,8 +115,13 @@ class Agent final : public JobParticipant {
   // members change (a plan per look would be too slow for a large model).
   void Report(const std::vector<int>& live);
 
+  // Report's part and whether this worker is a member now (JobParticipant).
   nlohmann::json StatusPart() const override EXCLUDES(report_mu_);
 
+  // Applies `change` to the mount (Controller::Apply, AppliedChange in
+  // agent.cc) when this worker takes part, its store is at the change's
+  // `from` and it has not applied it yet; while the previous change winds
+  // down, the next look does.
   void Apply(const ptc::Change& change);
 
   Filesystem* const fs_;
