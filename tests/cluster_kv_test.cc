@@ -78,21 +78,10 @@ TEST_F(MemKvTest, FinishOutlivesALostAnswerAndACutLink) {
   current.tensors = {{"t", DType::kF32, {8}}};
   current.shards = {Piece(0, 0)};
   std::vector<std::unique_ptr<MemKvClient>> links;
-  std::vector<std::unique_ptr<Membership>> members;
-  std::vector<std::unique_ptr<Coordinator>> workers;
-  for (int w = 0; w < 2; ++w) {
-    links.push_back(kv_.Connect());
-    auto m = Membership::Join(links.back().get(), {job, w, "127.0.0.1:" + std::to_string(9100 + w), 30});
-    ASSERT_TRUE(m.ok()) << m.status().ToString();
-    members.push_back(std::move(*m));
-    CoordinatorOptions o;
-    o.job = job;
-    o.worker = w;
-    o.poll = std::chrono::milliseconds(10);
-    o.timeout = std::chrono::seconds(20);
-    workers.push_back(std::make_unique<Coordinator>(links.back().get(), o));
-    ASSERT_TRUE(workers.back()->Join(current).ok());
-  }
+  for (int w = 0; w < 2; ++w) links.push_back(kv_.Connect());
+  auto joined = testing::JoinTestWorkers({links[0].get(), links[1].get()}, job, current, 30);
+  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+  auto& [members, workers] = *joined;
   auto change = workers[1]->Propose("tp=2", 1, {0, 1}, {0, 1});
   ASSERT_TRUE(change.ok()) << change.status().ToString();
   links[0]->LoseAnswers(1);  // its part is published, the answer lost: published again
@@ -122,20 +111,10 @@ TEST_F(MemKvTest, ALeaseExpiringMidChangeAbortsIt) {
   current.tensors = {{"t", DType::kF32, {8}}};
   current.shards = {Piece(0, 0)};
   std::vector<std::unique_ptr<MemKvClient>> links;
-  std::vector<std::unique_ptr<Membership>> members;
-  std::vector<std::unique_ptr<Coordinator>> workers;
-  for (int w = 0; w < 2; ++w) {
-    links.push_back(kv_.Connect());
-    auto m = Membership::Join(links.back().get(), {job, w, "127.0.0.1:" + std::to_string(9200 + w), 30});
-    ASSERT_TRUE(m.ok()) << m.status().ToString();
-    members.push_back(std::move(*m));
-    CoordinatorOptions o;
-    o.job = job;
-    o.worker = w;
-    o.poll = std::chrono::milliseconds(10);
-    workers.push_back(std::make_unique<Coordinator>(links.back().get(), o));
-    ASSERT_TRUE(workers.back()->Join(current).ok());
-  }
+  for (int w = 0; w < 2; ++w) links.push_back(kv_.Connect());
+  auto joined = testing::JoinTestWorkers({links[0].get(), links[1].get()}, job, current, 30);
+  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+  auto& [members, workers] = *joined;
   auto change = workers[0]->Propose("tp=2", 1, {0, 1}, {0, 1});
   ASSERT_TRUE(change.ok()) << change.status().ToString();
   links[1]->Cut(true);  // worker 1 dies: it renews nothing more

@@ -177,6 +177,32 @@ inline ShardRecord Piece(int worker, int k) {
   return r;
 }
 
+// Workers 0..links.size()-1 of job `job` at generation `current`, worker w
+// over links[w]: a member (a lease of `ttl` seconds) and a coordinator
+// (polling every 10 ms, aborting after 20 s) each, joined in order (the first
+// sets the committed state, the others agree).
+struct TestWorkers {
+  std::vector<std::unique_ptr<Membership>> members;
+  std::vector<std::unique_ptr<Coordinator>> workers;
+};
+inline Result<TestWorkers> JoinTestWorkers(const std::vector<const KvStore*>& links, const std::string& job,
+                                           const GenerationManifest& current, int64_t ttl) {
+  TestWorkers t;
+  for (size_t w = 0; w < links.size(); ++w) {
+    const int worker = static_cast<int>(w);
+    PTC_ASSIGN_OR_RETURN(auto m, Membership::Join(links[w], {job, worker, "127.0.0.1:" + std::to_string(9100 + w), ttl}));
+    t.members.push_back(std::move(m));
+    CoordinatorOptions o;
+    o.job = job;
+    o.worker = worker;
+    o.poll = std::chrono::milliseconds(10);
+    o.timeout = std::chrono::seconds(20);
+    t.workers.push_back(std::make_unique<Coordinator>(links[w], o));
+    PTC_RETURN_IF_ERROR(t.workers.back()->Join(current));
+  }
+  return t;
+}
+
 // The reconfiguration protocol (coordinator.h) between three workers of job `job`.
 inline void CheckCoordinatorProtocol(const KvStore& kv, const std::string& job) {
   GenerationManifest current;
@@ -185,20 +211,9 @@ inline void CheckCoordinatorProtocol(const KvStore& kv, const std::string& job) 
   current.tensors = {{"t", DType::kF32, {8}}};
   current.shards = {Piece(0, 0)};
   current.shards[0].file = "gen-000001/worker-00/t.s0.h5";
-  std::vector<std::unique_ptr<Membership>> members;
-  std::vector<std::unique_ptr<Coordinator>> workers;
-  for (int w = 0; w < 3; ++w) {
-    auto m = Membership::Join(&kv, {job, w, "127.0.0.1:" + std::to_string(9100 + w), 2});
-    ASSERT_TRUE(m.ok()) << m.status().ToString();
-    members.push_back(std::move(*m));
-    CoordinatorOptions o;
-    o.job = job;
-    o.worker = w;
-    o.poll = std::chrono::milliseconds(10);
-    o.timeout = std::chrono::seconds(20);
-    workers.push_back(std::make_unique<Coordinator>(&kv, o));
-    ASSERT_TRUE(workers.back()->Join(current).ok());  // the first sets the committed state, the others agree
-  }
+  auto joined = JoinTestWorkers({&kv, &kv, &kv}, job, current, 2);
+  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+  auto& [members, workers] = *joined;
   GenerationManifest other = current;
   other.generation = 2;
   EXPECT_EQ(workers[1]->Join(other).code(), Code::kFailedPrecondition);
