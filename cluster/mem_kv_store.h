@@ -71,7 +71,8 @@ class MemKv {
   int64_t revision_ GUARDED_BY(mu_) = 1;
   int64_t next_lease_ GUARDED_BY(mu_) = 1000;
   // Keys written or deleted at the revision under way (pending_) and at each
-  // revision (log_): what a watch compares its prefix with.
+  // revision (log_): what a watch compares its prefix with. The log is never
+  // compacted: a test store sees thousands of revisions, not millions.
   std::vector<std::string> pending_ GUARDED_BY(mu_);
   std::vector<std::pair<int64_t, std::string>> log_ GUARDED_BY(mu_);
   std::atomic<bool> reachable_{true};
