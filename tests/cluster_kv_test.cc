@@ -19,8 +19,30 @@ using testing::Piece;
 
 class MemKvTest : public ::testing::Test {
  protected:
+  // Workers 0 and 1 of a job at generation 1 (tp=2), each over a link of its
+  // own (declared first: the workers and members go before their links).
+  struct TwoWorkers {
+    std::vector<std::unique_ptr<MemKvClient>> links;
+    std::vector<std::unique_ptr<Membership>> members;
+    std::vector<std::unique_ptr<Coordinator>> workers;
+    GenerationManifest current;
+  };
+
+  void JoinTwo(const std::string& job) {
+    two_.current.generation = 1;
+    two_.current.config = "tp=2,pp=1,per_worker=1";
+    two_.current.tensors = {{"t", DType::kF32, {8}}};
+    two_.current.shards = {Piece(0, 0)};
+    for (int w = 0; w < 2; ++w) two_.links.push_back(kv_.Connect());
+    auto joined = testing::JoinTestWorkers({two_.links[0].get(), two_.links[1].get()}, job, two_.current, 30);
+    ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+    two_.members = std::move(joined->members);
+    two_.workers = std::move(joined->workers);
+  }
+
   MemKv kv_;
   std::unique_ptr<MemKvClient> client_ = kv_.Connect();
+  TwoWorkers two_;
 };
 
 TEST_F(MemKvTest, PutGetPrefixDelete) { testing::CheckPutGetPrefixDelete(*client_, "/test/a/"); }
@@ -72,16 +94,8 @@ TEST_F(MemKvTest, ALostAnswerWasApplied) {
 // and it gets the others' pieces once it reaches the store.
 TEST_F(MemKvTest, FinishOutlivesALostAnswerAndACutLink) {
   const std::string job = "cut";
-  GenerationManifest current;
-  current.generation = 1;
-  current.config = "tp=2,pp=1,per_worker=1";
-  current.tensors = {{"t", DType::kF32, {8}}};
-  current.shards = {Piece(0, 0)};
-  std::vector<std::unique_ptr<MemKvClient>> links;
-  for (int w = 0; w < 2; ++w) links.push_back(kv_.Connect());
-  auto joined = testing::JoinTestWorkers({links[0].get(), links[1].get()}, job, current, 30);
-  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
-  auto& [members, workers] = *joined;
+  ASSERT_NO_FATAL_FAILURE(JoinTwo(job));
+  auto& [links, members, workers, current] = two_;
   auto change = workers[1]->Propose("tp=2", 1, {0, 1}, {0, 1});
   ASSERT_TRUE(change.ok()) << change.status().ToString();
   links[0]->LoseAnswers(1);  // its part is published, the answer lost: published again
@@ -104,17 +118,8 @@ TEST_F(MemKvTest, FinishOutlivesALostAnswerAndACutLink) {
 // A participant whose lease expires mid-change (a worker killed: no renewal,
 // no Fail) aborts the change on the others, naming it.
 TEST_F(MemKvTest, ALeaseExpiringMidChangeAbortsIt) {
-  const std::string job = "lost";
-  GenerationManifest current;
-  current.generation = 1;
-  current.config = "tp=2,pp=1,per_worker=1";
-  current.tensors = {{"t", DType::kF32, {8}}};
-  current.shards = {Piece(0, 0)};
-  std::vector<std::unique_ptr<MemKvClient>> links;
-  for (int w = 0; w < 2; ++w) links.push_back(kv_.Connect());
-  auto joined = testing::JoinTestWorkers({links[0].get(), links[1].get()}, job, current, 30);
-  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
-  auto& [members, workers] = *joined;
+  ASSERT_NO_FATAL_FAILURE(JoinTwo("lost"));
+  auto& [links, members, workers, current] = two_;
   auto change = workers[0]->Propose("tp=2", 1, {0, 1}, {0, 1});
   ASSERT_TRUE(change.ok()) << change.status().ToString();
   links[1]->Cut(true);  // worker 1 dies: it renews nothing more
