@@ -134,6 +134,18 @@ Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const
                                                      const std::vector<ShardRecord>& written,
                                                      const std::vector<ShardRecord>& referenced,
                                                      const std::vector<TensorRecord>& tensors) const {
+  auto fixed = [&config](const std::map<int, Part>&) -> Result<std::string> { return config; };
+  PTC_ASSIGN_OR_RETURN(auto parts, Finish(change, fixed, Part{written, nlohmann::json::object()}, referenced, tensors, /*new_contents=*/false));
+  std::vector<ShardRecord> others;
+  for (auto& [w, part] : parts) {
+    if (w != options_.worker) others.insert(others.end(), part.shards.begin(), part.shards.end());
+  }
+  return others;
+}
+
+Result<std::map<int, Part>> Coordinator::Finish(const Change& change, const SettleFn& settle, const Part& mine,
+                                                const std::vector<ShardRecord>& referenced,
+                                                const std::vector<TensorRecord>& tensors, bool new_contents) const {
   const std::string& job = options_.job;
   const std::string change_text = EncodeChange(change);
   // Etcd out of reach (this worker's link cut) is no outcome: the job may
@@ -149,20 +161,21 @@ Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const
   for (;;) {
     TxnRequest txn;
     txn.compare = {Compare::ValueIs(ChangeKey(job), change_text)};
-    txn.success = {TxnOp::Put(PartKey(job, change.generation, options_.worker),
-                              EncodePart(change.id, written, tensors))};
+    txn.success = {TxnOp::Put(PartKey(job, change.generation, options_.worker), EncodePart(change.id, mine, tensors))};
     Result<TxnResponse> r = etcd_->Txn(txn);  // the same part again when an answer was lost
     if (!r.ok() && unreachable(r.status())) continue;
     PTC_RETURN_IF_ERROR(r.status());
-    if (!r->succeeded) return Aborted(change);
+    // The change gone: aborted, or committed with the part a lost answer
+    // published (the job went on while this worker was cut off). The rounds
+    // below tell the two apart.
     break;
   }
-  // One look: the other participants' pieces once committed; nullopt: look again.
-  using Look = std::optional<std::vector<ShardRecord>>;
+  // One look: every part once committed; nullopt: look again.
+  using Look = std::optional<std::map<int, Part>>;
   auto look = [&]() -> Result<Look> {
     // The parts published, by worker.
     PTC_ASSIGN_OR_RETURN(RangeResponse parts, etcd_->GetPrefix(PartsPrefix(job, change.generation)));
-    std::map<int, std::vector<ShardRecord>> by_worker;
+    std::map<int, Part> by_worker;
     for (const KeyValue& kv : parts.kvs) {
       PTC_ASSIGN_OR_RETURN(auto part, DecodePart("etcd key " + kv.key, kv.value));
       if (part.first != change.id) continue;
@@ -173,13 +186,8 @@ Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const
       if (ec != std::errc() || end != name.data() + name.size() || w < 0) continue;
       by_worker[w] = std::move(part.second);
     }
-    std::vector<ShardRecord> all = referenced, others;
     FinishRound round;
-    for (auto& [w, shards] : by_worker) {
-      round.parts.insert(w);
-      all.insert(all.end(), shards.begin(), shards.end());
-      if (w != options_.worker) others.insert(others.end(), shards.begin(), shards.end());
-    }
+    for (const auto& [w, unused] : by_worker) round.parts.insert(w);
     // The change before the committed state: a commit removes the one and
     // sets the other at once, so a change gone is a commit seen below, or an abort.
     PTC_ASSIGN_OR_RETURN(std::optional<KeyValue> change_kv, etcd_->Get(ChangeKey(job)));
@@ -187,29 +195,46 @@ Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const
     if (!committed_kv) return FailedPreconditionError("job " + job + ": its committed state vanished");
     PTC_ASSIGN_OR_RETURN(Committed committed, DecodeCommitted("etcd key " + committed_kv->key, committed_kv->value));
     PTC_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(*etcd_, job));
-    const std::string digest = PiecesDigest(config, all);
+    // The generation's config and digest, once every part is in.
+    std::string config, digest;
+    Status unsettled;
+    if (std::all_of(change.workers.begin(), change.workers.end(), [&](int w) { return by_worker.count(w) > 0; })) {
+      Result<std::string> settled = settle(by_worker);
+      if (settled.ok()) {
+        std::vector<ShardRecord> all = referenced;
+        for (const auto& [w, part] : by_worker) all.insert(all.end(), part.shards.begin(), part.shards.end());
+        config = *std::move(settled);
+        digest = PiecesDigest(config, std::move(all));
+      } else {
+        unsettled = settled.status();
+      }
+    }
     round.change_stands = change_kv && change_kv->value == change_text;
     round.committed_generation = committed.generation;
-    round.digest_matches = committed.digest == digest;
+    round.digest_matches = unsettled.ok() && committed.digest == digest;
     for (const Member& m : members) round.members.push_back(m.worker);
     std::sort(round.members.begin(), round.members.end());
     round.past_deadline = Clock::now() > deadline;
     round.timeout = options_.timeout;
-    const FinishDecision decision = DecideFinish(change, options_.worker, round);
+    FinishDecision decision = DecideFinish(change, options_.worker, round);
+    if (decision.action == FinishAction::kCommit && !unsettled.ok()) {
+      decision = {FinishAction::kAbort, unsettled.message()};
+    }
     switch (decision.action) {
       case FinishAction::kDone:
-        return Look(std::move(others));
+        return Look(std::move(by_worker));
       case FinishAction::kCorrupt:
         return CorruptionError("job " + job + ": generation " + std::to_string(change.generation) +
-                               " was committed with pieces " + committed.digest + ", this worker has " + digest);
+                               " was committed with pieces " + committed.digest + ", this worker has " +
+                               (unsettled.ok() ? digest : "none: " + unsettled.message()));
       case FinishAction::kAborted:
         return Aborted(change);
       case FinishAction::kCommit: {
         TxnRequest txn;
         txn.compare = {Compare::ModRevisionIs(ChangeKey(job), change_kv->mod_revision),
                        Compare::ModRevisionIs(CommittedKey(job), committed_kv->mod_revision)};
-        txn.success = {TxnOp::Put(CommittedKey(job), EncodeCommitted({change.generation, config, digest,
-                                                                      committed.contents})),
+        const std::string contents = new_contents ? digest : committed.contents;
+        txn.success = {TxnOp::Put(CommittedKey(job), EncodeCommitted({change.generation, config, digest, contents})),
                        TxnOp::Delete(ChangeKey(job)), TxnOp::DeletePrefix(GenerationPrefix(job, change.from))};
         PTC_RETURN_IF_ERROR(etcd_->Txn(txn).status());
         return Look();  // committed here or by another worker: the next round sees it

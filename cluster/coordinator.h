@@ -18,6 +18,8 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -64,15 +66,27 @@ class Coordinator {
   Result<Change> Propose(const std::string& request, uint64_t from, std::vector<int> workers,
                          const std::vector<int>& needed) const;
 
-  // This worker's part of `change` is durable: `written` (its pieces) and
-  // `referenced` (the generation's other pieces, the same on every worker).
-  // Publishes the part, waits for the others' and the commit (see above) and
-  // returns the other participants' pieces. Etcd out of reach (IOError: this
+  // This worker's part of `change` is durable: `mine` (its pieces and what
+  // else the others need of it) and `referenced` (the generation's other
+  // pieces, the same on every worker). Publishes the part, waits for the
+  // others' and the commit (see above) and returns every participant's part,
+  // by worker. Once every part is in, `settle` gives the new generation's
+  // config from them on each worker (the same everywhere); its error, before
+  // the commit, aborts the change naming it. `new_contents`: the change
+  // writes new tensor bytes (a save), so that the committed generation is
+  // its own contents (Committed::contents); else it keeps the bytes its
+  // generation `from` held. Etcd out of reach (IOError: this
   // worker's link cut) is tried again each `poll` until the timeout: the job
   // may commit the part meanwhile, so it is kept until the outcome is known.
   // \error Aborted as FailedPrecondition naming the reason (a worker failed,
-  //        left, the timeout), after which nothing is committed anywhere;
-  //        Corruption when the committed digest differs from this worker's.
+  //        left, the timeout, `settle`), after which nothing is committed
+  //        anywhere; Corruption when the committed digest differs from this worker's.
+  using SettleFn = std::function<Result<std::string>(const std::map<int, Part>& parts)>;
+  Result<std::map<int, Part>> Finish(const Change& change, const SettleFn& settle, const Part& mine,
+                                     const std::vector<ShardRecord>& referenced,
+                                     const std::vector<TensorRecord>& tensors, bool new_contents) const;
+  // The same for a change whose config is known before (a change of layout):
+  // returns the other participants' pieces.
   Result<std::vector<ShardRecord>> Finish(const Change& change, const std::string& config,
                                           const std::vector<ShardRecord>& written,
                                           const std::vector<ShardRecord>& referenced,

@@ -43,12 +43,12 @@ std::string EncodeFailure(const Failure& f) {
                                                                nlohmann::json::error_handler_t::replace);
 }
 
-std::string EncodePart(std::string_view id, const std::vector<ShardRecord>& shards,
-                       const std::vector<TensorRecord>& tensors) {
+std::string EncodePart(std::string_view id, const Part& part, const std::vector<TensorRecord>& tensors) {
   GenerationManifest m;
-  m.shards = shards;
+  m.shards = part.shards;
+  m.extra = part.extra;
   for (const TensorRecord& t : tensors) {
-    if (std::any_of(shards.begin(), shards.end(), [&](const ShardRecord& s) { return s.tensor == t.name; })) {
+    if (std::any_of(m.shards.begin(), m.shards.end(), [&](const ShardRecord& s) { return s.tensor == t.name; })) {
       m.tensors.push_back(t);
     }
   }
@@ -99,13 +99,13 @@ Result<Failure> DecodeFailure(std::string_view where, std::string_view value) {
   return out;
 }
 
-Result<std::pair<std::string, std::vector<ShardRecord>>> DecodePart(std::string_view where, std::string_view value) {
+Result<std::pair<std::string, Part>> DecodePart(std::string_view where, std::string_view value) {
   PTC_ASSIGN_OR_RETURN(nlohmann::json j, ParseObject(where, value));
   JsonFields f(j, std::string(where));
   PTC_ASSIGN_OR_RETURN(std::string id, f.String("id"));
   PTC_ASSIGN_OR_RETURN(const nlohmann::json* part, f.Get("part"));
   PTC_ASSIGN_OR_RETURN(GenerationManifest m, DecodeManifest(std::string(where) + ": part", part->dump()));
-  return std::make_pair(std::move(id), std::move(m.shards));
+  return std::make_pair(std::move(id), Part{std::move(m.shards), std::move(m.extra)});
 }
 
 std::string PiecesDigest(std::string_view config, std::vector<ShardRecord> shards) {

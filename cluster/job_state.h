@@ -57,16 +57,16 @@ std::string AbortedKey(std::string_view job, uint64_t generation);
 std::string EncodeCommitted(const Committed& c);
 std::string EncodeChange(const Change& c);
 std::string EncodeFailure(const Failure& f);
-// A part: the pieces a worker wrote, as a manifest holding their tensors.
-std::string EncodePart(std::string_view id, const std::vector<ShardRecord>& shards,
-                       const std::vector<TensorRecord>& tensors);
+// A part: the pieces a worker wrote, as a manifest holding their tensors
+// (and `extra` as its extra).
+std::string EncodePart(std::string_view id, const Part& part, const std::vector<TensorRecord>& tensors);
 
 // Each \error is Corruption naming `where` (the etcd key) and the field at fault.
 Result<Committed> DecodeCommitted(std::string_view where, std::string_view value);
 Result<Change> DecodeChange(std::string_view where, std::string_view value);
 Result<Failure> DecodeFailure(std::string_view where, std::string_view value);
-// The part's change id and its shard records (validated as a manifest's).
-Result<std::pair<std::string, std::vector<ShardRecord>>> DecodePart(std::string_view where, std::string_view value);
+// The part's change id and the part (its shard records validated as a manifest's).
+Result<std::pair<std::string, Part>> DecodePart(std::string_view where, std::string_view value);
 
 // The digest every worker computes of a generation: its config and its
 // pieces, in a canonical order (xxh64 hex). Equal on two workers exactly when

@@ -111,6 +111,7 @@ Status MemKvClient::Reach(std::string_view what, std::string_view key) const {
 
 Status MemKvClient::Answer(std::string_view what, std::string_view key) const {
   if (lose_.load() > 0 && lose_.fetch_sub(1) > 0) {
+    if (cut_after_loss_) cut_ = true;
     return IOError("kv (memory): " + std::string(what) + " " + Quoted(key) + ": answer lost");
   }
   return Status::OK();

@@ -85,8 +85,12 @@ class MemKvClient final : public KvStore {
   // This client's link cut (true) or whole again (false).
   void Cut(bool cut) { cut_ = cut; }
   // The next `n` calls that write (puts, deletes, leases, transactions) are
-  // applied but answer IOError, as when a connection drops after the request.
-  void LoseAnswers(int n) { lose_ = n; }
+  // applied but answer IOError, as when a connection drops after the request;
+  // with `then_cut` the link stays cut after the answer lost (Cut(false) mends it).
+  void LoseAnswers(int n, bool then_cut = false) {
+    cut_after_loss_ = then_cut;
+    lose_ = n;
+  }
 
   Status Health() const override;
   Result<int64_t> Put(std::string_view key, std::string_view value, int64_t lease = 0) const override;
@@ -109,8 +113,9 @@ class MemKvClient final : public KvStore {
   Status Answer(std::string_view what, std::string_view key) const;
 
   MemKv* const kv_;
-  std::atomic<bool> cut_{false};
+  mutable std::atomic<bool> cut_{false};
   mutable std::atomic<int> lose_{0};
+  std::atomic<bool> cut_after_loss_{false};
 };
 
 }  // namespace ptc

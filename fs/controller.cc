@@ -81,6 +81,15 @@ bool Controller::Busy() const {
   return Writing();
 }
 
+void Controller::Recovered(const std::string& why) {
+  ptc::MutexLock lock(&mu_);
+  if (state_ != MountState::kFailed) return;
+  state_ = MountState::kServing;
+  earlier_error_ = last_error_ + " (resolved: " + why + ")";
+  if (earlier_error_.size() > kMaxLastError) earlier_error_ = earlier_error_.substr(0, kMaxLastError) + "...";
+  last_error_.clear();
+}
+
 void Controller::RecordError(const std::string& error) {
   ptc::MutexLock lock(&mu_);
   SetLastError(error);
@@ -121,6 +130,7 @@ std::string Controller::StatusJson(const std::shared_ptr<const Snapshot>& curren
       {"bytes_done", done_.load()},
       {"bytes_total", total_.load()},
       {"last_error", last_error_.empty() ? nlohmann::json(nullptr) : nlohmann::json(last_error_)},
+      {"earlier_error", earlier_error_.empty() ? nlohmann::json(nullptr) : nlohmann::json(earlier_error_)},
       {"dataset", nullptr},
       {"compaction",
        {{"state", compaction_state_},

@@ -80,10 +80,10 @@ class Controller {
   ptc::Status Reconfigure(const std::string& text, const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_);
 
   // Makes this mount one worker of a cluster job: Reconfigure hands valid
-  // requests to the job (JobParticipant::Propose), the status document
-  // shows its "cluster" part; saves (Ingest) are refused and no background
-  // compaction runs (a worker alone would commit a generation the job does
-  // not have). `job` outlives the controller or is reset (null) first.
+  // requests to the job (JobParticipant::Propose) and Ingest its saves
+  // (ProposeSave), the status document shows its "cluster" part; no
+  // background compaction runs (a worker alone would commit a generation the
+  // job does not have). `job` outlives the controller or is reset (null) first.
   void SetParticipant(JobParticipant* job) EXCLUDES(mu_) {
     ptc::MutexLock lock(&mu_);
     job_ = job;
@@ -100,21 +100,44 @@ class Controller {
   // `why` kept as last_error. Nothing when the state is not "proposed".
   void EndProposal(const ptc::Status& why) EXCLUDES(mu_);
 
+  // A cluster job is whole again (every worker of its committed config live,
+  // nothing under way) after it lost some: a "failed" state that the loss
+  // left (a recovery that could not run) ends. The state is "serving",
+  // last_error moves to earlier_error with `why` after it. Nothing in
+  // another state.
+  void Recovered(const std::string& why) EXCLUDES(mu_);
+
   // Commits the Megatron save of `iteration` staged under `staging_root`
   // (megatron/ writes, fs/staging.h) as a new generation, in the current
   // config with the save's tp and pp (from its args), and serves it. With a
   // dataset, the save's args.consumed_train_samples is the new data position,
   // committed in the same generation. Blocks until committed; on any error
   // the current generation stays (also kept as last_error); a commit clears
-  // last_error.
-  // \error FailedPrecondition while a rewrite runs; InvalidArgument with
-  //        zero=1 (Megatron's files do not hold ZeRO-1 state), for a
-  //        consumed_train_samples that is no position of the dataset (off the
-  //        global batch; the count is cumulative, docs/dataset_format.md) or a state dict iteration other
-  //        than `iteration`; as OpenMegatronCheckpoint and ImportInto (a
-  //        missing rank names it).
+  // last_error. In a cluster the save goes to the job
+  // (JobParticipant::ProposeSave): this worker adds the rank files staged
+  // here, every other live worker its own (ApplySave), and all commit it
+  // together or none does.
+  // \error FailedPrecondition while a rewrite runs (in a cluster: while the
+  //        job runs a change); in a cluster, IOError naming why the job
+  //        aborted the save (as SettleSave, a worker that left, ...);
+  //        InvalidArgument with zero=1 (Megatron's files do not hold ZeRO-1
+  //        state), for a consumed_train_samples that is no position of the
+  //        dataset (off the global batch; the count is cumulative,
+  //        docs/dataset_format.md) or a state dict iteration other than
+  //        `iteration`; as OpenMegatronCheckpoint and ImportInto (a missing
+  //        rank names it); in a cluster as SettleSave.
   ptc::Status Ingest(const std::string& staging_root, uint64_t iteration,
-                     const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_);
+                     const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_, collect_mu_);
+
+  // Applies a save the cluster agreed on (another worker's Ingest): this
+  // worker's part is the rank files of `iteration` staged under
+  // `staging_root` (perhaps none). Runs in the background (state "saving");
+  // `committed` runs once it committed (the staged files are in the store
+  // then). On an error, change->Failed is called, the state is "failed" and
+  // the previous generation stays.
+  ptc::Status ApplySave(const std::string& staging_root, uint64_t iteration,
+                        const std::shared_ptr<const Snapshot>& current, std::shared_ptr<AgreedChange> change,
+                        std::function<void()> committed) EXCLUDES(mu_, collect_mu_);
 
   // Whether a rewrite, a save or an Adopt runs (a new change would be refused).
   bool Busy() const EXCLUDES(mu_);
@@ -155,6 +178,15 @@ class Controller {
   void Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset,
                std::shared_ptr<AgreedChange> change, std::optional<ChangeSource> source,
                std::shared_ptr<const Snapshot> previous) EXCLUDES(mu_);
+  // A save alone (Ingest without a job) and this worker's part of a
+  // cluster's (Ingest and ApplySave), with the writer role held.
+  ptc::Status Save(const std::string& staging_root, uint64_t iteration, const std::shared_ptr<const Snapshot>& current)
+      EXCLUDES(mu_, collect_mu_);
+  ptc::Status SaveInCluster(const std::string& staging_root, uint64_t iteration,
+                            const std::shared_ptr<const Snapshot>& current, AgreedChange& change)
+      EXCLUDES(mu_, collect_mu_);
+  // Serves a save's committed generation and removes what it replaced.
+  void Commit(const std::shared_ptr<const Snapshot>& snap) EXCLUDES(mu_, collect_mu_);
   // On the rewrite's thread after its commit: measures the served
   // generation's fragmentation and compacts it when the policy says so.
   void MaybeCompact(const ptc::ModelSpec& spec, const std::optional<ptc::DatasetState>& dataset)
@@ -197,6 +229,7 @@ class Controller {
   mutable ptc::Mutex mu_;
   MountState state_ GUARDED_BY(mu_) = MountState::kServing;
   std::string last_error_ GUARDED_BY(mu_);
+  std::string earlier_error_ GUARDED_BY(mu_);  // a failure a later event resolved (Recovered)
   std::thread worker_thread_ GUARDED_BY(mu_);
   std::atomic<uint64_t> done_{0}, total_{0};
   // The background compaction: none | running | done | cancelled | failed,

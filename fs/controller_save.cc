@@ -1,97 +1,133 @@
-// Controller::Ingest: a Megatron save through megatron/, committed with its
-// data position as one generation.
+// Controller::Ingest and ApplySave: a Megatron save through megatron/,
+// committed with its data position as one generation; on one worker, or as
+// a change of a cluster job whose workers each hold some of its rank files
+// (fs/save_parts.h).
 #include "fs/controller.h"
+#include "fs/save_parts.h"
 #include "ptc/checkpoint/megatron.h"
 #include "ptc/checkpoint/megatron_import.h"
+#include "ptc/store/model_spec.h"
 
 namespace ptcfs {
-namespace {
-
-// The data position a save commits with its model. Megatron counts
-// args.consumed_train_samples over the whole run, the global batch B per step
-// and never reset at an epoch (docs/dataset_format.md, "A save's position"):
-// T = consumed / B steps, so epoch T / S and step T % S of the store's epochs
-// of S = ceil(N / B) steps (the end of an epoch is step 0 of the next).
-// `current` when the store has no dataset or the save's args do not say.
-// Also checks that the save's 'iteration' is the one the latest file names.
-ptc::Result<std::optional<ptc::DatasetState>> SavedDataPosition(const ptc::CheckpointSource& source, uint64_t iteration,
-                                                                const std::optional<ptc::DatasetState>& current) {
-  const std::string what = "the saved state dict";
-  PTC_ASSIGN_OR_RETURN(ptc::megatron::MegatronState saved, ptc::megatron::LoadMegatronState(source.extra, what));
-  if (const ptc::pickle::Value* it = saved.carried.Find("iteration");
-      it != nullptr && it->kind() == ptc::pickle::Kind::kInt && it->as_int() != static_cast<int64_t>(iteration)) {
-    return ptc::InvalidArgumentError(what + " says iteration " + std::to_string(it->as_int()) + ", " +
-                                     std::string(ptc::megatron::kLatestFile) + " names " + std::to_string(iteration));
-  }
-  if (!current) return current;
-  PTC_ASSIGN_OR_RETURN(std::optional<int64_t> consumed,
-                       ptc::megatron::ArgsInt(saved.carried, "consumed_train_samples", what));
-  if (!consumed) return current;
-  const std::string name = "args.consumed_train_samples " + std::to_string(*consumed);
-  const uint64_t batch = current->global_batch;
-  if (*consumed < 0 || static_cast<uint64_t>(*consumed) % batch != 0) {
-    return ptc::InvalidArgumentError(name + " is not a position of the dataset: a multiple of its global batch " +
-                                     std::to_string(batch) + " (the samples of every step since the start) is");
-  }
-  const uint64_t steps = static_cast<uint64_t>(*consumed) / batch, per_epoch = current->steps_per_epoch();
-  auto moved = ptc::StateAtStep(*current, steps % per_epoch, steps / per_epoch);
-  if (!moved.ok()) return ptc::InvalidArgumentError(name + ": " + moved.status().message());
-  return std::optional<ptc::DatasetState>(*moved);
-}
-}  // namespace
 
 ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iteration,
                                const std::shared_ptr<const Snapshot>& current) {
-  bool in_cluster = false;
-  {
-    ptc::MutexLock lock(&mu_);
-    in_cluster = job_ != nullptr;
-  }
-  if (in_cluster) {
-    const ptc::Status s = ptc::FailedPreconditionError(
-        "megatron/: saves through a mount that is one worker of a cluster are not supported yet "
-        "(a save would commit a generation the other workers do not have)");
-    RecordError(s.message());
-    return s;
-  }
   PTC_ASSIGN_OR_RETURN(
       const MountState before,
       BeginWriting(MountState::kSaving, "a reconfiguration or save is running; save again once .ptcfs/status says serving"));
-  auto result = [&]() -> ptc::Status {
-    const ptc::ModelSpec& spec = current->spec();
-    ptc::ParallelConfig config = current->config();
-    if (config.zero == 1) {
-      return ptc::InvalidArgumentError(
-          "saves through megatron/ need zero=0: Megatron's model_optim_rng.pt does not "
-          "hold ZeRO-1 optimizer state");
+  JobParticipant* job = nullptr;
+  {
+    ptc::MutexLock lock(&mu_);
+    job = job_;
+  }
+  ptc::Status result;
+  if (job == nullptr) {
+    result = Save(staging_root, iteration, current);
+  } else if (auto change = job->ProposeSave(iteration); !change.ok()) {
+    result = change.status();
+  } else {
+    result = SaveInCluster(staging_root, iteration, current, **change);
+    if (!result.ok()) {
+      (*change)->Failed(result);
+      result = ptc::IOError(result.message());  // the save failed (close() says EIO), the mount is not busy
     }
-    ptc::MegatronImportOptions o{staging_root, spec.schema, spec.dims, iteration, std::nullopt};
-    PTC_ASSIGN_OR_RETURN(ptc::CheckpointSource source, ptc::OpenMegatronCheckpoint(store_->env(), o));
-    // One generation, one state: the model, the optimizer and the data position together.
-    PTC_ASSIGN_OR_RETURN(std::optional<ptc::DatasetState> dataset,
-                         SavedDataPosition(source, iteration, current->dataset()));
-    if (dataset) source.extra["dataset"] = ptc::EncodeDatasetState(*dataset);
-    if (source.config.tp != config.tp || source.config.pp != config.pp) {
-      if (source.config.pp != config.pp) config.pp_layers.clear();
-      config.tp = source.config.tp;
-      config.pp = source.config.pp;
-    }
-    source.config = config;
-    PTC_RETURN_IF_ERROR(ptc::ImportInto(store_, source).status());
-    PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*store_, store_->CurrentSnapshot(), source.spec, config, worker_,
-                                                     checks_, dataset, source_));
-    serve_(snap);
-    {
-      ptc::MutexLock lock(&mu_);
-      last_error_.clear();  // committed
-    }
-    Collect();
-    return ptc::Status::OK();
-  }();
+  }
   ptc::MutexLock lock(&mu_);
+  // A cluster save that failed leaves every worker as it was: no state of its own here either.
   state_ = result.ok() ? MountState::kServing : before;
   if (!result.ok()) SetLastError("save of iteration " + std::to_string(iteration) + ": " + result.message());
   return result;
+}
+
+ptc::Status Controller::ApplySave(const std::string& staging_root, uint64_t iteration,
+                                  const std::shared_ptr<const Snapshot>& current, std::shared_ptr<AgreedChange> change,
+                                  std::function<void()> committed) {
+  auto started = BeginWriting(MountState::kSaving, "a reconfiguration or save is running");
+  if (!started.ok()) {
+    change->Failed(started.status());
+    RecordError("save of iteration " + std::to_string(iteration) + ": " + started.status().message());
+    return started.status();
+  }
+  ptc::MutexLock lock(&mu_);
+  worker_thread_ = std::thread([this, staging_root, iteration, current, change = std::move(change),
+                                committed = std::move(committed)] {
+    const ptc::Status result = SaveInCluster(staging_root, iteration, current, *change);
+    if (!result.ok()) change->Failed(result);
+    if (result.ok()) committed();
+    ptc::MutexLock lock(&mu_);
+    state_ = result.ok() ? MountState::kServing : MountState::kFailed;
+    if (!result.ok()) SetLastError("save of iteration " + std::to_string(iteration) + ": " + result.message());
+  });
+  return ptc::Status::OK();
+}
+
+ptc::Status Controller::Save(const std::string& staging_root, uint64_t iteration,
+                             const std::shared_ptr<const Snapshot>& current) {
+  const ptc::ModelSpec& spec = current->spec();
+  PTC_RETURN_IF_ERROR(CheckSavable(current->config()));
+  ptc::MegatronImportOptions o{staging_root, spec.schema, spec.dims, iteration, std::nullopt};
+  PTC_ASSIGN_OR_RETURN(ptc::CheckpointSource source, ptc::OpenMegatronCheckpoint(store_->env(), o));
+  // One generation, one state: the model, the optimizer and the data position together.
+  PTC_ASSIGN_OR_RETURN(const ptc::megatron::MegatronState saved,
+                       ptc::megatron::LoadMegatronState(source.extra, "the saved state dict"));
+  PTC_ASSIGN_OR_RETURN(std::optional<ptc::DatasetState> dataset,
+                       SavedDataPosition(saved, iteration, current->dataset()));
+  if (dataset) source.extra["dataset"] = ptc::EncodeDatasetState(*dataset);
+  source.config = WithGrid(current->config(), source.config.tp, source.config.pp);
+  PTC_RETURN_IF_ERROR(ptc::ImportInto(store_, source).status());
+  PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*store_, store_->CurrentSnapshot(), source.spec, source.config,
+                                                   worker_, checks_, dataset, source_));
+  Commit(snap);
+  return ptc::Status::OK();
+}
+
+ptc::Status Controller::SaveInCluster(const std::string& staging_root, uint64_t iteration,
+                                      const std::shared_ptr<const Snapshot>& current, AgreedChange& change) {
+  const ptc::ModelSpec& spec = current->spec();
+  const ptc::ParallelConfig& config = current->config();
+  PTC_RETURN_IF_ERROR(CheckSavable(config));
+  // This worker's part: the rank files staged here, written into pieces of its own.
+  ptc::MegatronImportOptions o{staging_root, spec.schema, spec.dims, iteration, config};
+  PTC_ASSIGN_OR_RETURN(ptc::MegatronSavePart part, ptc::OpenMegatronSavePart(store_->env(), o));
+  PTC_ASSIGN_OR_RETURN(auto writer, store_->BeginGeneration());
+  std::vector<ptc::TensorRecord> tensors;
+  if (!part.kept.empty()) {
+    part.source.config = WithGrid(config, part.source.config.tp, part.source.config.pp);
+    std::vector<int> ranks;
+    for (const ptc::KeptRank& k : part.kept) ranks.push_back(part.source.config.RankOf(ptc::RankCoords{k.tp, 0, k.pp}));
+    PTC_RETURN_IF_ERROR(ptc::WriteRanks(store_->env(), writer.get(), part.source, ranks, worker_).status());
+    ptc::GenerationManifest described;
+    PTC_RETURN_IF_ERROR(ptc::DescribeModel(part.source.spec, part.source.config, &described));
+    tensors = std::move(described.tensors);
+  }
+  auto settle = [&](const std::map<int, ptc::Part>& parts) -> ptc::Result<std::string> {
+    PTC_ASSIGN_OR_RETURN(SettledSave s, SettleSave(iteration, spec, config, current->dataset(), parts));
+    return s.config.ToString();
+  };
+  PTC_ASSIGN_OR_RETURN(auto parts,
+                       change.BeforeSaveCommit(*writer, tensors, SavePartExtra(iteration, part), settle));
+  // Every worker settles the same generation from the same parts (the one
+  // that committed it did so before it committed: nothing fails here but I/O).
+  PTC_ASSIGN_OR_RETURN(SettledSave settled, SettleSave(iteration, spec, config, current->dataset(), parts));
+  ptc::GenerationManifest meta;
+  meta.extra = store_->current().extra;
+  meta.extra[std::string(ptc::megatron::kManifestKey)] = ptc::megatron::EncodeMegatronState(settled.state);
+  if (settled.dataset) meta.extra["dataset"] = ptc::EncodeDatasetState(*settled.dataset);
+  PTC_RETURN_IF_ERROR(ptc::DescribeModel(settled.spec, settled.config, &meta));
+  PTC_RETURN_IF_ERROR(writer->Commit(std::move(meta)));
+  PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*store_, store_->CurrentSnapshot(), settled.spec, settled.config,
+                                                   worker_, checks_, settled.dataset, source_));
+  Commit(snap);
+  return ptc::Status::OK();
+}
+
+void Controller::Commit(const std::shared_ptr<const Snapshot>& snap) {
+  serve_(snap);
+  {
+    ptc::MutexLock lock(&mu_);
+    last_error_.clear();  // committed
+  }
+  Collect();
 }
 
 }  // namespace ptcfs

@@ -146,6 +146,10 @@ class Filesystem {
   ptc::Status Unlink(uint64_t parent, const std::string& name, bool directory) EXCLUDES(staging_mu_, mu_);
   ptc::Status Flush(uint64_t fh);
   ptc::Status Fsync(uint64_t fh);
+  // A save of `iteration` that another worker of the cluster job committed
+  // its latest file for: this mount's part is the rank files staged here
+  // (Controller::ApplySave), removed from the staging area once committed.
+  ptc::Status ApplySave(uint64_t iteration, std::shared_ptr<AgreedChange> change);
 
   Controller& controller() { return *controller_; }
   const ptc::Store& store() const { return *store_; }

@@ -215,6 +215,13 @@ ptc::Status Filesystem::Flush(uint64_t fh) {
   return staging_.RemoveTree(ptc::megatron::IterationDirName(*iteration));
 }
 
+ptc::Status Filesystem::ApplySave(uint64_t iteration, std::shared_ptr<AgreedChange> change) {
+  return controller_->ApplySave(staging_.root(), iteration, snapshot(), std::move(change), [this, iteration] {
+    const ptc::Status s = staging_.RemoveTree(ptc::megatron::IterationDirName(iteration));
+    if (!s.ok()) controller_->RecordError("save of iteration " + std::to_string(iteration) + " committed; " + s.message());
+  });
+}
+
 ptc::Status Filesystem::Fsync(uint64_t fh) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Handle> h, HandleOf(fh));
   if (h->fd >= 0 && ::fsync(h->fd) != 0) {

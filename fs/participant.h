@@ -6,6 +6,9 @@
 // Thread safety: as each method says.
 #pragma once
 
+#include <functional>
+#include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -19,6 +22,8 @@
 
 namespace ptcfs {
 
+class AgreedChange;
+
 // The job this mount is a worker of.
 class JobParticipant {
  public:
@@ -30,6 +35,14 @@ class JobParticipant {
   //        change is under way; InvalidArgument when the config needs a worker
   //        that is not live.
   virtual ptc::Status Propose(const std::string& request, const ptc::ParallelConfig& config) = 0;
+  // A Megatron save whose latest file was written on this mount: goes to the
+  // job as a change of every live worker, each of which adds the rank files
+  // written on it (Controller::ApplySave). Returns this worker's own part of
+  // it (the agent does not apply it here). From a FUSE thread, with the
+  // controller's writer role held.
+  // \error FailedPrecondition when this worker is not a member now or a
+  //        change is under way.
+  virtual ptc::Result<std::shared_ptr<AgreedChange>> ProposeSave(uint64_t iteration) = 0;
   // The "cluster" part of .ptcfs/status; asked with the controller's lock
   // held (it must not call the controller).
   virtual nlohmann::json StatusPart() const = 0;
@@ -47,6 +60,17 @@ class AgreedChange {
   // adds the others' pieces to the writer, or fails (nothing is committed,
   // the previous layout is served again).
   virtual ptc::Status BeforeCommit(ptc::GenerationWriter& writer, const std::string& config) = 0;
+  // A save's commit (ApplySave): with this worker's part written (its
+  // pieces in `writer`, `tensors` their records, `extra` what its rank files
+  // hold besides), publishes it; once every participant's part is in,
+  // `settle` gives the new config from all of them (by worker, this one's
+  // included; the same on every worker), or an error that aborts the save
+  // everywhere. Adds the others' pieces to the writer and returns every part.
+  using SettleFn = std::function<ptc::Result<std::string>(const std::map<int, ptc::Part>& parts)>;
+  virtual ptc::Result<std::map<int, ptc::Part>> BeforeSaveCommit(ptc::GenerationWriter& writer,
+                                                                 const std::vector<ptc::TensorRecord>& tensors,
+                                                                 const nlohmann::json& extra,
+                                                                 const SettleFn& settle) = 0;
   // The change failed on this worker (before or in BeforeCommit).
   virtual void Failed(const ptc::Status& error) = 0;
   // Whether LastResort may give pieces (the job has a durable tier).

@@ -89,24 +89,26 @@ TEST_F(MemKvTest, ALostAnswerWasApplied) {
   EXPECT_FALSE(client_->Txn(txn)->succeeded);     // a retry sees it
 }
 
-// A participant whose answers are lost and whose link is cut while it waits
-// for the commit keeps its part and tries again: the job commits meanwhile,
-// and it gets the others' pieces once it reaches the store.
+// A participant whose link drops right after it published its part (the
+// answer lost, the link cut) keeps its part and tries again: the job commits
+// meanwhile, and once it reaches the store again its retry finds the change
+// gone, the generation committed with its part, and it gets the others' pieces.
 TEST_F(MemKvTest, FinishOutlivesALostAnswerAndACutLink) {
   const std::string job = "cut";
   ASSERT_NO_FATAL_FAILURE(JoinTwo(job));
-  auto& [links, members, workers, current] = two_;
+  auto& links = two_.links;
+  auto& workers = two_.workers;
+  const GenerationManifest& current = two_.current;
   auto change = workers[1]->Propose("tp=2", 1, {0, 1}, {0, 1});
   ASSERT_TRUE(change.ok()) << change.status().ToString();
-  links[0]->LoseAnswers(1);  // its part is published, the answer lost: published again
+  links[0]->LoseAnswers(1, /*then_cut=*/true);
   Result<std::vector<ShardRecord>> got = InternalError("not run");
   std::thread first([&] { got = workers[0]->Finish(*change, "tp=2", {Piece(0, 1)}, current.shards, current.tensors); });
   ASSERT_TRUE(testing::Eventually([&] { return client_->Get(PartKey(job, 2, 0)).value().has_value(); },
                                   std::chrono::seconds(5)));
-  links[0]->Cut(true);
   auto second = workers[1]->Finish(*change, "tp=2", {Piece(1, 2)}, current.shards, current.tensors);
   ASSERT_TRUE(second.ok()) << second.status().ToString();  // committed while worker 0 is cut off
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   links[0]->Cut(false);
   first.join();
   ASSERT_TRUE(got.ok()) << got.status().ToString();
@@ -119,7 +121,10 @@ TEST_F(MemKvTest, FinishOutlivesALostAnswerAndACutLink) {
 // no Fail) aborts the change on the others, naming it.
 TEST_F(MemKvTest, ALeaseExpiringMidChangeAbortsIt) {
   ASSERT_NO_FATAL_FAILURE(JoinTwo("lost"));
-  auto& [links, members, workers, current] = two_;
+  auto& links = two_.links;
+  auto& members = two_.members;
+  auto& workers = two_.workers;
+  const GenerationManifest& current = two_.current;
   auto change = workers[0]->Propose("tp=2", 1, {0, 1}, {0, 1});
   ASSERT_TRUE(change.ok()) << change.status().ToString();
   links[1]->Cut(true);  // worker 1 dies: it renews nothing more

@@ -168,6 +168,9 @@ TEST_F(FilesystemTest, AProposalEndsInItsOutcome) {
       return answer;
     }
     nlohmann::json StatusPart() const override { return {{"job", "j"}}; }
+    ptc::Result<std::shared_ptr<AgreedChange>> ProposeSave(uint64_t) override {
+      return FailedPreconditionError("no saves here");
+    }
     std::string asked;
     Status answer = Status::OK();
   } job;
@@ -175,6 +178,10 @@ TEST_F(FilesystemTest, AProposalEndsInItsOutcome) {
   struct Change final : AgreedChange {
     const std::set<int>& participants() const override { return workers; }
     Status BeforeCommit(ptc::GenerationWriter&, const std::string&) override { return Status::OK(); }
+    ptc::Result<std::map<int, ptc::Part>> BeforeSaveCommit(ptc::GenerationWriter&, const std::vector<ptc::TensorRecord>&,
+                                                           const nlohmann::json&, const SettleFn&) override {
+      return FailedPreconditionError("no saves here");
+    }
     void Failed(const Status& s) override { told = s; }
     bool has_last_resort() const override { return false; }
     ptc::Result<std::vector<ptc::ShardRecord>> LastResort() override { return FailedPreconditionError("none"); }

@@ -168,7 +168,7 @@ inline void CheckLeasesKeepAliveRevokeAndExpire(const KvStore& kv, const std::st
 inline ShardRecord Piece(int worker, int k) {
   ShardRecord r;
   r.tensor = "t";
-  r.boxes = {Box({static_cast<Index>(k)}, {static_cast<Index>(k + 1)})};
+  r.boxes = {Box{{static_cast<Index>(k)}, {static_cast<Index>(k + 1)}}};
   r.worker = worker;
   r.file = "gen-000002/worker-0" + std::to_string(worker) + "/t.s" + std::to_string(k) + ".h5";
   r.offset = 2048;
@@ -230,8 +230,8 @@ inline void CheckCoordinatorProtocol(const KvStore& kv, const std::string& job) 
   {
     std::vector<std::thread> threads;
     for (int w = 0; w < 3; ++w) {
-      threads.emplace_back([&, w] {
-        got[w] = workers[w]->Finish(*change, "tp=3", {Piece(w, w + 1)}, referenced, current.tensors);
+      threads.emplace_back([&, w, worker = workers[w].get()] {  // (clang 14 captures no structured binding)
+        got[w] = worker->Finish(*change, "tp=3", {Piece(w, w + 1)}, referenced, current.tensors);
       });
     }
     for (auto& t : threads) t.join();

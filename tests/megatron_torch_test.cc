@@ -11,7 +11,9 @@
 #include <filesystem>
 #include <string>
 
+#include "fs/save_parts.h"
 #include "mount_util.h"
+#include "ptc/checkpoint/megatron_import.h"
 
 namespace ptc {
 namespace {
@@ -178,10 +180,56 @@ TEST_F(MegatronTorchTest, ShardsWithDifferentStepsAreRefused) {
   ASSERT_EQ(dc, 0) << dout;
   auto [code, out] = Ptcfs("import --format megatron " + kModel + " " + src + " " + tmp_ / "store");
   EXPECT_NE(code, 0);
-  EXPECT_NE(out.find("mp_rank_01/model_optim_rng.pt: optimizer/optimizer/state/0/step: differs from the step of"),
-            std::string::npos)
-      << out;
+  EXPECT_NE(out.find("mp_rank_01/model_optim_rng.pt: the optimizer step of "), std::string::npos) << out;
+  EXPECT_NE(out.find(" differs from its step in another rank's file"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(tmp_ / "store/manifest.json")) << out;
+}
+
+// A save spread over workers, each holding some of its rank files (a
+// cluster job's, docs/cluster.md), settles to the state one import of the
+// whole tree keeps: rank 0's entries, every rank's rng state, every step. A
+// rank file on no worker, or two workers whose files disagree, are named.
+TEST_F(MegatronTorchTest, ASaveSplitOverWorkersSettlesAsOneImport) {
+  const std::string src = Make("src", "--tp 2 --pp 2 --args --optimizer");
+  const ModelSpec spec = Spec("megatron-gpt", "layers=4,hidden=32,heads=4,vocab=128,seq=16", DType::kF32, true);
+  const ParallelConfig config = *ParseConfig("tp=2,pp=2");
+  auto whole = OpenMegatronCheckpoint(Env::Default(), {src, spec.schema, spec.dims, 100, std::nullopt});
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  // Worker 0 holds pipeline stage 0, worker 1 stage 1, worker 2 nothing.
+  std::map<int, Part> parts;
+  for (int w = 0; w < 3; ++w) {
+    const std::string dir = tmp_ / ("w" + std::to_string(w));
+    fs::create_directories(dir + "/iter_0000100");
+    for (int tp = 0; tp < 2 && w < 2; ++tp) {
+      const std::string rank = megatron::RankDirName(tp, w, 2);
+      fs::copy(src + "/iter_0000100/" + rank, dir + "/iter_0000100/" + rank, fs::copy_options::recursive);
+    }
+    auto part = OpenMegatronSavePart(Env::Default(), {dir, spec.schema, spec.dims, 100, config});
+    ASSERT_TRUE(part.ok()) << part.status().ToString();
+    EXPECT_EQ(part->kept.size(), w < 2 ? 2u : 0u);
+    parts[w].extra = ptcfs::SavePartExtra(100, *part);
+  }
+  auto settled = ptcfs::SettleSave(100, spec, config, std::nullopt, parts);
+  ASSERT_TRUE(settled.ok()) << settled.status().ToString();
+  EXPECT_EQ(megatron::EncodeMegatronState(settled->state), whole->extra[std::string(megatron::kManifestKey)]);
+  EXPECT_EQ(settled->config.ToString(), config.ToString());
+  EXPECT_EQ(settled->spec.dtype, whole->spec.dtype);
+  EXPECT_TRUE(settled->spec.optimizer);
+  // Stage 1's files on no worker.
+  std::map<int, Part> without = parts;
+  without.erase(1);
+  auto missing = ptcfs::SettleSave(100, spec, config, std::nullopt, without);
+  EXPECT_NE(missing.status().message().find("megatron/iter_0000100/mp_rank_00_001/model_optim_rng.pt: written on no worker"),
+            std::string::npos)
+      << missing.status().ToString();
+  // Worker 1's files in another grid.
+  std::map<int, Part> other = parts;
+  other[1].extra["save"]["tp"] = 4u;
+  auto disagree = ptcfs::SettleSave(100, spec, config, std::nullopt, other);
+  EXPECT_NE(disagree.status().message().find("on worker 0 say tp=2, pp=2, BF16, with optimizer state, on worker 1 "
+                                             "tp=4, pp=2"),
+            std::string::npos)
+      << disagree.status().ToString();
 }
 
 TEST_F(MegatronTorchTest, MountRendersEveryConfig) {

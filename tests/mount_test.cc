@@ -108,7 +108,7 @@ TEST_F(MountTest, ReconfigureUnderConcurrentReaders) {
     std::atomic<int> reads{0}, bad{0};
     std::vector<std::thread> readers;
     for (int t = 0; t < 4; ++t) {
-      readers.emplace_back([&, t] {
+      readers.emplace_back([&] {
         while (!stop) {
           std::error_code ec;
           for (const auto& e : fs::directory_iterator(m.dir() + "/model", ec)) {

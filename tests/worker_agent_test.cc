@@ -26,6 +26,7 @@
 #include "net_util.h"
 #include "ptc/checkpoint/diff.h"
 #include "ptc/checkpoint/import.h"
+#include "ptc/checkpoint/megatron.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
 #include "test_util.h"
 #include "worker/worker.h"
@@ -88,6 +89,7 @@ class WorkerAgentTest : public ::testing::Test {
 
   void TearDown() override {
     for (Node& n : nodes_) n.Stop();
+    saved_at_.reset();
   }
 
   std::string Store(int w) const { return tmp_ / ("store" + std::to_string(w)); }
@@ -108,6 +110,7 @@ class WorkerAgentTest : public ::testing::Test {
     m.store = Store(w);
     m.worker = w;
     m.npy = false;
+    m.megatron = true;
     m.env = worker->env();
     m.in_cluster = true;
     PTC_ASSIGN_OR_RETURN(std::unique_ptr<Filesystem> fs, Filesystem::Create(m));
@@ -161,12 +164,12 @@ class WorkerAgentTest : public ::testing::Test {
   }
 
   // The whole content of `path` (under the mount's root) on worker w.
-  std::string ReadFile(int w, const std::string& path) {
-    Filesystem& fs = *nodes_[w].fs;
+  std::string ReadFile(int w, const std::string& path) { return ReadFile(*nodes_[w].fs, path); }
+  std::string ReadFile(Filesystem& fs, const std::string& path) {
     uint64_t ino = kRootInode;
     for (const auto& part : std::filesystem::path(path)) {
       auto e = fs.Lookup(ino, part.string());
-      EXPECT_TRUE(e.ok()) << path << " on worker " << w << ": " << e.status().ToString();
+      EXPECT_TRUE(e.ok()) << path << ": " << e.status().ToString();
       if (!e.ok()) return "";
       ino = e->ino;
     }
@@ -191,6 +194,81 @@ class WorkerAgentTest : public ::testing::Test {
     }
     fs.Release(open->fh);
     return data;
+  }
+
+  // Writes `data` to `path` (under the mount's root) on worker w as a
+  // framework does: missing directories made, the file created, written and
+  // closed. Returns the close's outcome (a save's latest file commits it).
+  ptc::Status WriteFile(int w, const std::string& path, const std::string& data) {
+    Filesystem& fs = *nodes_[w].fs;
+    uint64_t ino = kRootInode;
+    const std::filesystem::path p(path);
+    for (const auto& part : p.parent_path()) {
+      auto e = fs.Lookup(ino, part.string());
+      if (!e.ok()) e = fs.Mkdir(ino, part.string());
+      PTC_RETURN_IF_ERROR(e.status());
+      ino = e->ino;
+    }
+    uint64_t fh = 0;
+    if (auto e = fs.Lookup(ino, p.filename().string()); e.ok()) {
+      PTC_ASSIGN_OR_RETURN(OpenReply open, fs.Open(e->ino, O_WRONLY | O_TRUNC));
+      fh = open.fh;
+    } else {
+      PTC_ASSIGN_OR_RETURN(auto created, fs.Create(ino, p.filename().string(), O_WRONLY | O_CREAT | O_TRUNC));
+      fh = created.second.fh;
+    }
+    auto n = fs.Write(fh, data.data(), data.size(), 0);
+    ptc::Status s = n.ok() ? fs.Flush(fh) : n.status();
+    fs.Release(fh);
+    return s;
+  }
+
+  // The job's ranks as Megatron renders them at iteration `iteration` (the
+  // same tensors): a copy of the job's store with a generation over the same
+  // shards whose Megatron state says that iteration, mounted alone (in
+  // process). What a framework that trained on would save then.
+  Filesystem& SavedAt(uint64_t iteration) {
+    const std::string dir = tmp_ / ("at-" + std::to_string(iteration));
+    if (!saved_at_) {
+      std::filesystem::copy(tmp_ / "whole", dir, std::filesystem::copy_options::recursive);
+      auto store = ptc::Store::Open(ptc::Env::Default(), dir);
+      EXPECT_TRUE(store.ok()) << store.status().ToString();
+      auto writer = (*store)->BeginGeneration();
+      EXPECT_TRUE(writer.ok()) << writer.status().ToString();
+      ptc::GenerationManifest meta = (*store)->current();
+      for (const ptc::ShardRecord& s : meta.shards) (*writer)->AddShard(s);
+      ptc::megatron::MegatronState state;
+      state.iteration = iteration;
+      meta.extra[std::string(ptc::megatron::kManifestKey)] = ptc::megatron::EncodeMegatronState(state);
+      const ptc::Status committed = (*writer)->Commit(std::move(meta));
+      EXPECT_TRUE(committed.ok()) << committed.ToString();
+      MountOptions m;
+      m.store = dir;
+      m.megatron = true;
+      auto fs = Filesystem::Create(m);
+      EXPECT_TRUE(fs.ok()) << fs.status().ToString();
+      saved_at_ = std::move(fs).value();
+    }
+    return *saved_at_;
+  }
+
+  // Worker w's Megatron rank files of pp stage w (ranks 2w, 2w + 1 of
+  // tp=2,pp=3), saved as iteration `iteration` (SavedAt) through its mount
+  // (no latest file).
+  void SaveOwnRanks(int w, uint64_t iteration) {
+    for (int tp = 0; tp < 2; ++tp) {
+      const std::string file = "megatron/" + ptc::megatron::IterationDirName(iteration) + "/" +
+                               ptc::megatron::RankDirName(tp, w, 3) + "/" + std::string(ptc::megatron::kRankFile);
+      const std::string bytes = ReadFile(SavedAt(iteration), file);
+      ASSERT_FALSE(bytes.empty()) << file;
+      const ptc::Status s = WriteFile(w, file, bytes);
+      ASSERT_TRUE(s.ok()) << file << " on worker " << w << ": " << s.ToString();
+    }
+  }
+
+  // Writes the latest file naming `iteration` on worker w: the save's commit.
+  ptc::Status CommitSave(int w, uint64_t iteration) {
+    return WriteFile(w, "megatron/" + std::string(ptc::megatron::kLatestFile), std::to_string(iteration));
   }
 
   // Every rank of the committed config, read through the worker its slot
@@ -224,6 +302,7 @@ class WorkerAgentTest : public ::testing::Test {
   ptc::MemKv kv_;
   std::unique_ptr<ptc::MemKvClient> admin_;  // the test's own link
   std::vector<Node> nodes_;
+  std::unique_ptr<Filesystem> saved_at_;  // SavedAt's
 };
 
 TEST_F(WorkerAgentTest, AChangeOnOneMountIsCommittedByEvery) {
@@ -313,6 +392,82 @@ TEST_F(WorkerAgentTest, AChangeWhoseParticipantsAllLeftIsWithdrawn) {
   EXPECT_NE(why.message().find("every participant of the change left the job"), std::string::npos) << why.ToString();
   ASSERT_TRUE(Reconfigure(2, "tp=2,pp=3,per_worker=2,replicas=2").ok());
   ExpectGeneration({0, 1, 2}, 2);
+  ExpectRanksEqualSynth();
+}
+
+// A Megatron save on many workers: each writes its own ranks' files through
+// its mount, one writes the latest file; the job commits it on every worker
+// (each worker's pieces from the files written on it), the staged files are
+// gone, and the ranks equal what was saved. A save missing a rank file is
+// aborted everywhere, naming it; the next save goes through.
+TEST_F(WorkerAgentTest, ASaveThroughEveryWorkerCommitsEverywhere) {
+  for (int w : {0, 1}) ASSERT_NO_FATAL_FAILURE(SaveOwnRanks(w, 1));
+  ptc::Status missing = CommitSave(0, 1);
+  EXPECT_EQ(missing.code(), Code::kIOError) << missing.ToString();
+  EXPECT_NE(missing.message().find("iter_0000001/mp_rank_00_002/model_optim_rng.pt: written on no worker"),
+            std::string::npos)
+      << missing.ToString();
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_TRUE(Eventually([&] { return Status(w)["state"] != "saving"; }, kLong)) << w;
+    EXPECT_EQ(nodes_[w].fs->snapshot()->generation(), 1u) << w;
+    EXPECT_NE(Status(w)["last_error"].get<std::string>().find("written on no worker"), std::string::npos)
+        << Status(w).dump();
+  }
+  ASSERT_NO_FATAL_FAILURE(SaveOwnRanks(2, 1));
+  const ptc::Status saved = CommitSave(0, 1);
+  ASSERT_TRUE(saved.ok()) << saved.ToString();
+  ExpectGeneration({0, 1, 2}, 2);
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_EQ(ReadFile(w, "megatron/" + std::string(ptc::megatron::kLatestFile)), "1") << w;
+    EXPECT_TRUE(Status(w)["last_error"].is_null()) << Status(w).dump();
+    // Each worker's pieces are those of the files written on it; the staged files are gone.
+    const auto manifest = nodes_[w].fs->store().CurrentSnapshot();
+    for (const ptc::ShardRecord& s : manifest->shards) {
+      if (s.tensor.find("layers." + std::to_string(2 * w) + ".") != std::string::npos) {
+        EXPECT_EQ(s.worker, w) << s.tensor;
+      }
+    }
+    EXPECT_TRUE(Eventually([&] { return !std::filesystem::exists(Store(w) + "/ingest/iter_0000001"); }, kLong)) << w;
+  }
+  ExpectRanksEqualSynth();
+}
+
+// A worker that dies in the middle of a save (after its files, before the
+// commit) aborts it on every worker, naming it: nothing is committed.
+TEST_F(WorkerAgentTest, AWorkerLostMidSaveAbortsIt) {
+  for (int w = 0; w < kWorkers; ++w) ASSERT_NO_FATAL_FAILURE(SaveOwnRanks(w, 1));
+  nodes_[2].link->Cut(true);  // dying: it sees the save no more
+  ptc::Status result;
+  std::thread commit([&] { result = CommitSave(0, 1); });
+  ASSERT_TRUE(Eventually([&] { return admin_->Get(ptc::PartKey(kJob, 2, 1))->has_value(); }, kLong))
+      << "worker 1 never published its part: " << Status(1).dump();
+  Kill(2);
+  commit.join();
+  EXPECT_EQ(result.code(), Code::kIOError) << result.ToString();
+  EXPECT_NE(result.message().find("worker 2 left the job"), std::string::npos) << result.ToString();
+  auto committed = ptc::Coordinator(admin_.get(), {kJob, -1}).GetCommitted();
+  ASSERT_TRUE(committed.ok() && *committed);
+  EXPECT_EQ((*committed)->generation, 1u);
+  for (int w : {0, 1}) {
+    EXPECT_TRUE(Eventually([&] { return Status(w)["state"] != "saving"; }, kLong)) << w;
+    EXPECT_EQ(nodes_[w].fs->snapshot()->generation(), 1u) << w;
+  }
+}
+
+// A recovery that cannot run while a worker is away (no replicas: its
+// pieces on no live worker) leaves the survivors "failed"; once that worker
+// is back and the job whole again, they say "serving", the failure kept as
+// earlier_error.
+TEST_F(WorkerAgentTest, StatusServesAgainOnceTheJobIsWhole) {
+  Kill(2);
+  ASSERT_TRUE(Eventually([&] { return Status(0)["state"] == "failed"; }, kLong)) << Status(0).dump();
+  const std::string failure = Status(0)["last_error"].get<std::string>();
+  EXPECT_NE(failure.find("cannot be recovered"), std::string::npos) << failure;
+  ASSERT_TRUE(Start(2).ok());
+  ASSERT_TRUE(Eventually([&] { return Status(0)["state"] == "serving"; }, kLong)) << Status(0).dump();
+  EXPECT_TRUE(Status(0)["last_error"].is_null()) << Status(0).dump();
+  EXPECT_EQ(Status(0)["earlier_error"], failure + " (resolved: every worker of generation 1 is live again)");
+  ExpectGeneration({0, 1, 2}, 1);
   ExpectRanksEqualSynth();
 }
 

@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
-# Sets up, checks the locks (clang -Wthread-safety), builds (Release, then
-# AddressSanitizer+UBSan) and runs every test, then the concurrency suites
-# under ThreadSanitizer.
+# Sets up, builds (Release, then AddressSanitizer+UBSan) and runs every test,
+# then builds the concurrency suites with clang (ThreadSanitizer, and its
+# -Wthread-safety analysis of every lock) and runs them.
 # This is the README's test command and what CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup-deps.sh
-echo "== build (tsa: clang thread-safety analysis)"
-bash tools/build.sh tsa
 for kind in release asan; do
   echo "== build ($kind)"
   bash tools/build.sh "$kind"
@@ -16,7 +14,7 @@ for kind in release asan; do
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir "$dir" -j "$(nproc)" --output-on-failure
 done
-echo "== build (tsan: ThreadSanitizer)"
+echo "== build (tsan: clang, ThreadSanitizer and -Wthread-safety)"
 bash tools/build.sh tsan
 echo "== test (tsan: the suites labelled threads)"
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir build-tsan -L threads -j "$(nproc)" --output-on-failure

@@ -1,6 +1,7 @@
 #include "worker/agent.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -34,25 +35,47 @@ class AppliedChange final : public AgreedChange {
         store_(store),
         env_(env),
         job_(options.job),
-        durable_(options.durable) {}
+        durable_(options.durable),
+        options_worker_(options.worker) {}
 
   const std::set<int>& participants() const override { return participants_; }
 
   ptc::Status BeforeCommit(ptc::GenerationWriter& writer, const std::string& config) override {
-    // The part is durable before the job may count on it.
-    PTC_RETURN_IF_ERROR(store_->env()->SyncFileSystem(store_->root()));
-    const std::string prefix = ptc::GenerationDirName(writer.generation()) + "/";
-    std::vector<ptc::ShardRecord> written, referenced;
-    for (ptc::ShardRecord& s : writer.Shards()) (s.file.starts_with(prefix) ? written : referenced).push_back(s);
-    PTC_ASSIGN_OR_RETURN(std::vector<ptc::ShardRecord> others,
-                         coordinator_->Finish(change_, config, written, referenced, store_->CurrentSnapshot()->tensors));
-    for (ptc::ShardRecord& s : others) writer.AddShard(std::move(s));
-    return ptc::Status::OK();
+    auto fixed = [&config](const std::map<int, ptc::Part>&) -> ptc::Result<std::string> { return config; };
+    return Publish(writer, store_->CurrentSnapshot()->tensors, nlohmann::json::object(), fixed, /*save=*/false).status();
+  }
+
+  ptc::Result<std::map<int, ptc::Part>> BeforeSaveCommit(ptc::GenerationWriter& writer,
+                                                         const std::vector<ptc::TensorRecord>& tensors,
+                                                         const nlohmann::json& extra, const SettleFn& settle) override {
+    return Publish(writer, tensors, extra, settle, /*save=*/true);
   }
 
   void Failed(const ptc::Status& error) override { coordinator_->Fail(change_, error); }
 
   bool has_last_resort() const override { return !durable_.empty(); }
+
+  // The part written into `writer` (pieces in its generation's directory;
+  // the others it lists are referenced from older generations) to the job:
+  // once committed, the others' pieces go into the writer. A save's pieces
+  // are new tensor bytes (Committed::contents).
+  ptc::Result<std::map<int, ptc::Part>> Publish(ptc::GenerationWriter& writer,
+                                                const std::vector<ptc::TensorRecord>& tensors,
+                                                const nlohmann::json& extra, const SettleFn& settle, bool save) {
+    // The part is durable before the job may count on it.
+    PTC_RETURN_IF_ERROR(store_->env()->SyncFileSystem(store_->root()));
+    const std::string prefix = ptc::GenerationDirName(writer.generation()) + "/";
+    ptc::Part mine{{}, extra};
+    std::vector<ptc::ShardRecord> referenced;
+    for (ptc::ShardRecord& s : writer.Shards()) (s.file.starts_with(prefix) ? mine.shards : referenced).push_back(s);
+    PTC_ASSIGN_OR_RETURN(auto parts,
+                         coordinator_->Finish(change_, settle, mine, referenced, tensors, /*new_contents=*/save));
+    for (auto& [w, part] : parts) {
+      if (w == options_worker_) continue;
+      for (const ptc::ShardRecord& s : part.shards) writer.AddShard(s);
+    }
+    return parts;
+  }
 
   ptc::Result<std::vector<ptc::ShardRecord>> LastResort() override {
     if (durable_.empty()) return ptc::FailedPreconditionError("the job has no durable tier");
@@ -68,7 +91,21 @@ class AppliedChange final : public AgreedChange {
   const ptc::Store* const store_;
   ptc::Env* const env_;
   const std::string job_, durable_;
+  const int options_worker_;
 };
+
+// A save's change carries "save ITERATION" as its request (a change of
+// layout carries the config written to .ptcfs/config).
+constexpr std::string_view kSaveRequest = "save ";
+
+std::optional<uint64_t> SaveIteration(std::string_view request) {
+  if (!request.starts_with(kSaveRequest)) return std::nullopt;
+  request.remove_prefix(kSaveRequest.size());
+  uint64_t iteration = 0;
+  auto [end, ec] = std::from_chars(request.data(), request.data() + request.size(), iteration);
+  if (ec != std::errc() || end != request.data() + request.size()) return std::nullopt;
+  return iteration;
+}
 
 }  // namespace
 
@@ -121,6 +158,23 @@ ptc::Status Agent::Propose(const std::string& text, const ptc::ParallelConfig& c
   return ptc::Status::OK();
 }
 
+ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeSave(uint64_t iteration) {
+  if (!member_) {
+    return ptc::FailedPreconditionError("worker " + std::to_string(options_.worker) + " is not a member of job " +
+                                        options_.job + " now (etcd out of reach, or it rejoins): save again once " +
+                                        ".ptcfs/status shows no error");
+  }
+  PTC_ASSIGN_OR_RETURN(std::vector<ptc::Member> members, ptc::ListMembers(*kv_, options_.job));
+  std::vector<int> workers;
+  for (const ptc::Member& m : members) workers.push_back(m.worker);
+  const uint64_t from = fs_->store().CurrentSnapshot()->generation;
+  PTC_ASSIGN_OR_RETURN(ptc::Change change, coordinator_->Propose(std::string(kSaveRequest) + std::to_string(iteration),
+                                                                 from, workers, {}));
+  std::set<int> participants(change.workers.begin(), change.workers.end());
+  return std::shared_ptr<AgreedChange>(std::make_shared<AppliedChange>(std::move(change), std::move(participants),
+                                                                       coordinator_, &fs_->store(), env_, options_));
+}
+
 std::optional<ptc::Change> Agent::Proposed() {
   ptc::MutexLock lock(&proposed_mu_);
   return proposed_;
@@ -167,7 +221,10 @@ void Agent::Loop() {
     const bool member = InStep(pending);  // a worker that rejoins neither applies, recovers nor copies
     if (member && pending.ok() && *pending) Apply(**pending);
     if (asked) Settle(*asked, pending);
-    if (member && pending.ok() && !*pending && revision > 0) Recover(live);
+    if (member && pending.ok() && !*pending && revision > 0) {
+      Recover(live);
+      NoteWhole(live);
+    }
     if (member && pending.ok() && !*pending && durable_) durable_->Look();
     if (revision > 0) Report(live);
     if (stop_) break;
@@ -206,6 +263,20 @@ void Agent::Recover(const std::vector<int>& live) {
   std::fprintf(stderr, "ptcfs: worker %s left the job: %s\n", names.c_str(),
                s.ok() ? ("reconfiguring onto the survivors: " + to->ToString()).c_str() : s.ToString().c_str());
   if (!s.ok()) fs_->controller().RecordError("worker " + names + " left the job; no change onto the survivors: " + s.message());
+}
+
+void Agent::NoteWhole(const std::vector<int>& live) {
+  auto current = fs_->store().CurrentSnapshot();
+  auto config = ptc::ParseConfig(current->config);
+  if (!config.ok()) return;
+  if (!ptc::LostWorkers(*config, live).empty()) {
+    missing_ = true;
+    return;
+  }
+  if (!missing_ || fs_->controller().Busy()) return;
+  missing_ = false;
+  fs_->controller().Recovered("every worker of generation " + std::to_string(current->generation) +
+                              " is live again");
 }
 
 bool Agent::InStep(const ptc::Result<std::optional<ptc::Change>>& pending) {
@@ -308,7 +379,11 @@ void Agent::Apply(const ptc::Change& change) {
   if (fs_->controller().Busy()) return;  // the previous change winds down: the next look applies this one
   applied_ = change.id;
   auto agreed = std::make_shared<AppliedChange>(change, participants, coordinator_, &fs_->store(), env_, options_);
-  (void)fs_->controller().Apply(change.request, fs_->snapshot(), std::move(agreed));
+  if (const std::optional<uint64_t> save = SaveIteration(change.request)) {
+    (void)fs_->ApplySave(*save, std::move(agreed));
+  } else {
+    (void)fs_->controller().Apply(change.request, fs_->snapshot(), std::move(agreed));
+  }
 }
 
 }  // namespace ptcfs

@@ -56,6 +56,10 @@ class Agent final : public JobParticipant {
  private:
   // On a FUSE thread, or the agent's (Recover). membership_ is the agent's own: not read here.
   ptc::Status Propose(const std::string& text, const ptc::ParallelConfig& config) override;
+  // From a FUSE thread: the save as a change of every live member; this
+  // mount's own part goes through the returned change (its controller is
+  // busy saving, so the loop does not apply it here).
+  ptc::Result<std::shared_ptr<AgreedChange>> ProposeSave(uint64_t iteration) override;
 
   // The change this mount proposed, until its agent applied it or saw it end.
   std::optional<ptc::Change> Proposed() EXCLUDES(proposed_mu_);
@@ -88,6 +92,10 @@ class Agent final : public JobParticipant {
   // (generation, live members): a change that cannot run (pieces on no live
   // worker) fails, naming them, and is not retried until either changes.
   void Recover(const std::vector<int>& live);
+
+  // Once every worker of the committed config is live again after some were
+  // not, a "failed" state the loss left ends (Controller::Recovered).
+  void NoteWhole(const std::vector<int>& live);
 
   // Whether this worker is a member of the job in step with it. While no
   // renewal of its lease succeeds (etcd, or the link to it, away for a whole
@@ -141,6 +149,7 @@ class Agent final : public JobParticipant {
   std::optional<ptc::Change> proposed_ GUARDED_BY(proposed_mu_);  // see Settle
   std::set<int> seen_;   // workers seen live since the mount started or rejoined (the loop's own)
   std::pair<uint64_t, std::vector<int>> tried_;  // the last recovery proposed (the loop's own)
+  bool missing_ = false;  // a worker of the committed config was not live at the last look (the loop's own)
   std::unique_ptr<DurableKeeper> durable_;  // with --durable
   std::pair<uint64_t, std::vector<int>> reported_;  // what report_ was made for (the loop's own)
   mutable ptc::Mutex report_mu_;

@@ -25,12 +25,13 @@ std::string BoxesText(const std::vector<Box>& boxes) {
 
 class Importer {
  public:
-  Importer(const CheckpointSource& source, GenerationWriter* writer, const ProgressFn& progress)
-      : source_(source), writer_(writer), progress_(progress) {}
+  // `holder`: the worker every shard is written on; -1: the worker of its rank.
+  Importer(const CheckpointSource& source, GenerationWriter* writer, const ProgressFn& progress, int holder = -1)
+      : source_(source), writer_(writer), progress_(progress), holder_(holder) {}
 
   Status ImportRank(const RankView& view) {
     PTC_ASSIGN_OR_RETURN(auto ckpt, source_.open_rank(view));
-    const int worker = source_.config.WorkerOf(view.rank);
+    const int worker = holder_ >= 0 ? holder_ : source_.config.WorkerOf(view.rank);
     for (const auto* list : {&view.model, &view.optim}) {
       for (const LocalTensor& t : *list) {
         // The segments of each key's tensor, in order: a ZeRO-1 piece holds
@@ -94,6 +95,7 @@ class Importer {
   const CheckpointSource& source_;
   GenerationWriter* writer_;
   const ProgressFn& progress_;
+  const int holder_;
   std::vector<unsigned char> buf_;
   std::set<std::pair<ShardKey, int>> stored_;          // (key, worker) written
   std::map<ShardKey, std::pair<uint64_t, int>> seen_;  // key -> (checksum, first rank)
@@ -114,13 +116,18 @@ Result<ImportResult> ImportInto(Store* store, const CheckpointSource& source, co
   return importer.result;
 }
 
-// The views of every rank, each rank's files opened (checked) once.
-// The largest segment (read into memory whole) must fit in `env`'s memory.
-Result<std::vector<RankView>> CheckedViews(Env* env, const CheckpointSource& source) {
+// The views of `ranks` (every rank when empty), each rank's files opened
+// (checked) once. The largest segment (read into memory whole) must fit in
+// `env`'s memory.
+Result<std::vector<RankView>> CheckedViews(Env* env, const CheckpointSource& source, std::vector<int> ranks = {}) {
   PTC_RETURN_IF_ERROR(ValidateConfig(source.spec, source.config));
+  if (ranks.empty()) {
+    for (int r = 0; r < source.config.world_size(); ++r) ranks.push_back(r);
+  }
+  std::vector<RankView> views;
   uint64_t largest = 0;
   std::string largest_name;
-  for (int r = 0; r < source.config.world_size(); ++r) {
+  for (int r : ranks) {
     PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(source.spec, source.config, r));
     for (const auto* list : {&view.model, &view.optim}) {
       for (const LocalTensor& t : *list) {
@@ -130,14 +137,10 @@ Result<std::vector<RankView>> CheckedViews(Env* env, const CheckpointSource& sou
         }
       }
     }
-  }
-  PTC_RETURN_IF_ERROR(CheckHeldBytes(largest, env->MemoryBytes(), "import: a piece of tensor '" + largest_name + "'"));
-  std::vector<RankView> views;
-  for (int r = 0; r < source.config.world_size(); ++r) {
-    PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(source.spec, source.config, r));
-    PTC_ASSIGN_OR_RETURN(auto ckpt, source.open_rank(view));
     views.push_back(std::move(view));
   }
+  PTC_RETURN_IF_ERROR(CheckHeldBytes(largest, env->MemoryBytes(), "import: a piece of tensor '" + largest_name + "'"));
+  for (const RankView& view : views) PTC_RETURN_IF_ERROR(source.open_rank(view).status());
   return views;
 }
 
@@ -146,6 +149,15 @@ Result<std::vector<RankView>> CheckedViews(Env* env, const CheckpointSource& sou
 Result<ImportResult> ImportInto(Store* store, const CheckpointSource& source, const ProgressFn& progress) {
   PTC_ASSIGN_OR_RETURN(std::vector<RankView> views, CheckedViews(store->env(), source));
   return ImportInto(store, source, views, progress);
+}
+
+Result<ImportResult> WriteRanks(Env* env, GenerationWriter* writer, const CheckpointSource& source,
+                                const std::vector<int>& ranks, int worker, const ProgressFn& progress) {
+  if (ranks.empty()) return ImportResult{};
+  PTC_ASSIGN_OR_RETURN(std::vector<RankView> views, CheckedViews(env, source, ranks));
+  Importer importer(source, writer, progress, worker);
+  for (const RankView& view : views) PTC_RETURN_IF_ERROR(importer.ImportRank(view));
+  return importer.result;
 }
 
 Result<ImportResult> ImportCheckpoint(Env* env, const std::string& src_dir, const std::string& store_path,

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -49,6 +50,14 @@ Result<ImportResult> ImportFrom(Env* env, const CheckpointSource& source, const 
 // The same into an open store (which must have no active writer).
 // \error as above; FailedPrecondition while another writer is active.
 Result<ImportResult> ImportInto(Store* store, const CheckpointSource& source, const ProgressFn& progress = {});
+
+// Writes the shards of `ranks` (of source.config) into `writer`, all on
+// `worker` (the one whose disk holds them), without committing: one worker's
+// part of a save spread over many (docs/cluster.md). Each rank is opened
+// (checked) before anything is written; replicas must agree among these ranks.
+// \error as ImportInto.
+Result<ImportResult> WriteRanks(Env* env, GenerationWriter* writer, const CheckpointSource& source,
+                                const std::vector<int>& ranks, int worker, const ProgressFn& progress = {});
 
 // A per-rank safetensors checkpoint (checkpoint.h).
 // \error as InferModelSpec, ValidateConfig and RankCheckpoint::Open (missing

@@ -64,6 +64,14 @@ struct GenerationManifest {
   friend bool operator==(const GenerationManifest&, const GenerationManifest&) = default;
 };
 
+// One worker's part of a generation that several write together (a change
+// or a save of a cluster job, docs/cluster.md): the pieces it wrote and what
+// else the others need of it (a save: its rank files' entries besides the tensors).
+struct Part {
+  std::vector<ShardRecord> shards;
+  nlohmann::json extra = nlohmann::json::object();
+};
+
 // The tensor named `name`, or nullptr. A linear search: for a look-up per
 // shard use TensorsByName.
 const TensorRecord* FindTensor(const GenerationManifest& m, std::string_view name);

@@ -11,8 +11,10 @@ independently of ptcfs: the test suite's reference for `--format megatron`.
       settings, `step` in every state, fp32 masters per group; --one-group: the layout ptcfs
       rendered before (one group, no step, no settings).
   save MOUNT/megatron MIRROR --iteration N [--skip mp_rank_TT_PPP] [--consumed SAMPLES] [--state-iteration M]
+       [--no-latest]
       A framework's checkpoint through the mount (see save()); --consumed sets
-      args.consumed_train_samples, --state-iteration the state dict's 'iteration'.
+      args.consumed_train_samples, --state-iteration the state dict's 'iteration';
+      --no-latest leaves the latest file to another worker's mount (a cluster job).
   check SRC TP PP OUT TP2 PP2 [--weights-only]
       The reference reshard: every tensor of the SRC tree (tp=TP, pp=PP) is concatenated
       along its split dim (and its layers renumbered), re-split for TP2/PP2, and compared bit
@@ -398,7 +400,9 @@ def save(a):
     the latest file. Exit 4 when closing the latest file fails (the save is refused)."""
     it, files = load_tree(a.mount)
     for (tp_rank, pp_rank), sd in sorted(files.items()):
-        name = rank_dir(tp_rank, pp_rank, max(p for _, p in files) + 1)
+        # A worker of a cluster job shows its own ranks only: the grid is the args' when they say.
+        pp = sd["args"].pipeline_model_parallel_size if "args" in sd else max(p for _, p in files) + 1
+        name = rank_dir(tp_rank, pp_rank, pp)
         sd = dict(sd, iteration=a.iteration if a.state_iteration is None else a.state_iteration)
         if a.consumed is not None:
             sd["args"].consumed_train_samples = a.consumed
@@ -412,6 +416,8 @@ def save(a):
             os.makedirs(d, exist_ok=True)
             torch.save(sd, os.path.join(d, "model_optim_rng.pt"))
     for root in (a.mirror, a.mount):
+        if root == a.mount and a.no_latest:
+            continue
         try:
             with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as f:
                 f.write(str(a.iteration))
@@ -451,6 +457,8 @@ def main():
     s.add_argument("mirror")
     s.add_argument("--iteration", type=int, required=True)
     s.add_argument("--skip", default="", help="a rank directory not to write into the mount")
+    s.add_argument("--no-latest", action="store_true",
+                   help="no latest file into the mount (one worker of a cluster job: another commits the save)")
     s.add_argument("--consumed", type=int, help="args.consumed_train_samples of the save")
     s.add_argument("--state-iteration", type=int, help="the state dict's 'iteration' (default: --iteration)")
     a = p.parse_args()

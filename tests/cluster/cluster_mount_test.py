@@ -18,7 +18,6 @@ manifest.
 
 Usage: cluster_mount_test.py PTCFS   (root; exit 77 = skipped, never under CI=true)
 """
-import errno
 import os
 import signal
 import subprocess
@@ -28,33 +27,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, start_etcd  # noqa: E402
-from workers import (Model, at_generation, job_token, job_url, reconfigure, remove_tmp, start_worker,  # noqa: E402
-                     status, stop, wait_for, worker_store)
+from workers import (Model, at_generation, fill, job_token, job_url, reconfigure, remove_tmp,  # noqa: E402
+                     start_worker, status, stop, wait_for, worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
 SCHEMA, DIMS = "llama", "layers=6,hidden=64,heads=8,kv_heads=4,vocab=96,seq=16,ffn=96"
 MODEL = Model(PTCFS, SCHEMA, DIMS)
 ptcfs = MODEL.run
 WORKERS, PORT, JOB = 4, 7411, "job1"
-
-
-def fill(path):
-    """Writes `path` until its file system is full."""
-    chunk = b"\0" * (1 << 20)
-    with open(path, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(chunk)
-        except OSError as e:
-            if e.errno != errno.ENOSPC:
-                raise
-    with open(path, "ab", buffering=0) as f:  # the last partial chunk's room
-        try:
-            while True:
-                f.write(b"\0" * 4096)
-        except OSError as e:
-            if e.errno != errno.ENOSPC:
-                raise
 
 
 def expect_old(mnts, generation, config, tag):

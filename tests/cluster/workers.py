@@ -3,6 +3,7 @@ store, a mount's status, waiting on the mounts, stopping them.
 
 Stdlib only.
 """
+import errno
 import json
 import os
 import shutil
@@ -82,6 +83,25 @@ def worker_store(whole, dst, worker):
                 if d.startswith("worker-") and d != mine:
                     shutil.rmtree(os.path.join(dst, gen, d))
     return dst
+
+
+def fill(path):
+    """Writes `path` until its file system is full."""
+    chunk = b"\0" * (1 << 20)
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(chunk)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+    with open(path, "ab", buffering=0) as f:  # the last partial chunk's room
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
 
 
 def status(mnt):

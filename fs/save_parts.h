@@ -1,0 +1,67 @@
+// A Megatron save through megatron/ on many workers (docs/cluster.md, "Saves
+// on many workers"): each worker writes the rank files staged on it into
+// pieces of its own and tells the others what else those files hold
+// (SavePartExtra); once every worker's part is in, each settles the same
+// generation from all the parts (SettleSave).
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "ptc/base/status.h"
+#include "ptc/checkpoint/megatron.h"
+#include "ptc/checkpoint/megatron_import.h"
+#include "ptc/dataset/state.h"
+#include "ptc/model/config.h"
+#include "ptc/store/manifest.h"
+#include "ptc/store/model_spec.h"
+
+namespace ptcfs {
+
+// The data position a save commits with its model: its
+// args.consumed_train_samples (docs/dataset_format.md, "A save's position"),
+// or `current` when there is no dataset or the args do not say. Also checks
+// that the state dict's 'iteration' is `iteration`.
+// \error InvalidArgument naming the field at fault.
+ptc::Result<std::optional<ptc::DatasetState>> SavedDataPosition(const ptc::megatron::MegatronState& saved,
+                                                                uint64_t iteration,
+                                                                const std::optional<ptc::DatasetState>& current);
+
+// Saves through megatron/ need zero=0 (Megatron's model_optim_rng.pt does
+// not hold ZeRO-1 optimizer state).
+// \error InvalidArgument saying so for a config with zero=1.
+ptc::Status CheckSavable(const ptc::ParallelConfig& config);
+
+// `config` with a save's grid: its tp and pp (pp_layers dropped when pp changes).
+ptc::ParallelConfig WithGrid(ptc::ParallelConfig config, int tp, int pp);
+
+// What a worker's part of the save of `iteration` says besides its pieces:
+// the rank files it holds (none, some or all of the grid), their grid, dtype
+// and whether they hold optimizer state.
+nlohmann::json SavePartExtra(uint64_t iteration, const ptc::MegatronSavePart& part);
+
+// The generation the parts (by worker) of the save of `iteration` make.
+struct SettledSave {
+  ptc::ModelSpec spec;                       // `current`'s schema and dims, the files' dtype and optimizer state
+  ptc::ParallelConfig config;                // `current` with the save's tp and pp
+  ptc::megatron::MegatronState state;        // every rank's entries, folded (FoldRanks)
+  std::optional<ptc::DatasetState> dataset;  // the data position it commits (SavedDataPosition)
+};
+
+// \error InvalidArgument naming the workers or the rank file at fault: no
+//        worker holds a rank file; two workers' files disagree on the grid,
+//        dtype or optimizer state; a rank file of the grid on no worker;
+//        replicas of a piece that differ between two workers; as FoldRanks
+//        ValidateConfig and SavedDataPosition; Corruption for a part that
+//        is not one. `current_spec`, `current` and `dataset`: the generation
+//        the save replaces.
+ptc::Result<SettledSave> SettleSave(uint64_t iteration, const ptc::ModelSpec& current_spec,
+                                    const ptc::ParallelConfig& current, const std::optional<ptc::DatasetState>& dataset,
+                                    const std::map<int, ptc::Part>& parts);
+
+}  // namespace ptcfs
