@@ -16,6 +16,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <set>
 
 #include "cluster/coordinator.h"
 #include "cluster/job_state.h"
@@ -468,6 +470,27 @@ TEST_F(WorkerAgentTest, StatusServesAgainOnceTheJobIsWhole) {
   EXPECT_TRUE(Status(0)["last_error"].is_null()) << Status(0).dump();
   EXPECT_EQ(Status(0)["earlier_error"], failure + " (resolved: every worker of generation 1 is live again)");
   ExpectGeneration({0, 1, 2}, 1);
+  ExpectRanksEqualSynth();
+}
+
+// With replicas=2, a save's pieces (each on the worker that wrote it) are
+// copied to their keepers by a change of the job's own right after it.
+TEST_F(WorkerAgentTest, ASaveIsCopiedToItsReplicas) {
+  ASSERT_TRUE(Reconfigure(0, "tp=2,pp=3,per_worker=2,replicas=2").ok());
+  ExpectGeneration({0, 1, 2}, 2);
+  for (int w = 0; w < kWorkers; ++w) ASSERT_NO_FATAL_FAILURE(SaveOwnRanks(w, 1));
+  const ptc::Status saved = CommitSave(1, 1);
+  ASSERT_TRUE(saved.ok()) << saved.ToString();
+  ExpectGeneration({0, 1, 2}, 4);  // the save, then its copies
+  std::map<std::string, std::set<int>> holders;  // piece -> the workers holding it
+  for (const ptc::ShardRecord& s : nodes_[0].fs->store().CurrentSnapshot()->shards) {
+    std::string key = s.tensor;
+    for (const ptc::Box& b : s.boxes) key += " " + b.ToString();
+    holders[key].insert(s.worker);
+  }
+  ASSERT_FALSE(holders.empty());
+  for (const auto& [piece, workers] : holders) EXPECT_EQ(workers.size(), 2u) << piece;
+  EXPECT_EQ(ReadFile(2, "megatron/" + std::string(ptc::megatron::kLatestFile)), "1");
   ExpectRanksEqualSynth();
 }
 

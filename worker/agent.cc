@@ -171,6 +171,7 @@ ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeSave(uint64_t iteration
   PTC_ASSIGN_OR_RETURN(ptc::Change change, coordinator_->Propose(std::string(kSaveRequest) + std::to_string(iteration),
                                                                  from, workers, {}));
   std::set<int> participants(change.workers.begin(), change.workers.end());
+  saved_ = change.generation;
   return std::shared_ptr<AgreedChange>(std::make_shared<AppliedChange>(std::move(change), std::move(participants),
                                                                        coordinator_, &fs_->store(), env_, options_));
 }
@@ -224,6 +225,7 @@ void Agent::Loop() {
     if (member && pending.ok() && !*pending && revision > 0) {
       Recover(live);
       NoteWhole(live);
+      Replicate(live);
     }
     if (member && pending.ok() && !*pending && durable_) durable_->Look();
     if (revision > 0) Report(live);
@@ -263,6 +265,23 @@ void Agent::Recover(const std::vector<int>& live) {
   std::fprintf(stderr, "ptcfs: worker %s left the job: %s\n", names.c_str(),
                s.ok() ? ("reconfiguring onto the survivors: " + to->ToString()).c_str() : s.ToString().c_str());
   if (!s.ok()) fs_->controller().RecordError("worker " + names + " left the job; no change onto the survivors: " + s.message());
+}
+
+void Agent::Replicate(const std::vector<int>& live) {
+  auto current = fs_->store().CurrentSnapshot();
+  if (saved_ != current->generation || live.empty() || live.front() != options_.worker ||
+      fs_->controller().Busy()) {
+    return;
+  }
+  saved_ = 0;
+  auto config = ptc::ParseConfig(current->config);
+  if (!config.ok() || config->replicas < 2) return;
+  const ptc::Status s = Propose(config->ToString(), *config);
+  std::fprintf(stderr, "ptcfs: the save of generation %llu committed: %s\n",
+               static_cast<unsigned long long>(current->generation),
+               s.ok() ? ("copying its pieces to their replicas (replicas=" + std::to_string(config->replicas) + ")").c_str()
+                      : s.ToString().c_str());
+  if (!s.ok()) fs_->controller().RecordError("the save's pieces not copied to their replicas: " + s.message());
 }
 
 void Agent::NoteWhole(const std::vector<int>& live) {
@@ -380,6 +399,7 @@ void Agent::Apply(const ptc::Change& change) {
   applied_ = change.id;
   auto agreed = std::make_shared<AppliedChange>(change, participants, coordinator_, &fs_->store(), env_, options_);
   if (const std::optional<uint64_t> save = SaveIteration(change.request)) {
+    saved_ = change.generation;
     (void)fs_->ApplySave(*save, std::move(agreed));
   } else {
     (void)fs_->controller().Apply(change.request, fs_->snapshot(), std::move(agreed));

@@ -93,6 +93,12 @@ class Agent final : public JobParticipant {
   // worker) fails, naming them, and is not retried until either changes.
   void Recover(const std::vector<int>& live);
 
+  // A save leaves each piece on the worker that wrote it only. When the job
+  // keeps replicas (replicas=R > 1), the lowest live worker then proposes the
+  // same config again: its change copies every piece to its keepers (the
+  // plan's targets include them). Once per save.
+  void Replicate(const std::vector<int>& live);
+
   // Once every worker of the committed config is live again after some were
   // not, a "failed" state the loss left ends (Controller::Recovered).
   void NoteWhole(const std::vector<int>& live);
@@ -149,6 +155,7 @@ class Agent final : public JobParticipant {
   std::optional<ptc::Change> proposed_ GUARDED_BY(proposed_mu_);  // see Settle
   std::set<int> seen_;   // workers seen live since the mount started or rejoined (the loop's own)
   std::pair<uint64_t, std::vector<int>> tried_;  // the last recovery proposed (the loop's own)
+  std::atomic<uint64_t> saved_{0};  // the generation of the last save this worker took part in
   bool missing_ = false;  // a worker of the committed config was not live at the last look (the loop's own)
   std::unique_ptr<DurableKeeper> durable_;  // with --durable
   std::pair<uint64_t, std::vector<int>> reported_;  // what report_ was made for (the loop's own)
