@@ -135,7 +135,8 @@ Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const
                                                      const std::vector<ShardRecord>& referenced,
                                                      const std::vector<TensorRecord>& tensors) const {
   auto fixed = [&config](const std::map<int, Part>&) -> Result<std::string> { return config; };
-  PTC_ASSIGN_OR_RETURN(auto parts, Finish(change, fixed, Part{written, nlohmann::json::object()}, referenced, tensors, /*new_contents=*/false));
+  PTC_ASSIGN_OR_RETURN(auto parts, Finish(change, fixed, Part{written, nlohmann::json::object()}, referenced, tensors,
+                                          /*new_contents=*/false));
   std::vector<ShardRecord> others;
   for (auto& [w, part] : parts) {
     if (w != options_.worker) others.insert(others.end(), part.shards.begin(), part.shards.end());

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "cluster/kv_store.h"
 #include "cluster/job_state.h"
+#include "cluster/kv_store.h"
 #include "ptc/base/status.h"
 #include "ptc/store/manifest.h"
 

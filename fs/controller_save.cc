@@ -49,15 +49,15 @@ ptc::Status Controller::ApplySave(const std::string& staging_root, uint64_t iter
     return started.status();
   }
   ptc::MutexLock lock(&mu_);
-  worker_thread_ = std::thread([this, staging_root, iteration, current, change = std::move(change),
-                                committed = std::move(committed)] {
-    const ptc::Status result = SaveInCluster(staging_root, iteration, current, *change);
-    if (!result.ok()) change->Failed(result);
-    if (result.ok()) committed();
-    ptc::MutexLock lock(&mu_);
-    state_ = result.ok() ? MountState::kServing : MountState::kFailed;
-    if (!result.ok()) SetLastError("save of iteration " + std::to_string(iteration) + ": " + result.message());
-  });
+  worker_thread_ = std::thread(
+      [this, staging_root, iteration, current, change = std::move(change), committed = std::move(committed)] {
+        const ptc::Status result = SaveInCluster(staging_root, iteration, current, *change);
+        if (!result.ok()) change->Failed(result);
+        if (result.ok()) committed();
+        ptc::MutexLock lock(&mu_);
+        state_ = result.ok() ? MountState::kServing : MountState::kFailed;
+        if (!result.ok()) SetLastError("save of iteration " + std::to_string(iteration) + ": " + result.message());
+      });
   return ptc::Status::OK();
 }
 
@@ -104,8 +104,7 @@ ptc::Status Controller::SaveInCluster(const std::string& staging_root, uint64_t 
     PTC_ASSIGN_OR_RETURN(SettledSave s, SettleSave(iteration, spec, config, current->dataset(), parts));
     return s.config.ToString();
   };
-  PTC_ASSIGN_OR_RETURN(auto parts,
-                       change.BeforeSaveCommit(*writer, tensors, SavePartExtra(iteration, part), settle));
+  PTC_ASSIGN_OR_RETURN(auto parts, change.BeforeSaveCommit(*writer, tensors, SavePartExtra(iteration, part), settle));
   // Every worker settles the same generation from the same parts (the one
   // that committed it did so before it committed: nothing fails here but I/O).
   PTC_ASSIGN_OR_RETURN(SettledSave settled, SettleSave(iteration, spec, config, current->dataset(), parts));

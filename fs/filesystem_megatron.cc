@@ -218,7 +218,9 @@ ptc::Status Filesystem::Flush(uint64_t fh) {
 ptc::Status Filesystem::ApplySave(uint64_t iteration, std::shared_ptr<AgreedChange> change) {
   return controller_->ApplySave(staging_.root(), iteration, snapshot(), std::move(change), [this, iteration] {
     const ptc::Status s = staging_.RemoveTree(ptc::megatron::IterationDirName(iteration));
-    if (!s.ok()) controller_->RecordError("save of iteration " + std::to_string(iteration) + " committed; " + s.message());
+    if (!s.ok()) {
+      controller_->RecordError("save of iteration " + std::to_string(iteration) + " committed; " + s.message());
+    }
   });
 }
 

@@ -178,8 +178,9 @@ TEST_F(FilesystemTest, AProposalEndsInItsOutcome) {
   struct Change final : AgreedChange {
     const std::set<int>& participants() const override { return workers; }
     Status BeforeCommit(ptc::GenerationWriter&, const std::string&) override { return Status::OK(); }
-    ptc::Result<std::map<int, ptc::Part>> BeforeSaveCommit(ptc::GenerationWriter&, const std::vector<ptc::TensorRecord>&,
-                                                           const nlohmann::json&, const SettleFn&) override {
+    ptc::Result<std::map<int, ptc::Part>> BeforeSaveCommit(ptc::GenerationWriter&,
+                                                           const std::vector<ptc::TensorRecord>&, const nlohmann::json&,
+                                                           const SettleFn&) override {
       return FailedPreconditionError("no saves here");
     }
     void Failed(const Status& s) override { told = s; }

@@ -219,8 +219,9 @@ TEST_F(MegatronTorchTest, ASaveSplitOverWorkersSettlesAsOneImport) {
   std::map<int, Part> without = parts;
   without.erase(1);
   auto missing = ptcfs::SettleSave(100, spec, config, std::nullopt, without);
-  EXPECT_NE(missing.status().message().find("megatron/iter_0000100/mp_rank_00_001/model_optim_rng.pt: written on no worker"),
-            std::string::npos)
+  EXPECT_NE(
+      missing.status().message().find("megatron/iter_0000100/mp_rank_00_001/model_optim_rng.pt: written on no worker"),
+      std::string::npos)
       << missing.status().ToString();
   // Worker 1's files in another grid.
   std::map<int, Part> other = parts;

@@ -481,7 +481,7 @@ TEST_F(WorkerAgentTest, ASaveIsCopiedToItsReplicas) {
   for (int w = 0; w < kWorkers; ++w) ASSERT_NO_FATAL_FAILURE(SaveOwnRanks(w, 1));
   const ptc::Status saved = CommitSave(1, 1);
   ASSERT_TRUE(saved.ok()) << saved.ToString();
-  ExpectGeneration({0, 1, 2}, 4);  // the save, then its copies
+  ExpectGeneration({0, 1, 2}, 4);                // the save, then its copies
   std::map<std::string, std::set<int>> holders;  // piece -> the workers holding it
   for (const ptc::ShardRecord& s : nodes_[0].fs->store().CurrentSnapshot()->shards) {
     std::string key = s.tensor;

@@ -42,7 +42,8 @@ class AppliedChange final : public AgreedChange {
 
   ptc::Status BeforeCommit(ptc::GenerationWriter& writer, const std::string& config) override {
     auto fixed = [&config](const std::map<int, ptc::Part>&) -> ptc::Result<std::string> { return config; };
-    return Publish(writer, store_->CurrentSnapshot()->tensors, nlohmann::json::object(), fixed, /*save=*/false).status();
+    return Publish(writer, store_->CurrentSnapshot()->tensors, nlohmann::json::object(), fixed, /*save=*/false)
+        .status();
   }
 
   ptc::Result<std::map<int, ptc::Part>> BeforeSaveCommit(ptc::GenerationWriter& writer,
@@ -168,8 +169,8 @@ ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeSave(uint64_t iteration
   std::vector<int> workers;
   for (const ptc::Member& m : members) workers.push_back(m.worker);
   const uint64_t from = fs_->store().CurrentSnapshot()->generation;
-  PTC_ASSIGN_OR_RETURN(ptc::Change change, coordinator_->Propose(std::string(kSaveRequest) + std::to_string(iteration),
-                                                                 from, workers, {}));
+  PTC_ASSIGN_OR_RETURN(ptc::Change change,
+                       coordinator_->Propose(std::string(kSaveRequest) + std::to_string(iteration), from, workers, {}));
   std::set<int> participants(change.workers.begin(), change.workers.end());
   saved_ = change.generation;
   return std::shared_ptr<AgreedChange>(std::make_shared<AppliedChange>(std::move(change), std::move(participants),
@@ -269,18 +270,18 @@ void Agent::Recover(const std::vector<int>& live) {
 
 void Agent::Replicate(const std::vector<int>& live) {
   auto current = fs_->store().CurrentSnapshot();
-  if (saved_ != current->generation || live.empty() || live.front() != options_.worker ||
-      fs_->controller().Busy()) {
+  if (saved_ != current->generation || live.empty() || live.front() != options_.worker || fs_->controller().Busy()) {
     return;
   }
   saved_ = 0;
   auto config = ptc::ParseConfig(current->config);
   if (!config.ok() || config->replicas < 2) return;
   const ptc::Status s = Propose(config->ToString(), *config);
-  std::fprintf(stderr, "ptcfs: the save of generation %llu committed: %s\n",
-               static_cast<unsigned long long>(current->generation),
-               s.ok() ? ("copying its pieces to their replicas (replicas=" + std::to_string(config->replicas) + ")").c_str()
-                      : s.ToString().c_str());
+  std::fprintf(
+      stderr, "ptcfs: the save of generation %llu committed: %s\n",
+      static_cast<unsigned long long>(current->generation),
+      s.ok() ? ("copying its pieces to their replicas (replicas=" + std::to_string(config->replicas) + ")").c_str()
+             : s.ToString().c_str());
   if (!s.ok()) fs_->controller().RecordError("the save's pieces not copied to their replicas: " + s.message());
 }
 
@@ -294,8 +295,7 @@ void Agent::NoteWhole(const std::vector<int>& live) {
   }
   if (!missing_ || fs_->controller().Busy()) return;
   missing_ = false;
-  fs_->controller().Recovered("every worker of generation " + std::to_string(current->generation) +
-                              " is live again");
+  fs_->controller().Recovered("every worker of generation " + std::to_string(current->generation) + " is live again");
 }
 
 bool Agent::InStep(const ptc::Result<std::optional<ptc::Change>>& pending) {

@@ -237,11 +237,10 @@ Result<KeptRank> KeepRank(const RandomAccessFile& file, const TorchFile& tf, con
 
 // Renames the storages of an extra entry's tensors from "x<old>_<n>" to "x<entry>_<n>".
 void NumberExtra(size_t entry, megatron::ExtraEntry* e) {
-  auto renamed = [&](const std::string& key) {
-    return "x" + std::to_string(entry) + key.substr(key.find('_'));
-  };
+  auto renamed = [&](const std::string& key) { return "x" + std::to_string(entry) + key.substr(key.find('_')); };
   for (megatron::CarriedTensor& t : e->tensors) t.key = renamed(t.key);
-  pickle::ForEachTensor(e->value, [&](const std::string&, pickle::Tensor& t) { t.storage_key = renamed(t.storage_key); });
+  pickle::ForEachTensor(e->value,
+                        [&](const std::string&, pickle::Tensor& t) { t.storage_key = renamed(t.storage_key); });
 }
 
 }  // namespace
@@ -251,7 +250,8 @@ Result<megatron::MegatronState> FoldRanks(uint64_t iteration, int tp, int pp, st
             [](const KeptRank& a, const KeptRank& b) { return std::tie(a.pp, a.tp) < std::tie(b.pp, b.tp); });
   for (size_t i = 0; i < ranks.size(); ++i) {
     const KeptRank& r = ranks[i];
-    if (r.tp < 0 || r.pp < 0 || r.tp >= tp || r.pp >= pp || (i > 0 && r.tp == ranks[i - 1].tp && r.pp == ranks[i - 1].pp)) {
+    if (r.tp < 0 || r.pp < 0 || r.tp >= tp || r.pp >= pp ||
+        (i > 0 && r.tp == ranks[i - 1].tp && r.pp == ranks[i - 1].pp)) {
       return InvalidArgumentError(r.file + ": rank (" + std::to_string(r.tp) + ", " + std::to_string(r.pp) +
                                   ") is outside the save's grid (" + GridText(tp, pp) + ") or given twice");
     }
@@ -277,7 +277,9 @@ Result<megatron::MegatronState> FoldRanks(uint64_t iteration, int tp, int pp, st
   };
   for (KeptRank& r : ranks) {
     if (per_rank_rng) {
-      if (r.kept.rng.empty()) return InvalidArgumentError(r.file + ": rng_state: missing (the first rank's file has one)");
+      if (r.kept.rng.empty()) {
+        return InvalidArgumentError(r.file + ": rng_state: missing (the first rank's file has one)");
+      }
       state.rng.push_back(std::move(r.kept.rng[0]));
     }
     for (megatron::ExtraEntry& e : r.kept.extra) {
@@ -289,8 +291,9 @@ Result<megatron::MegatronState> FoldRanks(uint64_t iteration, int tp, int pp, st
       const std::string& name = value.params[0];
       if (const auto it = step_of.find(name); it != step_of.end()) {
         if (!same(state.optimizer.steps[it->second], value)) {
-          return InvalidArgumentError(r.file + ": the optimizer step of " + name +
-                                      " differs from its step in another rank's file (a parameter's shards share one step)");
+          return InvalidArgumentError(
+              r.file + ": the optimizer step of " + name +
+              " differs from its step in another rank's file (a parameter's shards share one step)");
         }
         continue;
       }
@@ -450,7 +453,8 @@ Result<MegatronSavePart> OpenMegatronSavePart(Env* env, const MegatronImportOpti
   PTC_ASSIGN_OR_RETURN(std::optional<int64_t> pp, megatron::ArgsInt(tf.root, "pipeline_model_parallel_size", first));
   if (!tp || !pp) {
     if (!o.config) {
-      return InvalidArgumentError(first + ": no args.tensor_model_parallel_size and pipeline_model_parallel_size "
+      return InvalidArgumentError(first +
+                                  ": no args.tensor_model_parallel_size and pipeline_model_parallel_size "
                                   "give the save's grid (a save on many workers has only some rank files on each)");
     }
     tp = o.config->tp;
@@ -491,7 +495,9 @@ nlohmann::json EncodeKeptRank(const KeptRank& rank) {
   for (megatron::ExtraEntry& e : one.extra) e.tp = 0;
   if (!one.extra.empty()) one.extra_tp = 1;
   const nlohmann::json extra = {{std::string(megatron::kManifestKey), megatron::EncodeMegatronState(one)}};
-  return {{"tp", static_cast<uint64_t>(rank.tp)}, {"pp", static_cast<uint64_t>(rank.pp)}, {"file", rank.file},
+  return {{"tp", static_cast<uint64_t>(rank.tp)},
+          {"pp", static_cast<uint64_t>(rank.pp)},
+          {"file", rank.file},
           {"kept", extra}};
 }
 
@@ -501,8 +507,10 @@ Result<KeptRank> DecodeKeptRank(const nlohmann::json& j, const std::string& what
       !j["kept"].is_object() || j["tp"].get<uint64_t>() > 1 << 16 || j["pp"].get<uint64_t>() > 1 << 16) {
     return InvalidArgumentError(what + ": expected {tp, pp, file, kept}");
   }
-  KeptRank rank{static_cast<int>(j["tp"].get<uint64_t>()), static_cast<int>(j["pp"].get<uint64_t>()),
-                j["file"].get<std::string>(), {}};
+  KeptRank rank{static_cast<int>(j["tp"].get<uint64_t>()),
+                static_cast<int>(j["pp"].get<uint64_t>()),
+                j["file"].get<std::string>(),
+                {}};
   PTC_ASSIGN_OR_RETURN(rank.kept, megatron::LoadMegatronState(j["kept"], what));
   if (rank.kept.rng.size() > 1) return InvalidArgumentError(what + ": more than one rng record");
   for (megatron::RankRng& r : rank.kept.rng) {
