@@ -17,5 +17,5 @@ done
 echo "== build (tsan: clang, ThreadSanitizer and -Wthread-safety)"
 bash tools/build.sh tsan
 echo "== test (tsan: the suites labelled threads)"
-TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir build-tsan -L threads -j "$(nproc)" --output-on-failure
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tools/tsan.supp ctest --test-dir build-tsan -L threads -j "$(nproc)" --output-on-failure
 echo "== all tests passed"
