@@ -141,36 +141,31 @@ ptc::Status Agent::Start() {
   return ptc::Status::OK();
 }
 
-ptc::Status Agent::Propose(const std::string& text, const ptc::ParallelConfig& config) {
+ptc::Result<ptc::Change> Agent::ProposeToJob(const std::string& request, const std::vector<int>& needed,
+                                             const std::string& again) {
   if (!member_) {
     return ptc::FailedPreconditionError("worker " + std::to_string(options_.worker) + " is not a member of job " +
-                                        options_.job + " now (etcd out of reach, or it rejoins): " +
-                                        "try again once .ptcfs/status shows no error");
+                                        options_.job + " now (etcd out of reach, or it rejoins): " + again +
+                                        " once .ptcfs/status shows no error");
   }
   PTC_ASSIGN_OR_RETURN(std::vector<ptc::Member> members, ptc::ListMembers(*kv_, options_.job));
   std::vector<int> workers;
   for (const ptc::Member& m : members) workers.push_back(m.worker);
-  const uint64_t from = fs_->store().CurrentSnapshot()->generation;
+  return coordinator_->Propose(request, fs_->store().CurrentSnapshot()->generation, workers, needed);
+}
+
+ptc::Status Agent::Propose(const std::string& text, const ptc::ParallelConfig& config) {
   // The request as written to .ptcfs/config, less its line end: it names the change in every worker's messages.
   const std::string request = text.substr(0, text.find_last_not_of(" \t\r\n") + 1);
-  PTC_ASSIGN_OR_RETURN(ptc::Change change, coordinator_->Propose(request, from, workers, config.Workers()));
+  PTC_ASSIGN_OR_RETURN(ptc::Change change, ProposeToJob(request, config.Workers(), "try again"));
   ptc::MutexLock lock(&proposed_mu_);
   proposed_ = std::move(change);
   return ptc::Status::OK();
 }
 
 ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeSave(uint64_t iteration) {
-  if (!member_) {
-    return ptc::FailedPreconditionError("worker " + std::to_string(options_.worker) + " is not a member of job " +
-                                        options_.job + " now (etcd out of reach, or it rejoins): save again once " +
-                                        ".ptcfs/status shows no error");
-  }
-  PTC_ASSIGN_OR_RETURN(std::vector<ptc::Member> members, ptc::ListMembers(*kv_, options_.job));
-  std::vector<int> workers;
-  for (const ptc::Member& m : members) workers.push_back(m.worker);
-  const uint64_t from = fs_->store().CurrentSnapshot()->generation;
   PTC_ASSIGN_OR_RETURN(ptc::Change change,
-                       coordinator_->Propose(std::string(kSaveRequest) + std::to_string(iteration), from, workers, {}));
+                       ProposeToJob(std::string(kSaveRequest) + std::to_string(iteration), {}, "save again"));
   std::set<int> participants(change.workers.begin(), change.workers.end());
   saved_ = change.generation;
   return std::shared_ptr<AgreedChange>(std::make_shared<AppliedChange>(std::move(change), std::move(participants),

@@ -61,6 +61,12 @@ class Agent final : public JobParticipant {
   // busy saving, so the loop does not apply it here).
   ptc::Result<std::shared_ptr<AgreedChange>> ProposeSave(uint64_t iteration) override;
 
+  // Proposes `request` to the live members (`needed`: the workers it must
+  // include), from this mount's generation. `again` ends the message when
+  // this worker is no member now ("try again", "save again").
+  ptc::Result<ptc::Change> ProposeToJob(const std::string& request, const std::vector<int>& needed,
+                                        const std::string& again);
+
   // The change this mount proposed, until its agent applied it or saw it end.
   std::optional<ptc::Change> Proposed() EXCLUDES(proposed_mu_);
 

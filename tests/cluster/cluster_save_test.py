@@ -63,6 +63,23 @@ def commit(mnt, iteration):
         f.write(str(iteration))
 
 
+def expect_refused(mnts, iteration, generation, needle, what):
+    """The latest file naming `iteration` on worker 0's mount fails to close
+    (EIO); every worker is done with the save, still at `generation`, its
+    last_error holding `needle`."""
+    try:
+        commit(mnts[0], iteration)
+        raise AssertionError("a save %s committed" % what)
+    except OSError as e:
+        assert e.errno == errno.EIO, e
+    for w in range(WORKERS):
+        wait_for("worker %d done with the refused save" % w, lambda: status(mnts[w])["state"] != "saving", mnts=mnts)
+        s = status(mnts[w])
+        assert s["generation"] == generation, s
+        assert needle in s["last_error"], s
+    print("ok   a save %s committed nowhere: %s" % (what, status(mnts[0])["last_error"][:200]))
+
+
 def joined_tree(tmp, mnts, iteration, tp, pp, per_worker, tag):
     """A tree of every rank's file, each from the mount of the worker that
     serves it (rank = pp_rank * tp + tp_rank, per_worker ranks per worker)."""
@@ -151,18 +168,8 @@ def main():
             # 4. Worker 1's rank file never written: refused on every worker, naming it.
             mirror = os.path.join(tmp, "mirror-400")
             save_ranks(ns, mnts, 0, mirror, 400)
-            try:
-                commit(mnts[0], 400)
-                raise AssertionError("a save without worker 1's rank file committed")
-            except OSError as e:
-                assert e.errno == errno.EIO, e
-            for w in range(WORKERS):
-                wait_for("worker %d done with the refused save" % w, lambda: status(mnts[w])["state"] != "saving",
-                         mnts=mnts)
-                s = status(mnts[w])
-                assert s["generation"] == 4, s
-                assert "iter_0000400/mp_rank_00_001/model_optim_rng.pt: written on no worker" in s["last_error"], s
-            print("ok   a save missing a rank file committed nowhere: " + status(mnts[0])["last_error"][:200])
+            expect_refused(mnts, 400, 4, "iter_0000400/mp_rank_00_001/model_optim_rng.pt: written on no worker",
+                           "missing a rank file")
             save_ranks(ns, mnts, 1, mirror, 400)
             commit(mnts[0], 400)
             expect_saved(tmp, mnts, mirror, 400, (1, 2), (1, 2), 1, 5, "400")
@@ -174,19 +181,9 @@ def main():
                 save_ranks(ns, mnts, w, mirror, 500)
             filler = os.path.join(disk1, "filler")
             fill(filler)
-            try:
-                commit(mnts[0], 500)
-                raise AssertionError("a save that does not fit on worker 1's disk committed")
-            except OSError as e:
-                assert e.errno == errno.EIO, e
+            expect_refused(mnts, 500, 5, "No space left on device", "that does not fit on worker 1's disk")
             for w in range(WORKERS):
-                wait_for("worker %d done with the save" % w, lambda: status(mnts[w])["state"] != "saving", mnts=mnts)
-                s = status(mnts[w])
-                assert s["generation"] == 5, s
-                assert "No space left on device" in s["last_error"], s
                 assert not os.path.exists(os.path.join(stores[w], "gen-000006")), os.listdir(stores[w])
-            print("ok   a save that does not fit on worker 1's disk committed nowhere: " +
-                  status(mnts[0])["last_error"][:200])
             os.remove(filler)
             commit(mnts[0], 500)
             expect_saved(tmp, mnts, mirror, 500, (1, 2), (1, 2), 1, 6, "500")
