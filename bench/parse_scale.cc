@@ -8,7 +8,7 @@
 //   header parse   ParseSafetensorsHeader of a header of n one-element tensors
 //   header encode  EncodeSafetensorsHeader of n tensor specs (a writer's first step)
 //   schema expand  a schema of ten rules "layers.{i}.wR" over n/10 layers: ParseSchema
-//                  of its JSON, GlobalTensors and ComputeView of the one rank
+//                  of its JSON, GlobalTensors and the view of the one rank
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("| keys / tensors | header bytes | header parse | header encode | schema expand (%s) |\n",
-              "parse, GlobalTensors, ComputeView");
+              "parse, GlobalTensors, ModelLayout::View");
   std::printf("|---|---|---|---|---|\n");
   for (int n : sizes) {
     const std::string prefix = HeaderPrefix(n);
@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
       if (!schema.ok()) return false;
       spec.schema = *schema;
       auto globals = ptc::GlobalTensors(spec);
-      auto view = ptc::ComputeView(spec, config, 0);
+      auto layout = ptc::ModelLayout::Make(spec, config);
+      auto view = layout.ok() ? layout->View(0) : ptc::Result<ptc::RankView>(layout.status());
       return globals.ok() && view.ok() && view->model.size() == static_cast<size_t>(n);
     });
     std::printf("| %d | %zu | %s | %s | %s |\n", n, prefix.size(), Ms(parse).c_str(), Ms(encode).c_str(),

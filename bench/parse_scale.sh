@@ -6,7 +6,7 @@
 #   bench/parse_scale.sh [BUILD_DIR]        default BUILD_DIR: build
 #
 # 1. parse_scale_bench: ParseSafetensorsHeader, EncodeSafetensorsHeader and a
-#    schema's expansion (ParseSchema, GlobalTensors, ComputeView) at 10^3, 10^4
+#    schema's expansion (ParseSchema, GlobalTensors, ModelLayout::View) at 10^3, 10^4
 #    and 10^5 keys / tensors; median of 5 runs each.
 # 2. `ptcfs synth` of a schema file with ten rules over 10^2..10^4 layers (one
 #    rank, one-element tensors: the time is the expansion and the header, not

@@ -145,7 +145,9 @@ int main(int argc, char** argv) {
   spec.schema = *ptc::LoadSchema("megatron-gpt");
   spec.dims = *ptc::ParseDims("layers=1,hidden=256,heads=4,vocab=1024,seq=64");
   const ptc::ParallelConfig config = *ptc::ParseConfig("tp=1,pp=1,dp=1");
-  if (ptc::Status s = ptc::WriteSynthCheckpoint(ptc::Env::Default(), spec, config, 1, tmp / "src"); !s.ok()) {
+  if (ptc::Status s =
+          ptc::WriteSynthCheckpoint(ptc::Env::Default(), *ptc::ModelLayout::Make(spec, config), 1, tmp / "src");
+      !s.ok()) {
     return Fail(s.ToString());
   }
   auto imported = ptc::ImportCheckpoint(ptc::Env::Default(), tmp / "src", tmp / "store", spec.schema, spec.dims, config);

@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
     source.tensors.push_back({g.name, g.dtype, g.shape});
   }
   std::vector<ptc::DType> dtype_of;  // parallel to keys
-  auto keys = Check(ptc::TargetShardKeys(spec, from), "source shards");
+  auto keys = Check(ptc::TargetShardKeys(Check(ptc::ModelLayout::Make(spec, from), "layout")), "source shards");
   {
     std::vector<std::pair<std::string, ptc::DType>> by_name;
     for (const auto& t : source.tensors) by_name.emplace_back(t.name, t.dtype);

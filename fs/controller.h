@@ -175,7 +175,7 @@ class Controller {
   // `source`: what a cluster change reads (controller.cc), nullopt: the
   // store's current generation. `previous`: the snapshot served before,
   // served again when a cluster change fails.
-  void Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset,
+  void Rewrite(const ptc::ModelLayout& layout, std::optional<ptc::DatasetState> dataset,
                std::shared_ptr<AgreedChange> change, std::optional<ChangeSource> source,
                std::shared_ptr<const Snapshot> previous) EXCLUDES(mu_);
   // A save alone (Ingest without a job) and this worker's part of a
@@ -187,9 +187,9 @@ class Controller {
       EXCLUDES(mu_, collect_mu_);
   // Serves a save's committed generation and removes what it replaced.
   void Commit(const std::shared_ptr<const Snapshot>& snap) EXCLUDES(mu_, collect_mu_);
-  // On the rewrite's thread after its commit: measures the served
+  // On the rewrite's thread after its commit of `layout`: measures the served
   // generation's fragmentation and compacts it when the policy says so.
-  void MaybeCompact(const ptc::ModelSpec& spec, const std::optional<ptc::DatasetState>& dataset)
+  void MaybeCompact(const ptc::ModelLayout& layout, const std::optional<ptc::DatasetState>& dataset)
       EXCLUDES(mu_, collect_mu_);
   // Takes the store's writer role for `state` (a rewrite, a save or an
   // adopted generation; a rewrite also starts with no error and no

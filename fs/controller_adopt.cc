@@ -19,7 +19,8 @@ ptc::Status Controller::Adopt(const std::function<ptc::Status(ptc::Store&)>& wri
     if (source_) {
       PTC_ASSIGN_OR_RETURN(dataset, ptc::LoadDatasetState(*store_));
     }
-    return Snapshot::Create(*store_, generation, spec, config, worker_, checks_, dataset, source_);
+    PTC_ASSIGN_OR_RETURN(ptc::ModelLayout layout, ptc::ModelLayout::Make(std::move(spec), std::move(config)));
+    return Snapshot::Create(*store_, generation, std::move(layout), worker_, checks_, dataset, source_);
   };
   ptc::Result<std::shared_ptr<const Snapshot>> result = ptc::InternalError("adopt not run");
   try {

@@ -15,10 +15,15 @@ constexpr int kCompactNice = 19;
 
 }  // namespace
 
-void Controller::MaybeCompact(const ptc::ModelSpec& spec, const std::optional<ptc::DatasetState>& dataset) {
+void Controller::MaybeCompact(const ptc::ModelLayout& layout, const std::optional<ptc::DatasetState>& dataset) {
   auto planned = ptc::PlanCompaction(*store_);
   if (!planned.ok()) {
     RecordError("measuring the generation's pieces: " + planned.status().message());
+    return;
+  }
+  if (planned->config.ToString() != layout.config().ToString()) {
+    RecordError("compaction: the store holds config " + planned->config.ToString() + ", the mount serves " +
+                layout.config().ToString());
     return;
   }
   const ptc::Covering& covering = planned->covering;
@@ -42,8 +47,7 @@ void Controller::MaybeCompact(const ptc::ModelSpec& spec, const std::optional<pt
     PTC_RETURN_IF_ERROR(ptc::ExecuteCovering(*store_, planned->source, planned->spec, planned->config, covering,
                                              options)
                             .status());
-    return Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, planned->config, worker_, checks_, dataset,
-                            source_);
+    return Snapshot::Create(*store_, store_->CurrentSnapshot(), layout, worker_, checks_, dataset, source_);
   };
   ptc::Result<std::shared_ptr<const Snapshot>> result = ptc::InternalError("compaction not run");
   try {

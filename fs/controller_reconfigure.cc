@@ -173,9 +173,11 @@ ptc::Status Controller::Start(const std::string& text, const std::shared_ptr<con
   };
   auto request = ParseRequest(text);
   if (!request.ok()) return fail(ptc::InvalidArgumentError(request.status().message()));
-  const ptc::ParallelConfig& config = request->config;
-  const ptc::ModelSpec& spec = current->spec();
-  if (ptc::Status s = ptc::ValidateConfig(spec, config); !s.ok()) return fail(s);
+  auto checked = ptc::ModelLayout::Make(current->spec(), request->config);
+  if (!checked.ok()) return fail(checked.status());
+  const ptc::ModelLayout& layout = *checked;
+  const ptc::ParallelConfig& config = layout.config();
+  const ptc::ModelSpec& spec = layout.spec();
   if (ptc::Status s = request_worker(config); !s.ok()) return fail(s);
   std::optional<ptc::DatasetState> dataset = current->dataset();
   if (request->step) {
@@ -188,7 +190,7 @@ ptc::Status Controller::Start(const std::string& text, const std::shared_ptr<con
   // (in a cluster, also from the last resort's where no participant holds a region).
   std::optional<ChangeSource> src;
   if (change) src = SourceOf(*change, spec, config, store_->CurrentSnapshot());
-  auto lazy = Snapshot::Create(*store_, src ? src->manifest : store_->CurrentSnapshot(), spec, config, worker_, checks_,
+  auto lazy = Snapshot::Create(*store_, src ? src->manifest : store_->CurrentSnapshot(), layout, worker_, checks_,
                                dataset, source_);
   if (!lazy.ok()) return fail(ptc::InvalidArgumentError(lazy.status().message()));
   PTC_RETURN_IF_ERROR(
@@ -197,12 +199,12 @@ ptc::Status Controller::Start(const std::string& text, const std::shared_ptr<con
           .status());
   serve_(*lazy);
   ptc::MutexLock lock(&mu_);
-  worker_thread_ = std::thread(
-      [this, config, spec, dataset, change = std::move(change), src = std::move(src), current]() mutable {
-        Rewrite(config, spec, dataset, std::move(change), std::move(src), std::move(current));
-        // The replaced layout's views, trees and plan are freed by now (but for
-        // nodes the kernel still holds): give the pages back, or a daemon keeps
-        // the peak of its largest layout for good (issue 24 item 3).
+  worker_thread_ =
+      std::thread([this, layout, dataset, change = std::move(change), src = std::move(src), current]() mutable {
+        Rewrite(layout, dataset, std::move(change), std::move(src), std::move(current));
+    // The replaced layout's views, trees and plan are freed by now (but for
+    // nodes the kernel still holds): give the pages back, or a daemon keeps
+    // the peak of its largest layout for good (issue 24 item 3).
 #if defined(__GLIBC__)
         ::malloc_trim(0);
 #endif
@@ -210,9 +212,11 @@ ptc::Status Controller::Start(const std::string& text, const std::shared_ptr<con
   return ptc::Status::OK();
 }
 
-void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::optional<ptc::DatasetState> dataset,
+void Controller::Rewrite(const ptc::ModelLayout& layout, std::optional<ptc::DatasetState> dataset,
                          std::shared_ptr<AgreedChange> change, std::optional<ChangeSource> src,
                          std::shared_ptr<const Snapshot> previous) {
+  const ptc::ModelSpec& spec = layout.spec();
+  const ptc::ParallelConfig& config = layout.config();
   // Reads of the new layout are served meanwhile (from the old shards) and come
   // first: the rewrite and the executor threads it starts (which inherit this)
   // run at a lower CPU priority. Best effort: the rewrite runs either way.
@@ -236,7 +240,7 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
     if (change) covering = ptc::PartOf(covering, worker_);
     total_ = covering.bytes_written;
     PTC_RETURN_IF_ERROR(ptc::ExecuteCovering(*store_, source, spec, config, covering, options).status());
-    return Snapshot::Create(*store_, store_->CurrentSnapshot(), spec, config, worker_, checks_, dataset, source_);
+    return Snapshot::Create(*store_, store_->CurrentSnapshot(), layout, worker_, checks_, dataset, source_);
   };
   // This thread is no FUSE callback: an unexpected exception here would end
   // the daemon, so it fails the rewrite instead (nothing was committed).
@@ -266,7 +270,7 @@ void Controller::Rewrite(ptc::ParallelConfig config, ptc::ModelSpec spec, std::o
   Collect();
   // A cluster's generations are agreed in etcd: a worker compacting on its own
   // would leave the job's committed state.
-  if (!change) MaybeCompact(spec, dataset);
+  if (!change) MaybeCompact(layout, dataset);
 }
 
 }  // namespace ptcfs

@@ -75,8 +75,9 @@ ptc::Status Controller::Save(const std::string& staging_root, uint64_t iteration
   if (dataset) source.extra["dataset"] = ptc::EncodeDatasetState(*dataset);
   source.config = WithGrid(current->config(), source.config.tp, source.config.pp);
   PTC_RETURN_IF_ERROR(ptc::ImportInto(store_, source).status());
-  PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*store_, store_->CurrentSnapshot(), source.spec, source.config,
-                                                   worker_, checks_, dataset, source_));
+  PTC_ASSIGN_OR_RETURN(ptc::ModelLayout layout, ptc::ModelLayout::Make(source.spec, source.config));
+  PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*store_, store_->CurrentSnapshot(), std::move(layout), worker_,
+                                                   checks_, dataset, source_));
   Commit(snap);
   return ptc::Status::OK();
 }
@@ -102,7 +103,7 @@ ptc::Status Controller::SaveInCluster(const std::string& staging_root, uint64_t 
   }
   auto settle = [&](const std::map<int, ptc::Part>& parts) -> ptc::Result<std::string> {
     PTC_ASSIGN_OR_RETURN(SettledSave s, SettleSave(iteration, spec, config, current->dataset(), parts));
-    return s.config.ToString();
+    return s.layout.config().ToString();
   };
   PTC_ASSIGN_OR_RETURN(auto parts, change.BeforeSaveCommit(*writer, tensors, SavePartExtra(iteration, part), settle));
   // Every worker settles the same generation from the same parts (the one
@@ -112,9 +113,9 @@ ptc::Status Controller::SaveInCluster(const std::string& staging_root, uint64_t 
   meta.extra = store_->current().extra;
   meta.extra[std::string(ptc::megatron::kManifestKey)] = ptc::megatron::EncodeMegatronState(settled.state);
   if (settled.dataset) meta.extra["dataset"] = ptc::EncodeDatasetState(*settled.dataset);
-  PTC_RETURN_IF_ERROR(ptc::DescribeModel(settled.spec, settled.config, &meta));
+  PTC_RETURN_IF_ERROR(ptc::DescribeModel(settled.layout.spec(), settled.layout.config(), &meta));
   PTC_RETURN_IF_ERROR(writer->Commit(std::move(meta)));
-  PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*store_, store_->CurrentSnapshot(), settled.spec, settled.config,
+  PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*store_, store_->CurrentSnapshot(), std::move(settled.layout),
                                                    worker_, checks_, settled.dataset, source_));
   Commit(snap);
   return ptc::Status::OK();

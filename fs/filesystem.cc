@@ -90,8 +90,9 @@ ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& 
                                      config.ToString() + " (its workers: " + ptc::WorkersText(config) + ")");
   }
   auto checks = std::make_shared<ShardChecks>();
+  PTC_ASSIGN_OR_RETURN(ptc::ModelLayout layout, ptc::ModelLayout::Make(std::move(spec), config), options.store);
   PTC_ASSIGN_OR_RETURN(
-      auto snap, Snapshot::Create(*fs->store_, generation, spec, config, options.worker, checks, dataset, source));
+      auto snap, Snapshot::Create(*fs->store_, generation, std::move(layout), options.worker, checks, dataset, source));
   Filesystem* self = fs.get();
   fs->controller_ = std::make_unique<Controller>(
       fs->store_.get(), options.worker, options.transform_threads, options.compaction, checks, source,

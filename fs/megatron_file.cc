@@ -119,17 +119,17 @@ std::vector<size_t> MegatronRanks(const std::vector<ptc::RankView>& views) {
 }
 
 ptc::Status ExportMegatron(ptc::Env* env, const ptc::Store& store,
-                           std::shared_ptr<const ptc::GenerationManifest> generation, const ptc::ModelSpec& spec,
-                           const ptc::ParallelConfig& config, const std::string& out_dir, ptc::megatron::NameSet names,
-                           const ptc::ProgressFn& progress) {
-  PTC_RETURN_IF_ERROR(ptc::ValidateConfig(spec, config));
+                           std::shared_ptr<const ptc::GenerationManifest> generation, const ptc::ModelLayout& layout,
+                           const std::string& out_dir, ptc::megatron::NameSet names, const ptc::ProgressFn& progress) {
+  const ptc::ModelSpec& spec = layout.spec();
+  const ptc::ParallelConfig& config = layout.config();
   const std::string manifest = store.ManifestPath(generation->generation);
   PTC_ASSIGN_OR_RETURN(ptc::megatron::MegatronState state,
                        ptc::megatron::LoadMegatronState(generation->extra, manifest));
   ptc::GenerationReader reader(store, generation, /*verify=*/true);
   std::vector<ptc::RankView> views;
   for (int rank = 0; rank < config.world_size(); ++rank) {
-    PTC_ASSIGN_OR_RETURN(ptc::RankView view, ptc::ComputeView(spec, config, rank));
+    PTC_ASSIGN_OR_RETURN(ptc::RankView view, layout.View(rank));
     views.push_back(std::move(view));
   }
   // Every directory and file made in its parent, never through a link (ptc::OutputDir).

@@ -60,11 +60,11 @@ std::vector<size_t> MegatronRanks(const std::vector<ptc::RankView>& views);
 
 // `ptcfs export --format megatron`: OUT/latest_checkpointed_iteration.txt and
 // OUT/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt for every (tp, pp), in name set `names`.
-// \error as ValidateConfig, the store reads and the Env (naming the file).
+// `layout`: the generation's model in the config to export.
+// \error as the store reads and the Env (naming the file).
 ptc::Status ExportMegatron(ptc::Env* env, const ptc::Store& store,
-                           std::shared_ptr<const ptc::GenerationManifest> generation, const ptc::ModelSpec& spec,
-                           const ptc::ParallelConfig& config, const std::string& out_dir,
-                           ptc::megatron::NameSet names = ptc::megatron::NameSet::kTe,
+                           std::shared_ptr<const ptc::GenerationManifest> generation, const ptc::ModelLayout& layout,
+                           const std::string& out_dir, ptc::megatron::NameSet names = ptc::megatron::NameSet::kTe,
                            const ptc::ProgressFn& progress = {});
 
 }  // namespace ptcfs

@@ -174,13 +174,14 @@ ptc::Result<SettledSave> SettleSave(uint64_t iteration, const ptc::ModelSpec& cu
       }
     }
   }
-  SettledSave settled;
-  settled.spec = ptc::ModelSpec{current_spec.schema, current_spec.dims, grid.dtype, grid.optimizer};
-  settled.config = WithGrid(current, grid.tp, grid.pp);
-  PTC_RETURN_IF_ERROR(ptc::ValidateConfig(settled.spec, settled.config));
-  PTC_ASSIGN_OR_RETURN(settled.state, ptc::FoldRanks(iteration, grid.tp, grid.pp, std::move(ranks)));
-  PTC_ASSIGN_OR_RETURN(settled.dataset, SavedDataPosition(settled.state, iteration, dataset));
-  return settled;
+  PTC_ASSIGN_OR_RETURN(
+      ptc::ModelLayout layout,
+      ptc::ModelLayout::Make(ptc::ModelSpec{current_spec.schema, current_spec.dims, grid.dtype, grid.optimizer},
+                             WithGrid(current, grid.tp, grid.pp)));
+  PTC_ASSIGN_OR_RETURN(ptc::megatron::MegatronState state,
+                       ptc::FoldRanks(iteration, grid.tp, grid.pp, std::move(ranks)));
+  PTC_ASSIGN_OR_RETURN(std::optional<ptc::DatasetState> position, SavedDataPosition(state, iteration, dataset));
+  return SettledSave{std::move(layout), std::move(state), std::move(position)};
 }
 
 }  // namespace ptcfs

@@ -47,8 +47,9 @@ nlohmann::json SavePartExtra(uint64_t iteration, const ptc::MegatronSavePart& pa
 
 // The generation the parts (by worker) of the save of `iteration` make.
 struct SettledSave {
-  ptc::ModelSpec spec;                       // `current`'s schema and dims, the files' dtype and optimizer state
-  ptc::ParallelConfig config;                // `current` with the save's tp and pp
+  // `current`'s schema and dims with the files' dtype and optimizer state;
+  // `current` with the save's tp and pp.
+  ptc::ModelLayout layout;
   ptc::megatron::MegatronState state;        // every rank's entries, folded (FoldRanks)
   std::optional<ptc::DatasetState> dataset;  // the data position it commits (SavedDataPosition)
 };
@@ -57,7 +58,7 @@ struct SettledSave {
 //        worker holds a rank file; two workers' files disagree on the grid,
 //        dtype or optimizer state; a rank file of the grid on no worker;
 //        replicas of a piece that differ between two workers; as FoldRanks
-//        ValidateConfig and SavedDataPosition; Corruption for a part that
+//        ModelLayout::Make and SavedDataPosition; Corruption for a part that
 //        is not one. `current_spec`, `current` and `dataset`: the generation
 //        the save replaces.
 ptc::Result<SettledSave> SettleSave(uint64_t iteration, const ptc::ModelSpec& current_spec,

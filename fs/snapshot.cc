@@ -9,20 +9,20 @@
 namespace ptcfs {
 
 Snapshot::Snapshot(const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation,
-                   const ptc::ModelSpec& spec, const ptc::ParallelConfig& config)
+                   ptc::ModelLayout layout)
     : store_(store),
       generation_(generation),
-      spec_(spec),
-      config_(config),
+      layout_(std::move(layout)),
       reader_(store, generation, /*verify=*/false) {}
 
-ptc::Result<std::shared_ptr<const Snapshot>> Snapshot::Create(
-    const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation, const ptc::ModelSpec& spec,
-    const ptc::ParallelConfig& config, int worker, std::shared_ptr<ShardChecks> checks,
-    std::optional<ptc::DatasetState> dataset, std::shared_ptr<const ptc::DatasetSource> source) {
-  PTC_RETURN_IF_ERROR(ptc::ValidateConfig(spec, config));
+ptc::Result<std::shared_ptr<const Snapshot>> Snapshot::Create(const ptc::Store& store,
+                                                              std::shared_ptr<const ptc::GenerationManifest> generation,
+                                                              ptc::ModelLayout layout, int worker,
+                                                              std::shared_ptr<ShardChecks> checks,
+                                                              std::optional<ptc::DatasetState> dataset,
+                                                              std::shared_ptr<const ptc::DatasetSource> source) {
   if (dataset && !source) return ptc::InternalError("a snapshot with a dataset needs its source");
-  std::shared_ptr<Snapshot> s(new Snapshot(store, std::move(generation), spec, config));
+  std::shared_ptr<Snapshot> s(new Snapshot(store, std::move(generation), std::move(layout)));
   s->dataset_ = std::move(dataset);
   s->source_ = std::move(source);
   s->checks_ = std::move(checks);
@@ -39,16 +39,17 @@ ptc::Result<std::shared_ptr<const Snapshot>> Snapshot::Create(
   } else {
     s->megatron_error_ = megatron.status();
   }
+  const ptc::ParallelConfig& config = s->config();
   for (int rank = 0; rank < config.world_size(); ++rank) {
     if (worker >= 0 && config.WorkerOf(rank) != worker) continue;
-    PTC_ASSIGN_OR_RETURN(ptc::RankView view, ptc::ComputeView(spec, config, rank));
+    PTC_ASSIGN_OR_RETURN(ptc::RankView view, s->layout_.View(rank));
     s->views_.push_back(std::move(view));
   }
   return std::shared_ptr<const Snapshot>(std::move(s));
 }
 
 std::map<std::string, std::string> Snapshot::Metadata(int rank) const {
-  return {{"format", "pt"}, {"ptcfs.rank", std::to_string(rank)}, {"ptcfs.config", config_.ToString()}};
+  return {{"format", "pt"}, {"ptcfs.rank", std::to_string(rank)}, {"ptcfs.config", config().ToString()}};
 }
 
 ptc::Result<ptc::megatron::MegatronState> Snapshot::megatron() const {
@@ -66,7 +67,7 @@ ptc::Result<std::shared_ptr<const ptc::RankDataView>> Snapshot::DataView(int dp_
   }
   // Built outside the lock (grouped streams read every remaining length); a
   // concurrent first use may build twice, and the first one stored wins.
-  PTC_ASSIGN_OR_RETURN(auto samples, ptc::RankSamplesFor(*dataset_, source_, config_.dp, dp_rank, group));
+  PTC_ASSIGN_OR_RETURN(auto samples, ptc::RankSamplesFor(*dataset_, source_, config().dp, dp_rank, group));
   auto view = std::make_shared<const ptc::RankDataView>(source_, std::move(samples));
   ptc::MutexLock lock(&mu_);
   return data_views_.emplace(key, std::move(view)).first->second;

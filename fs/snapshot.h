@@ -23,6 +23,7 @@
 #include "ptc/checkpoint/megatron.h"
 #include "ptc/dataset/state.h"
 #include "ptc/dataset/view.h"
+#include "ptc/model/model_layout.h"
 #include "ptc/model/view.h"
 #include "ptc/store/shard_verify.h"
 #include "ptc/store/store.h"
@@ -64,19 +65,19 @@ class Snapshot {
  public:
   // `worker` < 0: all ranks. `dataset`: the dataset position served under
   // data/ (none: no data/ tree); `source` must be its opened source.
-  // \error as ValidateConfig and ComputeView.
+  // \error as ModelLayout::View.
   static ptc::Result<std::shared_ptr<const Snapshot>> Create(
-      const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation, const ptc::ModelSpec& spec,
-      const ptc::ParallelConfig& config, int worker, std::shared_ptr<ShardChecks> checks,
-      std::optional<ptc::DatasetState> dataset = std::nullopt,
+      const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation, ptc::ModelLayout layout,
+      int worker, std::shared_ptr<ShardChecks> checks, std::optional<ptc::DatasetState> dataset = std::nullopt,
       std::shared_ptr<const ptc::DatasetSource> source = nullptr);
 
-  const ptc::ParallelConfig& config() const { return config_; }
-  const ptc::ModelSpec& spec() const { return spec_; }
+  const ptc::ModelLayout& layout() const { return layout_; }
+  const ptc::ParallelConfig& config() const { return layout_.config(); }
+  const ptc::ModelSpec& spec() const { return layout_.spec(); }
   uint64_t generation() const { return generation_->generation; }
   const std::vector<ptc::RankView>& views() const { return views_; }
   const ptc::GenerationReader& reader() const { return reader_; }
-  int WorkerOf(int rank) const { return config_.WorkerOf(rank); }
+  int WorkerOf(int rank) const { return config().WorkerOf(rank); }
   std::map<std::string, std::string> Metadata(int rank) const;
   const std::optional<ptc::DatasetState>& dataset() const { return dataset_; }
   // When the generation was committed (its manifest's mtime; the time the
@@ -99,13 +100,11 @@ class Snapshot {
   }
 
  private:
-  Snapshot(const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation,
-           const ptc::ModelSpec& spec, const ptc::ParallelConfig& config);
+  Snapshot(const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation, ptc::ModelLayout layout);
 
   const ptc::Store& store_;
   std::shared_ptr<const ptc::GenerationManifest> generation_;
-  ptc::ModelSpec spec_;
-  ptc::ParallelConfig config_;
+  ptc::ModelLayout layout_;
   std::vector<ptc::RankView> views_;
   ptc::GenerationReader reader_;
   std::optional<ptc::DatasetState> dataset_;

@@ -149,7 +149,7 @@ TEST(Covering, EachWorkerReadsOnlyItsOwnPieces) {
     EXPECT_LE(r->bytes_written, plan->bytes_moved);
     auto current = (*store)->CurrentSnapshot();
     GenerationReader reader(**store, current, /*verify=*/true);
-    auto keys = TargetShardKeys(spec, to);
+    auto keys = TargetShardKeys(FitLayout(spec, to));
     ASSERT_TRUE(keys.ok());
     ExpectEachWorkerReadsItsOwnPieces(reader, *keys);
     if (HasFatalFailure()) return;
@@ -186,14 +186,14 @@ TEST(Covering, ReplicasKeepEachSlotsPiecesOnTheNextSlotsWorkers) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   auto current = (*store)->CurrentSnapshot();
   GenerationReader reader(**store, current, /*verify=*/true);
-  auto keys = TargetShardKeys(spec, to);
+  auto keys = TargetShardKeys(FitLayout(spec, to));
   ASSERT_TRUE(keys.ok());
   ExpectEachWorkerReadsItsOwnPieces(reader, *keys);
   if (HasFatalFailure()) return;
   std::set<int> keepers;
   for (const auto& [key, worker] : *keys) keepers.insert(worker);
   // Each worker keeps its own stage and the one of the slot before it.
-  auto primary = TargetShardKeys(spec, *ParseConfig("tp=1,pp=5,dp=1,per_worker=1,workers=0+1+4+6+7"));
+  auto primary = TargetShardKeys(FitLayout(spec, *ParseConfig("tp=1,pp=5,dp=1,per_worker=1,workers=0+1+4+6+7")));
   ASSERT_TRUE(primary.ok());
   std::map<int, std::set<std::string>> own;
   for (const auto& [key, worker] : *primary) own[worker].insert(key.tensor);

@@ -271,7 +271,7 @@ TEST_F(DatasetImportTest, BadSourcesAreRejected) {
 TEST_F(DatasetImportTest, KeepsTheModelGeneration) {
   ModelSpec spec = testing::Spec("megatron-gpt", "layers=2,hidden=16,heads=2,vocab=64,seq=8");
   ParallelConfig config = *ParseConfig("tp=2,pp=1,dp=1");
-  ASSERT_TRUE(WriteSynthCheckpoint(env_, spec, config, 1, tmp_ / "ckpt").ok());
+  ASSERT_TRUE(WriteSynthCheckpoint(env_, ptc::testing::FitLayout(spec, config), 1, tmp_ / "ckpt").ok());
   auto imported = ImportCheckpoint(env_, tmp_ / "ckpt", tmp_ / "model", spec.schema, spec.dims, config);
   ASSERT_TRUE(imported.ok()) << imported.status().ToString();
   auto store = std::move(Store::Open(env_, tmp_ / "model")).value();

@@ -403,7 +403,7 @@ TEST_F(HostileCliTest, MegatronDtypeMismatchBlamesTheRightTensor) {
     auto dims = ParseDims(kDims);
     auto config = ParseConfig("tp=2,pp=2");
     ASSERT_TRUE(schema.ok() && dims.ok() && config.ok());
-    auto view = ComputeView(ModelSpec{*schema, *dims, DType::kF32, false}, *config, 0);
+    auto view = LayoutView(ModelSpec{*schema, *dims, DType::kF32, false}, *config, 0);
     ASSERT_TRUE(view.ok());
     const std::string name = view->model[0].name;
     const pickle::Value* v = &tf->root;
@@ -458,19 +458,19 @@ TEST_F(HostileCliTest, OutputTreesDoNotFollowPlantedLinks) {
   // A file link: OUT/rank-00000/model.safetensors -> victim.
   fs::create_directories(tmp_ / "out1/rank-00000");
   fs::create_symlink(tmp_ / "victim", tmp_ / "out1/rank-00000/model.safetensors");
-  Status s = WriteSynthCheckpoint(Env::Default(), spec, config, 1, tmp_ / "out1");
+  Status s = WriteSynthCheckpoint(Env::Default(), ptc::testing::FitLayout(spec, config), 1, tmp_ / "out1");
   EXPECT_FALSE(s.ok());
   EXPECT_TRUE(Contains(s.message(), tmp_ / "out1/rank-00000/model.safetensors: a symbolic link")) << s.message();
   untouched();
   // A directory link: OUT/rank-00001 -> elsewhere.
   fs::create_directories(tmp_ / "out2");
   fs::create_directory_symlink(tmp_ / "elsewhere", tmp_ / "out2/rank-00001");
-  s = WriteSynthCheckpoint(Env::Default(), spec, config, 1, tmp_ / "out2");
+  s = WriteSynthCheckpoint(Env::Default(), ptc::testing::FitLayout(spec, config), 1, tmp_ / "out2");
   EXPECT_FALSE(s.ok());
   EXPECT_TRUE(Contains(s.message(), tmp_ / "out2/rank-00001: a symbolic link")) << s.message();
   untouched();
   // npy: OUT/rank-00000/tensors -> elsewhere, and the temporary of dtypes.json -> victim.
-  auto view = ComputeView(spec, config, 0);
+  auto view = LayoutView(spec, config, 0);
   ASSERT_TRUE(view.ok());
   const auto zeros = [](const LocalTensor&, void*) { return Status::OK(); };
   fs::create_directories(tmp_ / "out3/rank-00000");
@@ -493,8 +493,8 @@ TEST_F(HostileCliTest, OutputTreesDoNotFollowPlantedLinks) {
   ASSERT_TRUE(stored.ok());
   fs::create_directories(tmp_ / "out5");
   fs::create_directory_symlink(tmp_ / "elsewhere", tmp_ / "out5/iter_0000000");
-  s = ptcfs::ExportMegatron(Env::Default(), **store, (*store)->CurrentSnapshot(), *stored,
-                            ParseConfig("tp=2,pp=2").value(), tmp_ / "out5");
+  s = ptcfs::ExportMegatron(Env::Default(), **store, (*store)->CurrentSnapshot(),
+                            FitLayout(*stored, ParseConfig("tp=2,pp=2").value()), tmp_ / "out5");
   EXPECT_FALSE(s.ok());
   EXPECT_TRUE(Contains(s.message(), tmp_ / "out5/iter_0000000: a symbolic link")) << s.message();
   untouched();

@@ -161,7 +161,8 @@ TEST(Limits, HeldBytesAgainstTheMachine) {
   EXPECT_EQ(s.message(), "out: tensor 'w' of 4097 bytes (4.0 KiB) exceeds this machine's memory of 4096 bytes (4.0 KiB)");
   EXPECT_GT(Env::Default()->MemoryBytes(), uint64_t{1} << 20);
   const ModelSpec spec = Spec("megatron-gpt", kDims);
-  EXPECT_TRUE(CheckCheckpointWrite(Env::Default(), spec, *ParseConfig("tp=2"), CheckpointFormat::kNpy, "out").ok());
+  EXPECT_TRUE(
+      CheckCheckpointWrite(Env::Default(), FitLayout(spec, *ParseConfig("tp=2")), CheckpointFormat::kNpy, "out").ok());
 }
 
 TEST_F(HostileLimitsTest, SynthOfATensorBeyondTheMachinesMemoryIsRefused) {

@@ -15,6 +15,8 @@
 namespace ptc::megatron {
 namespace {
 
+using ::ptc::testing::LayoutView;
+
 using pickle::Value;
 
 const char kDims[] = "layers=4,hidden=32,heads=4,kv_heads=2,ffn=48,vocab=64,seq=16";
@@ -43,7 +45,7 @@ MegatronState Saved(const ModelSpec& spec) {
   MegatronState state;
   state.extra_tp = 2;
   for (int rank = 0; rank < config.world_size(); ++rank) {
-    const RankView view = *ComputeView(spec, config, rank);
+    const RankView view = *LayoutView(spec, config, rank);
     std::vector<std::string> keys;
     for (int layer = 0; layer < 2; ++layer) {
       for (const std::string& k : LayerKeys(layer)) keys.push_back(k);
@@ -72,7 +74,7 @@ MegatronState Saved(const ModelSpec& spec) {
 
 TEST(MegatronExtra, NamesAreGlobalAndAnchoredByTheirModule) {
   const ModelSpec spec = testing::Spec("llama", kDims, DType::kBF16);
-  const RankView last = *ComputeView(spec, *ParseConfig("tp=2,pp=2"), 3);  // tp 1, pp 1: layers 2, 3
+  const RankView last = *LayoutView(spec, *ParseConfig("tp=2,pp=2"), 3);  // tp 1, pp 1: layers 2, 3
   ExtraName n = GlobalExtraName(last, "decoder.layers.1.self_attention.linear_qkv._extra_state");
   EXPECT_EQ(n.key, "decoder.layers.3.self_attention.linear_qkv._extra_state");
   EXPECT_EQ(n.anchor.rfind("decoder.layers.3.self_attention.linear_qkv.", 0), 0u) << n.anchor;
@@ -97,7 +99,7 @@ TEST(MegatronExtra, RenderedIntoEveryRankOfTheSavedGridAndOfAnother) {
     const ParallelConfig config = *ParseConfig(cfg);
     for (int rank = 0; rank < config.world_size(); ++rank) {
       SCOPED_TRACE(std::string(cfg) + " rank " + std::to_string(rank));
-      auto computed = ComputeView(spec, config, rank);
+      auto computed = LayoutView(spec, config, rank);
       ASSERT_TRUE(computed.ok()) << computed.status().ToString();
       const RankView& view = *computed;
       auto built = BuildRankState(spec, config, view, *state);

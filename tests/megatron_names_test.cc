@@ -14,6 +14,8 @@
 namespace ptc::megatron {
 namespace {
 
+using ::ptc::testing::LayoutView;
+
 using ::ptc::testing::Contains;
 
 TEST(MegatronNameSet, ParsesItsTwoNames) {
@@ -116,7 +118,7 @@ TEST(MegatronNameSet, ViewsRenameModelAndOptimizerStateAndKeepTheirSegments) {
   const ModelSpec spec =
       testing::Spec("llama", "layers=4,hidden=32,heads=4,kv_heads=2,ffn=48,vocab=64,seq=16", DType::kBF16, true);
   const ParallelConfig config = *ParseConfig("tp=2,pp=2");
-  const RankView view = *ComputeView(spec, config, config.RankOf(RankCoords{1, 0, 1}));  // tp 1, stage 1
+  const RankView view = *LayoutView(spec, config, config.RankOf(RankCoords{1, 0, 1}));  // tp 1, stage 1
   std::vector<size_t> from;
   const RankView local = ViewInNameSet(view, NameSet::kLocal, &from);
   ASSERT_EQ(local.model.size(), view.model.size());
@@ -154,7 +156,7 @@ TEST(MegatronNameSet, ViewsRenameModelAndOptimizerStateAndKeepTheirSegments) {
 
 TEST(MegatronNameSet, RecognisesAFilesSetAndRefusesMixedOnes) {
   const ModelSpec spec = testing::Spec("llama", "layers=2,hidden=32,heads=4,kv_heads=2,ffn=48,vocab=64,seq=16");
-  const RankView view = *ComputeView(spec, *ParseConfig("tp=1"), 0);
+  const RankView view = *LayoutView(spec, *ParseConfig("tp=1"), 0);
   auto where = [](const std::string& name) { return "f.pt: model/" + name; };
   auto recognise = [&](const std::set<std::string>& file) {
     return RecogniseNameSet(
@@ -185,7 +187,7 @@ TEST(MegatronNameSet, RecognisesAFilesSetAndRefusesMixedOnes) {
       << b.status().message();
   // A schema without fused norms: te, whatever the file holds.
   const ModelSpec gpt = testing::Spec("megatron-gpt", "layers=2,hidden=32,heads=4,vocab=64,seq=16");
-  const RankView gpt_view = *ComputeView(gpt, *ParseConfig("tp=1"), 0);
+  const RankView gpt_view = *LayoutView(gpt, *ParseConfig("tp=1"), 0);
   EXPECT_EQ(*RecogniseNameSet(
                 gpt_view, [](const std::string&) { return true; }, where),
             NameSet::kTe);

@@ -16,6 +16,8 @@
 namespace ptc::megatron {
 namespace {
 
+using ::ptc::testing::LayoutView;
+
 using pickle::Value;
 using ::ptc::testing::Contains;
 
@@ -73,7 +75,7 @@ TEST(MegatronOrder, EachNameSetRendersInItsOrderAndReadsBack) {
   for (NameSet names : {NameSet::kTe, NameSet::kLocal}) {
     for (int rank = 0; rank < config.world_size(); ++rank) {
       SCOPED_TRACE(std::string(NameSetName(names)) + " rank " + std::to_string(rank));
-      const RankView view = *ComputeView(spec, config, rank);
+      const RankView view = *LayoutView(spec, config, rank);
       auto state = BuildRankState(spec, config, view, MegatronState{}, names);
       ASSERT_TRUE(state.ok()) << state.status().ToString();
       // The model dict: the set's names in its registration order.
@@ -110,7 +112,7 @@ TEST(MegatronOrder, EachNameSetRendersInItsOrderAndReadsBack) {
 
 // A rendered rank 0 file of `names` (tp=1, pp=1), pickled and read back.
 Value Rendered(const ModelSpec& spec, NameSet names) {
-  const RankView view = *ComputeView(spec, *ParseConfig("tp=1"), 0);
+  const RankView view = *LayoutView(spec, *ParseConfig("tp=1"), 0);
   return *pickle::Unpickle(
       pickle::Pickle(BuildRankState(spec, *ParseConfig("tp=1"), view, MegatronState{}, names)->root), "test");
 }
@@ -132,7 +134,7 @@ Value Swapped(Value root, const std::string& a, const std::string& b) {
 TEST(MegatronOrder, AnotherOrderOrMixedNamesAreRefusedNamingTheTensor) {
   const ModelSpec spec = testing::Spec("llama", kDims, DType::kF32, /*optimizer=*/true);
   const ParallelConfig config = *ParseConfig("tp=1");
-  const RankView view = *ComputeView(spec, config, 0);
+  const RankView view = *LayoutView(spec, config, 0);
   RankView model_only = view;
   model_only.optim.clear();
   auto error = [&](const RankView& v, const Value& root) {
@@ -195,7 +197,7 @@ TEST(MegatronOrder, AStoreOfAnOlderSchemaOrderRendersInThatOrder) {
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   EXPECT_EQ(spec->schema.name, "llama");
   const ParallelConfig config = *ParseConfig("tp=2");
-  const RankView view = *ComputeView(*spec, config, 1);
+  const RankView view = *LayoutView(*spec, config, 1);
   auto te = BuildRankState(*spec, config, view, MegatronState{}, NameSet::kTe);
   ASSERT_TRUE(te.ok());
   const std::vector<std::string> keys = ModelKeys(te->root);
@@ -219,7 +221,7 @@ TEST(MegatronOrder, AStoreOfAnOlderSchemaOrderRendersInThatOrder) {
   EXPECT_TRUE(FindRankTensors(*spec, config, view, *root, "f.pt").ok());
   const ModelSpec builtin = testing::Spec("llama", kDims, DType::kF32, /*optimizer=*/true);
   root = pickle::Unpickle(
-      pickle::Pickle(BuildRankState(builtin, config, *ComputeView(builtin, config, 1), MegatronState{})->root), "test");
+      pickle::Pickle(BuildRankState(builtin, config, *LayoutView(builtin, config, 1), MegatronState{})->root), "test");
   auto refused = FindRankTensors(*spec, config, view, *root, "f.pt");
   ASSERT_FALSE(refused.ok());
   EXPECT_TRUE(Contains(refused.status().message(),

@@ -17,6 +17,8 @@
 namespace ptc::megatron {
 namespace {
 
+using ::ptc::testing::LayoutView;
+
 using pickle::Value;
 
 TEST(MegatronNames, DirectoriesRoundTrip) {
@@ -71,7 +73,7 @@ TEST(MegatronState, FindsBackEveryTensorOfEveryRank) {
       carried.Set("rng_state", Value::List({Value::Str("kept")}));
       for (int rank = 0; rank < config.world_size(); ++rank) {
         SCOPED_TRACE(std::string(schema) + " " + cfg + " rank " + std::to_string(rank));
-        const RankView view = *ComputeView(spec, config, rank);
+        const RankView view = *LayoutView(spec, config, rank);
         const MegatronState kept{42, carried, {{"c0", DType::kU8, 3, "abc"}}};
         auto state = BuildRankState(spec, config, view, kept);
         ASSERT_TRUE(state.ok()) << state.status().ToString();
@@ -126,7 +128,7 @@ pickle::Tensor& EmbeddingWeight(Value& root) {
 TEST(MegatronState, WrongTensorsAreNamed) {
   const ModelSpec spec = testing::Spec("megatron-gpt", "layers=2,hidden=32,heads=4,vocab=64,seq=16");
   const ParallelConfig config = *ParseConfig("tp=2");
-  const RankView view = *ComputeView(spec, config, 0);
+  const RankView view = *LayoutView(spec, config, 0);
   Value root = BuildRankState(spec, config, view, MegatronState{})->root;
   Value* emb = root.Find("model")->Find("language_model")->Find("embedding")->Find("word_embeddings");
   auto expect_error = [&](const Value& r, const std::string& needle) {
@@ -219,7 +221,7 @@ TEST(MegatronOptimizer, RendersMegatronsTwoGroupsWithStepsAndSettings) {
   const ModelSpec spec = testing::Spec("megatron-gpt", "layers=4,hidden=32,heads=4,vocab=64,seq=16", DType::kBF16,
                                        /*optimizer=*/true);
   const ParallelConfig config = *ParseConfig("tp=2,pp=2");
-  const RankView view = *ComputeView(spec, config, 0);
+  const RankView view = *LayoutView(spec, config, 0);
   MegatronState kept;
   kept.iteration = 90;
   for (double lr : {0.1, 0.2}) kept.optimizer.groups.items().push_back(Value::Dict({{Value::Str("lr"), Value::Float(lr)}}));
@@ -268,7 +270,7 @@ TEST(MegatronOptimizer, RendersMegatronsTwoGroupsWithStepsAndSettings) {
 TEST(MegatronOptimizer, ReadsEitherGroupOrderAndOneGroupAndNamesWrongSizes) {
   const ModelSpec spec = testing::Spec("megatron-gpt", "layers=2,hidden=32,heads=4,vocab=64,seq=16", DType::kF32,
                                        /*optimizer=*/true);
-  const RankView view = *ComputeView(spec, *ParseConfig("tp=1"), 0);
+  const RankView view = *LayoutView(spec, *ParseConfig("tp=1"), 0);
   std::vector<size_t> decay, none;
   for (size_t i = 0; i < view.model.size(); ++i) (WithoutWeightDecay(view.model[i]) ? none : decay).push_back(i);
   auto ints = [](size_t from, size_t n) {

@@ -212,9 +212,9 @@ TEST_F(MegatronTorchTest, ASaveSplitOverWorkersSettlesAsOneImport) {
   auto settled = ptcfs::SettleSave(100, spec, config, std::nullopt, parts);
   ASSERT_TRUE(settled.ok()) << settled.status().ToString();
   EXPECT_EQ(megatron::EncodeMegatronState(settled->state), whole->extra[std::string(megatron::kManifestKey)]);
-  EXPECT_EQ(settled->config.ToString(), config.ToString());
-  EXPECT_EQ(settled->spec.dtype, whole->spec.dtype);
-  EXPECT_TRUE(settled->spec.optimizer);
+  EXPECT_EQ(settled->layout.config().ToString(), config.ToString());
+  EXPECT_EQ(settled->layout.spec().dtype, whole->spec.dtype);
+  EXPECT_TRUE(settled->layout.spec().optimizer);
   // Stage 1's files on no worker.
   std::map<int, Part> without = parts;
   without.erase(1);

@@ -41,14 +41,14 @@ void RunCase(const Case& c, uint64_t seed) {
                (c.spec.optimizer ? " adam" : "") + ": " + c.from.ToString() + " -> " + c.to.ToString());
   Env* env = Env::Default();
   TempDir tmp;
-  ASSERT_TRUE(WriteSynthCheckpoint(env, c.spec, c.from, seed, tmp / "src").ok());
+  ASSERT_TRUE(WriteSynthCheckpoint(env, ptc::testing::FitLayout(c.spec, c.from), seed, tmp / "src").ok());
   auto imported = ImportCheckpoint(env, tmp / "src", tmp / "store", c.spec.schema, c.spec.dims, c.from);
   ASSERT_TRUE(imported.ok()) << imported.status().ToString();
   auto store = Store::Open(env, tmp / "store");
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   Status s = ExportCheckpoint(**store, c.to, tmp / "out", CheckpointFormat::kSafetensors);
   ASSERT_TRUE(s.ok()) << s.ToString();
-  ASSERT_TRUE(WriteSynthCheckpoint(env, c.spec, c.to, seed, tmp / "ref").ok());
+  ASSERT_TRUE(WriteSynthCheckpoint(env, ptc::testing::FitLayout(c.spec, c.to), seed, tmp / "ref").ok());
   ExpectSameTree(tmp / "ref", tmp / "out");
 }
 
@@ -99,7 +99,7 @@ TEST(RoundTrip, ChainOfImportsThroughOneStore) {
   Env* env = Env::Default();
   TempDir tmp;
   ParallelConfig config = RandomConfig(rng, spec);
-  ASSERT_TRUE(WriteSynthCheckpoint(env, spec, config, 3, tmp / "c0").ok());
+  ASSERT_TRUE(WriteSynthCheckpoint(env, ptc::testing::FitLayout(spec, config), 3, tmp / "c0").ok());
   ASSERT_TRUE(ImportCheckpoint(env, tmp / "c0", tmp / "store", spec.schema, spec.dims, config).ok());
   for (int step = 1; step <= 5; ++step) {
     ParallelConfig next = RandomConfig(rng, spec);
@@ -110,7 +110,7 @@ TEST(RoundTrip, ChainOfImportsThroughOneStore) {
       ASSERT_TRUE(store.ok());
       ASSERT_TRUE(ExportCheckpoint(**store, next, out, CheckpointFormat::kSafetensors).ok());
     }
-    ASSERT_TRUE(WriteSynthCheckpoint(env, spec, next, 3, ref).ok());
+    ASSERT_TRUE(WriteSynthCheckpoint(env, ptc::testing::FitLayout(spec, next), 3, ref).ok());
     ExpectSameTree(ref, out);
     auto imported = ImportCheckpoint(env, out, tmp / "store", spec.schema, spec.dims, next);
     ASSERT_TRUE(imported.ok()) << imported.status().ToString();

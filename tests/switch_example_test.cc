@@ -19,8 +19,8 @@ TEST(SwitchExample, SameLossesWithAndWithoutSwitching) {
     if (InCi()) FAIL() << "/usr/bin/python3 has no torch (Debian python3-torch)";
     GTEST_SKIP() << "/usr/bin/python3 has no torch";
   }
-  auto [rc, out] = Sh(std::string("/usr/bin/python3 ") + PTCFS_SOURCE_DIR + "/examples/hotspa_switch.py --lib " +
-                      PTCFS_SWITCH_LIB + " 2>&1");
+  auto [rc, out] = Sh(std::string(PTCFS_SWITCH_PRELOAD) + "/usr/bin/python3 " + PTCFS_SOURCE_DIR +
+                      "/examples/hotspa_switch.py --lib " + PTCFS_SWITCH_LIB + " 2>&1");
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("\nsame losses\n"), std::string::npos) << out;  // and the loss went down
   EXPECT_NE(out.find("tp=2,dp=2"), std::string::npos) << out;

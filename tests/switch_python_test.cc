@@ -22,8 +22,8 @@ TEST(SwitchPython, ModuleSwitchesBitExact) {
     if (InCi()) FAIL() << "/usr/bin/python3 has no torch (Debian python3-torch)";
     GTEST_SKIP() << "/usr/bin/python3 has no torch";
   }
-  auto [rc, out] = Sh(std::string("/usr/bin/python3 ") + PTCFS_SOURCE_DIR + "/python/test_ptcfs_switch.py " +
-                      PTCFS_SWITCH_LIB + " 2>&1");
+  auto [rc, out] = Sh(std::string(PTCFS_SWITCH_PRELOAD) + "/usr/bin/python3 " + PTCFS_SOURCE_DIR +
+                      "/python/test_ptcfs_switch.py " + PTCFS_SWITCH_LIB + " 2>&1");
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("all passed"), std::string::npos) << out;
 }

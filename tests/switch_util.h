@@ -60,7 +60,7 @@ inline RankBytes ReferenceRank(const ModelSpec& base, const ParallelConfig& conf
   EXPECT_TRUE(globals.ok());
   std::map<std::string, Shape> shapes;
   for (const GlobalTensor& g : *globals) shapes[g.name] = g.shape;
-  auto view = ComputeView(spec, config, rank);
+  auto view = LayoutView(spec, config, rank);
   EXPECT_TRUE(view.ok()) << view.status().ToString();
   auto add = [&](const LocalTensor& t, DType dtype, const std::string& suffix) {
     out.names.push_back(t.name + suffix);

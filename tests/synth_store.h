@@ -17,7 +17,7 @@ namespace ptc::testing {
 
 // TMP/store holding synth(spec, config, seed) as generation 1.
 inline void MakeStore(const TempDir& tmp, const ModelSpec& spec, const ParallelConfig& config, uint64_t seed) {
-  ASSERT_TRUE(WriteSynthCheckpoint(Env::Default(), spec, config, seed, tmp / "src").ok());
+  ASSERT_TRUE(WriteSynthCheckpoint(Env::Default(), ptc::testing::FitLayout(spec, config), seed, tmp / "src").ok());
   auto r = ImportCheckpoint(Env::Default(), tmp / "src", tmp / "store", spec.schema, spec.dims, config);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   std::filesystem::remove_all(tmp / "src");
@@ -31,7 +31,7 @@ inline void ExpectStoreHolds(const TempDir& tmp, const ModelSpec& spec, const Pa
   std::filesystem::remove_all(tmp / "ref");
   Status s = ExportCheckpoint(**store, config, tmp / "out", CheckpointFormat::kSafetensors);
   ASSERT_TRUE(s.ok()) << s.ToString();
-  ASSERT_TRUE(WriteSynthCheckpoint(Env::Default(), spec, config, seed, tmp / "ref").ok());
+  ASSERT_TRUE(WriteSynthCheckpoint(Env::Default(), ptc::testing::FitLayout(spec, config), seed, tmp / "ref").ok());
   ASSERT_TRUE(Snapshot(tmp / "out") == Snapshot(tmp / "ref")) << "export of " << config.ToString() << " differs from synth";
 }
 

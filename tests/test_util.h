@@ -19,6 +19,7 @@
 #include "ptc/base/env.h"
 #include "ptc/model/config.h"
 #include "ptc/model/dtype.h"
+#include "ptc/model/model_layout.h"
 #include "ptc/model/view.h"
 
 namespace ptc::testing {
@@ -202,6 +203,23 @@ inline ModelSpec Spec(const std::string& schema, const std::string& dims, DType 
   s.dtype = dtype;
   s.optimizer = optimizer;
   return s;
+}
+
+// The layout of (spec, config); a test's configs fit their models (a config
+// that does not is a bug in the test, which stops here naming it).
+inline ModelLayout FitLayout(const ModelSpec& spec, const ParallelConfig& config) {
+  Result<ModelLayout> layout = ModelLayout::Make(spec, config);
+  if (!layout.ok()) {
+    std::fprintf(stderr, "test bug: %s\n", layout.status().ToString().c_str());
+    std::abort();
+  }
+  return *layout;
+}
+
+// The view of `rank` of (spec, config), the config checked first.
+inline Result<RankView> LayoutView(const ModelSpec& spec, const ParallelConfig& config, int rank) {
+  PTC_ASSIGN_OR_RETURN(const ModelLayout layout, ModelLayout::Make(spec, config));
+  return layout.View(rank);
 }
 
 }  // namespace ptc::testing

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -136,7 +138,7 @@ TEST(View, ConfigsThatDoNotDivideNameTheRule) {
 TEST(View, MegatronLocalNamesAndTiedEmbedding) {
   ModelSpec gpt = Spec("megatron-gpt", kGptDims);
   ParallelConfig c = *ParseConfig("tp=2,pp=2,pp_layers=2+4");
-  RankView last = *ComputeView(gpt, c, c.RankOf({1, 0, 1}));
+  RankView last = *LayoutView(gpt, c, c.RankOf({1, 0, 1}));
   const LocalTensor* head = nullptr;
   bool has_layer3 = false;
   for (const LocalTensor& t : last.model) {
@@ -153,13 +155,13 @@ TEST(View, MegatronLocalNamesAndTiedEmbedding) {
   EXPECT_EQ(head->segments[0].tensor, "language_model.embedding.word_embeddings.weight");
   EXPECT_EQ(head->segments[0].box, (Box{{128, 0}, {256, 32}}));
   // pp=1: the first stage is also the last; the tied copy is not repeated.
-  RankView only = *ComputeView(gpt, *ParseConfig("tp=2"), 0);
+  RankView only = *LayoutView(gpt, *ParseConfig("tp=2"), 0);
   for (const LocalTensor& t : only.model) EXPECT_NE(t.name, "word_embeddings_for_head.weight");
 }
 
 TEST(View, SwiGluSegmentsHoldGateAndUpOfTheRank) {
   ModelSpec llama = Spec("llama", kLlamaDims);
-  RankView v = *ComputeView(llama, *ParseConfig("tp=2"), 1);
+  RankView v = *LayoutView(llama, *ParseConfig("tp=2"), 1);
   for (const LocalTensor& t : v.model) {
     if (t.name != "decoder.layers.0.mlp.linear_fc1.weight") continue;
     ASSERT_EQ(t.segments.size(), 2u);
@@ -183,8 +185,9 @@ void CheckCoverage(const ModelSpec& spec, const ParallelConfig& c) {
     shapes[g.name] = g.shape;
   }
   std::map<std::string, int> placements;  // distinct (tp-rank-independent) placements per tensor
+  const ModelLayout layout = FitLayout(spec, c);
   for (int r = 0; r < c.world_size(); ++r) {
-    auto view = ComputeView(spec, c, r);
+    auto view = layout.View(r);
     ASSERT_TRUE(view.ok()) << view.status().ToString();
     for (const auto* list : {&view->model, &view->optim}) {
       for (const LocalTensor& t : *list) {
@@ -235,15 +238,56 @@ TEST(View, ShardsCoverEveryGlobalTensorExactlyForRandomConfigs) {
 TEST(View, ZeroPiecesAreEqualAndPadded) {
   ModelSpec spec = Spec("llama", kLlamaDims, DType::kBF16, true);
   ParallelConfig c = *ParseConfig("tp=2,pp=1,dp=3,zero=1");
+  const ModelLayout layout = FitLayout(spec, c);
   Index total = 0;
-  const RankView first = *ComputeView(spec, c, 0);
+  const RankView first = *layout.View(0);
   for (const LocalTensor& t : first.model) total += NumElements(t.shape);
   for (int r = 0; r < c.world_size(); ++r) {
-    RankView v = *ComputeView(spec, c, r);
+    RankView v = *layout.View(r);
     ASSERT_EQ(v.optim.size(), 3u);
     EXPECT_EQ(v.optim[0].name, "optimizer.exp_avg");
     EXPECT_EQ(v.optim[0].shape, (Shape{(total + 2) / 3}));
     EXPECT_EQ(v.optim[0].dtype, DType::kF32);
+  }
+}
+
+// A layout checks its config once, when made, and names the rule as ValidateConfig does.
+TEST(Layout, IsMadeOnlyForAConfigThatPartitionsTheModel) {
+  const ModelSpec llama = Spec("llama", kLlamaDims);
+  auto bad = ModelLayout::Make(llama, *ParseConfig("tp=8"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), ValidateConfig(llama, *ParseConfig("tp=8")).message());
+  const ModelLayout layout = FitLayout(llama, *ParseConfig("tp=2,dp=2"));
+  auto outside = layout.View(4);
+  ASSERT_FALSE(outside.ok());
+  EXPECT_EQ(outside.status().message(), "rank 4 is outside world size 4 of config tp=2,pp=1,dp=2,per_worker=8");
+  EXPECT_FALSE(layout.View(-1).ok());
+}
+
+// The kept views (one body per (tp, pp), and per dp under ZeRO) are the views
+// computed afresh for every rank, on a copy of the layout and from threads too.
+TEST(Layout, KeptViewsEqualViewsComputedAfresh) {
+  for (const char* text : {"tp=2,pp=5,dp=3", "tp=2,pp=1,dp=3,zero=1", "tp=1,pp=2,dp=2,pp_layers=2+3",
+                           "tp=4,pp=1,dp=2,per_worker=3,replicas=2"}) {
+    SCOPED_TRACE(text);
+    const ModelSpec spec = Spec("llama", kLlamaDims, DType::kBF16, /*optimizer=*/true);
+    const ParallelConfig config = *ParseConfig(text);
+    const ModelLayout layout = FitLayout(spec, config);
+    const ModelLayout copy = layout;
+    std::vector<RankView> from_threads(static_cast<size_t>(config.world_size()));
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        for (int r = t; r < config.world_size(); r += 4) from_threads[static_cast<size_t>(r)] = *copy.View(r);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < config.world_size(); ++r) {
+      auto afresh = internal::ComputeCheckedView(spec, config, r);
+      ASSERT_TRUE(afresh.ok()) << afresh.status().ToString();
+      EXPECT_EQ(*layout.View(r), *afresh) << "rank " << r;
+      EXPECT_EQ(from_threads[static_cast<size_t>(r)], *afresh) << "rank " << r;
+    }
   }
 }
 

@@ -41,14 +41,15 @@ class VirtualFileTest : public ::testing::Test {
     spec_ = spec;
     from_ = *ptc::ParseConfig(from);
     to_ = *ptc::ParseConfig(to);
-    ASSERT_TRUE(ptc::WriteSynthCheckpoint(env, spec, from_, 5, tmp / "src").ok());
+    ASSERT_TRUE(ptc::WriteSynthCheckpoint(env, ptc::testing::FitLayout(spec, from_), 5, tmp / "src").ok());
     auto imported = ptc::ImportCheckpoint(env, tmp / "src", tmp / "store", spec.schema, spec.dims, from_);
     ASSERT_TRUE(imported.ok()) << imported.status().ToString();
-    ASSERT_TRUE(ptc::WriteSynthCheckpoint(env, spec, to_, 5, tmp / "ref").ok());
+    ASSERT_TRUE(ptc::WriteSynthCheckpoint(env, ptc::testing::FitLayout(spec, to_), 5, tmp / "ref").ok());
     auto store = ptc::Store::Open(env, tmp / "store");
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     store_ = std::move(store).value();
-    auto snap = Snapshot::Create(*store_, store_->CurrentSnapshot(), spec_, to_, -1, std::make_shared<ShardChecks>());
+    auto snap = Snapshot::Create(*store_, store_->CurrentSnapshot(), ptc::testing::FitLayout(spec_, to_), -1,
+                                 std::make_shared<ShardChecks>());
     ASSERT_TRUE(snap.ok()) << snap.status().ToString();
     snap_ = *snap;
   }

@@ -68,7 +68,9 @@ class WorkerAgentTest : public ::testing::Test {
   void SetUp() override {
     spec_ = ptc::testing::Spec("llama", kDims, ptc::DType::kF32, /*optimizer=*/true);
     const ptc::ParallelConfig start = *ptc::ParseConfig("tp=2,pp=3,per_worker=2");
-    ASSERT_TRUE(ptc::WriteSynthCheckpoint(ptc::Env::Default(), spec_, start, kSeed, tmp_ / "src").ok());
+    ASSERT_TRUE(
+        ptc::WriteSynthCheckpoint(ptc::Env::Default(), ptc::testing::FitLayout(spec_, start), kSeed, tmp_ / "src")
+            .ok());
     auto imported = ptc::ImportCheckpoint(ptc::Env::Default(), tmp_ / "src", tmp_ / "whole", spec_.schema, spec_.dims,
                                           start);
     ASSERT_TRUE(imported.ok()) << imported.status().ToString();
@@ -283,7 +285,8 @@ class WorkerAgentTest : public ::testing::Test {
     ASSERT_TRUE(config.ok()) << text;
     const std::string tag = std::to_string((*committed)->generation);
     const std::string ref = tmp_ / ("ref-" + tag), joined = tmp_ / ("joined-" + tag);
-    ASSERT_TRUE(ptc::WriteSynthCheckpoint(ptc::Env::Default(), spec_, *config, kSeed, ref).ok());
+    ASSERT_TRUE(
+        ptc::WriteSynthCheckpoint(ptc::Env::Default(), ptc::testing::FitLayout(spec_, *config), kSeed, ref).ok());
     for (int r = 0; r < config->world_size(); ++r) {
       char rank[32];
       std::snprintf(rank, sizeof(rank), "rank-%05d", r);

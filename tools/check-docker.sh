@@ -200,6 +200,8 @@ for line in open(f"{tmp}/ldd"):
     m = re.match(r"\s*(\S+) => (/\S+)", line)
     if m:
         libs.append(m.groups())
+    elif m := re.match(r"\s*(/\S*/(ld-linux[^/\s]*))\s", line):  # the loader, NEEDED where __tls_get_addr is used
+        libs.append((m.group(2), m.group(1)))
 if not needed <= {so for so, _ in libs}:
     sys.exit(f"ldd resolved none of {sorted(needed - {so for so, _ in libs})}")
 

@@ -19,10 +19,11 @@ struct ExportArgs {
 };
 
 // Bytes of tensors in the Megatron files of `config` (data-parallel rank 0).
-ptc::Result<uint64_t> MegatronBytes(const ptc::ModelSpec& spec, const ptc::ParallelConfig& config) {
+ptc::Result<uint64_t> MegatronBytes(const ptc::ModelLayout& layout) {
+  const ptc::ParallelConfig& config = layout.config();
   uint64_t total = 0;
   for (int rank = 0; rank < config.world_size(); ++rank) {
-    PTC_ASSIGN_OR_RETURN(ptc::RankView view, ptc::ComputeView(spec, config, rank));
+    PTC_ASSIGN_OR_RETURN(ptc::RankView view, layout.View(rank));
     if (view.coords.dp != 0) continue;
     for (const auto* list : {&view.model, &view.optim}) {
       if (list == &view.optim && config.zero == 1) continue;
@@ -38,13 +39,13 @@ ptc::Status RunExportMegatron(const ExportArgs& a, const ptc::ParallelConfig& co
   if (!store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
   auto generation = store->CurrentSnapshot();
   PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(*generation), a.store);
-  PTC_RETURN_IF_ERROR(ptc::ValidateConfig(spec, config));
+  PTC_ASSIGN_OR_RETURN(const ptc::ModelLayout layout, ptc::ModelLayout::Make(std::move(spec), config));
   PTC_ASSIGN_OR_RETURN(const ptc::megatron::NameSet names, ptc::megatron::ParseNameSet(a.names.value_or("te")),
                        "--names");
-  PTC_ASSIGN_OR_RETURN(uint64_t total, MegatronBytes(spec, config));
+  PTC_ASSIGN_OR_RETURN(uint64_t total, MegatronBytes(layout));
   Progress progress("export", total);
   return ptc::WriteFreshDirectory(
-      env, a.out, [&] { return ExportMegatron(env, *store, generation, spec, config, a.out, names, progress.fn()); });
+      env, a.out, [&] { return ExportMegatron(env, *store, generation, layout, a.out, names, progress.fn()); });
 }
 
 ptc::Status RunExport(const ExportArgs& a) {
@@ -57,10 +58,10 @@ ptc::Status RunExport(const ExportArgs& a) {
   PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::Open(ptc::Env::Default(), a.store));
   if (!store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
   PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(store->current()), a.store);
-  PTC_RETURN_IF_ERROR(ptc::ValidateConfig(spec, config));
-  PTC_ASSIGN_OR_RETURN(uint64_t total, ptc::CheckpointBytes(spec, config));
+  PTC_ASSIGN_OR_RETURN(const ptc::ModelLayout layout, ptc::ModelLayout::Make(std::move(spec), config));
+  PTC_ASSIGN_OR_RETURN(uint64_t total, ptc::CheckpointBytes(layout));
   Progress progress("export", total);
-  return ptc::ExportCheckpoint(*store, config, a.out, format, progress.fn());
+  return ptc::ExportCheckpoint(*store, layout, a.out, format, progress.fn());
 }
 
 }  // namespace

@@ -47,7 +47,9 @@ ptc::Status RunImport(const ImportArgs& a) {
     source.rank_file = [src = a.src](int rank) { return ptc::ModelFilePath(src, rank); };
   }
   uint64_t total = 0;
-  if (auto bytes = ptc::CheckpointBytes(source.spec, source.config); bytes.ok()) total = *bytes;
+  if (auto layout = ptc::ModelLayout::Make(source.spec, source.config); layout.ok()) {
+    if (auto bytes = ptc::CheckpointBytes(*layout); bytes.ok()) total = *bytes;
+  }
   // The writer lock before ImportFrom reads the root manifest (STORE is created when missing).
   const bool dir_existed = env->Exists(a.store);
   PTC_ASSIGN_OR_RETURN(ptc::StoreLock lock, LockStore(a.store, a.wait, /*create_dir=*/true));

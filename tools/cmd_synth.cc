@@ -20,15 +20,15 @@ ptc::Status RunSynth(const SynthArgs& a) {
   PTC_ASSIGN_OR_RETURN(spec.dtype, ptc::ParseDType(a.dtype));
   spec.optimizer = a.optimizer == "adam";
   PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig config, ptc::ParseConfig(a.config));
-  PTC_RETURN_IF_ERROR(ptc::ValidateConfig(spec, config));
+  PTC_ASSIGN_OR_RETURN(const ptc::ModelLayout layout, ptc::ModelLayout::Make(std::move(spec), config));
   ptc::Env* env = ptc::Env::Default();
   if (env->Exists(a.out)) {
     PTC_ASSIGN_OR_RETURN(auto names, env->ListDir(a.out));
     if (!names.empty()) return ptc::InvalidArgumentError(a.out + ": exists and is not empty");
   }
-  PTC_ASSIGN_OR_RETURN(uint64_t total, ptc::CheckpointBytes(spec, config));
+  PTC_ASSIGN_OR_RETURN(uint64_t total, ptc::CheckpointBytes(layout));
   Progress progress("synth", total);
-  return ptc::WriteSynthCheckpoint(env, spec, config, a.seed, a.out, progress.fn());
+  return ptc::WriteSynthCheckpoint(env, layout, a.seed, a.out, progress.fn());
 }
 
 }  // namespace

@@ -165,8 +165,8 @@ class Planner {
 
 }  // namespace
 
-Result<std::vector<std::pair<ShardKey, int>>> TargetShardKeys(const ModelSpec& spec, const ParallelConfig& config) {
-  PTC_RETURN_IF_ERROR(ValidateConfig(spec, config));
+Result<std::vector<std::pair<ShardKey, int>>> TargetShardKeys(const ModelLayout& layout) {
+  const ParallelConfig& config = layout.config();
   std::vector<std::pair<ShardKey, int>> out;
   // The keys each worker holds so far, as indices into `out`.
   auto less = [&out](size_t a, size_t b) { return out[a].first < out[b].first; };
@@ -177,7 +177,7 @@ Result<std::vector<std::pair<ShardKey, int>>> TargetShardKeys(const ModelSpec& s
   };
   std::vector<size_t> slot_begin;  // the first key of each slot in `out`
   for (int rank = 0; rank < config.world_size(); ++rank) {
-    PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(spec, config, rank));
+    PTC_ASSIGN_OR_RETURN(RankView view, layout.View(rank));
     if (rank % config.per_worker == 0) slot_begin.push_back(out.size());
     for (const auto* list : {&view.model, &view.optim}) {
       for (const LocalTensor& t : *list) {
@@ -199,7 +199,8 @@ Result<std::vector<std::pair<ShardKey, int>>> TargetShardKeys(const ModelSpec& s
 }
 
 Result<Plan> MakePlan(const PlanRequest& req) {
-  PTC_ASSIGN_OR_RETURN(auto keys, TargetShardKeys(req.spec, req.target));
+  PTC_ASSIGN_OR_RETURN(const ModelLayout target, ModelLayout::Make(req.spec, req.target));
+  PTC_ASSIGN_OR_RETURN(auto keys, TargetShardKeys(target));
   std::map<std::string, DType> dtypes;
   for (const TensorRecord& t : req.source->tensors) dtypes[t.name] = t.dtype;
   Plan plan;

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "ptc/model/model_layout.h"
 #include "ptc/model/view.h"
 #include "ptc/store/manifest.h"
 
@@ -79,14 +80,14 @@ struct Plan {
   std::vector<std::pair<std::string, Box>> missing;
 };
 
-// \error as ValidateConfig for the target; Corruption when the source manifest
+// \error as ModelLayout::Make for the target; Corruption when the source manifest
 //        names a tensor the model does not have.
 Result<Plan> MakePlan(const PlanRequest& request);
 
 // The target stored shards of a config: for every rank's local tensors, their
 // StoredShards, deduplicated per worker, in rank order; then, with replicas R,
 // each slot's on the workers of the next R-1 slots (ParallelConfig::KeepersOfSlot).
-// \error as ComputeView.
-Result<std::vector<std::pair<ShardKey, int>>> TargetShardKeys(const ModelSpec& spec, const ParallelConfig& config);
+// \error as ModelLayout::View.
+Result<std::vector<std::pair<ShardKey, int>>> TargetShardKeys(const ModelLayout& layout);
 
 }  // namespace ptc

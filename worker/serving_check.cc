@@ -10,9 +10,9 @@ namespace ptcfs {
 namespace {
 
 // Every target shard of the config is covered by shards of its own worker.
-void CheckCoverage(const ptc::GenerationManifest& m, const ptc::ModelSpec& spec, const ptc::ParallelConfig& config,
+void CheckCoverage(const ptc::GenerationManifest& m, const ptc::ModelLayout& layout,
                    std::vector<std::string>* problems) {
-  auto targets = ptc::TargetShardKeys(spec, config);
+  auto targets = ptc::TargetShardKeys(layout);
   if (!targets.ok()) {
     problems->push_back("config '" + m.config + "': " + targets.status().message());
     return;
@@ -51,13 +51,14 @@ std::vector<std::string> ServingProblems(const ptc::GenerationManifest& m) {
   if (!spec.ok()) return {spec.status().message()};
   auto config = ptc::ConfigFromManifest(m);
   if (!config.ok()) return {config.status().message()};
-  if (ptc::Status valid = ptc::ValidateConfig(*spec, *config); !valid.ok()) {
-    return {"config '" + m.config + "' does not fit the model (dims '" + m.dims + "'): " + valid.message()};
+  auto layout = ptc::ModelLayout::Make(*spec, *config);
+  if (!layout.ok()) {
+    return {"config '" + m.config + "' does not fit the model (dims '" + m.dims + "'): " + layout.status().message()};
   }
   auto globals = ptc::GlobalTensors(*spec);
   if (!globals.ok()) return {"dims '" + m.dims + "': " + globals.status().message()};
   problems = ptc::TensorTableProblems(m, *globals);
-  if (problems.empty()) CheckCoverage(m, *spec, *config, &problems);
+  if (problems.empty()) CheckCoverage(m, *layout, &problems);
   return problems;
 }
 

@@ -114,13 +114,11 @@ Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name) {
   return InvalidArgumentError("format '" + std::string(name) + "' is not one of safetensors, npy");
 }
 
-Status CheckCheckpointWrite(Env* env, const ModelSpec& spec, const ParallelConfig& config, CheckpointFormat format,
-                            const std::string& what) {
-  PTC_RETURN_IF_ERROR(ValidateConfig(spec, config));
+Status CheckCheckpointWrite(Env* env, const ModelLayout& layout, CheckpointFormat format, const std::string& what) {
   uint64_t files = 0, largest = 0;
   std::string largest_name;
-  for (int rank = 0; rank < config.world_size(); ++rank) {
-    PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(spec, config, rank));
+  for (int rank = 0; rank < layout.world_size(); ++rank) {
+    PTC_ASSIGN_OR_RETURN(RankView view, layout.View(rank));
     const uint64_t tensors = view.model.size() + view.optim.size();
     // The rank's directory, then model (+ optim) or tensors/ with a file per tensor and dtypes.json.
     files += 1 + (format == CheckpointFormat::kNpy ? 2 + tensors : view.optim.empty() ? 1 : 2);

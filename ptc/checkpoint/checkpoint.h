@@ -17,6 +17,7 @@
 
 #include "ptc/base/env.h"
 #include "ptc/format/safetensors.h"
+#include "ptc/model/model_layout.h"
 #include "ptc/model/region_io.h"
 #include "ptc/model/view.h"
 
@@ -41,13 +42,12 @@ enum class CheckpointFormat {
 // \error InvalidArgument for anything else.
 Result<CheckpointFormat> ParseCheckpointFormat(std::string_view name);
 
-// Checks, before anything is written, that writing every rank of `config` in
+// Checks, before anything is written, that writing every rank of `layout` in
 // `format` stays within the limits (ptc/model/limits.h): the files made
 // (kMaxFilesWritten) and the largest local tensor, held in memory while it is
 // written, against env->MemoryBytes(). `what` starts the messages.
-// \error InvalidArgument naming the limit and the value; as ComputeView.
-Status CheckCheckpointWrite(Env* env, const ModelSpec& spec, const ParallelConfig& config, CheckpointFormat format,
-                            const std::string& what);
+// \error InvalidArgument naming the limit and the value; as ModelLayout::View.
+Status CheckCheckpointWrite(Env* env, const ModelLayout& layout, CheckpointFormat format, const std::string& what);
 
 // Writes one rank's files in `format`, one local tensor in memory at a time.
 // \error as SafetensorsWriter / NpyWriter and `fill`; the message names the file.

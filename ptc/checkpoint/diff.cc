@@ -25,9 +25,9 @@ struct Opened {
 Result<Opened> OpenSide(Env* env, const Schema& schema, const ModelDims& dims, const CheckpointSide& side) {
   Opened o;
   PTC_ASSIGN_OR_RETURN(o.spec, InferModelSpec(env, side.dir, schema, dims));
-  PTC_RETURN_IF_ERROR(ValidateConfig(o.spec, side.config));
-  for (int r = 0; r < side.config.world_size(); ++r) {
-    PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(o.spec, side.config, r));
+  PTC_ASSIGN_OR_RETURN(const ModelLayout layout, ModelLayout::Make(o.spec, side.config));
+  for (int r = 0; r < layout.world_size(); ++r) {
+    PTC_ASSIGN_OR_RETURN(RankView view, layout.View(r));
     PTC_ASSIGN_OR_RETURN(auto ckpt, RankCheckpoint::Open(env, side.dir, view));
     o.views.push_back(std::move(view));
     o.ranks.push_back(std::move(ckpt));

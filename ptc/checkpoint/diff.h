@@ -27,7 +27,7 @@ struct DiffResult {
 
 // Compares global tensors of both checkpoints (schema and dims shared, dtype
 // and optimizer state read from each). A difference is a result, not an error.
-// \error as InferModelSpec, ComputeView and RankCheckpoint::Open for either side.
+// \error as InferModelSpec, ModelLayout::Make and RankCheckpoint::Open for either side.
 Result<DiffResult> DiffCheckpoints(Env* env, const Schema& schema, const ModelDims& dims, const CheckpointSide& a,
                                    const CheckpointSide& b, const ProgressFn& progress = {});
 

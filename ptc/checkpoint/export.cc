@@ -6,12 +6,13 @@
 namespace ptc {
 namespace {
 
-Status ExportRanks(const Store& store, const ModelSpec& spec, const ParallelConfig& config, const std::string& out_dir,
-                   CheckpointFormat format, const ProgressFn& progress) {
+Status ExportRanks(const Store& store, const ModelLayout& layout, const std::string& out_dir, CheckpointFormat format,
+                   const ProgressFn& progress) {
+  const ParallelConfig& config = layout.config();
   GenerationReader reader(store, store.CurrentSnapshot(), /*verify=*/true);
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<OutputDir> out, store.env()->OpenOutputDir(out_dir));
   for (int rank = 0; rank < config.world_size(); ++rank) {
-    PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(spec, config, rank));
+    PTC_ASSIGN_OR_RETURN(RankView view, layout.View(rank));
     const int worker = config.WorkerOf(rank);
     auto fill = [&](const LocalTensor& t, void* buffer) -> Status {
       for (const Segment& s : t.segments) {
@@ -28,11 +29,18 @@ Status ExportRanks(const Store& store, const ModelSpec& spec, const ParallelConf
 
 Status ExportCheckpoint(const Store& store, const ParallelConfig& config, const std::string& out_dir,
                         CheckpointFormat format, const ProgressFn& progress) {
-  Env* env = store.env();
   if (!store.has_generation()) return FailedPreconditionError(store.root() + ": the store holds no generation yet");
   PTC_ASSIGN_OR_RETURN(ModelSpec spec, SpecFromManifest(store.current()));
-  PTC_RETURN_IF_ERROR(CheckCheckpointWrite(env, spec, config, format, out_dir));
-  return WriteFreshDirectory(env, out_dir, [&] { return ExportRanks(store, spec, config, out_dir, format, progress); });
+  PTC_ASSIGN_OR_RETURN(ModelLayout layout, ModelLayout::Make(std::move(spec), config));
+  return ExportCheckpoint(store, layout, out_dir, format, progress);
+}
+
+Status ExportCheckpoint(const Store& store, const ModelLayout& layout, const std::string& out_dir,
+                        CheckpointFormat format, const ProgressFn& progress) {
+  Env* env = store.env();
+  if (!store.has_generation()) return FailedPreconditionError(store.root() + ": the store holds no generation yet");
+  PTC_RETURN_IF_ERROR(CheckCheckpointWrite(env, layout, format, out_dir));
+  return WriteFreshDirectory(env, out_dir, [&] { return ExportRanks(store, layout, out_dir, format, progress); });
 }
 
 Status WriteFreshDirectory(Env* env, const std::string& out_dir, const std::function<Status()>& write) {

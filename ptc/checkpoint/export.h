@@ -16,9 +16,14 @@
 
 namespace ptc {
 
-// \error InvalidArgument when out_dir exists and is not empty; as ValidateConfig
-//        for `config`; as GenerationReader::Read (Corruption for a bad shard);
-//        as WriteRankCheckpoint.
+// `layout`: the store's model (SpecFromManifest) in the config to export.
+// \error InvalidArgument when out_dir exists and is not empty; as
+//        CheckCheckpointWrite; as GenerationReader::Read (Corruption for a bad
+//        shard); as WriteRankCheckpoint.
+Status ExportCheckpoint(const Store& store, const ModelLayout& layout, const std::string& out_dir,
+                        CheckpointFormat format, const ProgressFn& progress = {});
+// The same in `config`, the store's model checked against it here.
+// \error FailedPrecondition for a store without a generation; as SpecFromManifest and ModelLayout::Make.
 Status ExportCheckpoint(const Store& store, const ParallelConfig& config, const std::string& out_dir,
                         CheckpointFormat format, const ProgressFn& progress = {});
 

@@ -120,15 +120,15 @@ Result<ImportResult> ImportInto(Store* store, const CheckpointSource& source, co
 // (checked) once. The largest segment (read into memory whole) must fit in
 // `env`'s memory.
 Result<std::vector<RankView>> CheckedViews(Env* env, const CheckpointSource& source, std::vector<int> ranks = {}) {
-  PTC_RETURN_IF_ERROR(ValidateConfig(source.spec, source.config));
+  PTC_ASSIGN_OR_RETURN(const ModelLayout layout, ModelLayout::Make(source.spec, source.config));
   if (ranks.empty()) {
-    for (int r = 0; r < source.config.world_size(); ++r) ranks.push_back(r);
+    for (int r = 0; r < layout.world_size(); ++r) ranks.push_back(r);
   }
   std::vector<RankView> views;
   uint64_t largest = 0;
   std::string largest_name;
   for (int r : ranks) {
-    PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(source.spec, source.config, r));
+    PTC_ASSIGN_OR_RETURN(RankView view, layout.View(r));
     for (const auto* list : {&view.model, &view.optim}) {
       for (const LocalTensor& t : *list) {
         for (const Segment& s : t.segments) {

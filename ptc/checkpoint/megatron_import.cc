@@ -209,8 +209,10 @@ Status KeepSteps(const RankView& view, const megatron::OptimizerLayout& layout, 
 // `first`: rank (0, 0), whose other entries (args, ...) and optimizer group
 // settings are kept too. `optimizer`: the save holds optimizer state (the
 // first file it was judged by says so).
-Result<KeptRank> KeepRank(const RandomAccessFile& file, const TorchFile& tf, const ModelSpec& spec,
-                          const ParallelConfig& config, int tp, int pp, const std::string& path) {
+Result<KeptRank> KeepRank(const RandomAccessFile& file, const TorchFile& tf, const ModelLayout& layout, int tp, int pp,
+                          const std::string& path) {
+  const ModelSpec& spec = layout.spec();
+  const ParallelConfig& config = layout.config();
   KeptRank k{tp, pp, path, {}};
   megatron::MegatronState& kept = k.kept;
   if (tp == 0 && pp == 0) {
@@ -221,7 +223,7 @@ Result<KeptRank> KeepRank(const RandomAccessFile& file, const TorchFile& tf, con
   if (tf.root.Find("rng_state") != nullptr) {
     PTC_ASSIGN_OR_RETURN(kept.rng.emplace_back(), KeepRng(file, tf, tp, pp, path));
   }
-  PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(spec, config, config.RankOf(RankCoords{tp, 0, pp})));
+  PTC_ASSIGN_OR_RETURN(RankView view, layout.View(config.RankOf(RankCoords{tp, 0, pp})));
   // The rank's tensors as the file names and numbers them (either of Megatron-Core's name sets).
   PTC_ASSIGN_OR_RETURN(const megatron::NameSet names, megatron::FileNameSet(spec, view, tf.root, path));
   view = megatron::ViewInNameSet(view, names);
@@ -229,9 +231,9 @@ Result<KeptRank> KeepRank(const RandomAccessFile& file, const TorchFile& tf, con
   if (!spec.optimizer || config.zero == 1) return k;
   const pickle::Value* optimizer = tf.root.Find("optimizer");
   if (optimizer == nullptr) return InvalidArgumentError(path + ": optimizer: missing (the first rank's file has one)");
-  PTC_ASSIGN_OR_RETURN(megatron::OptimizerLayout layout, megatron::ReadOptimizerLayout(view, *optimizer, path));
-  if (tp == 0 && pp == 0) kept.optimizer.groups = megatron::GroupSettings(layout, *optimizer);
-  PTC_RETURN_IF_ERROR(KeepSteps(view, layout, file, tf, path, &kept.optimizer.steps));
+  PTC_ASSIGN_OR_RETURN(megatron::OptimizerLayout groups, megatron::ReadOptimizerLayout(view, *optimizer, path));
+  if (tp == 0 && pp == 0) kept.optimizer.groups = megatron::GroupSettings(groups, *optimizer);
+  PTC_RETURN_IF_ERROR(KeepSteps(view, groups, file, tf, path, &kept.optimizer.steps));
   return k;
 }
 
@@ -320,8 +322,8 @@ namespace {
 Result<ModelSpec> SaveSpec(const MegatronImportOptions& o, const ParallelConfig& config, int tp, int pp,
                            const TorchFile& tf, const std::string& path) {
   ModelSpec spec{o.schema, o.dims, DType::kF32, HasOptimizer(tf.root)};
-  PTC_RETURN_IF_ERROR(ValidateConfig(spec, config));
-  PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(spec, config, config.RankOf(RankCoords{tp, 0, pp})));
+  PTC_ASSIGN_OR_RETURN(const ModelLayout layout, ModelLayout::Make(spec, config));
+  PTC_ASSIGN_OR_RETURN(RankView view, layout.View(config.RankOf(RankCoords{tp, 0, pp})));
   if (view.model.empty()) return InvalidArgumentError(path + ": the schema gives this rank no tensor");
   PTC_ASSIGN_OR_RETURN(const megatron::NameSet names, megatron::FileNameSet(spec, view, tf.root, path));
   view = megatron::ViewInNameSet(view, names);
@@ -348,13 +350,12 @@ Result<ModelSpec> SaveSpec(const MegatronImportOptions& o, const ParallelConfig&
 
 // One rank file of the tree, read (not yet CRC-checked: open_rank does that
 // once) and kept (KeepRank).
-Result<KeptRank> ReadAndKeep(Env* env, const Tree& tree, const ModelSpec& spec, const ParallelConfig& config, int tp,
-                             int pp) {
+Result<KeptRank> ReadAndKeep(Env* env, const Tree& tree, const ModelLayout& layout, int tp, int pp) {
   const std::string path = RankFile(tree, tp, pp);
   if (!env->Exists(path)) return NotFoundError(path + ": missing");
   PTC_ASSIGN_OR_RETURN(auto file, env->OpenRead(path));
   PTC_ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(*file, path));
-  return KeepRank(*file, tf, spec, config, tp, pp, path);
+  return KeepRank(*file, tf, layout, tp, pp, path);
 }
 
 // source.open_rank and source.rank_file over the tree's files; `verified`:
@@ -415,14 +416,15 @@ Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOp
     source.config = *o.config;
   }
   PTC_ASSIGN_OR_RETURN(source.spec, SaveSpec(o, source.config, 0, 0, tf, first));
+  PTC_ASSIGN_OR_RETURN(const ModelLayout layout, ModelLayout::Make(source.spec, source.config));
   PTC_RETURN_IF_ERROR(VerifyTorchFileCrcs(*file, tf, first));
   std::vector<KeptRank> kept;
   for (int pp = 0; pp < tree.pp; ++pp) {
     for (int tp = 0; tp < tree.tp; ++tp) {
       if (tp == 0 && pp == 0) {
-        PTC_ASSIGN_OR_RETURN(kept.emplace_back(), KeepRank(*file, tf, source.spec, source.config, 0, 0, first));
+        PTC_ASSIGN_OR_RETURN(kept.emplace_back(), KeepRank(*file, tf, layout, 0, 0, first));
       } else {
-        PTC_ASSIGN_OR_RETURN(kept.emplace_back(), ReadAndKeep(env, tree, source.spec, source.config, tp, pp));
+        PTC_ASSIGN_OR_RETURN(kept.emplace_back(), ReadAndKeep(env, tree, layout, tp, pp));
       }
     }
   }
@@ -476,8 +478,9 @@ Result<MegatronSavePart> OpenMegatronSavePart(Env* env, const MegatronImportOpti
   part.source.config.tp = tree.tp;
   part.source.config.pp = tree.pp;
   PTC_ASSIGN_OR_RETURN(part.source.spec, SaveSpec(o, part.source.config, tp0, pp0, tf, first));
+  PTC_ASSIGN_OR_RETURN(const ModelLayout layout, ModelLayout::Make(part.source.spec, part.source.config));
   for (const auto& [t, p] : tree.present) {
-    PTC_ASSIGN_OR_RETURN(part.kept.emplace_back(), ReadAndKeep(env, tree, part.source.spec, part.source.config, t, p));
+    PTC_ASSIGN_OR_RETURN(part.kept.emplace_back(), ReadAndKeep(env, tree, layout, t, p));
   }
   SetRankFiles(env, tree, {}, &part.source);
   return part;

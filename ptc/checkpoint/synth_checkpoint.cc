@@ -4,9 +4,10 @@
 
 namespace ptc {
 
-Status WriteSynthCheckpoint(Env* env, const ModelSpec& spec, const ParallelConfig& config, uint64_t seed,
-                            const std::string& dir, const ProgressFn& progress) {
-  PTC_RETURN_IF_ERROR(CheckCheckpointWrite(env, spec, config, CheckpointFormat::kSafetensors, dir));
+Status WriteSynthCheckpoint(Env* env, const ModelLayout& layout, uint64_t seed, const std::string& dir,
+                            const ProgressFn& progress) {
+  const ModelSpec& spec = layout.spec();
+  PTC_RETURN_IF_ERROR(CheckCheckpointWrite(env, layout, CheckpointFormat::kSafetensors, dir));
   PTC_ASSIGN_OR_RETURN(std::vector<GlobalTensor> globals, GlobalTensors(spec));
   std::map<std::string, Shape> shapes;
   for (const GlobalTensor& g : globals) shapes[g.name] = g.shape;
@@ -22,17 +23,17 @@ Status WriteSynthCheckpoint(Env* env, const ModelSpec& spec, const ParallelConfi
     return Status::OK();
   };
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<OutputDir> out, env->OpenOutputDir(dir));
-  for (int rank = 0; rank < config.world_size(); ++rank) {
-    PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(spec, config, rank));
-    PTC_RETURN_IF_ERROR(WriteRankCheckpoint(*out, config, view, fill, progress));
+  for (int rank = 0; rank < layout.world_size(); ++rank) {
+    PTC_ASSIGN_OR_RETURN(RankView view, layout.View(rank));
+    PTC_RETURN_IF_ERROR(WriteRankCheckpoint(*out, layout.config(), view, fill, progress));
   }
   return Status::OK();
 }
 
-Result<uint64_t> CheckpointBytes(const ModelSpec& spec, const ParallelConfig& config) {
+Result<uint64_t> CheckpointBytes(const ModelLayout& layout) {
   uint64_t total = 0;
-  for (int rank = 0; rank < config.world_size(); ++rank) {
-    PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(spec, config, rank));
+  for (int rank = 0; rank < layout.world_size(); ++rank) {
+    PTC_ASSIGN_OR_RETURN(RankView view, layout.View(rank));
     for (const auto* list : {&view.model, &view.optim}) {
       for (const LocalTensor& t : *list) total += NumElements(t.shape) * DTypeSize(t.dtype);
     }

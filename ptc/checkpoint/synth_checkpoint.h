@@ -8,12 +8,12 @@
 
 namespace ptc {
 
-// Writes DIR/rank-RRRRR/{model,optim}.safetensors for every rank of config.
-// \error as ValidateConfig and WriteRankCheckpoint.
-Status WriteSynthCheckpoint(Env* env, const ModelSpec& spec, const ParallelConfig& config, uint64_t seed,
-                            const std::string& dir, const ProgressFn& progress = {});
+// Writes DIR/rank-RRRRR/{model,optim}.safetensors for every rank of the layout.
+// \error as CheckCheckpointWrite and WriteRankCheckpoint.
+Status WriteSynthCheckpoint(Env* env, const ModelLayout& layout, uint64_t seed, const std::string& dir,
+                            const ProgressFn& progress = {});
 
-// Total bytes of tensor data the checkpoint of `config` holds (for progress bars).
-Result<uint64_t> CheckpointBytes(const ModelSpec& spec, const ParallelConfig& config);
+// Total bytes of tensor data the layout's checkpoint holds (for progress bars).
+Result<uint64_t> CheckpointBytes(const ModelLayout& layout);
 
 }  // namespace ptc

@@ -267,12 +267,9 @@ Status ValidateConfig(const ModelSpec& spec, const ParallelConfig& config) {
   return Status::OK();
 }
 
-Result<RankView> ComputeView(const ModelSpec& spec, const ParallelConfig& config, int rank) {
-  PTC_RETURN_IF_ERROR(ValidateConfig(spec, config));
-  if (rank < 0 || rank >= config.world_size()) {
-    return InvalidArgumentError("rank " + std::to_string(rank) + " is outside world size " +
-                                std::to_string(config.world_size()) + " of config " + config.ToString());
-  }
+namespace internal {
+
+Result<RankView> ComputeCheckedView(const ModelSpec& spec, const ParallelConfig& config, int rank) {
   RankView view;
   view.rank = rank;
   view.coords = config.CoordsOf(rank);
@@ -288,5 +285,7 @@ Result<RankView> ComputeView(const ModelSpec& spec, const ParallelConfig& config
   }
   return view;
 }
+
+}  // namespace internal
 
 }  // namespace ptc

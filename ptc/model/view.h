@@ -44,6 +44,7 @@ struct Segment {
   std::string tensor;  // global tensor name
   Box box;             // in global coordinates
   Layout layout;       // where the box's elements are in the local buffer
+  friend bool operator==(const Segment&, const Segment&) = default;
 };
 
 struct LocalTensor {
@@ -51,6 +52,7 @@ struct LocalTensor {
   DType dtype;
   Shape shape;
   std::vector<Segment> segments;  // disjoint; ZeRO padding is covered by none
+  friend bool operator==(const LocalTensor&, const LocalTensor&) = default;
 };
 
 struct RankView {
@@ -58,6 +60,7 @@ struct RankView {
   RankCoords coords;
   std::vector<LocalTensor> model;  // -> model.safetensors
   std::vector<LocalTensor> optim;  // -> optim.safetensors (empty without optimizer)
+  friend bool operator==(const RankView&, const RankView&) = default;
 };
 
 // Every global tensor, parameters in schema order (layers expanded), then the
@@ -76,8 +79,10 @@ Result<Shape> RuleShape(const TensorRule& rule, const ModelDims& dims);
 //   "tp=3 does not divide rule 'decoder.layers.{i}.self_attention.linear_qkv.weight': kv_heads=8 units".
 Status ValidateConfig(const ModelSpec& spec, const ParallelConfig& config);
 
-// \error as ValidateConfig; InvalidArgument when rank is outside the world.
-Result<RankView> ComputeView(const ModelSpec& spec, const ParallelConfig& config, int rank);
+namespace internal {
+// The view of `rank` for a config that ValidateConfig accepted (ModelLayout::View).
+Result<RankView> ComputeCheckedView(const ModelSpec& spec, const ParallelConfig& config, int rank);
+}  // namespace internal
 
 // What a store keeps of one local tensor: for each global tensor it touches
 // (in order of first appearance), the boxes of its segments. A stored shard's

@@ -96,10 +96,12 @@ class Scheduler {
     const int world = std::max(req_.from.world_size(), req_.to.world_size());
     plan_->world = world;
     plan_->ranks.resize(world);
+    PTC_ASSIGN_OR_RETURN(const ModelLayout a, SwitchLayout(req_.spec, req_.from, req_.contents), "layout A");
+    PTC_ASSIGN_OR_RETURN(const ModelLayout b, SwitchLayout(req_.spec, req_.to, req_.contents), "layout B");
     for (int r = 0; r < world; ++r) {
       RankSchedule& rs = plan_->ranks[r];
-      PTC_ASSIGN_OR_RETURN(rs.from, SwitchBuffers(req_.spec, req_.from, r, req_.contents), "layout A");
-      PTC_ASSIGN_OR_RETURN(rs.to, SwitchBuffers(req_.spec, req_.to, r, req_.contents), "layout B");
+      PTC_ASSIGN_OR_RETURN(rs.from, SwitchBuffers(a, r, req_.contents), "layout A");
+      PTC_ASSIGN_OR_RETURN(rs.to, SwitchBuffers(b, r, req_.contents), "layout B");
       from_places_.push_back(IndexBuffers(rs.from));
       to_places_.push_back(IndexBuffers(rs.to));
       for (const LocalTensor& t : rs.to) {
@@ -114,15 +116,14 @@ class Scheduler {
  private:
   // The planner over a manifest whose "workers" are the ranks of layout A.
   Result<Plan> PlanOverRanks() {
-    ModelSpec spec = req_.spec;
-    spec.dtype = req_.contents.param_dtype;
-    spec.optimizer = req_.contents.optimizer;
     ParallelConfig from = req_.from, to = req_.to;
     from.per_worker = to.per_worker = 1;  // a worker per rank
+    PTC_ASSIGN_OR_RETURN(const ModelLayout a, SwitchLayout(req_.spec, from, req_.contents), "layout A");
+    const ModelSpec& spec = a.spec();
     PTC_ASSIGN_OR_RETURN(std::vector<GlobalTensor> globals, GlobalTensors(spec));
     for (const GlobalTensor& g : globals) source_.tensors.push_back({g.name, g.dtype, g.shape});
     for (int r = 0; r < from.world_size(); ++r) {
-      PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(spec, from, r), "layout A");
+      PTC_ASSIGN_OR_RETURN(RankView view, a.View(r), "layout A");
       for (const auto* list : {&view.model, &view.optim}) {
         for (const LocalTensor& t : *list) {
           for (ShardKey& key : StoredShards(t)) {
@@ -311,14 +312,16 @@ class Scheduler {
 
 uint64_t BufferBytes(const LocalTensor& t) { return static_cast<uint64_t>(NumElements(t.shape)) * DTypeSize(t.dtype); }
 
-Result<std::vector<LocalTensor>> SwitchBuffers(const ModelSpec& spec, const ParallelConfig& config, int rank,
-                                               const SwitchContents& contents) {
+Result<ModelLayout> SwitchLayout(ModelSpec spec, const ParallelConfig& config, const SwitchContents& contents) {
+  spec.dtype = contents.param_dtype;
+  spec.optimizer = contents.optimizer;
+  return ModelLayout::Make(std::move(spec), config);
+}
+
+Result<std::vector<LocalTensor>> SwitchBuffers(const ModelLayout& layout, int rank, const SwitchContents& contents) {
   std::vector<LocalTensor> out;
-  if (rank >= config.world_size()) return out;
-  ModelSpec s = spec;
-  s.dtype = contents.param_dtype;
-  s.optimizer = contents.optimizer;
-  PTC_ASSIGN_OR_RETURN(RankView view, ComputeView(s, config, rank));
+  if (rank >= layout.world_size()) return out;
+  PTC_ASSIGN_OR_RETURN(RankView view, layout.View(rank));
   for (LocalTensor& t : view.model) {
     t.dtype = contents.param_dtype;
     out.push_back(t);

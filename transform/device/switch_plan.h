@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "ptc/base/status.h"
+#include "ptc/model/model_layout.h"
 #include "ptc/model/view.h"
 #include "transform/device/strided_copy.h"
 
@@ -99,10 +100,14 @@ struct SwitchPlan {
 // Bytes of a buffer: NumElements(shape) * DTypeSize(dtype).
 uint64_t BufferBytes(const LocalTensor& t);
 
-// The buffers a rank holds in `config` (the order above); empty outside its world.
-// \error as ComputeView.
-Result<std::vector<LocalTensor>> SwitchBuffers(const ModelSpec& spec, const ParallelConfig& config, int rank,
-                                               const SwitchContents& contents);
+// The layout of `config` with the spec's dtype and optimizer state as
+// `contents` holds them.
+// \error as ModelLayout::Make.
+Result<ModelLayout> SwitchLayout(ModelSpec spec, const ParallelConfig& config, const SwitchContents& contents);
+
+// The buffers a rank holds in a SwitchLayout (the order above); empty outside its world.
+// \error as ModelLayout::View.
+Result<std::vector<LocalTensor>> SwitchBuffers(const ModelLayout& layout, int rank, const SwitchContents& contents);
 
 // \error InvalidArgument when either config does not partition the model
 //   (as ValidateConfig, naming the layout), when the budget is below 64

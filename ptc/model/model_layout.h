@@ -1,0 +1,52 @@
+// A model spec with a parallel config that partitions it, checked once.
+//
+// ModelLayout::Make runs ValidateConfig; code that takes a ModelLayout does
+// not check the pair again, and asks it for rank views instead of computing
+// them. Views are kept once computed, one per distinct view body: without
+// ZeRO every dp replica of a (tp, pp) position has the same tensors, so a
+// layout of dp=1000 computes tp*pp bodies, not 1000 times as many.
+//
+// A value: copies share the spec, the config and the kept views.
+// Thread-safe.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "ptc/base/mutex.h"
+#include "ptc/base/status.h"
+#include "ptc/model/config.h"
+#include "ptc/model/view.h"
+
+namespace ptc {
+
+class ModelLayout {
+ public:
+  // \error as ValidateConfig.
+  static Result<ModelLayout> Make(ModelSpec spec, ParallelConfig config);
+
+  const ModelSpec& spec() const { return shared_->spec; }
+  const ParallelConfig& config() const { return shared_->config; }
+  int world_size() const { return shared_->config.world_size(); }
+
+  // The tensors of `rank`'s files.
+  // \error InvalidArgument when rank is outside the world, or naming the rule
+  //   whose shape formula fails.
+  Result<RankView> View(int rank) const;
+
+ private:
+  // (tp, pp, dp under ZeRO else 0): ranks sharing a key share their tensors.
+  using BodyKey = std::tuple<int, int, int>;
+  struct Shared {
+    ModelSpec spec;
+    ParallelConfig config;
+    Mutex mu;
+    std::map<BodyKey, std::shared_ptr<const RankView>> bodies GUARDED_BY(mu);
+  };
+  explicit ModelLayout(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
+
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace ptc
