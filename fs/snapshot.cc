@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "fs/rank_files.h"
 #include "ptc/store/shard_verify.h"
 
 namespace ptcfs {
@@ -47,9 +48,7 @@ ptc::Result<std::shared_ptr<const Snapshot>> Snapshot::Create(
   return std::shared_ptr<const Snapshot>(std::move(s));
 }
 
-std::map<std::string, std::string> Snapshot::Metadata(int rank) const {
-  return {{"format", "pt"}, {"ptcfs.rank", std::to_string(rank)}, {"ptcfs.config", config_.ToString()}};
-}
+std::map<std::string, std::string> Snapshot::Metadata(int rank) const { return SafetensorsMetadata(config_, rank); }
 
 ptc::Result<ptc::megatron::MegatronState> Snapshot::megatron() const {
   if (!megatron_error_.ok()) return megatron_error_;
