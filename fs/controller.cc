@@ -121,7 +121,8 @@ void Controller::Collect(bool only_when_idle) {
   if (!s.ok()) RecordError("removing replaced generations: " + s.message());
 }
 
-std::string Controller::StatusJson(const std::shared_ptr<const Snapshot>& current) const {
+std::string Controller::StatusJson(const std::shared_ptr<const Snapshot>& current,
+                                   const nlohmann::json& passthrough) const {
   ptc::MutexLock lock(&mu_);
   nlohmann::json j = {
       {"generation", current->generation()},
@@ -147,6 +148,7 @@ std::string Controller::StatusJson(const std::shared_ptr<const Snapshot>& curren
                     {"samples", d->num_samples},
                     {"global_batch", d->global_batch}};
   }
+  if (!passthrough.is_null()) j["passthrough"] = passthrough;
   if (job_ != nullptr) j["cluster"] = job_->StatusPart();
   // Messages quote what was written and paths: bytes that are not UTF-8 become U+FFFD.
   return ptc::JsonText(j, 2) + "\n";

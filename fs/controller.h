@@ -36,6 +36,9 @@ namespace ptcfs {
 struct CompactionPolicy {
   double max_pieces_per_shard = 8;  // 0: never on this rule
   uint64_t min_piece_bytes = 0;     // 0: never on this rule
+  // Write the layout's safetensors files whole as rank files (fs/rank_files.h),
+  // which the kernel can then read itself (--passthrough auto).
+  bool rank_files = false;
   bool Due(const ptc::Fragmentation& f) const {
     return (max_pieces_per_shard > 0 && f.pieces_per_shard() > max_pieces_per_shard) ||
            (min_piece_bytes > 0 && f.pieces > 0 && f.smallest_piece < min_piece_bytes);
@@ -158,7 +161,9 @@ class Controller {
 
   // The status document (docs/mount_format.md).
   // Bad bytes (invalid UTF-8 in last_error or a path) are replaced, never thrown.
-  std::string StatusJson(const std::shared_ptr<const Snapshot>& current) const EXCLUDES(mu_);
+  // `passthrough`, when not null, is shown as the field "passthrough".
+  std::string StatusJson(const std::shared_ptr<const Snapshot>& current,
+                         const nlohmann::json& passthrough = nullptr) const EXCLUDES(mu_);
   // Keeps `error` as last_error, cut to kMaxLastError bytes (the next commit clears it).
   void RecordError(const std::string& error) EXCLUDES(mu_);
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "fs/controller.h"
+#include "fs/rank_files.h"
 #include "transform/execute.h"
 
 namespace ptcfs {
@@ -26,20 +27,32 @@ void Controller::MaybeCompact(const ptc::ModelLayout& layout, const std::optiona
                 layout.config().ToString());
     return;
   }
+  {
+    ptc::MutexLock lock(&mu_);
+    fragmentation_ = planned->covering.fragmentation;
+    if (planned->covering.writes.targets.empty() || !compaction_.Due(planned->covering.fragmentation) ||
+        state_ != MountState::kServing || cancel_compaction_) {
+      return;
+    }
+  }
+  ptc::ExecuteOptions options;
+  if (compaction_.rank_files) {  // every shard rewritten into the layout's rank files
+    auto with_files = PlanRankFileCompaction(*store_);
+    if (!with_files.ok()) {
+      RecordError("planning the rank files: " + with_files.status().message());
+      return;
+    }
+    planned = std::move(with_files->compaction);
+    options.rank_files = std::move(with_files->files);
+  }
   const ptc::Covering& covering = planned->covering;
   {
     ptc::MutexLock lock(&mu_);
-    fragmentation_ = covering.fragmentation;
-    if (covering.writes.targets.empty() || !compaction_.Due(covering.fragmentation) || state_ != MountState::kServing ||
-        cancel_compaction_) {
-      return;
-    }
     compaction_state_ = "running";
   }
   compact_done_ = 0;
   compact_total_ = covering.bytes_written;
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kCompactNice);
-  ptc::ExecuteOptions options;
   options.threads = 1;
   options.progress = [this](uint64_t n) { compact_done_ += n; };
   options.cancelled = [this] { return cancel_compaction_.load(); };

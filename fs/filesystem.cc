@@ -56,7 +56,7 @@ Filesystem::Handle::~Handle() {
 }
 
 Filesystem::Filesystem(const MountOptions& options)
-    : options_(options), staging_(options.store + "/" + std::string(kStagingDir)) {}
+    : options_(options), passthrough_(options.passthrough), staging_(options.store + "/" + std::string(kStagingDir)) {}
 Filesystem::~Filesystem() {
   if (controller_) {
     // At unmount no file is open: replaced generations kept for open files go now.
@@ -264,6 +264,7 @@ void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
     for (auto it = nodes_.begin(); it != nodes_.end();) {
       it = it->second->snap && LookupsOf(*it->second) == 0 ? nodes_.erase(it) : std::next(it);
     }
+    std::erase_if(verbatim_, [&](const auto& v) REQUIRES(mu_) { return !nodes_.count(v.first); });
     AddTrees(*nodes_.at(kRootInode), snap);
   }
   if (invalidate_) {
@@ -367,7 +368,9 @@ ptc::Result<Entry> Filesystem::GetAttr(uint64_t ino) {
   PTC_ASSIGN_OR_RETURN(uint64_t size, SizeOf(*node));
   struct stat st = Attr(*node, size);
   if (node->kind == Node::kConfig) st.st_size = static_cast<off_t>(Announced()->config().ToString().size() + 1);
-  if (node->kind == Node::kStatus) st.st_size = static_cast<off_t>(controller_->StatusJson(Announced()).size());
+  if (node->kind == Node::kStatus) {
+    st.st_size = static_cast<off_t>(controller_->StatusJson(Announced(), PassthroughStatus()).size());
+  }
   return Entry{ino, st, Timeout(*node)};
 }
 
@@ -420,8 +423,8 @@ ptc::Result<OpenReply> Filesystem::Open(uint64_t ino, int flags) {
   if (node->kind == Node::kConfig || node->kind == Node::kStatus) {
     reply.direct_io = true;  // content changes; never cached
     if (!writing) {
-      std::string text =
-          node->kind == Node::kConfig ? Announced()->config().ToString() + "\n" : controller_->StatusJson(Announced());
+      std::string text = node->kind == Node::kConfig ? Announced()->config().ToString() + "\n"
+                                                     : controller_->StatusJson(Announced(), PassthroughStatus());
       ptc::MutexLock lock(&h->mu);
       h->text = std::move(text);
     }
@@ -443,6 +446,13 @@ ptc::Result<OpenReply> Filesystem::Open(uint64_t ino, int flags) {
     }
     h->file = std::move(file).value();
     reply.keep_cache = true;
+    if (node->kind == Node::kModelFile || node->kind == Node::kOptimFile) {
+      if (ptc::Status s = OpenPassthrough(*node, *h->file, &reply); !s.ok()) {
+        controller_->RecordError(s.message());
+        return s;
+      }
+      h->backed = reply.backing_id > 0;
+    }
   } else {
     ptc::MutexLock lock(&h->mu);
     h->text = node->literal;
@@ -556,6 +566,7 @@ void Filesystem::Release(uint64_t fh) {
     if (it == handles_.end()) return;
     closed = std::move(it->second);
     handles_.erase(it);
+    if (closed->backed) passthrough_.Release(closed->node->ino);
     if (!closed->node->snap || !kept_.count(closed->node->snap->generation())) return;
     const uint64_t g = closed->node->snap->generation();
     for (const auto& [other, h] : handles_) {

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "fs/controller.h"
+#include "fs/passthrough.h"
 #include "fs/snapshot.h"
 #include "fs/staging.h"
 #include "fs/virtual_file.h"
@@ -61,6 +62,9 @@ struct MountOptions {
   // One worker of a cluster: it may hold no ranks of the config (its pieces
   // are still read by the others); alone, a mount must show some.
   bool in_cluster = false;
+  // Let the kernel read files that exist verbatim on disk (fs/passthrough.h);
+  // false: every file through the daemon (--passthrough off).
+  bool passthrough = true;
 };
 
 struct Node;
@@ -106,6 +110,7 @@ struct OpenReply {
   uint64_t fh = 0;
   bool direct_io = false;
   bool keep_cache = false;
+  int32_t backing_id = 0;  // > 0: the kernel reads the file from this backing file (passthrough)
 };
 
 class Filesystem {
@@ -152,6 +157,10 @@ class Filesystem {
   ptc::Status ApplySave(uint64_t iteration, std::shared_ptr<AgreedChange> change);
 
   Controller& controller() { return *controller_; }
+  Passthrough& passthrough() { return passthrough_; }
+  // .ptcfs/status's "passthrough": its state and how each model file of the
+  // served layout is read ("kernel" or "daemon").
+  nlohmann::json PassthroughStatus() const EXCLUDES(mu_);
   const ptc::Store& store() const { return *store_; }
   std::shared_ptr<const Snapshot> snapshot() const EXCLUDES(mu_);
   // The snapshot .ptcfs/config and .ptcfs/status describe (announced_).
@@ -203,7 +212,18 @@ class Filesystem {
   ptc::Result<std::unique_ptr<VirtualFile>> RenderMegatron(const Snapshot& snap, const ptc::RankView& view,
                                                            int worker) const EXCLUDES(mu_);
 
+  // Whether `node`'s rendered file `file` exists verbatim on disk: then its
+  // backing file is registered and `reply` asks for passthrough (the route is
+  // kept for the status). A backing file removed or truncated under the mount
+  // fails the open.
+  // \error IOError naming the backing file when removed or truncated.
+  ptc::Status OpenPassthrough(const Node& node, const VirtualFile& file, OpenReply* reply) EXCLUDES(mu_);
+
   MountOptions options_;
+  Passthrough passthrough_;
+  // Per model file inode: whether its bytes exist verbatim on disk (decided on
+  // first open or status, kept while the inode lives).
+  mutable std::map<uint64_t, bool> verbatim_ GUARDED_BY(mu_);
   std::unique_ptr<ptc::Store> store_;
   Staging staging_;
   std::unique_ptr<Controller> controller_;

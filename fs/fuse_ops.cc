@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "fs/fuse_io.h"
 #include "fs/mount.h"
 #include "fs/mountinfo.h"
 
@@ -156,7 +157,9 @@ void OpOpen(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
     fuse_reply_err(req, ErrnoOf(r.status()));
     return;
   }
-  fi->fh = r->fh;
+  // A backing id travels in the fh to the custom I/O, which moves it where
+  // the kernel looks (fs/fuse_io.h); handles are counted from 1, far below 2^32.
+  fi->fh = r->fh >> 32 ? r->fh : EncodeOpenFh(r->fh, r->backing_id);
   fi->direct_io = r->direct_io;
   fi->keep_cache = r->keep_cache;
   fuse_reply_open(req, fi);
@@ -302,6 +305,8 @@ ptc::Status MountAndServe(const MountOptions& options, const SessionOptions& ses
     result = ptc::IOError("cannot install signal handlers");
   } else if (fuse_session_mount(se, session.mountpoint.c_str()) != 0) {
     result = ptc::IOError(session.mountpoint + ": mount failed (does the directory exist? is FUSE available?)");
+  } else if (options.passthrough && !(result = InstallPassthroughIo(se, fs->passthrough())).ok()) {
+    fuse_session_unmount(se);
   } else {
     SetMountReadahead(session.mountpoint, kReadahead);
     if (!session.foreground) fuse_daemonize(0);

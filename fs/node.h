@@ -67,6 +67,7 @@ struct Filesystem::Handle {
   std::unique_ptr<VirtualFile> file;              // model files
   std::shared_ptr<const ptc::RankDataView> data;  // data files
   int fd = -1;                                    // staged files
+  bool backed = false;                            // read through the kernel: Passthrough::Release at close
   mutable ptc::Mutex mu;                          // never held together with Filesystem::mu_
   std::string text GUARDED_BY(mu);                // .ptcfs files, the latest file: content at open / written so far
   bool written GUARDED_BY(mu) = false;            // the latest file: written through this handle since its last flush

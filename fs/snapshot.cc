@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "fs/rank_files.h"
 #include "ptc/store/shard_verify.h"
 
 namespace ptcfs {
@@ -48,9 +49,7 @@ ptc::Result<std::shared_ptr<const Snapshot>> Snapshot::Create(const ptc::Store& 
   return std::shared_ptr<const Snapshot>(std::move(s));
 }
 
-std::map<std::string, std::string> Snapshot::Metadata(int rank) const {
-  return {{"format", "pt"}, {"ptcfs.rank", std::to_string(rank)}, {"ptcfs.config", config().ToString()}};
-}
+std::map<std::string, std::string> Snapshot::Metadata(int rank) const { return SafetensorsMetadata(config(), rank); }
 
 ptc::Result<ptc::megatron::MegatronState> Snapshot::megatron() const {
   if (!megatron_error_.ok()) return megatron_error_;

@@ -195,6 +195,44 @@ VirtualFile::FdRange VirtualFile::SingleShardRange(uint64_t offset, size_t n) co
   return {e->file->fd(), e->file_offset + piece * e->stride + skip, e->shard};
 }
 
+ptc::Result<const ptc::RandomAccessFile*> VirtualFile::VerbatimFile() const {
+  const ptc::RandomAccessFile* file = nullptr;
+  for (const Extent& lazy : extents_) {
+    if (lazy.kind != Extent::kLazy) continue;
+    PTC_ASSIGN_OR_RETURN(const std::vector<Extent>* part, PartExtents(lazy));
+    for (const Extent& e : *part) {
+      if (e.kind == Extent::kZero) continue;  // padding inside a tensor: a hole of the rank file
+      if (e.kind != Extent::kShard) return nullptr;
+      if (file == nullptr) file = e.file;
+      if (e.file != file || e.count != 1 || e.file_offset != e.offset) return nullptr;
+    }
+  }
+  if (file == nullptr || file->fd() < 0) return nullptr;
+  return file;
+}
+
+ptc::Status VirtualFile::CheckVerbatim(const ptc::RandomAccessFile& file) const {
+  if (const uint64_t size = file.Size(); size != size_) {
+    return ptc::IOError(file.path() + ": holds " + std::to_string(size) + " bytes, the file it backs " +
+                        std::to_string(size_) + " (truncated under the mount?)");
+  }
+  std::string buf;
+  for (const Extent& e : extents_) {
+    if (e.kind != Extent::kLiteral && e.kind != Extent::kZero) continue;  // tensors' zeros: as written
+    for (uint64_t at = 0; at < e.length;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(e.length - at, 1 << 20));
+      buf.resize(n);
+      PTC_RETURN_IF_ERROR(file.Read(e.offset + at, n, buf.data()));
+      const bool same = e.kind == Extent::kLiteral ? std::memcmp(buf.data(), literal_.data() + e.literal + at, n) == 0
+                                                   : buf.find_first_not_of('\0') == std::string::npos;
+      if (!same)
+        return ptc::CorruptionError(file.path() + ": differs from the file it backs at " + std::to_string(e.offset));
+      at += n;
+    }
+  }
+  return ptc::Status::OK();
+}
+
 ptc::Status AppendTensorExtents(const ptc::GenerationReader& reader, const ptc::LocalTensor& tensor, uint64_t base,
                                 int prefer_worker, std::vector<Extent>* out) {
   const size_t elem = ptc::DTypeSize(tensor.dtype);

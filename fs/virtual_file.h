@@ -72,6 +72,19 @@ class VirtualFile {
   };
   FdRange SingleShardRange(uint64_t offset, size_t n) const;
 
+  // The stored file whose bytes at this file's offsets are this file's tensor
+  // bytes, when there is one (a rank file of a compacted generation:
+  // fs/rank_files.h), so that a reader may read that file instead (FUSE
+  // passthrough) if CheckVerbatim agrees; nullptr when the extents are not
+  // so. Builds every lazy extent; reads nothing.
+  // \error as a lazy extent's PartFn.
+  ptc::Result<const ptc::RandomAccessFile*> VerbatimFile() const;
+  // That `file` (from VerbatimFile) holds this file: its size, and the header
+  // and zero ranges read from it and compared.
+  // \error IOError when its size differs (naming both), Corruption when the
+  //        bytes differ; as RandomAccessFile::Read.
+  ptc::Status CheckVerbatim(const ptc::RandomAccessFile& file) const;
+
  private:
   struct Part {
     PartFn build;

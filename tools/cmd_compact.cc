@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "fs/rank_files.h"
 #include "ptc/store/store.h"
 #include "tools/cli_numbers.h"
 #include "tools/commands.h"
@@ -17,6 +18,7 @@ struct CompactArgs {
   int64_t generation = -1;  // -1: whatever is current
   int threads = 2;
   bool keep_old = false;
+  bool rank_files = false;
   bool wait = false;
 };
 
@@ -31,7 +33,15 @@ ptc::Status RunCompact(const CompactArgs& a) {
                                         "); only the current generation is compacted");
   }
   const auto start = std::chrono::steady_clock::now();
-  PTC_ASSIGN_OR_RETURN(ptc::Compaction c, ptc::PlanCompaction(*store));
+  ptc::Compaction c;
+  std::vector<ptc::RankFileSpec> files;
+  if (a.rank_files) {
+    PTC_ASSIGN_OR_RETURN(RankFileCompaction rf, PlanRankFileCompaction(*store));
+    c = std::move(rf.compaction);
+    files = std::move(rf.files);
+  } else {
+    PTC_ASSIGN_OR_RETURN(c, ptc::PlanCompaction(*store));
+  }
   if (c.covering.writes.targets.empty()) {
     std::printf("generation %llu is compact: every shard of %s is stored as it is (%s); nothing written\n",
                 static_cast<unsigned long long>(current), c.source->config.c_str(),
@@ -44,6 +54,7 @@ ptc::Status RunCompact(const CompactArgs& a) {
     ptc::ExecuteOptions options;
     options.threads = a.threads;
     options.progress = progress.fn();
+    options.rank_files = files;
     PTC_ASSIGN_OR_RETURN(r, ptc::ExecuteCovering(*store, c.source, c.spec, c.config, c.covering, options));
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -75,6 +86,10 @@ void AddCompactCommand(CLI::App& app, int* exit_code) {
       ->check(AtLeast(0));
   sub->add_option("--threads", a->threads, "writer threads")->check(CLI::Range(1, 256));
   sub->add_flag("--keep-old", a->keep_old, "keep earlier generations' files");
+  sub->add_flag("--rank-files", a->rank_files,
+                "write each rank's safetensors files whole, the shards inside them (HDF5 files describe\n"
+                "them as external storage), so that a mount lets the kernel read them (passthrough);\n"
+                "rewrites every shard once when the generation has no rank files yet");
   AddWaitFlag(sub, &a->wait);
   sub->callback([a, exit_code] { *exit_code = Report("compact", RunCompact(*a)); });
 }

@@ -39,6 +39,7 @@ struct MountArgs {
   bool nonempty = false;
   bool wait = false;  // for the writer lock
   CompactionPolicy compaction;
+  std::string passthrough = "auto";
   ClusterArgs cluster;
 };
 
@@ -105,6 +106,8 @@ ptc::Status RunMount(const MountArgs& a) {
   PTC_ASSIGN_OR_RETURN(options.megatron_names, ptc::megatron::ParseNameSet(a.names.value_or("te")), "--names");
   options.transform_threads = a.transform_threads;
   options.compaction = a.compaction;
+  options.passthrough = a.passthrough == "auto";
+  options.compaction.rank_files = options.passthrough;
   SessionOptions session{a.mountpoint, a.foreground, a.threads, nullptr};
   std::unique_ptr<Worker> cluster;
   if (!a.cluster.url.empty()) {
@@ -261,6 +264,13 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
       ->add_option("--compact-min-piece", m->compaction.min_piece_bytes,
                    "... or when one is read from a piece smaller than this many bytes (default 0: never)")
       ->check(AtLeast(0));
+  mount
+      ->add_option("--passthrough", m->passthrough,
+                   "auto (default): the kernel reads the model files that exist byte for byte on disk\n"
+                   "(rank files, written by a compaction) itself, at the speed of a local file (FUSE\n"
+                   "passthrough: Linux >= 6.9, a root daemon); others, and all with off, are served by\n"
+                   "the daemon. .ptcfs/status \"passthrough\" says which way each file is read")
+      ->check(CLI::IsMember({"auto", "off"}));
   mount
       ->add_option("--cluster", m->cluster.url,
                    "etcd://HOST:PORT[,HOST:PORT...]/JOB: this mount is worker --worker of JOB, its state\n"

@@ -31,7 +31,7 @@ ptc::Status RunVerify(const std::string& path) {
     for (const ptc::ShardRecord* s : pieces) {
       const ptc::TensorRecord* t = by_name.at(s->tensor);
       ptc::Status st = ptc::VerifyShard(store->env(), *store, *s);
-      if (st.ok()) st = ptc::CheckH5Shard(store->AbsPath(s->file), *s, t->dtype);
+      if (st.ok()) st = ptc::CheckH5Shard(store->AbsPath(s->h5.empty() ? s->file : s->h5), *s, t->dtype);
       if (!st.ok()) failures.push_back(st.message());
       progress.Add(s->nbytes);
     }

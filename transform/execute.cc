@@ -126,6 +126,7 @@ Result<ExecuteResult> ExecuteCovering(Store& store, std::shared_ptr<const Genera
                                       const ModelSpec& spec, const ParallelConfig& target, const Covering& covering,
                                       const ExecuteOptions& options) {
   PTC_ASSIGN_OR_RETURN(auto writer, store.BeginGeneration());
+  if (!options.rank_files.empty()) writer->SetRankFiles(options.rank_files);
   for (const auto& [s, worker] : covering.references) {
     ShardRecord record = source->shards[s];
     record.worker = worker;

@@ -52,6 +52,9 @@ struct ExecuteOptions {
   std::function<Status(GenerationWriter&)> before_commit;
   // false: every target through the general path (tests compare the two).
   bool sweep = true;
+  // Rank files the written shards go into (GenerationWriter::SetRankFiles);
+  // empty: HDF5 shard files only.
+  std::vector<RankFileSpec> rank_files;
   // Entries set in the new manifest's `extra` over the source's (e.g. "dataset":
   // a new data position committed with the new layout).
   nlohmann::json extra = nlohmann::json::object();

@@ -102,9 +102,62 @@ Result<std::string> GenerationWriter::PrepareShardFile(const std::string& tensor
   record.file = JoinPath(worker_dir, stem + ".s" + std::to_string(k) + ".h5");
   record.nbytes = 0;
   for (const Box& b : boxes) record.nbytes += static_cast<uint64_t>(b.volume()) * DTypeSize(dtype);
+  if (auto placed = PlacementOf(tensor, boxes, worker); placed && record.nbytes > 0) {
+    // The bytes go into a rank file; the HDF5 file describes them there.
+    std::string name;
+    {
+      MutexLock lock(&mu_);
+      name = rank_files_[placed->first].name;
+    }
+    PTC_RETURN_IF_ERROR(EnsureRankFile(placed->first));
+    record.h5 = record.file;
+    record.file = JoinPath(worker_dir, name);
+    record.offset = placed->second;
+    PTC_RETURN_IF_ERROR(CreateH5ExternalShard(store_->AbsPath(record.h5), dtype, boxes, tensor, name, record.offset));
+    return store_->AbsPath(record.file);
+  }
   const std::string abs = store_->AbsPath(record.file);
   PTC_ASSIGN_OR_RETURN(record.offset, CreateH5Shard(abs, dtype, boxes, tensor));
   return abs;
+}
+
+void GenerationWriter::SetRankFiles(std::vector<RankFileSpec> files) {
+  MutexLock lock(&mu_);
+  placements_.clear();
+  for (size_t i = 0; i < files.size(); ++i) {
+    for (const RankFileSpec::Placement& p : files[i].placements) {
+      placements_[{files[i].worker, p.tensor, p.boxes}] = {i, p.offset};
+    }
+  }
+  rank_file_made_.assign(files.size(), false);
+  rank_files_ = std::move(files);
+}
+
+std::optional<std::pair<size_t, uint64_t>> GenerationWriter::PlacementOf(const std::string& tensor,
+                                                                         const std::vector<Box>& boxes,
+                                                                         int worker) const {
+  MutexLock lock(&mu_);
+  auto it = placements_.find({worker, tensor, boxes});
+  if (it == placements_.end()) return std::nullopt;
+  return it->second;
+}
+
+Status GenerationWriter::EnsureRankFile(size_t index) {
+  // Under mu_: a concurrent NewShard into the same file must find it made
+  // (files are few and small to start: a header and a hole).
+  MutexLock lock(&mu_);
+  if (rank_file_made_[index]) return Status::OK();
+  const RankFileSpec& f = rank_files_[index];
+  const std::string rel = JoinPath(JoinPath(dir_, WorkerDirName(f.worker)), f.name);
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store_->env()->OpenWrite(store_->AbsPath(rel)));
+  PTC_RETURN_IF_ERROR(file->PWrite(0, f.header.data(), f.header.size()));
+  if (f.size > f.header.size()) {
+    const char zero = 0;  // the file's length; the rest stays a hole until shards fill it
+    PTC_RETURN_IF_ERROR(file->PWrite(f.size - 1, &zero, 1));
+  }
+  PTC_RETURN_IF_ERROR(file->Close());
+  rank_file_made_[index] = true;
+  return Status::OK();
 }
 
 Result<std::unique_ptr<ShardSink>> GenerationWriter::NewShard(const std::string& tensor, DType dtype,

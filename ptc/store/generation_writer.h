@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "ptc/model/box.h"
 #include "ptc/model/dtype.h"
 #include "ptc/store/manifest.h"
+#include "ptc/store/rank_files.h"
 #include "ptc/store/store.h"
 
 namespace ptc {
@@ -68,6 +70,13 @@ class GenerationWriter {
   Result<std::unique_ptr<ShardSink>> NewShard(const std::string& tensor, DType dtype, std::vector<Box> boxes,
                                               int worker);
 
+  // Places shards in rank files (rank_files.h): from now on NewShard of a
+  // (tensor, boxes, worker) that `files` place writes its bytes into that
+  // file at its offset (created on first use: header, then zeros up to its
+  // size) and describes them in an HDF5 file of external storage
+  // (ShardRecord::h5). Other shards go to HDF5 files as before. Before any NewShard.
+  void SetRankFiles(std::vector<RankFileSpec> files) EXCLUDES(mu_);
+
   // Adds a finished shard, or a shard of an older generation (its file stays where it is).
   void AddShard(ShardRecord record);
 
@@ -97,6 +106,12 @@ class GenerationWriter {
   GenerationWriter(Store* store, uint64_t generation);
   Result<std::string> PrepareShardFile(const std::string& tensor, DType dtype, const std::vector<Box>& boxes,
                                        int worker, ShardRecord& record);
+  // Where rank_files_ place a shard: (file index, offset), or nullopt.
+  std::optional<std::pair<size_t, uint64_t>> PlacementOf(const std::string& tensor, const std::vector<Box>& boxes,
+                                                         int worker) const EXCLUDES(mu_);
+  // Creates rank file `index` (header, zeros) unless done already.
+  // REQUIRES: its worker directory exists.
+  Status EnsureRankFile(size_t index) EXCLUDES(mu_);
   Status WriteGeneration(std::string_view manifest_text);
   Status SwitchRoot();
 
@@ -107,6 +122,9 @@ class GenerationWriter {
   std::vector<ShardRecord> shards_ GUARDED_BY(mu_);
   std::map<std::pair<std::string, int>, int> counters_ GUARDED_BY(mu_);  // (stem, worker) -> next k
   std::set<int> workers_ GUARDED_BY(mu_);                                // worker dirs created
+  std::vector<RankFileSpec> rank_files_ GUARDED_BY(mu_);
+  std::map<std::tuple<int, std::string, std::vector<Box>>, std::pair<size_t, uint64_t>> placements_ GUARDED_BY(mu_);
+  std::vector<bool> rank_file_made_ GUARDED_BY(mu_);
   bool committed_ = false;
   bool aborted_ = false;  // a Commit failed: the directory is gone
 };

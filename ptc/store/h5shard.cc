@@ -205,19 +205,36 @@ uint64_t TotalBytes(DType dtype, const std::vector<Box>& boxes) {
   return n * DTypeSize(dtype);
 }
 
+// The bytes of a dataset kept outside its HDF5 file: `name` (relative to the
+// HDF5 file's directory) at `offset`.
+struct External {
+  std::string name;
+  uint64_t offset = 0;
+};
+
+Result<Hid> ExternalNeverFill(const External& ext, uint64_t nbytes, const std::string& path) {
+  PTC_ASSIGN_OR_RETURN(Hid dcpl, Check(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, path, "H5Pcreate"));
+  PTC_RETURN_IF_ERROR(
+      Check(H5Pset_external(dcpl.get(), ext.name.c_str(), static_cast<off_t>(ext.offset), static_cast<hsize_t>(nbytes)),
+            path, "H5Pset_external"));
+  PTC_RETURN_IF_ERROR(Check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), path, "H5Pset_fill_time"));
+  return dcpl;
+}
+
 Result<uint64_t> CreateDataset(hid_t file, DType dtype, const std::vector<Box>& boxes, std::string_view tensor,
-                               const std::string& path) {
+                               const std::string& path, const External* external = nullptr) {
   PTC_ASSIGN_OR_RETURN(Hid type, FileTypeFor(dtype, path));
   PTC_ASSIGN_OR_RETURN(Hid space, DataSpaceFor(boxes, path));
-  PTC_ASSIGN_OR_RETURN(Hid dcpl, ContiguousEarlyNeverFill(path));
+  PTC_ASSIGN_OR_RETURN(Hid dcpl, external ? ExternalNeverFill(*external, TotalBytes(dtype, boxes), path)
+                                          : ContiguousEarlyNeverFill(path));
   PTC_ASSIGN_OR_RETURN(
       Hid dset, Check(H5Dcreate2(file, "data", type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose,
                       path, "H5Dcreate2"));
   PTC_RETURN_IF_ERROR(WriteStringAttribute(dset.get(), "tensor", std::string(tensor), path));
   PTC_RETURN_IF_ERROR(WriteStringAttribute(dset.get(), "dtype", std::string(DTypeName(dtype)), path));
   PTC_RETURN_IF_ERROR(WriteStringAttribute(dset.get(), "boxes", BoxesToJson(boxes).dump(), path));
-  uint64_t offset = 0;
-  if (TotalBytes(dtype, boxes) > 0) {
+  uint64_t offset = external ? external->offset : 0;
+  if (!external && TotalBytes(dtype, boxes) > 0) {
     haddr_t addr = H5Dget_offset(dset.get());
     if (addr == HADDR_UNDEF) return Hdf5Error(Code::kIOError, path, "H5Dget_offset");
     offset = static_cast<uint64_t>(addr);
@@ -228,8 +245,10 @@ Result<uint64_t> CreateDataset(hid_t file, DType dtype, const std::vector<Box>& 
 
 }  // namespace
 
-Result<uint64_t> CreateH5Shard(const std::string& path, DType dtype, const std::vector<Box>& boxes,
-                               std::string_view tensor) {
+namespace {
+
+Result<uint64_t> CreateShardFile(const std::string& path, DType dtype, const std::vector<Box>& boxes,
+                                 std::string_view tensor, const External* external) {
   DisableHdf5ErrorPrinting();
   for (const Box& b : boxes) {
     if (b.rank() != boxes[0].rank() || b.end.size() != b.begin.size()) {
@@ -239,19 +258,55 @@ Result<uint64_t> CreateH5Shard(const std::string& path, DType dtype, const std::
   if (::access(path.c_str(), F_OK) == 0) return AlreadyExistsError(path + ": shard file already exists");
   PTC_ASSIGN_OR_RETURN(
       Hid file, Check(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT), H5Fclose, path, "H5Fcreate"));
-  Result<uint64_t> offset = CreateDataset(file.get(), dtype, boxes, tensor, path);
+  Result<uint64_t> offset = CreateDataset(file.get(), dtype, boxes, tensor, path, external);
   Status closed = Check(file.Close(), path, "H5Fclose");  // after the dataset's ids (closed in CreateDataset)
   if (offset.ok() && closed.ok()) return offset;
   ::unlink(path.c_str());  // a half-written shard file is no use to anyone
   return offset.ok() ? closed : offset.status();
 }
 
+}  // namespace
+
+Result<uint64_t> CreateH5Shard(const std::string& path, DType dtype, const std::vector<Box>& boxes,
+                               std::string_view tensor) {
+  return CreateShardFile(path, dtype, boxes, tensor, nullptr);
+}
+
+Status CreateH5ExternalShard(const std::string& path, DType dtype, const std::vector<Box>& boxes,
+                             std::string_view tensor, const std::string& data_name, uint64_t offset) {
+  const External external{data_name, offset};
+  return CreateShardFile(path, dtype, boxes, tensor, &external).status();
+}
+
 namespace {
+
+// A record with `h5`: the dataset's one external file must be `file` (named
+// relative to the HDF5 file's directory) at the record's offset and size.
+Status CheckExternal(hid_t dcpl, const ShardRecord& shard, const std::string& path) {
+  if (H5Pget_external_count(dcpl) != 1) return CorruptionError(path + ": dataset 'data' has no single external file");
+  char name[4096] = {};
+  off_t offset = 0;
+  hsize_t size = 0;
+  PTC_RETURN_IF_ERROR(
+      Check(H5Pget_external(dcpl, 0, sizeof(name), name, &offset, &size), path, "H5Pget_external", Code::kCorruption));
+  const std::string h5_dir = shard.h5.substr(0, shard.h5.rfind('/') + 1);
+  if (h5_dir + name != shard.file || static_cast<uint64_t>(offset) != shard.offset || size != shard.nbytes) {
+    return CorruptionError(path + ": external storage " + name + " at " + std::to_string(offset) + " (" +
+                           std::to_string(size) + " bytes), manifest says " + shard.file + " at " +
+                           std::to_string(shard.offset) + " (" + std::to_string(shard.nbytes) + " bytes)");
+  }
+  return Status::OK();
+}
 
 Status CheckLayout(hid_t dset, const ShardRecord& shard, DType dtype, const std::string& path) {
   PTC_ASSIGN_OR_RETURN(Hid dcpl,
                        Check(H5Dget_create_plist(dset), H5Pclose, path, "H5Dget_create_plist", Code::kCorruption));
   if (H5Pget_layout(dcpl.get()) != H5D_CONTIGUOUS) return CorruptionError(path + ": dataset 'data' is not contiguous");
+  if (!shard.h5.empty()) {
+    PTC_ASSIGN_OR_RETURN(Hid type, Check(H5Dget_type(dset), H5Tclose, path, "H5Dget_type", Code::kCorruption));
+    if (H5Tget_size(type.get()) != DTypeSize(dtype)) return CorruptionError(path + ": element size differs");
+    return CheckExternal(dcpl.get(), shard, path);
+  }
   PTC_ASSIGN_OR_RETURN(Hid type, Check(H5Dget_type(dset), H5Tclose, path, "H5Dget_type", Code::kCorruption));
   if (H5Tget_size(type.get()) != DTypeSize(dtype)) {
     return CorruptionError(path + ": element size " + std::to_string(H5Tget_size(type.get())) +

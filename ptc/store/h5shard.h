@@ -41,9 +41,20 @@ namespace ptc {
 Result<uint64_t> CreateH5Shard(const std::string& path, DType dtype, const std::vector<Box>& boxes,
                                std::string_view tensor);
 
+// Creates a new HDF5 file at `path` whose dataset "data" (as above) keeps its
+// bytes outside: in `data_name` (a file name relative to the directory of
+// `path`) at `offset`, as HDF5 external storage. Readers resolve the name
+// against their working directory unless told the prefix "${ORIGIN}"
+// (HDF5_EXTFILE_PREFIX, h5py's efile_prefix). Writes no data.
+// \error as CreateH5Shard.
+Status CreateH5ExternalShard(const std::string& path, DType dtype, const std::vector<Box>& boxes,
+                             std::string_view tensor, const std::string& data_name, uint64_t offset);
+
 // Checks that the shard file agrees with its record: contiguous dataset "data"
 // at shard.offset of shard.nbytes bytes, element size of `dtype`, attributes
-// naming the same tensor, dtype and boxes. Does not read the data.
+// naming the same tensor, dtype and boxes; for a record with `h5` (`path` is
+// then that file), external storage in shard.file at shard.offset of
+// shard.nbytes. Does not read the data.
 // \error NotFound when the file does not exist.
 // \error Corruption naming the path and the first disagreement (or the HDF5 error).
 Status CheckH5Shard(const std::string& path, const ShardRecord& shard, DType dtype);

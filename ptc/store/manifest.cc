@@ -43,6 +43,7 @@ ordered_json ShardToJson(const ShardRecord& s) {
   j["nbytes"] = s.nbytes;
   j["checksum"] = ChecksumToString(s.checksum);
   if (!s.block_checksums.empty()) j["block_checksums"] = BlockChecksumsToString(s.block_checksums);
+  if (!s.h5.empty()) j["h5"] = s.h5;
   return j;
 }
 
@@ -123,6 +124,10 @@ Result<ShardRecord> DecodeShard(const json& j, const std::string& where) {
     if (CombineBlockChecksums(s.block_checksums) != s.checksum) {
       return g.Error("block_checksums", "do not hash to the shard checksum " + ChecksumToString(s.checksum));
     }
+  }
+  if (const json* h5 = g.Find("h5")) {
+    if (!h5->is_string() || h5->get<std::string>().empty()) return g.Error("h5", "must be a non-empty string");
+    s.h5 = h5->get<std::string>();
   }
   return s;
 }
@@ -257,6 +262,9 @@ Status ValidateShard(const ShardRecord& s, const TensorRecord& t) {
   if (!IsSafeRelativePath(s.file)) {
     return InvalidArgumentError(at + ": file '" + s.file +
                                 "' must be a relative path without '.', '..' or empty parts");
+  }
+  if (!s.h5.empty() && !IsSafeRelativePath(s.h5)) {
+    return InvalidArgumentError(at + ": h5 '" + s.h5 + "' must be a relative path without '.', '..' or empty parts");
   }
   return Status::OK();
 }

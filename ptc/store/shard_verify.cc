@@ -220,7 +220,8 @@ Status VerifyGeneration(const Store& store, const GenerationManifest& m, bool ch
     PTC_RETURN_IF_ERROR(VerifyShard(store.env(), store, *s));
     const auto found = by_name.find(s->tensor);
     const TensorRecord* t = found == by_name.end() ? nullptr : found->second;
-    if (check_hdf5 && t != nullptr) PTC_RETURN_IF_ERROR(CheckH5Shard(store.AbsPath(s->file), *s, t->dtype));
+    if (check_hdf5 && t != nullptr)
+      PTC_RETURN_IF_ERROR(CheckH5Shard(store.AbsPath(s->h5.empty() ? s->file : s->h5), *s, t->dtype));
   }
   return Status::OK();
 }

@@ -257,7 +257,10 @@ Status Store::CollectGarbage(const std::set<uint64_t>& keep_generations) {
   auto add_live = [&](const GenerationManifest& m) {
     live.insert(m.generation);
     keep.insert(JoinPath(GenerationDirName(m.generation), kManifestName));
-    for (const ShardRecord& s : m.shards) keep.insert(s.file);
+    for (const ShardRecord& s : m.shards) {
+      keep.insert(s.file);
+      if (!s.h5.empty()) keep.insert(s.h5);
+    }
   };
   if (current) add_live(*current);
   for (uint64_t g : keep_generations) {

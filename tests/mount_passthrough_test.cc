@@ -1,0 +1,207 @@
+// FUSE passthrough, for real (docs/mount_format.md, "Passthrough"): the rank
+// files of a store compacted with --rank-files are read by the kernel from the
+// store's own files; the bytes equal the daemon's (--passthrough off), an open
+// file keeps its backing file across a reconfigure, a backing file damaged
+// under the mount fails opens with EIO and a message, and a daemon that is not
+// root serves everything itself.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "mount_util.h"
+
+namespace ptc {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace ::ptc::testing;
+
+const std::string kDims = "layers=4,hidden=32,heads=4,vocab=128,seq=16";
+// One rank per worker: no shard is shared between two ranks of a worker, so
+// every rank file holds all its bytes (fs/rank_files.h).
+const std::string kConfig = "tp=2,pp=1,dp=1,per_worker=1";
+
+std::string RankFile(int rank, const char* file) {
+  char dir[32];
+  std::snprintf(dir, sizeof(dir), "rank-%05d", rank);
+  return std::string("model/") + dir + "/" + file;
+}
+
+class PassthroughTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { RequireFuse(); }
+  void Synth(const std::string& config, const std::string& dir) {
+    auto [code, out] = Ptcfs("synth --schema megatron-gpt --dims " + kDims +
+                             " --optimizer adam --dtype bf16 --config " + config + " " + dir);
+    ASSERT_EQ(code, 0) << out;
+  }
+  // A store of kConfig compacted into rank files; src/ holds the expected files.
+  void MakeStore() {
+    Synth(kConfig, tmp_ / "src");
+    auto [code, out] = Ptcfs("import --schema megatron-gpt --dims " + kDims + " --config " + kConfig + " " +
+                             tmp_ / "src " + tmp_ / "store");
+    ASSERT_EQ(code, 0) << out;
+    auto [c2, o2] = Ptcfs("compact --rank-files " + tmp_ / "store");
+    ASSERT_EQ(c2, 0) << o2;
+    auto [c3, o3] = Ptcfs("verify " + tmp_ / "store");
+    ASSERT_EQ(c3, 0) << o3;
+  }
+  // Skips (fails under CI) when this kernel or process cannot do passthrough.
+  void RequirePassthrough(const nlohmann::json& status) {
+    if (status["passthrough"]["state"] == "on") return;
+    std::printf("%s: passthrough is %s\n", InCi() ? "FAIL" : "SKIP", status["passthrough"]["state"].dump().c_str());
+    if (InCi()) FAIL() << status.dump();
+    GTEST_SKIP();
+  }
+  // The path on disk of a rank file of the current generation.
+  std::string OnDisk(int worker, int rank, const char* file) {
+    const auto gen = nlohmann::json::parse(Slurp(tmp_ / "store/manifest.json"))["generation"].get<int>();
+    char path[96];
+    std::snprintf(path, sizeof(path), "store/gen-%06d/worker-%02d/rank-%05d.%s", gen, worker, rank, file);
+    return tmp_ / path;
+  }
+  TempDir tmp_;
+};
+
+const std::vector<std::pair<int, const char*>> kFiles = {
+    {0, "model.safetensors"}, {0, "optim.safetensors"}, {1, "model.safetensors"}, {1, "optim.safetensors"}};
+
+TEST_F(PassthroughTest, KernelAndDaemonServeTheSameBytes) {
+  MakeStore();
+  for (const std::string mode : {"auto", "off"}) {
+    Mount m(tmp_ / "store", tmp_ / ("mnt-" + mode), "--passthrough " + mode);
+    auto status = MountStatus(m.dir());
+    if (mode == "auto") RequirePassthrough(status);
+    if (mode == "off") EXPECT_EQ(status["passthrough"]["state"], "off: --passthrough off");
+    for (const auto& [rank, file] : kFiles) {
+      const std::string path = RankFile(rank, file);
+      EXPECT_EQ(status["passthrough"]["files"][path], mode == "auto" ? "kernel" : "daemon") << path;
+      char dir[32];
+      std::snprintf(dir, sizeof(dir), "rank-%05d/", rank);
+      auto [c, o] = Sh("cmp " + m.dir() + "/" + path + " " + tmp_ / "src/" + dir + file);
+      EXPECT_EQ(c, 0) << mode << " " << o;
+      // mmap too (the kernel maps the backing file's pages).
+      auto [c2, o2] =
+          Sh("python3 -c \"import mmap,sys; f=open(sys.argv[1],'rb'); m=mmap.mmap(f.fileno(),0,"
+             "access=mmap.ACCESS_READ); sys.exit(0 if m[:]==open(sys.argv[2],'rb').read() else 1)\" " +
+             m.dir() + "/" + path + " " + tmp_ / "src/" + dir + file);
+      EXPECT_EQ(c2, 0) << mode << " mmap " << o2;
+    }
+    // An open file through the kernel holds its backing file's id.
+    const int fd = open((m.dir() + "/" + RankFile(0, "model.safetensors")).c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ(MountStatus(m.dir())["passthrough"]["open_backing_files"], mode == "auto" ? 1 : 0);
+    close(fd);
+    EXPECT_TRUE(MountStatus(m.dir())["last_error"].is_null());
+  }
+}
+
+TEST_F(PassthroughTest, ReconfigureKeepsOpenFilesOnTheirBackingFile) {
+  MakeStore();
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--compact-pieces 1");
+  RequirePassthrough(MountStatus(m.dir()));
+  const std::string old_path = m.dir() + "/" + RankFile(0, "model.safetensors");
+  const int fd = open(old_path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  const std::string target = "tp=1,pp=2,dp=1,per_worker=1";
+  ASSERT_EQ(WriteConfig(m.dir(), target), 0);
+  WaitServing(m.dir());
+  // The compaction writes the new layout's rank files; then they go through the kernel.
+  nlohmann::json status;
+  for (int i = 0; i < 300; ++i) {
+    status = MountStatus(m.dir());
+    if (status["compaction"]["state"] == "done" && status["passthrough"]["kernel"] == 4) break;
+    ASSERT_NE(status["compaction"]["state"], "failed") << status.dump();
+    usleep(100 * 1000);
+  }
+  ASSERT_EQ(status["passthrough"]["kernel"], 4) << status.dump();
+  // The file opened before still reads the old layout, from the old generation's rank file.
+  std::string old_bytes(fs::file_size(tmp_ / "src/rank-00000/model.safetensors"), '\0');
+  ASSERT_EQ(pread(fd, old_bytes.data(), old_bytes.size(), 0), static_cast<ssize_t>(old_bytes.size()));
+  EXPECT_TRUE(old_bytes == Slurp(tmp_ / "src/rank-00000/model.safetensors"));
+  close(fd);
+  Synth(target, tmp_ / "ref");
+  for (const auto& [rank, file] : kFiles) {
+    char dir[32];
+    std::snprintf(dir, sizeof(dir), "rank-%05d/", rank);
+    auto [c, o] = Sh("cmp " + m.dir() + "/" + RankFile(rank, file) + " " + tmp_ / "ref/" + dir + file);
+    EXPECT_EQ(c, 0) << o;
+  }
+  // The old generation goes once its last file is closed.
+  auto [c, o] = Ptcfs("verify " + tmp_ / "store");
+  EXPECT_EQ(c, 0) << o;
+}
+
+TEST_F(PassthroughTest, DamagedBackingFileFailsOpensWithEio) {
+  MakeStore();
+  Mount m(tmp_ / "store", tmp_ / "mnt");
+  RequirePassthrough(MountStatus(m.dir()));
+  // Truncated under the mount.
+  const std::string truncated = OnDisk(1, 1, "model.safetensors");
+  ASSERT_EQ(truncate(truncated.c_str(), 1000), 0);
+  int fd = open((m.dir() + "/" + RankFile(1, "model.safetensors")).c_str(), O_RDONLY);
+  EXPECT_EQ(fd, -1);
+  EXPECT_EQ(errno, EIO);
+  auto status = MountStatus(m.dir());
+  EXPECT_NE(status["last_error"].get<std::string>().find(fs::path(truncated).filename().string()), std::string::npos)
+      << status.dump();
+  EXPECT_NE(status["last_error"].get<std::string>().find("truncated"), std::string::npos) << status.dump();
+  // Removed under the mount.
+  const std::string removed = OnDisk(0, 0, "optim.safetensors");
+  ASSERT_EQ(unlink(removed.c_str()), 0);
+  fd = open((m.dir() + "/" + RankFile(0, "optim.safetensors")).c_str(), O_RDONLY);
+  EXPECT_EQ(fd, -1);
+  EXPECT_EQ(errno, EIO);
+  status = MountStatus(m.dir());
+  EXPECT_NE(status["last_error"].get<std::string>().find(fs::path(removed).filename().string()), std::string::npos)
+      << status.dump();
+  // The daemon is alive and the other files read on.
+  auto [c, o] =
+      Sh("cmp " + m.dir() + "/" + RankFile(0, "model.safetensors") + " " + tmp_ / "src/rank-00000/model.safetensors");
+  EXPECT_EQ(c, 0) << o;
+}
+
+TEST_F(PassthroughTest, NonRootDaemonServesEverything) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to become another user";
+  MakeStore();
+  // The daemon runs as nobody (through fusermount3); /dev/fuse must let it in.
+  struct stat dev;
+  ASSERT_EQ(stat("/dev/fuse", &dev), 0);
+  ASSERT_EQ(chmod("/dev/fuse", 0666), 0);
+  struct Restore {
+    mode_t mode;
+    ~Restore() { chmod("/dev/fuse", mode); }
+  } restore{dev.st_mode & 07777};
+  const std::string nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups ";
+  ASSERT_EQ(Sh("chmod 755 " + tmp_.path() + " && chown -R 65534:65534 " + tmp_ / "store").first, 0);
+  fs::create_directories(tmp_ / "mnt");
+  ASSERT_EQ(Sh("chown 65534:65534 " + tmp_ / "mnt").first, 0);
+  auto [code, out] = Sh(nobody + PTCFS_BINARY + " mount " + tmp_ / "store " + tmp_ / "mnt");
+  ASSERT_EQ(code, 0) << out;
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { Sh("fusermount3 -u " + dir); }
+  } unmount{tmp_ / "mnt"};
+  auto [c, text] = Sh(nobody + "cat " + tmp_ / "mnt/.ptcfs/status");
+  ASSERT_EQ(c, 0) << text;
+  auto status = nlohmann::json::parse(text);
+  EXPECT_EQ(status["passthrough"]["state"],
+            "off: registering backing files needs CAP_SYS_ADMIN (the daemon is not root)")
+      << text;
+  EXPECT_EQ(status["passthrough"]["kernel"], 0) << text;
+  for (const auto& [rank, file] : kFiles) {
+    char dir[32];
+    std::snprintf(dir, sizeof(dir), "rank-%05d/", rank);
+    auto [c2, o2] = Sh(nobody + "cmp " + tmp_ / "mnt/" + RankFile(rank, file) + " " + tmp_ / "src/" + dir + file);
+    EXPECT_EQ(c2, 0) << o2;
+  }
+}
+
+}  // namespace
+}  // namespace ptc
