@@ -168,9 +168,9 @@ int main(int argc, char** argv) {
       {std::to_string(clients) + " idle", clients, 0},
       {std::to_string(clients) + " slow (1 byte / " + std::to_string(interval_ms) + " ms)", clients, interval_ms}};
   for (const Scenario& sc : scenarios) {
-    ptc::PeerServerOptions so;
+    ptc::cluster::PeerServerOptions so;
     so.token = kToken;
-    auto server = ptc::PeerServer::Start(store->get(), so);
+    auto server = ptc::cluster::PeerServer::Start(store->get(), so);
     if (!server.ok()) return Fail(server.status().ToString());
     std::vector<double> ms;
     int failed = 0;
@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
     {
       Swarm swarm((*server)->address().port, sc.n, std::chrono::milliseconds(sc.interval_ms));
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      ptc::PeerClientOptions co;
+      ptc::cluster::PeerClientOptions co;
       co.token = kToken;
       co.timeout = std::chrono::seconds(timeout_s);
       co.attempts = 1;
@@ -187,7 +187,8 @@ int main(int argc, char** argv) {
       for (int r = 0; r < requests; ++r) {
         if (r > 0) std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
         const Clock::time_point t0 = Clock::now();
-        ptc::Status s = ptc::PeerClient(co).ReadShardRange((*server)->address(), shard, 0, got.size(), got.data());
+        ptc::Status s =
+            ptc::cluster::PeerClient(co).ReadShardRange((*server)->address(), shard, 0, got.size(), got.data());
         ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
         if (!s.ok()) {
           ++failed;

@@ -3,7 +3,7 @@
 // Builds the source generation manifest a store would hold for a model under
 // --from (every stored shard of every worker, with made-up file names, offsets
 // and checksums; no tensor data is written or read), then times
-// ptc::MakePlan to --to, --reps times, and prints the median, the plan's
+// ptc::transform::MakePlan to --to, --reps times, and prints the median, the plan's
 // totals and the process's peak RSS. Run it on one core (taskset -c 0).
 //
 // Default: the 70B Llama of issue 3, tp=8,pp=16,dp=8 (1024 ranks, 128
@@ -113,7 +113,8 @@ int main(int argc, char** argv) {
     source.tensors.push_back({g.name, g.dtype, g.shape});
   }
   std::vector<ptc::DType> dtype_of;  // parallel to keys
-  auto keys = Check(ptc::TargetShardKeys(Check(ptc::ModelLayout::Make(spec, from), "layout")), "source shards");
+  auto keys =
+      Check(ptc::transform::TargetShardKeys(Check(ptc::ModelLayout::Make(spec, from), "layout")), "source shards");
   {
     std::vector<std::pair<std::string, ptc::DType>> by_name;
     for (const auto& t : source.tensors) by_name.emplace_back(t.name, t.dtype);
@@ -159,13 +160,13 @@ int main(int argc, char** argv) {
   // Wall time, and the thread's CPU time (the planner is single-threaded; CPU
   // time does not grow when other tenants of a shared machine take the core).
   std::vector<double> times, cpu_times;
-  ptc::Plan plan;
+  ptc::transform::Plan plan;
   for (int r = 0; r < reps; ++r) {
-    ptc::PlanRequest req{&source, spec, to, {}, std::nullopt};
-    plan = ptc::Plan();
+    ptc::transform::PlanRequest req{&source, spec, to, {}, std::nullopt};
+    plan = ptc::transform::Plan();
     const double c0 = ThreadCpuSeconds();
     const auto a = std::chrono::steady_clock::now();
-    plan = Check(ptc::MakePlan(req), "MakePlan");
+    plan = Check(ptc::transform::MakePlan(req), "MakePlan");
     const auto b = std::chrono::steady_clock::now();
     cpu_times.push_back(ThreadCpuSeconds() - c0);
     times.push_back(Seconds(a, b));

@@ -34,13 +34,13 @@ int main(int argc, char** argv) {
   std::printf("| A (switch from) | B (switch to) | moved MB | local MB | buckets | median s | runs | GB/s (moved+local) |\n");
   std::printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
   for (const auto& [a, b] : pairs) {
-    ptc::SwitchRequest req;
+    ptc::transform::device::SwitchRequest req;
     req.spec.schema = *ptc::LoadSchema("llama");
     req.spec.dims = *ptc::ParseDims(dims);
     req.from = *ptc::ParseConfig(a);
     req.to = *ptc::ParseConfig(b);
     req.budget_bytes = 64ull << 20;
-    auto plan = ptc::MakeSwitchPlan(req);
+    auto plan = ptc::transform::device::MakeSwitchPlan(req);
     if (!plan.ok()) {
       std::fprintf(stderr, "switch_cpu_bench: %s\n", plan.status().ToString().c_str());
       return 1;
@@ -49,13 +49,15 @@ int main(int argc, char** argv) {
     std::vector<std::vector<const void*>> from(plan->world);
     std::vector<std::vector<void*>> to(plan->world);
     for (int r = 0; r < plan->world; ++r) {
-      for (const auto& t : plan->ranks[r].from) fa[r].emplace_back(ptc::BufferBytes(t), 1), from[r].push_back(fa[r].back().data());
-      for (const auto& t : plan->ranks[r].to) tb[r].emplace_back(ptc::BufferBytes(t), 0), to[r].push_back(tb[r].back().data());
+      for (const auto& t : plan->ranks[r].from)
+        fa[r].emplace_back(ptc::transform::device::BufferBytes(t), 1), from[r].push_back(fa[r].back().data());
+      for (const auto& t : plan->ranks[r].to)
+        tb[r].emplace_back(ptc::transform::device::BufferBytes(t), 0), to[r].push_back(tb[r].back().data());
     }
     std::vector<double> secs;
     for (int i = 0; i < runs; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
-      ptc::Status s = ptc::RunSwitchThreads(*plan, from, to);
+      ptc::Status s = ptc::transform::device::RunSwitchThreads(*plan, from, to);
       secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       if (!s.ok()) {
         std::fprintf(stderr, "switch_cpu_bench: %s\n", s.ToString().c_str());

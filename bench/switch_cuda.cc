@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--min-ratio")) min_ratio = std::atof(argv[i + 1]);
   }
   std::string why;
-  if (!ptc::CudaDevicePresent(&why)) {
+  if (!ptc::transform::device::CudaDevicePresent(&why)) {
     std::printf("SKIPPED: switch_cuda_bench needs a CUDA device: %s\n", why.c_str());
     return 77;
   }
@@ -68,30 +68,30 @@ int main(int argc, char** argv) {
   std::printf("%-32s %12s %12s %12s %7s\n", "pair (rank 0, bf16 params+grads)", "bytes", "kernel GB/s", "memcpy GB/s",
               "ratio");
   for (const auto& [a, b] : pairs) {
-    ptc::SwitchRequest req;
+    ptc::transform::device::SwitchRequest req;
     req.spec.schema = *ptc::LoadSchema("llama");
     req.spec.dims = *ptc::ParseDims(dims);
     req.from = *ptc::ParseConfig(a);
     req.to = *ptc::ParseConfig(b);
     req.budget_bytes = 4ull << 30;  // one bucket: the kernels, not the bucket count, are measured
-    auto plan = ptc::MakeSwitchPlan(req);
+    auto plan = ptc::transform::device::MakeSwitchPlan(req);
     Check(plan.status());
-    auto shared = std::make_shared<const ptc::SwitchPlan>(std::move(*plan));
-    const ptc::RankSchedule& rs = shared->ranks[0];
+    auto shared = std::make_shared<const ptc::transform::device::SwitchPlan>(std::move(*plan));
+    const ptc::transform::device::RankSchedule& rs = shared->ranks[0];
     std::vector<const void*> from;
     std::vector<void*> to;
     for (const auto& t : rs.from) {
       void* p;
-      CHECK_CUDA(cudaMalloc(&p, ptc::BufferBytes(t)));
-      CHECK_CUDA(cudaMemset(p, 1, ptc::BufferBytes(t)));
+      CHECK_CUDA(cudaMalloc(&p, ptc::transform::device::BufferBytes(t)));
+      CHECK_CUDA(cudaMemset(p, 1, ptc::transform::device::BufferBytes(t)));
       from.push_back(p);
     }
     for (const auto& t : rs.to) {
       void* p;
-      CHECK_CUDA(cudaMalloc(&p, ptc::BufferBytes(t)));
+      CHECK_CUDA(cudaMalloc(&p, ptc::transform::device::BufferBytes(t)));
       to.push_back(p);
     }
-    auto runner = ptc::CudaSwitchRunner::Create(shared, 0);
+    auto runner = ptc::transform::device::CudaSwitchRunner::Create(shared, 0);
     Check(runner.status());
     cudaStream_t stream;
     CHECK_CUDA(cudaStreamCreate(&stream));

@@ -22,11 +22,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bad config or store\n");
     return 1;
   }
-  ptc::ExecuteOptions options;
+  ptc::transform::ExecuteOptions options;
   options.chunk_bytes = std::strtoull(argv[3], nullptr, 0);
   if (argc > 4) options.threads = std::atoi(argv[4]);
   const auto a = std::chrono::steady_clock::now();
-  auto r = ptc::Transform(**store, *target, options);
+  auto r = ptc::transform::Transform(**store, *target, options);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
   if (!r.ok()) {
     std::fprintf(stderr, "%s\n", r.status().ToString().c_str());

@@ -1,7 +1,7 @@
 // Base64 encoding and decoding.
 #include "cluster/base64.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -67,4 +67,4 @@ Result<std::string> Base64Decode(std::string_view text) {
   return out;
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -9,7 +9,7 @@
 
 #include "ptc/base/status.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 std::string Base64Encode(std::string_view bytes);
 
@@ -17,4 +17,4 @@ std::string Base64Encode(std::string_view bytes);
 //        outside the alphabet, or '=' padding is misplaced.
 Result<std::string> Base64Decode(std::string_view text);
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace ptc {
+namespace ptc::cluster {
 
 FinishDecision DecideFinish(const Change& change, int self, const FinishRound& round) {
   const bool complete = std::all_of(change.workers.begin(), change.workers.end(),
@@ -31,4 +31,4 @@ FinishDecision DecideFinish(const Change& change, int self, const FinishRound& r
   return {FinishAction::kWait, ""};
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -14,7 +14,7 @@
 
 #include "cluster/job_state.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 // What one round of Finish read (after this worker published its part).
 struct FinishRound {
@@ -48,4 +48,4 @@ struct FinishDecision {
 // What worker `self`, a participant of `change`, does after `round`.
 FinishDecision DecideFinish(const Change& change, int self, const FinishRound& round);
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 using Clock = ConnectionStream::Clock;
@@ -96,4 +96,4 @@ std::string ConnectionStream::TakeUnread() {
   return rest;
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

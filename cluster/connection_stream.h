@@ -13,7 +13,7 @@
 #include <chrono>
 #include <string>
 
-namespace ptc {
+namespace ptc::cluster {
 
 class ConnectionStream : public httplib::Stream {
  public:
@@ -45,4 +45,4 @@ class ConnectionStream : public httplib::Stream {
   const std::chrono::milliseconds write_timeout_;
 };
 
-}  // namespace ptc
+}  // namespace ptc::cluster

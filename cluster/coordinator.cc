@@ -10,7 +10,7 @@
 #include "cluster/membership.h"
 #include "ptc/base/checksum.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -265,4 +265,4 @@ Result<std::map<int, Part>> Coordinator::Finish(const Change& change, const Sett
   }
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

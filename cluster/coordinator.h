@@ -29,7 +29,7 @@
 #include "ptc/base/status.h"
 #include "ptc/store/manifest.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 struct CoordinatorOptions {
   std::string job;
@@ -116,4 +116,4 @@ class Coordinator {
   const CoordinatorOptions options_;
 };
 
-}  // namespace ptc
+}  // namespace ptc::cluster

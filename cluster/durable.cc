@@ -10,7 +10,7 @@
 #include "ptc/store/shard_verify.h"
 #include "ptc/store/store_layout.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 // Bytes copied per read of a piece.
@@ -177,4 +177,4 @@ Result<std::vector<ShardRecord>> LoadDurable(Env* env, const std::string& dir, c
   return shards;
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -29,7 +29,7 @@
 #include "ptc/store/manifest.h"
 #include "ptc/store/store.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 inline constexpr std::string_view kDurableManifest = "durable.json";
 // How a worker's store names the tier's files: ROOT/.durable/REL is DIR/REL
@@ -80,4 +80,4 @@ Result<std::vector<ShardRecord>> DecodeDurable(std::string_view label, std::stri
 Result<std::vector<ShardRecord>> LoadDurable(Env* env, const std::string& dir, const DurableIdentity& id,
                                              const std::vector<TensorRecord>& tensors);
 
-}  // namespace ptc
+}  // namespace ptc::cluster

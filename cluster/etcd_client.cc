@@ -8,7 +8,7 @@
 #include "cluster/etcd_codec.h"
 #include "cluster/peer_protocol.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -235,4 +235,4 @@ Result<TxnResponse> EtcdClient::Txn(const TxnRequest& txn) const {
   return DecodeTxnResponse("etcd: " + what, body);
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

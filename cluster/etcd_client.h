@@ -26,7 +26,7 @@
 #include "cluster/kv_store.h"
 #include "ptc/base/status.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 struct EtcdOptions {
   // HOST:PORT of etcd's client URLs (plain http), tried in order.
@@ -100,4 +100,4 @@ class EtcdClient final : public KvStore {
   EtcdOptions options_;
 };
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -8,7 +8,7 @@
 #include "cluster/base64.h"
 #include "ptc/base/json_fields.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 using nlohmann::json;
@@ -294,4 +294,4 @@ Result<WatchMessage> DecodeWatchMessage(std::string_view where, std::string_view
   return m;
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -14,7 +14,7 @@
 #include "cluster/etcd_types.h"
 #include "ptc/base/status.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 // The end of the range holding every key that starts with `prefix` (etcd's
 // clientv3.GetPrefixRangeEnd): the prefix with its last byte below 0xff
@@ -54,4 +54,4 @@ Result<int64_t> DecodeLeaseKeepAliveResponse(std::string_view where, std::string
 // ({"error": ...}) is its Status (as DecodeErrorBody).
 Result<WatchMessage> DecodeWatchMessage(std::string_view where, std::string_view line);
 
-}  // namespace ptc
+}  // namespace ptc::cluster

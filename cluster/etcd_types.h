@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace ptc {
+namespace ptc::cluster {
 
 struct KeyValue {
   std::string key;
@@ -91,4 +91,4 @@ struct TxnResponse {
   int64_t revision = 0;    // the store's revision after the transaction
 };
 
-}  // namespace ptc
+}  // namespace ptc::cluster

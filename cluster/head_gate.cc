@@ -20,7 +20,7 @@
 #include "cluster/peer_protocol.h"
 #include "ptc/base/mutex.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -317,4 +317,4 @@ void HeadGate::Stop() {
   ::close(d.wake);
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

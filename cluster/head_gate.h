@@ -20,7 +20,7 @@
 
 #include "ptc/base/status.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 struct HeadGateOptions {
   // From accept to the head's last byte; for a kept-alive connection, from
@@ -90,4 +90,4 @@ class HeadGate {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace ptc
+}  // namespace ptc::cluster

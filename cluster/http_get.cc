@@ -10,7 +10,7 @@
 #include <cstring>
 #include <memory>
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -205,4 +205,4 @@ Status HttpGet(const HttpGetRequest& request, const std::function<HttpBody(const
   }
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -19,7 +19,7 @@
 #include "cluster/peer_protocol.h"
 #include "ptc/base/status.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 struct HttpGetRequest {
   PeerAddress peer;
@@ -64,4 +64,4 @@ Result<HttpHead> ParseHttpHead(std::string_view head, const std::string& where);
 Status HttpGet(const HttpGetRequest& request, const std::function<HttpBody(const HttpHead&)>& on_head,
                const std::function<bool(const char*, size_t)>& on_body);
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -8,7 +8,7 @@
 #include "ptc/base/checksum.h"
 #include "ptc/base/json_fields.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 Result<nlohmann::json> ParseObject(std::string_view where, std::string_view value) {
@@ -119,4 +119,4 @@ std::string PiecesDigest(std::string_view config, std::vector<ShardRecord> shard
   return ChecksumToString(Xxh64(text.data(), text.size()));
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

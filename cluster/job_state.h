@@ -18,7 +18,7 @@
 #include "ptc/base/status.h"
 #include "ptc/store/manifest.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 struct Committed {
   uint64_t generation = 0;
@@ -73,4 +73,4 @@ Result<std::pair<std::string, Part>> DecodePart(std::string_view where, std::str
 // they commit the same generation.
 std::string PiecesDigest(std::string_view config, std::vector<ShardRecord> shards);
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -21,7 +21,7 @@
 #include "cluster/etcd_types.h"
 #include "ptc/base/status.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 class KvStore {
  public:
@@ -68,4 +68,4 @@ class KvStore {
                                      std::chrono::milliseconds timeout) const = 0;
 };
 
-}  // namespace ptc
+}  // namespace ptc::cluster

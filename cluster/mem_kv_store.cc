@@ -1,6 +1,6 @@
 #include "cluster/mem_kv_store.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 std::string Quoted(std::string_view key) { return "'" + std::string(key) + "'"; }
@@ -257,4 +257,4 @@ Result<bool> MemKvClient::WaitForChange(std::string_view prefix, int64_t revisio
   }
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -25,7 +25,7 @@
 #include "cluster/kv_store.h"
 #include "ptc/base/mutex.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 class MemKvClient;
 
@@ -118,4 +118,4 @@ class MemKvClient final : public KvStore {
   std::atomic<bool> cut_after_loss_{false};
 };
 
-}  // namespace ptc
+}  // namespace ptc::cluster

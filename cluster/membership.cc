@@ -11,7 +11,7 @@
 #include "cluster/peer_protocol.h"
 #include "ptc/base/json_fields.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 // Wakes the keep-alive thread to end it. A std::mutex and condition variable:
 // ptc::Mutex has no condition variable to wait on; this lock guards only the
@@ -163,4 +163,4 @@ Status Membership::health() const {
   return health_;
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

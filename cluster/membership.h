@@ -23,7 +23,7 @@
 #include "ptc/base/mutex.h"
 #include "ptc/base/status.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 struct Member {
   int worker = 0;
@@ -108,4 +108,4 @@ class Membership {
   bool left_ GUARDED_BY(mu_) = false;
 };
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -8,7 +8,7 @@
 #include "cluster/http_get.h"
 #include "ptc/base/checksum.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -216,4 +216,4 @@ Result<GenerationManifest> PeerClient::FetchManifest(const PeerAddress& peer, ui
   return m;
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

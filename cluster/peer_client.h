@@ -19,7 +19,7 @@
 #include "ptc/base/status.h"
 #include "ptc/store/manifest.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 struct PeerClientOptions {
   std::string token;  // the job's token (token.h)
@@ -67,4 +67,4 @@ class PeerClient {
   PeerClientOptions options_;
 };
 
-}  // namespace ptc
+}  // namespace ptc::cluster

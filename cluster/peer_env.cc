@@ -7,7 +7,7 @@
 #include "ptc/base/checksum.h"
 #include "ptc/store/store_layout.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 // A shard file of another worker: reads go, block by block, through the env.
 class PeerEnv::RemoteFile : public RandomAccessFile {
@@ -222,4 +222,4 @@ Status PeerEnv::ReadBlock(const PeerAddress& peer, const ShardRecord& record, si
   return Status::OK();
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

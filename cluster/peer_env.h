@@ -33,7 +33,7 @@
 #include "ptc/base/mutex.h"
 #include "ptc/store/manifest.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 struct PeerEnvOptions {
   int self = 0;                     // this worker: its directories are local
@@ -138,4 +138,4 @@ class PeerEnv : public Env {
   Stats stats_ GUARDED_BY(mu_);
 };
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -5,7 +5,7 @@
 
 #include "ptc/store/manifest.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 bool Unreserved(char c) {
@@ -106,4 +106,4 @@ std::optional<std::string_view> ParseBearer(std::string_view header) {
   return header.substr(kPrefix.size());
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -34,7 +34,7 @@
 
 #include "ptc/base/status.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 inline constexpr char kShardPath[] = "/v1/shard";
 inline constexpr char kManifestPath[] = "/v1/manifest";
@@ -76,4 +76,4 @@ std::string BearerHeader(std::string_view token);
 // The token of an Authorization header's value "Bearer TOKEN"; nullopt for any other form.
 std::optional<std::string_view> ParseBearer(std::string_view header);
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -20,7 +20,7 @@
 #include "cluster/token.h"
 #include "ptc/base/mutex.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 // Bytes read from the file and written to the socket at a time.
@@ -326,4 +326,4 @@ PeerServerStats PeerServer::stats() const {
 
 void PeerServer::Stop() { impl_->Stop(); }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -31,7 +31,7 @@
 #include "ptc/store/manifest.h"
 #include "ptc/store/store.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 struct PeerServerOptions {
   std::string address = "127.0.0.1";  // the address to bind (0.0.0.0: every interface)
@@ -89,4 +89,4 @@ class PeerServer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-namespace ptc {
+namespace ptc::cluster {
 
 std::vector<int> LostWorkers(const ParallelConfig& config, const std::vector<int>& live) {
   std::vector<int> lost;
@@ -50,4 +50,4 @@ Result<ParallelConfig> SurvivorConfig(const ModelSpec& spec, const ParallelConfi
   return *best;
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -11,7 +11,7 @@
 #include "ptc/model/config.h"
 #include "ptc/model/view.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 // The workers of `config` (those holding ranks or keeping replicas) that are
 // not in `live` (sorted).
@@ -27,4 +27,4 @@ std::vector<int> LostWorkers(const ParallelConfig& config, const std::vector<int
 //        (fewer survivors' GPUs than tp, or no pipeline split the model allows).
 Result<ParallelConfig> SurvivorConfig(const ModelSpec& spec, const ParallelConfig& from, const std::vector<int>& live);
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -4,7 +4,7 @@
 #include "ptc/store/generation_writer.h"
 #include "ptc/store/shard_verify.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 bool AtCommitted(const Store& store, const Committed& committed) {
   auto current = store.CurrentSnapshot();
@@ -63,4 +63,4 @@ std::vector<Compare> RejoinConditions(const std::string& job, const std::string&
   return {Compare::ValueIs(CommittedKey(job), committed_value), Compare::Absent(ChangeKey(job))};
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -20,7 +20,7 @@
 #include "ptc/base/status.h"
 #include "ptc/store/store.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 // Whether the store's current generation is `committed` (number, config and pieces).
 bool AtCommitted(const Store& store, const Committed& committed);
@@ -52,4 +52,4 @@ Status CatchUp(const KvStore& etcd, const std::string& job, int worker, const Co
 // joining, and none lists it before it has caught up.
 std::vector<Compare> RejoinConditions(const std::string& job, const std::string& committed_value);
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-namespace ptc {
+namespace ptc::cluster {
 
 ServedFiles::ServedFiles(const std::vector<std::shared_ptr<const GenerationManifest>>& manifests, int worker) {
   for (const auto& m : manifests) {
@@ -44,4 +44,4 @@ Status ServedFiles::Check(std::string_view file, uint64_t offset, uint64_t lengt
   return InvalidArgumentError(range + " lie outside its shard data");
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -18,7 +18,7 @@
 #include "ptc/base/status.h"
 #include "ptc/store/manifest.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 class ServedFiles {
  public:
@@ -41,4 +41,4 @@ class ServedFiles {
   std::unordered_map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> extents_;
 };
 
-}  // namespace ptc
+}  // namespace ptc::cluster

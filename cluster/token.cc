@@ -10,7 +10,7 @@
 
 #include "ptc/base/regular_file.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 Status ValidateToken(std::string_view token) {
   if (token.size() < kMinTokenBytes || token.size() > kMaxTokenBytes) {
@@ -67,4 +67,4 @@ bool TokenEquals(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -12,7 +12,7 @@
 
 #include "ptc/base/status.h"
 
-namespace ptc {
+namespace ptc::cluster {
 
 inline constexpr size_t kMinTokenBytes = 16;
 inline constexpr size_t kMaxTokenBytes = 4096;
@@ -34,4 +34,4 @@ Result<std::string> ReadTokenFile(const std::string& path);
 // lengths are not secret).
 bool TokenEquals(std::string_view a, std::string_view b);
 
-}  // namespace ptc
+}  // namespace ptc::cluster

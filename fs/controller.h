@@ -39,7 +39,7 @@ struct CompactionPolicy {
   // Write the layout's safetensors files whole as rank files (fs/rank_files.h),
   // which the kernel can then read itself (--passthrough auto).
   bool rank_files = false;
-  bool Due(const ptc::Fragmentation& f) const {
+  bool Due(const ptc::transform::Fragmentation& f) const {
     return (max_pieces_per_shard > 0 && f.pieces_per_shard() > max_pieces_per_shard) ||
            (min_piece_bytes > 0 && f.pieces > 0 && f.smallest_piece < min_piece_bytes);
   }
@@ -240,7 +240,7 @@ class Controller {
   // The background compaction: none | running | done | cancelled | failed,
   // the served generation's fragmentation when last measured, progress.
   std::string compaction_state_ GUARDED_BY(mu_) = "none";
-  ptc::Fragmentation fragmentation_ GUARDED_BY(mu_);
+  ptc::transform::Fragmentation fragmentation_ GUARDED_BY(mu_);
   std::atomic<bool> cancel_compaction_{false};
   std::atomic<uint64_t> compact_done_{0}, compact_total_{0};
 };

@@ -17,7 +17,7 @@ constexpr int kCompactNice = 19;
 }  // namespace
 
 void Controller::MaybeCompact(const ptc::ModelLayout& layout, const std::optional<ptc::DatasetState>& dataset) {
-  auto planned = ptc::PlanCompaction(*store_);
+  auto planned = ptc::transform::PlanCompaction(*store_);
   if (!planned.ok()) {
     RecordError("measuring the generation's pieces: " + planned.status().message());
     return;
@@ -35,7 +35,7 @@ void Controller::MaybeCompact(const ptc::ModelLayout& layout, const std::optiona
       return;
     }
   }
-  ptc::ExecuteOptions options;
+  ptc::transform::ExecuteOptions options;
   if (compaction_.rank_files) {  // every shard rewritten into the layout's rank files
     auto with_files = PlanRankFileCompaction(*store_);
     if (!with_files.ok()) {
@@ -45,7 +45,7 @@ void Controller::MaybeCompact(const ptc::ModelLayout& layout, const std::optiona
     planned = std::move(with_files->compaction);
     options.rank_files = std::move(with_files->files);
   }
-  const ptc::Covering& covering = planned->covering;
+  const ptc::transform::Covering& covering = planned->covering;
   {
     ptc::MutexLock lock(&mu_);
     compaction_state_ = "running";
@@ -57,9 +57,9 @@ void Controller::MaybeCompact(const ptc::ModelLayout& layout, const std::optiona
   options.progress = [this](uint64_t n) { compact_done_ += n; };
   options.cancelled = [this] { return cancel_compaction_.load(); };
   auto compact = [&]() -> ptc::Result<std::shared_ptr<const Snapshot>> {
-    PTC_RETURN_IF_ERROR(ptc::ExecuteCovering(*store_, planned->source, planned->spec, planned->config, covering,
-                                             options)
-                            .status());
+    PTC_RETURN_IF_ERROR(
+        ptc::transform::ExecuteCovering(*store_, planned->source, planned->spec, planned->config, covering, options)
+            .status());
     return Snapshot::Create(*store_, store_->CurrentSnapshot(), layout, worker_, checks_, dataset, source_);
   };
   ptc::Result<std::shared_ptr<const Snapshot>> result = ptc::InternalError("compaction not run");
@@ -68,10 +68,11 @@ void Controller::MaybeCompact(const ptc::ModelLayout& layout, const std::optiona
   } catch (const std::exception& e) {
     result = ptc::InternalError(std::string("internal error in the compaction: ") + e.what());
   }
-  std::optional<ptc::Fragmentation> after;
+  std::optional<ptc::transform::Fragmentation> after;
   if (result.ok()) {
     serve_(*result);
-    if (auto measured = ptc::PlanCompaction(*store_); measured.ok()) after = measured->covering.fragmentation;
+    if (auto measured = ptc::transform::PlanCompaction(*store_); measured.ok())
+      after = measured->covering.fragmentation;
   }
   {
     ptc::MutexLock lock(&mu_);

@@ -16,7 +16,7 @@ namespace ptcfs {
 namespace {
 
 // The tensors of which no live worker holds a part, named (the first ones).
-std::string MissingTensors(const ptc::Plan& plan) {
+std::string MissingTensors(const ptc::transform::Plan& plan) {
   std::set<std::string> tensors;
   for (const auto& [tensor, box] : plan.missing) tensors.insert(tensor);
   std::string names;
@@ -90,7 +90,7 @@ ChangeSource SourceOf(AgreedChange& change, const ptc::ModelSpec& spec, const pt
                       std::shared_ptr<const ptc::GenerationManifest> current) {
   ChangeSource src{std::move(current), change.participants(), {}, {}};
   if (!change.has_last_resort()) return src;
-  auto plan = ptc::MakePlan({src.manifest.get(), spec, config, {}, src.alive});
+  auto plan = ptc::transform::MakePlan({src.manifest.get(), spec, config, {}, src.alive});
   if (!plan.ok() || plan->missing.empty()) return src;
   auto pieces = change.LastResort();
   if (!pieces.ok()) {
@@ -221,7 +221,7 @@ void Controller::Rewrite(const ptc::ModelLayout& layout, std::optional<ptc::Data
   // first: the rewrite and the executor threads it starts (which inherit this)
   // run at a lower CPU priority. Best effort: the rewrite runs either way.
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kRewriteNice);
-  ptc::ExecuteOptions options;
+  ptc::transform::ExecuteOptions options;
   options.threads = threads_;
   if (dataset) options.extra["dataset"] = ptc::EncodeDatasetState(*dataset);
   options.progress = [this](uint64_t n) { done_ += n; };
@@ -229,17 +229,18 @@ void Controller::Rewrite(const ptc::ModelLayout& layout, std::optional<ptc::Data
     if (!src) src = ChangeSource{store_->CurrentSnapshot(), std::nullopt, {}, {}};
     const auto& source = src->manifest;
     if (change) {
-      options.mode = ptc::CommitMode::kWorkerLocal;
+      options.mode = ptc::transform::CommitMode::kWorkerLocal;
       options.before_commit = [&](ptc::GenerationWriter& w) { return change->BeforeCommit(w, config.ToString()); };
     }
-    PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({source.get(), spec, config, {}, src->alive, src->last_resort}));
+    PTC_ASSIGN_OR_RETURN(ptc::transform::Plan plan,
+                         ptc::transform::MakePlan({source.get(), spec, config, {}, src->alive, src->last_resort}));
     if (!plan.missing.empty()) {
       return ptc::FailedPreconditionError(MissingTensors(plan) + (src->unavailable.empty() ? "" : "; " + src->unavailable));
     }
-    ptc::Covering covering = ptc::MakeCovering(plan, *source, options.mode);
-    if (change) covering = ptc::PartOf(covering, worker_);
+    ptc::transform::Covering covering = ptc::transform::MakeCovering(plan, *source, options.mode);
+    if (change) covering = ptc::transform::PartOf(covering, worker_);
     total_ = covering.bytes_written;
-    PTC_RETURN_IF_ERROR(ptc::ExecuteCovering(*store_, source, spec, config, covering, options).status());
+    PTC_RETURN_IF_ERROR(ptc::transform::ExecuteCovering(*store_, source, spec, config, covering, options).status());
     return Snapshot::Create(*store_, store_->CurrentSnapshot(), layout, worker_, checks_, dataset, source_);
   };
   // This thread is no FUSE callback: an unexpected exception here would end

@@ -103,17 +103,18 @@ bool RankFilesWritten(const std::vector<ptc::RankFileSpec>& files, const ptc::Ge
 
 ptc::Result<RankFileCompaction> PlanRankFileCompaction(const ptc::Store& store) {
   RankFileCompaction out;
-  PTC_ASSIGN_OR_RETURN(out.compaction, ptc::PlanCompaction(store));
-  ptc::Compaction& c = out.compaction;
+  PTC_ASSIGN_OR_RETURN(out.compaction, ptc::transform::PlanCompaction(store));
+  ptc::transform::Compaction& c = out.compaction;
   PTC_ASSIGN_OR_RETURN(const ptc::ModelLayout layout, ptc::ModelLayout::Make(c.spec, c.config));
   PTC_ASSIGN_OR_RETURN(out.files, PlanRankFiles(layout));
   if (RankFilesWritten(out.files, *c.source)) return out;
   // Every target written: those stored as they are copied from that shard, box by box.
-  PTC_ASSIGN_OR_RETURN(ptc::Plan plan, ptc::MakePlan({c.source.get(), c.spec, c.config, {}, std::nullopt}));
-  std::vector<ptc::Copy> copies;
+  PTC_ASSIGN_OR_RETURN(ptc::transform::Plan plan,
+                       ptc::transform::MakePlan({c.source.get(), c.spec, c.config, {}, std::nullopt}));
+  std::vector<ptc::transform::Copy> copies;
   size_t next = 0;
   for (size_t t = 0; t < plan.targets.size(); ++t) {
-    ptc::TargetShard& target = plan.targets[t];
+    ptc::transform::TargetShard& target = plan.targets[t];
     while (next < plan.copies.size() && plan.copies[next].target == t) copies.push_back(plan.copies[next++]);
     const std::optional<size_t> stored = target.kept ? target.kept : target.same;
     if (!stored) continue;
@@ -125,7 +126,7 @@ ptc::Result<RankFileCompaction> PlanRankFileCompaction(const ptc::Store& store) 
     target.same.reset();
   }
   plan.copies = std::move(copies);
-  c.covering = ptc::MakeCovering(plan, *c.source, ptc::CommitMode::kCompact);
+  c.covering = ptc::transform::MakeCovering(plan, *c.source, ptc::transform::CommitMode::kCompact);
   return out;
 }
 

@@ -34,12 +34,12 @@ ptc::Result<std::vector<ptc::RankFileSpec>> PlanRankFiles(const ptc::ModelLayout
 // Whether `generation` stores every shard `files` place in its rank file.
 bool RankFilesWritten(const std::vector<ptc::RankFileSpec>& files, const ptc::GenerationManifest& generation);
 
-// A compaction that writes rank files: ptc::PlanCompaction's, but when the
+// A compaction that writes rank files: ptc::transform::PlanCompaction's, but when the
 // generation's rank files are not written yet, every shard of the config is
 // rewritten (into its rank file, or an HDF5 file when none takes it), also
 // those stored as they are.
 struct RankFileCompaction {
-  ptc::Compaction compaction;
+  ptc::transform::Compaction compaction;
   std::vector<ptc::RankFileSpec> files;
 };
 // \error as PlanCompaction, MakePlan and PlanRankFiles.

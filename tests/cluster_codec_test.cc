@@ -11,7 +11,7 @@
 #include "cluster/membership.h"
 #include "test_util.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 TEST(Base64, KnownVectorsAndRoundTrips) {
@@ -148,4 +148,4 @@ TEST(MemberRecord, KeysAndValues) {
 }
 
 }  // namespace
-}  // namespace ptc
+}  // namespace ptc::cluster

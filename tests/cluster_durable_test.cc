@@ -18,9 +18,10 @@
 #include "transform/execute.h"
 #include "transform/plan.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
+using namespace ::ptc::transform;  // the plans and executors a durable copy is made by
 using testing::MakeStore;
 using testing::Spec;
 using testing::TempDir;
@@ -228,4 +229,4 @@ TEST_F(DurableTier, APlanReadsTheTierOnlyForWhatNoLiveWorkerHolds) {
 }
 
 }  // namespace
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -24,7 +24,7 @@
 #include "net_util.h"
 #include "test_util.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -368,4 +368,4 @@ TEST_F(Etcd, UnreachableEndpointIsAClearError) {
 }
 
 }  // namespace
-}  // namespace ptc
+}  // namespace ptc::cluster

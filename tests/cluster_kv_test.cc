@@ -12,7 +12,7 @@
 #include "cluster/membership.h"
 #include "kv_conformance.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 using testing::Piece;
@@ -181,4 +181,4 @@ TEST(CommitRule, EveryRow) {
 }
 
 }  // namespace
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -27,7 +27,7 @@
 #include "synth_store.h"
 #include "test_util.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 using testing::MakeStore;
@@ -518,4 +518,4 @@ TEST_F(PeerDataPlane, StartRefusesBadOptions) {
 }
 
 }  // namespace
-}  // namespace ptc
+}  // namespace ptc::cluster

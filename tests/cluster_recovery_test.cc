@@ -5,7 +5,7 @@
 
 #include "test_util.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 using testing::Spec;
@@ -62,4 +62,4 @@ TEST(Recovery, NoConfigFitsIsAClearError) {
 }
 
 }  // namespace
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -22,7 +22,7 @@
 #include "synth_store.h"
 #include "test_util.h"
 
-namespace ptc {
+namespace ptc::cluster {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -303,4 +303,4 @@ TEST_F(PeerSlowClients, StartRefusesBadLimits) {
 }
 
 }  // namespace
-}  // namespace ptc
+}  // namespace ptc::cluster

@@ -18,7 +18,7 @@
 #include "test_util.h"
 #include "transform/execute.h"
 
-namespace ptc {
+namespace ptc::transform {
 namespace {
 
 namespace fs = std::filesystem;
@@ -361,4 +361,4 @@ TEST(Covering, CancelledCompactionCommitsNothing) {
 }
 
 }  // namespace
-}  // namespace ptc
+}  // namespace ptc::transform

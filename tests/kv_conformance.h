@@ -29,7 +29,7 @@ bool Eventually(F done, std::chrono::milliseconds limit) {
   return done();
 }
 
-inline void CheckPutGetPrefixDelete(const KvStore& kv, const std::string& prefix) {
+inline void CheckPutGetPrefixDelete(const cluster::KvStore& kv, const std::string& prefix) {
   const std::string binary_key = prefix + std::string("k\0\xff", 3);
   const std::string binary_value("v\0\x01\xfe", 4);
   auto r1 = kv.Put(prefix + "a", "1");
@@ -62,12 +62,12 @@ inline void CheckPutGetPrefixDelete(const KvStore& kv, const std::string& prefix
   EXPECT_TRUE(kv.GetPrefix(prefix)->kvs.empty());
 }
 
-inline void CheckTransactionsCompareAndSwap(const KvStore& kv, const std::string& prefix) {
+inline void CheckTransactionsCompareAndSwap(const cluster::KvStore& kv, const std::string& prefix) {
   const std::string key = prefix + "committed";
   // Create only if absent: the first succeeds, the second conflicts.
-  TxnRequest create;
-  create.compare = {Compare::Absent(key)};
-  create.success = {TxnOp::Put(key, "gen=1")};
+  cluster::TxnRequest create;
+  create.compare = {cluster::Compare::Absent(key)};
+  create.success = {cluster::TxnOp::Put(key, "gen=1")};
   auto c1 = kv.Txn(create);
   ASSERT_TRUE(c1.ok()) << c1.status().ToString();
   EXPECT_TRUE(c1->succeeded);
@@ -77,12 +77,12 @@ inline void CheckTransactionsCompareAndSwap(const KvStore& kv, const std::string
   // Two writers read the same revision; one wins, the other's compare fails
   // and its failure branch runs instead.
   const int64_t read = (*kv.Get(key))->mod_revision;
-  TxnRequest w1;
-  w1.compare = {Compare::ModRevisionIs(key, read)};
-  w1.success = {TxnOp::Put(key, "gen=2"), TxnOp::Put(prefix + "pending", "none")};
-  TxnRequest w2 = w1;
-  w2.success = {TxnOp::Put(key, "gen=2b")};
-  w2.failure = {TxnOp::Put(prefix + "lost", "w2")};
+  cluster::TxnRequest w1;
+  w1.compare = {cluster::Compare::ModRevisionIs(key, read)};
+  w1.success = {cluster::TxnOp::Put(key, "gen=2"), cluster::TxnOp::Put(prefix + "pending", "none")};
+  cluster::TxnRequest w2 = w1;
+  w2.success = {cluster::TxnOp::Put(key, "gen=2b")};
+  w2.failure = {cluster::TxnOp::Put(prefix + "lost", "w2")};
   auto t1 = kv.Txn(w1);
   ASSERT_TRUE(t1.ok()) << t1.status().ToString();
   EXPECT_TRUE(t1->succeeded);
@@ -94,15 +94,15 @@ inline void CheckTransactionsCompareAndSwap(const KvStore& kv, const std::string
   EXPECT_EQ((*kv.Get(prefix + "pending"))->mod_revision, t1->revision);
   EXPECT_EQ((*kv.Get(prefix + "lost"))->value, "w2");
   // Compare on the value.
-  TxnRequest by_value;
-  by_value.compare = {Compare::ValueIs(key, "gen=2")};
-  by_value.success = {TxnOp::Put(key, "gen=3")};
+  cluster::TxnRequest by_value;
+  by_value.compare = {cluster::Compare::ValueIs(key, "gen=2")};
+  by_value.success = {cluster::TxnOp::Put(key, "gen=3")};
   EXPECT_TRUE(kv.Txn(by_value)->succeeded);
   EXPECT_FALSE(kv.Txn(by_value)->succeeded);
   EXPECT_EQ((*kv.Get(key))->value, "gen=3");
 }
 
-inline void CheckWaitForChangeWakesOnAWriteUnderThePrefixOnly(const KvStore& kv, const std::string& prefix) {
+inline void CheckWaitForChangeWakesOnAWriteUnderThePrefixOnly(const cluster::KvStore& kv, const std::string& prefix) {
   using Clock = std::chrono::steady_clock;
   auto start = kv.Put(prefix + "a", "1");
   ASSERT_TRUE(start.ok()) << start.status().ToString();
@@ -133,8 +133,8 @@ inline void CheckWaitForChangeWakesOnAWriteUnderThePrefixOnly(const KvStore& kv,
   EXPECT_TRUE(*kv.WaitForChange(prefix, after->revision, std::chrono::seconds(20)));
 }
 
-inline void CheckLeasesKeepAliveRevokeAndExpire(const KvStore& kv, const std::string& prefix,
-                                                 const std::function<void(int64_t)>& expire) {
+inline void CheckLeasesKeepAliveRevokeAndExpire(const cluster::KvStore& kv, const std::string& prefix,
+                                                const std::function<void(int64_t)>& expire) {
   auto lease = kv.GrantLease(5);
   ASSERT_TRUE(lease.ok()) << lease.status().ToString();
   EXPECT_GE(lease->ttl, 5);
@@ -182,29 +182,30 @@ inline ShardRecord Piece(int worker, int k) {
 // (polling every 10 ms, aborting after 20 s) each, joined in order (the first
 // sets the committed state, the others agree).
 struct TestWorkers {
-  std::vector<std::unique_ptr<Membership>> members;
-  std::vector<std::unique_ptr<Coordinator>> workers;
+  std::vector<std::unique_ptr<cluster::Membership>> members;
+  std::vector<std::unique_ptr<cluster::Coordinator>> workers;
 };
-inline Result<TestWorkers> JoinTestWorkers(const std::vector<const KvStore*>& links, const std::string& job,
+inline Result<TestWorkers> JoinTestWorkers(const std::vector<const cluster::KvStore*>& links, const std::string& job,
                                            const GenerationManifest& current, int64_t ttl) {
   TestWorkers t;
   for (size_t w = 0; w < links.size(); ++w) {
     const int worker = static_cast<int>(w);
-    PTC_ASSIGN_OR_RETURN(auto m, Membership::Join(links[w], {job, worker, "127.0.0.1:" + std::to_string(9100 + w), ttl}));
+    PTC_ASSIGN_OR_RETURN(
+        auto m, cluster::Membership::Join(links[w], {job, worker, "127.0.0.1:" + std::to_string(9100 + w), ttl}));
     t.members.push_back(std::move(m));
-    CoordinatorOptions o;
+    cluster::CoordinatorOptions o;
     o.job = job;
     o.worker = worker;
     o.poll = std::chrono::milliseconds(10);
     o.timeout = std::chrono::seconds(20);
-    t.workers.push_back(std::make_unique<Coordinator>(links[w], o));
+    t.workers.push_back(std::make_unique<cluster::Coordinator>(links[w], o));
     PTC_RETURN_IF_ERROR(t.workers.back()->Join(current));
   }
   return t;
 }
 
 // The reconfiguration protocol (coordinator.h) between three workers of job `job`.
-inline void CheckCoordinatorProtocol(const KvStore& kv, const std::string& job) {
+inline void CheckCoordinatorProtocol(const cluster::KvStore& kv, const std::string& job) {
   GenerationManifest current;
   current.generation = 1;
   current.config = "tp=3,pp=1,per_worker=1";
@@ -223,7 +224,7 @@ inline void CheckCoordinatorProtocol(const KvStore& kv, const std::string& job) 
   ASSERT_TRUE(change.ok()) << change.status().ToString();
   EXPECT_EQ(change->workers, std::vector<int>({0, 1, 2}));
   EXPECT_EQ(workers[0]->Propose("tp=3", 1, {0, 1, 2}, {0, 1, 2}).status().code(), Code::kFailedPrecondition);
-  EXPECT_EQ(*workers[1]->Pending(), std::optional<Change>(*change));
+  EXPECT_EQ(*workers[1]->Pending(), std::optional<cluster::Change>(*change));
   // Every worker finishes its part; each gets the others' pieces.
   const std::vector<ShardRecord> referenced = current.shards;
   std::vector<Result<std::vector<ShardRecord>>> got(3, InternalError("not run"));
@@ -244,7 +245,8 @@ inline void CheckCoordinatorProtocol(const KvStore& kv, const std::string& job) 
   auto committed = workers[0]->GetCommitted();
   ASSERT_TRUE(committed.ok() && *committed);
   EXPECT_EQ((*committed)->generation, 2u);
-  EXPECT_EQ((*committed)->digest, PiecesDigest("tp=3", {Piece(2, 3), Piece(0, 1), current.shards[0], Piece(1, 2)}));
+  EXPECT_EQ((*committed)->digest,
+            cluster::PiecesDigest("tp=3", {Piece(2, 3), Piece(0, 1), current.shards[0], Piece(1, 2)}));
   EXPECT_FALSE(*workers[0]->Pending());
 
   // Worker 1 fails: the others' Finish reports the abort, nothing is committed.

@@ -10,7 +10,7 @@
 #include "test_util.h"
 #include "transform/device/cost_model.h"
 
-namespace ptc {
+namespace ptc::transform::device {
 namespace {
 
 using namespace ::ptc::testing;
@@ -63,7 +63,9 @@ TEST(SwitchCost, LongGroupsGetModelParallelShortOnesDataParallel) {
   for (const SwitchStep& s : r->switches) {
     EXPECT_NE(s.from, s.to);
     // Leaving pure dp moves nothing (every rank holds the whole model); other switches move bytes.
-    if (s.from.dp != 8) EXPECT_GT(s.bytes, 0u) << s.from.ToString() << " -> " << s.to.ToString();
+    if (s.from.dp != 8) {
+      EXPECT_GT(s.bytes, 0u) << s.from.ToString() << " -> " << s.to.ToString();
+    }
   }
 }
 
@@ -126,4 +128,4 @@ TEST(SwitchCost, CommandPrintsStrategies) {
 }
 
 }  // namespace
-}  // namespace ptc
+}  // namespace ptc::transform::device

@@ -11,7 +11,7 @@
 #include "test_util.h"
 #include "transform/device/cpu_executor.h"
 
-namespace ptc {
+namespace ptc::transform::device {
 namespace {
 
 using namespace ::ptc::testing;
@@ -112,4 +112,4 @@ TEST(SwitchCpu, WrongBufferCountIsAnError) {
 }
 
 }  // namespace
-}  // namespace ptc
+}  // namespace ptc::transform::device

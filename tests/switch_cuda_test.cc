@@ -18,7 +18,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-namespace ptc {
+namespace ptc::transform::device {
 namespace {
 
 using namespace ::ptc::testing;
@@ -210,12 +210,12 @@ TEST(SwitchCuda, NcclRanksInOneProcess) {
 }
 
 }  // namespace
-}  // namespace ptc
+}  // namespace ptc::transform::device
 #endif  // PTCFS_WITH_CUDA
 
 int main(int argc, char** argv) {
   std::string why;
-  if (!ptc::CudaDevicePresent(&why)) {
+  if (!ptc::transform::device::CudaDevicePresent(&why)) {
     std::printf("SKIPPED: switch_cuda_test needs a CUDA device: %s\n", why.c_str());
     return 77;
   }

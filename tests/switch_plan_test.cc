@@ -9,7 +9,7 @@
 #include "test_util.h"
 #include "transform/device/switch_plan.h"
 
-namespace ptc {
+namespace ptc::transform::device {
 namespace {
 
 using namespace ::ptc::testing;
@@ -184,4 +184,4 @@ TEST(SwitchPlan, MakeCopyCollapsesContiguousDimensions) {
 }
 
 }  // namespace
-}  // namespace ptc
+}  // namespace ptc::transform::device

@@ -50,7 +50,7 @@ class GlobalValues {
 // contents.param_dtype), their gradients (".grad", values of the global
 // tensor "P.grad"), then the optimizer tensors when contents.optimizer.
 inline RankBytes ReferenceRank(const ModelSpec& base, const ParallelConfig& config, int rank,
-                               const SwitchContents& contents, GlobalValues& values) {
+                               const transform::device::SwitchContents& contents, GlobalValues& values) {
   RankBytes out;
   if (rank >= config.world_size()) return out;
   ModelSpec spec = base;
@@ -82,7 +82,7 @@ inline RankBytes ReferenceRank(const ModelSpec& base, const ParallelConfig& conf
 }
 
 inline std::vector<RankBytes> ReferenceLayout(const ModelSpec& spec, const ParallelConfig& config, int world,
-                                              const SwitchContents& contents, GlobalValues& values) {
+                                              const transform::device::SwitchContents& contents, GlobalValues& values) {
   std::vector<RankBytes> out;
   for (int r = 0; r < world; ++r) out.push_back(ReferenceRank(spec, config, r, contents, values));
   return out;
@@ -93,7 +93,7 @@ inline void ExpectSameBuffers(const std::vector<LocalTensor>& plan, const RankBy
   ASSERT_EQ(plan.size(), ref.names.size()) << what;
   for (size_t i = 0; i < plan.size(); ++i) {
     ASSERT_EQ(plan[i].name, ref.names[i]) << what;
-    ASSERT_EQ(BufferBytes(plan[i]), ref.data[i].size()) << what << " " << plan[i].name;
+    ASSERT_EQ(transform::device::BufferBytes(plan[i]), ref.data[i].size()) << what << " " << plan[i].name;
   }
 }
 
@@ -123,8 +123,8 @@ inline const std::vector<SwitchCase>& SwitchCases() {
   return cases;
 }
 
-inline SwitchRequest MakeRequest(const SwitchCase& c, DType dtype, uint64_t budget) {
-  SwitchRequest r;
+inline transform::device::SwitchRequest MakeRequest(const SwitchCase& c, DType dtype, uint64_t budget) {
+  transform::device::SwitchRequest r;
   r.spec = Spec(c.schema, c.dims);
   r.from = *ParseConfig(c.from);
   r.to = *ParseConfig(c.to);

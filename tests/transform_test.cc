@@ -14,7 +14,7 @@
 #include "test_util.h"
 #include "transform/execute.h"
 
-namespace ptc {
+namespace ptc::transform {
 namespace {
 
 namespace fs = std::filesystem;
@@ -399,4 +399,4 @@ TEST(Transform, FaultAtEveryOperationOfCompact) {
 }
 
 }  // namespace
-}  // namespace ptc
+}  // namespace ptc::transform

@@ -33,7 +33,7 @@
 #include "test_util.h"
 #include "worker/worker.h"
 
-namespace ptcfs {
+namespace ptcfs::worker {
 namespace {
 
 using ptc::Code;
@@ -49,7 +49,7 @@ constexpr auto kLong = std::chrono::seconds(60);
 // One worker: its link to the key-value store, the Worker, its mounted file
 // system (in process) and its agent.
 struct Node {
-  ptc::MemKvClient* link = nullptr;  // owned by `worker`
+  ptc::cluster::MemKvClient* link = nullptr;  // owned by `worker`
   std::unique_ptr<Worker> worker;
   std::unique_ptr<Filesystem> fs;
   std::shared_ptr<void> agent;
@@ -108,7 +108,7 @@ class WorkerAgentTest : public ::testing::Test {
     o.lease_seconds = 1;
     o.timeout = std::chrono::seconds(30);
     auto link = kv_.Connect();
-    ptc::MemKvClient* raw = link.get();
+    ptc::cluster::MemKvClient* raw = link.get();
     PTC_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Prepare(o, std::move(link), Store(w)));
     MountOptions m;
     m.store = Store(w);
@@ -134,7 +134,7 @@ class WorkerAgentTest : public ::testing::Test {
   }
 
   int64_t LeaseOf(int w) {
-    auto kv = admin_->Get(ptc::MemberKey(kJob, w));
+    auto kv = admin_->Get(ptc::cluster::MemberKey(kJob, w));
     EXPECT_TRUE(kv.ok() && kv->has_value()) << "worker " << w << " is no member";
     return kv.ok() && kv->has_value() ? (*kv)->lease : 0;
   }
@@ -151,7 +151,7 @@ class WorkerAgentTest : public ::testing::Test {
 
   // Every worker in `workers` serves `generation`, and the job committed it.
   bool AtGeneration(const std::vector<int>& workers, uint64_t generation) {
-    auto committed = ptc::Coordinator(admin_.get(), {kJob, -1}).GetCommitted();
+    auto committed = ptc::cluster::Coordinator(admin_.get(), {kJob, -1}).GetCommitted();
     if (!committed.ok() || !*committed || (*committed)->generation != generation) return false;
     for (int w : workers) {
       if (nodes_[w].fs->snapshot()->generation() != generation || Status(w)["state"] != "serving") return false;
@@ -278,7 +278,7 @@ class WorkerAgentTest : public ::testing::Test {
   // Every rank of the committed config, read through the worker its slot
   // names, equals synth of that config (ptcfs diff's comparison).
   void ExpectRanksEqualSynth() {
-    auto committed = ptc::Coordinator(admin_.get(), {kJob, -1}).GetCommitted();
+    auto committed = ptc::cluster::Coordinator(admin_.get(), {kJob, -1}).GetCommitted();
     ASSERT_TRUE(committed.ok() && *committed);
     const std::string text = (*committed)->config;
     auto config = ptc::ParseConfig(text);
@@ -304,8 +304,8 @@ class WorkerAgentTest : public ::testing::Test {
 
   TempDir tmp_;
   ptc::ModelSpec spec_;
-  ptc::MemKv kv_;
-  std::unique_ptr<ptc::MemKvClient> admin_;  // the test's own link
+  ptc::cluster::MemKv kv_;
+  std::unique_ptr<ptc::cluster::MemKvClient> admin_;  // the test's own link
   std::vector<Node> nodes_;
   std::unique_ptr<Filesystem> saved_at_;  // SavedAt's
 };
@@ -329,12 +329,12 @@ TEST_F(WorkerAgentTest, AWorkerLostMidChangeAbortsItAndTheSurvivorsRecover) {
   ExpectGeneration({0, 1, 2}, 2);
   nodes_[2].link->Cut(true);  // dying: it sees the change no more
   ASSERT_TRUE(Reconfigure(0, "tp=1,pp=6,per_worker=2,replicas=2").ok());
-  ASSERT_TRUE(Eventually([&] { return admin_->Get(ptc::PartKey(kJob, 3, 0))->has_value(); }, kLong))
+  ASSERT_TRUE(Eventually([&] { return admin_->Get(ptc::cluster::PartKey(kJob, 3, 0))->has_value(); }, kLong))
       << "worker 0 never published its part: " << Status(0).dump();
   Kill(2);
   ExpectGeneration({0, 1}, 3);
   // The change to tp=1,pp=6 committed nowhere; the survivors' config did.
-  auto committed = ptc::Coordinator(admin_.get(), {kJob, -1}).GetCommitted();
+  auto committed = ptc::cluster::Coordinator(admin_.get(), {kJob, -1}).GetCommitted();
   ASSERT_TRUE(committed.ok() && *committed);
   EXPECT_EQ((*committed)->config.find("pp=6"), std::string::npos) << (*committed)->config;
   EXPECT_EQ(ptc::ParseConfig((*committed)->config)->Workers(), std::vector<int>({0, 1}));
@@ -389,7 +389,7 @@ TEST_F(WorkerAgentTest, TheStoreAwayAndBack) {
 // A change none of whose participants is live has no one to abort it: the
 // workers withdraw it, and the next change goes through.
 TEST_F(WorkerAgentTest, AChangeWhoseParticipantsAllLeftIsWithdrawn) {
-  ptc::Coordinator outsider(admin_.get(), {kJob, 9});
+  ptc::cluster::Coordinator outsider(admin_.get(), {kJob, 9});
   auto orphan = outsider.Propose("tp=2,pp=3,per_worker=2", 1, {7, 8}, {});
   ASSERT_TRUE(orphan.ok()) << orphan.status().ToString();
   ASSERT_TRUE(Eventually([&] { return !outsider.Pending()->has_value(); }, kLong));
@@ -444,13 +444,13 @@ TEST_F(WorkerAgentTest, AWorkerLostMidSaveAbortsIt) {
   nodes_[2].link->Cut(true);  // dying: it sees the save no more
   ptc::Status result;
   std::thread commit([&] { result = CommitSave(0, 1); });
-  ASSERT_TRUE(Eventually([&] { return admin_->Get(ptc::PartKey(kJob, 2, 1))->has_value(); }, kLong))
+  ASSERT_TRUE(Eventually([&] { return admin_->Get(ptc::cluster::PartKey(kJob, 2, 1))->has_value(); }, kLong))
       << "worker 1 never published its part: " << Status(1).dump();
   Kill(2);
   commit.join();
   EXPECT_EQ(result.code(), Code::kIOError) << result.ToString();
   EXPECT_NE(result.message().find("worker 2 left the job"), std::string::npos) << result.ToString();
-  auto committed = ptc::Coordinator(admin_.get(), {kJob, -1}).GetCommitted();
+  auto committed = ptc::cluster::Coordinator(admin_.get(), {kJob, -1}).GetCommitted();
   ASSERT_TRUE(committed.ok() && *committed);
   EXPECT_EQ((*committed)->generation, 1u);
   for (int w : {0, 1}) {
@@ -498,4 +498,4 @@ TEST_F(WorkerAgentTest, ASaveIsCopiedToItsReplicas) {
 }
 
 }  // namespace
-}  // namespace ptcfs
+}  // namespace ptcfs::worker

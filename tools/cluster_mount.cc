@@ -21,12 +21,12 @@ ptc::Result<ClusterUrl> ParseClusterUrl(std::string_view text) {
   if (slash == std::string_view::npos) return bad();
   ClusterUrl url;
   url.job = std::string(rest.substr(slash + 1));
-  PTC_RETURN_IF_ERROR(ptc::ValidateJobName(url.job));
+  PTC_RETURN_IF_ERROR(ptc::cluster::ValidateJobName(url.job));
   std::string_view hosts = rest.substr(0, slash);
   while (!hosts.empty()) {
     const size_t comma = hosts.find(',');
     std::string_view h = hosts.substr(0, comma);
-    if (!ptc::ParsePeerAddress(h).ok()) return bad();
+    if (!ptc::cluster::ParsePeerAddress(h).ok()) return bad();
     url.endpoints.emplace_back(h);
     hosts = comma == std::string_view::npos ? std::string_view() : hosts.substr(comma + 1);
   }
@@ -34,14 +34,14 @@ ptc::Result<ClusterUrl> ParseClusterUrl(std::string_view text) {
   return url;
 }
 
-ptc::Result<std::unique_ptr<Worker>> PrepareClusterWorker(const ClusterArgs& args, const std::string& store,
-                                                          int worker) {
+ptc::Result<std::unique_ptr<worker::Worker>> PrepareClusterWorker(const ClusterArgs& args, const std::string& store,
+                                                                  int worker) {
   if (worker < 0) return ptc::InvalidArgumentError("--cluster needs --worker: this mount's worker id");
-  WorkerOptions o;
+  worker::WorkerOptions o;
   o.worker = worker;
   PTC_ASSIGN_OR_RETURN(ClusterUrl url, ParseClusterUrl(args.url));
   o.job = url.job;
-  PTC_ASSIGN_OR_RETURN(o.listen, ptc::ParsePeerAddress(args.listen), "--listen");
+  PTC_ASSIGN_OR_RETURN(o.listen, ptc::cluster::ParsePeerAddress(args.listen), "--listen");
   if (o.listen.host == "0.0.0.0" || o.listen.host == "::") {
     return ptc::InvalidArgumentError("--listen " + args.listen +
                                      ": give the address the other workers reach this one at, not a wildcard");
@@ -52,14 +52,14 @@ ptc::Result<std::unique_ptr<Worker>> PrepareClusterWorker(const ClusterArgs& arg
     PTC_RETURN_IF_ERROR(ptc::Env::Default()->CreateDirs(o.durable), "--durable");
   }
   if (args.token_file.empty()) return ptc::InvalidArgumentError("--cluster needs --token-file: the job's shared token");
-  PTC_ASSIGN_OR_RETURN(o.token, ptc::ReadTokenFile(args.token_file));
+  PTC_ASSIGN_OR_RETURN(o.token, ptc::cluster::ReadTokenFile(args.token_file));
   o.lease_seconds = args.lease_seconds;
   o.timeout = std::chrono::seconds(args.timeout_seconds);
-  ptc::EtcdOptions etcd;
+  ptc::cluster::EtcdOptions etcd;
   etcd.endpoints = url.endpoints;
-  PTC_ASSIGN_OR_RETURN(std::unique_ptr<ptc::EtcdClient> client, ptc::EtcdClient::Create(etcd));
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<ptc::cluster::EtcdClient> client, ptc::cluster::EtcdClient::Create(etcd));
   PTC_RETURN_IF_ERROR(client->Health(), "--cluster " + args.url);
-  return Worker::Prepare(std::move(o), std::move(client), store);
+  return worker::Worker::Prepare(std::move(o), std::move(client), store);
 }
 
 }  // namespace ptcfs

@@ -38,7 +38,7 @@ void AddClusterCommand(CLI::App& app, int* exit_code);
 // the user.
 // \error as ParseClusterUrl, ReadTokenFile, EtcdClient::Health, Worker::Prepare;
 //        InvalidArgument for a missing --worker or --token-file, a wildcard --listen.
-ptc::Result<std::unique_ptr<Worker>> PrepareClusterWorker(const ClusterArgs& args, const std::string& store,
-                                                          int worker);
+ptc::Result<std::unique_ptr<worker::Worker>> PrepareClusterWorker(const ClusterArgs& args, const std::string& store,
+                                                                  int worker);
 
 }  // namespace ptcfs

@@ -35,28 +35,28 @@ struct ClusterStatusArgs {
 
 ptc::Result<nlohmann::json> Gather(const ClusterStatusArgs& a) {
   PTC_ASSIGN_OR_RETURN(ClusterUrl url, ParseClusterUrl(a.url));
-  ptc::EtcdOptions eo;
+  ptc::cluster::EtcdOptions eo;
   eo.endpoints = url.endpoints;
-  PTC_ASSIGN_OR_RETURN(auto etcd, ptc::EtcdClient::Create(eo));
+  PTC_ASSIGN_OR_RETURN(auto etcd, ptc::cluster::EtcdClient::Create(eo));
   PTC_RETURN_IF_ERROR(etcd->Health(), a.url);
   nlohmann::json j = {{"job", url.job}, {"etcd", url.endpoints}, {"committed", nullptr}, {"change", nullptr}};
-  ptc::Coordinator coordinator(etcd.get(), {url.job, -1});
-  PTC_ASSIGN_OR_RETURN(std::optional<ptc::Committed> committed, coordinator.GetCommitted());
+  ptc::cluster::Coordinator coordinator(etcd.get(), {url.job, -1});
+  PTC_ASSIGN_OR_RETURN(std::optional<ptc::cluster::Committed> committed, coordinator.GetCommitted());
   if (committed) {
     j["committed"] = {{"generation", committed->generation},
                       {"config", committed->config},
                       {"digest", committed->digest}};
   }
-  PTC_ASSIGN_OR_RETURN(std::optional<ptc::Change> change, coordinator.Pending());
+  PTC_ASSIGN_OR_RETURN(std::optional<ptc::cluster::Change> change, coordinator.Pending());
   if (change) {
     j["change"] = {{"generation", change->generation}, {"request", change->request}, {"workers", change->workers}};
   }
   // The members with their leases (the keys' lease ids).
-  PTC_ASSIGN_OR_RETURN(ptc::RangeResponse keys, etcd->GetPrefix(ptc::MembersPrefix(url.job)));
+  PTC_ASSIGN_OR_RETURN(ptc::cluster::RangeResponse keys, etcd->GetPrefix(ptc::cluster::MembersPrefix(url.job)));
   std::map<int, nlohmann::json> workers;
   std::vector<int> live;
-  for (const ptc::KeyValue& kv : keys.kvs) {
-    PTC_ASSIGN_OR_RETURN(ptc::Member m, ptc::DecodeMember("etcd key " + kv.key, kv.value));
+  for (const ptc::cluster::KeyValue& kv : keys.kvs) {
+    PTC_ASSIGN_OR_RETURN(ptc::cluster::Member m, ptc::cluster::DecodeMember("etcd key " + kv.key, kv.value));
     auto ttl = etcd->LeaseTimeToLive(kv.lease);
     workers[m.worker] = {{"worker", m.worker},
                          {"live", true},
@@ -69,18 +69,20 @@ ptc::Result<nlohmann::json> Gather(const ClusterStatusArgs& a) {
     return j;
   }
   // The committed generation's pieces, from the first live worker that serves it.
-  PTC_ASSIGN_OR_RETURN(std::string token, ptc::ReadTokenFile(a.token_file));
-  ptc::PeerClientOptions po;
+  PTC_ASSIGN_OR_RETURN(std::string token, ptc::cluster::ReadTokenFile(a.token_file));
+  ptc::cluster::PeerClientOptions po;
   po.token = token;
-  PTC_ASSIGN_OR_RETURN(ptc::GenerationManifest manifest,
-                       ptc::FetchCommitted(*etcd, url.job, /*skip=*/-1, *committed, ptc::PeerClient(po)));
+  PTC_ASSIGN_OR_RETURN(
+      ptc::GenerationManifest manifest,
+      ptc::cluster::FetchCommitted(*etcd, url.job, /*skip=*/-1, *committed, ptc::cluster::PeerClient(po)));
   PTC_ASSIGN_OR_RETURN(ptc::ModelSpec spec, ptc::SpecFromManifest(manifest));
   PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig config, ptc::ConfigFromManifest(manifest));
-  const std::map<int, WorkerPieces> held = PiecesByWorker(manifest);
+  const std::map<int, worker::WorkerPieces> held = worker::PiecesByWorker(manifest);
   // The durable tier's copy, when asked about.
   std::optional<std::vector<ptc::ShardRecord>> durable;
   if (!a.durable.empty()) {
-    auto copy = ptc::LoadDurable(ptc::Env::Default(), a.durable, {url.job, committed->contents}, manifest.tensors);
+    auto copy =
+        ptc::cluster::LoadDurable(ptc::Env::Default(), a.durable, {url.job, committed->contents}, manifest.tensors);
     j["durable"] = {{"dir", a.durable}, {"copy", copy.ok()}};
     if (copy.ok()) {
       durable = std::move(*copy);
@@ -95,8 +97,8 @@ ptc::Result<nlohmann::json> Gather(const ClusterStatusArgs& a) {
   for (int w : all) {
     nlohmann::json wj = workers.count(w) ? workers[w] : nlohmann::json{{"worker", w}, {"live", false}};
     auto it = held.find(w);
-    wj.update(PiecesJson(it == held.end() ? WorkerPieces{} : it->second));
-    wj["if_lost"] = IfLost(manifest, spec, config, live, w, durable ? &*durable : nullptr);
+    wj.update(worker::PiecesJson(it == held.end() ? worker::WorkerPieces{} : it->second));
+    wj["if_lost"] = worker::IfLost(manifest, spec, config, live, w, durable ? &*durable : nullptr);
     j["workers"].push_back(wj);
   }
   return j;

@@ -33,14 +33,14 @@ ptc::Status RunCompact(const CompactArgs& a) {
                                         "); only the current generation is compacted");
   }
   const auto start = std::chrono::steady_clock::now();
-  ptc::Compaction c;
+  ptc::transform::Compaction c;
   std::vector<ptc::RankFileSpec> files;
   if (a.rank_files) {
     PTC_ASSIGN_OR_RETURN(RankFileCompaction rf, PlanRankFileCompaction(*store));
     c = std::move(rf.compaction);
     files = std::move(rf.files);
   } else {
-    PTC_ASSIGN_OR_RETURN(c, ptc::PlanCompaction(*store));
+    PTC_ASSIGN_OR_RETURN(c, ptc::transform::PlanCompaction(*store));
   }
   if (c.covering.writes.targets.empty()) {
     std::printf("generation %llu is compact: every shard of %s is stored as it is (%s); nothing written\n",
@@ -48,14 +48,14 @@ ptc::Status RunCompact(const CompactArgs& a) {
                 HumanBytes(c.covering.bytes_referenced).c_str());
     return ptc::Status::OK();
   }
-  ptc::ExecuteResult r;
+  ptc::transform::ExecuteResult r;
   {
     Progress progress("compact", c.covering.bytes_written);
-    ptc::ExecuteOptions options;
+    ptc::transform::ExecuteOptions options;
     options.threads = a.threads;
     options.progress = progress.fn();
     options.rank_files = files;
-    PTC_ASSIGN_OR_RETURN(r, ptc::ExecuteCovering(*store, c.source, c.spec, c.config, c.covering, options));
+    PTC_ASSIGN_OR_RETURN(r, ptc::transform::ExecuteCovering(*store, c.source, c.spec, c.config, c.covering, options));
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("generation %llu compacted as generation %llu in %.2f s: %llu shards written (%s), %llu kept (%s)\n",

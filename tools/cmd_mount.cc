@@ -1,8 +1,9 @@
 // ptcfs mount / reconfigure / umount (and `ptcfs cluster`: cmd_cluster.cc).
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
-#include <sys/wait.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,8 +21,8 @@
 #include "fs/mountinfo.h"
 #include "ptc/base/json_fields.h"
 #include "ptc/base/regular_file.h"
-#include "tools/cluster_mount.h"
 #include "tools/cli_numbers.h"
+#include "tools/cluster_mount.h"
 #include "tools/commands.h"
 #include "tools/path_check.h"
 #include "tools/progress.h"
@@ -109,7 +110,7 @@ ptc::Status RunMount(const MountArgs& a) {
   options.passthrough = a.passthrough == "auto";
   options.compaction.rank_files = options.passthrough;
   SessionOptions session{a.mountpoint, a.foreground, a.threads, nullptr};
-  std::unique_ptr<Worker> cluster;
+  std::unique_ptr<worker::Worker> cluster;
   if (!a.cluster.url.empty()) {
     PTC_ASSIGN_OR_RETURN(cluster, PrepareClusterWorker(a.cluster, options.store, a.worker));
     options.env = cluster->env();
@@ -120,7 +121,7 @@ ptc::Status RunMount(const MountArgs& a) {
 }
 
 // fusermount3 -u MOUNTPOINT, run without a shell; its complaint becomes ours.
-ptc::Status RunUmount(const std::string& mountpoint) {
+ptc::Status FuseUnmount(const std::string& mountpoint) {
   int out[2];
   if (pipe2(out, O_CLOEXEC) != 0) return ptc::ErrnoError("umount: pipe", errno);
   posix_spawn_file_actions_t actions;
@@ -168,6 +169,26 @@ ptc::Result<nlohmann::json> ReadStatus(const std::string& mountpoint) {
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   if (j.is_discarded()) return ptc::CorruptionError(mountpoint + "/.ptcfs/status: not JSON");
   return j;
+}
+
+// Unmounts, then waits (up to a minute) until the daemon that served the
+// mount has exited, so that its store is free again: `ptcfs umount M && ptcfs
+// mount S M` does not meet the old daemon's lock.
+ptc::Status RunUmount(const std::string& mountpoint) {
+  pid_t daemon = 0;  // unknown for a disconnected mount: nothing to wait for
+  if (auto status = ReadStatus(mountpoint); status.ok() && (*status)["pid"].is_number_integer()) {
+    daemon = (*status)["pid"].get<pid_t>();
+  }
+  PTC_RETURN_IF_ERROR(FuseUnmount(mountpoint));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (daemon > 0 && ::kill(daemon, 0) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      return ptc::FailedPreconditionError(mountpoint + ": unmounted, but its daemon (pid " + std::to_string(daemon) +
+                                          ") is still finishing after 60 s; its store stays locked until it exits");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return ptc::Status::OK();
 }
 
 struct ReconfigureArgs {
@@ -320,7 +341,8 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
   re->callback([r, exit_code] { *exit_code = Report("reconfigure", RunReconfigure(*r)); });
 
   auto target = std::make_shared<std::string>();
-  CLI::App* um = app.add_subcommand("umount", "Unmount a ptcfs mount (fusermount3 -u).");
+  CLI::App* um = app.add_subcommand(
+      "umount", "Unmount a ptcfs mount (fusermount3 -u) and wait until its daemon has exited (its store free).");
   um->add_option("MOUNTPOINT", *target, "a ptcfs mount")->required();
   um->callback([target, exit_code] { *exit_code = Report("umount", RunUmount(*target)); });
   AddClusterCommand(app, exit_code);

@@ -25,7 +25,7 @@ namespace {
 struct StrategiesArgs {
   std::string schema = "llama", dims, buckets, shares, source, fixed;
   double global_batch = 256, memory_gb = 141, tflops = 989, link_gbs = 450;
-  ptc::Hardware hw;
+  ptc::transform::device::Hardware hw;
   bool json = false;
 };
 
@@ -44,13 +44,14 @@ ptc::Result<std::vector<double>> ParseList(const std::string& flag, const std::s
 }
 
 // Buckets from a Megatron dataset's sequence lengths: shares, mean and mean square per bucket.
-ptc::Result<std::vector<ptc::LengthBucket>> BucketsFromSource(const std::string& prefix,
-                                                              const std::vector<uint64_t>& bounds, double batch) {
+ptc::Result<std::vector<ptc::transform::device::LengthBucket>> BucketsFromSource(const std::string& prefix,
+                                                                                 const std::vector<uint64_t>& bounds,
+                                                                                 double batch) {
   ptc::Env* env = ptc::Env::Default();
   PTC_ASSIGN_OR_RETURN(auto bin, env->OpenRead(prefix + ".bin"));
   PTC_ASSIGN_OR_RETURN(auto idx, ptc::IdxFile::Open(env, prefix + ".idx", bin->Size()));
   const ptc::IdxView& v = idx->view();
-  std::vector<ptc::LengthBucket> out(bounds.size());
+  std::vector<ptc::transform::device::LengthBucket> out(bounds.size());
   std::vector<double> count(bounds.size(), 0), sum(bounds.size(), 0), sq(bounds.size(), 0);
   uint64_t longer = 0;
   for (uint64_t i = 0; i < v.num_sequences(); ++i) {
@@ -88,7 +89,7 @@ ptc::Status Run(StrategiesArgs a) {
   for (double b : raw) bounds.push_back(static_cast<uint64_t>(b));
   PTC_RETURN_IF_ERROR(ptc::CheckLengthBounds(bounds), "--buckets");
   if (bounds.empty()) return ptc::InvalidArgumentError("--buckets: give the length bounds, e.g. 2048,8192,32768");
-  std::vector<ptc::LengthBucket> buckets;
+  std::vector<ptc::transform::device::LengthBucket> buckets;
   if (!a.source.empty()) {
     PTC_ASSIGN_OR_RETURN(buckets, BucketsFromSource(a.source, bounds, a.global_batch));
   } else {
@@ -101,17 +102,18 @@ ptc::Status Run(StrategiesArgs a) {
     for (double s : shares) total += s;
     if (total <= 0) return ptc::InvalidArgumentError("--shares: they sum to 0");
     for (double& s : shares) s /= total;
-    buckets = ptc::UniformBuckets(bounds, shares, a.global_batch);
+    buckets = ptc::transform::device::UniformBuckets(bounds, shares, a.global_batch);
   }
   a.hw.memory_bytes = a.memory_gb * 1e9;
   a.hw.peak_flops = a.tflops * 1e12;
   a.hw.link_bytes_per_s = a.link_gbs * 1e9;
-  PTC_ASSIGN_OR_RETURN(ptc::ModelStats stats, ptc::StatsOf(spec));
+  PTC_ASSIGN_OR_RETURN(ptc::transform::device::ModelStats stats, ptc::transform::device::StatsOf(spec));
   std::optional<ptc::ParallelConfig> fixed;
   if (!a.fixed.empty()) {
     PTC_ASSIGN_OR_RETURN(fixed, ptc::ParseConfig(a.fixed), "--fixed");
   }
-  PTC_ASSIGN_OR_RETURN(ptc::StrategyReport r, ptc::PlanStrategies(spec, a.hw, buckets, fixed ? &*fixed : nullptr));
+  PTC_ASSIGN_OR_RETURN(ptc::transform::device::StrategyReport r,
+                       ptc::transform::device::PlanStrategies(spec, a.hw, buckets, fixed ? &*fixed : nullptr));
   if (a.json) {
     nlohmann::json j;
     for (size_t i = 0; i < buckets.size(); ++i) {

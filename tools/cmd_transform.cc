@@ -44,14 +44,15 @@ ptc::Result<std::optional<std::set<int>>> ParseAlive(const std::string& text) {
   return std::optional<std::set<int>>(alive);
 }
 
-nlohmann::json PlanJson(const ptc::Plan& p, const ptc::Covering& c, const std::string& from, const std::string& to) {
+nlohmann::json PlanJson(const ptc::transform::Plan& p, const ptc::transform::Covering& c, const std::string& from,
+                        const std::string& to) {
   nlohmann::json messages = nlohmann::json::array();
   for (const auto& [link, bytes] : p.messages)
     messages.push_back({{"from", link.first}, {"to", link.second}, {"bytes", bytes}});
   nlohmann::json missing = nlohmann::json::array();
   for (const auto& [tensor, box] : p.missing) missing.push_back({{"tensor", tensor}, {"box", box.ToString()}});
   size_t kept = 0;
-  for (const ptc::TargetShard& t : p.targets) kept += t.kept.has_value();
+  for (const ptc::transform::TargetShard& t : p.targets) kept += t.kept.has_value();
   return {{"from", from},
           {"to", to},
           {"target_shards", p.targets.size()},
@@ -78,8 +79,8 @@ struct Planned {
   std::shared_ptr<const ptc::GenerationManifest> source;
   ptc::ModelSpec spec;
   ptc::ParallelConfig to;
-  ptc::Plan plan;
-  ptc::Covering covering;  // what transform commits (CommitMode::kCovering)
+  ptc::transform::Plan plan;
+  ptc::transform::Covering covering;  // what transform commits (CommitMode::kCovering)
   double seconds = 0;      // planning time
 };
 
@@ -98,19 +99,19 @@ ptc::Result<Planned> MakePlanned(const PlanArgs& a, bool write = false) {
   p.source = p.store->CurrentSnapshot();
   PTC_ASSIGN_OR_RETURN(p.spec, ptc::SpecFromManifest(*p.source), a.store);
   const auto start = std::chrono::steady_clock::now();
-  PTC_ASSIGN_OR_RETURN(p.plan, ptc::MakePlan({p.source.get(), p.spec, p.to, {a.workers_per_host}, alive}));
-  p.covering = ptc::MakeCovering(p.plan, *p.source, ptc::CommitMode::kCovering);
+  PTC_ASSIGN_OR_RETURN(p.plan, ptc::transform::MakePlan({p.source.get(), p.spec, p.to, {a.workers_per_host}, alive}));
+  p.covering = ptc::transform::MakeCovering(p.plan, *p.source, ptc::transform::CommitMode::kCovering);
   p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return p;
 }
 
 ptc::Status RunPlan(const PlanArgs& a) {
   PTC_ASSIGN_OR_RETURN(Planned p, MakePlanned(a));
-  const ptc::Plan& plan = p.plan;
+  const ptc::transform::Plan& plan = p.plan;
   const ptc::ParallelConfig& to = p.to;
   const double secs = p.seconds;
   const auto& source = p.source;
-  const ptc::Covering& c = p.covering;
+  const ptc::transform::Covering& c = p.covering;
   nlohmann::json j = PlanJson(plan, c, source->config, to.ToString());
   if (a.json) {
     std::printf("%s\n", ptc::JsonText(j, 2).c_str());
@@ -139,14 +140,14 @@ ptc::Status RunPlan(const PlanArgs& a) {
 
 ptc::Status RunTransform(const PlanArgs& a) {
   PTC_ASSIGN_OR_RETURN(Planned p, MakePlanned(a, /*write=*/true));
-  ptc::ExecuteResult r;
+  ptc::transform::ExecuteResult r;
   const auto start = std::chrono::steady_clock::now();
   {
     Progress progress("transform", p.covering.bytes_written);
-    ptc::ExecuteOptions options;
+    ptc::transform::ExecuteOptions options;
     options.threads = a.threads;
     options.progress = progress.fn();
-    PTC_ASSIGN_OR_RETURN(r, ptc::ExecutePlan(*p.store, p.source, p.spec, p.to, p.plan, options));
+    PTC_ASSIGN_OR_RETURN(r, ptc::transform::ExecutePlan(*p.store, p.source, p.spec, p.to, p.plan, options));
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("generation %llu (%s) committed in %.2f s: %llu pieces referenced (%s), %llu written (%s)\n",

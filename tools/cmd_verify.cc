@@ -38,7 +38,7 @@ ptc::Status RunVerify(const std::string& path) {
   }
   for (const std::string& f : failures) std::fprintf(stderr, "ptcfs verify: %s\n", f.c_str());
   const size_t bad = failures.size();
-  const std::vector<std::string> problems = ServingProblems(m);
+  const std::vector<std::string> problems = worker::ServingProblems(m);
   for (const std::string& p : problems) std::fprintf(stderr, "ptcfs verify: %s: %s\n", path.c_str(), p.c_str());
   if (bad) {
     return ptc::CorruptionError(path + ": " + std::to_string(bad) + " of " + std::to_string(pieces.size()) +

@@ -5,7 +5,7 @@
 #include <optional>
 #include <set>
 
-namespace ptc {
+namespace ptc::transform {
 namespace {
 
 void AddPiece(uint64_t bytes, Fragmentation* f) {
@@ -79,4 +79,4 @@ Covering PartOf(const Covering& covering, int worker) {
   return out;
 }
 
-}  // namespace ptc
+}  // namespace ptc::transform

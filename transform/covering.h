@@ -24,7 +24,7 @@
 #include "ptc/store/manifest.h"
 #include "transform/plan.h"
 
-namespace ptc {
+namespace ptc::transform {
 
 struct Fragmentation {
   uint64_t shards = 0;
@@ -74,4 +74,4 @@ Covering MakeCovering(const Plan& plan, const GenerationManifest& source, Commit
 // are metadata, stay whole). bytes_written counts the part.
 Covering PartOf(const Covering& covering, int worker);
 
-}  // namespace ptc
+}  // namespace ptc::transform

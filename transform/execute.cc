@@ -11,7 +11,7 @@
 #include "transform/parallel.h"
 #include "transform/stream.h"
 
-namespace ptc {
+namespace ptc::transform {
 namespace {
 
 std::string MissingText(const Plan& plan) {
@@ -196,4 +196,4 @@ Result<ExecuteResult> Compact(Store& store, const ExecuteOptions& options) {
   return ExecuteCovering(store, c.source, c.spec, c.config, c.covering, options);
 }
 
-}  // namespace ptc
+}  // namespace ptc::transform

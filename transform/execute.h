@@ -34,7 +34,7 @@
 #include "transform/covering.h"
 #include "transform/plan.h"
 
-namespace ptc {
+namespace ptc::transform {
 
 struct ExecuteOptions {
   int threads = 2;
@@ -110,4 +110,4 @@ Result<Compaction> PlanCompaction(const Store& store);
 // \error as PlanCompaction and ExecuteCovering.
 Result<ExecuteResult> Compact(Store& store, const ExecuteOptions& options);
 
-}  // namespace ptc
+}  // namespace ptc::transform

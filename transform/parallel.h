@@ -10,7 +10,7 @@
 #include "ptc/base/mutex.h"
 #include "ptc/base/status.h"
 
-namespace ptc {
+namespace ptc::transform {
 
 // As below, and fn also gets the index in [0, threads) of the thread that runs
 // it, so that a caller can keep one scratch buffer per thread.
@@ -44,4 +44,4 @@ inline Status ParallelFor(size_t n, int threads, const std::function<Status(size
   return ParallelFor(n, threads, [&](size_t i, int) { return fn(i); });
 }
 
-}  // namespace ptc
+}  // namespace ptc::transform

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
-namespace ptc {
+namespace ptc::transform {
 namespace {
 
 // Intersect(a, b).has_value() without building the intersection: the
@@ -224,4 +224,4 @@ Result<Plan> MakePlan(const PlanRequest& req) {
   return plan;
 }
 
-}  // namespace ptc
+}  // namespace ptc::transform

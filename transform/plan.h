@@ -24,7 +24,7 @@
 #include "ptc/model/view.h"
 #include "ptc/store/manifest.h"
 
-namespace ptc {
+namespace ptc::transform {
 
 struct Topology {
   int workers_per_host = 1;  // host(w) = w / workers_per_host
@@ -90,4 +90,4 @@ Result<Plan> MakePlan(const PlanRequest& request);
 // \error as ModelLayout::View.
 Result<std::vector<std::pair<ShardKey, int>>> TargetShardKeys(const ModelLayout& layout);
 
-}  // namespace ptc
+}  // namespace ptc::transform

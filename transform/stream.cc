@@ -8,7 +8,7 @@
 #include "ptc/store/generation_writer.h"
 #include "ptc/store/shard_verify.h"
 
-namespace ptc::internal {
+namespace ptc::transform::internal {
 namespace {
 
 // Rows are the indices of dimension 0; a scalar box is one row.
@@ -303,4 +303,4 @@ Status StreamGroup(const CopyGroup& group, const Plan& plan, const std::vector<s
   return stream.Run(writer);
 }
 
-}  // namespace ptc::internal
+}  // namespace ptc::transform::internal

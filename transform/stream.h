@@ -26,7 +26,7 @@
 #include "transform/execute.h"
 #include "transform/plan.h"
 
-namespace ptc::internal {
+namespace ptc::transform::internal {
 
 struct CopyGroup {
   std::vector<size_t> targets;  // indices into Plan::targets, ascending
@@ -66,4 +66,4 @@ Status StreamGroup(const CopyGroup& group, const Plan& plan, const std::vector<s
                    const GenerationManifest& source, GenerationWriter* writer, const ExecuteOptions& options,
                    Scratch* scratch);
 
-}  // namespace ptc::internal
+}  // namespace ptc::transform::internal

@@ -13,7 +13,7 @@
 #include "ptc/store/store_layout.h"
 #include "worker/job_report.h"
 
-namespace ptcfs {
+namespace ptcfs::worker {
 namespace {
 
 // The longest the agent sleeps between two looks at etcd (a watch wakes it
@@ -27,7 +27,7 @@ constexpr std::chrono::milliseconds kPollWithoutWatch{50};
 // its part is published and the commit awaited through the coordinator.
 class AppliedChange final : public AgreedChange {
  public:
-  AppliedChange(ptc::Change change, std::set<int> participants, const ptc::Coordinator* coordinator,
+  AppliedChange(ptc::cluster::Change change, std::set<int> participants, const ptc::cluster::Coordinator* coordinator,
                 const ptc::Store* store, ptc::Env* env, const WorkerOptions& options)
       : change_(std::move(change)),
         participants_(std::move(participants)),
@@ -80,15 +80,15 @@ class AppliedChange final : public AgreedChange {
 
   ptc::Result<std::vector<ptc::ShardRecord>> LastResort() override {
     if (durable_.empty()) return ptc::FailedPreconditionError("the job has no durable tier");
-    PTC_ASSIGN_OR_RETURN(std::optional<ptc::Committed> committed, coordinator_->GetCommitted());
+    PTC_ASSIGN_OR_RETURN(std::optional<ptc::cluster::Committed> committed, coordinator_->GetCommitted());
     if (!committed) return ptc::FailedPreconditionError("the job has no committed generation");
-    return ptc::LoadDurable(env_, durable_, {job_, committed->contents}, store_->CurrentSnapshot()->tensors);
+    return ptc::cluster::LoadDurable(env_, durable_, {job_, committed->contents}, store_->CurrentSnapshot()->tensors);
   }
 
  private:
-  const ptc::Change change_;
+  const ptc::cluster::Change change_;
   const std::set<int> participants_;
-  const ptc::Coordinator* const coordinator_;
+  const ptc::cluster::Coordinator* const coordinator_;
   const ptc::Store* const store_;
   ptc::Env* const env_;
   const std::string job_, durable_;
@@ -121,15 +121,16 @@ Agent::~Agent() {
 }
 
 ptc::Status Agent::Start() {
-  ptc::PeerServerOptions server;
+  ptc::cluster::PeerServerOptions server;
   server.address = options_.listen.host;
   server.port = options_.listen.port;
   server.token = options_.token;
   server.worker = options_.worker;
-  PTC_ASSIGN_OR_RETURN(server_, ptc::PeerServer::Start(&fs_->store(), server));
+  PTC_ASSIGN_OR_RETURN(server_, ptc::cluster::PeerServer::Start(&fs_->store(), server));
   env_->SetCurrent([store = &fs_->store()] { return store->CurrentSnapshot(); });
-  PTC_ASSIGN_OR_RETURN(membership_, ptc::Membership::Join(kv_, {options_.job, options_.worker,
-                                                                options_.listen.ToString(), options_.lease_seconds}));
+  PTC_ASSIGN_OR_RETURN(membership_,
+                       ptc::cluster::Membership::Join(
+                           kv_, {options_.job, options_.worker, options_.listen.ToString(), options_.lease_seconds}));
   rejoin_ = {kv_, coordinator_, membership_->options(), {}};
   rejoin_.client.token = options_.token;
   Follow();
@@ -141,30 +142,30 @@ ptc::Status Agent::Start() {
   return ptc::Status::OK();
 }
 
-ptc::Result<ptc::Change> Agent::ProposeToJob(const std::string& request, const std::vector<int>& needed,
-                                             const std::string& again) {
+ptc::Result<ptc::cluster::Change> Agent::ProposeToJob(const std::string& request, const std::vector<int>& needed,
+                                                      const std::string& again) {
   if (!member_) {
     return ptc::FailedPreconditionError("worker " + std::to_string(options_.worker) + " is not a member of job " +
                                         options_.job + " now (etcd out of reach, or it rejoins): " + again +
                                         " once .ptcfs/status shows no error");
   }
-  PTC_ASSIGN_OR_RETURN(std::vector<ptc::Member> members, ptc::ListMembers(*kv_, options_.job));
+  PTC_ASSIGN_OR_RETURN(std::vector<ptc::cluster::Member> members, ptc::cluster::ListMembers(*kv_, options_.job));
   std::vector<int> workers;
-  for (const ptc::Member& m : members) workers.push_back(m.worker);
+  for (const ptc::cluster::Member& m : members) workers.push_back(m.worker);
   return coordinator_->Propose(request, fs_->store().CurrentSnapshot()->generation, workers, needed);
 }
 
 ptc::Status Agent::Propose(const std::string& text, const ptc::ParallelConfig& config) {
   // The request as written to .ptcfs/config, less its line end: it names the change in every worker's messages.
   const std::string request = text.substr(0, text.find_last_not_of(" \t\r\n") + 1);
-  PTC_ASSIGN_OR_RETURN(ptc::Change change, ProposeToJob(request, config.Workers(), "try again"));
+  PTC_ASSIGN_OR_RETURN(ptc::cluster::Change change, ProposeToJob(request, config.Workers(), "try again"));
   ptc::MutexLock lock(&proposed_mu_);
   proposed_ = std::move(change);
   return ptc::Status::OK();
 }
 
 ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeSave(uint64_t iteration) {
-  PTC_ASSIGN_OR_RETURN(ptc::Change change,
+  PTC_ASSIGN_OR_RETURN(ptc::cluster::Change change,
                        ProposeToJob(std::string(kSaveRequest) + std::to_string(iteration), {}, "save again"));
   std::set<int> participants(change.workers.begin(), change.workers.end());
   saved_ = change.generation;
@@ -172,12 +173,12 @@ ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeSave(uint64_t iteration
                                                                        coordinator_, &fs_->store(), env_, options_));
 }
 
-std::optional<ptc::Change> Agent::Proposed() {
+std::optional<ptc::cluster::Change> Agent::Proposed() {
   ptc::MutexLock lock(&proposed_mu_);
   return proposed_;
 }
 
-void Agent::Settle(const ptc::Change& asked, const ptc::Result<std::optional<ptc::Change>>& pending) {
+void Agent::Settle(const ptc::cluster::Change& asked, const ptc::Result<std::optional<ptc::cluster::Change>>& pending) {
   if (asked.id != applied_) {
     if (!pending.ok() || (*pending && (*pending)->id == asked.id)) return;
     fs_->controller().EndProposal(coordinator_->Aborted(asked));
@@ -191,9 +192,9 @@ int64_t Agent::Follow(std::vector<int>* live) {
   auto members = membership_->Members(&revision);
   if (!members.ok()) revision = 0;
   if (members.ok()) {
-    std::map<int, ptc::PeerAddress> peers;
-    for (const ptc::Member& m : *members) {
-      if (auto a = ptc::ParsePeerAddress(m.address); a.ok()) peers[m.worker] = *a;
+    std::map<int, ptc::cluster::PeerAddress> peers;
+    for (const ptc::cluster::Member& m : *members) {
+      if (auto a = ptc::cluster::ParsePeerAddress(m.address); a.ok()) peers[m.worker] = *a;
       if (live != nullptr) live->push_back(m.worker);
     }
     env_->SetPeers(std::move(peers));
@@ -212,7 +213,7 @@ void Agent::Loop() {
     std::vector<int> live;
     const int64_t revision = Follow(&live);
     seen_.insert(live.begin(), live.end());
-    const std::optional<ptc::Change> asked = Proposed();  // before Pending: a change it names is in etcd
+    const std::optional<ptc::cluster::Change> asked = Proposed();  // before Pending: a change it names is in etcd
     auto pending = coordinator_->Pending();
     if (pending.ok() && *pending && revision > 0) WithdrawOrphan(**pending, live);
     const bool member = InStep(pending);  // a worker that rejoins neither applies, recovers nor copies
@@ -226,14 +227,14 @@ void Agent::Loop() {
     if (member && pending.ok() && !*pending && durable_) durable_->Look();
     if (revision > 0) Report(live);
     if (stop_) break;
-    if (revision > 0 && kv_->WaitForChange(ptc::JobPrefix(options_.job), revision, kFollowEvery).ok()) {
+    if (revision > 0 && kv_->WaitForChange(ptc::cluster::JobPrefix(options_.job), revision, kFollowEvery).ok()) {
       continue;
     }
     std::this_thread::sleep_for(kPollWithoutWatch);
   }
 }
 
-void Agent::WithdrawOrphan(const ptc::Change& change, const std::vector<int>& live) {
+void Agent::WithdrawOrphan(const ptc::cluster::Change& change, const std::vector<int>& live) {
   for (int w : change.workers) {
     if (std::binary_search(live.begin(), live.end(), w)) return;
   }
@@ -246,7 +247,7 @@ void Agent::Recover(const std::vector<int>& live) {
   auto config = ptc::ParseConfig(current->config);
   if (!config.ok()) return;
   std::vector<int> lost;
-  for (int w : ptc::LostWorkers(*config, live)) {
+  for (int w : ptc::cluster::LostWorkers(*config, live)) {
     if (seen_.count(w)) lost.push_back(w);
   }
   // A change this mount still winds down (one that failed on a worker that was dying) first.
@@ -256,7 +257,7 @@ void Agent::Recover(const std::vector<int>& live) {
   tried_ = attempt;
   std::string names;
   for (int w : lost) names += (names.empty() ? "" : ", ") + std::to_string(w);
-  auto to = ptc::SurvivorConfig(fs_->snapshot()->spec(), *config, live);
+  auto to = ptc::cluster::SurvivorConfig(fs_->snapshot()->spec(), *config, live);
   ptc::Status s = to.ok() ? Propose(to->ToString(), *to) : to.status();
   std::fprintf(stderr, "ptcfs: worker %s left the job: %s\n", names.c_str(),
                s.ok() ? ("reconfiguring onto the survivors: " + to->ToString()).c_str() : s.ToString().c_str());
@@ -284,7 +285,7 @@ void Agent::NoteWhole(const std::vector<int>& live) {
   auto current = fs_->store().CurrentSnapshot();
   auto config = ptc::ParseConfig(current->config);
   if (!config.ok()) return;
-  if (!ptc::LostWorkers(*config, live).empty()) {
+  if (!ptc::cluster::LostWorkers(*config, live).empty()) {
     missing_ = true;
     return;
   }
@@ -293,7 +294,7 @@ void Agent::NoteWhole(const std::vector<int>& live) {
   fs_->controller().Recovered("every worker of generation " + std::to_string(current->generation) + " is live again");
 }
 
-bool Agent::InStep(const ptc::Result<std::optional<ptc::Change>>& pending) {
+bool Agent::InStep(const ptc::Result<std::optional<ptc::cluster::Change>>& pending) {
   const std::string worker = "worker " + std::to_string(options_.worker);
   if (held_) {
     ptc::Status health = membership_->health();
@@ -319,7 +320,7 @@ bool Agent::InStep(const ptc::Result<std::optional<ptc::Change>>& pending) {
   }
   // etcd unreachable (the link still cut): no attempt, which would wait on etcd again.
   auto joined = pending.ok() ? Rejoin(rejoin_, fs_->controller(), fs_->store())
-                             : ptc::Result<std::unique_ptr<ptc::Membership>>(pending.status());
+                             : ptc::Result<std::unique_ptr<ptc::cluster::Membership>>(pending.status());
   if (!joined.ok()) {
     NoteAway(away_ + ": " + joined.status().message());
     return false;
@@ -345,7 +346,7 @@ void Agent::Resume() {
   noted_.clear();
 }
 
-bool Agent::Behind(const ptc::Result<std::optional<ptc::Change>>& pending) {
+bool Agent::Behind(const ptc::Result<std::optional<ptc::cluster::Change>>& pending) {
   if (!pending.ok() || *pending || fs_->controller().Busy()) return false;
   auto committed = coordinator_->GetCommitted();
   return committed.ok() && *committed && (*committed)->generation != fs_->store().current_generation();
@@ -386,7 +387,7 @@ nlohmann::json Agent::StatusPart() const {
   return j;
 }
 
-void Agent::Apply(const ptc::Change& change) {
+void Agent::Apply(const ptc::cluster::Change& change) {
   if (change.id == applied_ || change.from != fs_->store().CurrentSnapshot()->generation) return;
   const std::set<int> participants(change.workers.begin(), change.workers.end());
   if (!participants.count(options_.worker)) return;
@@ -401,4 +402,4 @@ void Agent::Apply(const ptc::Change& change) {
   }
 }
 
-}  // namespace ptcfs
+}  // namespace ptcfs::worker

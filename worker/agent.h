@@ -36,13 +36,13 @@
 #include "worker/rejoin.h"
 #include "worker/worker_options.h"
 
-namespace ptcfs {
+namespace ptcfs::worker {
 
 class Agent final : public JobParticipant {
  public:
   // `kv`, `coordinator`, `env` and `fs` outlive the agent.
-  Agent(Filesystem* fs, WorkerOptions options, const ptc::KvStore* kv, const ptc::Coordinator* coordinator,
-        ptc::PeerEnv* env)
+  Agent(Filesystem* fs, WorkerOptions options, const ptc::cluster::KvStore* kv,
+        const ptc::cluster::Coordinator* coordinator, ptc::cluster::PeerEnv* env)
       : fs_(fs), options_(std::move(options)), kv_(kv), coordinator_(coordinator), env_(env) {}
   ~Agent();
   Agent(const Agent&) = delete;
@@ -64,17 +64,17 @@ class Agent final : public JobParticipant {
   // Proposes `request` to the live members (`needed`: the workers it must
   // include), from this mount's generation. `again` ends the message when
   // this worker is no member now ("try again", "save again").
-  ptc::Result<ptc::Change> ProposeToJob(const std::string& request, const std::vector<int>& needed,
-                                        const std::string& again);
+  ptc::Result<ptc::cluster::Change> ProposeToJob(const std::string& request, const std::vector<int>& needed,
+                                                 const std::string& again);
 
   // The change this mount proposed, until its agent applied it or saw it end.
-  std::optional<ptc::Change> Proposed() EXCLUDES(proposed_mu_);
+  std::optional<ptc::cluster::Change> Proposed() EXCLUDES(proposed_mu_);
 
   // The change this mount proposed (`asked`, read before `pending`) is over
   // for the agent once applied; one the job no longer has that it never
   // applied was aborted first (another participant failed at once): the
   // mount's state says so (Controller::EndProposal).
-  void Settle(const ptc::Change& asked, const ptc::Result<std::optional<ptc::Change>>& pending);
+  void Settle(const ptc::cluster::Change& asked, const ptc::Result<std::optional<ptc::cluster::Change>>& pending);
 
   // The members' addresses and the generations served, into the env and the
   // server; `live` gets the live workers, sorted. Returns etcd's revision of
@@ -89,7 +89,7 @@ class Agent final : public JobParticipant {
 
   // A change none of whose participants is live (all died or were cut off
   // while it ran) has no one left to abort it: any worker withdraws it.
-  void WithdrawOrphan(const ptc::Change& change, const std::vector<int>& live);
+  void WithdrawOrphan(const ptc::cluster::Change& change, const std::vector<int>& live);
 
   // When workers of the committed config have left the job (their leases
   // expired after this agent saw them live), the lowest live worker proposes
@@ -117,7 +117,7 @@ class Agent final : public JobParticipant {
   // longer than the lease), or that a change committed without (a race with a
   // recovery as it rejoined), stops being one: status and stderr say so, and
   // it rejoins (Rejoin, worker/rejoin.h) on a later look, once etcd answers.
-  bool InStep(const ptc::Result<std::optional<ptc::Change>>& pending);
+  bool InStep(const ptc::Result<std::optional<ptc::cluster::Change>>& pending);
 
   // etcd renewed the lease again (it was away, then started again): the
   // worker is a member as it was, nothing was lost.
@@ -125,7 +125,7 @@ class Agent final : public JobParticipant {
 
   // Whether a change committed without this member while it was not busy
   // (only the agent's thread starts changes: its own are over).
-  bool Behind(const ptc::Result<std::optional<ptc::Change>>& pending);
+  bool Behind(const ptc::Result<std::optional<ptc::cluster::Change>>& pending);
 
   // Keeps `message` as last_error and logs it when it changed.
   void NoteAway(const std::string& message);
@@ -142,15 +142,15 @@ class Agent final : public JobParticipant {
   // agent.cc) when this worker takes part, its store is at the change's
   // `from` and it has not applied it yet; while the previous change winds
   // down, the next look does.
-  void Apply(const ptc::Change& change);
+  void Apply(const ptc::cluster::Change& change);
 
   Filesystem* const fs_;
   const WorkerOptions options_;
-  const ptc::KvStore* const kv_;
-  const ptc::Coordinator* const coordinator_;
-  ptc::PeerEnv* const env_;
-  std::unique_ptr<ptc::PeerServer> server_;
-  std::unique_ptr<ptc::Membership> membership_;  // replaced when it rejoins (the loop's own after Start)
+  const ptc::cluster::KvStore* const kv_;
+  const ptc::cluster::Coordinator* const coordinator_;
+  ptc::cluster::PeerEnv* const env_;
+  std::unique_ptr<ptc::cluster::PeerServer> server_;
+  std::unique_ptr<ptc::cluster::Membership> membership_;  // replaced when it rejoins (the loop's own after Start)
   bool held_ = true;                            // membership_ may still be renewed (the loop's own)
   std::atomic<bool> member_{true};              // membership_ is renewed and in step with the job
   RejoinTarget rejoin_;                         // how it joins again (set by Start)
@@ -158,7 +158,7 @@ class Agent final : public JobParticipant {
   std::vector<std::shared_ptr<const ptc::GenerationManifest>> served_ = {nullptr, nullptr};
   std::string applied_;  // the id of the last change applied (the loop's own)
   ptc::Mutex proposed_mu_;
-  std::optional<ptc::Change> proposed_ GUARDED_BY(proposed_mu_);  // see Settle
+  std::optional<ptc::cluster::Change> proposed_ GUARDED_BY(proposed_mu_);  // see Settle
   std::set<int> seen_;   // workers seen live since the mount started or rejoined (the loop's own)
   std::pair<uint64_t, std::vector<int>> tried_;  // the last recovery proposed (the loop's own)
   std::atomic<uint64_t> saved_{0};               // the generation of the last save this worker took part in
@@ -171,4 +171,4 @@ class Agent final : public JobParticipant {
   std::thread thread_;
 };
 
-}  // namespace ptcfs
+}  // namespace ptcfs::worker

@@ -7,7 +7,7 @@
 
 #include "cluster/durable.h"
 
-namespace ptcfs {
+namespace ptcfs::worker {
 namespace {
 
 // How often the tier is looked at again while it holds no usable copy and
@@ -27,7 +27,7 @@ void DurableKeeper::Look() {
   auto job = coordinator_->GetCommitted();
   auto current = fs_->store().CurrentSnapshot();
   if (!job.ok() || !*job || current->generation != (*job)->generation) return;
-  if (ptc::LoadDurable(env_, dir_, {job_, (*job)->contents}, current->tensors).ok()) {
+  if (ptc::cluster::LoadDurable(env_, dir_, {job_, (*job)->contents}, current->tensors).ok()) {
     complete_ = true;
     return;
   }
@@ -42,9 +42,9 @@ void DurableKeeper::Look() {
 void DurableKeeper::Copy(std::shared_ptr<const ptc::GenerationManifest> generation, std::string contents) {
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);  // best effort, as a compaction
   const auto t0 = std::chrono::steady_clock::now();
-  ptc::Status s = ptc::WriteDurableShare(env_, fs_->store(), *generation, worker_, dir_, &stop_);
+  ptc::Status s = ptc::cluster::WriteDurableShare(env_, fs_->store(), *generation, worker_, dir_, &stop_);
   ptc::Result<bool> complete =
-      s.ok() ? ptc::CompleteDurable(env_, *generation, {job_, std::move(contents)}, worker_, dir_) : s;
+      s.ok() ? ptc::cluster::CompleteDurable(env_, *generation, {job_, std::move(contents)}, worker_, dir_) : s;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const bool moved_on = fs_->store().CurrentSnapshot()->generation != generation->generation;
   if (!complete.ok() && (stop_ || moved_on)) {
@@ -65,4 +65,4 @@ void DurableKeeper::Copy(std::shared_ptr<const ptc::GenerationManifest> generati
   copying_ = false;
 }
 
-}  // namespace ptcfs
+}  // namespace ptcfs::worker

@@ -19,14 +19,14 @@
 #include "fs/filesystem.h"
 #include "ptc/base/env.h"
 
-namespace ptcfs {
+namespace ptcfs::worker {
 
 class DurableKeeper {
  public:
   // `env`: the store's (shared by the copy's reads and the tier's writes);
   // `fs` and `coordinator` outlive the keeper.
   DurableKeeper(std::string dir, std::string job, int worker, ptc::Env* env, Filesystem* fs,
-                const ptc::Coordinator* coordinator)
+                const ptc::cluster::Coordinator* coordinator)
       : dir_(std::move(dir)), job_(std::move(job)), worker_(worker), env_(env), fs_(fs), coordinator_(coordinator) {}
   ~DurableKeeper();
 
@@ -42,7 +42,7 @@ class DurableKeeper {
   const int worker_;
   ptc::Env* const env_;
   Filesystem* const fs_;
-  const ptc::Coordinator* const coordinator_;
+  const ptc::cluster::Coordinator* const coordinator_;
   std::atomic<bool> complete_{false};  // the tier holds a copy of the job's contents
   std::atomic<bool> copying_{false};
   std::atomic<bool> stop_{false};
@@ -51,4 +51,4 @@ class DurableKeeper {
   std::thread thread_;
 };
 
-}  // namespace ptcfs
+}  // namespace ptcfs::worker

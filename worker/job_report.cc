@@ -10,7 +10,7 @@
 #include "cluster/recovery.h"
 #include "transform/plan.h"
 
-namespace ptcfs {
+namespace ptcfs::worker {
 
 namespace {
 
@@ -51,13 +51,13 @@ nlohmann::json IfLost(const ptc::GenerationManifest& m, const ptc::ModelSpec& sp
   std::set<int> survivors(live.begin(), live.end());
   survivors.erase(worker);
   nlohmann::json j = {{"holds_ranks", true}};
-  auto to = ptc::SurvivorConfig(spec, config, std::vector<int>(survivors.begin(), survivors.end()));
+  auto to = ptc::cluster::SurvivorConfig(spec, config, std::vector<int>(survivors.begin(), survivors.end()));
   if (!to.ok()) {
     j["error"] = to.status().message();
     return j;
   }
   j["config"] = to->ToString();
-  auto plan = ptc::MakePlan({&m, spec, *to, {}, survivors});
+  auto plan = ptc::transform::MakePlan({&m, spec, *to, {}, survivors});
   if (!plan.ok()) {
     j["error"] = plan.status().message();
     return j;
@@ -68,11 +68,12 @@ nlohmann::json IfLost(const ptc::GenerationManifest& m, const ptc::ModelSpec& sp
   if (!lost.empty() && durable != nullptr) {
     ptc::GenerationManifest widened = m;
     widened.shards.insert(widened.shards.end(), durable->begin(), durable->end());
-    survivors.insert(ptc::kDurableWorker);
-    auto restored = ptc::MakePlan({&widened, spec, *to, {}, survivors, {ptc::kDurableWorker}});
+    survivors.insert(ptc::cluster::kDurableWorker);
+    auto restored = ptc::transform::MakePlan({&widened, spec, *to, {}, survivors, {ptc::cluster::kDurableWorker}});
     if (restored.ok() && restored->missing.empty()) {
       uint64_t from_durable = 0;
-      for (const auto& [link, bytes] : restored->messages) from_durable += link.first == ptc::kDurableWorker ? bytes : 0;
+      for (const auto& [link, bytes] : restored->messages)
+        from_durable += link.first == ptc::cluster::kDurableWorker ? bytes : 0;
       j["from_durable"] = from_durable;
       plan = std::move(restored);
     }
@@ -82,4 +83,4 @@ nlohmann::json IfLost(const ptc::GenerationManifest& m, const ptc::ModelSpec& sp
   return j;
 }
 
-}  // namespace ptcfs
+}  // namespace ptcfs::worker

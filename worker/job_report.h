@@ -15,7 +15,7 @@
 #include "ptc/store/manifest.h"
 #include "ptc/store/model_spec.h"
 
-namespace ptcfs {
+namespace ptcfs::worker {
 
 struct WorkerPieces {
   uint64_t pieces = 0;
@@ -36,4 +36,4 @@ nlohmann::json PiecesJson(const WorkerPieces& p);
 nlohmann::json IfLost(const ptc::GenerationManifest& m, const ptc::ModelSpec& spec, const ptc::ParallelConfig& config,
                       const std::vector<int>& live, int worker, const std::vector<ptc::ShardRecord>* durable);
 
-}  // namespace ptcfs
+}  // namespace ptcfs::worker

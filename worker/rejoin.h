@@ -20,20 +20,20 @@
 #include "ptc/base/status.h"
 #include "ptc/store/store.h"
 
-namespace ptcfs {
+namespace ptcfs::worker {
 
 struct RejoinTarget {
-  const ptc::KvStore* kv = nullptr;
-  const ptc::Coordinator* coordinator = nullptr;
-  ptc::MembershipOptions membership;  // job, worker, address, lease
-  ptc::PeerClientOptions client;      // for the committed manifest, from a peer
+  const ptc::cluster::KvStore* kv = nullptr;
+  const ptc::cluster::Coordinator* coordinator = nullptr;
+  ptc::cluster::MembershipOptions membership;  // job, worker, address, lease
+  ptc::cluster::PeerClientOptions client;      // for the committed manifest, from a peer
 };
 
 // One attempt, on one look of the agent: waits (an error) while `controller`
 // is busy (a change this worker took part in winds down) or the job has a
 // change under way; else reads the job's committed state, brings `store` to
-// it when it is not there (ptc::CatchUp through Controller::Adopt, which
-// serves it), and joins while the job is still there (ptc::RejoinConditions).
+// it when it is not there (ptc::cluster::CatchUp through Controller::Adopt, which
+// serves it), and joins while the job is still there (ptc::cluster::RejoinConditions).
 // \error FailedPrecondition while it waits, when the job changed before the
 //        join (the next attempt catches up again), or as CatchUp (no live
 //        peer serves the generation, the store lacks pieces: named);
@@ -41,7 +41,7 @@ struct RejoinTarget {
 //        Coordinator::Pending and GetCommitted (IOError while etcd cannot be
 //        reached), Controller::Adopt and Membership::Join. The caller keeps it
 //        as last_error and tries again later; nothing is left half done.
-ptc::Result<std::unique_ptr<ptc::Membership>> Rejoin(const RejoinTarget& target, Controller& controller,
-                                                     const ptc::Store& store);
+ptc::Result<std::unique_ptr<ptc::cluster::Membership>> Rejoin(const RejoinTarget& target, Controller& controller,
+                                                              const ptc::Store& store);
 
-}  // namespace ptcfs
+}  // namespace ptcfs::worker

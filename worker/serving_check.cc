@@ -6,13 +6,13 @@
 #include "ptc/store/model_spec.h"
 #include "transform/plan.h"
 
-namespace ptcfs {
+namespace ptcfs::worker {
 namespace {
 
 // Every target shard of the config is covered by shards of its own worker.
 void CheckCoverage(const ptc::GenerationManifest& m, const ptc::ModelLayout& layout,
                    std::vector<std::string>* problems) {
-  auto targets = ptc::TargetShardKeys(layout);
+  auto targets = ptc::transform::TargetShardKeys(layout);
   if (!targets.ok()) {
     problems->push_back("config '" + m.config + "': " + targets.status().message());
     return;
@@ -62,4 +62,4 @@ std::vector<std::string> ServingProblems(const ptc::GenerationManifest& m) {
   return problems;
 }
 
-}  // namespace ptcfs
+}  // namespace ptcfs::worker

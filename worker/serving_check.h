@@ -7,7 +7,7 @@
 
 #include "ptc/store/manifest.h"
 
-namespace ptcfs {
+namespace ptcfs::worker {
 
 // The problems that keep generation `m` from being served in its own config,
 // one line each (empty: none). Checked: the schema, dims and config parse and
@@ -17,4 +17,4 @@ namespace ptcfs {
 // A generation that holds no tensors (only a dataset) has none of these.
 std::vector<std::string> ServingProblems(const ptc::GenerationManifest& m);
 
-}  // namespace ptcfs
+}  // namespace ptcfs::worker

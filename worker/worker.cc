@@ -7,34 +7,34 @@
 #include "ptc/store/store.h"
 #include "worker/agent.h"
 
-namespace ptcfs {
+namespace ptcfs::worker {
 
-Worker::Worker(WorkerOptions options, std::unique_ptr<ptc::KvStore> kv)
+Worker::Worker(WorkerOptions options, std::unique_ptr<ptc::cluster::KvStore> kv)
     : options_(std::move(options)), kv_(std::move(kv)) {}
 Worker::~Worker() = default;
 
-ptc::Result<std::unique_ptr<Worker>> Worker::Prepare(WorkerOptions options, std::unique_ptr<ptc::KvStore> kv,
+ptc::Result<std::unique_ptr<Worker>> Worker::Prepare(WorkerOptions options, std::unique_ptr<ptc::cluster::KvStore> kv,
                                                      const std::string& store) {
   std::unique_ptr<Worker> w(new Worker(std::move(options), std::move(kv)));
   const WorkerOptions& o = w->options_;
-  ptc::CoordinatorOptions c;
+  ptc::cluster::CoordinatorOptions c;
   c.job = o.job;
   c.worker = o.worker;
   c.timeout = o.timeout;
-  w->coordinator_ = std::make_unique<ptc::Coordinator>(w->kv_.get(), c);
-  ptc::PeerEnvOptions env;
+  w->coordinator_ = std::make_unique<ptc::cluster::Coordinator>(w->kv_.get(), c);
+  ptc::cluster::PeerEnvOptions env;
   env.self = o.worker;
   env.client.token = o.token;
   env.durable_dir = o.durable;
-  w->env_ = std::make_unique<ptc::PeerEnv>(o.base != nullptr ? o.base : ptc::Env::Default(), store, env);
+  w->env_ = std::make_unique<ptc::cluster::PeerEnv>(o.base != nullptr ? o.base : ptc::Env::Default(), store, env);
   auto opened = ptc::Store::Open(w->env_.get(), store);
   if (!opened.ok() && opened.status().code() == ptc::Code::kNotFound) opened = ptc::Store::Create(w->env_.get(), store);
   PTC_RETURN_IF_ERROR(opened.status());
   ptc::Store& s = **opened;
   // A worker that was away while the job moved on takes the committed generation from a peer first.
-  PTC_ASSIGN_OR_RETURN(std::optional<ptc::Committed> job, w->coordinator_->GetCommitted());
-  if (job && !ptc::AtCommitted(s, *job)) {
-    PTC_RETURN_IF_ERROR(ptc::CatchUp(*w->kv_, o.job, o.worker, *job, ptc::PeerClient(env.client), s));
+  PTC_ASSIGN_OR_RETURN(std::optional<ptc::cluster::Committed> job, w->coordinator_->GetCommitted());
+  if (job && !ptc::cluster::AtCommitted(s, *job)) {
+    PTC_RETURN_IF_ERROR(ptc::cluster::CatchUp(*w->kv_, o.job, o.worker, *job, ptc::cluster::PeerClient(env.client), s));
     std::fprintf(stderr, "ptcfs: worker %d: the store is now at the job's generation %llu (from a peer)\n", o.worker,
                  static_cast<unsigned long long>(job->generation));
   }
@@ -53,4 +53,4 @@ ptc::Result<std::shared_ptr<void>> Worker::Attach(Filesystem& fs) {
   return std::shared_ptr<void>(agent);
 }
 
-}  // namespace ptcfs
+}  // namespace ptcfs::worker

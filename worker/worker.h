@@ -18,7 +18,7 @@
 #include "ptc/base/status.h"
 #include "worker/worker_options.h"
 
-namespace ptcfs {
+namespace ptcfs::worker {
 
 class Worker {
  public:
@@ -29,7 +29,7 @@ class Worker {
   // the job's (Coordinator::Join).
   // \error as KvStore (IOError: unreachable), Store::Open, CatchUp, Coordinator::Join;
   //        FailedPrecondition when neither the store nor the job holds a generation.
-  static ptc::Result<std::unique_ptr<Worker>> Prepare(WorkerOptions options, std::unique_ptr<ptc::KvStore> kv,
+  static ptc::Result<std::unique_ptr<Worker>> Prepare(WorkerOptions options, std::unique_ptr<ptc::cluster::KvStore> kv,
                                                       const std::string& store);
   ~Worker();
 
@@ -42,12 +42,12 @@ class Worker {
   ptc::Result<std::shared_ptr<void>> Attach(Filesystem& fs);
 
  private:
-  Worker(WorkerOptions options, std::unique_ptr<ptc::KvStore> kv);
+  Worker(WorkerOptions options, std::unique_ptr<ptc::cluster::KvStore> kv);
 
   const WorkerOptions options_;
-  const std::unique_ptr<ptc::KvStore> kv_;
-  std::unique_ptr<ptc::Coordinator> coordinator_;
-  std::unique_ptr<ptc::PeerEnv> env_;
+  const std::unique_ptr<ptc::cluster::KvStore> kv_;
+  std::unique_ptr<ptc::cluster::Coordinator> coordinator_;
+  std::unique_ptr<ptc::cluster::PeerEnv> env_;
 };
 
-}  // namespace ptcfs
+}  // namespace ptcfs::worker

@@ -8,12 +8,12 @@
 #include "cluster/peer_protocol.h"
 #include "ptc/base/env.h"
 
-namespace ptcfs {
+namespace ptcfs::worker {
 
 struct WorkerOptions {
   std::string job;
   int worker = 0;
-  ptc::PeerAddress listen;  // this worker's peer server: the address the others reach it at
+  ptc::cluster::PeerAddress listen;  // this worker's peer server: the address the others reach it at
   std::string token;        // the job's shared token
   int lease_seconds = 10;   // a worker silent this long has left the job
   std::chrono::seconds timeout{600};  // a change not committed by then is aborted
@@ -21,4 +21,4 @@ struct WorkerOptions {
   ptc::Env* base = nullptr;  // the Env under the store's PeerEnv; null: Env::Default()
 };
 
-}  // namespace ptcfs
+}  // namespace ptcfs::worker

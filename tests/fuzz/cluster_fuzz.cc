@@ -18,25 +18,25 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);
-  (void)ptc::ParseHttpHead(input, "fuzz");
-  (void)ptc::ParsePeerAddress(input);
-  (void)ptc::DecodeErrorBody("fuzz", input);
-  (void)ptc::DecodeRangeResponse("fuzz", input);
-  (void)ptc::DecodeTxnResponse("fuzz", input);
-  (void)ptc::DecodeLeaseGrantResponse("fuzz", input);
-  (void)ptc::DecodeLeaseKeepAliveResponse("fuzz", input);
-  (void)ptc::DecodeWatchMessage("fuzz", input);
-  (void)ptc::DecodeMember("fuzz", input);
-  (void)ptc::DecodeFailure("fuzz", input);
-  (void)ptc::DecodePart("fuzz", input);
+  (void)ptc::cluster::ParseHttpHead(input, "fuzz");
+  (void)ptc::cluster::ParsePeerAddress(input);
+  (void)ptc::cluster::DecodeErrorBody("fuzz", input);
+  (void)ptc::cluster::DecodeRangeResponse("fuzz", input);
+  (void)ptc::cluster::DecodeTxnResponse("fuzz", input);
+  (void)ptc::cluster::DecodeLeaseGrantResponse("fuzz", input);
+  (void)ptc::cluster::DecodeLeaseKeepAliveResponse("fuzz", input);
+  (void)ptc::cluster::DecodeWatchMessage("fuzz", input);
+  (void)ptc::cluster::DecodeMember("fuzz", input);
+  (void)ptc::cluster::DecodeFailure("fuzz", input);
+  (void)ptc::cluster::DecodePart("fuzz", input);
   static const std::vector<ptc::TensorRecord> kTensors = {{"layers.0.w", ptc::DType::kBF16, {8, 4}}};
-  (void)ptc::DecodeDurable("fuzz", input, {"job", "c0ffee"}, kTensors);
-  if (auto c = ptc::DecodeChange("fuzz", input); c.ok()) {
-    auto again = ptc::DecodeChange("again", ptc::EncodeChange(*c));
+  (void)ptc::cluster::DecodeDurable("fuzz", input, {"job", "c0ffee"}, kTensors);
+  if (auto c = ptc::cluster::DecodeChange("fuzz", input); c.ok()) {
+    auto again = ptc::cluster::DecodeChange("again", ptc::cluster::EncodeChange(*c));
     if (!again.ok() || !(*again == *c)) __builtin_trap();
   }
-  if (auto c = ptc::DecodeCommitted("fuzz", input); c.ok()) {
-    auto again = ptc::DecodeCommitted("again", ptc::EncodeCommitted(*c));
+  if (auto c = ptc::cluster::DecodeCommitted("fuzz", input); c.ok()) {
+    auto again = ptc::cluster::DecodeCommitted("again", ptc::cluster::EncodeCommitted(*c));
     if (!again.ok() || !(*again == *c)) __builtin_trap();
   }
   return 0;

@@ -8,7 +8,7 @@
 
 #include "transform/device/switch_plan.h"
 
-namespace ptc {
+namespace ptc::transform::device {
 
 Result<ModelStats> StatsOf(const ModelSpec& spec) {
   ModelSpec s = spec;
@@ -204,4 +204,4 @@ Result<StrategyReport> PlanStrategies(const ModelSpec& spec, const Hardware& hw,
   return r;
 }
 
-}  // namespace ptc
+}  // namespace ptc::transform::device

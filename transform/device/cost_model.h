@@ -27,7 +27,7 @@
 #include "ptc/base/status.h"
 #include "ptc/model/view.h"
 
-namespace ptc {
+namespace ptc::transform::device {
 
 struct Hardware {
   int gpus = 8;
@@ -100,4 +100,4 @@ Result<StrategyReport> PlanStrategies(const ModelSpec& spec, const Hardware& hw,
 std::vector<LengthBucket> UniformBuckets(const std::vector<uint64_t>& bounds, const std::vector<double>& shares,
                                          double global_batch);
 
-}  // namespace ptc
+}  // namespace ptc::transform::device

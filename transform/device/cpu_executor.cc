@@ -3,7 +3,7 @@
 #include <memory>
 #include <thread>
 
-namespace ptc {
+namespace ptc::transform::device {
 
 Status InProcessTransport::Exchange(int rank, std::span<const SwitchMessage> sends,
                                     std::span<const SwitchMessage> recvs) {
@@ -118,4 +118,4 @@ Status RunSwitchThreads(const SwitchPlan& plan, const std::vector<std::vector<co
   return Status();
 }
 
-}  // namespace ptc
+}  // namespace ptc::transform::device

@@ -23,7 +23,7 @@
 #include "ptc/base/status.h"
 #include "transform/device/switch_plan.h"
 
-namespace ptc {
+namespace ptc::transform::device {
 
 struct SwitchMessage {
   int peer = 0;
@@ -83,4 +83,4 @@ Status RunSwitchCpu(const SwitchPlan& plan, int rank, const std::vector<const vo
 Status RunSwitchThreads(const SwitchPlan& plan, const std::vector<std::vector<const void*>>& from,
                         const std::vector<std::vector<void*>>& to, std::vector<CpuSwitchStats>* stats = nullptr);
 
-}  // namespace ptc
+}  // namespace ptc::transform::device

@@ -9,7 +9,7 @@
 
 #include "transform/device/cuda_kernels.h"
 
-namespace ptc {
+namespace ptc::transform::device {
 namespace {
 
 Status CudaError(const char* call, cudaError_t e) {
@@ -278,4 +278,4 @@ Status NcclCommDestroy(void* comm) {
   return Status();
 }
 
-}  // namespace ptc
+}  // namespace ptc::transform::device

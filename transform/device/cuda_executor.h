@@ -22,7 +22,7 @@
 #include "ptc/base/status.h"
 #include "transform/device/switch_plan.h"
 
-namespace ptc {
+namespace ptc::transform::device {
 
 // True when the library was built with CUDA and NCCL.
 bool SwitchHasCuda();
@@ -69,4 +69,4 @@ Status NcclUniqueId(char id[128]);
 Status NcclCommCreate(const char id[128], int world, int rank, void** comm);
 Status NcclCommDestroy(void* comm);
 
-}  // namespace ptc
+}  // namespace ptc::transform::device

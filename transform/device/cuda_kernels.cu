@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace ptc {
+namespace ptc::transform::device {
 namespace {
 
 constexpr int kThreads = 256;
@@ -123,4 +123,4 @@ cudaError_t LaunchStridedCopies(const DeviceCopyList& list, const void* const* f
   return cudaGetLastError();
 }
 
-}  // namespace ptc
+}  // namespace ptc::transform::device

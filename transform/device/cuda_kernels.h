@@ -7,7 +7,7 @@
 
 #include "transform/device/strided_copy.h"
 
-namespace ptc {
+namespace ptc::transform::device {
 
 // A descriptor list in device memory and its launch shape.
 // Descriptor i gets blocks [first_block[i], first_block[i + 1]) of a 1-d grid,
@@ -27,4 +27,4 @@ uint32_t BlocksFor(uint64_t bytes);
 cudaError_t LaunchStridedCopies(const DeviceCopyList& list, const void* const* from, void* const* to,
                                 unsigned char* staging, cudaStream_t stream);
 
-}  // namespace ptc
+}  // namespace ptc::transform::device

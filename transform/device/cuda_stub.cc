@@ -2,7 +2,7 @@
 // off or not found): every entry point says so.
 #include "transform/device/cuda_executor.h"
 
-namespace ptc {
+namespace ptc::transform::device {
 namespace {
 Status NoCuda() {
   return FailedPreconditionError("switch: ptcfs was built without CUDA/NCCL (PTCFS_WITH_CUDA=OFF or not found)");
@@ -43,4 +43,4 @@ Status NcclUniqueId(char*) { return NoCuda(); }
 Status NcclCommCreate(const char*, int, int, void**) { return NoCuda(); }
 Status NcclCommDestroy(void*) { return NoCuda(); }
 
-}  // namespace ptc
+}  // namespace ptc::transform::device

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-namespace ptc {
+namespace ptc::transform::device {
 
 bool MakeCopy(int32_t src, int64_t src_offset, const std::vector<int64_t>& src_strides, int32_t dst,
               int64_t dst_offset, const std::vector<int64_t>& dst_strides, const std::vector<int64_t>& extents,
@@ -84,4 +84,4 @@ void ApplyCopy(const StridedCopy& c, const void* src, void* dst) {
   }
 }
 
-}  // namespace ptc
+}  // namespace ptc::transform::device

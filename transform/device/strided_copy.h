@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace ptc {
+namespace ptc::transform::device {
 
 #ifdef __CUDACC__
 #define PTC_HOST_DEVICE __host__ __device__
@@ -60,4 +60,4 @@ bool MakeCopy(int32_t src, int64_t src_offset, const std::vector<int64_t>& src_s
 // buffers, already resolved).
 void ApplyCopy(const StridedCopy& c, const void* src, void* dst);
 
-}  // namespace ptc
+}  // namespace ptc::transform::device

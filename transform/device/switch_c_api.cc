@@ -19,10 +19,10 @@
 #include "transform/device/switch_plan.h"
 
 struct ptcfs_switch_plan {
-  std::shared_ptr<const ptc::SwitchPlan> plan;
-  ptc::SwitchRequest request;
+  std::shared_ptr<const ptc::transform::device::SwitchPlan> plan;
+  ptc::transform::device::SwitchRequest request;
   std::mutex mu;  // guards runners
-  std::map<int, std::unique_ptr<ptc::CudaSwitchRunner>> runners;
+  std::map<int, std::unique_ptr<ptc::transform::device::CudaSwitchRunner>> runners;
 };
 
 namespace {
@@ -33,8 +33,9 @@ using ptc::Status;
 thread_local std::string g_error;
 thread_local std::string g_text;
 
-ptc::SwitchPlanCache& Cache() {
-  static ptc::SwitchPlanCache* cache = new ptc::SwitchPlanCache();  // never destroyed: used until exit
+ptc::transform::device::SwitchPlanCache& Cache() {
+  static ptc::transform::device::SwitchPlanCache* cache =
+      new ptc::transform::device::SwitchPlanCache();  // never destroyed: used until exit
   return *cache;
 }
 
@@ -56,7 +57,7 @@ int Guard(Fn&& fn) {
   }
 }
 
-Status ParseOptions(const char* text, ptc::SwitchRequest* r) {
+Status ParseOptions(const char* text, ptc::transform::device::SwitchRequest* r) {
   if (text == nullptr || *text == '\0') return Status();
   PTC_ASSIGN_OR_RETURN(auto items, ptc::SplitKeyValues(text), "switch options");
   for (const auto& [key, value] : items) {
@@ -95,7 +96,7 @@ nlohmann::json BufferJson(const std::vector<ptc::LocalTensor>& list) {
     out.push_back({{"name", t.name},
                    {"dtype", std::string(ptc::DTypeName(t.dtype))},
                    {"shape", t.shape},
-                   {"bytes", ptc::BufferBytes(t)},
+                   {"bytes", ptc::transform::device::BufferBytes(t)},
                    {"segments", std::move(segments)}});
   }
   return out;
@@ -111,11 +112,11 @@ Status CheckRank(const ptcfs_switch_plan* p, int rank) {
 }
 
 // Exchanges through the caller's callback.
-class CallbackTransport : public ptc::SwitchTransport {
+class CallbackTransport : public ptc::transform::device::SwitchTransport {
  public:
   CallbackTransport(ptcfs_switch_exchange_fn fn, void* ctx) : fn_(fn), ctx_(ctx) {}
-  Status Exchange(int rank, std::span<const ptc::SwitchMessage> sends,
-                  std::span<const ptc::SwitchMessage> recvs) override {
+  Status Exchange(int rank, std::span<const ptc::transform::device::SwitchMessage> sends,
+                  std::span<const ptc::transform::device::SwitchMessage> recvs) override {
     if (sends.empty() && recvs.empty()) return Status();
     std::vector<int> sp, rp;
     std::vector<const void*> sd;
@@ -144,7 +145,7 @@ ptcfs_switch_plan* ptcfs_switch_plan_create(const char* schema, const char* dims
   auto handle = std::make_unique<ptcfs_switch_plan>();
   int rc = Guard([&]() -> Status {
     if (!schema || !dims || !from || !to) return ptc::InvalidArgumentError("switch: schema, dims, from and to are required");
-    ptc::SwitchRequest& r = handle->request;
+    ptc::transform::device::SwitchRequest& r = handle->request;
     PTC_ASSIGN_OR_RETURN(r.spec.schema, ptc::LoadSchema(schema));
     PTC_ASSIGN_OR_RETURN(r.spec.dims, ptc::ParseDims(dims));
     PTC_ASSIGN_OR_RETURN(r.from, ptc::ParseConfig(from), "layout A");
@@ -163,7 +164,7 @@ int ptcfs_switch_world(const ptcfs_switch_plan* plan) { return plan ? plan->plan
 const char* ptcfs_switch_describe(const ptcfs_switch_plan* p, int rank) {
   int rc = Guard([&]() -> Status {
     if (p == nullptr) return ptc::InvalidArgumentError("switch: null plan");
-    const ptc::SwitchPlan& plan = *p->plan;
+    const ptc::transform::device::SwitchPlan& plan = *p->plan;
     nlohmann::json j;
     if (rank < 0) {
       j = {{"world", plan.world},          {"buckets", plan.num_buckets},  {"bytes_total", plan.bytes_total},
@@ -175,7 +176,7 @@ const char* ptcfs_switch_describe(const ptcfs_switch_plan* p, int rank) {
       for (const auto& g : globals) j["tensors"][g.name] = g.shape;
     } else {
       PTC_RETURN_IF_ERROR(CheckRank(p, rank));
-      const ptc::RankSchedule& rs = plan.ranks[rank];
+      const ptc::transform::device::RankSchedule& rs = plan.ranks[rank];
       j = {{"rank", rank},
            {"from", BufferJson(rs.from)},
            {"to", BufferJson(rs.to)},
@@ -233,11 +234,11 @@ int ptcfs_switch_run(const ptcfs_switch_plan* p, int rank, const void* const* fr
   return Guard([&]() -> Status {
     PTC_RETURN_IF_ERROR(CheckRank(p, rank));
     if (exchange == nullptr) return ptc::InvalidArgumentError("switch: no exchange callback");
-    const ptc::RankSchedule& rs = p->plan->ranks[rank];
+    const ptc::transform::device::RankSchedule& rs = p->plan->ranks[rank];
     std::vector<const void*> f(from, from + rs.from.size());
     std::vector<void*> t(to, to + rs.to.size());
     CallbackTransport transport(exchange, ctx);
-    return ptc::RunSwitchCpu(*p->plan, rank, f, t, transport);
+    return ptc::transform::device::RunSwitchCpu(*p->plan, rank, f, t, transport);
   });
 }
 
@@ -247,15 +248,15 @@ int ptcfs_switch_run_threads(const ptcfs_switch_plan* p, const void* const* cons
     std::vector<std::vector<const void*>> f(p->plan->world);
     std::vector<std::vector<void*>> t(p->plan->world);
     for (int r = 0; r < p->plan->world; ++r) {
-      const ptc::RankSchedule& rs = p->plan->ranks[r];
+      const ptc::transform::device::RankSchedule& rs = p->plan->ranks[r];
       f[r].assign(from[r], from[r] + rs.from.size());
       t[r].assign(to[r], to[r] + rs.to.size());
     }
-    return ptc::RunSwitchThreads(*p->plan, f, t);
+    return ptc::transform::device::RunSwitchThreads(*p->plan, f, t);
   });
 }
 
-int ptcfs_switch_has_cuda(void) { return ptc::SwitchHasCuda() ? 1 : 0; }
+int ptcfs_switch_has_cuda(void) { return ptc::transform::device::SwitchHasCuda() ? 1 : 0; }
 
 int ptcfs_switch_run_cuda(const ptcfs_switch_plan* cp, int rank, const void* const* from, void* const* to,
                           void* stream, void* comm) {
@@ -265,9 +266,9 @@ int ptcfs_switch_run_cuda(const ptcfs_switch_plan* cp, int rank, const void* con
     std::lock_guard<std::mutex> lock(p->mu);
     auto& runner = p->runners[rank];
     if (!runner) {
-      PTC_ASSIGN_OR_RETURN(runner, ptc::CudaSwitchRunner::Create(p->plan, rank));
+      PTC_ASSIGN_OR_RETURN(runner, ptc::transform::device::CudaSwitchRunner::Create(p->plan, rank));
     }
-    const ptc::RankSchedule& rs = p->plan->ranks[rank];
+    const ptc::transform::device::RankSchedule& rs = p->plan->ranks[rank];
     std::vector<const void*> f(from, from + rs.from.size());
     std::vector<void*> t(to, to + rs.to.size());
     return runner->Run(f, t, stream, comm);
@@ -275,13 +276,13 @@ int ptcfs_switch_run_cuda(const ptcfs_switch_plan* cp, int rank, const void* con
 }
 
 int ptcfs_switch_nccl_unique_id(char id[128]) {
-  return Guard([&] { return ptc::NcclUniqueId(id); });
+  return Guard([&] { return ptc::transform::device::NcclUniqueId(id); });
 }
 int ptcfs_switch_nccl_comm_create(const char id[128], int world, int rank, void** comm) {
-  return Guard([&] { return ptc::NcclCommCreate(id, world, rank, comm); });
+  return Guard([&] { return ptc::transform::device::NcclCommCreate(id, world, rank, comm); });
 }
 int ptcfs_switch_nccl_comm_destroy(void* comm) {
-  return Guard([&] { return ptc::NcclCommDestroy(comm); });
+  return Guard([&] { return ptc::transform::device::NcclCommDestroy(comm); });
 }
 
 const char* ptcfs_switch_last_error(void) { return g_error.c_str(); }

@@ -6,7 +6,7 @@
 #include "ptc/store/manifest.h"
 #include "transform/plan.h"
 
-namespace ptc {
+namespace ptc::transform::device {
 namespace {
 
 constexpr const char* kGradSuffix = ".grad";
@@ -384,4 +384,4 @@ uint64_t SwitchPlanCache::hits() const {
   return hits_;
 }
 
-}  // namespace ptc
+}  // namespace ptc::transform::device

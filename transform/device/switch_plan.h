@@ -40,7 +40,7 @@
 #include "ptc/model/view.h"
 #include "transform/device/strided_copy.h"
 
-namespace ptc {
+namespace ptc::transform::device {
 
 struct SwitchContents {
   DType param_dtype = DType::kBF16;  // the working copies
@@ -132,4 +132,4 @@ class SwitchPlanCache {
   uint64_t hits_ = 0;
 };
 
-}  // namespace ptc
+}  // namespace ptc::transform::device
