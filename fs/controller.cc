@@ -127,6 +127,7 @@ std::string Controller::StatusJson(const std::shared_ptr<const Snapshot>& curren
   nlohmann::json j = {
       {"generation", current->generation()},
       {"config", current->config().ToString()},
+      {"pid", static_cast<int64_t>(::getpid())},
       {"state", MountStateName(state_)},
       {"bytes_done", done_.load()},
       {"bytes_total", total_.load()},

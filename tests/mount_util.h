@@ -39,8 +39,9 @@ class Mount {
     mounted_ = code == 0;
     EXPECT_EQ(code, 0) << out;
   }
+  // `ptcfs umount` returns once the daemon has exited (its store free again).
   ~Mount() {
-    if (mounted_) Sh("fusermount3 -u " + dir_);
+    if (mounted_) Ptcfs("umount " + dir_);
   }
   Mount(const Mount&) = delete;
   Mount& operator=(const Mount&) = delete;
