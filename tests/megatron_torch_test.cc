@@ -172,6 +172,20 @@ TEST_F(MegatronTorchTest, LegacyModuleOrderNumbersTheOptimizerState) {
 
 // A parameter's shards (tensor-parallel pieces, replicated norms) share one
 // step; a tree where they differ is refused, naming the state, and changes nothing.
+// Legacy Megatron's nested model dict with Transformer Engine's extra state:
+// refused naming the entry, not imported without it.
+TEST_F(MegatronTorchTest, ExtraStateInALegacyNestedModelIsRefusedNamingIt) {
+  const std::string src = Make("src", "--tp 2 --pp 1 --args --extra-state");
+  auto [code, out] = Ptcfs("import --format megatron " + kModel + " " + src + " " + tmp_ / "store");
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("mp_rank_00/model_optim_rng.pt: model/language_model/encoder/"
+                     "layers.0.self_attention.query_key_value._extra_state: extra state in legacy Megatron's "
+                     "nested model dict is not kept"),
+            std::string::npos)
+      << out;
+  EXPECT_FALSE(fs::exists(tmp_ / "store/manifest.json")) << "nothing imported";
+}
+
 TEST_F(MegatronTorchTest, ShardsWithDifferentStepsAreRefused) {
   const std::string src = Make("src", "--tp 2 --pp 1 --optimizer");
   auto [dc, dout] = Sh("/usr/bin/python3 -c 'import sys, torch; p = sys.argv[1]; d = torch.load(p); "

@@ -156,14 +156,36 @@ Result<megatron::RankRng> KeepRng(const RandomAccessFile& file, const TorchFile&
   return out;
 }
 
+// Refuses an `*._extra_state` entry inside the nested dicts of legacy
+// Megatron's model (what ptcfs keeps is Megatron-Core's, in its flat dict):
+// such a save is not taken with the entry silently dropped.
+Status RefuseNestedExtras(const pickle::Value& dict, const std::string& path) {
+  for (const auto& [key, value] : dict.pairs()) {
+    if (key.kind() != pickle::Kind::kStr) continue;
+    const std::string here = path + "/" + key.as_str();
+    if (value.is_dict()) {
+      PTC_RETURN_IF_ERROR(RefuseNestedExtras(value, here));
+    } else if (megatron::IsExtraStateKey(key.as_str())) {
+      return InvalidArgumentError(here +
+                                  ": extra state in legacy Megatron's nested model dict is not kept (ptcfs "
+                                  "keeps Megatron-Core's, in its flat model dict); save without it");
+    }
+  }
+  return Status::OK();
+}
+
 // The `*._extra_state` entries of one rank's flat model dict (Megatron-Core),
 // named globally, with their tensors' bytes (storages "x<entry>_<n>" of this
 // rank's entries; FoldRanks numbers them in the whole state).
+// \error InvalidArgument for one in a nested (legacy) model dict.
 Status KeepExtras(const RankView& view, const RandomAccessFile& file, const TorchFile& tf, const std::string& what,
                   std::vector<megatron::ExtraEntry>* out) {
   const pickle::Value* model = tf.root.Find("model");
   if (model == nullptr || !model->is_dict() || view.model.empty()) return Status::OK();
   for (const auto& [key, value] : model->pairs()) {
+    if (key.kind() == pickle::Kind::kStr && value.is_dict()) {
+      PTC_RETURN_IF_ERROR(RefuseNestedExtras(value, what + ": model/" + key.as_str()));
+    }
     if (key.kind() != pickle::Kind::kStr || !megatron::IsExtraStateKey(key.as_str())) continue;
     megatron::ExtraName name = megatron::GlobalExtraName(view, key.as_str());
     megatron::ExtraEntry e{view.coords.tp, std::move(name.key), std::move(name.anchor), value, {}};

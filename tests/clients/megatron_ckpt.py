@@ -27,6 +27,7 @@ Model: megatron-gpt layers=4, hidden=32, heads=4, vocab=128, seq=16 (ffn 128).
 Exit 0 and "CHECK OK <files>" when everything matches; 3 when torch is missing.
 """
 import argparse
+import io
 import os
 import random
 import sys
@@ -265,6 +266,9 @@ def make(a):
         for tp_rank in range(a.tp):
             model = rank_model(glob, a.tp, a.pp, tp_rank, pp_rank)
             sd = {"iteration": a.iteration, "checkpoint_version": 3.0, "model": model}
+            if a.extra_state:  # Transformer Engine's FP8 metadata, as a TE layer in legacy Megatron saves it
+                key = "layers.0.self_attention.query_key_value._extra_state"
+                model["language_model"]["encoder"][key] = io.BytesIO(b"fp8 meta")
             if a.args:
                 sd["args"] = argparse.Namespace(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
                                                 num_layers=LAYERS, hidden_size=HIDDEN, lr=3e-4, seed=a.seed,
@@ -448,6 +452,7 @@ def main():
     m.add_argument("--one-group", action="store_true", help="the optimizer in ptcfs's former one-group layout")
     m.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     m.add_argument("--seed", type=int, default=1)
+    m.add_argument("--extra-state", action="store_true", help="an _extra_state entry in the nested model dict")
     c = sub.add_parser("check")
     for name in ("src", "tp", "pp", "out", "tp2", "pp2"):
         c.add_argument(name, type=int if name.startswith(("tp", "pp")) else str)
