@@ -4,12 +4,16 @@
 its own, one job coordinated by a real etcd, a Megatron-LM checkpoint made by
 real torch (tests/clients/megatron_ckpt.py, Debian's python3-torch).
 
-  1. tp=2,pp=2 (two ranks per worker): each worker's process, started in its
-     namespace, loads its ranks from its own mount, trains (doubles every
-     float) and torch.saves iteration 200 through that mount; the latest file
-     on worker 0's mount commits the save on both workers.
+  1. tp=2,pp=2 (two ranks per worker), a dataset of 1001 samples in global
+     batches of 37: each worker's process, started in its namespace, loads its
+     ranks from its own mount, trains (doubles every float) and torch.saves
+     iteration 200 through that mount (args.consumed_train_samples 111: three
+     batches); the latest file on worker 0's mount commits the save on both
+     workers, and both serve the data position it names (epoch 0, step 3).
   2. Reconfigured to tp=1,pp=2 (one rank per worker) across the workers.
-  3. Saved again (iteration 300) at tp=1,pp=2, committed on worker 1's mount.
+  3. Saved again (iteration 300) at tp=1,pp=2, committed on worker 1's mount;
+     its consumed_train_samples 1147 counts from the start of training, as
+     Megatron's does: epoch 1, step 3 on both workers.
   4. A save whose rank file on worker 1 is never written: the latest file's
      close fails (EIO) naming the missing rank file, both workers keep the
      previous generation; once worker 1 writes its file, the save commits.
@@ -51,10 +55,21 @@ def client(ns, w, *args):
     return r.stdout
 
 
-def save_ranks(ns, mnts, w, mirror, iteration):
+def save_ranks(ns, mnts, w, mirror, iteration, consumed=None):
     """Worker w's ranks, loaded from its mount, trained and saved through it
-    (and into `mirror`, the framework's own copy), without the latest file."""
-    client(ns, w, "save", os.path.join(mnts[w], "megatron"), mirror, "--iteration", str(iteration), "--no-latest")
+    (and into `mirror`, the framework's own copy), without the latest file;
+    `consumed`: the args' consumed_train_samples."""
+    more = [] if consumed is None else ["--consumed", str(consumed)]
+    client(ns, w, "save", os.path.join(mnts[w], "megatron"), mirror, "--iteration", str(iteration), "--no-latest",
+           *more)
+
+
+def expect_position(mnts, epoch, step, consumed):
+    """Every worker serves the data position (epoch, step), `consumed`
+    samples into the epoch."""
+    for w in range(WORKERS):
+        d = status(mnts[w])["dataset"]
+        assert (d["epoch"], d["step"], d["consumed"]) == (epoch, step, consumed), "worker %d: %s" % (w, d)
 
 
 def commit(mnt, iteration):
@@ -130,6 +145,10 @@ def main():
             assert out.returncode == 0, out.stdout + out.stderr
             ptcfs("import", "--format", "megatron", "--schema", SCHEMA, "--dims", DIMS, "--config",
                   "tp=2,pp=2,per_worker=2", src, os.path.join(tmp, "whole"))
+            ptcfs("data", "synth", "--samples", "1001", "--min-len", "1", "--max-len", "50", "--vocab", "300",
+                  os.path.join(tmp, "ds"))
+            ptcfs("data", "import", os.path.join(tmp, "ds"), os.path.join(tmp, "whole"), "--global-batch", "37",
+                  "--seed", "5")
             stores = [worker_store(os.path.join(tmp, "whole"), os.path.join(disk1 if w == 1 else tmp, "store%d" % w), w)
                       for w in range(WORKERS)]
             token = job_token(os.path.join(tmp, "token"), "secret-token-of-the-save-job")
@@ -145,34 +164,38 @@ def main():
 
             # 1. A save through both mounts, committed on worker 0's.
             mirror = os.path.join(tmp, "mirror-200")
+            expect_position(mnts, 0, 0, 0)
             for w in range(WORKERS):
-                save_ranks(ns, mnts, w, mirror, 200)
+                save_ranks(ns, mnts, w, mirror, 200, consumed=111)
             t0 = time.time()
             commit(mnts[0], 200)
-            expect_saved(tmp, mnts, mirror, 200, (2, 2), (2, 2), 2, 2, "200")
-            print("ok   iteration 200 saved through both mounts, committed on both in %.2f s" % (time.time() - t0))
+            expect_saved(tmp, mnts, mirror, 200, (2, 2), (2, 2), 2, 3, "200")
+            expect_position(mnts, 0, 3, 111)
+            print("ok   iteration 200 saved through both mounts, committed on both in %.2f s, at data step 3" %
+                  (time.time() - t0))
 
             # 2. Across the workers to tp=1,pp=2: the saved state, resharded.
             reconfigure(mnts[1], "tp=1,pp=2,per_worker=1")
-            expect_saved(tmp, mnts, mirror, 200, (2, 2), (1, 2), 1, 3, "200-tp1")
+            expect_saved(tmp, mnts, mirror, 200, (2, 2), (1, 2), 1, 4, "200-tp1")
             print("ok   reconfigured to tp=1,pp=2: every rank equals the save resharded")
 
             # 3. The next save in the new layout, committed on worker 1's mount.
             mirror = os.path.join(tmp, "mirror-300")
             for w in range(WORKERS):
-                save_ranks(ns, mnts, w, mirror, 300)
+                save_ranks(ns, mnts, w, mirror, 300, consumed=1147)
             commit(mnts[1], 300)
-            expect_saved(tmp, mnts, mirror, 300, (1, 2), (1, 2), 1, 4, "300")
-            print("ok   iteration 300 saved at tp=1,pp=2 and committed on both")
+            expect_saved(tmp, mnts, mirror, 300, (1, 2), (1, 2), 1, 5, "300")
+            expect_position(mnts, 1, 3, 111)
+            print("ok   iteration 300 saved at tp=1,pp=2 and committed on both, at epoch 1, step 3")
 
             # 4. Worker 1's rank file never written: refused on every worker, naming it.
             mirror = os.path.join(tmp, "mirror-400")
             save_ranks(ns, mnts, 0, mirror, 400)
-            expect_refused(mnts, 400, 4, "iter_0000400/mp_rank_00_001/model_optim_rng.pt: written on no worker",
+            expect_refused(mnts, 400, 5, "iter_0000400/mp_rank_00_001/model_optim_rng.pt: written on no worker",
                            "missing a rank file")
             save_ranks(ns, mnts, 1, mirror, 400)
             commit(mnts[0], 400)
-            expect_saved(tmp, mnts, mirror, 400, (1, 2), (1, 2), 1, 5, "400")
+            expect_saved(tmp, mnts, mirror, 400, (1, 2), (1, 2), 1, 6, "400")
             print("ok   once written, the save committed on both")
 
             # 5. Worker 1's disk full once its rank file is staged: aborted on both, nothing left behind.
@@ -181,12 +204,12 @@ def main():
                 save_ranks(ns, mnts, w, mirror, 500)
             filler = os.path.join(disk1, "filler")
             fill(filler)
-            expect_refused(mnts, 500, 5, "No space left on device", "that does not fit on worker 1's disk")
+            expect_refused(mnts, 500, 6, "No space left on device", "that does not fit on worker 1's disk")
             for w in range(WORKERS):
-                assert not os.path.exists(os.path.join(stores[w], "gen-000006")), os.listdir(stores[w])
+                assert not os.path.exists(os.path.join(stores[w], "gen-000007")), os.listdir(stores[w])
             os.remove(filler)
             commit(mnts[0], 500)
-            expect_saved(tmp, mnts, mirror, 500, (1, 2), (1, 2), 1, 6, "500")
+            expect_saved(tmp, mnts, mirror, 500, (1, 2), (1, 2), 1, 7, "500")
             print("ok   with room again, the save committed on both")
     finally:
         stop(daemons, mnts)
