@@ -160,6 +160,25 @@ TEST_F(PassthroughTest, DataParallelReplicasWithAllCopies) {
   EXPECT_NE(o.find("rank-00002.model.safetensors"), std::string::npos) << o;
 }
 
+// Without copies a data-parallel replica's file has the same tensor offsets as
+// the first replica's rank file but another header: it is served by the
+// daemon, not refused (the first version failed its open with EIO).
+TEST_F(PassthroughTest, ReplicaWithoutCopiesGoesThroughTheDaemon) {
+  MakeStore("tp=2,pp=1,dp=2,per_worker=4", "--rank-file-copies none");
+  Mount m(tmp_ / "store", tmp_ / "mnt");
+  RequirePassthrough(MountStatus(m.dir()));
+  auto status = MountStatus(m.dir());
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string path = RankFile(rank, "model.safetensors");
+    EXPECT_EQ(status["passthrough"]["files"][path], rank == 0 ? "kernel" : "daemon") << path;
+    char dir[32];
+    std::snprintf(dir, sizeof(dir), "rank-%05d/", rank);
+    auto [c, o] = Sh("cmp " + m.dir() + "/" + path + " " + tmp_ / "src/" + dir + "model.safetensors");
+    EXPECT_EQ(c, 0) << path << " " << o;
+  }
+  EXPECT_TRUE(MountStatus(m.dir())["last_error"].is_null());
+}
+
 TEST_F(PassthroughTest, ReconfigureKeepsOpenFilesOnTheirBackingFile) {
   MakeStore();
   Mount m(tmp_ / "store", tmp_ / "mnt", "--compact-pieces 1");
