@@ -127,7 +127,7 @@ ptc::Result<uint64_t> ParseCopyBudget(const std::string& text) {
   if (text == "none") return uint64_t{0};
   if (text == "stored") return RankFileOptions::kWorkerStored;
   const auto bad = [&] {
-    return ptc::InvalidArgumentError("--rank-file-copies '" + text +
+    return ptc::InvalidArgumentError("'" + text +
                                      "': expected all, none, stored or a byte count (K, M, G, T suffixes)");
   };
   if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) return bad();

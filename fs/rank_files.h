@@ -32,7 +32,7 @@ struct RankFileOptions {
 
 // Parses --rank-file-copies: "all", "none" (0), "stored" (the default) or a
 // byte count with an optional K/M/G/T suffix (powers of 1024).
-// \error InvalidArgument naming the text.
+// \error InvalidArgument "'TEXT': expected ..." (the caller names the option).
 ptc::Result<uint64_t> ParseCopyBudget(const std::string& text);
 
 // Pure. For every rank of the layout (in rank order), its model.safetensors and

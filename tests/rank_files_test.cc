@@ -105,8 +105,8 @@ TEST(RankFiles, CopyBudgetText) {
   for (const char* bad : {"", "-1", "1.5G", "12X", "G", "all ", "99999999999999999999", "16777216T"}) {
     auto r = ParseCopyBudget(bad);
     ASSERT_FALSE(r.ok()) << bad;
-    EXPECT_EQ(r.status().message(), "--rank-file-copies '" + std::string(bad) +
-                                        "': expected all, none, stored or a byte count (K, M, G, T suffixes)");
+    EXPECT_EQ(r.status().message(),
+              "'" + std::string(bad) + "': expected all, none, stored or a byte count (K, M, G, T suffixes)");
   }
 }
 

@@ -38,7 +38,7 @@ ptc::Status RunCompact(const CompactArgs& a) {
   std::vector<ptc::RankFileSpec> files;
   if (a.rank_files) {
     RankFileOptions options;
-    PTC_ASSIGN_OR_RETURN(options.copy_budget, ParseCopyBudget(a.rank_file_copies));
+    PTC_ASSIGN_OR_RETURN(options.copy_budget, ParseCopyBudget(a.rank_file_copies), "--rank-file-copies");
     PTC_ASSIGN_OR_RETURN(RankFileCompaction rf, PlanRankFileCompaction(*store, options));
     c = std::move(rf.compaction);
     files = std::move(rf.files);

@@ -109,7 +109,8 @@ ptc::Status RunMount(const MountArgs& a) {
   options.compaction = a.compaction;
   options.passthrough = a.passthrough == "auto";
   options.compaction.rank_files = options.passthrough;
-  PTC_ASSIGN_OR_RETURN(options.compaction.rank_file_options.copy_budget, ParseCopyBudget(a.rank_file_copies));
+  PTC_ASSIGN_OR_RETURN(options.compaction.rank_file_options.copy_budget, ParseCopyBudget(a.rank_file_copies),
+                       "--rank-file-copies");
   SessionOptions session{a.mountpoint, a.foreground, a.threads, nullptr};
   std::unique_ptr<Worker> cluster;
   if (!a.cluster.url.empty()) {
