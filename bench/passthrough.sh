@@ -8,11 +8,14 @@
 # vs the local files. Medians of REPS rounds, ratios to direct / local.
 #
 # Store: a synthetic GPT (DIMS, bf16, no optimizer) at CONFIG, imported and
-# compacted with --rank-files. Reader: bench/mount_read.py 1 (1 MiB reads into
+# compacted with --rank-files (--rank-file-copies COPIES: with several ranks
+# per worker, the files of ranks sharing a piece hold copies of it). Reader: bench/mount_read.py 1 (1 MiB reads into
 # one reused buffer). Optional: PASSTHROUGH_HP (libfuse's example, built from
 # the system libfuse's release) as one more method, reading the rank files.
 # Environment: PTCFS (build/tools/ptcfs), PY (.venv/bin/python), REPS (5),
-# WORK (/tmp/ptcfs-passthrough-bench), DIMS, CONFIG.
+# WORK (/tmp/ptcfs-passthrough-bench), DIMS, CONFIG, COPIES (stored), SETTLE (8:
+# seconds after a sync before each timed method). Prints the load average
+# before and after.
 # Needs root and /dev/fuse.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,16 +25,19 @@ REPS=${REPS:-5}
 WORK=${WORK:-/tmp/ptcfs-passthrough-bench}
 DIMS=${DIMS:-layers=8,hidden=1024,heads=16,vocab=32000,seq=128}
 CONFIG=${CONFIG:-tp=2,pp=1,dp=1,per_worker=1}
+COPIES=${COPIES:-stored}
+SETTLE=${SETTLE:-8}
 mkdir -p "$WORK"
 if [ ! -f "$WORK/store/manifest.json" ]; then
   rm -rf "$WORK/src" "$WORK/store"
   "$PTCFS" synth --schema megatron-gpt --dims "$DIMS" --dtype bf16 --config "$CONFIG" "$WORK/src" >/dev/null
   "$PTCFS" import --schema megatron-gpt --dims "$DIMS" --config "$CONFIG" "$WORK/src" "$WORK/store" >/dev/null
-  "$PTCFS" compact --rank-files "$WORK/store" >/dev/null
+  "$PTCFS" compact --rank-files --rank-file-copies "$COPIES" "$WORK/store" >/dev/null
 fi
 mapfile -t direct < <(find "$WORK/store" -name 'rank-*.safetensors' | sort)
 bytes=$(cat "${direct[@]}" | wc -c)
-echo "store: $WORK/store, ${#direct[@]} rank files, $bytes bytes, $DIMS, $CONFIG"
+echo "store: $WORK/store, ${#direct[@]} rank files, $bytes bytes, $DIMS, $CONFIG, copies $COPIES"
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 cat "${direct[@]}" >/dev/null  # page cache warm
 
 cat > "$WORK/st_mmap.py" <<'PYEOF'
@@ -52,6 +58,7 @@ for round in $(seq 1 "$REPS"); do
   for method in kernel daemon direct hp; do
     case $method in
       direct)
+        sync; sleep "$SETTLE"
         echo "$round direct first $(read_gbs "${direct[@]}")" >> "$results"
         echo "$round direct reread $(read_gbs "${direct[@]}")" >> "$results"
         echo "$round direct st_mmap $("$PY" "$WORK/st_mmap.py" "${direct[@]}")" >> "$results"
@@ -66,7 +73,7 @@ for round in $(seq 1 "$REPS"); do
         "$PTCFS" mount --format safetensors --passthrough $mode "$WORK/store" "$WORK/mnt-$method"
         mapfile -t files < <(ls "$WORK/mnt-$method"/model/rank-*/*.safetensors) ;;
     esac
-    sync; sleep 1
+    sync; sleep "$SETTLE"
     echo "$round $method first $(read_gbs "${files[@]}")" >> "$results"
     echo "$round $method reread $(read_gbs "${files[@]}")" >> "$results"
     echo "$round $method st_mmap $("$PY" "$WORK/st_mmap.py" "${files[@]}")" >> "$results"
@@ -76,6 +83,7 @@ for round in $(seq 1 "$REPS"); do
     fusermount3 -u "$WORK/mnt-$method" 2>/dev/null || fusermount3 -u "$WORK/mnt-hp"
   done
 done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 - "$results" <<'PYEOF'
 import sys, statistics
 rows = [l.split() for l in open(sys.argv[1])]

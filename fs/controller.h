@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fs/participant.h"
+#include "fs/rank_files.h"
 #include "fs/snapshot.h"
 #include "ptc/base/mutex.h"
 #include "ptc/store/generation_writer.h"
@@ -39,6 +40,7 @@ struct CompactionPolicy {
   // Write the layout's safetensors files whole as rank files (fs/rank_files.h),
   // which the kernel can then read itself (--passthrough auto).
   bool rank_files = false;
+  RankFileOptions rank_file_options;  // which copies they hold (--rank-file-copies)
   bool Due(const ptc::transform::Fragmentation& f) const {
     return (max_pieces_per_shard > 0 && f.pieces_per_shard() > max_pieces_per_shard) ||
            (min_piece_bytes > 0 && f.pieces > 0 && f.smallest_piece < min_piece_bytes);

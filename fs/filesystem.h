@@ -218,6 +218,13 @@ class Filesystem {
   // fails the open.
   // \error IOError naming the backing file when removed or truncated.
   ptc::Status OpenPassthrough(const Node& node, const VirtualFile& file, OpenReply* reply) EXCLUDES(mu_);
+  // The file on disk that holds `node`'s rendered `file` byte for byte, opened:
+  // the first of file.VerbatimFiles (its pieces, or copies of them) whose size,
+  // header and padding agree (CheckVerbatim; a file with another header, a
+  // replica's, is passed over); nullptr when none does.
+  // \error IOError naming the file when one that would back it is missing,
+  //        removed or truncated (and no other holds it).
+  ptc::Result<std::unique_ptr<ptc::RandomAccessFile>> BackingFile(const Node& node, const VirtualFile& file) const;
 
   MountOptions options_;
   Passthrough passthrough_;

@@ -10,24 +10,49 @@
 
 namespace ptcfs {
 
-ptc::Status Filesystem::OpenPassthrough(const Node& node, const VirtualFile& file, OpenReply* reply) {
-  ptc::Result<const ptc::RandomAccessFile*> backing = file.VerbatimFile();
-  if (!backing.ok()) {
+ptc::Result<std::unique_ptr<ptc::RandomAccessFile>> Filesystem::BackingFile(const Node& node,
+                                                                            const VirtualFile& file) const {
+  ptc::Result<std::vector<std::string>> candidates = file.VerbatimFiles(node.snap->copies());
+  if (!candidates.ok()) {
     // A shard file it needs cannot be opened: served by the daemon, whose reads say why.
-    if (backing.status().code() != ptc::Code::kNotFound) return ptc::Status::OK();
-    return ptc::IOError("missing file: " + backing.status().message());
+    if (candidates.status().code() != ptc::Code::kNotFound) return std::unique_ptr<ptc::RandomAccessFile>();
+    return ptc::IOError("missing file: " + candidates.status().message());
   }
+  ptc::Status failure;
+  for (const std::string& path : *candidates) {
+    auto f = store_->env()->OpenRead(store_->AbsPath(path));
+    if (!f.ok()) {
+      if (f.status().code() == ptc::Code::kNotFound) failure = ptc::IOError("missing file: " + f.status().message());
+      continue;
+    }
+    if ((*f)->fd() < 0) continue;  // not a local file (a peer's)
+    struct stat st;
+    if (::fstat((*f)->fd(), &st) != 0) {
+      failure = ptc::ErrnoError((*f)->path(), errno);
+      continue;
+    }
+    if (st.st_nlink == 0) {
+      failure = ptc::IOError((*f)->path() + ": the backing file was removed under the mount");
+      continue;
+    }
+    ptc::Status same = file.CheckVerbatim(**f);
+    if (same.ok()) return std::move(f).value();
+    if (same.code() != ptc::Code::kCorruption) failure = same;  // truncated; a Corruption: another file's header
+  }
+  if (!failure.ok()) return failure;
+  return std::unique_ptr<ptc::RandomAccessFile>();
+}
+
+ptc::Status Filesystem::OpenPassthrough(const Node& node, const VirtualFile& file, OpenReply* reply) {
+  if (!passthrough_.enabled()) return ptc::Status::OK();  // every file through the daemon: no check needed
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<ptc::RandomAccessFile> backing, BackingFile(node, file));
   {
     ptc::MutexLock lock(&mu_);
-    verbatim_[node.ino] = *backing != nullptr;
+    verbatim_[node.ino] = backing != nullptr;
   }
-  if (*backing == nullptr || !passthrough_.enabled()) return ptc::Status::OK();
-  const ptc::RandomAccessFile& f = **backing;
-  struct stat st;
-  if (::fstat(f.fd(), &st) != 0) return ptc::ErrnoError(f.path(), errno);
-  if (st.st_nlink == 0) return ptc::IOError(f.path() + ": the backing file was removed under the mount");
-  PTC_RETURN_IF_ERROR(file.CheckVerbatim(f));
-  ptc::Result<int32_t> id = passthrough_.Acquire(node.ino, f.fd());
+  if (backing == nullptr) return ptc::Status::OK();
+  // The kernel keeps its own reference to the file: `backing` may close after.
+  ptc::Result<int32_t> id = passthrough_.Acquire(node.ino, backing->fd());
   if (id.ok()) reply->backing_id = *id;  // otherwise the daemon serves it (the status says why)
   return ptc::Status::OK();
 }
@@ -65,7 +90,7 @@ nlohmann::json Filesystem::PassthroughStatus() const {
       auto rendered = Render(*node);
       verbatim = false;
       if (rendered.ok()) {
-        auto backing = (*rendered)->VerbatimFile();
+        auto backing = BackingFile(*node, **rendered);
         verbatim = backing.ok() && *backing != nullptr;
       }
       ptc::MutexLock lock(&mu_);

@@ -1,5 +1,7 @@
 #include "fs/rank_files.h"
 
+#include <algorithm>
+#include <cctype>
 #include <set>
 #include <tuple>
 
@@ -30,14 +32,22 @@ ptc::Index ContiguousStart(const ptc::LocalTensor& local, const ptc::ShardKey& k
   return box == key.boxes.size() ? start : -1;
 }
 
-// `tensors` as one rank file, or nullopt when a shard of them is not
-// contiguous or already placed (`placed` is updated only on success).
-ptc::Result<std::optional<ptc::RankFileSpec>> PlanFile(const std::vector<ptc::LocalTensor>& tensors,
-                                                       const std::map<std::string, std::string>& metadata, int worker,
-                                                       std::string name, std::set<Key>* placed) {
+// One file's plan before the copy budget: its spec and the bytes of its copies.
+struct Candidate {
+  ptc::RankFileSpec spec;
+  uint64_t copy_bytes = 0;
+};
+
+// `tensors` as one rank file: the shards its worker does not store yet placed
+// in it (added to `placed`), copies of the others; nullopt when a shard is
+// not contiguous in it (`placed` unchanged then).
+ptc::Result<std::optional<Candidate>> PlanFile(const std::vector<ptc::LocalTensor>& tensors,
+                                               const std::map<std::string, std::string>& metadata, int worker,
+                                               std::string name, std::set<Key>* placed) {
   std::vector<ptc::TensorSpec> specs;
   for (const ptc::LocalTensor& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
-  ptc::RankFileSpec file;
+  Candidate c;
+  ptc::RankFileSpec& file = c.spec;
   file.worker = worker;
   file.name = std::move(name);
   PTC_ASSIGN_OR_RETURN(file.header, ptc::EncodeSafetensorsHeader(specs, metadata));
@@ -50,27 +60,101 @@ ptc::Result<std::optional<ptc::RankFileSpec>> PlanFile(const std::vector<ptc::Lo
       for (const ptc::Box& b : key.boxes) bytes += static_cast<uint64_t>(b.volume()) * elem;
       if (bytes == 0) continue;
       const ptc::Index start = ContiguousStart(t, key);
+      if (start < 0) return std::nullopt;
+      const uint64_t at = pos + static_cast<uint64_t>(start) * elem;
       Key k{worker, key.tensor, key.boxes};
-      if (start < 0 || placed->count(k) || !mine.insert(k).second) return std::nullopt;
-      file.placements.push_back({key.tensor, key.boxes, pos + static_cast<uint64_t>(start) * elem});
+      if (placed->count(k) || !mine.insert(k).second) {
+        file.copies.push_back({key.tensor, key.boxes, at});
+        c.copy_bytes += bytes;
+      } else {
+        file.placements.push_back({key.tensor, key.boxes, at});
+      }
     }
     pos += static_cast<uint64_t>(ptc::NumElements(t.shape)) * elem;
   }
   file.size = pos;
-  if (file.placements.empty()) return std::nullopt;
+  if (file.placements.empty() && file.copies.empty()) return std::nullopt;
   placed->insert(mine.begin(), mine.end());
-  return file;
+  return c;
+}
+
+uint64_t PlacedBytes(const ptc::RankFileSpec& f, const std::map<std::string, size_t>& elem) {
+  uint64_t n = 0;
+  for (const auto& p : f.placements) {
+    for (const ptc::Box& b : p.boxes) n += static_cast<uint64_t>(b.volume()) * elem.at(p.tensor);
+  }
+  return n;
+}
+
+// Keeps the copies of the files that fit their worker's budget (fewest copy
+// bytes first); drops the copies, or the file when it places nothing, of the others.
+std::vector<ptc::RankFileSpec> ApplyBudget(std::vector<Candidate> files, const std::map<std::string, size_t>& elem,
+                                           uint64_t budget) {
+  std::map<int, uint64_t> left;  // per worker
+  for (const Candidate& c : files) {
+    uint64_t& l = left[c.spec.worker];
+    if (budget == RankFileOptions::kWorkerStored) {
+      l += PlacedBytes(c.spec, elem);
+    } else {
+      l = budget;
+    }
+  }
+  std::vector<size_t> order;
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (files[i].copy_bytes > 0) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return files[a].copy_bytes < files[b].copy_bytes; });
+  for (size_t i : order) {
+    uint64_t& l = left[files[i].spec.worker];
+    if (files[i].copy_bytes <= l) {
+      l -= files[i].copy_bytes;
+    } else {
+      files[i].spec.copies.clear();
+    }
+  }
+  std::vector<ptc::RankFileSpec> out;
+  for (Candidate& c : files) {
+    if (!c.spec.placements.empty() || !c.spec.copies.empty()) out.push_back(std::move(c.spec));
+  }
+  return out;
 }
 
 }  // namespace
+
+ptc::Result<uint64_t> ParseCopyBudget(const std::string& text) {
+  if (text == "all") return RankFileOptions::kAll;
+  if (text == "none") return uint64_t{0};
+  if (text == "stored") return RankFileOptions::kWorkerStored;
+  const auto bad = [&] {
+    return ptc::InvalidArgumentError("'" + text +
+                                     "': expected all, none, stored or a byte count (K, M, G, T suffixes)");
+  };
+  if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) return bad();
+  size_t used = 0;
+  uint64_t n = 0;
+  while (used < text.size() && std::isdigit(static_cast<unsigned char>(text[used]))) {
+    if (__builtin_mul_overflow(n, uint64_t{10}, &n) ||
+        __builtin_add_overflow(n, static_cast<uint64_t>(text[used] - '0'), &n)) {
+      return bad();
+    }
+    ++used;
+  }
+  static const std::map<std::string, int> kShifts = {{"", 0}, {"K", 10}, {"M", 20}, {"G", 30}, {"T", 40}};
+  const auto shift = kShifts.find(text.substr(used));
+  if (shift == kShifts.end() || n > ((RankFileOptions::kWorkerStored - 1) >> shift->second)) return bad();
+  return n << shift->second;
+}
 
 std::map<std::string, std::string> SafetensorsMetadata(const ptc::ParallelConfig& config, int rank) {
   return {{"format", "pt"}, {"ptcfs.rank", std::to_string(rank)}, {"ptcfs.config", config.ToString()}};
 }
 
-ptc::Result<std::vector<ptc::RankFileSpec>> PlanRankFiles(const ptc::ModelLayout& layout) {
+ptc::Result<std::vector<ptc::RankFileSpec>> PlanRankFiles(const ptc::ModelLayout& layout,
+                                                          const RankFileOptions& options) {
   const ptc::ParallelConfig& config = layout.config();
-  std::vector<ptc::RankFileSpec> out;
+  std::vector<Candidate> files;
+  std::map<std::string, size_t> elem;  // per global tensor
   std::set<Key> placed;
   for (int rank = 0; rank < config.world_size(); ++rank) {
     PTC_ASSIGN_OR_RETURN(ptc::RankView view, layout.View(rank));
@@ -79,11 +163,14 @@ ptc::Result<std::vector<ptc::RankFileSpec>> PlanRankFiles(const ptc::ModelLayout
     const std::string dir = ptc::RankDirName(rank);
     for (const auto& [list, file] : {std::pair{&view.model, "model.safetensors"}, {&view.optim, "optim.safetensors"}}) {
       if (list->empty()) continue;
+      for (const ptc::LocalTensor& t : *list) {
+        for (const ptc::Segment& seg : t.segments) elem[seg.tensor] = ptc::DTypeSize(t.dtype);
+      }
       PTC_ASSIGN_OR_RETURN(auto planned, PlanFile(*list, metadata, worker, dir + "." + file, &placed));
-      if (planned) out.push_back(std::move(*planned));
+      if (planned) files.push_back(std::move(*planned));
     }
   }
-  return out;
+  return ApplyBudget(std::move(files), elem, options.copy_budget);
 }
 
 bool RankFilesWritten(const std::vector<ptc::RankFileSpec>& files, const ptc::GenerationManifest& generation) {
@@ -97,16 +184,26 @@ bool RankFilesWritten(const std::vector<ptc::RankFileSpec>& files, const ptc::Ge
       const bool in_file = s.file.size() > f.name.size() && s.file.ends_with("/" + f.name);
       if (s.h5.empty() || !in_file || s.offset != p.offset) return false;
     }
+    if (f.copies.empty()) continue;
+    const auto listed = std::find_if(
+        generation.rank_file_copies.begin(), generation.rank_file_copies.end(), [&](const ptc::RankFileCopies& c) {
+          return c.worker == f.worker && c.file.size() > f.name.size() && c.file.ends_with("/" + f.name);
+        });
+    if (listed == generation.rank_file_copies.end()) return false;
+    for (const ptc::RankFileSpec::Placement& p : f.copies) {
+      const ptc::CopyRecord want{p.tensor, p.boxes, p.offset};
+      if (std::find(listed->copies.begin(), listed->copies.end(), want) == listed->copies.end()) return false;
+    }
   }
   return true;
 }
 
-ptc::Result<RankFileCompaction> PlanRankFileCompaction(const ptc::Store& store) {
+ptc::Result<RankFileCompaction> PlanRankFileCompaction(const ptc::Store& store, const RankFileOptions& options) {
   RankFileCompaction out;
   PTC_ASSIGN_OR_RETURN(out.compaction, ptc::transform::PlanCompaction(store));
   ptc::transform::Compaction& c = out.compaction;
   PTC_ASSIGN_OR_RETURN(const ptc::ModelLayout layout, ptc::ModelLayout::Make(c.spec, c.config));
-  PTC_ASSIGN_OR_RETURN(out.files, PlanRankFiles(layout));
+  PTC_ASSIGN_OR_RETURN(out.files, PlanRankFiles(layout, options));
   if (RankFilesWritten(out.files, *c.source)) return out;
   // Every target written: those stored as they are copied from that shard, box by box.
   PTC_ASSIGN_OR_RETURN(ptc::transform::Plan plan,

@@ -4,6 +4,7 @@
 // fs/passthrough.h). docs/store_format.md, "Rank files".
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,17 +22,36 @@ namespace ptcfs {
 // The metadata of rank `rank`'s safetensors files in `config`.
 std::map<std::string, std::string> SafetensorsMetadata(const ptc::ParallelConfig& config, int rank);
 
+// How many bytes of copies (pieces another file of the same worker stores) a
+// worker's rank files may hold.
+struct RankFileOptions {
+  static constexpr uint64_t kWorkerStored = UINT64_MAX - 1;  // as many as the worker's stored pieces
+  static constexpr uint64_t kAll = UINT64_MAX;
+  uint64_t copy_budget = kWorkerStored;
+};
+
+// Parses --rank-file-copies: "all", "none" (0), "stored" (the default) or a
+// byte count with an optional K/M/G/T suffix (powers of 1024).
+// \error InvalidArgument "'TEXT': expected ..." (the caller names the option).
+ptc::Result<uint64_t> ParseCopyBudget(const std::string& text);
+
 // Pure. For every rank of the layout (in rank order), its model.safetensors and
 // optim.safetensors (in that order) as a rank file in its worker's directory,
 // when each of its tensors stores its shards contiguously and in order in the
-// file (every built-in layout) and no earlier file took one of them: a shard
-// is stored once per worker, so of ranks holding the same shard (data-parallel
-// replicas, tied embeddings) only the first gets a rank file; the others are
-// served by the daemon from it. Zero-byte shards are not placed.
+// file (every built-in layout). A shard is stored once per worker, in the
+// first file that holds it (a placement); a later file of the same worker that
+// holds it too (tensor-parallel replicated norms and biases, tied embeddings,
+// data-parallel replicas) gets a copy of its bytes at its own offset, so that
+// every file exists whole. Copies cost disk: a worker's files get them up to
+// `options.copy_budget` bytes, the files with the fewest copy bytes first
+// (ties in rank order); a file left out keeps its placements only (served by
+// the daemon). Zero-byte shards are not placed.
 // \error as ModelLayout::View and EncodeSafetensorsHeader.
-ptc::Result<std::vector<ptc::RankFileSpec>> PlanRankFiles(const ptc::ModelLayout& layout);
+ptc::Result<std::vector<ptc::RankFileSpec>> PlanRankFiles(const ptc::ModelLayout& layout,
+                                                          const RankFileOptions& options = {});
 
-// Whether `generation` stores every shard `files` place in its rank file.
+// Whether `generation` stores every shard `files` place in its rank file and
+// lists every copy they hold.
 bool RankFilesWritten(const std::vector<ptc::RankFileSpec>& files, const ptc::GenerationManifest& generation);
 
 // A compaction that writes rank files: ptc::transform::PlanCompaction's, but when the
@@ -43,6 +63,6 @@ struct RankFileCompaction {
   std::vector<ptc::RankFileSpec> files;
 };
 // \error as PlanCompaction, MakePlan and PlanRankFiles.
-ptc::Result<RankFileCompaction> PlanRankFileCompaction(const ptc::Store& store);
+ptc::Result<RankFileCompaction> PlanRankFileCompaction(const ptc::Store& store, const RankFileOptions& options = {});
 
 }  // namespace ptcfs

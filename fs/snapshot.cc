@@ -14,7 +14,9 @@ Snapshot::Snapshot(const ptc::Store& store, std::shared_ptr<const ptc::Generatio
     : store_(store),
       generation_(generation),
       layout_(std::move(layout)),
-      reader_(store, generation, /*verify=*/false) {}
+      reader_(store, generation, /*verify=*/false),
+      copies_(generation ? ptc::CopiesByPiece(*generation)
+                         : std::map<const ptc::ShardRecord*, std::vector<ptc::CopyPlace>>{}) {}
 
 ptc::Result<std::shared_ptr<const Snapshot>> Snapshot::Create(const ptc::Store& store,
                                                               std::shared_ptr<const ptc::GenerationManifest> generation,

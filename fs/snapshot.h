@@ -25,6 +25,7 @@
 #include "ptc/dataset/view.h"
 #include "ptc/model/model_layout.h"
 #include "ptc/model/view.h"
+#include "ptc/store/rank_files.h"
 #include "ptc/store/shard_verify.h"
 #include "ptc/store/store.h"
 #include "ptc/store/store_reader.h"
@@ -77,6 +78,8 @@ class Snapshot {
   uint64_t generation() const { return generation_->generation; }
   const std::vector<ptc::RankView>& views() const { return views_; }
   const ptc::GenerationReader& reader() const { return reader_; }
+  // The copies of the generation's pieces in rank files, by piece (a record of reader().manifest()).
+  const std::map<const ptc::ShardRecord*, std::vector<ptc::CopyPlace>>& copies() const { return copies_; }
   int WorkerOf(int rank) const { return config().WorkerOf(rank); }
   std::map<std::string, std::string> Metadata(int rank) const;
   const std::optional<ptc::DatasetState>& dataset() const { return dataset_; }
@@ -107,6 +110,7 @@ class Snapshot {
   ptc::ModelLayout layout_;
   std::vector<ptc::RankView> views_;
   ptc::GenerationReader reader_;
+  std::map<const ptc::ShardRecord*, std::vector<ptc::CopyPlace>> copies_;
   std::optional<ptc::DatasetState> dataset_;
   std::shared_ptr<const ptc::DatasetSource> source_;
   std::shared_ptr<ShardChecks> checks_;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
+#include <set>
 
 #include "ptc/format/npy.h"
 #include "ptc/format/safetensors.h"
@@ -195,20 +197,30 @@ VirtualFile::FdRange VirtualFile::SingleShardRange(uint64_t offset, size_t n) co
   return {e->file->fd(), e->file_offset + piece * e->stride + skip, e->shard};
 }
 
-ptc::Result<const ptc::RandomAccessFile*> VirtualFile::VerbatimFile() const {
-  const ptc::RandomAccessFile* file = nullptr;
+ptc::Result<std::vector<std::string>> VirtualFile::VerbatimFiles(
+    const std::map<const ptc::ShardRecord*, std::vector<ptc::CopyPlace>>& copies) const {
+  std::optional<std::set<std::string>> files;  // those holding every extent so far
   for (const Extent& lazy : extents_) {
     if (lazy.kind != Extent::kLazy) continue;
     PTC_ASSIGN_OR_RETURN(const std::vector<Extent>* part, PartExtents(lazy));
     for (const Extent& e : *part) {
       if (e.kind == Extent::kZero) continue;  // padding inside a tensor: a hole of the rank file
-      if (e.kind != Extent::kShard) return nullptr;
-      if (file == nullptr) file = e.file;
-      if (e.file != file || e.count != 1 || e.file_offset != e.offset) return nullptr;
+      if (e.kind != Extent::kShard || e.count != 1 || e.shard == nullptr) return std::vector<std::string>{};
+      const uint64_t in_piece = e.file_offset - e.shard->offset;
+      std::set<std::string> here;
+      if (e.file_offset == e.offset && e.file->fd() >= 0) here.insert(e.shard->file);
+      if (auto it = copies.find(e.shard); it != copies.end()) {
+        for (const ptc::CopyPlace& c : it->second) {
+          if (c.offset + in_piece == e.offset) here.insert(c.file);
+        }
+      }
+      if (files) std::erase_if(*files, [&](const std::string& f) { return !here.count(f); });
+      if (!files) files = std::move(here);
+      if (files->empty()) return std::vector<std::string>{};
     }
   }
-  if (file == nullptr || file->fd() < 0) return nullptr;
-  return file;
+  if (!files) return std::vector<std::string>{};
+  return std::vector<std::string>(files->begin(), files->end());
 }
 
 ptc::Status VirtualFile::CheckVerbatim(const ptc::RandomAccessFile& file) const {

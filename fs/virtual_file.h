@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ptc/model/view.h"
+#include "ptc/store/rank_files.h"
 #include "ptc/store/store_reader.h"
 
 namespace ptcfs {
@@ -72,14 +73,18 @@ class VirtualFile {
   };
   FdRange SingleShardRange(uint64_t offset, size_t n) const;
 
-  // The stored file whose bytes at this file's offsets are this file's tensor
-  // bytes, when there is one (a rank file of a compacted generation:
-  // fs/rank_files.h), so that a reader may read that file instead (FUSE
-  // passthrough) if CheckVerbatim agrees; nullptr when the extents are not
-  // so. Builds every lazy extent; reads nothing.
+  // The stored files (relative to the store root) whose bytes at this file's
+  // offsets are this file's tensor bytes (a rank file of a compacted
+  // generation: fs/rank_files.h): each tensor byte there either in its
+  // stored piece or in a copy of it (`copies`, by piece), so that a reader
+  // may read one of them instead (FUSE passthrough) if CheckVerbatim agrees
+  // (several files may hold the same bytes at the same offsets, data-parallel
+  // replicas, with different headers). Empty when there is none. Builds every
+  // lazy extent; reads nothing.
   // \error as a lazy extent's PartFn.
-  ptc::Result<const ptc::RandomAccessFile*> VerbatimFile() const;
-  // That `file` (from VerbatimFile) holds this file: its size, and the header
+  ptc::Result<std::vector<std::string>> VerbatimFiles(
+      const std::map<const ptc::ShardRecord*, std::vector<ptc::CopyPlace>>& copies) const;
+  // That `file` (from VerbatimFiles) holds this file: its size, and the header
   // and zero ranges read from it and compared.
   // \error IOError when its size differs (naming both), Corruption when the
   //        bytes differ; as RandomAccessFile::Read.

@@ -99,6 +99,17 @@ TEST_F(CliTest, MegatronNameSetsRoundTrip) {
   ExpectStoreUnchanged();
 }
 
+// --rank-file-copies is checked as it is parsed: a usage error, the store untouched.
+TEST_F(CliTest, RankFileCopiesIsCheckedAsParsed) {
+  for (const std::string cmd : {"compact --rank-files --rank-file-copies 12Q " + tmp_ / "store",
+                                "mount --rank-file-copies -1 " + tmp_ / "store " + tmp_ / "nowhere"}) {
+    auto r = Ptcfs(cmd);
+    EXPECT_EQ(r.first, 2) << cmd << ": " << r.second;
+    EXPECT_TRUE(Contains(r.second, "expected all, none, stored or a byte count (K, M, G, T suffixes)")) << r.second;
+  }
+  ExpectStoreUnchanged();
+}
+
 TEST_F(CliTest, ImportExportVerifyInspectDiff) {
   auto r = Ptcfs("verify " + tmp_ / "store");
   EXPECT_EQ(r.first, 0) << r.second;

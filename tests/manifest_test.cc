@@ -9,6 +9,7 @@
 #include <random>
 
 #include "ptc/base/checksum.h"
+#include "ptc/store/rank_files.h"
 
 namespace ptc {
 namespace {
@@ -55,6 +56,11 @@ GenerationManifest Sample() {
                       CombineBlockChecksums(blocks),
                       blocks});
   m.extra = {{"dataset", {{"epoch", 1}, {"consumed", 1000}}}};
+  // A rank file holding copies of two pieces of worker 0.
+  m.rank_file_copies.push_back(
+      {"gen-000003/worker-00/rank-00001.model.safetensors",
+       0,
+       {{"layers.0.w", {Box{{0, 0}, {4, 4}}}, 128}, {"mask", {Box{{0}, {2}}, Box{{3}, {5}}}, 160}}});
   return m;
 }
 
@@ -131,11 +137,36 @@ TEST(Manifest, RoundTripIsExactAndStable) {
   EXPECT_NE(text.find("\"checksum\": \"xxh64:0123456789abcdef\""), std::string::npos) << text;
   EXPECT_NE(text.find("\"parent\": 2"), std::string::npos);
 
+  // A manifest without copies (every older one) has no "rank_file_copies" and decodes.
+  m.rank_file_copies.clear();
+  text = EncodeManifest(m);
+  EXPECT_EQ(text.find("rank_file_copies"), std::string::npos);
+  back = DecodeManifest("m.json", text);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, m);
+
   m.parent.reset();
   m.shards.clear();
   back = DecodeManifest("m.json", EncodeManifest(m));
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(*back, m);
+}
+
+TEST(Manifest, CopiesAsRecordsOfTheirPieces) {
+  const GenerationManifest m = Sample();
+  const std::vector<ShardRecord> records = CopyRecords(m);
+  ASSERT_EQ(records.size(), 2u);
+  ShardRecord want = m.shards[0];
+  want.file = "gen-000003/worker-00/rank-00001.model.safetensors";
+  want.offset = 128;
+  EXPECT_EQ(records[0], want);  // the piece's checksums, at the copy's place
+  EXPECT_EQ(records[1].checksum, m.shards[2].checksum);
+  EXPECT_EQ(records[1].offset, 160u);
+  const auto by_piece = CopiesByPiece(m);
+  ASSERT_EQ(by_piece.size(), 2u);
+  ASSERT_EQ(by_piece.at(&m.shards[0]).size(), 1u);
+  EXPECT_EQ(by_piece.at(&m.shards[0])[0].offset, 128u);
+  EXPECT_EQ(by_piece.count(&m.shards[1]), 0u);  // worker 1's piece: no copy
 }
 
 TEST(Manifest, FindTensorAndSafePaths) {
@@ -189,6 +220,30 @@ TEST(Manifest, ValidationMessagesNameTheFault) {
       {"box shape", [](json& j) { j["shards"][0]["boxes"][0] = json::array({1}); },
        "box 0 must be [[begin...], [end...]]"},
       {"not object", [](json& j) { j = json::array(); }, "must be a JSON object"},
+      {"copy of no piece",
+       [](json& j) { j["rank_file_copies"][0]["copies"][0]["boxes"] = json::parse("[[[4,0],[8,4]]]"); },
+       "rank_file_copies 0 ('gen-000003/worker-00/rank-00001.model.safetensors'): copy 0 (tensor 'layers.0.w'): "
+       "worker 0 stores no piece of these boxes"},
+      {"copy of another worker's piece", [](json& j) { j["rank_file_copies"][0]["worker"] = 2; },
+       "copy 0 (tensor 'layers.0.w'): worker 2 stores no piece"},
+      {"copy of an unknown tensor", [](json& j) { j["rank_file_copies"][0]["copies"][1]["tensor"] = "ghost"; },
+       "copy 1 (tensor 'ghost'): worker 0 stores no piece"},
+      {"copies overlap", [](json& j) { j["rank_file_copies"][0]["copies"][1]["offset"] = 130; },
+       "rank-00001.model.safetensors'): copies overlap at byte 130"},
+      {"copy offset overflows",
+       [](json& j) { j["rank_file_copies"][0]["copies"][0]["offset"] = 18446744073709551615ULL; },
+       "copy 0 (tensor 'layers.0.w'): \"offset\" is too large"},
+      {"copy without offset", [](json& j) { j["rank_file_copies"][0]["copies"][1].erase("offset"); },
+       "copy 1 (tensor 'mask'): \"offset\" is missing"},
+      {"copy file unsafe", [](json& j) { j["rank_file_copies"][0]["file"] = "../x"; },
+       "rank_file_copies 0 ('../x'): file must be a relative path"},
+      {"copy file twice", [](json& j) { j["rank_file_copies"].push_back(j["rank_file_copies"][0]); },
+       "rank_file_copies 1: file 'gen-000003/worker-00/rank-00001.model.safetensors' is listed twice"},
+      {"copies type", [](json& j) { j["rank_file_copies"][0]["copies"] = json::object(); },
+       "\"copies\" must be an array"},
+      {"copy not object", [](json& j) { j["rank_file_copies"][0]["copies"][0] = 1; }, "copy 0: must be an object"},
+      {"rank_file_copies type", [](json& j) { j["rank_file_copies"] = json::object(); },
+       "\"rank_file_copies\" must be an array"},
   };
   const json good = json::parse(EncodeManifest(Sample()));
   for (const BadCase& c : cases) {

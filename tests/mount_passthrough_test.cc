@@ -41,13 +41,13 @@ class PassthroughTest : public ::testing::Test {
                              " --optimizer adam --dtype bf16 --config " + config + " " + dir);
     ASSERT_EQ(code, 0) << out;
   }
-  // A store of kConfig compacted into rank files; src/ holds the expected files.
-  void MakeStore() {
-    Synth(kConfig, tmp_ / "src");
-    auto [code, out] = Ptcfs("import --schema megatron-gpt --dims " + kDims + " --config " + kConfig + " " +
+  // A store of `config` compacted into rank files; src/ holds the expected files.
+  void MakeStore(const std::string& config = kConfig, const std::string& compact_flags = "") {
+    Synth(config, tmp_ / "src");
+    auto [code, out] = Ptcfs("import --schema megatron-gpt --dims " + kDims + " --config " + config + " " +
                              tmp_ / "src " + tmp_ / "store");
     ASSERT_EQ(code, 0) << out;
-    auto [c2, o2] = Ptcfs("compact --rank-files " + tmp_ / "store");
+    auto [c2, o2] = Ptcfs("compact --rank-files " + compact_flags + " " + tmp_ / "store");
     ASSERT_EQ(c2, 0) << o2;
     auto [c3, o3] = Ptcfs("verify " + tmp_ / "store");
     ASSERT_EQ(c3, 0) << o3;
@@ -100,6 +100,83 @@ TEST_F(PassthroughTest, KernelAndDaemonServeTheSameBytes) {
     close(fd);
     EXPECT_TRUE(MountStatus(m.dir())["last_error"].is_null());
   }
+}
+
+// Every safetensors file of the mount, by the kernel, bytes equal to src/.
+void ExpectAllByKernel(const std::string& mnt, const std::string& src, int world) {
+  auto status = MountStatus(mnt);
+  EXPECT_EQ(status["passthrough"]["daemon"], 0) << status.dump();
+  EXPECT_EQ(status["passthrough"]["kernel"], 2 * world) << status.dump();
+  for (int rank = 0; rank < world; ++rank) {
+    for (const char* file : {"model.safetensors", "optim.safetensors"}) {
+      const std::string path = RankFile(rank, file);
+      EXPECT_EQ(status["passthrough"]["files"][path], "kernel") << path;
+      char dir[32];
+      std::snprintf(dir, sizeof(dir), "rank-%05d/", rank);
+      auto [c, o] = Sh("cmp " + mnt + "/" + path + " " + src + "/" + dir + file);
+      EXPECT_EQ(c, 0) << path << " " << o;
+    }
+  }
+  status = MountStatus(mnt);
+  EXPECT_EQ(status["passthrough"]["open_backing_files"], 0) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+}
+
+// Several ranks per worker with tp = 2: replicated norms and biases, and tied
+// embeddings, are stored once per worker; the other ranks' files hold copies
+// of them (fs/rank_files.h), so every file is read by the kernel.
+TEST_F(PassthroughTest, RanksSharingPiecesOnAWorkerAllGoThroughTheKernel) {
+  const std::string config = "tp=2,pp=2,dp=1,per_worker=2";
+  MakeStore(config);
+  const auto manifest = nlohmann::json::parse(
+      Slurp(fs::path(OnDisk(0, 0, "model.safetensors")).parent_path().parent_path() / "manifest.json"));
+  ASSERT_TRUE(manifest.contains("rank_file_copies")) << "no copies written";
+  Mount m(tmp_ / "store", tmp_ / "mnt");
+  RequirePassthrough(MountStatus(m.dir()));
+  ExpectAllByKernel(m.dir(), tmp_ / "src", 4);
+}
+
+// Data-parallel replicas on one worker: with --rank-file-copies all the
+// replicas' files are whole copies, verified by `ptcfs verify`, which finds
+// a damaged copy byte.
+TEST_F(PassthroughTest, DataParallelReplicasWithAllCopies) {
+  const std::string config = "tp=2,pp=1,dp=2,per_worker=4";
+  MakeStore(config, "--rank-file-copies all");
+  {
+    Mount m(tmp_ / "store", tmp_ / "mnt");
+    RequirePassthrough(MountStatus(m.dir()));
+    ExpectAllByKernel(m.dir(), tmp_ / "src", 4);
+  }
+  // Rank 2 (dp 1) stores nothing: its model file is copies only. Damage one byte past the header.
+  const std::string copy = OnDisk(0, 2, "model.safetensors");
+  ASSERT_TRUE(fs::exists(copy));
+  const int fd = open(copy.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  const char bad = 0x5a;
+  ASSERT_EQ(pwrite(fd, &bad, 1, static_cast<off_t>(fs::file_size(copy)) - 1), 1);
+  close(fd);
+  auto [c, o] = Ptcfs("verify " + tmp_ / "store");
+  EXPECT_EQ(c, 1) << o;
+  EXPECT_NE(o.find("rank-00002.model.safetensors"), std::string::npos) << o;
+}
+
+// Without copies a data-parallel replica's file has the same tensor offsets as
+// the first replica's rank file but another header: it is served by the
+// daemon, not refused (the first version failed its open with EIO).
+TEST_F(PassthroughTest, ReplicaWithoutCopiesGoesThroughTheDaemon) {
+  MakeStore("tp=2,pp=1,dp=2,per_worker=4", "--rank-file-copies none");
+  Mount m(tmp_ / "store", tmp_ / "mnt");
+  RequirePassthrough(MountStatus(m.dir()));
+  auto status = MountStatus(m.dir());
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string path = RankFile(rank, "model.safetensors");
+    EXPECT_EQ(status["passthrough"]["files"][path], rank == 0 ? "kernel" : "daemon") << path;
+    char dir[32];
+    std::snprintf(dir, sizeof(dir), "rank-%05d/", rank);
+    auto [c, o] = Sh("cmp " + m.dir() + "/" + path + " " + tmp_ / "src/" + dir + "model.safetensors");
+    EXPECT_EQ(c, 0) << path << " " << o;
+  }
+  EXPECT_TRUE(MountStatus(m.dir())["last_error"].is_null());
 }
 
 TEST_F(PassthroughTest, ReconfigureKeepsOpenFilesOnTheirBackingFile) {

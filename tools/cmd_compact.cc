@@ -19,6 +19,7 @@ struct CompactArgs {
   int threads = 2;
   bool keep_old = false;
   bool rank_files = false;
+  std::string rank_file_copies = "stored";
   bool wait = false;
 };
 
@@ -36,7 +37,9 @@ ptc::Status RunCompact(const CompactArgs& a) {
   ptc::transform::Compaction c;
   std::vector<ptc::RankFileSpec> files;
   if (a.rank_files) {
-    PTC_ASSIGN_OR_RETURN(RankFileCompaction rf, PlanRankFileCompaction(*store));
+    RankFileOptions options;
+    PTC_ASSIGN_OR_RETURN(options.copy_budget, ParseCopyBudget(a.rank_file_copies), "--rank-file-copies");
+    PTC_ASSIGN_OR_RETURN(RankFileCompaction rf, PlanRankFileCompaction(*store, options));
     c = std::move(rf.compaction);
     files = std::move(rf.files);
   } else {
@@ -68,6 +71,20 @@ ptc::Status RunCompact(const CompactArgs& a) {
 
 }  // namespace
 
+void AddRankFileCopiesOption(CLI::App* sub, std::string* value) {
+  sub->add_option("--rank-file-copies", *value,
+                  "with rank files: bytes of copies a worker's rank files may hold, so that the files of\n"
+                  "ranks sharing a piece (replicated norms and biases, tied embeddings, data-parallel\n"
+                  "replicas) exist whole too: stored (default: as many as the worker's stored pieces),\n"
+                  "all, none, or a size (K, M, G, T); the files with the fewest copy bytes first")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            ptc::Result<uint64_t> budget = ParseCopyBudget(text);
+            return budget.ok() ? std::string() : budget.status().message();
+          },
+          "all|none|stored|SIZE"));
+}
+
 void AddCompactCommand(CLI::App& app, int* exit_code) {
   auto a = std::make_shared<CompactArgs>();
   CLI::App* sub = app.add_subcommand(
@@ -90,6 +107,7 @@ void AddCompactCommand(CLI::App& app, int* exit_code) {
                 "write each rank's safetensors files whole, the shards inside them (HDF5 files describe\n"
                 "them as external storage), so that a mount lets the kernel read them (passthrough);\n"
                 "rewrites every shard once when the generation has no rank files yet");
+  AddRankFileCopiesOption(sub, &a->rank_file_copies);
   AddWaitFlag(sub, &a->wait);
   sub->callback([a, exit_code] { *exit_code = Report("compact", RunCompact(*a)); });
 }

@@ -41,6 +41,7 @@ struct MountArgs {
   bool wait = false;  // for the writer lock
   CompactionPolicy compaction;
   std::string passthrough = "auto";
+  std::string rank_file_copies = "stored";
   ClusterArgs cluster;
 };
 
@@ -109,6 +110,8 @@ ptc::Status RunMount(const MountArgs& a) {
   options.compaction = a.compaction;
   options.passthrough = a.passthrough == "auto";
   options.compaction.rank_files = options.passthrough;
+  PTC_ASSIGN_OR_RETURN(options.compaction.rank_file_options.copy_budget, ParseCopyBudget(a.rank_file_copies),
+                       "--rank-file-copies");
   SessionOptions session{a.mountpoint, a.foreground, a.threads, nullptr};
   std::unique_ptr<worker::Worker> cluster;
   if (!a.cluster.url.empty()) {
@@ -292,6 +295,7 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
                    "passthrough: Linux >= 6.9, a root daemon); others, and all with off, are served by\n"
                    "the daemon. .ptcfs/status \"passthrough\" says which way each file is read")
       ->check(CLI::IsMember({"auto", "off"}));
+  AddRankFileCopiesOption(mount, &m->rank_file_copies);
   mount
       ->add_option("--cluster", m->cluster.url,
                    "etcd://HOST:PORT[,HOST:PORT...]/JOB: this mount is worker --worker of JOB, its state\n"

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ptc/store/h5shard.h"
+#include "ptc/store/rank_files.h"
 #include "ptc/store/shard_verify.h"
 #include "ptc/store/store.h"
 #include "tools/commands.h"
@@ -22,8 +23,10 @@ ptc::Status RunVerify(const std::string& path) {
   }
   const ptc::GenerationManifest& m = store->current();
   const std::vector<const ptc::ShardRecord*> pieces = ptc::DistinctPieces(m);  // each block once
+  const std::vector<ptc::ShardRecord> copies = ptc::CopyRecords(m);            // copies in rank files
   uint64_t total = 0;
   for (const ptc::ShardRecord* s : pieces) total += s->nbytes;
+  for (const ptc::ShardRecord& c : copies) total += c.nbytes;
   std::vector<std::string> failures;  // printed once the progress line has ended
   {
     Progress progress("verify", total);
@@ -35,14 +38,22 @@ ptc::Status RunVerify(const std::string& path) {
       if (!st.ok()) failures.push_back(st.message());
       progress.Add(s->nbytes);
     }
+    for (const ptc::ShardRecord& c : copies) {
+      ptc::Status st = ptc::VerifyShard(store->env(), *store, c);
+      if (!st.ok())
+        failures.push_back("a copy in rank file " + c.file + " at offset " + std::to_string(c.offset) + ": " +
+                           st.message());
+      progress.Add(c.nbytes);
+    }
   }
   for (const std::string& f : failures) std::fprintf(stderr, "ptcfs verify: %s\n", f.c_str());
   const size_t bad = failures.size();
   const std::vector<std::string> problems = worker::ServingProblems(m);
   for (const std::string& p : problems) std::fprintf(stderr, "ptcfs verify: %s: %s\n", path.c_str(), p.c_str());
   if (bad) {
-    return ptc::CorruptionError(path + ": " + std::to_string(bad) + " of " + std::to_string(pieces.size()) +
-                                " stored pieces failed verification (generation " + std::to_string(m.generation) + ")");
+    return ptc::CorruptionError(
+        path + ": " + std::to_string(bad) + " of " + std::to_string(pieces.size() + copies.size()) +
+        " stored pieces and copies failed verification (generation " + std::to_string(m.generation) + ")");
   }
   if (!problems.empty()) {
     return ptc::CorruptionError(path + ": generation " + std::to_string(m.generation) +
@@ -55,8 +66,10 @@ ptc::Status RunVerify(const std::string& path) {
                 m.extra.is_object() && m.extra.contains("dataset") ? "a dataset only" : "empty");
     return ptc::Status::OK();
   }
-  std::printf("%s: generation %llu OK, %zu stored pieces, %s verified\n", path.c_str(),
-              static_cast<unsigned long long>(m.generation), pieces.size(), HumanBytes(total).c_str());
+  std::printf("%s: generation %llu OK, %zu stored pieces%s, %s verified\n", path.c_str(),
+              static_cast<unsigned long long>(m.generation), pieces.size(),
+              copies.empty() ? "" : (" and " + std::to_string(copies.size()) + " copies in rank files").c_str(),
+              HumanBytes(total).c_str());
   return ptc::Status::OK();
 }
 

@@ -68,4 +68,8 @@ ptc::Result<ptc::StoreLock> LockStore(const std::string& store, bool wait, bool 
 // The --wait flag of a writing command.
 void AddWaitFlag(CLI::App* sub, bool* wait);
 
+// --rank-file-copies of compact and mount (fs/rank_files.h, ParseCopyBudget),
+// checked as it is parsed (a bad value is a usage error).
+void AddRankFileCopiesOption(CLI::App* sub, std::string* value);
+
 }  // namespace ptcfs

@@ -28,8 +28,9 @@ void StartWriteback(const std::string& path) {
 
 }  // namespace
 
-ShardSink::ShardSink(std::string abs_path, ShardRecord record, std::unique_ptr<WritableFile> file)
-    : abs_path_(std::move(abs_path)), record_(std::move(record)), file_(std::move(file)) {}
+ShardSink::ShardSink(std::string abs_path, ShardRecord record, std::unique_ptr<WritableFile> file,
+                     std::vector<CopyTarget> copies)
+    : abs_path_(std::move(abs_path)), record_(std::move(record)), file_(std::move(file)), copies_(std::move(copies)) {}
 ShardSink::~ShardSink() = default;
 
 Status ShardSink::Append(const void* data, size_t n) {
@@ -39,6 +40,7 @@ Status ShardSink::Append(const void* data, size_t n) {
                                 std::to_string(record_.nbytes) + " (tensor '" + record_.tensor + "')");
   }
   PTC_RETURN_IF_ERROR(file_->PWrite(record_.offset + written_, data, n));
+  for (CopyTarget& c : copies_) PTC_RETURN_IF_ERROR(c.file->PWrite(c.offset + written_, data, n));
   if (!adopted_) hash_.Update(data, n);
   written_ += n;
   return Status::OK();
@@ -63,8 +65,10 @@ Result<ShardRecord> ShardSink::Finish() {
   }
   // Not synced here: Commit makes all shard files durable at once (SyncFileSystem).
   PTC_RETURN_IF_ERROR(file_->Close());
+  for (CopyTarget& c : copies_) PTC_RETURN_IF_ERROR(c.file->Close());
   finished_ = true;
   StartWriteback(abs_path_);
+  for (const CopyTarget& c : copies_) StartWriteback(c.abs_path);
   ShardDigest digest = adopted_ ? std::move(*adopted_) : hash_.Finish();
   record_.checksum = digest.checksum;
   record_.block_checksums = std::move(digest.blocks);
@@ -124,9 +128,13 @@ Result<std::string> GenerationWriter::PrepareShardFile(const std::string& tensor
 void GenerationWriter::SetRankFiles(std::vector<RankFileSpec> files) {
   MutexLock lock(&mu_);
   placements_.clear();
+  copies_.clear();
   for (size_t i = 0; i < files.size(); ++i) {
     for (const RankFileSpec::Placement& p : files[i].placements) {
       placements_[{files[i].worker, p.tensor, p.boxes}] = {i, p.offset};
+    }
+    for (const RankFileSpec::Placement& c : files[i].copies) {
+      copies_[{files[i].worker, c.tensor, c.boxes}].emplace_back(i, c.offset);
     }
   }
   rank_file_made_.assign(files.size(), false);
@@ -160,12 +168,76 @@ Status GenerationWriter::EnsureRankFile(size_t index) {
   return Status::OK();
 }
 
+Result<std::vector<std::pair<std::string, uint64_t>>> GenerationWriter::PrepareCopies(const ShardRecord& record) {
+  std::vector<std::pair<size_t, uint64_t>> wanted;
+  {
+    MutexLock lock(&mu_);
+    auto it = copies_.find({record.worker, record.tensor, record.boxes});
+    if (it == copies_.end() || record.nbytes == 0) return std::vector<std::pair<std::string, uint64_t>>{};
+    wanted = it->second;
+  }
+  std::vector<std::pair<std::string, uint64_t>> out;
+  for (const auto& [index, offset] : wanted) {
+    PTC_RETURN_IF_ERROR(EnsureRankFile(index));
+    std::string name;
+    {
+      MutexLock lock(&mu_);
+      name = rank_files_[index].name;
+    }
+    out.emplace_back(store_->AbsPath(JoinPath(JoinPath(dir_, WorkerDirName(record.worker)), name)), offset);
+  }
+  return out;
+}
+
 Result<std::unique_ptr<ShardSink>> GenerationWriter::NewShard(const std::string& tensor, DType dtype,
                                                               std::vector<Box> boxes, int worker) {
   ShardRecord record;
   PTC_ASSIGN_OR_RETURN(std::string abs, PrepareShardFile(tensor, dtype, boxes, worker, record));
+  PTC_ASSIGN_OR_RETURN(auto wanted, PrepareCopies(record));
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store_->env()->OpenExisting(abs));
-  return std::unique_ptr<ShardSink>(new ShardSink(std::move(abs), std::move(record), std::move(file)));
+  std::vector<ShardSink::CopyTarget> copies;
+  for (auto& [path, offset] : wanted) {
+    PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, store_->env()->OpenExisting(path));
+    copies.push_back({std::move(path), std::move(f), offset});
+  }
+  return std::unique_ptr<ShardSink>(
+      new ShardSink(std::move(abs), std::move(record), std::move(file), std::move(copies)));
+}
+
+std::vector<RankFileCopies> GenerationWriter::CopiesToCommit(const GenerationManifest& meta) const {
+  using Key = std::tuple<int, std::string, std::vector<Box>>;
+  auto previous = store_->CurrentSnapshot();  // before mu_: the store's lock is never taken under it
+  std::map<Key, const ShardRecord*> mine;
+  MutexLock lock(&mu_);
+  for (const ShardRecord& s : shards_) mine.emplace(Key{s.worker, s.tensor, s.boxes}, &s);
+  std::vector<RankFileCopies> out;
+  // The caller's copies (the current generation's): kept where their piece is the same record.
+  std::map<Key, const ShardRecord*> before;
+  if (previous) {
+    for (const ShardRecord& s : previous->shards) before.emplace(Key{s.worker, s.tensor, s.boxes}, &s);
+  }
+  for (const RankFileCopies& f : meta.rank_file_copies) {
+    RankFileCopies kept{f.file, f.worker, {}};
+    for (const CopyRecord& c : f.copies) {
+      const Key key{f.worker, c.tensor, c.boxes};
+      auto now = mine.find(key);
+      auto then = before.find(key);
+      if (now != mine.end() && then != before.end() && *now->second == *then->second) kept.copies.push_back(c);
+    }
+    if (!kept.copies.empty()) out.push_back(std::move(kept));
+  }
+  // The copies this writer wrote: those of every piece written here.
+  const std::string prefix = dir_ + "/";
+  for (const RankFileSpec& f : rank_files_) {
+    RankFileCopies written{JoinPath(JoinPath(dir_, WorkerDirName(f.worker)), f.name), f.worker, {}};
+    for (const RankFileSpec::Placement& c : f.copies) {
+      auto it = mine.find(Key{f.worker, c.tensor, c.boxes});
+      if (it == mine.end() || it->second->nbytes == 0 || !it->second->file.starts_with(prefix)) continue;
+      written.copies.push_back({c.tensor, c.boxes, c.offset});
+    }
+    if (!written.copies.empty()) out.push_back(std::move(written));
+  }
+  return out;
 }
 
 void GenerationWriter::AddShard(ShardRecord record) {
@@ -237,6 +309,7 @@ Status GenerationWriter::Commit(GenerationManifest meta) {
   auto previous = store_->CurrentSnapshot();
   meta.generation = generation_;
   meta.parent = previous ? std::optional<uint64_t>(previous->generation) : std::nullopt;
+  meta.rank_file_copies = CopiesToCommit(meta);
   {
     MutexLock lock(&mu_);
     meta.shards = shards_;
@@ -251,6 +324,11 @@ Status GenerationWriter::Commit(GenerationManifest meta) {
     if (!store_->env()->Exists(store_->AbsPath(shard.file))) {
       s = NotFoundError(label + ": shard file " + shard.file + " of tensor '" + shard.tensor + "' does not exist");
     }
+  }
+  for (size_t i = 0; s.ok() && i < meta.rank_file_copies.size(); ++i) {
+    const std::string& file = meta.rank_file_copies[i].file;
+    if (!store_->env()->Exists(store_->AbsPath(file)))
+      s = NotFoundError(label + ": rank file " + file + " does not exist");
   }
   if (s.ok()) s = WriteGeneration(text);
   if (s.ok()) s = SwitchRoot();

@@ -44,10 +44,18 @@ class ShardSink {
 
  private:
   friend class GenerationWriter;
-  ShardSink(std::string abs_path, ShardRecord record, std::unique_ptr<WritableFile> file);
+  // Where a copy of the shard's bytes goes (a rank file holding a copy).
+  struct CopyTarget {
+    std::string abs_path;
+    std::unique_ptr<WritableFile> file;
+    uint64_t offset = 0;
+  };
+  ShardSink(std::string abs_path, ShardRecord record, std::unique_ptr<WritableFile> file,
+            std::vector<CopyTarget> copies);
   std::string abs_path_;
   ShardRecord record_;  // offset/nbytes/file set; checksum on Finish
   std::unique_ptr<WritableFile> file_;
+  std::vector<CopyTarget> copies_;  // each Append is written to each of them too
   ShardHasher hash_;
   std::optional<ShardDigest> adopted_;  // AdoptChecksums: no hashing
   uint64_t written_ = 0;
@@ -74,7 +82,10 @@ class GenerationWriter {
   // (tensor, boxes, worker) that `files` place writes its bytes into that
   // file at its offset (created on first use: header, then zeros up to its
   // size) and describes them in an HDF5 file of external storage
-  // (ShardRecord::h5). Other shards go to HDF5 files as before. Before any NewShard.
+  // (ShardRecord::h5). Other shards go to HDF5 files as before. A file's
+  // `copies`: the bytes of those pieces, as their sinks append them, are
+  // written there too, and Commit lists the copies of every piece this
+  // generation wrote (GenerationManifest::rank_file_copies). Before any NewShard.
   void SetRankFiles(std::vector<RankFileSpec> files) EXCLUDES(mu_);
 
   // Adds a finished shard, or a shard of an older generation (its file stays where it is).
@@ -86,7 +97,10 @@ class GenerationWriter {
   std::vector<ShardRecord> Written() const;
 
   // Makes the generation current: validates the manifest (meta with the added
-  // shards; meta.shards, meta.generation and meta.parent are replaced), syncs the
+  // shards; meta.shards, meta.generation and meta.parent are replaced;
+  // meta.rank_file_copies keeps the copies whose piece is the very record the
+  // current generation has (a commit of the same pieces: a dataset advance),
+  // and gains those this writer wrote, SetRankFiles), syncs the
   // shard directories, writes gen-NNNNNN/manifest.json atomically, then renames
   // the root manifest.json into place. Before that rename any failure returns the
   // error, leaves the previous generation current and removes the partial
@@ -106,6 +120,11 @@ class GenerationWriter {
   GenerationWriter(Store* store, uint64_t generation);
   Result<std::string> PrepareShardFile(const std::string& tensor, DType dtype, const std::vector<Box>& boxes,
                                        int worker, ShardRecord& record);
+  // The copies of a new shard's bytes rank_files_ want: (absolute path, offset)
+  // each, their files made. REQUIRES: the worker directory exists.
+  Result<std::vector<std::pair<std::string, uint64_t>>> PrepareCopies(const ShardRecord& record) EXCLUDES(mu_);
+  // meta's copies kept (see Commit) and those this writer wrote.
+  std::vector<RankFileCopies> CopiesToCommit(const GenerationManifest& meta) const EXCLUDES(mu_);
   // Where rank_files_ place a shard: (file index, offset), or nullopt.
   std::optional<std::pair<size_t, uint64_t>> PlacementOf(const std::string& tensor, const std::vector<Box>& boxes,
                                                          int worker) const EXCLUDES(mu_);
@@ -124,6 +143,9 @@ class GenerationWriter {
   std::set<int> workers_ GUARDED_BY(mu_);                                // worker dirs created
   std::vector<RankFileSpec> rank_files_ GUARDED_BY(mu_);
   std::map<std::tuple<int, std::string, std::vector<Box>>, std::pair<size_t, uint64_t>> placements_ GUARDED_BY(mu_);
+  // (worker, tensor, boxes) -> (rank file index, offset) of each copy
+  std::map<std::tuple<int, std::string, std::vector<Box>>, std::vector<std::pair<size_t, uint64_t>>> copies_
+      GUARDED_BY(mu_);
   std::vector<bool> rank_file_made_ GUARDED_BY(mu_);
   bool committed_ = false;
   bool aborted_ = false;  // a Commit failed: the directory is gone

@@ -3,6 +3,9 @@
 #include "ptc/store/manifest.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include "ptc/base/checksum.h"
@@ -44,6 +47,21 @@ ordered_json ShardToJson(const ShardRecord& s) {
   j["checksum"] = ChecksumToString(s.checksum);
   if (!s.block_checksums.empty()) j["block_checksums"] = BlockChecksumsToString(s.block_checksums);
   if (!s.h5.empty()) j["h5"] = s.h5;
+  return j;
+}
+
+ordered_json CopiesToJson(const RankFileCopies& f) {
+  ordered_json j;
+  j["file"] = f.file;
+  j["worker"] = f.worker;
+  j["copies"] = ordered_json::array();
+  for (const CopyRecord& c : f.copies) {
+    ordered_json x;
+    x["tensor"] = c.tensor;
+    x["boxes"] = BoxesToOrdered(c.boxes);
+    x["offset"] = c.offset;
+    j["copies"].push_back(std::move(x));
+  }
   return j;
 }
 
@@ -132,6 +150,78 @@ Result<ShardRecord> DecodeShard(const json& j, const std::string& where) {
   return s;
 }
 
+using PieceKey = std::tuple<int, std::string_view, const std::vector<Box>*>;
+struct PieceLess {
+  bool operator()(const PieceKey& a, const PieceKey& b) const {
+    if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) < std::get<0>(b);
+    if (std::get<1>(a) != std::get<1>(b)) return std::get<1>(a) < std::get<1>(b);
+    return *std::get<2>(a) < *std::get<2>(b);
+  }
+};
+
+// One rank_file_copies entry, checked against the pieces its worker stores.
+Result<RankFileCopies> DecodeRankFileCopies(const json& j, const std::string& where,
+                                            const std::map<PieceKey, const ShardRecord*, PieceLess>& pieces) {
+  if (!j.is_object()) return CorruptionError(where + ": must be an object");
+  JsonFields f(j, where);
+  RankFileCopies out;
+  PTC_ASSIGN_OR_RETURN(out.file, f.String("file"));
+  const std::string at = where + " ('" + out.file + "')";
+  if (!IsSafeRelativePath(out.file)) {
+    return CorruptionError(at + ": file must be a relative path without '.', '..' or empty parts");
+  }
+  JsonFields g(j, at);
+  PTC_ASSIGN_OR_RETURN(uint64_t worker, g.Unsigned("worker"));
+  if (worker > 1'000'000) return g.Error("worker", "is out of range");
+  out.worker = static_cast<int>(worker);
+  PTC_ASSIGN_OR_RETURN(const json* copies, g.Array("copies"));
+  std::vector<std::pair<uint64_t, uint64_t>> spans;  // [offset, end) of each copy
+  for (size_t i = 0; i < copies->size(); ++i) {
+    const json& c = (*copies)[i];
+    const std::string ci = at + ": copy " + std::to_string(i);
+    if (!c.is_object()) return CorruptionError(ci + ": must be an object");
+    JsonFields h(c, ci);
+    CopyRecord rec;
+    PTC_ASSIGN_OR_RETURN(rec.tensor, h.String("tensor"));
+    const std::string cw = ci + " (tensor '" + rec.tensor + "')";
+    JsonFields k(c, cw);
+    PTC_ASSIGN_OR_RETURN(const json* boxes, k.Get("boxes"));
+    PTC_ASSIGN_OR_RETURN(rec.boxes, DecodeBoxes(*boxes, cw));
+    PTC_ASSIGN_OR_RETURN(rec.offset, k.Unsigned("offset"));
+    auto piece = pieces.find(PieceKey{out.worker, rec.tensor, &rec.boxes});
+    if (piece == pieces.end()) {
+      return CorruptionError(cw + ": worker " + std::to_string(out.worker) + " stores no piece of these boxes");
+    }
+    uint64_t end = 0;
+    if (__builtin_add_overflow(rec.offset, piece->second->nbytes, &end)) return k.Error("offset", "is too large");
+    if (piece->second->nbytes > 0) spans.emplace_back(rec.offset, end);
+    out.copies.push_back(std::move(rec));
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i].first < spans[i - 1].second) {
+      return CorruptionError(at + ": copies overlap at byte " + std::to_string(spans[i].first));
+    }
+  }
+  return out;
+}
+
+Status DecodeCopies(const JsonFields& f, const std::string& label, GenerationManifest& m) {
+  const json* list = f.Find("rank_file_copies");
+  if (list == nullptr) return Status::OK();  // older manifests, and those without rank files
+  if (!list->is_array()) return f.Error("rank_file_copies", "must be an array");
+  std::map<PieceKey, const ShardRecord*, PieceLess> pieces;
+  for (const ShardRecord& s : m.shards) pieces.emplace(PieceKey{s.worker, s.tensor, &s.boxes}, &s);
+  std::set<std::string> files;
+  for (size_t i = 0; i < list->size(); ++i) {
+    const std::string where = label + ": rank_file_copies " + std::to_string(i);
+    PTC_ASSIGN_OR_RETURN(RankFileCopies c, DecodeRankFileCopies((*list)[i], where, pieces));
+    if (!files.insert(c.file).second) return CorruptionError(where + ": file '" + c.file + "' is listed twice");
+    m.rank_file_copies.push_back(std::move(c));
+  }
+  return Status::OK();
+}
+
 Status DecodeHeader(const JsonFields& f, GenerationManifest& m) {
   PTC_ASSIGN_OR_RETURN(std::string format, f.String("format"));
   if (format != kFormat) return f.Error("format", "is '" + format + "', expected '" + std::string(kFormat) + "'");
@@ -178,7 +268,7 @@ Status DecodeBody(const JsonFields& f, const std::string& label, GenerationManif
     if (!valid.ok()) return CorruptionError(where + ": " + valid.message());
     m.shards.push_back(std::move(s));
   }
-  return Status::OK();
+  return DecodeCopies(f, label, m);
 }
 
 }  // namespace
@@ -281,6 +371,10 @@ std::string EncodeManifest(const GenerationManifest& m) {
   for (const TensorRecord& t : m.tensors) j["tensors"].push_back(TensorToJson(t));
   j["shards"] = ordered_json::array();
   for (const ShardRecord& s : m.shards) j["shards"].push_back(ShardToJson(s));
+  if (!m.rank_file_copies.empty()) {
+    j["rank_file_copies"] = ordered_json::array();
+    for (const RankFileCopies& f : m.rank_file_copies) j["rank_file_copies"].push_back(CopiesToJson(f));
+  }
   j["schema"] = ordered_json(m.schema);
   j["extra"] = ordered_json(m.extra);
   return j.dump(2, ' ', false, ordered_json::error_handler_t::replace) + "\n";

@@ -57,6 +57,26 @@ uint64_t BlockBegin(const ShardRecord& s, size_t i);
 uint64_t BlockEnd(const ShardRecord& s, size_t i);
 uint64_t BlockChecksum(const ShardRecord& s, size_t i);
 
+// Copies of stored pieces inside rank files (docs/store_format.md, "Rank
+// files"): a rank file that holds a piece another file of the same worker
+// stores (a tensor-parallel replicated norm, a data-parallel replica) holds a
+// copy of its bytes, so that the file exists whole. A copy is not a stored
+// piece (the store keeps one ShardRecord per piece per worker): its bytes
+// equal those of the piece with the same (worker, tensor, boxes), whose
+// checksums verify them.
+struct CopyRecord {
+  std::string tensor;
+  std::vector<Box> boxes;  // the stored piece's, in its order
+  uint64_t offset = 0;     // of the copy's bytes in the rank file
+  friend bool operator==(const CopyRecord&, const CopyRecord&) = default;
+};
+struct RankFileCopies {
+  std::string file;  // the rank file, relative to the store root
+  int worker = 0;    // its worker: each copy is of that worker's piece
+  std::vector<CopyRecord> copies;
+  friend bool operator==(const RankFileCopies&, const RankFileCopies&) = default;
+};
+
 struct GenerationManifest {
   uint64_t generation = 0;
   std::optional<uint64_t> parent;
@@ -66,6 +86,8 @@ struct GenerationManifest {
   std::vector<TensorRecord> tensors;
   std::vector<ShardRecord> shards;
   nlohmann::json extra = nlohmann::json::object();  // dataset state etc.; opaque
+  // Last, so that brace initialisers of the fields above stay valid.
+  std::vector<RankFileCopies> rank_file_copies;  // empty in manifests without rank files (and older ones)
   friend bool operator==(const GenerationManifest&, const GenerationManifest&) = default;
 };
 
@@ -94,8 +116,10 @@ std::string EncodeManifest(const GenerationManifest& m);
 //        the format or version is not ours, a dtype name is unknown, a tensor name
 //        fails ValidateTensorName (ptc/model/tensor_name.h) or repeats, a shard names no tensor, a box has the wrong
 //        rank or leaves the tensor shape, nbytes != sum of box volumes * dtype size, a file path is absolute, empty or
-//        contains "..", a checksum is malformed, or the block checksums do not fit nbytes or the shard checksum. The
-//        message names the tensor or shard (by index and tensor) at fault.
+//        contains "..", a checksum is malformed, or the block checksums do not fit nbytes or the shard checksum; a
+//        rank_file_copies entry has an unsafe or repeated file, a copy names no piece its worker stores (tensor and
+//        boxes), or copies in one file overlap or overflow. The message names the tensor, shard or copy (by file and
+//        index) at fault.
 Result<GenerationManifest> DecodeManifest(std::string_view label, std::string_view json);
 
 // Checks one shard record against its tensor (the same rules as DecodeManifest).

@@ -3,13 +3,20 @@
 // placed inside them (docs/store_format.md, "Rank files"). The store does not
 // know the format: a plan gives each file's header bytes, size and where each
 // shard goes; every byte neither header nor placed shard is zero.
+//
+// A file may also hold copies of pieces stored elsewhere on its worker (in
+// another rank file, or earlier in itself): GenerationWriter writes a copy's
+// bytes as it writes the piece, and the manifest lists them
+// (GenerationManifest::rank_file_copies), verified by the piece's checksums.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "ptc/model/box.h"
+#include "ptc/store/manifest.h"
 
 namespace ptc {
 
@@ -24,6 +31,25 @@ struct RankFileSpec {
     uint64_t offset = 0;     // of the shard's bytes in the file
   };
   std::vector<Placement> placements;  // disjoint, inside [header.size(), size)
+  // Pieces of the worker that another placement (of this file or another)
+  // stores: their bytes again, at `offset`. Disjoint from the placements.
+  std::vector<Placement> copies;
 };
+
+// Each copy of `m` as the record of its bytes: its piece's record (checksums
+// included) at the copy's file and offset, without `h5`, so that
+// VerifyShard checks the copy. Manifest order; a copy of a zero-byte piece is
+// left out.
+// REQUIRES: `m` decoded (every copy names a stored piece).
+std::vector<ShardRecord> CopyRecords(const GenerationManifest& m);
+
+// Where a piece's bytes lie besides its own record: (file, offset) of each copy.
+struct CopyPlace {
+  std::string file;
+  uint64_t offset = 0;
+};
+// The copies of `m` by the record (in `m`) of their piece; `m` must outlive it.
+// REQUIRES: as CopyRecords.
+std::map<const ShardRecord*, std::vector<CopyPlace>> CopiesByPiece(const GenerationManifest& m);
 
 }  // namespace ptc

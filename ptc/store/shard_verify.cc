@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "ptc/store/h5shard.h"
+#include "ptc/store/rank_files.h"
 
 namespace ptc {
 namespace {
@@ -222,6 +223,9 @@ Status VerifyGeneration(const Store& store, const GenerationManifest& m, bool ch
     const TensorRecord* t = found == by_name.end() ? nullptr : found->second;
     if (check_hdf5 && t != nullptr)
       PTC_RETURN_IF_ERROR(CheckH5Shard(store.AbsPath(s->h5.empty() ? s->file : s->h5), *s, t->dtype));
+  }
+  for (const ShardRecord& copy : CopyRecords(m)) {
+    PTC_RETURN_IF_ERROR(VerifyShard(store.env(), store, copy), "a copy in a rank file");
   }
   return Status::OK();
 }

@@ -98,7 +98,8 @@ Status VerifyShard(Env* env, const Store& store, const ShardRecord& shard);
 // bytes): a covering may list one piece for several workers. Manifest order.
 std::vector<const ShardRecord*> DistinctPieces(const GenerationManifest& m);
 
-// VerifyShard, and CheckH5Shard when `check_hdf5`, for DistinctPieces(m).
+// VerifyShard, and CheckH5Shard when `check_hdf5`, for DistinctPieces(m);
+// then VerifyShard of every copy in a rank file (CopyRecords).
 // \error the first failure, as VerifyShard / CheckH5Shard.
 Status VerifyGeneration(const Store& store, const GenerationManifest& m, bool check_hdf5 = true);
 

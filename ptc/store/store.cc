@@ -261,6 +261,7 @@ Status Store::CollectGarbage(const std::set<uint64_t>& keep_generations) {
       keep.insert(s.file);
       if (!s.h5.empty()) keep.insert(s.h5);
     }
+    for (const RankFileCopies& f : m.rank_file_copies) keep.insert(f.file);
   };
   if (current) add_live(*current);
   for (uint64_t g : keep_generations) {

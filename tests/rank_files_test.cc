@@ -1,0 +1,141 @@
+// Which rank files a compaction writes and which copies they hold
+// (fs/rank_files.h), without a store: the pure planner, its copy budget, the
+// option's text, and the check that a generation holds a plan's files.
+#include "fs/rank_files.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "test_util.h"
+
+namespace ptcfs {
+namespace {
+
+using namespace ::ptc::testing;
+using Key = std::tuple<int, std::string, std::vector<ptc::Box>>;
+
+constexpr const char* kDims = "layers=4,hidden=32,heads=4,vocab=128,seq=16";
+
+std::vector<ptc::RankFileSpec> Plan(const std::string& config, uint64_t budget = RankFileOptions::kWorkerStored) {
+  const ptc::ModelSpec spec = Spec("megatron-gpt", kDims, ptc::DType::kBF16, /*optimizer=*/true);
+  auto planned = PlanRankFiles(FitLayout(spec, *ptc::ParseConfig(config)), RankFileOptions{budget});
+  EXPECT_TRUE(planned.ok()) << planned.status().ToString();
+  return planned.ok() ? *planned : std::vector<ptc::RankFileSpec>{};
+}
+
+// Placements are each stored piece once per worker; copies name a piece placed
+// on the same worker; placements and copies of one file never overlap.
+void ExpectConsistent(const std::vector<ptc::RankFileSpec>& files) {
+  std::set<Key> placed;
+  for (const auto& f : files) {
+    for (const auto& p : f.placements) {
+      EXPECT_TRUE(placed.insert({f.worker, p.tensor, p.boxes}).second) << f.name << " " << p.tensor;
+      EXPECT_GE(p.offset, f.header.size());
+      EXPECT_LT(p.offset, f.size);
+    }
+  }
+  for (const auto& f : files) {
+    std::set<uint64_t> offsets;
+    for (const auto& p : f.placements) offsets.insert(p.offset);
+    for (const auto& c : f.copies) {
+      EXPECT_TRUE(placed.count({f.worker, c.tensor, c.boxes})) << f.name << ": copy of unplaced " << c.tensor;
+      EXPECT_TRUE(offsets.insert(c.offset).second) << f.name << ": two things at " << c.offset;
+      EXPECT_GE(c.offset, f.header.size());
+      EXPECT_LT(c.offset, f.size);
+    }
+  }
+}
+
+TEST(RankFiles, TensorParallelReplicasGetCopiesOfTheFirstRanksPieces) {
+  const auto files = Plan("tp=2,pp=1,dp=1,per_worker=2");
+  ASSERT_EQ(files.size(), 4u);  // every file of both ranks
+  ExpectConsistent(files);
+  EXPECT_EQ(files[0].name, "rank-00000.model.safetensors");
+  EXPECT_TRUE(files[0].copies.empty());  // the first file stores all it holds
+  EXPECT_EQ(files[2].name, "rank-00001.model.safetensors");
+  EXPECT_FALSE(files[2].copies.empty());      // rank 1's replicated norms and biases
+  EXPECT_FALSE(files[2].placements.empty());  // and its own half of the split weights
+  bool norm = false;
+  for (const auto& c : files[2].copies) norm |= c.tensor.find("layernorm") != std::string::npos;
+  EXPECT_TRUE(norm);
+  // With one rank per worker nothing is shared: no copies.
+  for (const auto& f : Plan("tp=2,pp=1,dp=1,per_worker=1")) EXPECT_TRUE(f.copies.empty()) << f.name;
+}
+
+TEST(RankFiles, DataParallelReplicasWithinTheBudget) {
+  const std::string config = "tp=2,pp=1,dp=2,per_worker=4";
+  const auto all = Plan(config, RankFileOptions::kAll);
+  ASSERT_EQ(all.size(), 8u);
+  ExpectConsistent(all);
+  for (size_t i = 4; i < 8; ++i) {  // ranks 2 and 3 (dp 1) hold only copies
+    EXPECT_TRUE(all[i].placements.empty()) << all[i].name;
+    EXPECT_FALSE(all[i].copies.empty()) << all[i].name;
+  }
+  // No copies: the first version's layout, replicas' files not written, rank 1's without copies.
+  const auto none = Plan(config, 0);
+  ASSERT_EQ(none.size(), 4u);
+  for (const auto& f : none) EXPECT_TRUE(f.copies.empty()) << f.name;
+  // A budget admits the files with the fewest copy bytes first: rank 1's (norms and biases) before replicas.
+  const auto small = Plan(config, 4096);
+  ASSERT_EQ(small.size(), 4u);
+  EXPECT_FALSE(small[2].copies.empty());
+  EXPECT_EQ(small[2].name, "rank-00001.model.safetensors");
+  // The default: as many copy bytes as the worker stores; with Adam state the model
+  // replicas fit, the optimizer replicas (as large as what is stored) not both.
+  const auto stored = Plan(config);
+  ExpectConsistent(stored);
+  std::set<std::string> names;
+  for (const auto& f : stored) names.insert(f.name);
+  EXPECT_TRUE(names.count("rank-00002.model.safetensors"));
+  EXPECT_TRUE(names.count("rank-00003.model.safetensors"));
+  EXPECT_LT(stored.size(), 8u);
+}
+
+TEST(RankFiles, CopyBudgetText) {
+  EXPECT_EQ(*ParseCopyBudget("all"), RankFileOptions::kAll);
+  EXPECT_EQ(*ParseCopyBudget("none"), 0u);
+  EXPECT_EQ(*ParseCopyBudget("stored"), RankFileOptions::kWorkerStored);
+  EXPECT_EQ(*ParseCopyBudget("0"), 0u);
+  EXPECT_EQ(*ParseCopyBudget("4096"), 4096u);
+  EXPECT_EQ(*ParseCopyBudget("64M"), 64u << 20);
+  EXPECT_EQ(*ParseCopyBudget("2T"), 2ull << 40);
+  for (const char* bad : {"", "-1", "1.5G", "12X", "G", "all ", "99999999999999999999", "16777216T"}) {
+    auto r = ParseCopyBudget(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().message(),
+              "'" + std::string(bad) + "': expected all, none, stored or a byte count (K, M, G, T suffixes)");
+  }
+}
+
+TEST(RankFiles, WrittenOnlyWithEveryPlacementAndCopy) {
+  const auto files = Plan("tp=2,pp=1,dp=1,per_worker=2");
+  ptc::GenerationManifest m;
+  for (const auto& f : files) {
+    const std::string path = "gen-000002/worker-00/" + f.name;
+    for (const auto& p : f.placements) {
+      ptc::ShardRecord r;
+      r.tensor = p.tensor;
+      r.boxes = p.boxes;
+      r.worker = f.worker;
+      r.file = path;
+      r.h5 = "gen-000002/worker-00/x.h5";
+      r.offset = p.offset;
+      m.shards.push_back(r);
+    }
+    ptc::RankFileCopies c{path, f.worker, {}};
+    for (const auto& p : f.copies) c.copies.push_back({p.tensor, p.boxes, p.offset});
+    if (!c.copies.empty()) m.rank_file_copies.push_back(c);
+  }
+  EXPECT_TRUE(RankFilesWritten(files, m));
+  ptc::GenerationManifest lacking = m;
+  lacking.rank_file_copies.back().copies.pop_back();
+  EXPECT_FALSE(RankFilesWritten(files, lacking));
+  lacking.rank_file_copies.clear();  // a covering over the same pieces lists no copies
+  EXPECT_FALSE(RankFilesWritten(files, lacking));
+}
+
+}  // namespace
+}  // namespace ptcfs
