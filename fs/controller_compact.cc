@@ -37,7 +37,7 @@ void Controller::MaybeCompact(const ptc::ModelLayout& layout, const std::optiona
   }
   ptc::transform::ExecuteOptions options;
   if (compaction_.rank_files) {  // every shard rewritten into the layout's rank files
-    auto with_files = PlanRankFileCompaction(*store_, compaction_.rank_file_options);
+    auto with_files = PlanRankFileCompaction(*std::move(planned), layout, compaction_.rank_file_options);
     if (!with_files.ok()) {
       RecordError("planning the rank files: " + with_files.status().message());
       return;

@@ -198,11 +198,11 @@ bool RankFilesWritten(const std::vector<ptc::RankFileSpec>& files, const ptc::Ge
   return true;
 }
 
-ptc::Result<RankFileCompaction> PlanRankFileCompaction(const ptc::Store& store, const RankFileOptions& options) {
+ptc::Result<RankFileCompaction> PlanRankFileCompaction(ptc::transform::Compaction planned,
+                                                       const ptc::ModelLayout& layout, const RankFileOptions& options) {
   RankFileCompaction out;
-  PTC_ASSIGN_OR_RETURN(out.compaction, ptc::transform::PlanCompaction(store));
+  out.compaction = std::move(planned);
   ptc::transform::Compaction& c = out.compaction;
-  PTC_ASSIGN_OR_RETURN(const ptc::ModelLayout layout, ptc::ModelLayout::Make(c.spec, c.config));
   PTC_ASSIGN_OR_RETURN(out.files, PlanRankFiles(layout, options));
   if (RankFilesWritten(out.files, *c.source)) return out;
   // Every target written: those stored as they are copied from that shard, box by box.

@@ -54,15 +54,17 @@ ptc::Result<std::vector<ptc::RankFileSpec>> PlanRankFiles(const ptc::ModelLayout
 // lists every copy they hold.
 bool RankFilesWritten(const std::vector<ptc::RankFileSpec>& files, const ptc::GenerationManifest& generation);
 
-// A compaction that writes rank files: ptc::transform::PlanCompaction's, but when the
-// generation's rank files are not written yet, every shard of the config is
-// rewritten (into its rank file, or an HDF5 file when none takes it), also
-// those stored as they are.
+// A compaction that writes rank files: `planned` (ptc::transform::PlanCompaction's
+// of the store, in `layout`, its model and config), but when the generation's
+// rank files are not written yet, every shard of the config is rewritten (into
+// its rank file, or an HDF5 file when none takes it), also those stored as they are.
 struct RankFileCompaction {
   ptc::transform::Compaction compaction;
   std::vector<ptc::RankFileSpec> files;
 };
-// \error as PlanCompaction, MakePlan and PlanRankFiles.
-ptc::Result<RankFileCompaction> PlanRankFileCompaction(const ptc::Store& store, const RankFileOptions& options = {});
+// \error as MakePlan and PlanRankFiles.
+ptc::Result<RankFileCompaction> PlanRankFileCompaction(ptc::transform::Compaction planned,
+                                                       const ptc::ModelLayout& layout,
+                                                       const RankFileOptions& options = {});
 
 }  // namespace ptcfs

@@ -34,16 +34,15 @@ ptc::Status RunCompact(const CompactArgs& a) {
                                         "); only the current generation is compacted");
   }
   const auto start = std::chrono::steady_clock::now();
-  ptc::transform::Compaction c;
+  RankFileOptions options;
+  PTC_ASSIGN_OR_RETURN(options.copy_budget, ParseCopyBudget(a.rank_file_copies), "--rank-file-copies");
+  PTC_ASSIGN_OR_RETURN(ptc::transform::Compaction c, ptc::transform::PlanCompaction(*store));
   std::vector<ptc::RankFileSpec> files;
   if (a.rank_files) {
-    RankFileOptions options;
-    PTC_ASSIGN_OR_RETURN(options.copy_budget, ParseCopyBudget(a.rank_file_copies), "--rank-file-copies");
-    PTC_ASSIGN_OR_RETURN(RankFileCompaction rf, PlanRankFileCompaction(*store, options));
+    PTC_ASSIGN_OR_RETURN(const ptc::ModelLayout layout, ptc::ModelLayout::Make(c.spec, c.config));
+    PTC_ASSIGN_OR_RETURN(RankFileCompaction rf, PlanRankFileCompaction(std::move(c), layout, options));
     c = std::move(rf.compaction);
     files = std::move(rf.files);
-  } else {
-    PTC_ASSIGN_OR_RETURN(c, ptc::transform::PlanCompaction(*store));
   }
   if (c.covering.writes.targets.empty()) {
     std::printf("generation %llu is compact: every shard of %s is stored as it is (%s); nothing written\n",
