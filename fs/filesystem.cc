@@ -7,6 +7,7 @@
 #include <cstring>
 #include <set>
 
+#include "fs/dcp_file.h"
 #include "fs/megatron_file.h"
 #include "fs/node.h"
 #include "ptc/checkpoint/checkpoint.h"
@@ -168,6 +169,15 @@ void Filesystem::AddTrees(Node& root, const std::shared_ptr<const Snapshot>& sna
       controller_->RecordError("megatron/: " + megatron.status().message());
     }
   }
+  if (options_.dcp) {
+    auto dcp = BuildDcpTree(snap);
+    if (dcp.ok()) {
+      root.children["dcp"] = AddNode(*dcp);
+    } else {
+      root.children.erase("dcp");
+      controller_->RecordError("dcp/: " + dcp.status().message());
+    }
+  }
 }
 
 std::shared_ptr<Node> Filesystem::NewDir(const std::shared_ptr<const Snapshot>& snap) {
@@ -268,7 +278,7 @@ void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
     AddTrees(*nodes_.at(kRootInode), snap);
   }
   if (invalidate_) {
-    for (const char* tree : {"model", "data", "megatron"}) invalidate_(kRootInode, tree);
+    for (const char* tree : {"model", "data", "megatron", "dcp"}) invalidate_(kRootInode, tree);
   }
   ptc::MutexLock lock(&mu_);
   if (snapshot_ == snap) announced_ = snap;  // unless a later Serve replaced it meanwhile: that one announces
@@ -390,6 +400,7 @@ ptc::Result<std::vector<DirEntry>> Filesystem::ReadDir(uint64_t ino) {
 
 ptc::Result<std::unique_ptr<VirtualFile>> Filesystem::Render(const Node& n) const {
   const Snapshot& snap = *n.snap;
+  if (n.kind == Node::kDcpFile) return MakeDcpFile(snap.reader(), *n.dcp, n.view, options_.worker);
   const ptc::RankView& view = snap.views()[n.view];
   const int worker = snap.WorkerOf(view.rank);
   switch (n.kind) {

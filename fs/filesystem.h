@@ -10,6 +10,7 @@
 //   model/rank-RRRRR/tensors/<name>.npy    (+ dtypes.json)
 //   megatron/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt  (+ latest_checkpointed_iteration.txt)
 //                                          with --format megatron|all
+//   dcp/.metadata, dcp/__W_0.distcp        PyTorch DCP of the generation, with --format dcp|all
 //   data/rank-RRRRR/{ids.txt,samples.idx,samples.bin | samples.jsonl}  when the store has a dataset
 //                                          (under group-G/ per length group)
 //
@@ -52,6 +53,7 @@ struct MountOptions {
   bool safetensors = true;
   bool npy = true;
   bool megatron = false;  // megatron/ (Megatron-LM torch files)
+  bool dcp = false;       // dcp/ (PyTorch Distributed Checkpoint, ptc/checkpoint/dcp.h)
   // The name set megatron/ renders (saves may use either).
   ptc::megatron::NameSet megatron_names = ptc::megatron::NameSet::kTe;
   int transform_threads = 2;
@@ -191,6 +193,9 @@ class Filesystem {
   // megatron/: latest_checkpointed_iteration.txt, iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt.
   // \error as Snapshot::megatron and PlanMegatronFile.
   ptc::Result<std::shared_ptr<Node>> BuildMegatronTree(const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
+  // dcp/: .metadata and the chunk files of the snapshot's generation.
+  // \error as PlanCheckpoint.
+  ptc::Result<std::shared_ptr<Node>> BuildDcpTree(const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
   // Nodes for what the staging area holds under `dir` (recursively).
   void AddStaged(Node& dir, const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
   ptc::Result<OpenReply> OpenMegatronWritable(const std::shared_ptr<Node>& node, int flags) EXCLUDES(mu_);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "fs/filesystem.h"
+#include "ptc/checkpoint/dcp.h"
 
 namespace ptcfs {
 
@@ -27,6 +28,7 @@ struct Node {
     kLiteralFile,
     kDataFile,
     kMegatronFile,
+    kDcpFile,      // dcp/__W_0.distcp: `view` indexes the plan's files
     kMegatronDir,  // megatron/: takes new directories (saves)
     kLatestFile,   // megatron/latest_checkpointed_iteration.txt: a write commits a save
     kStagedDir,
@@ -41,6 +43,7 @@ struct Node {
   std::optional<size_t> group;                    // kDataFile: the length group, if any
   uint64_t size = 0;                              // but kDataFile: its view knows
   std::string literal;                            // kLiteralFile, kLatestFile
+  std::shared_ptr<const ptc::dcp::Plan> dcp;      // kDcpFile: the checkpoint it is part of
   uint64_t ino = 0;
 
  private:

@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "mount_util.h"
@@ -172,6 +173,34 @@ TEST_F(ClientsTest, MegatronCoreGptModelLoadsItsRankFilesAndStepsAdam) {
   EXPECT_EQ(code, 0) << out;
   generation = MountStatus(m.dir())["generation"].get<int>();  // the reconfigure committed one
   save("1 2", "save12", "3", true);
+}
+
+TEST_F(ClientsTest, DcpLoadsTheMountInOneTwoAndThreeProcesses) {
+  // bf16 parameters and f32 Adam state stored in tp=2,pp=2 pieces; torch's DCP loads them
+  // into plain tensors and into DTensor shards at world sizes that cut them differently.
+  const std::string model = kLlama + " --dtype bf16 --optimizer adam";
+  Run("synth " + model + " --config tp=2,pp=2 " + tmp_ / "saved");
+  Run("import " + kLlama + " --config tp=2,pp=2 " + tmp_ / "saved " + tmp_ / "store");
+  Run("synth " + model + " --config tp=1 " + tmp_ / "ref");  // whole global tensors: the reference
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format dcp");
+  const std::string dcp = Python() + Script("dcp_clients.py") + "load " + m.dir() + "/dcp " + tmp_ / "ref --procs ";
+  auto load = [&](int procs) {
+    auto [code, out] = Sh(dcp + std::to_string(procs) + " 2>&1");
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_NE(out.find("LOAD OK"), std::string::npos) << out;
+  };
+  load(1);
+  load(2);
+  // A layout change serves the same checkpoint; the mount's files are those `export` writes.
+  Run("reconfigure " + m.dir() + " --to tp=1,pp=4");
+  load(3);
+  WaitServing(m.dir());  // the reconfigure committed: the mount and export read one generation
+  Run("export --format dcp " + tmp_ / "store " + tmp_ / "exported");
+  for (const auto& entry : std::filesystem::directory_iterator(tmp_ / "exported")) {
+    const std::string name = entry.path().filename().string();
+    auto [cmp, cmp_out] = Sh("cmp " + entry.path().string() + " " + m.dir() + "/dcp/" + name + " 2>&1");
+    EXPECT_EQ(cmp, 0) << name << ": " << cmp_out;
+  }
 }
 
 TEST_F(ClientsTest, MegatronCoreIndexedDatasetReadsEveryRank) {

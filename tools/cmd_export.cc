@@ -2,6 +2,7 @@
 #include <memory>
 #include <optional>
 
+#include "fs/dcp_file.h"
 #include "fs/megatron_file.h"
 #include "ptc/checkpoint/export.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
@@ -14,8 +15,9 @@ namespace ptcfs {
 namespace {
 
 struct ExportArgs {
-  std::string config, format = "safetensors", store, out;
-  std::optional<std::string> names;  // --names, megatron only
+  std::string format = "safetensors", store, out;
+  std::optional<std::string> config;  // --config: required but for dcp
+  std::optional<std::string> names;   // --names, megatron only
 };
 
 // Bytes of tensors in the Megatron files of `config` (data-parallel rank 0).
@@ -48,9 +50,32 @@ ptc::Status RunExportMegatron(const ExportArgs& a, const ptc::ParallelConfig& co
       env, a.out, [&] { return ExportMegatron(env, *store, generation, layout, a.out, names, progress.fn()); });
 }
 
+// A DCP checkpoint has no parallel config: any world size and sharding loads it.
+ptc::Status RunExportDcp(const ExportArgs& a) {
+  ptc::Env* env = ptc::Env::Default();
+  PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::Open(env, a.store));
+  if (!store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
+  auto generation = store->CurrentSnapshot();
+  uint64_t total = 0;
+  for (const ptc::TensorRecord& t : generation->tensors) {
+    total += static_cast<uint64_t>(ptc::NumElements(t.shape)) * ptc::DTypeSize(t.dtype);
+  }
+  Progress progress("export", total);
+  return ptc::WriteFreshDirectory(env, a.out, [&] { return ExportDcp(env, *store, generation, a.out, progress.fn()); });
+}
+
 ptc::Status RunExport(const ExportArgs& a) {
-  PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig config, ptc::ParseConfig(a.config));
   PTC_RETURN_IF_ERROR(CheckOutsideStore(a.store, a.out));
+  if (a.format == "dcp") {
+    if (a.config || a.names) {
+      return ptc::InvalidArgumentError(std::string(a.config ? "--config" : "--names") +
+                                       ": a DCP checkpoint has no parallel config or name set "
+                                       "(any world size loads it; docs/dcp_format.md)");
+    }
+    return RunExportDcp(a);
+  }
+  if (!a.config) return ptc::InvalidArgumentError("--config is required for --format " + a.format);
+  PTC_ASSIGN_OR_RETURN(ptc::ParallelConfig config, ptc::ParseConfig(*a.config));
   if (a.format == "megatron") return RunExportMegatron(a, config);
   if (a.names)
     return ptc::InvalidArgumentError("--names " + *a.names + ": names the tensors of --format megatron only");
@@ -73,13 +98,15 @@ void AddExportCommand(CLI::App& app, int* exit_code) {
                          "Write the store's current generation as a per-rank checkpoint of --config into OUT_DIR\n"
                          "(which must not exist or be empty). Any config that divides the model works: tensors\n"
                          "are cut from the stored shards, bit for bit, and every shard's checksum is verified.");
-  sub->add_option("--config", a->config, "target parallel config, e.g. tp=4,pp=2,dp=2,zero=1")->required();
+  sub->add_option("--config", a->config,
+                  "target parallel config, e.g. tp=4,pp=2,dp=2,zero=1 (required but for --format dcp)");
   sub->add_option("--format", a->format,
                   "safetensors: rank-RRRRR/model.safetensors (+ optim.safetensors); npy: "
                   "rank-RRRRR/tensors/<name>.npy with tensors/dtypes.json; megatron: Megatron-LM's\n"
                   "latest_checkpointed_iteration.txt + iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt\n"
-                  "(torch.save files; docs/megatron_format.md)")
-      ->check(CLI::IsMember({"safetensors", "npy", "megatron"}));
+                  "(torch.save files; docs/megatron_format.md); dcp: PyTorch Distributed Checkpoint,\n"
+                  ".metadata + __W_0.distcp, loadable at any world size (docs/dcp_format.md)")
+      ->check(CLI::IsMember({"safetensors", "npy", "megatron", "dcp"}));
   sub->add_option("--names", a->names, kMegatronNamesHelp)->check(CLI::IsMember({"te", "local"}));
   sub->add_option("STORE", a->store, "store directory")->required();
   sub->add_option("OUT_DIR", a->out, "directory to write")->required();

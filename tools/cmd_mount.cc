@@ -105,6 +105,7 @@ ptc::Status RunMount(const MountArgs& a) {
   options.safetensors = a.format == "safetensors" || a.format == "both" || a.format == "all";
   options.npy = a.format == "npy" || a.format == "both" || a.format == "all";
   options.megatron = a.format == "megatron" || a.format == "all";
+  options.dcp = a.format == "dcp" || a.format == "all";
   PTC_ASSIGN_OR_RETURN(options.megatron_names, ptc::megatron::ParseNameSet(a.names.value_or("te")), "--names");
   options.transform_threads = a.transform_threads;
   options.compaction = a.compaction;
@@ -268,8 +269,10 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
   mount
       ->add_option("--format", m->format,
                    "which model files to show: safetensors, npy, both (the two; default), megatron\n"
-                   "(megatron/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt), or all")
-      ->check(CLI::IsMember({"safetensors", "npy", "both", "megatron", "all"}));
+                   "(megatron/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt), dcp (dcp/: PyTorch\n"
+                   "Distributed Checkpoint of the whole state, for torch.distributed.checkpoint.load at any\n"
+                   "world size; docs/dcp_format.md), or all")
+      ->check(CLI::IsMember({"safetensors", "npy", "both", "megatron", "dcp", "all"}));
   mount->add_option("--names", m->names, kMegatronNamesHelp)->check(CLI::IsMember({"te", "local"}));
   mount->add_flag("-f,--foreground", m->foreground, "stay in the foreground");
   mount->add_flag("--nonempty", m->nonempty, "mount over a directory that holds files (hidden while mounted)");

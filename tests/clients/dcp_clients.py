@@ -1,0 +1,131 @@
+"""torch.distributed.checkpoint (DCP) against a ptcfs mount's dcp/ tree.
+
+  dcp_clients.py load DCP_DIR REF_DIR --procs N
+      N gloo processes each load the whole state with dcp.load twice: into
+      plain tensors (every rank all of it) and into DTensors sharded on dim 0
+      over a 1-D mesh of the N ranks (each rank its shard). Every tensor must
+      equal, bit for bit, the reference REF_DIR/rank-00000/{model,optim}.safetensors
+      (`ptcfs synth --config tp=1`: whole global tensors under their global
+      names). Prints "LOAD OK".
+
+Keys follow docs/dcp_format.md: model.P for a parameter P,
+optim.state.P.{exp_avg,exp_avg_sq,fp32} for its optimizer state.
+"""
+
+import argparse
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+
+def reference(ref_dir):
+    """{dcp key: tensor} of the synth reference."""
+    out = {}
+    rank_dir = os.path.join(ref_dir, "rank-00000")
+    for name, t in load_file(os.path.join(rank_dir, "model.safetensors")).items():
+        out["model." + name] = t
+    optim = os.path.join(rank_dir, "optim.safetensors")
+    if os.path.exists(optim):
+        for name, t in load_file(optim).items():
+            param, kind = name.rsplit(".", 1)
+            out["optim.state." + param + "." + kind] = t
+    return out
+
+
+def nest(flat):
+    """{"model": {P: t}, "optim": {"state": {P: {kind: t}}}} as torch's state dicts nest."""
+    sd = {}
+    for key, t in flat.items():
+        if key.startswith("model."):
+            sd.setdefault("model", {})[key[len("model."):]] = t
+        else:
+            param, kind = key[len("optim.state."):].rsplit(".", 1)
+            sd.setdefault("optim", {}).setdefault("state", {}).setdefault(param, {})[kind] = t
+    return sd
+
+
+def flat_of(sd):
+    out = {}
+    for p, t in sd.get("model", {}).items():
+        out["model." + p] = t
+    for p, kinds in sd.get("optim", {}).get("state", {}).items():
+        for kind, t in kinds.items():
+            out["optim.state." + p + "." + kind] = t
+    return out
+
+
+def same(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.contiguous().flatten().view(torch.uint8), b.contiguous().flatten().view(torch.uint8))
+
+
+def worker(rank, world, port, dcp_dir, ref_dir, errors):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    ref = reference(ref_dir)
+    bad = []
+    # Plain tensors: every rank reads every tensor whole.
+    sd = nest({k: torch.full_like(v, 7) for k, v in ref.items()})
+    dcp.load(sd, checkpoint_id=dcp_dir)
+    bad += [f"plain {k}" for k, t in flat_of(sd).items() if not same(t, ref[k])]
+    # DTensors sharded on dim 0 over all ranks: each rank reads its shard.
+    mesh = init_device_mesh("cpu", (world,))
+    sd = nest({k: distribute_tensor(torch.full_like(v, 7), mesh, [Shard(0)] if v.dim() > 0 else [])
+               for k, v in ref.items()})
+    dcp.load(sd, checkpoint_id=dcp_dir)
+    for k, t in flat_of(sd).items():
+        local = t.to_local()
+        want = torch.chunk(ref[k], world, dim=0) if ref[k].dim() > 0 else [ref[k]]
+        want = want[rank] if rank < len(want) else ref[k][0:0]
+        if not same(local, want):
+            bad.append(f"dtensor shard {k} on rank {rank}")
+        if not same(t.full_tensor(), ref[k]):
+            bad.append(f"dtensor {k}")
+    if bad:
+        errors.put(f"rank {rank}: {len(bad)} of {3 * len(ref)} checks fail: {bad[:5]}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load(args):
+    ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    mp.start_processes(worker, args=(args.procs, free_port(), args.dcp_dir, args.ref_dir, errors),
+                       nprocs=args.procs, start_method="spawn")
+    failed = []
+    while not errors.empty():
+        failed.append(errors.get())
+    if failed:
+        print("\n".join(failed))
+        return 1
+    print(f"LOAD OK: {len(reference(args.ref_dir))} tensors in {args.procs} processes, plain and DTensor")
+    return 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("load")
+    p.add_argument("dcp_dir")
+    p.add_argument("ref_dir")
+    p.add_argument("--procs", type=int, default=1)
+    args = parser.parse_args()
+    return load(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+// PyTorch DCP of a generation (ptc/checkpoint/dcp.h, fs/dcp_file.h) without a
+// mount or torch: the chunk boxes tile every tensor where its pieces are cut
+// (replicas once), the keys follow the documented rule, bad manifests are
+// refused naming the tensor, and every chunk of the rendered files is a
+// torch.save file whose tensor equals the global tensor's box read straight
+// from the store. (torch's own dcp.load of the mount: clients_test.)
+#include "ptc/checkpoint/dcp.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <set>
+
+#include "fs/dcp_file.h"
+#include "ptc/checkpoint/import.h"
+#include "ptc/checkpoint/synth_checkpoint.h"
+#include "ptc/format/torch_file.h"
+#include "test_util.h"
+
+namespace ptc::dcp {
+namespace {
+
+using ::ptc::testing::TempDir;
+
+Box B(std::vector<Index> begin, std::vector<Index> end) { return Box{std::move(begin), std::move(end)}; }
+
+ShardRecord Piece(const std::string& tensor, std::vector<Box> boxes, int worker) {
+  ShardRecord s;
+  s.tensor = tensor;
+  s.boxes = std::move(boxes);
+  s.worker = worker;
+  s.file = "gen-000001/worker-0" + std::to_string(worker) + "/" + tensor + ".h5";
+  return s;
+}
+
+TEST(DcpBoxes, DisjointPiecesStayWholeReplicasDropOverlapsSplit) {
+  const Box left = B({0, 0}, {4, 8}), right = B({4, 0}, {8, 8});
+  auto out = DisjointBoxes({left, right, left, right});  // two workers with the same pieces
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0], std::make_pair(left, size_t{0}));
+  EXPECT_EQ(out[1], std::make_pair(right, size_t{1}));
+  // A piece cut differently from an earlier one: only what is not covered yet, from it.
+  out = DisjointBoxes({left, B({2, 0}, {8, 8})});
+  Index volume = 0;
+  for (const auto& [box, source] : out) {
+    volume += box.volume();
+    if (source == 1) {
+      EXPECT_FALSE(Intersect(box, left)) << box.ToString();
+    }
+  }
+  EXPECT_EQ(volume, 64);
+}
+
+TEST(DcpPlan, KeysFollowTheRuleAndChunksGoToTheirWorkersFile) {
+  GenerationManifest m;
+  m.tensors = {{"w", DType::kBF16, {8, 8}},
+               {"w.exp_avg", DType::kF32, {8, 8}},
+               {"w.fp32", DType::kF32, {8, 8}},
+               {"norm.exp_avg", DType::kF32, {8}}};  // no parameter "norm": a tensor of its own name
+  m.shards = {Piece("w", {B({0, 0}, {4, 8})}, 0),
+              Piece("w", {B({4, 0}, {8, 8})}, 1),
+              Piece("w", {B({4, 0}, {8, 8})}, 0),
+              Piece("w.exp_avg", {B({0, 0}, {8, 8})}, 1),
+              Piece("w.fp32", {B({0, 0}, {8, 4}), B({0, 4}, {8, 8})}, 0),
+              Piece("norm.exp_avg", {B({0}, {8})}, 0)};
+  auto plan = PlanCheckpoint(m);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  std::vector<std::string> keys;
+  for (const Tensor& t : plan->tensors) keys.push_back(t.key);
+  EXPECT_EQ(keys,
+            (std::vector<std::string>{"model.w", "optim.state.w.exp_avg", "optim.state.w.fp32", "model.norm.exp_avg"}));
+  EXPECT_EQ(plan->tensors[1].path, (std::vector<std::string>{"optim", "state", "w", "exp_avg"}));
+  ASSERT_EQ(plan->files.size(), 2u);
+  EXPECT_EQ(plan->files[0].name, "__0_0.distcp");
+  EXPECT_EQ(plan->files[1].name, "__1_0.distcp");
+  std::map<std::string, std::vector<Box>> chunks;  // "file:key" -> boxes
+  for (const File& f : plan->files) {
+    uint64_t offset = 0;
+    for (const Chunk& c : f.chunks) {
+      EXPECT_EQ(c.offset, offset);
+      offset += c.size;
+      chunks[f.name + ":" + plan->tensors[c.tensor].key].push_back(c.box);
+    }
+    EXPECT_EQ(f.size, offset);
+  }
+  EXPECT_EQ(chunks["__0_0.distcp:model.w"], (std::vector<Box>{B({0, 0}, {4, 8})}));
+  EXPECT_EQ(chunks["__1_0.distcp:model.w"], (std::vector<Box>{B({4, 0}, {8, 8})}));  // the first copy's worker
+  EXPECT_EQ(chunks["__0_0.distcp:optim.state.w.fp32"].size(), 2u);                   // each box of a piece
+  EXPECT_EQ(chunks["__1_0.distcp:optim.state.w.exp_avg"].size(), 1u);
+}
+
+TEST(DcpPlan, RefusesWhatIsNoCheckpointNamingTheTensor) {
+  GenerationManifest m;
+  m.tensors = {{"w", DType::kF32, {8, 8}}};
+  m.shards = {Piece("w", {B({0, 0}, {4, 8})}, 0)};
+  auto plan = PlanCheckpoint(m);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("tensor w: the stored pieces hold 32 of its 64 elements"), std::string::npos)
+      << plan.status().ToString();
+  m.shards = {Piece("w", {B({0, 0}, {8, 8})}, 0), Piece("v", {B({0, 0}, {8, 8})}, 0)};
+  plan = PlanCheckpoint(m);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("a stored piece of v"), std::string::npos) << plan.status().ToString();
+  m.shards = {Piece("w", {B({0, 0}, {8, 9})}, 0)};
+  plan = PlanCheckpoint(m);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("tensor w: stored box [0:8, 0:9] lies outside [8, 8]"), std::string::npos)
+      << plan.status().ToString();
+}
+
+// Every chunk of every rendered file against the store, for a store imported in
+// a layout whose pieces are cut on both dims (tp) and across stages (pp).
+TEST(DcpFile, EveryChunkIsATorchFileOfItsBox) {
+  TempDir tmp;
+  Env* env = Env::Default();
+  const ModelSpec spec = ::ptc::testing::Spec("llama", "layers=4,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32",
+                                              DType::kBF16, /*adam=*/true);
+  const ParallelConfig config = *ParseConfig("tp=2,pp=2");
+  ASSERT_TRUE(WriteSynthCheckpoint(env, ::ptc::testing::FitLayout(spec, config), 3, tmp / "src").ok());
+  ASSERT_TRUE(ImportCheckpoint(env, tmp / "src", tmp / "store", spec.schema, spec.dims, config).ok());
+  auto store = Store::Open(env, tmp / "store");
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto generation = (*store)->CurrentSnapshot();
+  auto plan = PlanCheckpoint(*generation);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  GenerationReader reader(**store, generation, /*verify=*/true);
+  std::set<std::string> keys;
+  size_t chunks = 0;
+  for (size_t i = 0; i < plan->files.size(); ++i) {
+    auto file = ptcfs::MakeDcpFile(reader, *plan, i, -1);
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    std::string bytes((*file)->size(), '\0');
+    auto n = (*file)->Read(0, bytes.size(), bytes.data(),
+                           [](const ShardRecord&, uint64_t, uint64_t) { return Status::OK(); });
+    ASSERT_TRUE(n.ok() && *n == bytes.size());
+    for (const Chunk& c : plan->files[i].chunks) {
+      const Tensor& t = plan->tensors[c.tensor];
+      const ::ptc::testing::StringFile blob(bytes.substr(c.offset, c.size), t.key);
+      auto tf = ReadTorchFile(blob, t.key);
+      ASSERT_TRUE(tf.ok()) << t.key << ": " << tf.status().ToString();
+      ASSERT_TRUE(tf->root.is_tensor()) << t.key;
+      EXPECT_EQ(tf->root.tensor().shape, c.box.shape()) << t.key;
+      EXPECT_EQ(tf->root.tensor().dtype, t.dtype) << t.key;
+      auto got = ReadTensorBytes(blob, *tf, tf->root.tensor(), t.key);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      std::string want(static_cast<size_t>(c.box.volume()) * DTypeSize(t.dtype), '\0');
+      ASSERT_TRUE(reader.Read(t.name, c.box, want.data(), c.box, DenseLayout(c.box)).ok());
+      EXPECT_TRUE(*got == want) << t.key << " " << c.box.ToString();
+      keys.insert(t.key);
+      ++chunks;
+    }
+  }
+  EXPECT_EQ(keys.size(), generation->tensors.size());
+  EXPECT_GT(chunks, keys.size());  // tp pieces: more chunks than tensors
+  // The .metadata names only DCP's classes, torch's dtypes, Size and layout helpers.
+  const std::string metadata = EncodeMetadata(*plan);
+  EXPECT_EQ(metadata.substr(0, 2), "\x80\x02");
+  for (const char* name : {"torch.distributed.checkpoint.metadata\nMetadata", "torch\nSize", "torch\nbfloat16",
+                           "torch.distributed.checkpoint.filesystem\n_StorageInfo"}) {
+    EXPECT_NE(metadata.find(name), std::string::npos) << name;
+  }
+}
+
+}  // namespace
+}  // namespace ptc::dcp
