@@ -8,11 +8,13 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <random>
 #include <set>
 
 #include "fs/dcp_file.h"
+#include "ptc/checkpoint/dcp_read.h"
 #include "ptc/checkpoint/import.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
 #include "ptc/format/torch_file.h"
@@ -160,6 +162,127 @@ TEST(DcpFile, EveryChunkIsATorchFileOfItsBox) {
                            "torch.distributed.checkpoint.filesystem\n_StorageInfo"}) {
     EXPECT_NE(metadata.find(name), std::string::npos) << name;
   }
+}
+
+// .metadata as ptcfs writes it reads back as it was planned.
+TEST(DcpMetadata, ParsesWhatEncodeMetadataWrites) {
+  GenerationManifest m;
+  m.tensors = {{"w", DType::kBF16, {8, 6}}, {"w.exp_avg", DType::kF32, {8, 6}}};
+  m.shards = {Piece("w", {B({0, 0}, {4, 6})}, 0), Piece("w", {B({4, 0}, {8, 6})}, 1),
+              Piece("w.exp_avg", {B({0, 0}, {8, 6})}, 0)};
+  auto plan = PlanCheckpoint(m);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  auto saved = ParseMetadata(EncodeMetadata(*plan), ".metadata");
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  ASSERT_EQ(saved->tensors.size(), 2u);
+  EXPECT_EQ(saved->tensors[0].key, "model.w");
+  EXPECT_EQ(saved->tensors[0].dtype, DType::kBF16);
+  EXPECT_EQ(saved->tensors[0].shape, (Shape{8, 6}));
+  ASSERT_EQ(saved->tensors[0].chunks.size(), 2u);
+  const SavedChunk& second = saved->tensors[0].chunks[1];
+  EXPECT_EQ(second.box, B({4, 0}, {8, 6}));
+  EXPECT_EQ(second.file, "__1_0.distcp");
+  EXPECT_EQ(second.offset, 0u);
+  EXPECT_EQ(second.length, plan->files[1].chunks[0].size);
+  EXPECT_EQ(saved->tensors[1].key, "optim.state.w.exp_avg");
+  EXPECT_EQ(TensorOfKey("model.w"), "w");
+  EXPECT_EQ(TensorOfKey("optim.state.w.exp_avg"), "w.exp_avg");
+  EXPECT_EQ(TensorOfKey("optim.state.w.step"), "");
+  EXPECT_EQ(TensorOfKey("optimizer.w"), "");
+}
+
+TEST(DcpMetadata, RefusesNamingTheEntry) {
+  auto expect_refused = [](const std::string& data, const std::string& part) {
+    auto saved = ParseMetadata(data, "ckpt/.metadata");
+    ASSERT_FALSE(saved.ok()) << part;
+    EXPECT_NE(saved.status().message().find(part), std::string::npos) << saved.status().ToString();
+    EXPECT_NE(saved.status().message().find("ckpt/.metadata"), std::string::npos) << saved.status().ToString();
+  };
+  expect_refused(
+      "\x80\x02"
+      "cos\nsystem\n.",
+      "unknown global 'os.system'");
+  expect_refused(pickle::Pickle(pickle::Value::Dict()), "not a torch.distributed.checkpoint.metadata.Metadata");
+  GenerationManifest m;
+  m.tensors = {{"w", DType::kF32, {8}}};
+  m.shards = {Piece("w", {B({0}, {8})}, 0)};
+  Plan plan = *PlanCheckpoint(m);
+  plan.files[0].name = "../x";
+  expect_refused(EncodeMetadata(plan), "relative_path '../x' is not a file name of the directory");
+  plan.files[0].name = "__0_0.distcp";
+  plan.files[0].chunks[0].box = B({4}, {12});
+  expect_refused(EncodeMetadata(plan), "model.w: chunk at [4] of sizes [8] lies outside [8]");
+}
+
+// A checkpoint exported (as torch would read it) imported into a new store
+// holds the same tensors; a damaged one is refused naming the chunk, and no
+// store is made.
+class DcpImport : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Env* env = Env::Default();
+    spec_ = ::ptc::testing::Spec("llama", "layers=2,hidden=32,heads=4,kv_heads=2,vocab=64,seq=16", DType::kBF16,
+                                 /*adam=*/true);
+    const ParallelConfig config = *ParseConfig("tp=2,pp=2");
+    ASSERT_TRUE(WriteSynthCheckpoint(env, ::ptc::testing::FitLayout(spec_, config), 3, tmp_ / "src").ok());
+    ASSERT_TRUE(ImportCheckpoint(env, tmp_ / "src", tmp_ / "store", spec_.schema, spec_.dims, config).ok());
+    store_ = std::move(Store::Open(env, tmp_ / "store")).value();
+    ASSERT_TRUE(ptcfs::ExportDcp(env, *store_, store_->CurrentSnapshot(), tmp_ / "dcp").ok());
+    plan_ = *PlanCheckpoint(*store_->CurrentSnapshot());
+  }
+  Result<ImportResult> Import(const std::string& to) {
+    return ImportDcp(Env::Default(), tmp_ / "dcp", tmp_ / to, spec_.schema, spec_.dims, *ParseConfig("tp=1"));
+  }
+  void ExpectRefused(const Plan& plan, const std::string& part) {
+    ::ptc::testing::Spit(tmp_ / "dcp/.metadata", EncodeMetadata(plan));
+    auto result = Import("bad");
+    ASSERT_FALSE(result.ok()) << part;
+    EXPECT_NE(result.status().message().find(part), std::string::npos) << result.status().ToString();
+    EXPECT_FALSE(std::filesystem::exists(tmp_ / "bad")) << part;
+  }
+  TempDir tmp_;
+  ModelSpec spec_;
+  std::unique_ptr<Store> store_;
+  Plan plan_;
+};
+
+TEST_F(DcpImport, ImportsEveryTensorBitForBit) {
+  auto result = Import("copy");
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  auto copy = std::move(Store::Open(Env::Default(), tmp_ / "copy")).value();
+  EXPECT_EQ(ParseConfig(copy->current().config)->ToString(), "tp=1,pp=1,dp=1,per_worker=8");
+  GenerationReader a(*store_, store_->CurrentSnapshot(), true), b(*copy, copy->CurrentSnapshot(), true);
+  for (const TensorRecord& t : store_->current().tensors) {
+    const Box full = Box::Full(t.shape);
+    std::string x(static_cast<size_t>(full.volume()) * DTypeSize(t.dtype), '\0'), y = x;
+    ASSERT_TRUE(a.Read(t.name, full, x.data(), full, DenseLayout(full)).ok());
+    ASSERT_TRUE(b.Read(t.name, full, y.data(), full, DenseLayout(full)).ok()) << t.name;
+    EXPECT_TRUE(x == y) << t.name;
+  }
+}
+
+TEST_F(DcpImport, RefusesADamagedCheckpointNamingTheChunk) {
+  Plan plan = plan_;
+  plan.files[0].chunks.erase(plan.files[0].chunks.begin());  // the first tensor's first chunk
+  ExpectRefused(plan, "key model.embedding.word_embeddings.weight: the chunks hold 1024 of its 2048 elements");
+  plan = plan_;
+  ASSERT_EQ(plan.files[0].chunks[1].box, B({32, 0}, {64, 32}));
+  plan.files[0].chunks[1].box = B({16, 0}, {48, 32});  // half over the first chunk
+  ExpectRefused(plan, "overlaps chunk");
+  plan = plan_;
+  plan.files[0].chunks[0].offset += 1;  // not where its torch.save file starts
+  ExpectRefused(plan, "key model.embedding.word_embeddings.weight, chunk [0:32, 0:32] (__0_0.distcp bytes 1+");
+  plan = plan_;
+  plan.files[0].chunks[0].size = plan.files[0].size + 1;  // past the file's end
+  ExpectRefused(plan, "lies past the end of the file");
+  plan = plan_;
+  plan.tensors[0].key = "model.embedding.weight";
+  ExpectRefused(plan, "key model.embedding.weight: the model has no tensor embedding.weight");
+  plan = plan_;
+  plan.tensors[0].key = "extra.thing";
+  ExpectRefused(plan, "key extra.thing names no tensor ptcfs keeps");
+  std::filesystem::remove(tmp_ / ("dcp/" + plan_.files[0].name));
+  ExpectRefused(plan_, "__0_0.distcp");
 }
 
 }  // namespace

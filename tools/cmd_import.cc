@@ -1,10 +1,12 @@
 // ptcfs import: a per-rank checkpoint into a store, as a new generation.
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "ptc/checkpoint/dcp_read.h"
 #include "ptc/checkpoint/import.h"
 #include "ptc/checkpoint/megatron_import.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
@@ -34,28 +36,41 @@ ptc::Status RunImport(const ImportArgs& a) {
   PTC_ASSIGN_OR_RETURN(ptc::ModelDims dims, ptc::ParseDims(a.dims));
   ptc::Env* env = ptc::Env::Default();
   ptc::CheckpointSource source;
-  if (a.format == "megatron") {
-    PTC_ASSIGN_OR_RETURN(source, MegatronSource(env, a, std::move(schema), std::move(dims)));
-  } else {
-    if (a.config.empty()) return ptc::InvalidArgumentError("--config is required for --format " + a.format);
+  std::function<ptc::Result<ptc::ImportResult>(const ptc::ProgressFn&)> import = [&](const ptc::ProgressFn& p) {
+    return ptc::ImportFrom(env, source, a.store, p);
+  };
+  if (a.format == "dcp") {
+    // The chunks become the stored pieces, in --config (default tp=1,pp=1,dp=1: the mount
+    // serves any layout from them and compacts in the background).
     if (a.iteration) return ptc::InvalidArgumentError("--iteration applies to --format megatron only");
-    PTC_ASSIGN_OR_RETURN(source.config, ptc::ParseConfig(a.config));
-    PTC_ASSIGN_OR_RETURN(source.spec, ptc::InferModelSpec(env, a.src, schema, dims));
-    source.open_rank = [env, src = a.src](const ptc::RankView& view) {
-      return ptc::RankCheckpoint::Open(env, src, view);
-    };
-    source.rank_file = [src = a.src](int rank) { return ptc::ModelFilePath(src, rank); };
-  }
-  uint64_t total = 0;
-  if (auto layout = ptc::ModelLayout::Make(source.spec, source.config); layout.ok()) {
-    if (auto bytes = ptc::CheckpointBytes(*layout); bytes.ok()) total = *bytes;
+    PTC_ASSIGN_OR_RETURN(source.config, ptc::ParseConfig(a.config.empty() ? "tp=1" : a.config));
+    import = [&](const ptc::ProgressFn& p) {
+      return ptc::dcp::ImportDcp(env, a.src, a.store, schema, dims, source.config, p);
+  };
+}
+else if (a.format == "megatron") {
+  PTC_ASSIGN_OR_RETURN(source, MegatronSource(env, a, std::move(schema), std::move(dims)));
+}
+else {
+  if (a.config.empty()) return ptc::InvalidArgumentError("--config is required for --format " + a.format);
+  if (a.iteration) return ptc::InvalidArgumentError("--iteration applies to --format megatron only");
+  PTC_ASSIGN_OR_RETURN(source.config, ptc::ParseConfig(a.config));
+  PTC_ASSIGN_OR_RETURN(source.spec, ptc::InferModelSpec(env, a.src, schema, dims));
+  source.open_rank = [env, src = a.src](const ptc::RankView& view) {
+    return ptc::RankCheckpoint::Open(env, src, view);
+  };
+  source.rank_file = [src = a.src](int rank) { return ptc::ModelFilePath(src, rank); };
+}
+uint64_t total = 0;  // unknown for dcp (source.spec is empty)
+if (auto layout = ptc::ModelLayout::Make(source.spec, source.config); layout.ok()) {
+  if (auto bytes = ptc::CheckpointBytes(*layout); bytes.ok()) total = *bytes;
   }
   // The writer lock before ImportFrom reads the root manifest (STORE is created when missing).
   const bool dir_existed = env->Exists(a.store);
   PTC_ASSIGN_OR_RETURN(ptc::StoreLock lock, LockStore(a.store, a.wait, /*create_dir=*/true));
   ptc::Result<ptc::ImportResult> imported = [&] {
     Progress progress("import", total);
-    return ptc::ImportFrom(env, source, a.store, progress.fn());
+    return import(progress.fn());
   }();
   if (!imported.ok()) {
     // A failed import leaves no directory it created (the lock file made one).
@@ -95,7 +110,11 @@ void AddImportCommand(CLI::App& app, int* exit_code) {
   sub->add_option("--schema", a->schema, "built-in schema (megatron-gpt, llama) or schema JSON file")->required();
   sub->add_option("--dims", a->dims, "model dims, e.g. layers=4,hidden=64,heads=4,vocab=1024,seq=128")->required();
   sub->add_option("--config", a->config, "the parallel config the files were written in (megatron: optional)");
-  sub->add_option("--format", a->format, "format of the rank files")->check(CLI::IsMember({"safetensors", "megatron"}));
+  sub->add_option("--format", a->format,
+                  "format of the checkpoint: safetensors (rank files), megatron (Megatron-LM's tree), or dcp\n"
+                  "(a PyTorch Distributed Checkpoint directory that dcp.save wrote: each chunk becomes a\n"
+                  "stored piece; --config optional, default tp=1; docs/dcp_format.md)")
+      ->check(CLI::IsMember({"safetensors", "megatron", "dcp"}));
   sub->add_option("--iteration", a->iteration, "megatron: the iteration to import (default: the latest)");
   sub->add_option("SRC_DIR", a->src, "per-rank checkpoint directory")->required();
   sub->add_option("STORE", a->store, "store directory")->required();

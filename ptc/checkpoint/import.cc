@@ -171,32 +171,35 @@ Result<ImportResult> ImportCheckpoint(Env* env, const std::string& src_dir, cons
   return ImportFrom(env, source, store_path, progress);
 }
 
+Result<ImportResult> ImportWith(Env* env, const std::string& store_path,
+                                const std::function<Result<ImportResult>(Store*)>& write) {
+  std::unique_ptr<Store> store;
+  if (env->Exists(JoinPath(store_path, "manifest.json"))) {
+    PTC_ASSIGN_OR_RETURN(store, Store::Open(env, store_path));
+    return write(store.get());
+  }
+  const bool dir_existed = env->Exists(store_path);
+  PTC_ASSIGN_OR_RETURN(store, Store::Create(env, store_path));
+  auto result = write(store.get());
+  if (!result.ok()) {
+    store.reset();
+    // Best effort: the store did not exist before this call.
+    if (dir_existed) {
+      auto names = env->ListDir(store_path);
+      if (names.ok())
+        for (const std::string& n : *names) (void)env->RemoveTree(JoinPath(store_path, n));
+    } else {
+      (void)env->RemoveTree(store_path);
+    }
+  }
+  return result;
+}
+
 Result<ImportResult> ImportFrom(Env* env, const CheckpointSource& source, const std::string& store_path,
                                 const ProgressFn& progress) {
   // Check every rank's files before the store is touched.
   PTC_ASSIGN_OR_RETURN(std::vector<RankView> views, CheckedViews(env, source));
-  const bool existed = env->Exists(JoinPath(store_path, "manifest.json"));
-  std::unique_ptr<Store> store;
-  if (existed) {
-    PTC_ASSIGN_OR_RETURN(store, Store::Open(env, store_path));
-  } else {
-    const bool dir_existed = env->Exists(store_path);
-    PTC_ASSIGN_OR_RETURN(store, Store::Create(env, store_path));
-    auto result = ImportInto(store.get(), source, views, progress);
-    if (!result.ok()) {
-      store.reset();
-      // Best effort: the store did not exist before this call.
-      if (dir_existed) {
-        auto names = env->ListDir(store_path);
-        if (names.ok())
-          for (const std::string& n : *names) (void)env->RemoveTree(JoinPath(store_path, n));
-      } else {
-        (void)env->RemoveTree(store_path);
-      }
-    }
-    return result;
-  }
-  return ImportInto(store.get(), source, views, progress);
+  return ImportWith(env, store_path, [&](Store* store) { return ImportInto(store, source, views, progress); });
 }
 
 }  // namespace ptc

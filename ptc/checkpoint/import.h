@@ -59,6 +59,12 @@ Result<ImportResult> ImportInto(Store* store, const CheckpointSource& source, co
 Result<ImportResult> WriteRanks(Env* env, GenerationWriter* writer, const CheckpointSource& source,
                                 const std::vector<int>& ranks, int worker, const ProgressFn& progress = {});
 
+// Runs `write` on the store at `store_path`, created when absent (and removed
+// again, or emptied when its directory existed, when `write` fails).
+// \error as Store::Create / Store::Open, and `write`'s.
+Result<ImportResult> ImportWith(Env* env, const std::string& store_path,
+                                const std::function<Result<ImportResult>(Store*)>& write);
+
 // A per-rank safetensors checkpoint (checkpoint.h).
 // \error as InferModelSpec, ValidateConfig and RankCheckpoint::Open (missing
 //        rank file, wrong shape or dtype, unknown tensor, malformed header).

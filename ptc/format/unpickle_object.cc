@@ -73,7 +73,7 @@ bool IsAllowedGlobal(const std::string& module, const std::string& name) {
       "builtins.slice",
       "builtins.bytes",
       "builtins.object",
-      "builtins.getattr",  // only getattr(<megatron class>, name): enums pickled by Python 3.11
+      "builtins.getattr",  // only getattr(<megatron or DCP class>, name): enums pickled by Python 3.11
       "copyreg._reconstructor",
       "numpy.core.multiarray._reconstruct",
       "numpy._core.multiarray._reconstruct",
@@ -83,6 +83,18 @@ bool IsAllowedGlobal(const std::string& module, const std::string& name) {
       "numpy._core.numeric._frombuffer",
       "numpy.ndarray",
       "numpy.dtype",
+      // PyTorch DCP's .metadata (ptc/checkpoint/dcp_read.h), kept opaque
+      "torch.distributed.checkpoint.metadata.Metadata",
+      "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
+      "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
+      "torch.distributed.checkpoint.metadata.TensorProperties",
+      "torch.distributed.checkpoint.metadata.ChunkStorageMetadata",
+      "torch.distributed.checkpoint.metadata.MetadataIndex",
+      "torch.distributed.checkpoint.metadata.StorageMeta",
+      "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
+      "torch.distributed.checkpoint.filesystem._StorageInfo",
+      "torch.serialization._get_layout",
+      "pathlib.PosixPath",
   };
   if (std::find(std::begin(kAllowed), std::end(kAllowed), full) != std::end(kAllowed)) return true;
   if (module == "torch") return IsTorchDTypeName(name) || DTypeFromStorageClass(name).ok();
@@ -197,8 +209,9 @@ Result<Node*> Unpickler::Call(const Global& g, Node* args) {
   if (full == "builtins.bytes" && a.empty()) return NewStr(NK::kBytes, "");
   if (full == "builtins.getattr" &&
       (a.size() != 2 || a[0]->kind != NK::kGlobal || a[1]->kind != NK::kStr ||
-       (a[0]->global.module != "megatron" && a[0]->global.module.rfind("megatron.", 0) != 0)))
-    return Err("builtins.getattr is read only as getattr(<class under megatron.>, name)");
+       (a[0]->global.module != "megatron" && a[0]->global.module.rfind("megatron.", 0) != 0 &&
+        a[0]->global.FullName() != "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING")))
+    return Err("builtins.getattr is read only as getattr(<class under megatron.>, name) or of DCP's memory format");
   Node* obj = New(NK::kObject);
   obj->global = g;
   obj->args = args;

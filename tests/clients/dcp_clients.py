@@ -8,6 +8,12 @@
       (`ptcfs synth --config tp=1`: whole global tensors under their global
       names). Prints "LOAD OK".
 
+  dcp_clients.py save OUT_DIR REF_DIR --procs N
+      N gloo processes save the reference with dcp.save into OUT_DIR, each
+      rank its dim-0 shard of every tensor (DTensors), with Adam's step per
+      parameter and the param_groups, as a training job's state dict holds
+      them. Prints "SAVE OK".
+
 Keys follow docs/dcp_format.md: model.P for a parameter P,
 optim.state.P.{exp_avg,exp_avg_sq,fp32} for its optimizer state.
 """
@@ -95,6 +101,28 @@ def worker(rank, world, port, dcp_dir, ref_dir, errors):
     dist.destroy_process_group()
 
 
+def saver(rank, world, port, out_dir, ref_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    ref = reference(ref_dir)
+    sd = nest({k: distribute_tensor(v, mesh, [Shard(0)]) for k, v in ref.items()})
+    for state in sd.get("optim", {}).get("state", {}).values():
+        state["step"] = torch.tensor(42.0)
+    if "optim" in sd:
+        sd["optim"]["param_groups"] = [{"lr": 1e-4, "params": sorted(sd["optim"]["state"])}]
+    dcp.save(sd, checkpoint_id=out_dir)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def save(args):
+    mp.start_processes(saver, args=(args.procs, free_port(), args.dcp_dir, args.ref_dir), nprocs=args.procs,
+                       start_method="spawn")
+    print(f"SAVE OK: {len(reference(args.ref_dir))} tensors from {args.procs} processes")
+    return 0
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -119,12 +147,13 @@ def load(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("load")
-    p.add_argument("dcp_dir")
-    p.add_argument("ref_dir")
-    p.add_argument("--procs", type=int, default=1)
+    for name in ("load", "save"):
+        p = sub.add_parser(name)
+        p.add_argument("dcp_dir")
+        p.add_argument("ref_dir")
+        p.add_argument("--procs", type=int, default=1)
     args = parser.parse_args()
-    return load(args)
+    return load(args) if args.cmd == "load" else save(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,371 @@
+#include "ptc/checkpoint/dcp_read.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+#include <utility>
+
+#include "ptc/checkpoint/dcp.h"
+#include "ptc/format/pickle.h"
+#include "ptc/format/torch_file.h"
+#include "ptc/model/model_layout.h"
+#include "ptc/model/view.h"
+#include "ptc/store/generation_writer.h"
+
+namespace ptc::dcp {
+namespace {
+
+using pickle::Kind;
+using pickle::Value;
+
+constexpr std::string_view kMetadataModule = "torch.distributed.checkpoint.metadata";
+constexpr size_t kCopyBytes = 4 << 20;
+
+Status Bad(const std::string& where, const std::string& what) { return InvalidArgumentError(where + ": " + what); }
+
+// The BUILD state of an object of class `cls` (module.name).
+Result<const Value*> StateOf(const Value& v, std::string_view cls, const std::string& where) {
+  if (v.kind() != Kind::kObject || v.object().callable.FullName() != cls) {
+    return Bad(where, "is a " + std::string(KindName(v.kind())) + ", not a " + std::string(cls));
+  }
+  if (!v.object().state) return Bad(where, std::string(cls) + " without its state");
+  return v.object().state.get();
+}
+
+Result<const Value*> Field(const Value& state, std::string_view name, const std::string& where) {
+  const Value* f = state.is_dict() ? state.Find(name) : nullptr;
+  if (f == nullptr) return Bad(where, "no field '" + std::string(name) + "'");
+  return f;
+}
+
+Result<int64_t> NonNegative(const Value& v, const std::string& where) {
+  if (v.kind() != Kind::kInt || v.as_int() < 0) return Bad(where, "is not a non-negative int");
+  return v.as_int();
+}
+
+// A torch.Size (or a plain tuple) of non-negative ints.
+Result<std::vector<Index>> Ints(const Value& v, const std::string& where) {
+  const Value* tuple = &v;
+  if (v.kind() == Kind::kObject && v.object().callable.FullName() == "torch.Size" && v.object().args.size() == 1) {
+    tuple = &v.object().args[0];
+  }
+  if (!tuple->is_sequence()) return Bad(where, "is a " + std::string(KindName(v.kind())) + ", not a torch.Size");
+  std::vector<Index> out;
+  for (const Value& i : tuple->items()) {
+    PTC_ASSIGN_OR_RETURN(int64_t n, NonNegative(i, where));
+    out.push_back(n);
+  }
+  return out;
+}
+
+Result<std::string> Str(const Value& v, const std::string& where) {
+  if (v.kind() != Kind::kStr) return Bad(where, "is not a str");
+  return v.as_str();
+}
+
+Result<DType> DTypeOf(const Value& properties, const std::string& where) {
+  PTC_ASSIGN_OR_RETURN(const Value* state,
+                       StateOf(properties, std::string(kMetadataModule) + ".TensorProperties", where + ": properties"));
+  const Value* dtype = nullptr;
+  if (state->is_sequence() && !state->items().empty()) dtype = &state->items()[0];
+  if (state->is_dict()) dtype = state->Find("dtype");
+  if (dtype == nullptr || dtype->kind() != Kind::kGlobal || dtype->global().module != "torch") {
+    return Bad(where, "properties without a torch dtype");
+  }
+  static const std::map<std::string, DType, std::less<>> kDTypes = {{"float64", DType::kF64},
+                                                                    {"double", DType::kF64},
+                                                                    {"float32", DType::kF32},
+                                                                    {"float", DType::kF32},
+                                                                    {"float16", DType::kF16},
+                                                                    {"half", DType::kF16},
+                                                                    {"bfloat16", DType::kBF16},
+                                                                    {"int64", DType::kI64},
+                                                                    {"long", DType::kI64},
+                                                                    {"int32", DType::kI32},
+                                                                    {"int", DType::kI32},
+                                                                    {"int16", DType::kI16},
+                                                                    {"short", DType::kI16},
+                                                                    {"int8", DType::kI8},
+                                                                    {"uint8", DType::kU8},
+                                                                    {"bool", DType::kBool},
+                                                                    {"float8_e4m3fn", DType::kF8E4M3},
+                                                                    {"float8_e5m2", DType::kF8E5M2}};
+  auto it = kDTypes.find(dtype->global().name);
+  if (it == kDTypes.end()) return Bad(where, "dtype torch." + dtype->global().name + " is not carried by ptcfs");
+  return it->second;
+}
+
+bool PlainName(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+// Bytes [offset, offset + length) of another file, as a file of their own.
+class FileRange final : public RandomAccessFile {
+ public:
+  FileRange(const RandomAccessFile& base, uint64_t offset, uint64_t length, std::string path)
+      : base_(base), offset_(offset), length_(length), path_(std::move(path)) {}
+  Status Read(uint64_t offset, size_t n, void* dst) const override {
+    if (offset > length_ || n > length_ - offset) return CorruptionError(path_ + ": read past the chunk's end");
+    return base_.Read(offset_ + offset, n, dst);
+  }
+  uint64_t Size() const override { return length_; }
+  const std::string& path() const override { return path_; }
+
+ private:
+  const RandomAccessFile& base_;
+  const uint64_t offset_, length_;
+  const std::string path_;
+};
+
+// Where a chunk's bytes are: the tensor's data, dense, in one file.
+struct ChunkBytes {
+  const SavedTensor* tensor = nullptr;
+  const SavedChunk* chunk = nullptr;
+  std::string name;  // the store tensor
+  size_t file = 0;   // index into the opened files
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+std::string ChunkName(const SavedTensor& t, const SavedChunk& c) {
+  return "key " + t.key + ", chunk " + c.box.ToString() + " (" + c.file + " bytes " + std::to_string(c.offset) + "+" +
+         std::to_string(c.length) + ")";
+}
+
+}  // namespace
+
+Result<SavedCheckpoint> ParseMetadata(std::string_view data, const std::string& what) {
+  PTC_ASSIGN_OR_RETURN(Value root, pickle::Unpickle(data, what));
+  PTC_ASSIGN_OR_RETURN(const Value* meta, StateOf(root, std::string(kMetadataModule) + ".Metadata", what));
+  PTC_ASSIGN_OR_RETURN(const Value* entries, Field(*meta, "state_dict_metadata", what));
+  PTC_ASSIGN_OR_RETURN(const Value* storage, Field(*meta, "storage_data", what));
+  if (!entries->is_dict() || !storage->is_dict()) return Bad(what, "state_dict_metadata or storage_data is not a dict");
+  // (key, chunk offsets) -> storage record.
+  std::map<std::pair<std::string, std::vector<Index>>, SavedChunk> where;
+  for (const auto& [index, info] : storage->pairs()) {
+    const std::string at = what + ": storage_data";
+    PTC_ASSIGN_OR_RETURN(const Value* i, StateOf(index, std::string(kMetadataModule) + ".MetadataIndex", at));
+    PTC_ASSIGN_OR_RETURN(const Value* fqn_value, Field(*i, "fqn", at));
+    PTC_ASSIGN_OR_RETURN(std::string fqn, Str(*fqn_value, at + " fqn"));
+    const std::string entry = at + " of " + fqn;
+    const Value* offset_value = i->is_dict() ? i->Find("offset") : nullptr;  // absent or None: a bytes entry
+    std::vector<Index> offsets;
+    if (offset_value != nullptr && !offset_value->is_none()) {
+      PTC_ASSIGN_OR_RETURN(offsets, Ints(*offset_value, entry + " offset"));
+    }
+    PTC_ASSIGN_OR_RETURN(const Value* s, StateOf(info, "torch.distributed.checkpoint.filesystem._StorageInfo", entry));
+    SavedChunk c;
+    PTC_ASSIGN_OR_RETURN(const Value* path, Field(*s, "relative_path", entry));
+    PTC_ASSIGN_OR_RETURN(c.file, Str(*path, entry + " relative_path"));
+    if (!PlainName(c.file)) return Bad(entry, "relative_path '" + c.file + "' is not a file name of the directory");
+    PTC_ASSIGN_OR_RETURN(const Value* offset, Field(*s, "offset", entry));
+    PTC_ASSIGN_OR_RETURN(const Value* length, Field(*s, "length", entry));
+    PTC_ASSIGN_OR_RETURN(int64_t o, NonNegative(*offset, entry + " offset"));
+    PTC_ASSIGN_OR_RETURN(int64_t n, NonNegative(*length, entry + " length"));
+    c.offset = static_cast<uint64_t>(o);
+    c.length = static_cast<uint64_t>(n);
+    if (const Value* t = s->Find("transform_descriptors");
+        t != nullptr && !t->is_none() && !(t->is_sequence() && t->items().empty())) {
+      return Bad(entry, "carries transforms (compression); ptcfs reads plain chunks only");
+    }
+    if (!where.emplace(std::make_pair(fqn, offsets), std::move(c)).second) return Bad(entry, "repeats");
+  }
+  SavedCheckpoint out;
+  for (const auto& [key_value, entry_value] : entries->pairs()) {
+    PTC_ASSIGN_OR_RETURN(std::string key, Str(key_value, what + ": a state_dict_metadata key"));
+    const std::string at = what + ": " + key;
+    if (entry_value.kind() == Kind::kObject &&
+        entry_value.object().callable.FullName() == std::string(kMetadataModule) + ".BytesStorageMetadata") {
+      out.bytes_keys.push_back(key);
+      continue;
+    }
+    PTC_ASSIGN_OR_RETURN(const Value* e,
+                         StateOf(entry_value, std::string(kMetadataModule) + ".TensorStorageMetadata", at));
+    SavedTensor t;
+    t.key = key;
+    PTC_ASSIGN_OR_RETURN(const Value* properties, Field(*e, "properties", at));
+    PTC_ASSIGN_OR_RETURN(t.dtype, DTypeOf(*properties, at));
+    PTC_ASSIGN_OR_RETURN(const Value* size, Field(*e, "size", at));
+    PTC_ASSIGN_OR_RETURN(t.shape, Ints(*size, at + " size"));
+    PTC_ASSIGN_OR_RETURN(const Value* chunks, Field(*e, "chunks", at));
+    if (!chunks->is_sequence()) return Bad(at, "chunks is not a list");
+    for (const Value& chunk : chunks->items()) {
+      PTC_ASSIGN_OR_RETURN(const Value* c, StateOf(chunk, std::string(kMetadataModule) + ".ChunkStorageMetadata", at));
+      PTC_ASSIGN_OR_RETURN(const Value* offsets_value, Field(*c, "offsets", at));
+      PTC_ASSIGN_OR_RETURN(const Value* sizes_value, Field(*c, "sizes", at));
+      PTC_ASSIGN_OR_RETURN(std::vector<Index> offsets, Ints(*offsets_value, at + " chunk offsets"));
+      PTC_ASSIGN_OR_RETURN(std::vector<Index> sizes, Ints(*sizes_value, at + " chunk sizes"));
+      if (offsets.size() != t.shape.size() || sizes.size() != t.shape.size()) {
+        return Bad(at,
+                   "a chunk's offsets or sizes do not have the tensor's " + std::to_string(t.shape.size()) + " dims");
+      }
+      Box box{offsets, offsets};
+      for (size_t d = 0; d < t.shape.size(); ++d) {
+        if (sizes[d] > t.shape[d] || offsets[d] > t.shape[d] - sizes[d]) {
+          return Bad(at, "chunk at " + ShapeToString(offsets) + " of sizes " + ShapeToString(sizes) + " lies outside " +
+                             ShapeToString(t.shape));
+        }
+        box.end[d] = offsets[d] + sizes[d];
+      }
+      auto it = where.find({key, offsets});
+      if (it == where.end()) return Bad(at, "no storage record for the chunk at " + ShapeToString(offsets));
+      SavedChunk saved = it->second;
+      saved.box = std::move(box);
+      t.chunks.push_back(std::move(saved));
+    }
+    out.tensors.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::string TensorOfKey(const std::string& key) {
+  constexpr std::string_view kModel = "model.", kOptim = "optim.state.";
+  if (key.rfind(kModel, 0) == 0 && key.size() > kModel.size()) return key.substr(kModel.size());
+  if (key.rfind(kOptim, 0) != 0) return "";
+  for (const char* kind : kOptimizerKinds) {
+    const std::string suffix = std::string(".") + kind;
+    if (key.size() > kOptim.size() + suffix.size() &&
+        key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      return key.substr(kOptim.size());
+    }
+  }
+  return "";
+}
+
+Result<ImportResult> ImportDcp(Env* env, const std::string& dir, const std::string& store_path, const Schema& schema,
+                               const ModelDims& dims, const ParallelConfig& config, const ProgressFn& progress) {
+  const std::string metadata_path = JoinPath(dir, kMetadataFile);
+  PTC_ASSIGN_OR_RETURN(auto metadata_file, env->OpenRead(metadata_path));
+  if (metadata_file->Size() > kMaxTorchPickleSize) {
+    return Bad(metadata_path, "larger than " + std::to_string(kMaxTorchPickleSize) + " bytes");
+  }
+  std::string metadata(metadata_file->Size(), '\0');
+  PTC_RETURN_IF_ERROR(metadata_file->Read(0, metadata.size(), metadata.data()));
+  PTC_ASSIGN_OR_RETURN(const SavedCheckpoint saved, ParseMetadata(metadata, metadata_path));
+
+  // The model: the parameters' dtype, and optimizer state when the save has some.
+  ModelSpec spec;
+  spec.schema = schema;
+  spec.dims = dims;
+  std::map<std::string, const SavedTensor*> by_name;
+  std::optional<DType> param_dtype;
+  for (const SavedTensor& t : saved.tensors) {
+    const std::string name = TensorOfKey(t.key);
+    if (name.empty()) {
+      const bool step =
+          t.key.rfind("optim.state.", 0) == 0 && t.key.size() > 5 && t.key.compare(t.key.size() - 5, 5, ".step") == 0;
+      if (step) continue;  // Adam's step: not carried (docs/dcp_format.md)
+      return Bad(metadata_path, "key " + t.key + " names no tensor ptcfs keeps (docs/dcp_format.md, Keys)");
+    }
+    if (t.key.rfind("optim.", 0) == 0) spec.optimizer = true;
+    if (t.key.rfind("model.", 0) == 0) {
+      if (param_dtype && *param_dtype != t.dtype) {
+        return Bad(metadata_path, "key " + t.key + " is " + std::string(DTypeName(t.dtype)) +
+                                      " but other parameters are " + std::string(DTypeName(*param_dtype)));
+      }
+      param_dtype = t.dtype;
+    }
+    by_name[name] = &t;
+  }
+  if (param_dtype) spec.dtype = *param_dtype;
+  PTC_ASSIGN_OR_RETURN(const ModelLayout layout, ModelLayout::Make(spec, config));
+  PTC_ASSIGN_OR_RETURN(std::vector<GlobalTensor> globals, GlobalTensors(spec));
+  std::set<std::string> known;
+  for (const GlobalTensor& g : globals) known.insert(g.name);
+  for (const auto& [name, t] : by_name) {
+    if (!known.count(name)) return Bad(metadata_path, "key " + t->key + ": the model has no tensor " + name);
+  }
+  for (const GlobalTensor& g : globals) {
+    auto it = by_name.find(g.name);
+    if (it == by_name.end()) {
+      return Bad(metadata_path, "the checkpoint lacks the model's tensor " + g.name);
+    }
+    const SavedTensor& t = *it->second;
+    if (t.dtype != g.dtype || t.shape != g.shape) {
+      return Bad(metadata_path, "key " + t.key + " is " + std::string(DTypeName(t.dtype)) + " " +
+                                    ShapeToString(t.shape) + ", the model's " + g.name + " is " +
+                                    std::string(DTypeName(g.dtype)) + " " + ShapeToString(g.shape));
+    }
+    Index volume = 0;
+    for (size_t i = 0; i < t.chunks.size(); ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if (Intersect(t.chunks[i].box, t.chunks[j].box)) {
+          return Bad(metadata_path, ChunkName(t, t.chunks[i]) + " overlaps chunk " + t.chunks[j].box.ToString());
+        }
+      }
+      volume += t.chunks[i].box.volume();
+    }
+    if (volume != NumElements(t.shape)) {
+      return Bad(metadata_path, "key " + t.key + ": the chunks hold " + std::to_string(volume) + " of its " +
+                                    std::to_string(NumElements(t.shape)) + " elements");
+    }
+  }
+
+  // Every chunk's torch.save file, before the store is touched.
+  std::vector<std::unique_ptr<RandomAccessFile>> files;
+  std::map<std::string, size_t> file_index;
+  std::vector<ChunkBytes> chunks;
+  for (const GlobalTensor& g : globals) {
+    const SavedTensor& t = *by_name.at(g.name);
+    for (const SavedChunk& c : t.chunks) {
+      auto [it, inserted] = file_index.try_emplace(c.file, files.size());
+      if (inserted) {
+        PTC_ASSIGN_OR_RETURN(auto f, env->OpenRead(JoinPath(dir, c.file)), metadata_path + ": " + ChunkName(t, c));
+        files.push_back(std::move(f));
+      }
+      const RandomAccessFile& file = *files[it->second];
+      const std::string what = dir + ": " + ChunkName(t, c);
+      if (c.offset > file.Size() || c.length > file.Size() - c.offset) {
+        return Bad(what, "lies past the end of the file (" + std::to_string(file.Size()) + " bytes)");
+      }
+      FileRange range(file, c.offset, c.length, what);
+      PTC_ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(range, what));
+      if (!tf.root.is_tensor()) return Bad(what, "holds a " + std::string(KindName(tf.root.kind())) + ", not a tensor");
+      const pickle::Tensor& tensor = tf.root.tensor();
+      if (tensor.dtype != t.dtype || tensor.shape != c.box.shape() || !IsContiguous(tensor)) {
+        return Bad(what, "holds a " + std::string(DTypeName(tensor.dtype)) + " tensor of shape " +
+                             ShapeToString(tensor.shape) + (IsContiguous(tensor) ? "" : ", not contiguous") +
+                             "; the chunk is " + std::string(DTypeName(t.dtype)) + " " + ShapeToString(c.box.shape()));
+      }
+      const TorchStorage* storage = tf.FindStorage(tensor.storage_key);
+      if (storage == nullptr) return Bad(what, "has no storage " + tensor.storage_key);
+      const uint64_t size = static_cast<uint64_t>(c.box.volume()) * DTypeSize(t.dtype);
+      chunks.push_back(ChunkBytes{
+          &t, &c, g.name, it->second,
+          c.offset + storage->member.data_offset + static_cast<uint64_t>(tensor.storage_offset) * DTypeSize(t.dtype),
+          size});
+    }
+  }
+
+  return ImportWith(env, store_path, [&](Store* store) -> Result<ImportResult> {
+    PTC_ASSIGN_OR_RETURN(auto writer, store->BeginGeneration());
+    ImportResult result;
+    const int worker = config.WorkerOf(0);
+    std::vector<char> buf(kCopyBytes);
+    for (const ChunkBytes& c : chunks) {
+      PTC_ASSIGN_OR_RETURN(auto sink, writer->NewShard(c.name, c.tensor->dtype, {c.chunk->box}, worker));
+      for (uint64_t done = 0; done < c.size;) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), c.size - done));
+        PTC_RETURN_IF_ERROR(files[c.file]->Read(c.offset + done, n, buf.data()));
+        PTC_RETURN_IF_ERROR(sink->Append(buf.data(), n));
+        done += n;
+        if (progress) progress(n);
+      }
+      PTC_ASSIGN_OR_RETURN(ShardRecord record, sink->Finish());
+      writer->AddShard(std::move(record));
+      ++result.shards;
+      result.bytes_stored += c.size;
+      result.bytes_read += c.size;
+    }
+    GenerationManifest meta;
+    if (store->has_generation()) meta.extra = store->current().extra;
+    PTC_RETURN_IF_ERROR(DescribeModel(layout.spec(), layout.config(), &meta));
+    PTC_RETURN_IF_ERROR(writer->Commit(std::move(meta)));
+    result.generation = writer->generation();
+    return result;
+  });
+}
+
+}  // namespace ptc::dcp

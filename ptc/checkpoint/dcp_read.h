@@ -1,0 +1,77 @@
+// Reading a PyTorch DCP checkpoint that torch wrote (`dcp.save` with the
+// default FileSystemWriter): its .metadata, and the chunk files it points at
+// (docs/dcp_format.md, "Importing").
+//
+// ParseMetadata reads the pickle with ptcfs's restricted unpickler (DCP's
+// metadata classes are on its allowlist, kept opaque; nothing runs) and takes
+// out what a store needs: per key the dtype, the global shape and the chunks
+// (box, file, byte range). ImportDcp checks every chunk against the model
+// before the store is touched and writes each chunk as one stored piece.
+//
+// Thread safety: pure functions, and reads of the Env.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ptc/base/env.h"
+#include "ptc/base/status.h"
+#include "ptc/checkpoint/checkpoint.h"
+#include "ptc/checkpoint/import.h"
+#include "ptc/model/box.h"
+#include "ptc/model/config.h"
+#include "ptc/model/dtype.h"
+#include "ptc/store/model_spec.h"
+
+namespace ptc::dcp {
+
+struct SavedChunk {
+  Box box;           // of the global tensor
+  std::string file;  // relative_path: a file name in the checkpoint directory
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+struct SavedTensor {
+  std::string key;
+  DType dtype = DType::kF32;
+  Shape shape;
+  std::vector<SavedChunk> chunks;
+};
+
+struct SavedCheckpoint {
+  std::vector<SavedTensor> tensors;     // in the metadata's order
+  std::vector<std::string> bytes_keys;  // BytesStorageMetadata entries (pickled objects), not read
+};
+
+// \error InvalidArgument naming `what` and the entry at fault: a pickle the
+//        unpickler refuses (a global off the allowlist among them); a root
+//        that is not a Metadata; a tensor entry without its properties, size
+//        or chunks, of a dtype ptcfs does not carry, with a chunk whose
+//        offsets and sizes do not fit its size; a chunk without its storage
+//        record, or a storage record whose file is not a plain name, or
+//        carries transforms (compression, ...).
+Result<SavedCheckpoint> ParseMetadata(std::string_view data, const std::string& what);
+
+// The store tensor of a DCP key (the inverse of the rule in dcp.h): "model.P"
+// -> P, "optim.state.P.K" -> "P.K" for K in exp_avg, exp_avg_sq, fp32. Empty
+// for another key.
+std::string TensorOfKey(const std::string& key);
+
+// Imports the DCP checkpoint in `dir` into the store at `store_path` (created
+// when absent) as a new generation of `schema` and `dims` in `config`: each
+// chunk one stored piece (on the worker of config's rank 0). Every key must
+// name a tensor of the model (optim.state.*.step and the optimizer's
+// param_groups are not carried and are passed over), the parameters must
+// share one dtype, and the optimizer state must be Adam's, whole or absent.
+// Every chunk is checked before the store is touched: the chunks of a tensor
+// tile it exactly, each is a torch.save file of one contiguous tensor of its
+// box's shape and the tensor's dtype, inside its file.
+// \error InvalidArgument naming the key and chunk (file and byte range) at
+//        fault; NotFound naming a missing file; as the store's writer.
+Result<ImportResult> ImportDcp(Env* env, const std::string& dir, const std::string& store_path, const Schema& schema,
+                               const ModelDims& dims, const ParallelConfig& config, const ProgressFn& progress = {});
+
+}  // namespace ptc::dcp
