@@ -134,6 +134,20 @@ class Controller {
   ptc::Status Ingest(const std::string& staging_root, uint64_t iteration,
                      const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_, collect_mu_);
 
+  // Commits the PyTorch DCP save in `dir` (a directory of dcp/ that dcp.save
+  // wrote, fs/staging.h) as a new generation in the current config, each
+  // chunk a stored piece (ptc/checkpoint/dcp_read.h), and serves it; the data
+  // position stays. `committed` runs after the commit and before the new
+  // generation is served (the staged files are in the store then). Blocks
+  // until committed; on any error the current generation stays (also kept as
+  // last_error).
+  // \error FailedPrecondition while a rewrite runs, and on a cluster mount
+  //        (not supported yet); InvalidArgument when the save holds no
+  //        optimizer state and the store does (it would be lost); as OpenDcp
+  //        (naming the key and chunk) and WriteDcp.
+  ptc::Status IngestDcp(const std::string& dir, const std::shared_ptr<const Snapshot>& current,
+                        const std::function<void()>& committed) EXCLUDES(mu_, collect_mu_);
+
   // Applies a save the cluster agreed on (another worker's Ingest): this
   // worker's part is the rank files of `iteration` staged under
   // `staging_root` (perhaps none). Runs in the background (state "saving");

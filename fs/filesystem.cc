@@ -315,7 +315,7 @@ struct stat Filesystem::Attr(const Node& n, uint64_t size) const {
   struct stat st = {};
   st.st_ino = n.ino;
   const bool writable = n.kind == Node::kConfig || n.kind == Node::kLatestFile || n.kind == Node::kStagedFile ||
-                        n.kind == Node::kMegatronDir || n.kind == Node::kStagedDir;
+                        n.kind == Node::kMegatronDir || n.kind == Node::kDcpDir || n.kind == Node::kStagedDir;
   st.st_nlink = n.is_dir() ? 2 : 1;
   st.st_mode = (n.is_dir() ? S_IFDIR | 0555 : S_IFREG | 0444) | (writable ? 0200 : 0);
   st.st_size = static_cast<off_t>(size);
@@ -364,6 +364,7 @@ double Filesystem::Timeout(const Node& node) {
     case Node::kConfig:
     case Node::kStatus:
     case Node::kMegatronDir:
+    case Node::kDcpDir:
     case Node::kLatestFile:
     case Node::kStagedDir:
     case Node::kStagedFile:

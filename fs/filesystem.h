@@ -46,6 +46,9 @@ namespace ptcfs {
 constexpr uint64_t kRootInode = 1;
 // The staging area of saves into megatron/, under the store root.
 constexpr std::string_view kStagingDir = "ingest";
+// Saves into dcp/ are staged under this directory of the staging area (a
+// name megatron/ does not show and refuses to make).
+constexpr std::string_view kDcpStaging = ".dcp";
 
 struct MountOptions {
   std::string store;
@@ -144,10 +147,15 @@ class Filesystem {
   // under megatron/ go to the staging area; a write of
   // latest_checkpointed_iteration.txt commits the iteration it names when the
   // file is flushed (close), and the close fails (EIO) if the save does not.
+  // Saves into dcp/ (docs/dcp_format.md): new directories of dcp/ and what is
+  // written in them go to the staging area too (kDcpStaging); see Rename.
   // Elsewhere: PermissionDenied (EACCES).
   ptc::Result<Entry> Mkdir(uint64_t parent, const std::string& name) EXCLUDES(staging_mu_, mu_);
   ptc::Result<std::pair<Entry, OpenReply>> Create(uint64_t parent, const std::string& name, int flags)
       EXCLUDES(staging_mu_, mu_);
+  // A rename of dcp/SAVE/.metadata.tmp onto dcp/SAVE/.metadata (how dcp.save
+  // finishes) commits that save (Controller::IngestDcp); the rename fails with
+  // EIO when the save does not commit (the staged files stay).
   ptc::Status Rename(uint64_t parent, const std::string& name, uint64_t new_parent, const std::string& new_name)
       EXCLUDES(staging_mu_, mu_);
   ptc::Status Unlink(uint64_t parent, const std::string& name, bool directory) EXCLUDES(staging_mu_, mu_);
@@ -198,6 +206,14 @@ class Filesystem {
   ptc::Result<std::shared_ptr<Node>> BuildDcpTree(const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
   // Nodes for what the staging area holds under `dir` (recursively).
   void AddStaged(Node& dir, const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
+  // Rename of staged entries; `to_parent` receives the staged path of the target directory.
+  ptc::Status RenameStaged(uint64_t parent, const std::string& name, uint64_t new_parent, const std::string& new_name,
+                           std::string* to_parent) EXCLUDES(staging_mu_, mu_);
+  // Whether renaming onto `new_name` in the staged directory `to_parent` completes a DCP save.
+  static bool IsDcpCommit(const std::string& to_parent, const std::string& new_name);
+  // Commits the DCP save staged at `save` (kDcpStaging/NAME) and removes it from the staging area.
+  // \error as Controller::IngestDcp (EIO, or EBUSY while a rewrite runs).
+  ptc::Status CommitDcp(const std::string& save) EXCLUDES(staging_mu_, mu_);
   ptc::Result<OpenReply> OpenMegatronWritable(const std::shared_ptr<Node>& node, int flags) EXCLUDES(mu_);
   ptc::Result<size_t> WriteMegatron(Handle& h, const char* data, size_t size, uint64_t offset) EXCLUDES(mu_);
   // The directory `parent` if saves may write in it.

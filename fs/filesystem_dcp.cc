@@ -1,6 +1,8 @@
 // Filesystem: the dcp/ tree, PyTorch Distributed Checkpoint of the generation
-// served (ptc/checkpoint/dcp.h, fs/dcp_file.h). Read-only: the chunks are
-// rendered on read from the stored pieces; .metadata is built with the tree.
+// served (ptc/checkpoint/dcp.h, fs/dcp_file.h): the chunks rendered on read
+// from the stored pieces, .metadata built with the tree. New directories are
+// dcp.save's checkpoints, staged (kDcpStaging) until their .metadata lands
+// (Filesystem::Rename, Controller::IngestDcp).
 #include "fs/filesystem.h"
 #include "fs/node.h"
 
@@ -10,6 +12,8 @@ ptc::Result<std::shared_ptr<Node>> Filesystem::BuildDcpTree(const std::shared_pt
   PTC_ASSIGN_OR_RETURN(ptc::dcp::Plan plan, ptc::dcp::PlanCheckpoint(snap->reader().manifest()));
   auto shared = std::make_shared<const ptc::dcp::Plan>(std::move(plan));
   auto dir = NewDir(snap);
+  dir->kind = Node::kDcpDir;
+  StagedOf(*dir) = std::string(kDcpStaging);
   auto metadata = std::make_shared<Node>();
   metadata->kind = Node::kLiteralFile;
   metadata->snap = snap;
@@ -25,6 +29,7 @@ ptc::Result<std::shared_ptr<Node>> Filesystem::BuildDcpTree(const std::shared_pt
     file->dcp = shared;
     dir->children[shared->files[i].name] = AddNode(file);
   }
+  AddStaged(*dir, snap);  // saves under way
   return dir;
 }
 

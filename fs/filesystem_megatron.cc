@@ -11,6 +11,7 @@
 #include "fs/filesystem.h"
 #include "fs/megatron_file.h"
 #include "fs/node.h"
+#include "ptc/checkpoint/dcp.h"
 
 namespace ptcfs {
 namespace {
@@ -66,6 +67,7 @@ void Filesystem::AddStaged(Node& dir, const std::shared_ptr<const Snapshot>& sna
   const std::string& path = StagedOf(dir);
   for (const auto& [name, is_dir] : staging_.List(path)) {
     if (dir.children.count(name)) continue;  // rendered entries win (saves cannot create them)
+    if (path.empty() && name == kDcpStaging) continue;  // dcp/'s saves, not megatron/'s
     auto n = std::make_shared<Node>();
     n->kind = is_dir ? Node::kStagedDir : Node::kStagedFile;
     n->snap = snap;
@@ -98,14 +100,21 @@ ptc::Result<std::unique_ptr<VirtualFile>> Filesystem::RenderMegatron(const Snaps
 
 ptc::Result<std::shared_ptr<Node>> Filesystem::StagingParent(uint64_t parent) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> p, NodeOf(parent));
-  if (p->kind != Node::kMegatronDir && p->kind != Node::kStagedDir) {
-    return ptc::Status(ptc::Code::kPermissionDenied, "only megatron/ takes new files (saves)");
+  if (p->kind != Node::kMegatronDir && p->kind != Node::kDcpDir && p->kind != Node::kStagedDir) {
+    return ptc::Status(ptc::Code::kPermissionDenied, "only megatron/ and dcp/ take new files (saves)");
   }
   return p;
 }
 
 ptc::Result<Entry> Filesystem::Mkdir(uint64_t parent, const std::string& name) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> p, StagingParent(parent));
+  if (p->kind == Node::kMegatronDir && name == kDcpStaging) {
+    return ptc::Status(ptc::Code::kPermissionDenied, "megatron/" + name + ": a name ptcfs keeps for dcp/'s saves");
+  }
+  if (p->kind == Node::kDcpDir && options_.in_cluster) {
+    return ptc::Status(ptc::Code::kPermissionDenied,
+                       "dcp/: saves through a mount that is one worker of a cluster are not supported yet");
+  }
   ptc::MutexLock staging(&staging_mu_);
   std::string parent_path;
   {
@@ -114,6 +123,7 @@ ptc::Result<Entry> Filesystem::Mkdir(uint64_t parent, const std::string& name) {
     parent_path = StagedOf(*p);
   }
   PTC_ASSIGN_OR_RETURN(std::string rel, Staging::Join(parent_path, name));
+  if (p->kind == Node::kDcpDir && !staging_.Stat(parent_path).ok()) PTC_RETURN_IF_ERROR(staging_.Mkdir(parent_path));
   PTC_RETURN_IF_ERROR(staging_.Mkdir(rel));
   auto n = std::make_shared<Node>();
   n->kind = Node::kStagedDir;
@@ -127,6 +137,10 @@ ptc::Result<Entry> Filesystem::Mkdir(uint64_t parent, const std::string& name) {
 
 ptc::Result<std::pair<Entry, OpenReply>> Filesystem::Create(uint64_t parent, const std::string& name, int flags) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> p, StagingParent(parent));
+  if (p->kind == Node::kDcpDir) {
+    return ptc::Status(ptc::Code::kPermissionDenied,
+                       "dcp/" + name + ": dcp/ takes directories (a dcp.save checkpoint_id), not files");
+  }
   ptc::MutexLock staging(&staging_mu_);
   std::shared_ptr<Node> n;
   std::string parent_path;
@@ -235,6 +249,21 @@ ptc::Status Filesystem::Fsync(uint64_t fh) {
 
 ptc::Status Filesystem::Rename(uint64_t parent, const std::string& name, uint64_t new_parent,
                                const std::string& new_name) {
+  std::string to_parent;
+  PTC_RETURN_IF_ERROR(RenameStaged(parent, name, new_parent, new_name, &to_parent));
+  return IsDcpCommit(to_parent, new_name) ? CommitDcp(to_parent) : ptc::Status::OK();
+}
+
+ptc::Status Filesystem::CommitDcp(const std::string& save) {
+  ptc::Status removed;
+  ptc::Status s = controller_->IngestDcp(staging_.Path(save), snapshot(), [&] { removed = staging_.RemoveTree(save); });
+  if (!s.ok()) return s.code() == ptc::Code::kFailedPrecondition ? s : ptc::IOError(s.message());
+  if (!removed.ok()) controller_->RecordError("DCP save committed; " + removed.message());
+  return ptc::Status::OK();
+}
+
+ptc::Status Filesystem::RenameStaged(uint64_t parent, const std::string& name, uint64_t new_parent,
+                                     const std::string& new_name, std::string* to_parent_out) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> from_dir, StagingParent(parent));
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> to_dir, StagingParent(new_parent));
   ptc::MutexLock staging(&staging_mu_);
@@ -259,6 +288,7 @@ ptc::Status Filesystem::Rename(uint64_t parent, const std::string& name, uint64_
   }
   PTC_ASSIGN_OR_RETURN(std::string to, Staging::Join(to_parent, new_name));
   PTC_RETURN_IF_ERROR(staging_.Rename(from, to));
+  *to_parent_out = to_parent;
   ptc::MutexLock lock(&mu_);
   from_dir->children.erase(name);
   to_dir->children[new_name] = node->ino;
@@ -275,6 +305,12 @@ ptc::Status Filesystem::Rename(uint64_t parent, const std::string& name, uint64_
     }
   }
   return ptc::Status::OK();
+}
+
+bool Filesystem::IsDcpCommit(const std::string& to_parent, const std::string& new_name) {
+  const std::string prefix = std::string(kDcpStaging) + "/";
+  return new_name == ptc::dcp::kMetadataFile && to_parent.rfind(prefix, 0) == 0 &&
+         to_parent.find('/', prefix.size()) == std::string::npos;
 }
 
 ptc::Status Filesystem::Unlink(uint64_t parent, const std::string& name, bool directory) {

@@ -30,11 +30,12 @@ struct Node {
     kMegatronFile,
     kDcpFile,      // dcp/__W_0.distcp: `view` indexes the plan's files
     kMegatronDir,  // megatron/: takes new directories (saves)
+    kDcpDir,       // dcp/: takes new directories (dcp.save's checkpoint_id)
     kLatestFile,   // megatron/latest_checkpointed_iteration.txt: a write commits a save
     kStagedDir,
     kStagedFile,  // written under megatron/, on disk in the staging area
   } kind = kDir;
-  bool is_dir() const { return kind == kDir || kind == kMegatronDir || kind == kStagedDir; }
+  bool is_dir() const { return kind == kDir || kind == kMegatronDir || kind == kDcpDir || kind == kStagedDir; }
   std::map<std::string, uint64_t> children;       // directories
   std::shared_ptr<const Snapshot> snap;           // nodes under model/ and data/
   size_t view = 0;                                // index into snap->views()
@@ -51,7 +52,7 @@ struct Node {
   // Guarded by Filesystem::mu_, which the analysis cannot name from here:
   // Filesystem reads and writes them only through LookupsOf and StagedOf, which require it.
   uint64_t lookups_ = 0;  // the kernel's lookup count
-  // kMegatronDir (""), kStagedDir, kStagedFile: the path in the staging area.
+  // kMegatronDir (""), kDcpDir (kDcpStaging), kStagedDir, kStagedFile: the path in the staging area.
   // A rename in the staging area rewrites it (of the node and all below it).
   std::string staged_;
 };

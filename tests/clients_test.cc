@@ -224,6 +224,36 @@ TEST_F(ClientsTest, DcpSaveOfTwoProcessesImportsBitForBitInAnotherLayout) {
   }
 }
 
+TEST_F(ClientsTest, DcpSaveOfTwoProcessesThroughTheMountCommits) {
+  // torch's dcp.save from 2 gloo processes into the mount's dcp/ commits a generation on
+  // its .metadata; the mount's rank files in another layout are synth of the saved values,
+  // and dcp.load in 3 processes reads them back.
+  const std::string model = kLlama + " --dtype bf16 --optimizer adam";
+  Run("synth " + model + " --config tp=2,pp=2 " + tmp_ / "saved");
+  Run("import " + kLlama + " --config tp=2,pp=2 " + tmp_ / "saved " + tmp_ / "store");
+  Run("synth " + model + " --seed 9 --config tp=1 " + tmp_ / "ref");
+  Run("synth " + model + " --seed 9 --config tp=1,pp=4 " + tmp_ / "want");
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format all");
+  const int generation = MountStatus(m.dir())["generation"].get<int>();
+  const std::string dcp = Python() + Script("dcp_clients.py");
+  auto [code, out] = Sh(dcp + "save " + m.dir() + "/dcp/step-100 " + tmp_ / "ref --procs 2 2>&1");
+  ASSERT_EQ(code, 0) << out;
+  auto status = MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  Run("reconfigure " + m.dir() + " --to tp=1,pp=4");
+  for (int rank = 0; rank < 4; ++rank) {
+    for (const char* file : {"model.safetensors", "optim.safetensors"}) {
+      const std::string rel = "/rank-0000" + std::to_string(rank) + "/" + file;
+      auto [cmp, cmp_out] = Sh("cmp " + m.dir() + "/model" + rel + " " + tmp_ / "want" + rel + " 2>&1");
+      EXPECT_EQ(cmp, 0) << rel << ": " << cmp_out;
+    }
+  }
+  std::tie(code, out) = Sh(dcp + "load " + m.dir() + "/dcp " + tmp_ / "ref --procs 3 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("LOAD OK"), std::string::npos) << out;
+}
+
 TEST_F(ClientsTest, MegatronCoreIndexedDatasetReadsEveryRank) {
   const std::string model = kGpt + " --config tp=1,pp=1,dp=4";
   Run("synth " + model + " " + tmp_ / "ck");

@@ -119,16 +119,6 @@ class FileRange final : public RandomAccessFile {
   const std::string path_;
 };
 
-// Where a chunk's bytes are: the tensor's data, dense, in one file.
-struct ChunkBytes {
-  const SavedTensor* tensor = nullptr;
-  const SavedChunk* chunk = nullptr;
-  std::string name;  // the store tensor
-  size_t file = 0;   // index into the opened files
-  uint64_t offset = 0;
-  uint64_t size = 0;
-};
-
 std::string ChunkName(const SavedTensor& t, const SavedChunk& c) {
   return "key " + t.key + ", chunk " + c.box.ToString() + " (" + c.file + " bytes " + std::to_string(c.offset) + "+" +
          std::to_string(c.length) + ")";
@@ -234,8 +224,8 @@ std::string TensorOfKey(const std::string& key) {
   return "";
 }
 
-Result<ImportResult> ImportDcp(Env* env, const std::string& dir, const std::string& store_path, const Schema& schema,
-                               const ModelDims& dims, const ParallelConfig& config, const ProgressFn& progress) {
+Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema, const ModelDims& dims,
+                          const ParallelConfig& config) {
   const std::string metadata_path = JoinPath(dir, kMetadataFile);
   PTC_ASSIGN_OR_RETURN(auto metadata_file, env->OpenRead(metadata_path));
   if (metadata_file->Size() > kMaxTorchPickleSize) {
@@ -270,7 +260,7 @@ Result<ImportResult> ImportDcp(Env* env, const std::string& dir, const std::stri
     by_name[name] = &t;
   }
   if (param_dtype) spec.dtype = *param_dtype;
-  PTC_ASSIGN_OR_RETURN(const ModelLayout layout, ModelLayout::Make(spec, config));
+  PTC_ASSIGN_OR_RETURN(ModelLayout layout, ModelLayout::Make(spec, config));
   PTC_ASSIGN_OR_RETURN(std::vector<GlobalTensor> globals, GlobalTensors(spec));
   std::set<std::string> known;
   for (const GlobalTensor& g : globals) known.insert(g.name);
@@ -304,18 +294,17 @@ Result<ImportResult> ImportDcp(Env* env, const std::string& dir, const std::stri
   }
 
   // Every chunk's torch.save file, before the store is touched.
-  std::vector<std::unique_ptr<RandomAccessFile>> files;
+  DcpSource source{std::move(layout), {}, {}};
   std::map<std::string, size_t> file_index;
-  std::vector<ChunkBytes> chunks;
   for (const GlobalTensor& g : globals) {
     const SavedTensor& t = *by_name.at(g.name);
     for (const SavedChunk& c : t.chunks) {
-      auto [it, inserted] = file_index.try_emplace(c.file, files.size());
+      auto [it, inserted] = file_index.try_emplace(c.file, source.files.size());
       if (inserted) {
         PTC_ASSIGN_OR_RETURN(auto f, env->OpenRead(JoinPath(dir, c.file)), metadata_path + ": " + ChunkName(t, c));
-        files.push_back(std::move(f));
+        source.files.push_back(std::move(f));
       }
-      const RandomAccessFile& file = *files[it->second];
+      const RandomAccessFile& file = *source.files[it->second];
       const std::string what = dir + ": " + ChunkName(t, c);
       if (c.offset > file.Size() || c.length > file.Size() - c.offset) {
         return Bad(what, "lies past the end of the file (" + std::to_string(file.Size()) + " bytes)");
@@ -332,39 +321,49 @@ Result<ImportResult> ImportDcp(Env* env, const std::string& dir, const std::stri
       const TorchStorage* storage = tf.FindStorage(tensor.storage_key);
       if (storage == nullptr) return Bad(what, "has no storage " + tensor.storage_key);
       const uint64_t size = static_cast<uint64_t>(c.box.volume()) * DTypeSize(t.dtype);
-      chunks.push_back(ChunkBytes{
-          &t, &c, g.name, it->second,
-          c.offset + storage->member.data_offset + static_cast<uint64_t>(tensor.storage_offset) * DTypeSize(t.dtype),
-          size});
+      const uint64_t at =
+          c.offset + storage->member.data_offset + static_cast<uint64_t>(tensor.storage_offset) * DTypeSize(t.dtype);
+      source.chunks.push_back(DcpSource::Chunk{g.name, t.dtype, c.box, it->second, at, size});
     }
   }
 
-  return ImportWith(env, store_path, [&](Store* store) -> Result<ImportResult> {
-    PTC_ASSIGN_OR_RETURN(auto writer, store->BeginGeneration());
-    ImportResult result;
-    const int worker = config.WorkerOf(0);
-    std::vector<char> buf(kCopyBytes);
-    for (const ChunkBytes& c : chunks) {
-      PTC_ASSIGN_OR_RETURN(auto sink, writer->NewShard(c.name, c.tensor->dtype, {c.chunk->box}, worker));
-      for (uint64_t done = 0; done < c.size;) {
-        const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), c.size - done));
-        PTC_RETURN_IF_ERROR(files[c.file]->Read(c.offset + done, n, buf.data()));
-        PTC_RETURN_IF_ERROR(sink->Append(buf.data(), n));
-        done += n;
-        if (progress) progress(n);
-      }
-      PTC_ASSIGN_OR_RETURN(ShardRecord record, sink->Finish());
-      writer->AddShard(std::move(record));
-      ++result.shards;
-      result.bytes_stored += c.size;
-      result.bytes_read += c.size;
+  return source;
+}
+
+Result<ImportResult> WriteDcp(Store* store, const DcpSource& source, nlohmann::json extra, const ProgressFn& progress) {
+  PTC_ASSIGN_OR_RETURN(auto writer, store->BeginGeneration());
+  ImportResult result;
+  const int worker = source.layout.config().WorkerOf(0);
+  std::vector<char> buf(kCopyBytes);
+  for (const DcpSource::Chunk& c : source.chunks) {
+    PTC_ASSIGN_OR_RETURN(auto sink, writer->NewShard(c.tensor, c.dtype, {c.box}, worker));
+    for (uint64_t done = 0; done < c.size;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), c.size - done));
+      PTC_RETURN_IF_ERROR(source.files[c.file]->Read(c.offset + done, n, buf.data()));
+      PTC_RETURN_IF_ERROR(sink->Append(buf.data(), n));
+      done += n;
+      if (progress) progress(n);
     }
-    GenerationManifest meta;
-    if (store->has_generation()) meta.extra = store->current().extra;
-    PTC_RETURN_IF_ERROR(DescribeModel(layout.spec(), layout.config(), &meta));
-    PTC_RETURN_IF_ERROR(writer->Commit(std::move(meta)));
-    result.generation = writer->generation();
-    return result;
+    PTC_ASSIGN_OR_RETURN(ShardRecord record, sink->Finish());
+    writer->AddShard(std::move(record));
+    ++result.shards;
+    result.bytes_stored += c.size;
+    result.bytes_read += c.size;
+  }
+  GenerationManifest meta;
+  meta.extra = std::move(extra);
+  PTC_RETURN_IF_ERROR(DescribeModel(source.layout.spec(), source.layout.config(), &meta));
+  PTC_RETURN_IF_ERROR(writer->Commit(std::move(meta)));
+  result.generation = writer->generation();
+  return result;
+}
+
+Result<ImportResult> ImportDcp(Env* env, const std::string& dir, const std::string& store_path, const Schema& schema,
+                               const ModelDims& dims, const ParallelConfig& config, const ProgressFn& progress) {
+  PTC_ASSIGN_OR_RETURN(const DcpSource source, OpenDcp(env, dir, schema, dims, config));
+  return ImportWith(env, store_path, [&](Store* store) {
+    return WriteDcp(store, source, store->has_generation() ? store->current().extra : nlohmann::json::object(),
+                    progress);
   });
 }
 

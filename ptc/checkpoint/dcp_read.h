@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "ptc/model/box.h"
 #include "ptc/model/config.h"
 #include "ptc/model/dtype.h"
+#include "ptc/model/model_layout.h"
 #include "ptc/store/model_spec.h"
 
 namespace ptc::dcp {
@@ -60,17 +62,43 @@ Result<SavedCheckpoint> ParseMetadata(std::string_view data, const std::string& 
 // for another key.
 std::string TensorOfKey(const std::string& key);
 
-// Imports the DCP checkpoint in `dir` into the store at `store_path` (created
-// when absent) as a new generation of `schema` and `dims` in `config`: each
-// chunk one stored piece (on the worker of config's rank 0). Every key must
+// A DCP checkpoint checked against a model, ready to write into a store.
+struct DcpSource {
+  ModelLayout layout;  // the model (the save's dtype and optimizer state) in the config asked for
+  std::vector<std::unique_ptr<RandomAccessFile>> files;
+  struct Chunk {
+    std::string tensor;  // the store's
+    DType dtype = DType::kF32;
+    Box box;
+    size_t file = 0;      // index into files
+    uint64_t offset = 0;  // of the chunk's tensor bytes (dense) in the file
+    uint64_t size = 0;
+  };
+  std::vector<Chunk> chunks;  // in the model's tensor order
+};
+
+// Opens the DCP checkpoint in `dir` as a generation of `schema` and `dims` in
+// `config`, checking everything (below) and writing nothing. Every key must
 // name a tensor of the model (optim.state.*.step and the optimizer's
 // param_groups are not carried and are passed over), the parameters must
 // share one dtype, and the optimizer state must be Adam's, whole or absent.
-// Every chunk is checked before the store is touched: the chunks of a tensor
+// Every chunk is checked: the chunks of a tensor
 // tile it exactly, each is a torch.save file of one contiguous tensor of its
 // box's shape and the tensor's dtype, inside its file.
 // \error InvalidArgument naming the key and chunk (file and byte range) at
-//        fault; NotFound naming a missing file; as the store's writer.
+//        fault; NotFound naming a missing file; as ModelLayout::Make.
+Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema, const ModelDims& dims,
+                          const ParallelConfig& config);
+
+// Writes `source` into `store` as a new generation, each chunk one stored piece
+// on the worker of its config's rank 0, with `extra` as the manifest's.
+// \error as the store's writer and the reads of the files.
+Result<ImportResult> WriteDcp(Store* store, const DcpSource& source, nlohmann::json extra,
+                              const ProgressFn& progress = {});
+
+// OpenDcp, then WriteDcp into the store at `store_path` (created when absent;
+// its extra kept).
+// \error as OpenDcp, WriteDcp and ImportWith.
 Result<ImportResult> ImportDcp(Env* env, const std::string& dir, const std::string& store_path, const Schema& schema,
                                const ModelDims& dims, const ParallelConfig& config, const ProgressFn& progress = {});
 
