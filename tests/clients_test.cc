@@ -254,6 +254,26 @@ TEST_F(ClientsTest, DcpSaveOfTwoProcessesThroughTheMountCommits) {
   EXPECT_NE(out.find("LOAD OK"), std::string::npos) << out;
 }
 
+TEST_F(ClientsTest, MegatronCoreDistCheckpointingLoadsTheTorchDistTree) {
+  // megatron-core's dist_checkpointing.load (GPTModel, local spec, float64, gloo on CPU) of
+  // megatron/ as torch_dist, at two grids other than the stored one: every parameter equals
+  // the legacy render of its grid (`export --format megatron`), bit for bit.
+  const std::string model = kLlama + " --dtype f64 --optimizer adam";
+  Run("synth " + model + " --config tp=2,pp=2 " + tmp_ / "src");
+  Run("import " + kLlama + " --config tp=2,pp=2 " + tmp_ / "src " + tmp_ / "store");
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron --ckpt-format torch_dist");
+  for (const auto& [tp, pp] : {std::pair<int, int>{1, 2}, {2, 1}}) {
+    const std::string grid = std::to_string(tp) + " " + std::to_string(pp);
+    const std::string legacy = tmp_ / ("legacy" + std::to_string(tp) + std::to_string(pp));
+    Run("export --format megatron --names local --config tp=" + std::to_string(tp) + ",pp=" + std::to_string(pp) + " " +
+        tmp_ / "store " + legacy);
+    auto [code, out] =
+        Sh(Python() + Script("mcore_dist.py") + "load " + m.dir() + "/megatron " + grid + " " + legacy + " 2>&1");
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_NE(out.find("LOAD OK"), std::string::npos) << out;
+  }
+}
+
 TEST_F(ClientsTest, MegatronCoreIndexedDatasetReadsEveryRank) {
   const std::string model = kGpt + " --config tp=1,pp=1,dp=4";
   Run("synth " + model + " " + tmp_ / "ck");
