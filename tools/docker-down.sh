@@ -21,11 +21,12 @@ if docker info > /dev/null 2>&1; then
 else
   docker_say "no daemon answers: nothing to take down"
 fi
-# A killed worker whose mount was shared to the host (docker/compose.host.yaml) leaves it dead there.
+# A killed worker whose mount was shared to the host (docker/compose.host.yaml) leaves it dead
+# there, at docker/mnt/workerW/ptcfs (a path that stat, and so a glob, cannot see through).
 shopt -s nullglob
-for m in "$PTCFS_ROOT"/docker/mnt/worker*; do
-  if mountpoint -q "$m" 2> /dev/null || ! stat "$m" > /dev/null 2>&1; then
-    umount -l "$m" 2> /dev/null || true
+for dir in "$PTCFS_ROOT"/docker/mnt/worker*; do
+  if grep -qF " $dir/ptcfs " /proc/self/mountinfo; then
+    umount -l "$dir/ptcfs" || echo "docker-down: umount -l $dir/ptcfs failed" >&2
   fi
 done
 [ "$keep" = 1 ] || docker_daemon_stop
