@@ -187,22 +187,32 @@ void NameKey(Keys keys, const std::set<std::string>& names, Index layers, Tensor
 
 }  // namespace
 
-Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys) {
-  Plan plan;
-  plan.keys = keys;
+std::vector<Tensor> NameTensors(const std::vector<TensorRecord>& tensors, Keys keys) {
   std::set<std::string> names;
   Index layers = 0;
-  for (const TensorRecord& t : m.tensors) {
+  for (const TensorRecord& t : tensors) {
     names.insert(t.name);
     if (auto layer = LayerOf(t.name)) layers = std::max(layers, layer->second + 1);
   }
+  std::vector<Tensor> out;
+  for (const TensorRecord& t : tensors) {
+    out.push_back(Tensor{t.name, "", {}, t.dtype, t.shape});
+    NameKey(keys, names, layers, out.back());
+  }
+  return out;
+}
+
+Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys) {
+  Plan plan;
+  plan.keys = keys;
+  Index layers = 0;
   std::map<std::pair<std::string, Index>, size_t> keys_seen;  // (key, layer) -> tensor
   std::map<std::string, size_t> first_of_key;
   std::map<std::string, std::set<Index>> layers_of_key;
   std::map<std::string, size_t> index;
-  for (const TensorRecord& t : m.tensors) {
-    Tensor d{t.name, "", {}, t.dtype, t.shape};
-    NameKey(keys, names, layers, d);
+  for (Tensor& d : NameTensors(m.tensors, keys)) {
+    const TensorRecord& t = m.tensors[plan.tensors.size()];
+    layers = std::max(layers, d.layers);
     if (!keys_seen.emplace(std::make_pair(d.key, d.layer), plan.tensors.size()).second) {
       return InvalidArgumentError("tensor " + t.name + ": DCP key " + d.key + " repeats");
     }
@@ -218,6 +228,7 @@ Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys) {
     index[t.name] = plan.tensors.size();
     plan.tensors.push_back(std::move(d));
   }
+
   for (const auto& [key, seen] : layers_of_key) {
     if (static_cast<Index>(seen.size()) != layers) {
       return InvalidArgumentError("DCP key " + key + " has " + std::to_string(seen.size()) + " of the model's " +

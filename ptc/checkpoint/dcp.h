@@ -57,6 +57,9 @@ struct Tensor {
   Index layers = 0;  // the stacked dim's size
 };
 
+// `tensors` (a model's global tensors) with their keys under `keys`.
+std::vector<Tensor> NameTensors(const std::vector<TensorRecord>& tensors, Keys keys);
+
 // The key's shape, and where a box of the global tensor is in it.
 Shape KeyShape(const Tensor& t);
 Box KeyBox(const Tensor& t, const Box& box);
