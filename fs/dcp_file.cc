@@ -61,8 +61,8 @@ ptc::Result<std::unique_ptr<VirtualFile>> MakeDcpFile(const ptc::GenerationReade
 }
 
 ptc::Status ExportDcp(ptc::Env* env, const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation,
-                      const std::string& out_dir, const ptc::ProgressFn& progress) {
-  PTC_ASSIGN_OR_RETURN(ptc::dcp::Plan plan, ptc::dcp::PlanCheckpoint(*generation));
+                      const std::string& out_dir, const ptc::ProgressFn& progress, ptc::dcp::Keys keys) {
+  PTC_ASSIGN_OR_RETURN(ptc::dcp::Plan plan, ptc::dcp::PlanCheckpoint(*generation, keys));
   ptc::GenerationReader reader(store, generation, /*verify=*/true);
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<ptc::OutputDir> out, env->OpenOutputDir(out_dir));
   std::vector<char> buf(kCopyBytes);
