@@ -36,7 +36,7 @@ ptc::Status RunImport(const ImportArgs& a) {
   PTC_ASSIGN_OR_RETURN(ptc::ModelDims dims, ptc::ParseDims(a.dims));
   ptc::Env* env = ptc::Env::Default();
   ptc::CheckpointSource source;
-  std::function<ptc::Result<ptc::ImportResult>(const ptc::ProgressFn&)> import = [&](const ptc::ProgressFn& p) {
+  std::function<ptc::Result<ptc::ImportResult>(const ptc::ProgressFn&)> run_import = [&](const ptc::ProgressFn& p) {
     return ptc::ImportFrom(env, source, a.store, p);
   };
   if (a.format == "dcp") {
@@ -44,9 +44,9 @@ ptc::Status RunImport(const ImportArgs& a) {
     // serves any layout from them and compacts in the background).
     if (a.iteration) return ptc::InvalidArgumentError("--iteration applies to --format megatron only");
     PTC_ASSIGN_OR_RETURN(source.config, ptc::ParseConfig(a.config.empty() ? "tp=1" : a.config));
-    import = [&](const ptc::ProgressFn& p) {
+    run_import = [&](const ptc::ProgressFn& p) {
       return ptc::dcp::ImportDcp(env, a.src, a.store, schema, dims, source.config, p);
-  };
+    };
 }
 else if (a.format == "megatron") {
   PTC_ASSIGN_OR_RETURN(source, MegatronSource(env, a, std::move(schema), std::move(dims)));
@@ -70,7 +70,7 @@ if (auto layout = ptc::ModelLayout::Make(source.spec, source.config); layout.ok(
   PTC_ASSIGN_OR_RETURN(ptc::StoreLock lock, LockStore(a.store, a.wait, /*create_dir=*/true));
   ptc::Result<ptc::ImportResult> imported = [&] {
     Progress progress("import", total);
-    return import(progress.fn());
+    return run_import(progress.fn());
   }();
   if (!imported.ok()) {
     // A failed import leaves no directory it created (the lock file made one).

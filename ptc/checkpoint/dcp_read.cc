@@ -260,7 +260,9 @@ Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema
   // Each key of the model: its global tensors (one per layer when stacked).
   const std::vector<Tensor> model = NameTensors(records, keys);
   std::map<std::string, std::vector<const Tensor*>> by_key;
+  std::vector<std::string> key_order;  // the model's
   for (const Tensor& t : model) {
+    if (by_key.count(t.key) == 0) key_order.push_back(t.key);
     auto& list = by_key[t.key];
     if (t.layer >= 0 && static_cast<size_t>(t.layer) >= list.size()) list.resize(static_cast<size_t>(t.layer) + 1);
     if (t.layer >= 0) {
@@ -281,7 +283,8 @@ Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema
     }
     saved_by_key[t.key] = &t;
   }
-  for (const auto& [key, tensors] : by_key) {
+  for (const std::string& key : key_order) {
+    const std::vector<const Tensor*>& tensors = by_key.at(key);
     auto it = saved_by_key.find(key);
     if (it == saved_by_key.end()) {
       return Bad(metadata_path,
@@ -313,7 +316,8 @@ Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema
   // stacked key is one piece per layer it spans (each a contiguous run of it).
   DcpSource source{std::move(layout), {}, {}};
   std::map<std::string, size_t> file_index;
-  for (const auto& [key, tensors] : by_key) {
+  for (const std::string& key : key_order) {
+    const std::vector<const Tensor*>& tensors = by_key.at(key);
     const SavedTensor& t = *saved_by_key.at(key);
     for (const SavedChunk& c : t.chunks) {
       auto [it, inserted] = file_index.try_emplace(c.file, source.files.size());

@@ -75,7 +75,7 @@ struct DcpSource {
     uint64_t offset = 0;  // of the chunk's tensor bytes (dense) in the file
     uint64_t size = 0;
   };
-  std::vector<Chunk> chunks;  // in the model's tensor order
+  std::vector<Chunk> chunks;  // in the model's key order
 };
 
 // Opens the DCP checkpoint in `dir` as a generation of `schema` and `dims` in
