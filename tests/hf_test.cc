@@ -8,11 +8,14 @@
 // (transformers' from_pretrained and save_pretrained: hf_clients_test.)
 #include "ptc/checkpoint/hf.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <set>
 
+#include "fs/filesystem.h"
 #include "fs/hf_file.h"
 #include "ptc/base/json_fields.h"
 #include "ptc/checkpoint/hf_read.h"
@@ -374,6 +377,66 @@ TEST_F(HfFilesTest, ShardFilesRenderWithoutAMount) {
     EXPECT_EQ(bytes, Slurp(tmp_ / ("hf/" + plan->shards[i].file))) << plan->shards[i].file;
   }
   EXPECT_EQ(plan->config_json, Slurp(tmp_ / "hf/config.json"));
+}
+
+TEST_F(HfFilesTest, TheFilesystemShowsHfAndSaysWhenASchemaHasNone) {
+  ptcfs::MountOptions options;
+  options.store = tmp_ / "store";
+  options.hf = true;
+  options.hf_shard_bytes = 10'000;
+  auto fs = ptcfs::Filesystem::Create(options);
+  ASSERT_TRUE(fs.ok()) << fs.status().ToString();
+  auto hf = (*fs)->Lookup(ptcfs::kRootInode, "hf");
+  ASSERT_TRUE(hf.ok()) << hf.status().ToString();
+  auto entries = (*fs)->ReadDir(hf->ino);
+  ASSERT_TRUE(entries.ok());
+  size_t files = 0;
+  for (const ptcfs::DirEntry& e : *entries) {
+    auto entry = (*fs)->Lookup(hf->ino, e.name);
+    ASSERT_TRUE(entry.ok()) << e.name;
+    const std::string want = Slurp(tmp_ / ("hf/" + e.name));  // export's
+    EXPECT_EQ(static_cast<size_t>(entry->attr.st_size), want.size()) << e.name;
+    auto open = (*fs)->Open(entry->ino, O_RDONLY);
+    ASSERT_TRUE(open.ok()) << e.name << ": " << open.status().ToString();
+    std::string got;
+    while (got.size() < want.size()) {
+      auto read = (*fs)->Read(open->fh, got.size(), 4096);
+      ASSERT_TRUE(read.ok()) << e.name;
+      if (read->fd_range.fd >= 0) {  // inside one stored piece: spliced from the shard file
+        std::string part(read->fd_length, '\0');
+        ASSERT_EQ(pread(read->fd_range.fd, part.data(), part.size(), static_cast<off_t>(read->fd_range.position)),
+                  static_cast<ssize_t>(part.size()));
+        got += part;
+        continue;
+      }
+      if (read->bytes.empty()) break;
+      got.append(read->bytes.data(), read->bytes.size());
+    }
+    (*fs)->Release(open->fh);
+    EXPECT_EQ(got, want) << e.name;
+    ++files;
+  }
+  EXPECT_EQ(files, std::distance(std::filesystem::directory_iterator(tmp_ / "hf"), {}));
+
+  // A schema with a rule HF's Llama has no tensor for: no hf/, and the status says why.
+  nlohmann::json schema = LoadSchema("llama")->ToJson();
+  schema["name"] = "llama-qk-norm";
+  schema["tensors"].push_back(
+      {{"name", "decoder.layers.{i}.self_attention.q_layernorm.weight"}, {"shape", {"head_dim"}}, {"pp", "layer"}});
+  Spit(tmp_ / "schema.json", schema.dump());
+  const std::string model = "--schema " + tmp_ / "schema.json" + " --dims layers=2,hidden=32,heads=4,vocab=64,seq=16";
+  Run("synth " + model + " --config tp=1 " + tmp_ / "qk");
+  Run("import " + model + " --config tp=1 " + tmp_ / "qk " + tmp_ / "qk-store");
+  options.store = tmp_ / "qk-store";
+  auto other = ptcfs::Filesystem::Create(options);
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  EXPECT_FALSE((*other)->Lookup(ptcfs::kRootInode, "hf").ok());
+  const nlohmann::json status = nlohmann::json::parse((*other)->controller().StatusJson((*other)->snapshot()));
+  EXPECT_TRUE(Contains(status["last_error"].get<std::string>(),
+                       "hf/: schema llama-qk-norm: rule 'decoder.layers.{i}.self_attention.q_layernorm.weight' has "
+                       "no tensor in LlamaForCausalLM"))
+      << status.dump();
+  EXPECT_TRUE((*other)->Lookup(ptcfs::kRootInode, "model").ok());
 }
 
 }  // namespace
