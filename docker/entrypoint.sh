@@ -45,18 +45,19 @@ lease="${PTCFS_LEASE:-10}"
 [ -r "$token_file" ] || die "no token file at $token_file (PTCFS_TOKEN_FILE; compose: the ptcfs_token secret)"
 [ -c /dev/fuse ] || die "no /dev/fuse (run with --device /dev/fuse --cap-add SYS_ADMIN)"
 
+# A worker killed with its mount shared to the host (docker/compose.host.yaml) leaves a dead mount
+# there ("Transport endpoint is not connected"), which the restarted container sees at $mnt again;
+# it is cleared first (mkdir below fails on it).
+if ! stat "$mnt" > /dev/null 2>&1 && grep -qF " $mnt " /proc/self/mountinfo; then
+  echo "ptcfs-worker: $mnt is a dead mount of an earlier run: unmounting it"
+  fusermount3 -u -z "$mnt" || umount -l "$mnt"
+fi
+
 # ptcfs takes a token file of mode 0600 or tighter; a bind-mounted secret keeps the host's mode.
 private="${PTCFS_RUN_DIR:-/run/ptcfs}"
 mkdir -p "$private" "$store" "$mnt"
 chmod 700 "$private"
 install -m 600 "$token_file" "$private/token"
-
-# A worker killed with its mount shared to the host leaves a dead mount there ("Transport
-# endpoint is not connected"); the next start clears it.
-if ! stat "$mnt" > /dev/null 2>&1; then
-  echo "ptcfs-worker: $mnt is a dead mount of an earlier run: unmounting it"
-  fusermount3 -u -z "$mnt" || umount -l "$mnt"
-fi
 
 args=(mount -f "$store" "$mnt" --worker "$PTCFS_WORKER" --cluster "$PTCFS_ETCD"
       --listen "$PTCFS_LISTEN" --token-file "$private/token" --lease "$lease")

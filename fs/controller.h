@@ -22,6 +22,7 @@
 #include "fs/rank_files.h"
 #include "fs/snapshot.h"
 #include "ptc/base/mutex.h"
+#include "ptc/checkpoint/dcp.h"
 #include "ptc/store/generation_writer.h"
 #include "ptc/store/store.h"
 #include "transform/covering.h"
@@ -203,6 +204,16 @@ class Controller {
   // cluster's (Ingest and ApplySave), with the writer role held.
   ptc::Status Save(const std::string& staging_root, uint64_t iteration, const std::shared_ptr<const Snapshot>& current)
       EXCLUDES(mu_, collect_mu_);
+  // A Megatron-Core torch_dist save (iter_dir holds metadata.json): its DCP
+  // files in Megatron-Core's keys (ptc/checkpoint/dcp_read.h) in the current
+  // config, its common.pt's args and iteration, committed as Save does.
+  ptc::Status SaveTorchDist(const std::string& iter_dir, uint64_t iteration,
+                            const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_, collect_mu_);
+  // The DCP checkpoint in `dir` (keys as `keys` says) committed in the current
+  // config with `extra` and `dataset`; `committed` runs before it is served.
+  ptc::Status CommitDcp(const std::string& dir, ptc::dcp::Keys keys, nlohmann::json extra,
+                        std::optional<ptc::DatasetState> dataset, const std::shared_ptr<const Snapshot>& current,
+                        const std::function<void()>& committed) EXCLUDES(mu_, collect_mu_);
   ptc::Status SaveInCluster(const std::string& staging_root, uint64_t iteration,
                             const std::shared_ptr<const Snapshot>& current, AgreedChange& change)
       EXCLUDES(mu_, collect_mu_);

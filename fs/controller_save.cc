@@ -4,6 +4,7 @@
 // (fs/save_parts.h).
 #include "fs/controller.h"
 #include "fs/save_parts.h"
+#include "ptc/checkpoint/dcp.h"
 #include "ptc/checkpoint/megatron.h"
 #include "ptc/checkpoint/megatron_import.h"
 #include "ptc/store/model_spec.h"
@@ -63,6 +64,10 @@ ptc::Status Controller::ApplySave(const std::string& staging_root, uint64_t iter
 
 ptc::Status Controller::Save(const std::string& staging_root, uint64_t iteration,
                              const std::shared_ptr<const Snapshot>& current) {
+  const std::string iter_dir = ptc::JoinPath(staging_root, ptc::megatron::IterationDirName(iteration));
+  if (store_->env()->Exists(ptc::JoinPath(iter_dir, ptc::dcp::kMcoreMetadataFile))) {
+    return SaveTorchDist(iter_dir, iteration, current);
+  }
   const ptc::ModelSpec& spec = current->spec();
   PTC_RETURN_IF_ERROR(CheckSavable(current->config()));
   ptc::MegatronImportOptions o{staging_root, spec.schema, spec.dims, iteration, std::nullopt};
@@ -87,6 +92,12 @@ ptc::Status Controller::SaveInCluster(const std::string& staging_root, uint64_t 
   const ptc::ModelSpec& spec = current->spec();
   const ptc::ParallelConfig& config = current->config();
   PTC_RETURN_IF_ERROR(CheckSavable(config));
+  if (store_->env()->Exists(ptc::JoinPath(ptc::JoinPath(staging_root, ptc::megatron::IterationDirName(iteration)),
+                                          ptc::dcp::kMcoreMetadataFile))) {
+    return ptc::InvalidArgumentError(
+        "torch_dist saves through a mount that is one worker of a cluster are not "
+        "supported yet (save with --ckpt-format torch; docs/dcp_format.md)");
+  }
   // This worker's part: the rank files staged here, written into pieces of its own.
   ptc::MegatronImportOptions o{staging_root, spec.schema, spec.dims, iteration, config};
   PTC_ASSIGN_OR_RETURN(ptc::MegatronSavePart part, ptc::OpenMegatronSavePart(store_->env(), o));

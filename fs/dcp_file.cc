@@ -10,9 +10,11 @@ namespace {
 
 constexpr size_t kCopyBytes = 1 << 20;
 
-// The chunk as a local tensor: its box of the global tensor, densely.
+// The chunk as a local tensor: its box of the global tensor, densely (in the
+// key's shape: a stacked key's chunk has a leading 1).
 ptc::LocalTensor ChunkTensor(const ptc::dcp::Tensor& t, const ptc::Box& box) {
-  return ptc::LocalTensor{t.key, t.dtype, box.shape(), {ptc::Segment{t.name, box, ptc::DenseLayout(box)}}};
+  return ptc::LocalTensor{
+      t.key, t.dtype, ptc::dcp::KeyBox(t, box).shape(), {ptc::Segment{t.name, box, ptc::DenseLayout(box)}}};
 }
 
 }  // namespace
@@ -25,8 +27,14 @@ ptc::Result<std::unique_ptr<VirtualFile>> MakeDcpFile(const ptc::GenerationReade
   std::vector<Extent> extents;
   std::vector<VirtualFile::PartFn> parts;
   for (const ptc::dcp::Chunk& c : f.chunks) {
+    if (c.object >= 0) {  // a pickled object: its bytes
+      const std::string& bytes = plan.objects[static_cast<size_t>(c.object)].bytes;
+      extents.push_back(Extent{c.offset, bytes.size(), Extent::kLiteral, literal.size(), nullptr, 0});
+      literal.append(bytes);
+      continue;
+    }
     const ptc::dcp::Tensor& t = plan.tensors[c.tensor];
-    PTC_ASSIGN_OR_RETURN(ptc::TorchFilePlan torch, ptc::dcp::ChunkFile(t.dtype, c.box), f.name);
+    PTC_ASSIGN_OR_RETURN(ptc::TorchFilePlan torch, ptc::dcp::ChunkFile(t.dtype, ptc::dcp::KeyBox(t, c.box)), f.name);
     PTC_ASSIGN_OR_RETURN(ptc::ZipLayout layout, ptc::LayoutTorchFile(torch), f.name);
     if (layout.size != c.size) return ptc::InternalError(f.name + ": a chunk of " + t.name + " changed size");
     for (const ptc::ZipPiece& piece : layout.pieces) {
@@ -53,8 +61,8 @@ ptc::Result<std::unique_ptr<VirtualFile>> MakeDcpFile(const ptc::GenerationReade
 }
 
 ptc::Status ExportDcp(ptc::Env* env, const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation,
-                      const std::string& out_dir, const ptc::ProgressFn& progress) {
-  PTC_ASSIGN_OR_RETURN(ptc::dcp::Plan plan, ptc::dcp::PlanCheckpoint(*generation));
+                      const std::string& out_dir, const ptc::ProgressFn& progress, ptc::dcp::Keys keys) {
+  PTC_ASSIGN_OR_RETURN(ptc::dcp::Plan plan, ptc::dcp::PlanCheckpoint(*generation, keys));
   ptc::GenerationReader reader(store, generation, /*verify=*/true);
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<ptc::OutputDir> out, env->OpenOutputDir(out_dir));
   std::vector<char> buf(kCopyBytes);

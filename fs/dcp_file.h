@@ -28,9 +28,11 @@ namespace ptcfs {
 ptc::Result<std::unique_ptr<VirtualFile>> MakeDcpFile(const ptc::GenerationReader& reader, const ptc::dcp::Plan& plan,
                                                       size_t file, int prefer_worker);
 
-// `ptcfs export --format dcp`: OUT/.metadata and OUT/__W_0.distcp of the generation.
+// `ptcfs export --format dcp`: OUT/.metadata and OUT/__W_0.distcp of the generation
+// (keys as `keys` says: Megatron-Core's are the DCP part of a torch_dist directory).
 // \error as PlanCheckpoint, the store reads and the Env (naming the file).
 ptc::Status ExportDcp(ptc::Env* env, const ptc::Store& store, std::shared_ptr<const ptc::GenerationManifest> generation,
-                      const std::string& out_dir, const ptc::ProgressFn& progress = {});
+                      const std::string& out_dir, const ptc::ProgressFn& progress = {},
+                      ptc::dcp::Keys keys = ptc::dcp::Keys::kTorch);
 
 }  // namespace ptcfs

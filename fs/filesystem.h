@@ -41,7 +41,9 @@
 #include "fs/staging.h"
 #include "fs/virtual_file.h"
 #include "ptc/base/mutex.h"
+#include "ptc/checkpoint/dcp.h"
 #include "ptc/checkpoint/hf.h"
+#include "ptc/checkpoint/megatron.h"
 #include "ptc/checkpoint/megatron_names.h"
 
 namespace ptcfs {
@@ -64,6 +66,9 @@ struct MountOptions {
   uint64_t hf_shard_bytes = ptc::hf::kDefaultShardBytes;  // hf/'s max_shard_size
   // The name set megatron/ renders (saves may use either).
   ptc::megatron::NameSet megatron_names = ptc::megatron::NameSet::kTe;
+  // megatron/iter_N/ as Megatron-Core's torch_dist checkpoint instead of the
+  // legacy mp_rank_* tree (--ckpt-format torch_dist).
+  bool megatron_torch_dist = false;
   int transform_threads = 2;
   CompactionPolicy compaction;  // when to compact in the background after a reconfigure
   // The Env the store is opened with (a cluster worker's PeerEnv, which reads
@@ -212,6 +217,15 @@ class Filesystem {
   // hf/: config.json, the shards and the index of the snapshot's generation.
   // \error as PlanHf (a schema Hugging Face has no architecture for).
   ptc::Result<std::shared_ptr<Node>> BuildHfTree(const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
+  // megatron/iter_N/ as Megatron-Core's torch_dist checkpoint: metadata.json,
+  // common.pt and the DCP files in Megatron-Core's keys (ptc/checkpoint/dcp.h).
+  // \error as PlanCheckpoint and McoreCommon.
+  ptc::Result<std::shared_ptr<Node>> BuildTorchDistDir(const std::shared_ptr<const Snapshot>& snap,
+                                                       const ptc::megatron::MegatronState& state) REQUIRES(mu_);
+  // `plan`'s .metadata and chunk files into `dir`.
+  void AddDcpFiles(Node& dir, const std::shared_ptr<const Snapshot>& snap, ptc::dcp::Plan plan) REQUIRES(mu_);
+  // A read-only file of `text`.
+  static std::shared_ptr<Node> LiteralNode(const std::shared_ptr<const Snapshot>& snap, std::string text);
   // Nodes for what the staging area holds under `dir` (recursively).
   void AddStaged(Node& dir, const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
   // Rename of staged entries; `to_parent` receives the staged path of the target directory.

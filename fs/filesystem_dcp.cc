@@ -8,18 +8,18 @@
 
 namespace ptcfs {
 
-ptc::Result<std::shared_ptr<Node>> Filesystem::BuildDcpTree(const std::shared_ptr<const Snapshot>& snap) {
-  PTC_ASSIGN_OR_RETURN(ptc::dcp::Plan plan, ptc::dcp::PlanCheckpoint(snap->reader().manifest()));
+std::shared_ptr<Node> Filesystem::LiteralNode(const std::shared_ptr<const Snapshot>& snap, std::string text) {
+  auto n = std::make_shared<Node>();
+  n->kind = Node::kLiteralFile;
+  n->snap = snap;
+  n->literal = std::move(text);
+  n->size = n->literal.size();
+  return n;
+}
+
+void Filesystem::AddDcpFiles(Node& dir, const std::shared_ptr<const Snapshot>& snap, ptc::dcp::Plan plan) {
   auto shared = std::make_shared<const ptc::dcp::Plan>(std::move(plan));
-  auto dir = NewDir(snap);
-  dir->kind = Node::kDcpDir;
-  StagedOf(*dir) = std::string(kDcpStaging);
-  auto metadata = std::make_shared<Node>();
-  metadata->kind = Node::kLiteralFile;
-  metadata->snap = snap;
-  metadata->literal = ptc::dcp::EncodeMetadata(*shared);
-  metadata->size = metadata->literal.size();
-  dir->children[ptc::dcp::kMetadataFile] = AddNode(metadata);
+  dir.children[ptc::dcp::kMetadataFile] = AddNode(LiteralNode(snap, ptc::dcp::EncodeMetadata(*shared)));
   for (size_t i = 0; i < shared->files.size(); ++i) {
     auto file = std::make_shared<Node>();
     file->kind = Node::kDcpFile;
@@ -27,9 +27,30 @@ ptc::Result<std::shared_ptr<Node>> Filesystem::BuildDcpTree(const std::shared_pt
     file->view = i;
     file->size = shared->files[i].size;
     file->dcp = shared;
-    dir->children[shared->files[i].name] = AddNode(file);
+    dir.children[shared->files[i].name] = AddNode(file);
   }
+}
+
+ptc::Result<std::shared_ptr<Node>> Filesystem::BuildDcpTree(const std::shared_ptr<const Snapshot>& snap) {
+  PTC_ASSIGN_OR_RETURN(ptc::dcp::Plan plan, ptc::dcp::PlanCheckpoint(snap->reader().manifest()));
+  auto dir = NewDir(snap);
+  dir->kind = Node::kDcpDir;
+  StagedOf(*dir) = std::string(kDcpStaging);
+  AddDcpFiles(*dir, snap, std::move(plan));
   AddStaged(*dir, snap);  // saves under way
+  return dir;
+}
+
+ptc::Result<std::shared_ptr<Node>> Filesystem::BuildTorchDistDir(const std::shared_ptr<const Snapshot>& snap,
+                                                                 const ptc::megatron::MegatronState& state) {
+  PTC_ASSIGN_OR_RETURN(ptc::dcp::Plan plan,
+                       ptc::dcp::PlanCheckpoint(snap->reader().manifest(), ptc::dcp::Keys::kMegatronCore));
+  const ptc::pickle::Value* args = state.carried.is_dict() ? state.carried.Find("args") : nullptr;
+  PTC_ASSIGN_OR_RETURN(std::string common, ptc::dcp::McoreCommon(state.iteration, args));
+  auto dir = NewDir(snap);
+  dir->children[ptc::dcp::kMcoreMetadataFile] = AddNode(LiteralNode(snap, ptc::dcp::McoreMetadataJson()));
+  dir->children[ptc::dcp::kMcoreCommonFile] = AddNode(LiteralNode(snap, std::move(common)));
+  AddDcpFiles(*dir, snap, std::move(plan));
   return dir;
 }
 

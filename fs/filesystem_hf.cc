@@ -13,16 +13,8 @@ ptc::Result<std::shared_ptr<Node>> Filesystem::BuildHfTree(const std::shared_ptr
   PTC_ASSIGN_OR_RETURN(ptc::hf::Plan plan, PlanHf(snap->reader().manifest(), options_.hf_shard_bytes));
   auto shared = std::make_shared<const ptc::hf::Plan>(std::move(plan));
   auto dir = NewDir(snap);
-  auto literal = [&](const std::string& text) REQUIRES(mu_) {
-    auto n = std::make_shared<Node>();
-    n->kind = Node::kLiteralFile;
-    n->snap = snap;
-    n->literal = text;
-    n->size = text.size();
-    return AddNode(n);
-  };
-  dir->children[ptc::hf::kConfigFile] = literal(shared->config_json);
-  if (!shared->index_json.empty()) dir->children[ptc::hf::kIndexFile] = literal(shared->index_json);
+  dir->children[ptc::hf::kConfigFile] = AddNode(LiteralNode(snap, shared->config_json));
+  if (!shared->index_json.empty()) dir->children[ptc::hf::kIndexFile] = AddNode(LiteralNode(snap, shared->index_json));
   for (size_t i = 0; i < shared->shards.size(); ++i) {
     PTC_ASSIGN_OR_RETURN(uint64_t size, HfShardFileSize(*shared, i));
     auto file = std::make_shared<Node>();

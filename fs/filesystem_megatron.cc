@@ -42,6 +42,12 @@ ptc::Result<std::shared_ptr<Node>> Filesystem::BuildMegatronTree(const std::shar
   latest->literal = std::to_string(state.iteration);
   latest->size = latest->literal.size();
   megatron->children[std::string(ptc::megatron::kLatestFile)] = AddNode(latest);
+  if (options_.megatron_torch_dist) {
+    PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> iter, BuildTorchDistDir(snap, state));
+    megatron->children[ptc::megatron::IterationDirName(state.iteration)] = AddNode(iter);
+    AddStaged(*megatron, snap);
+    return megatron;
+  }
   auto iter = NewDir(snap);
   const ptc::ParallelConfig& config = snap->config();
   for (size_t v : MegatronRanks(snap->views())) {

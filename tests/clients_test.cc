@@ -254,6 +254,50 @@ TEST_F(ClientsTest, DcpSaveOfTwoProcessesThroughTheMountCommits) {
   EXPECT_NE(out.find("LOAD OK"), std::string::npos) << out;
 }
 
+TEST_F(ClientsTest, MegatronCoreDistCheckpointingLoadsTheTorchDistTree) {
+  // megatron-core's dist_checkpointing.load (GPTModel, local spec, float64, gloo on CPU) of
+  // megatron/ as torch_dist, at two grids other than the stored one: every parameter equals
+  // the legacy render of its grid (`export --format megatron`), bit for bit.
+  const std::string model = kLlama + " --dtype f64 --optimizer adam";
+  Run("synth " + model + " --config tp=2,pp=2 " + tmp_ / "src");
+  Run("import " + kLlama + " --config tp=2,pp=2 " + tmp_ / "src " + tmp_ / "store");
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron --ckpt-format torch_dist");
+  for (const auto& [tp, pp] : {std::pair<int, int>{1, 2}, {2, 1}}) {
+    const std::string grid = std::to_string(tp) + " " + std::to_string(pp);
+    const std::string legacy = tmp_ / ("legacy" + std::to_string(tp) + std::to_string(pp));
+    Run("export --format megatron --names local --config tp=" + std::to_string(tp) + ",pp=" + std::to_string(pp) + " " +
+        tmp_ / "store " + legacy);
+    auto [code, out] =
+        Sh(Python() + Script("mcore_dist.py") + "load " + m.dir() + "/megatron " + grid + " " + legacy + " 2>&1");
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_NE(out.find("LOAD OK"), std::string::npos) << out;
+  }
+}
+
+TEST_F(ClientsTest, MegatronCoreDistCheckpointingSaveThroughTheMountCommits) {
+  // megatron-core's dist_checkpointing.save (2 processes, tp=2) of other weights into
+  // megatron/iter_0000200/, then the tracker: one generation at iteration 200, which its
+  // dist_checkpointing.load at tp=1,pp=2 reads back equal to those weights' legacy render.
+  Run("synth " + kLlama + " --dtype f64 --config tp=2,pp=2 " + tmp_ / "src");
+  Run("import " + kLlama + " --config tp=2,pp=2 " + tmp_ / "src " + tmp_ / "store");
+  Run("synth " + kLlama + " --dtype f64 --seed 9 --config tp=2 " + tmp_ / "src9");
+  Run("import " + kLlama + " --config tp=2 " + tmp_ / "src9 " + tmp_ / "store9");
+  Run("export --format megatron --names local --config tp=2 " + tmp_ / "store9 " + tmp_ / "legacy9-tp2");
+  Run("export --format megatron --names local --config tp=1,pp=2 " + tmp_ / "store9 " + tmp_ / "legacy9-pp2");
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron --ckpt-format torch_dist");
+  const int generation = MountStatus(m.dir())["generation"].get<int>();
+  const std::string mcore = Python() + Script("mcore_dist.py");
+  auto [code, out] = Sh(mcore + "save " + m.dir() + "/megatron 2 1 " + tmp_ / "legacy9-tp2 200 2>&1");
+  ASSERT_EQ(code, 0) << out;
+  const auto status = MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  EXPECT_EQ(Slurp(m.dir() + "/megatron/latest_checkpointed_iteration.txt"), "200");
+  std::tie(code, out) = Sh(mcore + "load " + m.dir() + "/megatron 1 2 " + tmp_ / "legacy9-pp2 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("LOAD OK"), std::string::npos) << out;
+}
+
 TEST_F(ClientsTest, MegatronCoreIndexedDatasetReadsEveryRank) {
   const std::string model = kGpt + " --config tp=1,pp=1,dp=4";
   Run("synth " + model + " " + tmp_ / "ck");

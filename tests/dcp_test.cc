@@ -285,5 +285,41 @@ TEST_F(DcpImport, RefusesADamagedCheckpointNamingTheChunk) {
   ExpectRefused(plan_, "__0_0.distcp");
 }
 
+// Megatron-Core's keys: each layer's tensors stacked under one key, the
+// optimizer state under optimizer.state.*, each layer module's _extra_state an
+// object; read back (each stacked chunk to its layer's tensor) into a store
+// that then holds the same tensors.
+TEST_F(DcpImport, MegatronCoreKeysStackTheLayersAndReadBack) {
+  auto plan = PlanCheckpoint(*store_->CurrentSnapshot(), Keys::kMegatronCore);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  std::map<std::string, Shape> shapes;
+  for (const Tensor& t : plan->tensors) shapes[t.key] = KeyShape(t);
+  EXPECT_EQ(shapes["decoder.layers.self_attention.linear_qkv.weight"], (Shape{2, 64, 32}));
+  EXPECT_EQ(shapes["optimizer.state.exp_avg.decoder.layers.mlp.linear_fc2.weight"], (Shape{2, 32, 128}));
+  EXPECT_EQ(shapes["optimizer.state.fp32_param.embedding.word_embeddings.weight"], (Shape{64, 32}));
+  EXPECT_EQ(shapes.count("decoder.layers.0.self_attention.linear_qkv.weight"), 0u);
+  ASSERT_EQ(plan->objects.size(), 2u * 5u);
+  EXPECT_EQ(plan->objects[1].key, "decoder.layers.self_attention.linear_qkv._extra_state/shard_0_2");
+  ASSERT_TRUE(
+      ptcfs::ExportDcp(Env::Default(), *store_, store_->CurrentSnapshot(), tmp_ / "mcore", {}, Keys::kMegatronCore)
+          .ok());
+  auto saved = ParseMetadata(::ptc::testing::Slurp(tmp_ / "mcore/.metadata"), "mcore/.metadata");
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_EQ(saved->bytes_keys.size(), 10u);
+  auto source =
+      OpenDcp(Env::Default(), tmp_ / "mcore", spec_.schema, spec_.dims, *ParseConfig("tp=1"), Keys::kMegatronCore);
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  auto copy = std::move(Store::Create(Env::Default(), tmp_ / "copy")).value();
+  ASSERT_TRUE(WriteDcp(copy.get(), *source, nlohmann::json::object()).ok());
+  GenerationReader a(*store_, store_->CurrentSnapshot(), true), b(*copy, copy->CurrentSnapshot(), true);
+  for (const TensorRecord& t : store_->current().tensors) {
+    const Box full = Box::Full(t.shape);
+    std::string x(static_cast<size_t>(full.volume()) * DTypeSize(t.dtype), '\0'), y = x;
+    ASSERT_TRUE(a.Read(t.name, full, x.data(), full, DenseLayout(full)).ok());
+    ASSERT_TRUE(b.Read(t.name, full, y.data(), full, DenseLayout(full)).ok()) << t.name;
+    EXPECT_TRUE(x == y) << t.name;
+  }
+}
+
 }  // namespace
 }  // namespace ptc::dcp

@@ -417,7 +417,7 @@ TEST(Unpickle, Errors) {
   ExpectError(Bad(P2("ctorch._utils\n_rebuild_parameter\nNNN\x87R.")),
               {"_rebuild_parameter argument 1 is a None, not a tensor"});
   ExpectError(Bad(P2("cbuiltins\ngetattr\ncargparse\nNamespace\n" + X("x") + "\x86R.")),
-              {"builtins.getattr is read only as getattr(<class under megatron.>, name) or of DCP's memory format"});
+              {"builtins.getattr is read only as getattr(<class under megatron.>, name) or of DCP's enums"});
   ExpectError(Bad(P2("]N\x81.")), {"NEWOBJ at byte 4: arguments are not a tuple"});
   ExpectError(Bad(P2("N)\x81.")), {"NEWOBJ at byte 4: the class is a None, not a global"});
   ExpectError(Bad(P2("]N\x90.")), {"ADDITEMS at byte 4: no MARK before it"});

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Checks the worker image and compose file (docker/) without a Docker engine (ctest: docker_check).
+# Checks the images and compose files (docker/) and the scripts that run them, without a Docker
+# engine (ctest: docker_check, label unit; tests/docker/job_test.sh runs them in one, label docker).
 #   tools/check-docker.sh PTCFS_BINARY
-# (a) docker/compose.yaml: etcd pinned, three workers with /dev/fuse, SYS_ADMIN, AppArmor off,
-#     a store volume each, the token secret, distinct ids and listen names, the init service
-#     filling every store; every file it names exists (or is the README's generated token).
-#     docker/Dockerfile runs docker/build-steps.sh.
-# (b) the scripts parse (bash -n, shellcheck when installed); the runtime package list covers
-#     every library `ldd` lists for the binary (dpkg -S, with the packages' dependencies); the
-#     entrypoint refuses a missing variable naming it and builds the mount command; the init
-#     script gives each worker's store only its own shards.
+# (a) docker/compose.yaml: etcd from docker/Dockerfile.etcd (Debian's etcd-server), three workers
+#     with /dev/fuse, SYS_ADMIN, AppArmor off, a store volume each, the token secret, distinct ids
+#     and listen names, the init service filling every store; what Debian's docker-compose 1.29
+#     refuses is absent (a top-level name); every build on the host network with BASE; every file
+#     named exists (or is made by tools/docker-up.sh). docker/compose.host.yaml: each worker's
+#     /mnt bound rshared to docker/mnt/workerW. The Dockerfiles: BASE (default debian:12), no
+#     BuildKit-only syntax, docker/build-steps.sh's steps; .dockerignore keeps builds out of the
+#     context. `compose config` accepts both files when a compose is installed.
+# (b) the scripts parse (bash -n, shellcheck when installed); the build packages are
+#     tools/setup-deps.sh's; install-binary stages the binary and the scripts; the runtime package
+#     list covers every library `ldd` lists for the binary (dpkg -S, with the packages'
+#     dependencies); the entrypoint refuses a missing variable naming it and builds the mount
+#     command; the init script gives each worker's store only its own shards.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${1:?usage: tools/check-docker.sh PTCFS_BINARY}"
@@ -23,7 +29,9 @@ fail() {
 }
 
 # --- (b) scripts parse -------------------------------------------------------------------------
-scripts=("$d/build-steps.sh" "$d/entrypoint.sh" "$d/init-job.sh" "$root/tools/check-docker.sh")
+scripts=("$d/build-steps.sh" "$d/entrypoint.sh" "$d/init-job.sh" "$root/tools/check-docker.sh"
+         "$root/tools/docker-env.sh" "$root/tools/docker-up.sh" "$root/tools/docker-down.sh"
+         "$root/tests/docker/job_test.sh")
 for s in "${scripts[@]}"; do
   [ -f "$s" ] || fail "missing $s"
   bash -n "$s" || fail "$s does not parse"
@@ -34,8 +42,8 @@ else
   echo "check-docker: shellcheck not installed, only bash -n"
 fi
 
-# --- (a) compose.yaml and the Dockerfile ---------------------------------------------------------
-/usr/bin/python3 - "$d" "$root" << 'PY' || fail "docker/compose.yaml or docker/Dockerfile (above)"
+# --- (a) the compose files, the Dockerfiles, the build context ---------------------------------
+/usr/bin/python3 - "$d" "$root" << 'PY' || fail "docker/compose*.yaml, docker/Dockerfile* or .dockerignore (above)"
 import os, re, sys
 try:
     import yaml
@@ -44,13 +52,16 @@ except ImportError:
 d, root = sys.argv[1], sys.argv[2]
 errors = []
 def err(msg): errors.append(msg)
-with open(os.path.join(d, "compose.yaml")) as f:
-    c = yaml.safe_load(f)  # merge keys (<<: *worker) resolved here, as compose does
+def load(name):
+    with open(os.path.join(d, name)) as f:
+        return yaml.safe_load(f)  # merge keys (<<: *worker) resolved here, as compose does
+def interp(v):  # compose's ${VAR:-default}, with the defaults (what tools/docker-env.sh leaves unset)
+    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: m.group(2), str(v))
+c = load("compose.yaml")
 services = c.get("services") or {}
 top_volumes = c.get("volumes") or {}
 top_secrets = c.get("secrets") or {}
 ignored = open(os.path.join(d, ".gitignore")).read().split() if os.path.exists(os.path.join(d, ".gitignore")) else []
-readme = open(os.path.join(root, "README.md")).read()
 
 def env(svc):
     e = svc.get("environment") or {}
@@ -70,22 +81,23 @@ def volumes(svc):  # [(type, source, target, bind options)]
             out.append((v.get("type", "volume"), v.get("source"), v.get("target"), v.get("bind") or {}))
     return out
 
-def check_file(what, rel, generated_ok=False):
-    path = os.path.normpath(os.path.join(d, rel))
-    if os.path.exists(path):
-        return
-    name = os.path.relpath(path, d)
-    if generated_ok and name in ignored and ("docker/" + name) in readme:
-        return  # made on the host by the README's command, never committed
-    err(f"{what}: {rel} does not exist")
+def check_file(what, rel):
+    if not os.path.exists(os.path.normpath(os.path.join(d, interp(rel)))):
+        err(f"{what}: {interp(rel)} does not exist")
 
-# etcd: pinned 3.4/3.5 (the JSON gateway cluster/ speaks), healthy before the workers start.
+# Debian 12's docker-compose (1.29) refuses a top-level name; the project is given by -p.
+if "name" in c:
+    err("compose.yaml: a top-level `name` (Debian's docker-compose 1.29 refuses it; tools/docker-env.sh gives -p)")
+
+# etcd: Debian's etcd-server (3.4, the JSON gateway cluster/ speaks), healthy before the workers start.
 etcd = services.get("etcd")
 if not etcd:
     err("no etcd service")
 else:
-    if not re.fullmatch(r"quay\.io/coreos/etcd:v3\.[45]\.\d+", str(etcd.get("image", ""))):
-        err(f"etcd: image {etcd.get('image')!r} is not a pinned quay.io/coreos/etcd:v3.4.x/v3.5.x")
+    if not re.fullmatch(r"ptcfs-etcd:\w+", interp(etcd.get("image", ""))):
+        err(f"etcd: image {etcd.get('image')!r} is not ptcfs-etcd:TAG (docker/Dockerfile.etcd)")
+    if (etcd.get("build") or {}).get("dockerfile") != "Dockerfile.etcd":
+        err("etcd: not built from docker/Dockerfile.etcd")
     if "healthcheck" not in etcd:
         err("etcd: no healthcheck (the workers wait for service_healthy)")
     if "--advertise-client-urls=http://etcd:2379" not in (etcd.get("command") or []):
@@ -123,19 +135,15 @@ for name, s in sorted(workers.items()):
     if not isinstance(dep, dict) or (dep.get("etcd") or {}).get("condition") != "service_healthy" \
             or (dep.get("init") or {}).get("condition") != "service_completed_successfully":
         err(f"{name}: depends_on must wait for etcd healthy and init completed")
-    vols = volumes(s)
-    stores = [src for kind, src, tgt, _ in vols if kind == "volume" and tgt == "/var/lib/ptcfs/store"]
+    stores = [src for kind, src, tgt, _ in volumes(s) if kind == "volume" and tgt == "/var/lib/ptcfs/store"]
     if len(stores) != 1:
         err(f"{name}: no named volume at /var/lib/ptcfs/store (its store)")
     else:
         store_of[w] = stores[0]
         if stores[0] not in top_volumes:
             err(f"{name}: volume {stores[0]} is not declared under volumes:")
-    mounts = [(kind, src, opts) for kind, src, tgt, opts in vols if tgt == "/mnt/ptcfs"]
-    if len(mounts) != 1:
-        err(f"{name}: nothing at /mnt/ptcfs (its mountpoint)")
-    elif mounts[0][0] == "bind" and mounts[0][2].get("propagation") != "rshared":
-        err(f"{name}: the mountpoint bind is not propagation: rshared (the host would not see the files)")
+    if any(kind == "bind" for kind, _, _, _ in volumes(s)):
+        err(f"{name}: a bind in compose.yaml (host paths belong in compose.host.yaml: not every host's / is shared)")
 if len(set(store_of.values())) != len(store_of):
     err(f"workers share a store volume: {store_of}")
 
@@ -153,34 +161,103 @@ else:
 
 for name, s in services.items():
     b = s.get("build")
-    if b is not None:
-        ctx = b if isinstance(b, str) else b.get("context", ".")
-        check_file(f"{name}: build context", ctx)
-        if isinstance(b, dict) and b.get("dockerfile"):
-            check_file(f"{name}: dockerfile", os.path.join(ctx, b["dockerfile"]))
-    for kind, src, tgt, opts in volumes(s):
-        if kind == "bind" and not opts.get("create_host_path"):
-            check_file(f"{name}: bind", src)
+    if b is None:
+        continue
+    if not isinstance(b, dict):
+        err(f"{name}: build is not a mapping (it needs network: host and the BASE argument)")
+        continue
+    ctx = b.get("context", ".")
+    check_file(f"{name}: build context", ctx)
+    check_file(f"{name}: dockerfile", os.path.join(ctx, b.get("dockerfile", "Dockerfile")))
+    if b.get("network") != "host":
+        err(f"{name}: build.network is not host (an engine with --bridge=none gives builds no other)")
+    if interp((b.get("args") or {}).get("BASE", "")) != "debian:12":
+        err(f"{name}: build.args.BASE is not ${{PTCFS_DOCKER_BASE:-debian:12}}")
 for name, sec in top_secrets.items():
     if "file" in sec:
-        check_file(f"secret {name}", sec["file"], generated_ok=True)
+        path = os.path.normpath(os.path.join(d, interp(sec["file"])))
+        if not os.path.exists(path) and os.path.relpath(path, d) not in ignored:
+            err(f"secret {name}: {interp(sec['file'])} neither exists nor is docker/.gitignore's (made by tools/docker-up.sh)")
 
-# The Dockerfile runs the build steps CI checks, and installs what it starts.
-dockerfile = open(os.path.join(d, "Dockerfile")).read()
-for needed in ("build-steps.sh build ", "build-steps.sh install-runtime", "FROM debian:12 AS build",
-               "FROM debian:12-slim", 'ENTRYPOINT ["ptcfs-worker"]'):
-    if needed not in dockerfile:
-        err(f"docker/Dockerfile: no '{needed}'")
+# compose.host.yaml: the mounts shared with the host, rshared, under docker/mnt (ignored by git).
+host = load("compose.host.yaml")
+for name, s in (host.get("services") or {}).items():
+    if name not in workers:
+        err(f"compose.host.yaml: {name} is not a worker of compose.yaml")
+        continue
+    # At /mnt, above the mountpoint /mnt/ptcfs: ptcfs refuses to mount over a mount point (the bind).
+    binds = [(src, opts) for kind, src, tgt, opts in volumes(s) if kind == "bind" and tgt == "/mnt"]
+    if len(binds) != 1 or binds[0][1].get("propagation") != "rshared":
+        err(f"compose.host.yaml: {name}: no bind at /mnt with propagation rshared")
+    elif binds[0][0] != f"./mnt/{name}" or "mnt/" not in ignored:
+        err(f"compose.host.yaml: {name}: the bind is not ./mnt/{name} (docker/mnt/ in docker/.gitignore)")
+if sorted((host.get("services") or {})) != sorted(workers):
+    err(f"compose.host.yaml: shares {sorted(host.get('services') or {})}, expected every worker {sorted(workers)}")
+
+# The Dockerfiles: FROM the BASE argument (default debian:12); plain syntax, which Docker's classic
+# builder (no BuildKit frontend image can be pulled without a registry) builds as BuildKit does.
+buildkit_only = [(r"^#\s*syntax=", "a # syntax= line"), (r"^\s*RUN\s+--mount", "RUN --mount"),
+                 (r"^\s*COPY\s+--link", "COPY --link"), (r"<<\s*['\"]?[A-Z]+", "a heredoc")]
+wants = {
+    "Dockerfile": ["ARG BASE=debian:12", "FROM ${BASE} AS build", "build-steps.sh build ", "FROM ${BASE}\n",
+                   "build-steps.sh install-runtime", "COPY --from=build /out/ /", 'ENTRYPOINT ["ptcfs-worker"]'],
+    "Dockerfile.prebuilt": ["ARG BASE=debian:12", "FROM ${BASE}\n", "build-steps.sh install-runtime", "COPY out/ /",
+                            'ENTRYPOINT ["ptcfs-worker"]'],
+    "Dockerfile.etcd": ["ARG BASE=debian:12", "FROM ${BASE}\n", "etcd-server", "policy-rc.d", 'ENTRYPOINT ["/usr/bin/etcd"]'],
+}
+for name, needed in wants.items():
+    text = open(os.path.join(d, name)).read()
+    for n in needed:
+        if n not in text:
+            err(f"docker/{name}: no {n.strip()!r}")
+    for pattern, what in buildkit_only:
+        if re.search(pattern, text, re.M):
+            err(f"docker/{name}: {what}, which only BuildKit builds")
+if os.path.exists(os.path.join(d, "Dockerfile.dockerignore")):
+    err("docker/Dockerfile.dockerignore: only BuildKit reads it; the context's .dockerignore is the root's")
+ignore = open(os.path.join(root, ".dockerignore")).read().split() if os.path.exists(os.path.join(root, ".dockerignore")) else []
+for p in (".git", ".venv", "build", "build-*", "docker/token", "docker/mnt"):
+    if p not in ignore:
+        err(f".dockerignore: no {p} (the from-source build would send it as context)")
+
 steps = open(os.path.join(d, "build-steps.sh")).read()
-for script in ("docker/entrypoint.sh", "docker/init-job.sh"):
-    if script not in steps:
-        err(f"docker/build-steps.sh does not install {script}")
-    check_file("build-steps.sh", os.path.join("..", script))
+for script in ("entrypoint.sh", "init-job.sh"):
+    if f'"$here/{script}"' not in steps:
+        err(f"docker/build-steps.sh does not install docker/{script}")
+    check_file("build-steps.sh", script)
+# The build packages are a part of tools/setup-deps.sh's list.
+setup = open(os.path.join(root, "tools", "setup-deps.sh")).read()
+m = re.search(r"^PACKAGES=\((.*?)^\)", setup, re.S | re.M)
+m2 = re.search(r"^BUILD_PACKAGES=\((.*?)^\)", steps, re.S | re.M)
+if not m or not m2:
+    err("cannot read PACKAGES=( ) of tools/setup-deps.sh or BUILD_PACKAGES=( ) of docker/build-steps.sh")
+else:
+    extra = sorted(set(m2.group(1).split()) - set(m.group(1).split()))
+    if extra:
+        err(f"docker/build-steps.sh's build packages not in tools/setup-deps.sh: {' '.join(extra)}")
 if errors:
     print("\n".join("  " + e for e in errors), file=sys.stderr)
     sys.exit(1)
-print(f"check-docker: compose.yaml: etcd, init, {len(workers)} workers; Dockerfile: ok")
+print(f"check-docker: compose.yaml: etcd, init, {len(workers)} workers; compose.host.yaml; Dockerfiles: ok")
 PY
+
+# A compose at hand parses both files as it would run them (Debian's docker-compose 1.29 or v2).
+compose="$(bash -c 'source "$1" && docker_compose_cmd' _ "$root/tools/docker-env.sh")"
+if [ -n "$compose" ]; then
+  echo "0123456789abcdef0123" > "$tmp/compose-token"
+  # shellcheck disable=SC2086  # "docker compose" is two words
+  PTCFS_DOCKER_TOKEN="$tmp/compose-token" $compose -p ptcfscheck -f "$d/compose.yaml" -f "$d/compose.host.yaml" \
+    config -q || fail "$compose config refuses docker/compose.yaml with docker/compose.host.yaml"
+  echo "check-docker: $compose config: ok"
+else
+  echo "check-docker: no compose installed: compose.yaml not parsed by one"
+fi
+
+# --- (b) install-binary stages the binary and the worker's scripts ------------------------------
+bash "$d/build-steps.sh" install-binary "$bin" "$tmp/staged" > /dev/null || fail "build-steps.sh install-binary $bin"
+for f in ptcfs ptcfs-worker ptcfs-init-job; do
+  [ -x "$tmp/staged/usr/local/bin/$f" ] || fail "build-steps.sh install-binary did not stage /usr/local/bin/$f"
+done
 
 # --- (b) the runtime packages cover what the binary links -----------------------------------------
 mapfile -t packages < <(bash "$d/build-steps.sh" runtime-packages)

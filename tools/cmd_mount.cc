@@ -33,7 +33,8 @@ namespace {
 
 struct MountArgs {
   std::string store, mountpoint, format = "both";
-  std::optional<std::string> names;  // --names, megatron/ only
+  std::optional<std::string> names;          // --names, megatron/ only
+  std::optional<std::string> ckpt_format;    // --ckpt-format, megatron/ only
   std::optional<std::string> hf_shard_size;  // --hf-shard-size, hf/ only
   int worker = -1;
   int threads = 8;
@@ -92,6 +93,10 @@ ptc::Result<ptc::StoreLock> LockForMount(const std::string& store, bool wait, bo
 }
 
 ptc::Status RunMount(const MountArgs& a) {
+  if (a.ckpt_format && a.format != "megatron" && a.format != "all") {
+    return ptc::InvalidArgumentError("--ckpt-format " + *a.ckpt_format +
+                                     ": the format of megatron/ (--format megatron or all)");
+  }
   if (a.names && a.format != "megatron" && a.format != "all") {
     return ptc::InvalidArgumentError("--names " + *a.names +
                                      ": names the files of megatron/ (--format megatron or all)");
@@ -119,6 +124,7 @@ ptc::Status RunMount(const MountArgs& a) {
   options.hf = a.format == "hf" || a.format == "all";
   options.hf_shard_bytes = hf_shard_bytes;
   PTC_ASSIGN_OR_RETURN(options.megatron_names, ptc::megatron::ParseNameSet(a.names.value_or("te")), "--names");
+  options.megatron_torch_dist = a.ckpt_format.value_or("torch") == "torch_dist";
   options.transform_threads = a.transform_threads;
   options.compaction = a.compaction;
   options.passthrough = a.passthrough == "auto";
@@ -289,6 +295,13 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
   mount->add_option("--hf-shard-size", m->hf_shard_size,
                     "hf/'s largest shard, as save_pretrained's max_shard_size: 5GB (default), 500MB, 2GiB, bytes");
   mount->add_option("--names", m->names, kMegatronNamesHelp)->check(CLI::IsMember({"te", "local"}));
+  mount
+      ->add_option("--ckpt-format", m->ckpt_format,
+                   "what megatron/iter_NNNNNNN/ holds, as Megatron's flag of that name: torch (default:\n"
+                   "mp_rank_TT[_PPP]/model_optim_rng.pt per rank) or torch_dist (Megatron-Core's distributed\n"
+                   "checkpoint: metadata.json, common.pt and DCP files, loadable at any tp/pp;\n"
+                   "docs/dcp_format.md)")
+      ->check(CLI::IsMember({"torch", "torch_dist"}));
   mount->add_flag("-f,--foreground", m->foreground, "stay in the foreground");
   mount->add_flag("--nonempty", m->nonempty, "mount over a directory that holds files (hidden while mounted)");
   mount->add_flag("--wait", m->wait,

@@ -1,5 +1,6 @@
 #include "ptc/checkpoint/dcp.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -85,18 +86,31 @@ Value Call(const char* module, const char* name, pickle::Items args) {
 
 Value TorchSize(const std::vector<Index>& v) { return Call("torch", "Size", {Ints(v)}); }
 
+// torch.save of `root` (no tensors), whole.
+Result<std::string> TorchBytes(const Value& root, const std::string& archive) {
+  PTC_ASSIGN_OR_RETURN(TorchFilePlan file, PlanTorchFile(archive, root, {}));
+  PTC_ASSIGN_OR_RETURN(ZipLayout layout, LayoutTorchFile(file));
+  std::string out;
+  for (const ZipPiece& piece : layout.pieces) {
+    out += piece.is_literal() ? std::string_view(piece.literal)
+                              : std::string_view(file.contents[static_cast<size_t>(piece.member)])
+                                    .substr(piece.member_offset, piece.size);
+  }
+  return out;
+}
+
 // TensorProperties pickles its __getstate__ tuple: dtype, layout, requires_grad,
 // memory format (an enum member), pin_memory, strides.
-Value Properties(const Tensor& t) {
+Value Properties(DType dtype, const Shape& shape) {
   pickle::Items state;
-  state.push_back(Value::FromGlobal({"torch", std::string(TorchDTypeName(t.dtype))}));
+  state.push_back(Value::FromGlobal({"torch", std::string(TorchDTypeName(dtype))}));
   state.push_back(Call("torch.serialization", "_get_layout", {Value::Str("torch.strided")}));
   state.push_back(Value::Bool(false));
   state.push_back(
       Call("builtins", "getattr",
            {Value::FromGlobal({kMetadataModule, "_MEM_FORMAT_ENCODING"}), Value::Str("TORCH_CONTIGUOUS_FORMAT")}));
   state.push_back(Value::Bool(false));
-  state.push_back(Ints(RowMajorStrides(t.shape)));
+  state.push_back(Ints(RowMajorStrides(shape)));
   return DataObject(kMetadataModule, "TensorProperties", Value::Tuple(std::move(state)));
 }
 
@@ -119,23 +133,107 @@ std::vector<std::pair<Box, size_t>> DisjointBoxes(const std::vector<Box>& stored
   return out;
 }
 
-Result<Plan> PlanCheckpoint(const GenerationManifest& m) {
-  Plan plan;
+Shape KeyShape(const Tensor& t) {
+  if (t.layer < 0) return t.shape;
+  Shape shape = {t.layers};
+  shape.insert(shape.end(), t.shape.begin(), t.shape.end());
+  return shape;
+}
+
+Box KeyBox(const Tensor& t, const Box& box) {
+  if (t.layer < 0) return box;
+  Box out = box;
+  out.begin.insert(out.begin.begin(), t.layer);
+  out.end.insert(out.end.begin(), t.layer + 1);
+  return out;
+}
+
+namespace {
+
+// "decoder.layers.I.REST" -> ("decoder.layers.REST", I).
+std::optional<std::pair<std::string, Index>> LayerOf(const std::string& name) {
+  constexpr std::string_view kLayers = "decoder.layers.";
+  if (name.rfind(kLayers, 0) != 0) return std::nullopt;
+  size_t i = kLayers.size();
+  Index layer = 0;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9' && layer < (Index{1} << 40)) {
+    layer = layer * 10 + (name[i++] - '0');
+  }
+  if (i == kLayers.size() || i >= name.size() || name[i] != '.') return std::nullopt;
+  return std::make_pair(std::string(kLayers) + name.substr(i + 1), layer);
+}
+
+// The key of `t` (name, dtype and shape set) under `keys`; its path, layer and layers.
+void NameKey(Keys keys, const std::set<std::string>& names, Index layers, Tensor& t) {
+  const auto state = OptimizerStateOf(t.name, names);
+  if (keys == Keys::kTorch) {
+    t.path = state ? std::vector<std::string>{"optim", "state", state->first, state->second}
+                   : std::vector<std::string>{"model", t.name};
+    for (const std::string& part : t.path) t.key += (t.key.empty() ? "" : ".") + part;
+    return;
+  }
+  const std::string param = state ? state->first : t.name;
+  std::string key = param;
+  if (auto layer = LayerOf(param)) {
+    key = layer->first;
+    t.layer = layer->second;
+    t.layers = layers;
+  }
+  if (state)
+    key = "optimizer.state." + (state->second == "fp32" ? std::string("fp32_param") : state->second) + "." + key;
+  t.key = key;
+  t.path = {key};
+}
+
+}  // namespace
+
+std::vector<Tensor> NameTensors(const std::vector<TensorRecord>& tensors, Keys keys) {
   std::set<std::string> names;
-  for (const TensorRecord& t : m.tensors) names.insert(t.name);
-  std::set<std::string> keys;
+  Index layers = 0;
+  for (const TensorRecord& t : tensors) {
+    names.insert(t.name);
+    if (auto layer = LayerOf(t.name)) layers = std::max(layers, layer->second + 1);
+  }
+  std::vector<Tensor> out;
+  for (const TensorRecord& t : tensors) {
+    out.push_back(Tensor{t.name, "", {}, t.dtype, t.shape});
+    NameKey(keys, names, layers, out.back());
+  }
+  return out;
+}
+
+Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys) {
+  Plan plan;
+  plan.keys = keys;
+  Index layers = 0;
+  std::map<std::pair<std::string, Index>, size_t> keys_seen;  // (key, layer) -> tensor
+  std::map<std::string, size_t> first_of_key;
+  std::map<std::string, std::set<Index>> layers_of_key;
   std::map<std::string, size_t> index;
-  for (const TensorRecord& t : m.tensors) {
-    Tensor d{t.name, "", {}, t.dtype, t.shape};
-    if (auto state = OptimizerStateOf(t.name, names)) {
-      d.path = {"optim", "state", state->first, state->second};
-    } else {
-      d.path = {"model", t.name};
+  for (Tensor& d : NameTensors(m.tensors, keys)) {
+    const TensorRecord& t = m.tensors[plan.tensors.size()];
+    layers = std::max(layers, d.layers);
+    if (!keys_seen.emplace(std::make_pair(d.key, d.layer), plan.tensors.size()).second) {
+      return InvalidArgumentError("tensor " + t.name + ": DCP key " + d.key + " repeats");
     }
-    for (const std::string& part : d.path) d.key += (d.key.empty() ? "" : ".") + part;
-    if (!keys.insert(d.key).second) return InvalidArgumentError("tensor " + t.name + ": DCP key " + d.key + " repeats");
+    auto [first, inserted] = first_of_key.try_emplace(d.key, plan.tensors.size());
+    if (!inserted) {
+      const Tensor& f = plan.tensors[first->second];
+      if (f.dtype != d.dtype || f.shape != d.shape || (f.layer < 0) != (d.layer < 0)) {
+        return InvalidArgumentError("tensor " + t.name + " and " + f.name + " share the key " + d.key +
+                                    " but differ in dtype or shape");
+      }
+    }
+    if (d.layer >= 0) layers_of_key[d.key].insert(d.layer);
     index[t.name] = plan.tensors.size();
     plan.tensors.push_back(std::move(d));
+  }
+
+  for (const auto& [key, seen] : layers_of_key) {
+    if (static_cast<Index>(seen.size()) != layers) {
+      return InvalidArgumentError("DCP key " + key + " has " + std::to_string(seen.size()) + " of the model's " +
+                                  std::to_string(layers) + " layers");
+    }
   }
   // The stored boxes of each tensor, in manifest order, with their workers.
   std::vector<std::vector<Box>> boxes(plan.tensors.size());
@@ -159,7 +257,8 @@ Result<Plan> PlanCheckpoint(const GenerationManifest& m) {
                                     ShapeToString(tensor.shape));
       }
       covered += box.volume();
-      PTC_ASSIGN_OR_RETURN(TorchFilePlan chunk_file, ChunkFile(tensor.dtype, box), "tensor " + tensor.name);
+      PTC_ASSIGN_OR_RETURN(TorchFilePlan chunk_file, ChunkFile(tensor.dtype, KeyBox(tensor, box)),
+                           "tensor " + tensor.name);
       PTC_ASSIGN_OR_RETURN(ZipLayout layout, LayoutTorchFile(chunk_file), "tensor " + tensor.name);
       const int worker = workers[t][source];
       File& f = files[worker];
@@ -173,6 +272,20 @@ Result<Plan> PlanCheckpoint(const GenerationManifest& m) {
     }
   }
   for (auto& [worker, f] : files) plan.files.push_back(std::move(f));
+  if (keys == Keys::kMegatronCore && layers > 0 && !plan.files.empty()) {
+    PTC_ASSIGN_OR_RETURN(const std::string none, TorchBytes(Value::List({Value::None()}), "archive"));
+    File& f = plan.files.front();
+    for (Index layer = 0; layer < layers; ++layer) {
+      for (const char* module : {"self_attention.linear_proj", "self_attention.linear_qkv",
+                                 "self_attention.core_attention", "mlp.linear_fc1", "mlp.linear_fc2"}) {
+        const std::string key = std::string("decoder.layers.") + module + "._extra_state/shard_" +
+                                std::to_string(layer) + "_" + std::to_string(layers);
+        f.chunks.push_back(Chunk{0, Box{}, f.size, none.size(), static_cast<int64_t>(plan.objects.size())});
+        f.size += none.size();
+        plan.objects.push_back(Object{key, none});
+      }
+    }
+  }
   return plan;
 }
 
@@ -187,19 +300,59 @@ Result<TorchFilePlan> ChunkFile(DType dtype, const Box& box) {
                        {TorchStorageSpec{"0", dtype, static_cast<uint64_t>(box.volume()), 0}});
 }
 
+std::string McoreMetadataJson() {
+  return R"({"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", )"
+         R"("common_backend_version": 1})";
+}
+
+Result<std::string> McoreCommon(uint64_t iteration, const pickle::Value* args) {
+  Value common = Value::Dict();
+  if (args != nullptr) common.Set("args", *args);
+  common.Set("checkpoint_version", Value::Int(3));
+  common.Set("iteration", Value::Int(static_cast<int64_t>(iteration)));
+  return TorchBytes(common, "common");
+}
+
 std::string EncodeMetadata(const Plan& plan) {
-  std::vector<pickle::Items> chunks(plan.tensors.size());
+  // One entry per key, in the order keys first appear; its tensors' chunks in it.
+  std::vector<size_t> entry_of(plan.tensors.size());
+  std::vector<size_t> first;  // per entry: its first tensor
+  std::map<std::string, size_t> entries;
+  for (size_t t = 0; t < plan.tensors.size(); ++t) {
+    auto [it, inserted] = entries.try_emplace(plan.tensors[t].key, first.size());
+    if (inserted) first.push_back(t);
+    entry_of[t] = it->second;
+  }
+  std::vector<pickle::Items> chunks(first.size());
+  std::vector<int64_t> count(first.size(), 0);
   pickle::Pairs storage;
-  std::vector<int64_t> count(plan.tensors.size(), 0);
+  pickle::Pairs objects;
   for (const File& f : plan.files) {
     for (const Chunk& c : f.chunks) {
-      chunks[c.tensor].push_back(DataObject(kMetadataModule, "ChunkStorageMetadata",
-                                            Value::Dict({{Value::Str("offsets"), TorchSize(c.box.begin)},
-                                                         {Value::Str("sizes"), TorchSize(c.box.shape())}})));
+      if (c.object >= 0) {
+        const std::string& key = plan.objects[static_cast<size_t>(c.object)].key;
+        objects.emplace_back(Value::Str(key), DataObject(kMetadataModule, "BytesStorageMetadata", Value::Dict()));
+        storage.emplace_back(
+            DataObject(kMetadataModule, "MetadataIndex",
+                       Value::Dict({{Value::Str("fqn"), Value::Str(key)},
+                                    {Value::Str("offset"), Value::None()},
+                                    {Value::Str("index"), Value::None()}})),
+            DataObject("torch.distributed.checkpoint.filesystem", "_StorageInfo",
+                       Value::Dict({{Value::Str("relative_path"), Value::Str(f.name)},
+                                    {Value::Str("offset"), Value::Int(static_cast<int64_t>(c.offset))},
+                                    {Value::Str("length"), Value::Int(static_cast<int64_t>(c.size))}})));
+        continue;
+      }
+      const Tensor& t = plan.tensors[c.tensor];
+      const size_t e = entry_of[c.tensor];
+      const Box box = KeyBox(t, c.box);
+      chunks[e].push_back(DataObject(
+          kMetadataModule, "ChunkStorageMetadata",
+          Value::Dict({{Value::Str("offsets"), TorchSize(box.begin)}, {Value::Str("sizes"), TorchSize(box.shape())}})));
       Value index = DataObject(kMetadataModule, "MetadataIndex",
-                               Value::Dict({{Value::Str("fqn"), Value::Str(plan.tensors[c.tensor].key)},
-                                            {Value::Str("offset"), TorchSize(c.box.begin)},
-                                            {Value::Str("index"), Value::Int(count[c.tensor]++)}}));
+                               Value::Dict({{Value::Str("fqn"), Value::Str(t.key)},
+                                            {Value::Str("offset"), TorchSize(box.begin)},
+                                            {Value::Str("index"), Value::Int(count[e]++)}}));
       Value info = DataObject("torch.distributed.checkpoint.filesystem", "_StorageInfo",
                               Value::Dict({{Value::Str("relative_path"), Value::Str(f.name)},
                                            {Value::Str("offset"), Value::Int(static_cast<int64_t>(c.offset))},
@@ -208,20 +361,24 @@ std::string EncodeMetadata(const Plan& plan) {
     }
   }
   pickle::Pairs tensors, planner;
-  for (size_t t = 0; t < plan.tensors.size(); ++t) {
-    const Tensor& tensor = plan.tensors[t];
+  for (size_t e = 0; e < first.size(); ++e) {
+    const Tensor& tensor = plan.tensors[first[e]];
+    const Shape shape = KeyShape(tensor);
     tensors.emplace_back(Value::Str(tensor.key),
                          DataObject(kMetadataModule, "TensorStorageMetadata",
-                                    Value::Dict({{Value::Str("properties"), Properties(tensor)},
-                                                 {Value::Str("size"), TorchSize(tensor.shape)},
-                                                 {Value::Str("chunks"), Value::List(std::move(chunks[t]))}})));
+                                    Value::Dict({{Value::Str("properties"), Properties(tensor.dtype, shape)},
+                                                 {Value::Str("size"), TorchSize(shape)},
+                                                 {Value::Str("chunks"), Value::List(std::move(chunks[e]))}})));
     pickle::Items path;
     for (const std::string& p : tensor.path) path.push_back(Value::Str(p));
     planner.emplace_back(Value::Str(tensor.key), Value::Tuple(std::move(path)));
   }
+  for (auto& entry : objects) tensors.push_back(std::move(entry));
+  // Megatron-Core's planner keeps no planner_data (its keys are flat).
+  Value planner_data = plan.keys == Keys::kTorch ? Value::Dict(std::move(planner)) : Value::None();
   Value metadata = DataObject(kMetadataModule, "Metadata",
                               Value::Dict({{Value::Str("state_dict_metadata"), Value::Dict(std::move(tensors))},
-                                           {Value::Str("planner_data"), Value::Dict(std::move(planner))},
+                                           {Value::Str("planner_data"), std::move(planner_data)},
                                            {Value::Str("storage_data"), Value::Dict(std::move(storage))},
                                            {Value::Str("storage_meta"), Value::None()},
                                            {Value::Str("version"), Value::Str("1.0.0")}}));

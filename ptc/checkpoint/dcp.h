@@ -36,19 +36,50 @@ namespace ptc::dcp {
 
 inline constexpr const char* kMetadataFile = ".metadata";
 
-struct Tensor {
-  std::string name;               // the global tensor
-  std::string key;                // its DCP key (above)
-  std::vector<std::string> path;  // the key's path in the nested state dict ("optim", "state", P, "exp_avg")
-  DType dtype = DType::kF32;
-  Shape shape;
+// How keys are named (see above, and KeyOf).
+enum class Keys {
+  kTorch,         // model.P, optim.state.P.K: torch's flattening of {"model": ..., "optim": ...}
+  kMegatronCore,  // Megatron-Core's sharded state dict (torch_dist): layers stacked, below
 };
 
+// A global tensor as the checkpoint holds it. With Keys::kMegatronCore the
+// tensors of a layer (decoder.layers.I.X) are slices of one key stacked over
+// the layers (decoder.layers.X, shape [layers] + the tensor's), as
+// Megatron-Core's sharded state dict puts them; the optimizer state of P is
+// optimizer.state.{exp_avg,exp_avg_sq,fp32_param}.<P's key>.
+struct Tensor {
+  std::string name;               // the global tensor
+  std::string key;                // its DCP key
+  std::vector<std::string> path;  // the key's path in the nested state dict ("optim", "state", P, "exp_avg")
+  DType dtype = DType::kF32;
+  Shape shape;       // of the global tensor
+  Index layer = -1;  // its index along the key's stacked first dim; -1: not stacked
+  Index layers = 0;  // the stacked dim's size
+};
+
+// `tensors` (a model's global tensors) with their keys under `keys`.
+std::vector<Tensor> NameTensors(const std::vector<TensorRecord>& tensors, Keys keys);
+
+// The key's shape, and where a box of the global tensor is in it.
+Shape KeyShape(const Tensor& t);
+Box KeyBox(const Tensor& t, const Box& box);
+
 struct Chunk {
-  size_t tensor = 0;    // index into Plan::tensors
-  Box box;              // of the global tensor
+  size_t tensor = 0;    // index into Plan::tensors (unless `object` >= 0)
+  Box box;              // of the global tensor (KeyBox: of the key)
   uint64_t offset = 0;  // of its torch.save bytes in the file
   uint64_t size = 0;
+  int64_t object = -1;  // else: an index into Plan::objects, whose bytes these are
+};
+
+// A BytesStorageMetadata entry: a pickled object, not a tensor. With
+// kMegatronCore, each layer module's `_extra_state` (Megatron-Core's
+// ShardedObject "decoder.layers.M._extra_state/shard_I_L", which its loader
+// requires): torch.save([None]), what Megatron-Core saves for a module without
+// extra state (Transformer Engine's FP8 state is not rendered here).
+struct Object {
+  std::string key;
+  std::string bytes;
 };
 
 struct File {
@@ -58,15 +89,18 @@ struct File {
 };
 
 struct Plan {
+  Keys keys = Keys::kTorch;
   std::vector<Tensor> tensors;  // in manifest order
+  std::vector<Object> objects;  // their chunks in the first file, after its tensors
   std::vector<File> files;      // by worker
 };
 
 // The DCP key of every global tensor of `m`, and where `m`'s stored pieces are.
 // \error InvalidArgument naming the tensor when its pieces overlap in a way no
 //        disjoint choice of their boxes resolves or leave part of it uncovered,
-//        or when a key repeats.
-Result<Plan> PlanCheckpoint(const GenerationManifest& m);
+//        or when a key repeats; with kMegatronCore when the layers of a key
+//        differ in shape or dtype or one is missing.
+Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys = Keys::kTorch);
 
 // Disjoint boxes covering what `stored` covers, each with the index of the
 // stored box it is part of: a box that does not meet an earlier one is kept
@@ -82,5 +116,16 @@ Result<TorchFilePlan> ChunkFile(DType dtype, const Box& box);
 
 // The .metadata pickle of `plan`.
 std::string EncodeMetadata(const Plan& plan);
+
+// Megatron-Core's torch_dist checkpoint directory (`--ckpt-format torch_dist`):
+// the DCP files of a Keys::kMegatronCore plan, and these two.
+inline constexpr const char* kMcoreMetadataFile = "metadata.json";
+inline constexpr const char* kMcoreCommonFile = "common.pt";
+// {"sharded_backend": "torch_dist", ...}: how dist_checkpointing.load knows the format.
+std::string McoreMetadataJson();
+// common.pt, the state dict's entries that are not sharded: a torch.save file
+// of {"args": *args (when not null), "checkpoint_version": 3, "iteration": N}.
+// \error as PlanTorchFile.
+Result<std::string> McoreCommon(uint64_t iteration, const pickle::Value* args);
 
 }  // namespace ptc::dcp

@@ -225,7 +225,7 @@ std::string TensorOfKey(const std::string& key) {
 }
 
 Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema, const ModelDims& dims,
-                          const ParallelConfig& config) {
+                          const ParallelConfig& config, Keys keys) {
   const std::string metadata_path = JoinPath(dir, kMetadataFile);
   PTC_ASSIGN_OR_RETURN(auto metadata_file, env->OpenRead(metadata_path));
   if (metadata_file->Size() > kMaxTorchPickleSize) {
@@ -236,47 +236,63 @@ Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema
   PTC_ASSIGN_OR_RETURN(const SavedCheckpoint saved, ParseMetadata(metadata, metadata_path));
 
   // The model: the parameters' dtype, and optimizer state when the save has some.
+  const std::string optimizer_prefix = keys == Keys::kTorch ? "optim." : "optimizer.";
   ModelSpec spec;
   spec.schema = schema;
   spec.dims = dims;
-  std::map<std::string, const SavedTensor*> by_name;
   std::optional<DType> param_dtype;
   for (const SavedTensor& t : saved.tensors) {
-    const std::string name = TensorOfKey(t.key);
-    if (name.empty()) {
-      const bool step =
-          t.key.rfind("optim.state.", 0) == 0 && t.key.size() > 5 && t.key.compare(t.key.size() - 5, 5, ".step") == 0;
-      if (step) continue;  // Adam's step: not carried (docs/dcp_format.md)
-      return Bad(metadata_path, "key " + t.key + " names no tensor ptcfs keeps (docs/dcp_format.md, Keys)");
+    if (t.key.rfind(optimizer_prefix, 0) == 0) {
+      spec.optimizer = true;
+      continue;
     }
-    if (t.key.rfind("optim.", 0) == 0) spec.optimizer = true;
-    if (t.key.rfind("model.", 0) == 0) {
-      if (param_dtype && *param_dtype != t.dtype) {
-        return Bad(metadata_path, "key " + t.key + " is " + std::string(DTypeName(t.dtype)) +
-                                      " but other parameters are " + std::string(DTypeName(*param_dtype)));
-      }
-      param_dtype = t.dtype;
+    if (param_dtype && *param_dtype != t.dtype) {
+      return Bad(metadata_path, "key " + t.key + " is " + std::string(DTypeName(t.dtype)) +
+                                    " but other parameters are " + std::string(DTypeName(*param_dtype)));
     }
-    by_name[name] = &t;
+    param_dtype = t.dtype;
   }
   if (param_dtype) spec.dtype = *param_dtype;
   PTC_ASSIGN_OR_RETURN(ModelLayout layout, ModelLayout::Make(spec, config));
   PTC_ASSIGN_OR_RETURN(std::vector<GlobalTensor> globals, GlobalTensors(spec));
-  std::set<std::string> known;
-  for (const GlobalTensor& g : globals) known.insert(g.name);
-  for (const auto& [name, t] : by_name) {
-    if (!known.count(name)) return Bad(metadata_path, "key " + t->key + ": the model has no tensor " + name);
+  std::vector<TensorRecord> records;
+  for (const GlobalTensor& g : globals) records.push_back(TensorRecord{g.name, g.dtype, g.shape});
+  // Each key of the model: its global tensors (one per layer when stacked).
+  const std::vector<Tensor> model = NameTensors(records, keys);
+  std::map<std::string, std::vector<const Tensor*>> by_key;
+  for (const Tensor& t : model) {
+    auto& list = by_key[t.key];
+    if (t.layer >= 0 && static_cast<size_t>(t.layer) >= list.size()) list.resize(static_cast<size_t>(t.layer) + 1);
+    if (t.layer >= 0) {
+      list[static_cast<size_t>(t.layer)] = &t;
+    } else {
+      list.push_back(&t);
+    }
   }
-  for (const GlobalTensor& g : globals) {
-    auto it = by_name.find(g.name);
-    if (it == by_name.end()) {
-      return Bad(metadata_path, "the checkpoint lacks the model's tensor " + g.name);
+  std::map<std::string, const SavedTensor*> saved_by_key;
+  for (const SavedTensor& t : saved.tensors) {
+    if (by_key.count(t.key) == 0) {
+      const bool step = keys == Keys::kTorch && t.key.rfind("optim.state.", 0) == 0 && t.key.size() > 5 &&
+                        t.key.compare(t.key.size() - 5, 5, ".step") == 0;
+      if (step) continue;  // Adam's step: not carried (docs/dcp_format.md)
+      const std::string name = keys == Keys::kTorch ? TensorOfKey(t.key) : "";
+      if (!name.empty()) return Bad(metadata_path, "key " + t.key + ": the model has no tensor " + name);
+      return Bad(metadata_path, "key " + t.key + " names no tensor ptcfs keeps (docs/dcp_format.md, Keys)");
+    }
+    saved_by_key[t.key] = &t;
+  }
+  for (const auto& [key, tensors] : by_key) {
+    auto it = saved_by_key.find(key);
+    if (it == saved_by_key.end()) {
+      return Bad(metadata_path,
+                 "the checkpoint lacks the model's tensor " + tensors.front()->name + " (key " + key + ")");
     }
     const SavedTensor& t = *it->second;
-    if (t.dtype != g.dtype || t.shape != g.shape) {
+    const Shape shape = KeyShape(*tensors.front());
+    if (t.dtype != tensors.front()->dtype || t.shape != shape) {
       return Bad(metadata_path, "key " + t.key + " is " + std::string(DTypeName(t.dtype)) + " " +
-                                    ShapeToString(t.shape) + ", the model's " + g.name + " is " +
-                                    std::string(DTypeName(g.dtype)) + " " + ShapeToString(g.shape));
+                                    ShapeToString(t.shape) + ", the model's is " +
+                                    std::string(DTypeName(tensors.front()->dtype)) + " " + ShapeToString(shape));
     }
     Index volume = 0;
     for (size_t i = 0; i < t.chunks.size(); ++i) {
@@ -293,11 +309,12 @@ Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema
     }
   }
 
-  // Every chunk's torch.save file, before the store is touched.
+  // Every chunk's torch.save file, before the store is touched; a chunk of a
+  // stacked key is one piece per layer it spans (each a contiguous run of it).
   DcpSource source{std::move(layout), {}, {}};
   std::map<std::string, size_t> file_index;
-  for (const GlobalTensor& g : globals) {
-    const SavedTensor& t = *by_name.at(g.name);
+  for (const auto& [key, tensors] : by_key) {
+    const SavedTensor& t = *saved_by_key.at(key);
     for (const SavedChunk& c : t.chunks) {
       auto [it, inserted] = file_index.try_emplace(c.file, source.files.size());
       if (inserted) {
@@ -320,13 +337,23 @@ Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema
       }
       const TorchStorage* storage = tf.FindStorage(tensor.storage_key);
       if (storage == nullptr) return Bad(what, "has no storage " + tensor.storage_key);
-      const uint64_t size = static_cast<uint64_t>(c.box.volume()) * DTypeSize(t.dtype);
       const uint64_t at =
           c.offset + storage->member.data_offset + static_cast<uint64_t>(tensor.storage_offset) * DTypeSize(t.dtype);
-      source.chunks.push_back(DcpSource::Chunk{g.name, t.dtype, c.box, it->second, at, size});
+      if (tensors.front()->layer < 0) {
+        const uint64_t size = static_cast<uint64_t>(c.box.volume()) * DTypeSize(t.dtype);
+        source.chunks.push_back(DcpSource::Chunk{tensors.front()->name, t.dtype, c.box, it->second, at, size});
+        continue;
+      }
+      const Box slice{std::vector<Index>(c.box.begin.begin() + 1, c.box.begin.end()),
+                      std::vector<Index>(c.box.end.begin() + 1, c.box.end.end())};
+      const uint64_t size = static_cast<uint64_t>(slice.volume()) * DTypeSize(t.dtype);
+      for (Index layer = c.box.begin[0]; layer < c.box.end[0]; ++layer) {
+        const Tensor* g = tensors[static_cast<size_t>(layer)];
+        source.chunks.push_back(DcpSource::Chunk{g->name, t.dtype, slice, it->second,
+                                                 at + static_cast<uint64_t>(layer - c.box.begin[0]) * size, size});
+      }
     }
   }
-
   return source;
 }
 
@@ -360,7 +387,7 @@ Result<ImportResult> WriteDcp(Store* store, const DcpSource& source, nlohmann::j
 
 Result<ImportResult> ImportDcp(Env* env, const std::string& dir, const std::string& store_path, const Schema& schema,
                                const ModelDims& dims, const ParallelConfig& config, const ProgressFn& progress) {
-  PTC_ASSIGN_OR_RETURN(const DcpSource source, OpenDcp(env, dir, schema, dims, config));
+  PTC_ASSIGN_OR_RETURN(const DcpSource source, OpenDcp(env, dir, schema, dims, config, Keys::kTorch));
   return ImportWith(env, store_path, [&](Store* store) {
     return WriteDcp(store, source, store->has_generation() ? store->current().extra : nlohmann::json::object(),
                     progress);

@@ -20,6 +20,7 @@
 #include "ptc/base/env.h"
 #include "ptc/base/status.h"
 #include "ptc/checkpoint/checkpoint.h"
+#include "ptc/checkpoint/dcp.h"
 #include "ptc/checkpoint/import.h"
 #include "ptc/model/box.h"
 #include "ptc/model/config.h"
@@ -79,8 +80,10 @@ struct DcpSource {
 
 // Opens the DCP checkpoint in `dir` as a generation of `schema` and `dims` in
 // `config`, checking everything (below) and writing nothing. Every key must
-// name a tensor of the model (optim.state.*.step and the optimizer's
-// param_groups are not carried and are passed over), the parameters must
+// name a tensor of the model by `keys`' rule (dcp.h; with kTorch
+// optim.state.*.step is passed over, not carried; BytesStorageMetadata entries,
+// the optimizer's param_groups or Megatron-Core's _extra_state objects, are
+// never read), the parameters must
 // share one dtype, and the optimizer state must be Adam's, whole or absent.
 // Every chunk is checked: the chunks of a tensor
 // tile it exactly, each is a torch.save file of one contiguous tensor of its
@@ -88,7 +91,7 @@ struct DcpSource {
 // \error InvalidArgument naming the key and chunk (file and byte range) at
 //        fault; NotFound naming a missing file; as ModelLayout::Make.
 Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema, const ModelDims& dims,
-                          const ParallelConfig& config);
+                          const ParallelConfig& config, Keys keys = Keys::kTorch);
 
 // Writes `source` into `store` as a new generation, each chunk one stored piece
 // on the worker of its config's rank 0, with `extra` as the manifest's.

@@ -93,6 +93,11 @@ bool IsAllowedGlobal(const std::string& module, const std::string& name) {
       "torch.distributed.checkpoint.metadata.StorageMeta",
       "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
       "torch.distributed.checkpoint.filesystem._StorageInfo",
+      // Megatron-Core keeps every rank's SavePlan in its .metadata (all_local_plans)
+      "torch.distributed.checkpoint.planner.SavePlan",
+      "torch.distributed.checkpoint.planner.WriteItem",
+      "torch.distributed.checkpoint.planner.WriteItemType",
+      "torch.distributed.checkpoint.planner.TensorWriteData",
       "torch.serialization._get_layout",
       "pathlib.PosixPath",
   };
@@ -210,8 +215,9 @@ Result<Node*> Unpickler::Call(const Global& g, Node* args) {
   if (full == "builtins.getattr" &&
       (a.size() != 2 || a[0]->kind != NK::kGlobal || a[1]->kind != NK::kStr ||
        (a[0]->global.module != "megatron" && a[0]->global.module.rfind("megatron.", 0) != 0 &&
-        a[0]->global.FullName() != "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING")))
-    return Err("builtins.getattr is read only as getattr(<class under megatron.>, name) or of DCP's memory format");
+        a[0]->global.FullName() != "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING" &&
+        a[0]->global.FullName() != "torch.distributed.checkpoint.planner.WriteItemType")))
+    return Err("builtins.getattr is read only as getattr(<class under megatron.>, name) or of DCP's enums");
   Node* obj = New(NK::kObject);
   obj->global = g;
   obj->args = args;
