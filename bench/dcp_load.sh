@@ -37,7 +37,7 @@ if [ ! -f "$WORK/local/.metadata" ]; then
 fi
 bytes=$(cat "$mnt/dcp/"__*.distcp | wc -c)
 local_bytes=$(cat "$WORK/local/"__*.distcp | wc -c)
-find "$WORK/store" -type f -exec cat {} + >/dev/null  # page cache warm
+find "$WORK/store" "$WORK/local" -type f -exec cat {} + >/dev/null  # page cache warm, both sides
 echo "model: $DIMS llama, bf16 + Adam (f32), stored in $CONFIG; dcp/ $bytes bytes, local $local_bytes bytes"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 results="$WORK/results.txt"; : > "$results"
