@@ -8,6 +8,7 @@
 #include <set>
 
 #include "fs/dcp_file.h"
+#include "fs/hf_file.h"
 #include "fs/megatron_file.h"
 #include "fs/node.h"
 #include "ptc/checkpoint/checkpoint.h"
@@ -178,6 +179,15 @@ void Filesystem::AddTrees(Node& root, const std::shared_ptr<const Snapshot>& sna
       controller_->RecordError("dcp/: " + dcp.status().message());
     }
   }
+  if (options_.hf) {
+    auto hf = BuildHfTree(snap);
+    if (hf.ok()) {
+      root.children["hf"] = AddNode(*hf);
+    } else {
+      root.children.erase("hf");
+      controller_->RecordError("hf/: " + hf.status().message());
+    }
+  }
 }
 
 std::shared_ptr<Node> Filesystem::NewDir(const std::shared_ptr<const Snapshot>& snap) {
@@ -278,7 +288,7 @@ void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
     AddTrees(*nodes_.at(kRootInode), snap);
   }
   if (invalidate_) {
-    for (const char* tree : {"model", "data", "megatron", "dcp"}) invalidate_(kRootInode, tree);
+    for (const char* tree : {"model", "data", "megatron", "dcp", "hf"}) invalidate_(kRootInode, tree);
   }
   ptc::MutexLock lock(&mu_);
   if (snapshot_ == snap) announced_ = snap;  // unless a later Serve replaced it meanwhile: that one announces
@@ -402,6 +412,7 @@ ptc::Result<std::vector<DirEntry>> Filesystem::ReadDir(uint64_t ino) {
 ptc::Result<std::unique_ptr<VirtualFile>> Filesystem::Render(const Node& n) const {
   const Snapshot& snap = *n.snap;
   if (n.kind == Node::kDcpFile) return MakeDcpFile(snap.reader(), *n.dcp, n.view, options_.worker);
+  if (n.kind == Node::kHfFile) return MakeHfShardFile(snap.reader(), *n.hf, n.view, options_.worker);
   const ptc::RankView& view = snap.views()[n.view];
   const int worker = snap.WorkerOf(view.rank);
   switch (n.kind) {

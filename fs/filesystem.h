@@ -11,6 +11,8 @@
 //   megatron/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt  (+ latest_checkpointed_iteration.txt)
 //                                          with --format megatron|all
 //   dcp/.metadata, dcp/__W_0.distcp        PyTorch DCP of the generation, with --format dcp|all
+//   hf/config.json, hf/model-0000K-of-0000N.safetensors (+ model.safetensors.index.json)
+//                                          Hugging Face's save_pretrained of the model, with --format hf|all
 //   data/rank-RRRRR/{ids.txt,samples.idx,samples.bin | samples.jsonl}  when the store has a dataset
 //                                          (under group-G/ per length group)
 //
@@ -40,6 +42,7 @@
 #include "fs/virtual_file.h"
 #include "ptc/base/mutex.h"
 #include "ptc/checkpoint/dcp.h"
+#include "ptc/checkpoint/hf.h"
 #include "ptc/checkpoint/megatron.h"
 #include "ptc/checkpoint/megatron_names.h"
 
@@ -59,6 +62,8 @@ struct MountOptions {
   bool npy = true;
   bool megatron = false;  // megatron/ (Megatron-LM torch files)
   bool dcp = false;       // dcp/ (PyTorch Distributed Checkpoint, ptc/checkpoint/dcp.h)
+  bool hf = false;        // hf/ (Hugging Face's save_pretrained, ptc/checkpoint/hf.h)
+  uint64_t hf_shard_bytes = ptc::hf::kDefaultShardBytes;  // hf/'s max_shard_size
   // The name set megatron/ renders (saves may use either).
   ptc::megatron::NameSet megatron_names = ptc::megatron::NameSet::kTe;
   // megatron/iter_N/ as Megatron-Core's torch_dist checkpoint instead of the
@@ -209,6 +214,9 @@ class Filesystem {
   // dcp/: .metadata and the chunk files of the snapshot's generation.
   // \error as PlanCheckpoint.
   ptc::Result<std::shared_ptr<Node>> BuildDcpTree(const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
+  // hf/: config.json, the shards and the index of the snapshot's generation.
+  // \error as PlanHf (a schema Hugging Face has no architecture for).
+  ptc::Result<std::shared_ptr<Node>> BuildHfTree(const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
   // megatron/iter_N/ as Megatron-Core's torch_dist checkpoint: metadata.json,
   // common.pt and the DCP files in Megatron-Core's keys (ptc/checkpoint/dcp.h).
   // \error as PlanCheckpoint and McoreCommon.

@@ -10,6 +10,7 @@
 
 #include "fs/filesystem.h"
 #include "ptc/checkpoint/dcp.h"
+#include "ptc/checkpoint/hf.h"
 
 namespace ptcfs {
 
@@ -29,6 +30,7 @@ struct Node {
     kDataFile,
     kMegatronFile,
     kDcpFile,      // dcp/__W_0.distcp: `view` indexes the plan's files
+    kHfFile,       // hf/model-0000K-of-0000N.safetensors: `view` indexes the plan's shards
     kMegatronDir,  // megatron/: takes new directories (saves)
     kDcpDir,       // dcp/: takes new directories (dcp.save's checkpoint_id)
     kLatestFile,   // megatron/latest_checkpointed_iteration.txt: a write commits a save
@@ -45,6 +47,7 @@ struct Node {
   uint64_t size = 0;                              // but kDataFile: its view knows
   std::string literal;                            // kLiteralFile, kLatestFile
   std::shared_ptr<const ptc::dcp::Plan> dcp;      // kDcpFile: the checkpoint it is part of
+  std::shared_ptr<const ptc::hf::Plan> hf;        // kHfFile: the model it is part of
   uint64_t ino = 0;
 
  private:

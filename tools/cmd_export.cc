@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "fs/dcp_file.h"
+#include "fs/hf_file.h"
 #include "fs/megatron_file.h"
 #include "ptc/checkpoint/export.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
@@ -18,6 +19,7 @@ struct ExportArgs {
   std::string format = "safetensors", store, out;
   std::optional<std::string> config;  // --config: required but for dcp
   std::optional<std::string> names;   // --names, megatron only
+  std::optional<std::string> shard_size;  // --shard-size, hf only
 };
 
 // Bytes of tensors in the Megatron files of `config` (data-parallel rank 0).
@@ -64,8 +66,34 @@ ptc::Status RunExportDcp(const ExportArgs& a) {
   return ptc::WriteFreshDirectory(env, a.out, [&] { return ExportDcp(env, *store, generation, a.out, progress.fn()); });
 }
 
+// A Hugging Face model has no parallel config either; its optimizer state is not carried.
+ptc::Status RunExportHf(const ExportArgs& a) {
+  if (a.config || a.names) {
+    return ptc::InvalidArgumentError(std::string(a.config ? "--config" : "--names") +
+                                     ": a Hugging Face model has no parallel config or name set (docs/hf_format.md)");
+  }
+  uint64_t shard_bytes = ptc::hf::kDefaultShardBytes;
+  if (a.shard_size) {
+    PTC_ASSIGN_OR_RETURN(shard_bytes, ptc::hf::ParseShardSize(*a.shard_size), "--shard-size");
+  }
+  ptc::Env* env = ptc::Env::Default();
+  PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::Open(env, a.store));
+  if (!store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
+  auto generation = store->CurrentSnapshot();
+  PTC_ASSIGN_OR_RETURN(const ptc::hf::Plan plan, PlanHf(*generation, shard_bytes), a.store);
+  uint64_t total = 0;
+  for (const ptc::hf::Shard& s : plan.shards) total += s.bytes;
+  Progress progress("export", total);
+  return ptc::WriteFreshDirectory(env, a.out,
+                                  [&] { return ExportHf(env, *store, generation, a.out, shard_bytes, progress.fn()); });
+}
+
 ptc::Status RunExport(const ExportArgs& a) {
   PTC_RETURN_IF_ERROR(CheckOutsideStore(a.store, a.out));
+  if (a.shard_size && a.format != "hf") {
+    return ptc::InvalidArgumentError("--shard-size " + *a.shard_size + ": sizes the shards of --format hf only");
+  }
+  if (a.format == "hf") return RunExportHf(a);
   if (a.format == "dcp") {
     if (a.config || a.names) {
       return ptc::InvalidArgumentError(std::string(a.config ? "--config" : "--names") +
@@ -99,14 +127,18 @@ void AddExportCommand(CLI::App& app, int* exit_code) {
                          "(which must not exist or be empty). Any config that divides the model works: tensors\n"
                          "are cut from the stored shards, bit for bit, and every shard's checksum is verified.");
   sub->add_option("--config", a->config,
-                  "target parallel config, e.g. tp=4,pp=2,dp=2,zero=1 (required but for --format dcp)");
+                  "target parallel config, e.g. tp=4,pp=2,dp=2,zero=1 (required but for --format dcp and hf)");
   sub->add_option("--format", a->format,
                   "safetensors: rank-RRRRR/model.safetensors (+ optim.safetensors); npy: "
                   "rank-RRRRR/tensors/<name>.npy with tensors/dtypes.json; megatron: Megatron-LM's\n"
                   "latest_checkpointed_iteration.txt + iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt\n"
                   "(torch.save files; docs/megatron_format.md); dcp: PyTorch Distributed Checkpoint,\n"
-                  ".metadata + __W_0.distcp, loadable at any world size (docs/dcp_format.md)")
-      ->check(CLI::IsMember({"safetensors", "npy", "megatron", "dcp"}));
+                  ".metadata + __W_0.distcp, loadable at any world size (docs/dcp_format.md); hf: the model\n"
+                  "as Hugging Face's save_pretrained writes it, config.json + model-0000K-of-0000N.safetensors\n"
+                  "+ model.safetensors.index.json (no optimizer state; docs/hf_format.md)")
+      ->check(CLI::IsMember({"safetensors", "npy", "megatron", "dcp", "hf"}));
+  sub->add_option("--shard-size", a->shard_size,
+                  "hf: the largest shard, as save_pretrained's max_shard_size: 5GB (default), 500MB, 2GiB, bytes");
   sub->add_option("--names", a->names, kMegatronNamesHelp)->check(CLI::IsMember({"te", "local"}));
   sub->add_option("STORE", a->store, "store directory")->required();
   sub->add_option("OUT_DIR", a->out, "directory to write")->required();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ptc/checkpoint/dcp_read.h"
+#include "ptc/checkpoint/hf_read.h"
 #include "ptc/checkpoint/import.h"
 #include "ptc/checkpoint/megatron_import.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
@@ -32,14 +33,33 @@ ptc::Result<ptc::CheckpointSource> MegatronSource(ptc::Env* env, const ImportArg
 }
 
 ptc::Status RunImport(const ImportArgs& a) {
-  PTC_ASSIGN_OR_RETURN(ptc::Schema schema, ptc::LoadSchema(a.schema));
-  PTC_ASSIGN_OR_RETURN(ptc::ModelDims dims, ptc::ParseDims(a.dims));
+  if (a.format == "hf") {
+    // config.json says the model; the tensors become the stored pieces in --config (default tp=1).
+    if (!a.schema.empty() || !a.dims.empty()) {
+      return ptc::InvalidArgumentError(std::string(a.schema.empty() ? "--dims" : "--schema") +
+                                       ": a Hugging Face model's config.json gives its schema and dims "
+                                       "(docs/hf_format.md)");
+    }
+    if (a.iteration) return ptc::InvalidArgumentError("--iteration applies to --format megatron only");
+  } else if (a.schema.empty() || a.dims.empty()) {
+    return ptc::InvalidArgumentError(std::string(a.schema.empty() ? "--schema" : "--dims") +
+                                     " is required for --format " + a.format);
+  }
+  ptc::Schema schema;
+  ptc::ModelDims dims;
+  if (a.format != "hf") {
+    PTC_ASSIGN_OR_RETURN(schema, ptc::LoadSchema(a.schema));
+    PTC_ASSIGN_OR_RETURN(dims, ptc::ParseDims(a.dims));
+  }
   ptc::Env* env = ptc::Env::Default();
   ptc::CheckpointSource source;
   std::function<ptc::Result<ptc::ImportResult>(const ptc::ProgressFn&)> run_import = [&](const ptc::ProgressFn& p) {
     return ptc::ImportFrom(env, source, a.store, p);
   };
-  if (a.format == "dcp") {
+  if (a.format == "hf") {
+    PTC_ASSIGN_OR_RETURN(source.config, ptc::ParseConfig(a.config.empty() ? "tp=1" : a.config));
+    import = [&](const ptc::ProgressFn& p) { return ptc::hf::ImportHf(env, a.src, a.store, source.config, p); };
+  } else if (a.format == "dcp") {
     // The chunks become the stored pieces, in --config (default tp=1,pp=1,dp=1: the mount
     // serves any layout from them and compacts in the background).
     if (a.iteration) return ptc::InvalidArgumentError("--iteration applies to --format megatron only");
@@ -107,14 +127,18 @@ void AddImportCommand(CLI::App& app, int* exit_code) {
       "  ptcfs import --schema megatron-gpt --dims layers=24,hidden=1024,heads=16,vocab=32768,seq=2048 \\\n"
       "      --config tp=2,pp=2 ckpt/ store/\n"
       "  ptcfs import --format megatron --schema megatron-gpt --dims ... megatron_ckpt/ store/");
-  sub->add_option("--schema", a->schema, "built-in schema (megatron-gpt, llama) or schema JSON file")->required();
-  sub->add_option("--dims", a->dims, "model dims, e.g. layers=4,hidden=64,heads=4,vocab=1024,seq=128")->required();
+  sub->add_option("--schema", a->schema,
+                  "built-in schema (megatron-gpt, llama) or schema JSON file (required but for --format hf)");
+  sub->add_option("--dims", a->dims,
+                  "model dims, e.g. layers=4,hidden=64,heads=4,vocab=1024,seq=128 (required but for --format hf)");
   sub->add_option("--config", a->config, "the parallel config the files were written in (megatron: optional)");
   sub->add_option("--format", a->format,
                   "format of the checkpoint: safetensors (rank files), megatron (Megatron-LM's tree), or dcp\n"
                   "(a PyTorch Distributed Checkpoint directory that dcp.save wrote: each chunk becomes a\n"
-                  "stored piece; --config optional, default tp=1; docs/dcp_format.md)")
-      ->check(CLI::IsMember({"safetensors", "megatron", "dcp"}));
+                  "stored piece; --config optional, default tp=1; docs/dcp_format.md), or hf (a model\n"
+                  "Hugging Face's save_pretrained wrote: config.json gives the schema and dims, each tensor\n"
+                  "becomes a stored piece; --config optional, default tp=1; docs/hf_format.md)")
+      ->check(CLI::IsMember({"safetensors", "megatron", "dcp", "hf"}));
   sub->add_option("--iteration", a->iteration, "megatron: the iteration to import (default: the latest)");
   sub->add_option("SRC_DIR", a->src, "per-rank checkpoint directory")->required();
   sub->add_option("STORE", a->store, "store directory")->required();

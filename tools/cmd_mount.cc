@@ -21,6 +21,7 @@
 #include "fs/mountinfo.h"
 #include "ptc/base/json_fields.h"
 #include "ptc/base/regular_file.h"
+#include "ptc/checkpoint/hf.h"
 #include "tools/cli_numbers.h"
 #include "tools/cluster_mount.h"
 #include "tools/commands.h"
@@ -32,8 +33,9 @@ namespace {
 
 struct MountArgs {
   std::string store, mountpoint, format = "both";
-  std::optional<std::string> names;        // --names, megatron/ only
-  std::optional<std::string> ckpt_format;  // --ckpt-format, megatron/ only
+  std::optional<std::string> names;          // --names, megatron/ only
+  std::optional<std::string> ckpt_format;    // --ckpt-format, megatron/ only
+  std::optional<std::string> hf_shard_size;  // --hf-shard-size, hf/ only
   int worker = -1;
   int threads = 8;
   int transform_threads = 2;
@@ -99,6 +101,14 @@ ptc::Status RunMount(const MountArgs& a) {
     return ptc::InvalidArgumentError("--names " + *a.names +
                                      ": names the files of megatron/ (--format megatron or all)");
   }
+  if (a.hf_shard_size && a.format != "hf" && a.format != "all") {
+    return ptc::InvalidArgumentError("--hf-shard-size " + *a.hf_shard_size +
+                                     ": sizes the shards of hf/ (--format hf or all)");
+  }
+  uint64_t hf_shard_bytes = ptc::hf::kDefaultShardBytes;
+  if (a.hf_shard_size) {
+    PTC_ASSIGN_OR_RETURN(hf_shard_bytes, ptc::hf::ParseShardSize(*a.hf_shard_size), "--hf-shard-size");
+  }
   PTC_RETURN_IF_ERROR(CheckMountpoint(a.mountpoint, a.nonempty));
   PTC_RETURN_IF_ERROR(CheckMountpointApart(a.store, a.mountpoint));
   PTC_ASSIGN_OR_RETURN(ptc::StoreLock lock, LockForMount(a.store, a.wait, /*create=*/!a.cluster.url.empty()));
@@ -111,6 +121,8 @@ ptc::Status RunMount(const MountArgs& a) {
   options.npy = a.format == "npy" || a.format == "both" || a.format == "all";
   options.megatron = a.format == "megatron" || a.format == "all";
   options.dcp = a.format == "dcp" || a.format == "all";
+  options.hf = a.format == "hf" || a.format == "all";
+  options.hf_shard_bytes = hf_shard_bytes;
   PTC_ASSIGN_OR_RETURN(options.megatron_names, ptc::megatron::ParseNameSet(a.names.value_or("te")), "--names");
   options.megatron_torch_dist = a.ckpt_format.value_or("torch") == "torch_dist";
   options.transform_threads = a.transform_threads;
@@ -277,8 +289,11 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
                    "which model files to show: safetensors, npy, both (the two; default), megatron\n"
                    "(megatron/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt), dcp (dcp/: PyTorch\n"
                    "Distributed Checkpoint of the whole state, for torch.distributed.checkpoint.load at any\n"
-                   "world size; docs/dcp_format.md), or all")
-      ->check(CLI::IsMember({"safetensors", "npy", "both", "megatron", "dcp", "all"}));
+                   "world size; docs/dcp_format.md), hf (hf/: the model as Hugging Face's save_pretrained\n"
+                   "writes it, for from_pretrained; docs/hf_format.md), or all")
+      ->check(CLI::IsMember({"safetensors", "npy", "both", "megatron", "dcp", "hf", "all"}));
+  mount->add_option("--hf-shard-size", m->hf_shard_size,
+                    "hf/'s largest shard, as save_pretrained's max_shard_size: 5GB (default), 500MB, 2GiB, bytes");
   mount->add_option("--names", m->names, kMegatronNamesHelp)->check(CLI::IsMember({"te", "local"}));
   mount
       ->add_option("--ckpt-format", m->ckpt_format,

@@ -21,7 +21,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 # The Python clients people use, from PyPI (tools/requirements-clients.txt: torch 2,
-# safetensors, megatron-core, numpy) in .venv/ at the repository root, for the tests
+# safetensors, megatron-core, transformers, numpy) in .venv/ at the repository root, for the tests
 # labelled `clients` and the quickstart. Debian's /usr/bin/python3 clients stay in use too.
 # Quick when already there: the stamp records the requirements the venv was made from.
 # PTCFS_VENV overrides the place; PTCFS_NO_VENV=1 skips this part.

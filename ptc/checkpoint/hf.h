@@ -1,0 +1,107 @@
+// Hugging Face's view of a model: the tensor names, the cuts of fused tensors
+// and the files `save_pretrained` writes (docs/hf_format.md):
+//
+//   config.json                          the architecture and its sizes
+//   model-0000K-of-0000N.safetensors     the tensors, cut into shards of at most
+//                                        a size (one shard: model.safetensors)
+//   model.safetensors.index.json         which shard holds each tensor (N > 1)
+//
+// An HF tensor is a LocalTensor whose segments are boxes of the store's global
+// tensors, placed densely one after another: Llama's q_proj is the query rows
+// of every query group of Megatron-Core's linear_qkv, gate_proj the first half
+// of linear_fc1. So a rendering reads each box from the pieces that hold it,
+// and an import stores each HF tensor's bytes as one piece of those boxes.
+//
+// Architectures, recognised by the schema's rule names (a schema of one's own
+// with these names maps too):
+//   Megatron-Core GPT (the built-in `llama`)      LlamaForCausalLM
+//   legacy Megatron-LM GPT (`megatron-gpt`)       GPTBigCodeForCausalLM (GPT-2
+//                                                 with Linear layers, q/k/v per head)
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ptc/base/status.h"
+#include "ptc/model/dims.h"
+#include "ptc/model/schema.h"
+#include "ptc/model/view.h"
+
+namespace ptc::hf {
+
+inline constexpr const char* kConfigFile = "config.json";
+inline constexpr const char* kIndexFile = "model.safetensors.index.json";
+inline constexpr const char* kSingleFile = "model.safetensors";
+// save_pretrained's default max_shard_size ("5GB", decimal).
+inline constexpr uint64_t kDefaultShardBytes = 5'000'000'000;
+
+enum class Arch { kLlama, kGptBigCode };
+
+// The HF tensors of a model, in the order HF's state_dict lists them.
+struct Model {
+  Arch arch = Arch::kLlama;
+  std::vector<LocalTensor> tensors;  // name: HF's; segments: boxes of global tensors, dense, in order
+  bool tied = false;                 // the output layer is the input embedding (no lm_head.weight)
+};
+
+// The HF names and cuts of `spec`'s parameters (optimizer state is not carried).
+// \error InvalidArgument naming the rule: a schema with no rule this mapping
+//        recognises; a rule the architecture has no HF tensor for; a rule it
+//        needs that the schema lacks; a global tensor whose shape is not the
+//        one HF's config gives it (or dims HF's architecture cannot express:
+//        GPTBigCode with kv_heads != heads or heads*head_dim != hidden).
+Result<Model> MapModel(const ModelSpec& spec);
+
+struct Shard {
+  std::string file;             // "model-00001-of-00003.safetensors", or kSingleFile
+  std::vector<size_t> tensors;  // indices into Model::tensors
+  uint64_t bytes = 0;           // of tensor data
+};
+
+// What the files are: the model, its shards, config.json and the index.
+struct Plan {
+  Model model;
+  std::vector<Shard> shards;
+  std::string config_json;
+  std::string index_json;  // empty with one shard (model.safetensors, no index)
+};
+
+// Tensors cut greedily in order into shards of at most `max_bytes` of data
+// (a tensor larger than that alone in its own), named as save_pretrained names them.
+std::vector<Shard> CutShards(const std::vector<LocalTensor>& tensors, uint64_t max_bytes);
+
+// The export of `spec`. `kept`: config.json of the model's import
+// (extra["hf"]["config"]), or null: its fields are kept but for the ones the
+// model gives (sizes, architecture, dtype, tying), which are written over.
+// \error as MapModel; InvalidArgument for max_bytes 0.
+Result<Plan> PlanExport(const ModelSpec& spec, uint64_t max_bytes, const nlohmann::json& kept = nullptr);
+
+// The safetensors metadata HF writes in every shard (transformers refuses a
+// shard without it).
+std::map<std::string, std::string> ShardMetadata();
+
+// "5GB", "500MB", "2GiB", "1000000": bytes (decimal units as HF's
+// max_shard_size, binary with "i").
+// \error InvalidArgument naming the text.
+Result<uint64_t> ParseShardSize(std::string_view text);
+
+// The ptcfs model a config.json describes, for an import.
+struct ConfigModel {
+  Schema schema;  // built-in llama (with a tied output layer when tie_word_embeddings) or megatron-gpt
+  ModelDims dims;
+  Arch arch = Arch::kLlama;
+};
+// \error InvalidArgument naming `what` and the field: an architecture ptcfs
+//        does not map, a missing or non-integer size, a feature the mapping
+//        cannot carry (biases in Llama, an activation other than silu,
+//        GPTBigCode's multi-query or untied head), dims ParseDims refuses.
+Result<ConfigModel> ModelOfConfig(const nlohmann::json& config, const std::string& what);
+
+}  // namespace ptc::hf

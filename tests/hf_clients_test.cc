@@ -1,0 +1,124 @@
+// Hugging Face's own libraries, from PyPI, against ptcfs's hf/ view
+// (docs/hf_format.md): transformers' from_pretrained through a real mount and
+// save_pretrained's output imported, safetensors reading every shard. The
+// client code is tests/clients/hf_clients.py, run in the venv of
+// tools/setup-deps.sh (.venv/ at the repository root, or $PTCFS_VENV). Without
+// the venv (or transformers in it) the suite skips (77), and fails under CI=true.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "mount_util.h"
+
+namespace ptc {
+namespace {
+
+using namespace ::ptc::testing;  // the helpers of test_util.h
+
+const std::string kLlamaDims = "layers=4,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32";
+const std::string kLlama = "--schema llama --dims " + kLlamaDims;
+const std::string kGptDims = "layers=4,hidden=32,heads=4,vocab=96,seq=16";
+const std::string kGpt = "--schema megatron-gpt --dims " + kGptDims;
+
+std::string Venv() {
+  const char* env = std::getenv("PTCFS_VENV");
+  return env != nullptr && *env != '\0' ? env : std::string(PTCFS_SOURCE_DIR) + "/.venv";
+}
+std::string Client() {
+  return Venv() + "/bin/python " + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/hf_clients.py ";
+}
+
+class HfClientsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    RequireFuse();
+    auto [code, out] = Sh(Venv() + "/bin/python -c 'import torch, safetensors, transformers' 2>&1 | tail -3");
+    if (code != 0 || access((Venv() + "/bin/python").c_str(), X_OK) != 0) {
+      std::printf(
+          "%s: no venv with torch, safetensors and transformers at %s (make it with "
+          "tools/setup-deps.sh): %s\n",
+          InCi() ? "FAIL" : "SKIP", Venv().c_str(), out.c_str());
+      std::exit(InCi() ? 1 : 77);
+    }
+  }
+  void Run(const std::string& args) {
+    auto [code, out] = Ptcfs(args);
+    ASSERT_EQ(code, 0) << args << "\n" << out;
+  }
+  // hf_clients.py CMD ARGS; expects "<CMD> OK".
+  void Python(const std::string& cmd, const std::string& args) {
+    auto [code, out] = Sh(Client() + cmd + " " + args + " 2>&1");
+    EXPECT_EQ(code, 0) << out;
+    std::string upper;
+    for (char c : cmd) upper.push_back(static_cast<char>(std::toupper(c)));
+    EXPECT_NE(out.find(upper + " OK"), std::string::npos) << out;
+    std::printf("%s", out.substr(out.rfind(upper + " OK") == std::string::npos ? 0 : out.rfind(upper + " OK")).c_str());
+  }
+  TempDir tmp_;
+};
+
+TEST_F(HfClientsTest, LlamaFromPretrainedThroughTheMountAndUnchangedByAReconfigure) {
+  // f64 parameters with Adam state (not carried) stored in tp=2,pp=2 pieces; the reference is
+  // synth's whole global tensors (tp=1).
+  Run("synth " + kLlama + " --dtype f64 --optimizer adam --config tp=2,pp=2 " + tmp_ / "saved");
+  Run("import " + kLlama + " --config tp=2,pp=2 " + tmp_ / "saved " + tmp_ / "store");
+  Run("synth " + kLlama + " --dtype f64 --config tp=1 " + tmp_ / "ref");
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format hf --hf-shard-size 300KB");
+  const std::string hf = m.dir() + "/hf";
+  // safetensors reads every shard, the index names every tensor once, and from_pretrained's
+  // logits equal those of the weights the client cuts from the global tensors itself.
+  Python("check", hf + " " + tmp_ / "ref --arch llama --dims " + kLlamaDims);
+  ASSERT_EQ(Sh("mkdir " + tmp_ / "before && cp " + hf + "/* " + tmp_ / "before/").first, 0);
+  const size_t files = std::distance(std::filesystem::directory_iterator(tmp_ / "before"), {});
+  EXPECT_GT(files, 3u);  // config.json, the index and several shards
+  // A reconfigure (and its rewrite) serves the same files, and they are export's.
+  Run("reconfigure " + m.dir() + " --to tp=1,pp=4");
+  WaitServing(m.dir());
+  Run("export --format hf --shard-size 300KB " + tmp_ / "store " + tmp_ / "exported");
+  for (const auto& e : std::filesystem::directory_iterator(tmp_ / "before")) {
+    const std::string name = e.path().filename().string();
+    for (const std::string& other : {hf + "/" + name, tmp_ / ("exported/" + name)}) {
+      auto [cmp, out] = Sh("cmp " + e.path().string() + " " + other + " 2>&1");
+      EXPECT_EQ(cmp, 0) << name << ": " << out;
+    }
+  }
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(hf), {}), static_cast<long>(files));
+  EXPECT_TRUE(MountStatus(m.dir())["last_error"].is_null()) << MountStatus(m.dir()).dump();
+}
+
+TEST_F(HfClientsTest, MegatronGptIsGptBigCode) {
+  // Legacy Megatron-LM GPT (learned positions, biases, q/k/v per head, tied head).
+  Run("synth " + kGpt + " --dtype f64 --config tp=2,pp=2 " + tmp_ / "saved");
+  Run("import " + kGpt + " --config tp=2,pp=2 " + tmp_ / "saved " + tmp_ / "store");
+  Run("synth " + kGpt + " --dtype f64 --config tp=1 " + tmp_ / "ref");
+  Run("export --format hf " + tmp_ / "store " + tmp_ / "hf");
+  Python("check", tmp_ / "hf " + tmp_ / "ref --arch gpt --dims " + kGptDims);
+}
+
+TEST_F(HfClientsTest, SavePretrainedImportsAndComesBackByteForByteFromTp2Pp2) {
+  // bf16 models save_pretrained wrote in 100KB shards: Llama with GQA untied and tied, GPTBigCode.
+  Python("save", tmp_ / "llama=llama " + tmp_ / "tied=llama-tied " + tmp_ / "gpt=gpt --dtype bf16 --shard-size 100KB");
+  for (const char* m : {"llama", "tied", "gpt"})
+    Run("import --format hf " + tmp_ / m + " " + tmp_ / ("store-" + std::string(m)));
+  // Untied Llama: out as Megatron rank files in tp=2,pp=2, into a store of its own, back to hf.
+  const std::string dims = "--schema llama --dims layers=4,hidden=64,heads=4,kv_heads=2,vocab=96,seq=32,ffn=96";
+  Run("export --config tp=2,pp=2 " + tmp_ / "store-llama " + tmp_ / "ranks");
+  Run("import " + dims + " --config tp=2,pp=2 " + tmp_ / "ranks " + tmp_ / "store-ranks");
+  Run("export --format hf --shard-size 100KB " + tmp_ / "store-ranks " + tmp_ / "back-llama");
+  // Tied Llama and GPTBigCode: the store moved to tp=2,pp=2 (and compacted: new pieces), back to hf.
+  for (const char* m : {"tied", "gpt"}) {
+    const std::string store = tmp_ / ("store-" + std::string(m));
+    Run("transform " + store + " --to tp=2,pp=2");
+    Run("compact " + store);
+    Run("export --format hf --shard-size 100KB " + store + " " + tmp_ / ("back-" + std::string(m)));
+  }
+  Python("same", tmp_ / "llama " + tmp_ / "back-llama " + tmp_ / "tied " + tmp_ / "back-tied " + tmp_ / "gpt " +
+                     tmp_ / "back-gpt");
+}
+
+}  // namespace
+}  // namespace ptc

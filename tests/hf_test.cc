@@ -1,0 +1,443 @@
+// Hugging Face's view of a model (ptc/checkpoint/hf.h, ptc/checkpoint/hf_read.h,
+// fs/hf_file.h) without a mount or transformers: the names and cuts (q/k/v per
+// query group, [gate; up]), tied and untied heads, shards and the index, the
+// config both ways, refusals naming the rule, file and tensor; an export
+// imported back bit for bit in another layout, and damaged models (a missing
+// shard, an index naming a tensor twice, a shape the config does not give, a
+// tensor the model lacks) refused with nothing committed.
+// (transformers' from_pretrained and save_pretrained: hf_clients_test.)
+#include "ptc/checkpoint/hf.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
+
+#include "fs/filesystem.h"
+#include "fs/hf_file.h"
+#include "ptc/base/json_fields.h"
+#include "ptc/checkpoint/hf_read.h"
+#include "ptc/model/schema.h"
+#include "test_util.h"
+
+namespace ptc::hf {
+namespace {
+
+using ::ptc::testing::Contains;
+using ::ptc::testing::Ptcfs;
+using ::ptc::testing::Sh;
+using ::ptc::testing::Slurp;
+using ::ptc::testing::Spit;
+using ::ptc::testing::TempDir;
+
+ModelSpec Spec(const std::string& schema, const std::string& dims, DType dtype = DType::kBF16) {
+  ModelSpec spec;
+  spec.schema = *LoadSchema(schema);
+  spec.dims = *ParseDims(dims);
+  spec.dtype = dtype;
+  return spec;
+}
+
+const LocalTensor* Find(const Model& m, const std::string& name) {
+  for (const LocalTensor& t : m.tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+Box Rows(Index begin, Index end, Index cols) { return Box{{begin, 0}, {end, cols}}; }
+
+const std::string kLlamaDims = "layers=2,hidden=64,heads=8,kv_heads=2,vocab=96,seq=16,ffn=96";
+
+TEST(HfMap, LlamaCutsQkvPerQueryGroupAndFc1IntoGateAndUp) {
+  auto m = MapModel(Spec("llama", kLlamaDims));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->arch, Arch::kLlama);
+  EXPECT_FALSE(m->tied);
+  // HF's state_dict order: embedding, each layer's attention, MLP and norms, final norm, head.
+  std::vector<std::string> names;
+  for (const LocalTensor& t : m->tensors) names.push_back(t.name);
+  ASSERT_EQ(names.size(), 1 + 2 * 9 + 2u);
+  EXPECT_EQ(names.front(), "model.embed_tokens.weight");
+  EXPECT_EQ(names[1], "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(names[9], "model.layers.0.post_attention_layernorm.weight");
+  EXPECT_EQ(names[10], "model.layers.1.self_attn.q_proj.weight");
+  EXPECT_EQ(names.back(), "lm_head.weight");
+  // heads=8, kv_heads=2, head_dim=8: each group of linear_qkv is [4 q heads; k; v] = 48 rows.
+  const std::string qkv = "decoder.layers.1.self_attention.linear_qkv.weight";
+  const LocalTensor* q = Find(*m, "model.layers.1.self_attn.q_proj.weight");
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->shape, (Shape{64, 64}));
+  ASSERT_EQ(q->segments.size(), 2u);
+  EXPECT_EQ(q->segments[0].tensor, qkv);
+  EXPECT_EQ(q->segments[0].box, Rows(0, 32, 64));
+  EXPECT_EQ(q->segments[1].box, Rows(48, 80, 64));
+  EXPECT_EQ(q->segments[1].layout, DenseLayout(Rows(48, 80, 64), 32 * 64));  // right after group 0's
+  const LocalTensor* k = Find(*m, "model.layers.1.self_attn.k_proj.weight");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->shape, (Shape{16, 64}));
+  EXPECT_EQ(k->segments[0].box, Rows(32, 40, 64));
+  EXPECT_EQ(k->segments[1].box, Rows(80, 88, 64));
+  const LocalTensor* v = Find(*m, "model.layers.1.self_attn.v_proj.weight");
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->segments[0].box, Rows(40, 48, 64));
+  EXPECT_EQ(v->segments[1].box, Rows(88, 96, 64));
+  const LocalTensor* gate = Find(*m, "model.layers.0.mlp.gate_proj.weight");
+  const LocalTensor* up = Find(*m, "model.layers.0.mlp.up_proj.weight");
+  ASSERT_TRUE(gate != nullptr && up != nullptr);
+  EXPECT_EQ(gate->segments, (std::vector<Segment>{{"decoder.layers.0.mlp.linear_fc1.weight", Rows(0, 96, 64),
+                                                   DenseLayout(Rows(0, 96, 64))}}));
+  EXPECT_EQ(up->segments[0].box, Rows(96, 192, 64));
+  EXPECT_EQ(up->segments[0].layout.offset, 0);
+  EXPECT_EQ(up->dtype, DType::kBF16);
+  // Every element of every global tensor lands in exactly one HF tensor.
+  std::map<std::string, Index> covered;
+  for (const LocalTensor& t : m->tensors) {
+    for (const Segment& s : t.segments) covered[s.tensor] += s.box.volume();
+  }
+  const auto globals = GlobalTensors(Spec("llama", kLlamaDims));
+  ASSERT_TRUE(globals.ok());
+  for (const GlobalTensor& g : *globals) {
+    EXPECT_EQ(covered[g.name], NumElements(g.shape)) << g.name;
+  }
+}
+
+TEST(HfMap, TiedHeadsHaveNoLmHeadAndMegatronGptIsGptBigCode) {
+  auto config = ModelOfConfig({{"model_type", "llama"},
+                               {"num_hidden_layers", 2},
+                               {"hidden_size", 64},
+                               {"num_attention_heads", 8},
+                               {"num_key_value_heads", 2},
+                               {"intermediate_size", 96},
+                               {"vocab_size", 96},
+                               {"tie_word_embeddings", true}},
+                              "config.json");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->dims.seq, 2048);  // LlamaConfig's default max_position_embeddings
+  EXPECT_EQ(config->dims.head_dim, 8);
+  ModelSpec spec{config->schema, config->dims, DType::kF32, false};
+  auto m = MapModel(spec);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_TRUE(m->tied);
+  EXPECT_EQ(Find(*m, "lm_head.weight"), nullptr);
+
+  auto gpt = MapModel(Spec("megatron-gpt", "layers=2,hidden=32,heads=4,vocab=64,seq=16", DType::kF32));
+  ASSERT_TRUE(gpt.ok()) << gpt.status().ToString();
+  EXPECT_EQ(gpt->arch, Arch::kGptBigCode);
+  EXPECT_TRUE(gpt->tied);  // word_embeddings_for_head is tied to the embedding
+  EXPECT_EQ(gpt->tensors.size(), 2 + 2 * 12 + 2u);
+  const LocalTensor* c_attn = Find(*gpt, "transformer.h.1.attn.c_attn.weight");
+  ASSERT_NE(c_attn, nullptr);  // q/k/v per head in both: the whole tensor
+  EXPECT_EQ(c_attn->segments.size(), 1u);
+  EXPECT_EQ(c_attn->segments[0].tensor, "language_model.encoder.layers.1.self_attention.query_key_value.weight");
+  auto plan = PlanExport(Spec("megatron-gpt", "layers=2,hidden=32,heads=4,vocab=64,seq=16"), kDefaultShardBytes);
+  ASSERT_TRUE(plan.ok());
+  const nlohmann::json c = nlohmann::json::parse(plan->config_json);
+  EXPECT_EQ(c["architectures"], nlohmann::json::array({"GPTBigCodeForCausalLM"}));
+  EXPECT_EQ(c["multi_query"], false);
+  EXPECT_EQ(c["n_inner"], 128);
+  EXPECT_EQ(c["torch_dtype"], "bfloat16");
+}
+
+TEST(HfMap, RefusalsNameTheRule) {
+  auto refused = [](const ModelSpec& spec, const std::string& part) {
+    auto m = MapModel(spec);
+    ASSERT_FALSE(m.ok()) << part;
+    EXPECT_EQ(m.status().code(), Code::kInvalidArgument);
+    EXPECT_TRUE(Contains(m.status().message(), part)) << m.status().ToString();
+  };
+  ModelSpec spec = Spec("llama", kLlamaDims);
+  // A rule HF's Llama has no tensor for (Qwen's q/k norms, say).
+  TensorRule extra = spec.schema.rules[2];
+  extra.name = "decoder.layers.{i}.self_attention.q_layernorm.weight";
+  spec.schema.rules.push_back(extra);
+  refused(spec, "rule 'decoder.layers.{i}.self_attention.q_layernorm.weight' has no tensor in LlamaForCausalLM");
+  // A rule it needs, missing.
+  spec = Spec("llama", kLlamaDims);
+  std::erase_if(spec.schema.rules, [](const TensorRule& r) { return r.name == "decoder.final_layernorm.weight"; });
+  refused(spec, "needs rule 'decoder.final_layernorm.weight'");
+  // A schema of other names.
+  spec = Spec("llama", kLlamaDims);
+  spec.schema.name = "mine";
+  spec.schema.rules = {spec.schema.rules[0]};
+  spec.schema.rules[0].name = "wte";
+  refused(spec, "schema mine: Hugging Face has no architecture");
+  // GPTBigCode has a key and value per head.
+  refused(Spec("megatron-gpt", "layers=2,hidden=32,heads=4,kv_heads=2,vocab=64,seq=16"),
+          "GPTBigCodeForCausalLM has kv_heads = heads");
+  // A shape the config does not give (a schema of its own with a narrower output layer).
+  spec = Spec("llama", kLlamaDims);
+  for (TensorRule& r : spec.schema.rules) {
+    if (r.name == "output_layer.weight") r.shape = {"vocab/2", "hidden"};
+  }
+  refused(spec, "gives lm_head.weight [48, 64], but the config's lm_head.weight is [96, 64]");
+}
+
+TEST(HfShards, CutInOrderAtTheSizeAsSavePretrainedNamesThem) {
+  auto t = [](const std::string& name, Index n) { return LocalTensor{name, DType::kF32, {n}, {}}; };
+  // 400, 400, 1200 (over the size: alone), 100 bytes; at most 1000 a shard.
+  auto shards = CutShards({t("a", 100), t("b", 100), t("c", 300), t("d", 25)}, 1000);
+  ASSERT_EQ(shards.size(), 3u);
+  EXPECT_EQ(shards[0].file, "model-00001-of-00003.safetensors");
+  EXPECT_EQ(shards[0].tensors, (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(shards[0].bytes, 800u);
+  EXPECT_EQ(shards[1].tensors, (std::vector<size_t>{2}));
+  EXPECT_EQ(shards[2].file, "model-00003-of-00003.safetensors");
+  EXPECT_EQ(shards[2].tensors, (std::vector<size_t>{3}));
+  shards = CutShards({t("a", 100), t("b", 100)}, 1000);
+  ASSERT_EQ(shards.size(), 1u);
+  EXPECT_EQ(shards[0].file, "model.safetensors");
+
+  EXPECT_EQ(*ParseShardSize("5GB"), 5'000'000'000u);
+  EXPECT_EQ(*ParseShardSize("2GiB"), 2ull << 30);
+  EXPECT_EQ(*ParseShardSize("100KB"), 100'000u);
+  EXPECT_EQ(*ParseShardSize("4096"), 4096u);
+  for (const char* bad : {"", "GB", "5XB", "0", "-5GB", "99999999999999999999"}) {
+    EXPECT_FALSE(ParseShardSize(bad).ok()) << bad;
+  }
+
+  auto plan = PlanExport(Spec("llama", kLlamaDims), 40'000);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_GT(plan->shards.size(), 1u);
+  const nlohmann::json index = nlohmann::json::parse(plan->index_json);
+  uint64_t total = 0;
+  for (const LocalTensor& l : plan->model.tensors) total += NumElements(l.shape) * DTypeSize(l.dtype);
+  EXPECT_EQ(index["metadata"]["total_size"], total);
+  EXPECT_EQ(index["weight_map"].size(), plan->model.tensors.size());
+  EXPECT_EQ(index["weight_map"]["model.layers.1.mlp.up_proj.weight"], plan->shards.back().file);
+  const nlohmann::json c = nlohmann::json::parse(plan->config_json);
+  EXPECT_EQ(c["num_key_value_heads"], 2);
+  EXPECT_EQ(c["intermediate_size"], 96);
+  EXPECT_EQ(c["rms_norm_eps"], 1e-5);  // Megatron-Core's default
+  EXPECT_EQ(c["tie_word_embeddings"], false);
+  // A config carried from an import keeps its other fields; the model's sizes win.
+  auto kept = PlanExport(Spec("llama", kLlamaDims), 40'000,
+                         {{"rope_theta", 500000.0}, {"hidden_size", 1}, {"bos_token_id", 7}});
+  ASSERT_TRUE(kept.ok());
+  const nlohmann::json k = nlohmann::json::parse(kept->config_json);
+  EXPECT_EQ(k["rope_theta"], 500000.0);
+  EXPECT_EQ(k["bos_token_id"], 7);
+  EXPECT_EQ(k["hidden_size"], 64);
+  EXPECT_FALSE(k.contains("rms_norm_eps"));
+}
+
+TEST(HfConfig, RefusesWhatTheMappingCannotCarry) {
+  const nlohmann::json llama = {{"model_type", "llama"},    {"num_hidden_layers", 2},  {"hidden_size", 64},
+                                {"num_attention_heads", 8}, {"intermediate_size", 96}, {"vocab_size", 96}};
+  auto refused = [](nlohmann::json c, const std::string& part) {
+    auto m = ModelOfConfig(c, "dir/config.json");
+    ASSERT_FALSE(m.ok()) << part;
+    EXPECT_TRUE(Contains(m.status().message(), "dir/config.json")) << m.status().ToString();
+    EXPECT_TRUE(Contains(m.status().message(), part)) << m.status().ToString();
+  };
+  ASSERT_TRUE(ModelOfConfig(llama, "c").ok());
+  auto with = [&](const char* key, nlohmann::json v) {
+    nlohmann::json c = llama;
+    c[key] = std::move(v);
+    return c;
+  };
+  refused(with("model_type", "mistral"), "model_type 'mistral' is not one ptcfs maps");
+  refused(with("attention_bias", true), "\"attention_bias\" is true");
+  refused(with("hidden_act", "gelu"), "\"hidden_act\" is \"gelu\"");
+  refused(with("num_hidden_layers", 0), "\"num_hidden_layers\" must be a positive integer");
+  refused(with("num_key_value_heads", 3), "kv_heads");
+  nlohmann::json c = llama;
+  c.erase("vocab_size");
+  refused(c, "\"vocab_size\" is missing");
+  refused({{"model_type", "gpt_bigcode"},
+           {"n_layer", 2},
+           {"n_embd", 32},
+           {"n_head", 4},
+           {"vocab_size", 64},
+           {"n_positions", 16}},
+          "\"multi_query\" is true");
+}
+
+// An exported model on disk, to import or to damage.
+class HfFilesTest : public ::testing::Test {
+ protected:
+  const std::string kDims = "--schema llama --dims layers=2,hidden=32,heads=4,kv_heads=2,vocab=64,seq=16,ffn=48";
+  void Run(const std::string& args) {
+    auto [code, out] = Ptcfs(args);
+    ASSERT_EQ(code, 0) << args << "\n" << out;
+  }
+  void SetUp() override {
+    Run("synth " + kDims + " --dtype bf16 --optimizer adam --config tp=2,pp=2 " + tmp_ / "saved");
+    Run("import " + kDims + " --config tp=2,pp=2 " + tmp_ / "saved " + tmp_ / "store");
+    Run("export --format hf --shard-size 10KB " + tmp_ / "store " + tmp_ / "hf");
+  }
+  // `ptcfs import --format hf` of `dir` fails naming every part; no store is made.
+  void Refused(const std::string& dir, const std::vector<std::string>& parts) {
+    auto [code, out] = Ptcfs("import --format hf " + dir + " " + tmp_ / "new");
+    EXPECT_NE(code, 0) << out;
+    for (const std::string& part : parts) EXPECT_TRUE(Contains(out, part)) << part << " not in: " << out;
+    EXPECT_FALSE(std::filesystem::exists(tmp_ / "new")) << out;
+  }
+  TempDir tmp_;
+};
+
+TEST_F(HfFilesTest, AnExportImportsBackBitForBitInAnyConfig) {
+  const nlohmann::json index = nlohmann::json::parse(Slurp(tmp_ / "hf/model.safetensors.index.json"));
+  std::set<std::string> files;
+  for (const auto& [name, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+  EXPECT_GT(files.size(), 2u);
+  for (const std::string& f : files) EXPECT_TRUE(std::filesystem::exists(tmp_ / ("hf/" + f))) << f;
+  // Into a store in tp=2 (each HF tensor one piece), then out in tp=1,pp=2 and compared with synth's.
+  Run("import --format hf --config tp=2 " + tmp_ / "hf " + tmp_ / "back");
+  Run("export --config tp=1,pp=2 " + tmp_ / "back " + tmp_ / "got");
+  Run("synth " + kDims + " --dtype bf16 --config tp=1,pp=2 " + tmp_ / "want");
+  for (const char* rank : {"rank-00000", "rank-00001"}) {
+    auto [code, out] =
+        Sh("cmp " + tmp_ / "got/" + rank + "/model.safetensors " + tmp_ / "want/" + rank + "/model.safetensors 2>&1");
+    EXPECT_EQ(code, 0) << rank << ": " << out;
+  }
+  EXPECT_FALSE(std::filesystem::exists(tmp_ / "got/rank-00000/optim.safetensors"));  // not carried
+  // Exported again, the same files (the config carried from the import).
+  Run("export --format hf --shard-size 10KB " + tmp_ / "back " + tmp_ / "again");
+  for (const auto& e : std::filesystem::directory_iterator(tmp_ / "hf")) {
+    const std::string name = e.path().filename().string();
+    EXPECT_EQ(Slurp(e.path()), Slurp(tmp_ / ("again/" + name))) << name;
+  }
+  // Options that do not apply are refused.
+  auto [code, out] = Ptcfs("export --format hf --config tp=2 " + tmp_ / "store " + tmp_ / "x");
+  EXPECT_NE(code, 0);
+  EXPECT_TRUE(Contains(out, "--config")) << out;
+  std::tie(code, out) = Ptcfs("import --format hf " + kDims + " " + tmp_ / "hf " + tmp_ / "y");
+  EXPECT_NE(code, 0);
+  EXPECT_TRUE(Contains(out, "config.json gives its schema and dims")) << out;
+}
+
+TEST_F(HfFilesTest, DamagedModelsAreRefusedNamingTheFileAndTensor) {
+  const std::string index = Slurp(tmp_ / "hf/model.safetensors.index.json");
+  auto copy = [&](const std::string& name) {
+    const std::string dir = tmp_ / name;
+    EXPECT_EQ(Sh("cp -r " + tmp_ / "hf " + dir).first, 0);
+    return dir;
+  };
+  // A missing shard.
+  std::string dir = copy("missing");
+  std::filesystem::remove(dir + "/model-00002-of-00005.safetensors");
+  Refused(dir, {"model-00002-of-00005.safetensors: missing", "puts"});
+  // The index naming a tensor twice.
+  dir = copy("twice");
+  std::string text = index;
+  const std::string entry = "\"model.norm.weight\": \"";
+  const size_t at = text.find(entry);
+  ASSERT_NE(at, std::string::npos);
+  text.insert(at, "\"model.norm.weight\": \"model-00001-of-00005.safetensors\",\n    ");
+  Spit(dir + "/model.safetensors.index.json", text);
+  Refused(dir, {"model.safetensors.index.json", "names \"model.norm.weight\" twice"});
+  // A shape that does not fit the config.
+  dir = copy("shape");
+  text = Slurp(dir + "/config.json");
+  const size_t ffn = text.find("\"intermediate_size\": 48");
+  ASSERT_NE(ffn, std::string::npos);
+  text.replace(ffn, 23, "\"intermediate_size\": 24");
+  Spit(dir + "/config.json", text);
+  Refused(dir, {"tensor model.layers.0.mlp.", "; config.json gives it ["});
+  // A tensor the model lacks: renamed in its shard's header and the index (same length).
+  dir = copy("unknown");
+  const nlohmann::json map = nlohmann::json::parse(index)["weight_map"];
+  const std::string shard = dir + "/" + map["model.norm.weight"].get<std::string>();
+  for (const std::string& file : {shard, dir + "/model.safetensors.index.json"}) {
+    text = Slurp(file);
+    const size_t n = text.find("model.norm.weight");
+    ASSERT_NE(n, std::string::npos) << file;
+    text.replace(n, 17, "model.nurm.weight");
+    Spit(file, text);
+  }
+  Refused(dir, {shard, "tensor model.nurm.weight: LlamaForCausalLM", "has no such tensor"});
+  // Nothing committed into an existing store either.
+  const auto before = ::ptc::testing::Snapshot(tmp_ / "store");
+  auto [code, out] = Ptcfs("import --format hf " + dir + " " + tmp_ / "store");
+  EXPECT_NE(code, 0) << out;
+  EXPECT_EQ(::ptc::testing::Snapshot(tmp_ / "store"), before);
+  // No model at all.
+  Refused(tmp_ / "saved", {"config.json"});
+}
+
+TEST_F(HfFilesTest, ShardFilesRenderWithoutAMount) {
+  // The shard files fs/hf_file.h renders are those export wrote (export reads them the same way).
+  auto store = Store::Open(Env::Default(), tmp_ / "store");
+  ASSERT_TRUE(store.ok());
+  auto generation = (*store)->CurrentSnapshot();
+  auto plan = ptcfs::PlanHf(*generation, 10'000);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  GenerationReader reader(**store, generation, /*verify=*/true);
+  for (size_t i = 0; i < plan->shards.size(); ++i) {
+    auto file = ptcfs::MakeHfShardFile(reader, *plan, i, 0);
+    ASSERT_TRUE(file.ok());
+    EXPECT_EQ((*file)->size(), *ptcfs::HfShardFileSize(*plan, i));
+    std::string bytes((*file)->size(), '\0');
+    auto n = (*file)->Read(0, bytes.size(), bytes.data(),
+                           [](const ShardRecord&, uint64_t, uint64_t) { return Status::OK(); });
+    ASSERT_TRUE(n.ok());
+    EXPECT_EQ(bytes, Slurp(tmp_ / ("hf/" + plan->shards[i].file))) << plan->shards[i].file;
+  }
+  EXPECT_EQ(plan->config_json, Slurp(tmp_ / "hf/config.json"));
+}
+
+TEST_F(HfFilesTest, TheFilesystemShowsHfAndSaysWhenASchemaHasNone) {
+  ptcfs::MountOptions options;
+  options.store = tmp_ / "store";
+  options.hf = true;
+  options.hf_shard_bytes = 10'000;
+  auto fs = ptcfs::Filesystem::Create(options);
+  ASSERT_TRUE(fs.ok()) << fs.status().ToString();
+  auto hf = (*fs)->Lookup(ptcfs::kRootInode, "hf");
+  ASSERT_TRUE(hf.ok()) << hf.status().ToString();
+  auto entries = (*fs)->ReadDir(hf->ino);
+  ASSERT_TRUE(entries.ok());
+  size_t files = 0;
+  for (const ptcfs::DirEntry& e : *entries) {
+    auto entry = (*fs)->Lookup(hf->ino, e.name);
+    ASSERT_TRUE(entry.ok()) << e.name;
+    const std::string want = Slurp(tmp_ / ("hf/" + e.name));  // export's
+    EXPECT_EQ(static_cast<size_t>(entry->attr.st_size), want.size()) << e.name;
+    auto open = (*fs)->Open(entry->ino, O_RDONLY);
+    ASSERT_TRUE(open.ok()) << e.name << ": " << open.status().ToString();
+    std::string got;
+    while (got.size() < want.size()) {
+      auto read = (*fs)->Read(open->fh, got.size(), 4096);
+      ASSERT_TRUE(read.ok()) << e.name;
+      if (read->fd_range.fd >= 0) {  // inside one stored piece: spliced from the shard file
+        std::string part(read->fd_length, '\0');
+        ASSERT_EQ(pread(read->fd_range.fd, part.data(), part.size(), static_cast<off_t>(read->fd_range.position)),
+                  static_cast<ssize_t>(part.size()));
+        got += part;
+        continue;
+      }
+      if (read->bytes.empty()) break;
+      got.append(read->bytes.data(), read->bytes.size());
+    }
+    (*fs)->Release(open->fh);
+    EXPECT_EQ(got, want) << e.name;
+    ++files;
+  }
+  EXPECT_EQ(files, std::distance(std::filesystem::directory_iterator(tmp_ / "hf"), {}));
+
+  // A schema with a rule HF's Llama has no tensor for: no hf/, and the status says why.
+  nlohmann::json schema = LoadSchema("llama")->ToJson();
+  schema["name"] = "llama-qk-norm";
+  schema["tensors"].push_back(
+      {{"name", "decoder.layers.{i}.self_attention.q_layernorm.weight"}, {"shape", {"head_dim"}}, {"pp", "layer"}});
+  Spit(tmp_ / "schema.json", schema.dump());
+  const std::string model = "--schema " + tmp_ / "schema.json" + " --dims layers=2,hidden=32,heads=4,vocab=64,seq=16";
+  Run("synth " + model + " --config tp=1 " + tmp_ / "qk");
+  Run("import " + model + " --config tp=1 " + tmp_ / "qk " + tmp_ / "qk-store");
+  options.store = tmp_ / "qk-store";
+  auto other = ptcfs::Filesystem::Create(options);
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  EXPECT_FALSE((*other)->Lookup(ptcfs::kRootInode, "hf").ok());
+  const nlohmann::json status = nlohmann::json::parse((*other)->controller().StatusJson((*other)->snapshot()));
+  EXPECT_TRUE(Contains(status["last_error"].get<std::string>(),
+                       "hf/: schema llama-qk-norm: rule 'decoder.layers.{i}.self_attention.q_layernorm.weight' has "
+                       "no tensor in LlamaForCausalLM"))
+      << status.dump();
+  EXPECT_TRUE((*other)->Lookup(ptcfs::kRootInode, "model").ok());
+}
+
+}  // namespace
+}  // namespace ptc::hf
