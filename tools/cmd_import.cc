@@ -58,7 +58,7 @@ ptc::Status RunImport(const ImportArgs& a) {
   };
   if (a.format == "hf") {
     PTC_ASSIGN_OR_RETURN(source.config, ptc::ParseConfig(a.config.empty() ? "tp=1" : a.config));
-    import = [&](const ptc::ProgressFn& p) { return ptc::hf::ImportHf(env, a.src, a.store, source.config, p); };
+    run_import = [&](const ptc::ProgressFn& p) { return ptc::hf::ImportHf(env, a.src, a.store, source.config, p); };
   } else if (a.format == "dcp") {
     // The chunks become the stored pieces, in --config (default tp=1,pp=1,dp=1: the mount
     // serves any layout from them and compacts in the background).
@@ -67,23 +67,21 @@ ptc::Status RunImport(const ImportArgs& a) {
     run_import = [&](const ptc::ProgressFn& p) {
       return ptc::dcp::ImportDcp(env, a.src, a.store, schema, dims, source.config, p);
     };
-}
-else if (a.format == "megatron") {
-  PTC_ASSIGN_OR_RETURN(source, MegatronSource(env, a, std::move(schema), std::move(dims)));
-}
-else {
-  if (a.config.empty()) return ptc::InvalidArgumentError("--config is required for --format " + a.format);
-  if (a.iteration) return ptc::InvalidArgumentError("--iteration applies to --format megatron only");
-  PTC_ASSIGN_OR_RETURN(source.config, ptc::ParseConfig(a.config));
-  PTC_ASSIGN_OR_RETURN(source.spec, ptc::InferModelSpec(env, a.src, schema, dims));
-  source.open_rank = [env, src = a.src](const ptc::RankView& view) {
-    return ptc::RankCheckpoint::Open(env, src, view);
-  };
-  source.rank_file = [src = a.src](int rank) { return ptc::ModelFilePath(src, rank); };
-}
-uint64_t total = 0;  // unknown for dcp (source.spec is empty)
-if (auto layout = ptc::ModelLayout::Make(source.spec, source.config); layout.ok()) {
-  if (auto bytes = ptc::CheckpointBytes(*layout); bytes.ok()) total = *bytes;
+  } else if (a.format == "megatron") {
+    PTC_ASSIGN_OR_RETURN(source, MegatronSource(env, a, std::move(schema), std::move(dims)));
+  } else {
+    if (a.config.empty()) return ptc::InvalidArgumentError("--config is required for --format " + a.format);
+    if (a.iteration) return ptc::InvalidArgumentError("--iteration applies to --format megatron only");
+    PTC_ASSIGN_OR_RETURN(source.config, ptc::ParseConfig(a.config));
+    PTC_ASSIGN_OR_RETURN(source.spec, ptc::InferModelSpec(env, a.src, schema, dims));
+    source.open_rank = [env, src = a.src](const ptc::RankView& view) {
+      return ptc::RankCheckpoint::Open(env, src, view);
+    };
+    source.rank_file = [src = a.src](int rank) { return ptc::ModelFilePath(src, rank); };
+  }
+  uint64_t total = 0;  // unknown for dcp and hf (source.spec is empty)
+  if (auto layout = ptc::ModelLayout::Make(source.spec, source.config); layout.ok()) {
+    if (auto bytes = ptc::CheckpointBytes(*layout); bytes.ok()) total = *bytes;
   }
   // The writer lock before ImportFrom reads the root manifest (STORE is created when missing).
   const bool dir_existed = env->Exists(a.store);
