@@ -8,8 +8,6 @@
 namespace ptcfs {
 namespace {
 
-constexpr size_t kCopyBytes = 1 << 20;
-
 // The chunk as a local tensor: its box of the global tensor, densely (in the
 // key's shape: a stacked key's chunk has a leading 1).
 ptc::LocalTensor ChunkTensor(const ptc::dcp::Tensor& t, const ptc::Box& box) {
@@ -65,23 +63,11 @@ ptc::Status ExportDcp(ptc::Env* env, const ptc::Store& store, std::shared_ptr<co
   PTC_ASSIGN_OR_RETURN(ptc::dcp::Plan plan, ptc::dcp::PlanCheckpoint(*generation, keys));
   ptc::GenerationReader reader(store, generation, /*verify=*/true);
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<ptc::OutputDir> out, env->OpenOutputDir(out_dir));
-  std::vector<char> buf(kCopyBytes);
   for (size_t i = 0; i < plan.files.size(); ++i) {
     const std::string path = ptc::JoinPath(out->path(), plan.files[i].name);
     PTC_ASSIGN_OR_RETURN(std::unique_ptr<VirtualFile> file, MakeDcpFile(reader, plan, i, -1));
     PTC_ASSIGN_OR_RETURN(auto dst, out->NewWritableFile(plan.files[i].name));
-    for (uint64_t off = 0; off < file->size();) {
-      PTC_ASSIGN_OR_RETURN(size_t n,
-                           file->Read(off, buf.size(), buf.data(),
-                                      [](const ptc::ShardRecord&, uint64_t, uint64_t) {
-                                        return ptc::Status::OK();  // the reader verifies each shard
-                                      }),
-                           path);
-      if (n == 0) return ptc::InternalError(path + ": short read");
-      PTC_RETURN_IF_ERROR(dst->Append(buf.data(), n), path);
-      if (progress) progress(n);
-      off += n;
-    }
+    PTC_RETURN_IF_ERROR(WriteVirtualFile(*file, *dst, path, progress));
     PTC_RETURN_IF_ERROR(dst->Close(), path);
   }
   // .metadata last: a directory without it is no checkpoint.

@@ -8,8 +8,6 @@
 namespace ptcfs {
 namespace {
 
-constexpr size_t kCopyBytes = 1 << 20;
-
 std::vector<ptc::LocalTensor> ShardTensors(const ptc::hf::Plan& plan, size_t shard) {
   std::vector<ptc::LocalTensor> out;
   for (size_t t : plan.shards[shard].tensors) out.push_back(plan.model.tensors[t]);
@@ -45,24 +43,12 @@ ptc::Status ExportHf(ptc::Env* env, const ptc::Store& store, std::shared_ptr<con
   PTC_ASSIGN_OR_RETURN(ptc::hf::Plan plan, PlanHf(*generation, max_shard_bytes));
   ptc::GenerationReader reader(store, generation, /*verify=*/true);
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<ptc::OutputDir> out, env->OpenOutputDir(out_dir));
-  std::vector<char> buf(kCopyBytes);
   for (size_t i = 0; i < plan.shards.size(); ++i) {
     const std::string& name = plan.shards[i].file;
     const std::string path = ptc::JoinPath(out->path(), name);
     PTC_ASSIGN_OR_RETURN(std::unique_ptr<VirtualFile> file, MakeHfShardFile(reader, plan, i, -1), path);
     PTC_ASSIGN_OR_RETURN(auto dst, out->NewWritableFile(name));
-    for (uint64_t off = 0; off < file->size();) {
-      PTC_ASSIGN_OR_RETURN(size_t n,
-                           file->Read(off, buf.size(), buf.data(),
-                                      [](const ptc::ShardRecord&, uint64_t, uint64_t) {
-                                        return ptc::Status::OK();  // the reader verifies each shard
-                                      }),
-                           path);
-      if (n == 0) return ptc::InternalError(path + ": short read");
-      PTC_RETURN_IF_ERROR(dst->Append(buf.data(), n), path);
-      if (progress) progress(n);
-      off += n;
-    }
+    PTC_RETURN_IF_ERROR(WriteVirtualFile(*file, *dst, path, progress));
     PTC_RETURN_IF_ERROR(dst->Close(), path);
   }
   // config.json and the index last: a directory without them is no model.

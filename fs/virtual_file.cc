@@ -318,4 +318,18 @@ ptc::Result<std::unique_ptr<VirtualFile>> MakeNpyFile(const ptc::GenerationReade
   return std::make_unique<VirtualFile>(std::move(header), std::move(extents), size, std::move(parts));
 }
 
+ptc::Status WriteVirtualFile(const VirtualFile& file, ptc::WritableFile& out, const std::string& path,
+                             const std::function<void(uint64_t)>& progress) {
+  std::vector<char> buf(1 << 20);
+  const ShardCheck verified_when_opened = [](const ptc::ShardRecord&, uint64_t, uint64_t) { return ptc::Status::OK(); };
+  for (uint64_t off = 0; off < file.size();) {
+    PTC_ASSIGN_OR_RETURN(size_t n, file.Read(off, buf.size(), buf.data(), verified_when_opened), path);
+    if (n == 0) return ptc::InternalError(path + ": short read");
+    PTC_RETURN_IF_ERROR(out.Append(buf.data(), n), path);
+    if (progress) progress(n);
+    off += n;
+  }
+  return ptc::Status::OK();
+}
+
 }  // namespace ptcfs

@@ -112,6 +112,13 @@ class VirtualFile {
   std::vector<std::unique_ptr<Part>> parts_;
 };
 
+// Writes the whole of `file` into `out` (named `path` in errors), calling
+// `progress` with each block's bytes. Shard ranges are not checked here:
+// for a GenerationReader that verifies, each shard was checked when opened.
+// \error as VirtualFile::Read and WritableFile::Append, naming `path`.
+ptc::Status WriteVirtualFile(const VirtualFile& file, ptc::WritableFile& out, const std::string& path,
+                             const std::function<void(uint64_t)>& progress);
+
 // The bytes a local tensor occupies in the virtual file, mapped onto shards.
 // Appends extents for `tensor` placed at virtual offset `base`.
 // \error as GenerationReader::Cover / File (Corruption for a shard whose checksum fails).

@@ -17,36 +17,6 @@ using pickle::Value;
 
 constexpr const char* kMetadataModule = "torch.distributed.checkpoint.metadata";
 
-std::string_view TorchDTypeName(DType t) {
-  switch (t) {
-    case DType::kF64:
-      return "float64";
-    case DType::kF32:
-      return "float32";
-    case DType::kF16:
-      return "float16";
-    case DType::kBF16:
-      return "bfloat16";
-    case DType::kI64:
-      return "int64";
-    case DType::kI32:
-      return "int32";
-    case DType::kI16:
-      return "int16";
-    case DType::kI8:
-      return "int8";
-    case DType::kU8:
-      return "uint8";
-    case DType::kBool:
-      return "bool";
-    case DType::kF8E4M3:
-      return "float8_e4m3fn";
-    case DType::kF8E5M2:
-      return "float8_e5m2";
-  }
-  return "uint8";
-}
-
 // A tensor of `m` that is optimizer state of a parameter of `m`: P and the kind.
 std::optional<std::pair<std::string, std::string>> OptimizerStateOf(const std::string& name,
                                                                     const std::set<std::string>& names) {
@@ -103,7 +73,7 @@ Result<std::string> TorchBytes(const Value& root, const std::string& archive) {
 // memory format (an enum member), pin_memory, strides.
 Value Properties(DType dtype, const Shape& shape) {
   pickle::Items state;
-  state.push_back(Value::FromGlobal({"torch", std::string(TorchDTypeName(dtype))}));
+  state.push_back(Value::FromGlobal({"torch", std::string(pickle::TorchDTypeName(dtype))}));
   state.push_back(Call("torch.serialization", "_get_layout", {Value::Str("torch.strided")}));
   state.push_back(Value::Bool(false));
   state.push_back(

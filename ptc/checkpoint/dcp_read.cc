@@ -367,16 +367,8 @@ Result<ImportResult> WriteDcp(Store* store, const DcpSource& source, nlohmann::j
   const int worker = source.layout.config().WorkerOf(0);
   std::vector<char> buf(kCopyBytes);
   for (const DcpSource::Chunk& c : source.chunks) {
-    PTC_ASSIGN_OR_RETURN(auto sink, writer->NewShard(c.tensor, c.dtype, {c.box}, worker));
-    for (uint64_t done = 0; done < c.size;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), c.size - done));
-      PTC_RETURN_IF_ERROR(source.files[c.file]->Read(c.offset + done, n, buf.data()));
-      PTC_RETURN_IF_ERROR(sink->Append(buf.data(), n));
-      done += n;
-      if (progress) progress(n);
-    }
-    PTC_ASSIGN_OR_RETURN(ShardRecord record, sink->Finish());
-    writer->AddShard(std::move(record));
+    PTC_RETURN_IF_ERROR(WritePiece(*writer, c.tensor, c.dtype, {c.box}, worker, *source.files[c.file], c.offset, c.size,
+                                   buf, progress, "tensor " + c.tensor));
     ++result.shards;
     result.bytes_stored += c.size;
     result.bytes_read += c.size;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "ptc/base/json_fields.h"
+#include "ptc/format/pickle.h"
 
 namespace ptc::hf {
 namespace {
@@ -231,25 +232,6 @@ Result<LocalTensor> CutTensor(const std::string& name, const GlobalTensor& g, Cu
 
 std::string Quote(const std::string& s) { return "'" + s + "'"; }
 
-std::string TorchDTypeName(DType t) {
-  switch (t) {
-    case DType::kF64:
-      return "float64";
-    case DType::kF32:
-      return "float32";
-    case DType::kF16:
-      return "float16";
-    case DType::kBF16:
-      return "bfloat16";
-    case DType::kF8E4M3:
-      return "float8_e4m3fn";
-    case DType::kF8E5M2:
-      return "float8_e5m2";
-    default:
-      return std::string(DTypeName(t));
-  }
-}
-
 std::string ShardName(size_t i, size_t n) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
@@ -266,7 +248,7 @@ nlohmann::json ConfigOf(const Model& model, const ModelSpec& spec, const nlohman
   c["model_type"] = info.model_type;
   c["tie_word_embeddings"] = model.tied;
   // transformers 5 writes "dtype", earlier ones (and 5, reading) "torch_dtype".
-  c[c.contains("dtype") ? "dtype" : "torch_dtype"] = TorchDTypeName(spec.dtype);
+  c[c.contains("dtype") ? "dtype" : "torch_dtype"] = std::string(pickle::TorchDTypeName(spec.dtype));
   if (model.arch == Arch::kLlama) {
     if (!kept.is_object()) {  // Megatron-Core's defaults (TransformerConfig)
       c["rms_norm_eps"] = 1e-5;

@@ -178,17 +178,8 @@ Result<ImportResult> WriteHf(Store* store, const HfSource& source, nlohmann::jso
   const int worker = source.layout.config().WorkerOf(0);
   std::vector<char> buf(kCopyBytes);
   for (const HfSource::Piece& p : source.pieces) {
-    PTC_ASSIGN_OR_RETURN(auto sink, writer->NewShard(p.tensor, p.dtype, p.boxes, worker));
-    for (uint64_t done = 0; done < p.size;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), p.size - done));
-      PTC_RETURN_IF_ERROR(source.files[p.file]->Read(p.offset + done, n, buf.data()),
-                          "tensor " + p.name + " of " + source.file_names[p.file]);
-      PTC_RETURN_IF_ERROR(sink->Append(buf.data(), n));
-      done += n;
-      if (progress) progress(n);
-    }
-    PTC_ASSIGN_OR_RETURN(ShardRecord record, sink->Finish());
-    writer->AddShard(std::move(record));
+    PTC_RETURN_IF_ERROR(WritePiece(*writer, p.tensor, p.dtype, p.boxes, worker, *source.files[p.file], p.offset, p.size,
+                                   buf, progress, "tensor " + p.name + " of " + source.file_names[p.file]));
     ++result.shards;
     result.bytes_stored += p.size;
     result.bytes_read += p.size;

@@ -171,6 +171,22 @@ Result<ImportResult> ImportCheckpoint(Env* env, const std::string& src_dir, cons
   return ImportFrom(env, source, store_path, progress);
 }
 
+Status WritePiece(GenerationWriter& writer, const std::string& tensor, DType dtype, std::vector<Box> boxes, int worker,
+                  const RandomAccessFile& file, uint64_t offset, uint64_t size, std::vector<char>& buf,
+                  const ProgressFn& progress, const std::string& what) {
+  PTC_ASSIGN_OR_RETURN(auto sink, writer.NewShard(tensor, dtype, std::move(boxes), worker));
+  for (uint64_t done = 0; done < size;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), size - done));
+    PTC_RETURN_IF_ERROR(file.Read(offset + done, n, buf.data()), what);
+    PTC_RETURN_IF_ERROR(sink->Append(buf.data(), n));
+    done += n;
+    if (progress) progress(n);
+  }
+  PTC_ASSIGN_OR_RETURN(ShardRecord record, sink->Finish());
+  writer.AddShard(std::move(record));
+  return Status::OK();
+}
+
 Result<ImportResult> ImportWith(Env* env, const std::string& store_path,
                                 const std::function<Result<ImportResult>(Store*)>& write) {
   std::unique_ptr<Store> store;

@@ -59,6 +59,15 @@ Result<ImportResult> ImportInto(Store* store, const CheckpointSource& source, co
 Result<ImportResult> WriteRanks(Env* env, GenerationWriter* writer, const CheckpointSource& source,
                                 const std::vector<int>& ranks, int worker, const ProgressFn& progress = {});
 
+// Copies bytes [offset, offset + size) of `file`, the dense bytes of `boxes`
+// of `tensor`, into a new stored piece on `worker` and adds it to `writer`;
+// `buf` is the copy buffer, `progress` gets each block's bytes, read errors
+// are labelled `what`. For imports whose pieces lie whole in their files.
+// \error as GenerationWriter::NewShard, RandomAccessFile::Read and ShardSink.
+Status WritePiece(GenerationWriter& writer, const std::string& tensor, DType dtype, std::vector<Box> boxes, int worker,
+                  const RandomAccessFile& file, uint64_t offset, uint64_t size, std::vector<char>& buf,
+                  const ProgressFn& progress, const std::string& what);
+
 // Runs `write` on the store at `store_path`, created when absent (and removed
 // again, or emptied when its directory existed, when `write` fails).
 // \error as Store::Create / Store::Open, and `write`'s.

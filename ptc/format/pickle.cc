@@ -209,6 +209,36 @@ std::string_view StorageClassName(DType dtype) {
   return "ByteStorage";
 }
 
+std::string_view TorchDTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF64:
+      return "float64";
+    case DType::kF32:
+      return "float32";
+    case DType::kF16:
+      return "float16";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kI64:
+      return "int64";
+    case DType::kI32:
+      return "int32";
+    case DType::kI16:
+      return "int16";
+    case DType::kI8:
+      return "int8";
+    case DType::kU8:
+      return "uint8";
+    case DType::kBool:
+      return "bool";
+    case DType::kF8E4M3:
+      return "float8_e4m3fn";
+    case DType::kF8E5M2:
+      return "float8_e5m2";
+  }
+  return "uint8";
+}
+
 Result<DType> DTypeFromStorageClass(std::string_view name) {
   for (size_t i = 0; i < std::size(kStorageNames); ++i) {
     if (kStorageNames[i] == name) return kStorageDTypes[i];

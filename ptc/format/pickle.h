@@ -242,6 +242,8 @@ void ForEachTensor(Value& root, const std::function<void(const std::string& path
 
 // The torch storage class of a dtype ("FloatStorage") and back.
 std::string_view StorageClassName(DType dtype);
+// torch's name of a dtype ("bfloat16", "float8_e4m3fn"): torch.<name>.
+std::string_view TorchDTypeName(DType dtype);
 Result<DType> DTypeFromStorageClass(std::string_view name);
 
 struct UnpickleLimits {
