@@ -1,0 +1,28 @@
+// libFuzzer entry point for PyTorch DCP's .metadata (ptc::dcp::ParseMetadata):
+// it must never crash, and what it accepts must be consistent (every chunk
+// lies inside its tensor and names a plain file of the directory).
+// Build: cmake -DPTCFS_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ (tests/fuzz/CMakeLists.txt);
+// run:   ./dcp_fuzz -max_total_time=60 -max_len=65536 [corpus dir]
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "ptc/checkpoint/dcp_read.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  auto saved = ptc::dcp::ParseMetadata(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
+  if (!saved.ok()) return 0;
+  for (const ptc::dcp::SavedTensor& t : saved->tensors) {
+    for (const ptc::dcp::SavedChunk& c : t.chunks) {
+      if (c.box.rank() != t.shape.size()) __builtin_trap();
+      for (size_t d = 0; d < t.shape.size(); ++d) {
+        if (c.box.begin[d] < 0 || c.box.begin[d] > c.box.end[d] || c.box.end[d] > t.shape[d]) __builtin_trap();
+      }
+      if (c.file.empty() || c.file.find('/') != std::string::npos || c.file == "." || c.file == "..") {
+        __builtin_trap();
+      }
+    }
+  }
+  return 0;
+}
