@@ -240,6 +240,17 @@ class DcpImport : public ::testing::Test {
     EXPECT_NE(result.status().message().find(part), std::string::npos) << result.status().ToString();
     EXPECT_FALSE(std::filesystem::exists(tmp_ / "bad")) << part;
   }
+  // Every tensor of store_ reads back the same from `copy`.
+  void ExpectSameTensors(const Store& copy) {
+    GenerationReader a(*store_, store_->CurrentSnapshot(), true), b(copy, copy.CurrentSnapshot(), true);
+    for (const TensorRecord& t : store_->current().tensors) {
+      const Box full = Box::Full(t.shape);
+      std::string x(static_cast<size_t>(full.volume()) * DTypeSize(t.dtype), '\0'), y = x;
+      ASSERT_TRUE(a.Read(t.name, full, x.data(), full, DenseLayout(full)).ok());
+      ASSERT_TRUE(b.Read(t.name, full, y.data(), full, DenseLayout(full)).ok()) << t.name;
+      EXPECT_TRUE(x == y) << t.name;
+    }
+  }
   TempDir tmp_;
   ModelSpec spec_;
   std::unique_ptr<Store> store_;
@@ -251,14 +262,7 @@ TEST_F(DcpImport, ImportsEveryTensorBitForBit) {
   ASSERT_TRUE(result.ok()) << result.status().ToString();
   auto copy = std::move(Store::Open(Env::Default(), tmp_ / "copy")).value();
   EXPECT_EQ(ParseConfig(copy->current().config)->ToString(), "tp=1,pp=1,dp=1,per_worker=8");
-  GenerationReader a(*store_, store_->CurrentSnapshot(), true), b(*copy, copy->CurrentSnapshot(), true);
-  for (const TensorRecord& t : store_->current().tensors) {
-    const Box full = Box::Full(t.shape);
-    std::string x(static_cast<size_t>(full.volume()) * DTypeSize(t.dtype), '\0'), y = x;
-    ASSERT_TRUE(a.Read(t.name, full, x.data(), full, DenseLayout(full)).ok());
-    ASSERT_TRUE(b.Read(t.name, full, y.data(), full, DenseLayout(full)).ok()) << t.name;
-    EXPECT_TRUE(x == y) << t.name;
-  }
+  ExpectSameTensors(*copy);
 }
 
 TEST_F(DcpImport, RefusesADamagedCheckpointNamingTheChunk) {
@@ -311,14 +315,7 @@ TEST_F(DcpImport, MegatronCoreKeysStackTheLayersAndReadBack) {
   ASSERT_TRUE(source.ok()) << source.status().ToString();
   auto copy = std::move(Store::Create(Env::Default(), tmp_ / "copy")).value();
   ASSERT_TRUE(WriteDcp(copy.get(), *source, nlohmann::json::object()).ok());
-  GenerationReader a(*store_, store_->CurrentSnapshot(), true), b(*copy, copy->CurrentSnapshot(), true);
-  for (const TensorRecord& t : store_->current().tensors) {
-    const Box full = Box::Full(t.shape);
-    std::string x(static_cast<size_t>(full.volume()) * DTypeSize(t.dtype), '\0'), y = x;
-    ASSERT_TRUE(a.Read(t.name, full, x.data(), full, DenseLayout(full)).ok());
-    ASSERT_TRUE(b.Read(t.name, full, y.data(), full, DenseLayout(full)).ok()) << t.name;
-    EXPECT_TRUE(x == y) << t.name;
-  }
+  ExpectSameTensors(*copy);
 }
 
 }  // namespace
