@@ -459,6 +459,28 @@ TEST_F(WorkerAgentTest, AWorkerLostMidSaveAbortsIt) {
   }
 }
 
+// A save aborted by a worker's death is no save: the survivors' recovery
+// commits the generation the save would have had, and is not taken for it (no
+// change copying "the save's" pieces to their replicas follows).
+TEST_F(WorkerAgentTest, AnAbortedSaveIsNotTakenForTheRecoveryAfterIt) {
+  ASSERT_TRUE(Reconfigure(0, "tp=2,pp=3,per_worker=2,replicas=2").ok());
+  ExpectGeneration({0, 1, 2}, 2);
+  for (int w = 0; w < kWorkers; ++w) ASSERT_NO_FATAL_FAILURE(SaveOwnRanks(w, 1));
+  nodes_[2].link->Cut(true);  // dying: it sees the save no more
+  ptc::Status result;
+  std::thread commit([&] { result = CommitSave(0, 1); });
+  ASSERT_TRUE(Eventually([&] { return admin_->Get(ptc::cluster::PartKey(kJob, 3, 1))->has_value(); }, kLong))
+      << "worker 1 never published its part: " << Status(1).dump();
+  Kill(2);
+  commit.join();
+  EXPECT_EQ(result.code(), Code::kIOError) << result.ToString();
+  ExpectGeneration({0, 1}, 3);  // the survivors' recovery
+  // Taken for the save, it would be followed by a copy change at the agents' next look.
+  EXPECT_FALSE(Eventually([&] { return nodes_[0].fs->snapshot()->generation() > 3; }, std::chrono::seconds(3)))
+      << Status(0).dump();
+  ExpectRanksEqualSynth();
+}
+
 // A recovery that cannot run while a worker is away (no replicas: its
 // pieces on no live worker) leaves the survivors "failed"; once that worker
 // is back and the job whole again, they say "serving", the failure kept as

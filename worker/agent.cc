@@ -27,8 +27,9 @@ constexpr std::chrono::milliseconds kPollWithoutWatch{50};
 // its part is published and the commit awaited through the coordinator.
 class AppliedChange final : public AgreedChange {
  public:
+  // `saved` is set to the change's generation once a save commits (Agent::Replicate).
   AppliedChange(ptc::cluster::Change change, std::set<int> participants, const ptc::cluster::Coordinator* coordinator,
-                const ptc::Store* store, ptc::Env* env, const WorkerOptions& options)
+                const ptc::Store* store, ptc::Env* env, const WorkerOptions& options, std::atomic<uint64_t>* saved)
       : change_(std::move(change)),
         participants_(std::move(participants)),
         coordinator_(coordinator),
@@ -36,7 +37,8 @@ class AppliedChange final : public AgreedChange {
         env_(env),
         job_(options.job),
         durable_(options.durable),
-        options_worker_(options.worker) {}
+        options_worker_(options.worker),
+        saved_(saved) {}
 
   const std::set<int>& participants() const override { return participants_; }
 
@@ -49,7 +51,9 @@ class AppliedChange final : public AgreedChange {
   ptc::Result<std::map<int, ptc::Part>> BeforeSaveCommit(ptc::GenerationWriter& writer,
                                                          const std::vector<ptc::TensorRecord>& tensors,
                                                          const nlohmann::json& extra, const SettleFn& settle) override {
-    return Publish(writer, tensors, extra, settle, /*save=*/true);
+    PTC_ASSIGN_OR_RETURN(auto parts, Publish(writer, tensors, extra, settle, /*save=*/true));
+    *saved_ = change_.generation;  // committed: an aborted save's generation is a later change's
+    return parts;
   }
 
   void Failed(const ptc::Status& error) override { coordinator_->Fail(change_, error); }
@@ -93,6 +97,7 @@ class AppliedChange final : public AgreedChange {
   ptc::Env* const env_;
   const std::string job_, durable_;
   const int options_worker_;
+  std::atomic<uint64_t>* const saved_;
 };
 
 // A save's change carries "save ITERATION" as its request (a change of
@@ -168,9 +173,8 @@ ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeSave(uint64_t iteration
   PTC_ASSIGN_OR_RETURN(ptc::cluster::Change change,
                        ProposeToJob(std::string(kSaveRequest) + std::to_string(iteration), {}, "save again"));
   std::set<int> participants(change.workers.begin(), change.workers.end());
-  saved_ = change.generation;
-  return std::shared_ptr<AgreedChange>(std::make_shared<AppliedChange>(std::move(change), std::move(participants),
-                                                                       coordinator_, &fs_->store(), env_, options_));
+  return std::shared_ptr<AgreedChange>(std::make_shared<AppliedChange>(
+      std::move(change), std::move(participants), coordinator_, &fs_->store(), env_, options_, &saved_));
 }
 
 std::optional<ptc::cluster::Change> Agent::Proposed() {
@@ -393,9 +397,9 @@ void Agent::Apply(const ptc::cluster::Change& change) {
   if (!participants.count(options_.worker)) return;
   if (fs_->controller().Busy()) return;  // the previous change winds down: the next look applies this one
   applied_ = change.id;
-  auto agreed = std::make_shared<AppliedChange>(change, participants, coordinator_, &fs_->store(), env_, options_);
+  auto agreed =
+      std::make_shared<AppliedChange>(change, participants, coordinator_, &fs_->store(), env_, options_, &saved_);
   if (const std::optional<uint64_t> save = SaveIteration(change.request)) {
-    saved_ = change.generation;
     (void)fs_->ApplySave(*save, std::move(agreed));
   } else {
     (void)fs_->controller().Apply(change.request, fs_->snapshot(), std::move(agreed));

@@ -161,7 +161,7 @@ class Agent final : public JobParticipant {
   std::optional<ptc::cluster::Change> proposed_ GUARDED_BY(proposed_mu_);  // see Settle
   std::set<int> seen_;   // workers seen live since the mount started or rejoined (the loop's own)
   std::pair<uint64_t, std::vector<int>> tried_;  // the last recovery proposed (the loop's own)
-  std::atomic<uint64_t> saved_{0};               // the generation of the last save this worker took part in
+  std::atomic<uint64_t> saved_{0};               // the generation of the last save committed with this worker
   bool missing_ = false;  // a worker of the committed config was not live at the last look (the loop's own)
   std::unique_ptr<DurableKeeper> durable_;  // with --durable
   std::pair<uint64_t, std::vector<int>> reported_;  // what report_ was made for (the loop's own)

@@ -470,4 +470,5 @@ def main():
     {"make": make, "check": check, "save": save}[a.cmd](a)
 
 
-main()
+if __name__ == "__main__":
+    main()
