@@ -388,6 +388,7 @@ nlohmann::json Agent::StatusPart() const {
     j = report_;
   }
   j["member"] = member_.load();
+  if (durable_) j["durable"] = durable_->Report();
   return j;
 }
 

@@ -23,12 +23,18 @@ DurableKeeper::~DurableKeeper() {
 
 void DurableKeeper::Look() {
   const auto now = std::chrono::steady_clock::now();
-  if (complete_ || copying_ || now < next_look_) return;
-  auto job = coordinator_->GetCommitted();
   auto current = fs_->store().CurrentSnapshot();
+  if (complete_ == current->generation || copying_ || now < next_look_) return;
+  auto job = coordinator_->GetCommitted();
   if (!job.ok() || !*job || current->generation != (*job)->generation) return;
-  if (ptc::cluster::LoadDurable(env_, dir_, {job_, (*job)->contents}, current->tensors).ok()) {
-    complete_ = true;
+  const std::string& contents = (*job)->contents;
+  bool known;
+  {
+    ptc::MutexLock lock(&mu_);
+    known = complete_contents_ == contents;
+  }
+  if (known || ptc::cluster::LoadDurable(env_, dir_, {job_, contents}, current->tensors).ok()) {
+    Complete(current->generation, contents);
     return;
   }
   next_look_ = now + kLookEvery;
@@ -39,12 +45,23 @@ void DurableKeeper::Look() {
   thread_ = std::thread([this, current, contents = (*job)->contents] { Copy(current, contents); });
 }
 
+void DurableKeeper::Complete(uint64_t generation, const std::string& contents) {
+  ptc::MutexLock lock(&mu_);
+  complete_contents_ = contents;
+  complete_ = generation;
+}
+
+nlohmann::json DurableKeeper::Report() const {
+  const bool complete = complete_ == fs_->store().CurrentSnapshot()->generation;
+  return {{"dir", dir_}, {"copy", complete ? "complete" : copying_ ? "copying" : "incomplete"}};
+}
+
 void DurableKeeper::Copy(std::shared_ptr<const ptc::GenerationManifest> generation, std::string contents) {
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);  // best effort, as a compaction
   const auto t0 = std::chrono::steady_clock::now();
   ptc::Status s = ptc::cluster::WriteDurableShare(env_, fs_->store(), *generation, worker_, dir_, &stop_);
   ptc::Result<bool> complete =
-      s.ok() ? ptc::cluster::CompleteDurable(env_, *generation, {job_, std::move(contents)}, worker_, dir_) : s;
+      s.ok() ? ptc::cluster::CompleteDurable(env_, *generation, {job_, contents}, worker_, dir_) : s;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const bool moved_on = fs_->store().CurrentSnapshot()->generation != generation->generation;
   if (!complete.ok() && (stop_ || moved_on)) {
@@ -57,7 +74,7 @@ void DurableKeeper::Copy(std::shared_ptr<const ptc::GenerationManifest> generati
     std::fprintf(stderr, "ptcfs: %s\n", error.c_str());
     fs_->controller().RecordError(error);
   } else {
-    complete_ = *complete;
+    if (*complete) Complete(generation->generation, contents);
     std::fprintf(stderr, "ptcfs: worker %d: its share of generation %llu is in the durable tier %s (%.1f s)%s\n",
                  worker_, static_cast<unsigned long long>(generation->generation), dir_.c_str(), seconds,
                  *complete ? "; the copy is complete" : "");

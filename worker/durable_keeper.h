@@ -15,9 +15,12 @@
 #include <string>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "cluster/coordinator.h"
 #include "fs/filesystem.h"
 #include "ptc/base/env.h"
+#include "ptc/base/mutex.h"
 
 namespace ptcfs::worker {
 
@@ -35,6 +38,11 @@ class DurableKeeper {
   // the job's committed generation. Errors go to stderr and last_error.
   void Look();
 
+  // .ptcfs/status "cluster"."durable": {"dir", "copy": "complete" (the tier
+  // holds a copy of the served generation's contents), "copying" (this
+  // worker's share is being written) or "incomplete"}. Any thread.
+  nlohmann::json Report() const;
+
  private:
   void Copy(std::shared_ptr<const ptc::GenerationManifest> generation, std::string contents);
 
@@ -43,7 +51,16 @@ class DurableKeeper {
   ptc::Env* const env_;
   Filesystem* const fs_;
   const ptc::cluster::Coordinator* const coordinator_;
-  std::atomic<bool> complete_{false};  // the tier holds a copy of the job's contents
+  // Records that the tier holds a copy of `contents`, which generation
+  // `generation` has.
+  void Complete(uint64_t generation, const std::string& contents) EXCLUDES(mu_);
+
+  // The contents the tier was last found to hold a copy of (a save's new
+  // contents need a new copy, a change of layout does not), and the last
+  // generation found to have those contents.
+  mutable ptc::Mutex mu_;
+  std::string complete_contents_ GUARDED_BY(mu_);
+  std::atomic<uint64_t> complete_{0};
   std::atomic<bool> copying_{false};
   std::atomic<bool> stop_{false};
   uint64_t copied_ = 0;  // the last generation whose share was copied (Look's own)

@@ -19,8 +19,9 @@ and its samples from that worker's mount and saves through it.
 After every committed save, the rank files of the mounts together hold bit for bit the state of
 the same steps run uninterrupted without ptcfs (train_gpt.py reference: the Megatron tree and the
 dataset files read directly, the epoch order computed from docs/dataset_format.md): every
-parameter, fp32 master and Adam moment, Adam's step, the iteration; and every worker serves the
-data position the save names. Every step's loss and batch (the aborted segment's too) equal the
+parameter, fp32 master and Adam moment, Adam's step, the iteration; every worker serves the
+data position the save names; and the durable tier (--durable) holds one copy, of the save's new
+contents (ptcfs cluster status and every mount's status say so), the copy before it removed. Every step's loss and batch (the aborted segment's too) equal the
 reference's, and the committed steps consume every sample of epoch 0 exactly once and epoch 1's
 first six batches in its order.
 
@@ -71,8 +72,8 @@ def placement(cfg):
 class Job:
     """The cluster, the training job's segments and what they logged."""
 
-    def __init__(self, ns, tmp, mnts, daemons):
-        self.ns, self.tmp, self.mnts, self.daemons = ns, tmp, mnts, daemons
+    def __init__(self, ns, tmp, mnts, daemons, url, token):
+        self.ns, self.tmp, self.mnts, self.daemons, self.url, self.token = ns, tmp, mnts, daemons, url, token
         self.live = list(range(WORKERS))
         self.segments = 0
         self.committed = []  # the steps of committed segments, as logged
@@ -122,9 +123,10 @@ class Job:
         logged = self.expect_steps(log, t, steps)
         self.committed += logged
         self.expect_saved(cfg, where, t + steps)
-        print("ok   t %2d -> %2d at %s on workers %s: %d ranks trained and saved in %.1f s; the save equals the "
-              "uninterrupted run bit for bit" % (t, t + steps, self.config(), sorted(set(where)), len(where),
-                                                  time.time() - t0))
+        self.expect_durable()
+        print("ok   t %2d -> %2d at %s on workers %s: %d ranks trained and saved, equal to the uninterrupted run "
+              "bit for bit, copied into the durable tier, in %.1f s" % (t, t + steps, self.config(),
+                                                                       sorted(set(where)), len(where), time.time() - t0))
 
     def expect_steps(self, log, t, steps):
         """The segment's steps, each with the reference's loss and batch."""
@@ -168,6 +170,23 @@ class Job:
                              capture_output=True, text=True)
         assert out.returncode == 0 and "CHECK OK" in out.stdout, out.stdout + out.stderr
 
+    def expect_durable(self):
+        """The durable tier holds one copy, of the save's new contents: `ptcfs cluster status`
+        and every live mount say so, and the copies before it are removed."""
+        durable = os.path.join(self.tmp, "durable")
+
+        def one_copy():
+            j = json.loads(ptcfs("cluster", "status", "--cluster", self.url, "--token-file", self.token, "--json",
+                                 "--durable", durable).stdout)
+            with open(os.path.join(durable, "durable.json")) as f:
+                files = {s["file"].split("/")[0] for s in json.load(f)["shards"]}
+            gens = {d for d in os.listdir(durable) if d.startswith("gen-")}
+            return j["durable"]["copy"] and gens == files
+        wait_for("the durable tier's copy of the save", one_copy, mnts=self.mnts)
+        for w in self.live:
+            wait_for("worker %d's status of the durable copy" % w,
+                     lambda: status(self.mnts[w])["cluster"]["durable"]["copy"] == "complete", mnts=self.mnts)
+
     def reconfigure(self, config):
         reconfigure(self.mnts[self.live[0]], config)
         for w in self.live:
@@ -175,10 +194,10 @@ class Job:
                      lambda: status(self.mnts[w])["config"] == config and status(self.mnts[w])["state"] == "serving",
                      mnts=self.mnts)
 
-    def replicas_whole(self, url, token):
+    def replicas_whole(self):
         """Waits until the job's change is done and no single loss would lose a tensor."""
         def whole():
-            j = MODEL.cluster_json(url, token)
+            j = MODEL.cluster_json(self.url, self.token)
             return j["change"] is None and all(w["live"] and w["if_lost"]["lost_tensors"] == [] for w in j["workers"])
         wait_for("the replicas made whole", whole, mnts=self.mnts)
 
@@ -256,20 +275,21 @@ def main():
 
             def start(w):
                 return start_worker(ns, PTCFS, w, stores[w], mnts[w], url, token, PORT,
-                                    os.path.join(tmp, "worker%d.log" % w), ["--lease", "2", "--format", "megatron"])
+                                    os.path.join(tmp, "worker%d.log" % w), ["--lease", "2", "--format", "megatron", "--durable",
+                                     os.path.join(tmp, "durable")])
             for w in range(WORKERS):
                 os.makedirs(mnts[w])
                 daemons.append(start(w))
             for w in range(WORKERS):
                 wait_for("worker %d's mount" % w, lambda: status(mnts[w])["state"] == "serving", mnts=mnts)
-            job = Job(ns, tmp, mnts, daemons)
+            job = Job(ns, tmp, mnts, daemons, url, token)
 
             job.train(4, 0)
             job.reconfigure("tp=1,pp=2,dp=3,per_worker=2")
             job.train(4, 4)
             job.reconfigure("tp=1,pp=2,dp=3,per_worker=2,replicas=2")
             job.train(4, 8)
-            job.replicas_whole(url, token)
+            job.replicas_whole()
 
             job.kill_mid_save(2, 12, victim=2)
             t0 = time.time()
