@@ -89,6 +89,7 @@ class PeerEnv : public Env {
   Result<std::vector<std::string>> ListDir(const std::string& path) override { return local_->ListDir(path); }
   Status CreateDirs(const std::string& path) override { return local_->CreateDirs(path); }
   Status Rename(const std::string& from, const std::string& to) override { return local_->Rename(from, to); }
+  Status Link(const std::string& from, const std::string& to) override { return local_->Link(from, to); }
   Status Remove(const std::string& path) override { return local_->Remove(path); }
   Status RemoveTree(const std::string& path) override { return local_->RemoveTree(path); }
   Status SyncDir(const std::string& path) override { return local_->SyncDir(path); }

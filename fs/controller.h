@@ -152,12 +152,13 @@ class Controller {
   // Applies a save the cluster agreed on (another worker's Ingest): this
   // worker's part is the rank files of `iteration` staged under
   // `staging_root` (perhaps none). Runs in the background (state "saving");
-  // `committed` runs once it committed (the staged files are in the store
-  // then). On an error, change->Failed is called, the state is "failed" and
-  // the previous generation stays.
+  // `done(committed)` runs once it is over (committed: the staged files are
+  // in the store then), unless this returns an error. On an error,
+  // change->Failed is called, the state is "failed" and the previous
+  // generation stays.
   ptc::Status ApplySave(const std::string& staging_root, uint64_t iteration,
                         const std::shared_ptr<const Snapshot>& current, std::shared_ptr<AgreedChange> change,
-                        std::function<void()> committed) EXCLUDES(mu_, collect_mu_);
+                        std::function<void(bool committed)> done) EXCLUDES(mu_, collect_mu_);
 
   // Whether a rewrite, a save or an Adopt runs (a new change would be refused).
   bool Busy() const EXCLUDES(mu_);

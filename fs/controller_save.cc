@@ -42,19 +42,19 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
 
 ptc::Status Controller::ApplySave(const std::string& staging_root, uint64_t iteration,
                                   const std::shared_ptr<const Snapshot>& current, std::shared_ptr<AgreedChange> change,
-                                  std::function<void()> committed) {
+                                  std::function<void(bool committed)> done) {
   auto started = BeginWriting(MountState::kSaving, "a reconfiguration or save is running");
-  if (!started.ok()) {
+  if (!started.ok()) {  // `done` is not called
     change->Failed(started.status());
     RecordError("save of iteration " + std::to_string(iteration) + ": " + started.status().message());
     return started.status();
   }
   ptc::MutexLock lock(&mu_);
-  worker_thread_ = std::thread(
-      [this, staging_root, iteration, current, change = std::move(change), committed = std::move(committed)] {
+  worker_thread_ =
+      std::thread([this, staging_root, iteration, current, change = std::move(change), done = std::move(done)] {
         const ptc::Status result = SaveInCluster(staging_root, iteration, current, *change);
         if (!result.ok()) change->Failed(result);
-        if (result.ok()) committed();
+        done(result.ok());
         ptc::MutexLock lock(&mu_);
         state_ = result.ok() ? MountState::kServing : MountState::kFailed;
         if (!result.ok()) SetLastError("save of iteration " + std::to_string(iteration) + ": " + result.message());
@@ -79,6 +79,7 @@ ptc::Status Controller::Save(const std::string& staging_root, uint64_t iteration
                        SavedDataPosition(saved, iteration, current->dataset()));
   if (dataset) source.extra["dataset"] = ptc::EncodeDatasetState(*dataset);
   source.config = WithGrid(current->config(), source.config.tp, source.config.pp);
+  source.adopt_files = true;  // the staged files become the pieces' files: no tensor byte written twice
   PTC_RETURN_IF_ERROR(ptc::ImportInto(store_, source).status());
   PTC_ASSIGN_OR_RETURN(ptc::ModelLayout layout, ptc::ModelLayout::Make(source.spec, source.config));
   PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*store_, store_->CurrentSnapshot(), std::move(layout), worker_,
@@ -105,6 +106,7 @@ ptc::Status Controller::SaveInCluster(const std::string& staging_root, uint64_t 
   std::vector<ptc::TensorRecord> tensors;
   if (!part.kept.empty()) {
     part.source.config = WithGrid(config, part.source.config.tp, part.source.config.pp);
+    part.source.adopt_files = true;  // as on one worker (Save)
     std::vector<int> ranks;
     for (const ptc::KeptRank& k : part.kept) ranks.push_back(part.source.config.RankOf(ptc::RankCoords{k.tp, 0, k.pp}));
     PTC_RETURN_IF_ERROR(ptc::WriteRanks(store_->env(), writer.get(), part.source, ranks, worker_).status());

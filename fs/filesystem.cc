@@ -436,7 +436,10 @@ ptc::Result<OpenReply> Filesystem::Open(uint64_t ino, int flags) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> node, NodeOf(ino));
   if (node->is_dir()) return ptc::Status(ptc::Code::kInvalidArgument, "is a directory");
   const bool writing = (flags & O_ACCMODE) != O_RDONLY;
-  if (node->kind == Node::kStagedFile || node->kind == Node::kLatestFile) return OpenMegatronWritable(node, flags);
+  if (node->kind == Node::kStagedFile || node->kind == Node::kLatestFile) {
+    ptc::MutexLock staging(&staging_mu_);
+    return OpenMegatronWritable(node, flags);
+  }
   if (writing && node->kind != Node::kConfig) {
     return ptc::Status(ptc::Code::kPermissionDenied, "model files are read-only");
   }
@@ -568,7 +571,12 @@ ptc::Result<size_t> Filesystem::Write(uint64_t fh, const char* data, size_t size
 
 ptc::Status Filesystem::Truncate(uint64_t ino, uint64_t size) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> node, NodeOf(ino));
-  if (node->kind == Node::kStagedFile) return staging_.Truncate(StagedPath(*node), size);
+  if (node->kind == Node::kStagedFile) {
+    ptc::MutexLock staging(&staging_mu_);
+    const std::string path = StagedPath(*node);
+    PTC_RETURN_IF_ERROR(CheckNotSealed(path));
+    return staging_.Truncate(path, size);
+  }
   if (node->kind != Node::kConfig && node->kind != Node::kLatestFile) {
     return ptc::Status(ptc::Code::kPermissionDenied, "read-only file");
   }

@@ -236,7 +236,19 @@ class Filesystem {
   // Commits the DCP save staged at `save` (kDcpStaging/NAME) and removes it from the staging area.
   // \error as Controller::IngestDcp (EIO, or EBUSY while a rewrite runs).
   ptc::Status CommitDcp(const std::string& save) EXCLUDES(staging_mu_, mu_);
-  ptc::Result<OpenReply> OpenMegatronWritable(const std::shared_ptr<Node>& node, int flags) EXCLUDES(mu_);
+  ptc::Result<OpenReply> OpenMegatronWritable(const std::shared_ptr<Node>& node, int flags) REQUIRES(staging_mu_)
+      EXCLUDES(mu_);
+  // A save's staged rank files become its pieces' files (the store links them,
+  // CheckpointSource::adopt_files): from the moment the save is taken nothing
+  // may change them. Seal(dir) ends every write through the open handles of
+  // files under the staged directory `dir` (an in-flight write first) and
+  // refuses new writes, truncations and opens for writing there until
+  // Unseal(dir) (the save done, committed or not: a refused save may be
+  // written again).
+  void Seal(const std::string& dir) EXCLUDES(staging_mu_, mu_);
+  void Unseal(const std::string& dir) EXCLUDES(staging_mu_, mu_);
+  // PermissionDenied naming `path` when it lies under a sealed directory.
+  ptc::Status CheckNotSealed(const std::string& path) const REQUIRES(staging_mu_) EXCLUDES(mu_);
   ptc::Result<size_t> WriteMegatron(Handle& h, const char* data, size_t size, uint64_t offset) EXCLUDES(mu_);
   // The directory `parent` if saves may write in it.
   ptc::Result<std::shared_ptr<Node>> StagingParent(uint64_t parent) EXCLUDES(mu_);
@@ -282,6 +294,7 @@ class Filesystem {
   // Unlink): a staged path read before a change on disk is still the node's
   // path when the tree is updated after it.
   ptc::Mutex staging_mu_;
+  std::set<std::string> sealed_ GUARDED_BY(staging_mu_);  // Seal's directories
   mutable ptc::Mutex mu_;
   std::shared_ptr<const Snapshot> snapshot_ GUARDED_BY(mu_);
   // What .ptcfs/config and .ptcfs/status show: snapshot_ once the kernel has

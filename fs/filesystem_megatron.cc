@@ -184,7 +184,9 @@ ptc::Result<OpenReply> Filesystem::OpenMegatronWritable(const std::shared_ptr<No
   reply.direct_io = true;  // the kernel must not cache what a save may still change
   if (node->kind == Node::kStagedFile) {
     const int access = flags & (O_ACCMODE | O_TRUNC | O_APPEND);
-    PTC_ASSIGN_OR_RETURN(h->fd, staging_.Open(StagedPath(*node), access));
+    const std::string path = StagedPath(*node);
+    if (Writing(flags)) PTC_RETURN_IF_ERROR(CheckNotSealed(path));
+    PTC_ASSIGN_OR_RETURN(h->fd, staging_.Open(path, access));
   } else if (!Writing(flags)) {
     ptc::MutexLock lock(&h->mu);
     h->text = node->literal;
@@ -197,11 +199,22 @@ ptc::Result<OpenReply> Filesystem::OpenMegatronWritable(const std::shared_ptr<No
 
 ptc::Result<size_t> Filesystem::WriteMegatron(Handle& h, const char* data, size_t size, uint64_t offset) {
   if (h.fd >= 0) {
-    const ssize_t n = ::pwrite(h.fd, data, size, static_cast<off_t>(offset));
-    if (n < 0) {
-      const int err = errno;
-      return ptc::ErrnoError(staging_.Path(StagedPath(*h.node)), err);
+    bool sealed;
+    ssize_t n = 0;
+    int err = 0;
+    {
+      ptc::MutexLock lock(&h.mu);  // Seal waits for this write
+      sealed = h.sealed;
+      if (!sealed) {
+        n = ::pwrite(h.fd, data, size, static_cast<off_t>(offset));
+        err = errno;
+      }
     }
+    if (sealed) {
+      return ptc::Status(ptc::Code::kPermissionDenied,
+                         staging_.Path(StagedPath(*h.node)) + ": its save was taken; reopen it to write it again");
+    }
+    if (n < 0) return ptc::ErrnoError(staging_.Path(StagedPath(*h.node)), err);
     return static_cast<size_t>(n);
   }
   if (offset > 64 || offset + size > 64) return ptc::InvalidArgumentError("an iteration number is short");
@@ -227,21 +240,61 @@ ptc::Status Filesystem::Flush(uint64_t fh) {
     controller_->RecordError(iteration.status().message());
     return iteration.status();
   }
-  if (ptc::Status s = controller_->Ingest(staging_.root(), *iteration, snapshot()); !s.ok()) {
-    // close() fails with EIO, or EBUSY while a reconfiguration runs.
-    return s.code() == ptc::Code::kFailedPrecondition ? s : ptc::IOError(s.message());
-  }
+  const std::string dir = ptc::megatron::IterationDirName(*iteration);
+  Seal(dir);
+  ptc::Status s = controller_->Ingest(staging_.root(), *iteration, snapshot());
   // Committed: the staged iteration is in the store now.
-  return staging_.RemoveTree(ptc::megatron::IterationDirName(*iteration));
+  if (s.ok()) s = staging_.RemoveTree(dir);
+  Unseal(dir);
+  // close() fails with EIO, or EBUSY while a reconfiguration runs.
+  return s.ok() || s.code() == ptc::Code::kFailedPrecondition ? s : ptc::IOError(s.message());
 }
 
 ptc::Status Filesystem::ApplySave(uint64_t iteration, std::shared_ptr<AgreedChange> change) {
-  return controller_->ApplySave(staging_.root(), iteration, snapshot(), std::move(change), [this, iteration] {
-    const ptc::Status s = staging_.RemoveTree(ptc::megatron::IterationDirName(iteration));
-    if (!s.ok()) {
-      controller_->RecordError("save of iteration " + std::to_string(iteration) + " committed; " + s.message());
+  const std::string dir = ptc::megatron::IterationDirName(iteration);
+  Seal(dir);
+  const ptc::Status s = controller_->ApplySave(
+      staging_.root(), iteration, snapshot(), std::move(change), [this, dir, iteration](bool committed) {
+        const ptc::Status removed = committed ? staging_.RemoveTree(dir) : ptc::Status::OK();
+        Unseal(dir);
+        if (!removed.ok()) {
+          controller_->RecordError("save of iteration " + std::to_string(iteration) + " committed; " +
+                                   removed.message());
+        }
+      });
+  if (!s.ok()) Unseal(dir);
+  return s;
+}
+
+void Filesystem::Seal(const std::string& dir) {
+  ptc::MutexLock staging(&staging_mu_);
+  sealed_.insert(dir);
+  std::vector<std::shared_ptr<Handle>> open;
+  {
+    ptc::MutexLock lock(&mu_);
+    for (const auto& [fh, h] : handles_) {
+      if (h->fd >= 0 && StagedOf(*h->node).starts_with(dir + "/")) open.push_back(h);
     }
-  });
+  }
+  for (const std::shared_ptr<Handle>& h : open) {
+    ptc::MutexLock lock(&h->mu);
+    h->sealed = true;
+  }
+}
+
+void Filesystem::Unseal(const std::string& dir) {
+  ptc::MutexLock staging(&staging_mu_);
+  sealed_.erase(dir);
+}
+
+ptc::Status Filesystem::CheckNotSealed(const std::string& path) const {
+  for (const std::string& dir : sealed_) {
+    if (path.starts_with(dir + "/")) {
+      return ptc::Status(ptc::Code::kPermissionDenied,
+                         staging_.Path(path) + ": its save is being taken; write it again once the save is done");
+    }
+  }
+  return ptc::Status::OK();
 }
 
 ptc::Status Filesystem::Fsync(uint64_t fh) {

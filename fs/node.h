@@ -78,6 +78,7 @@ struct Filesystem::Handle {
   mutable ptc::Mutex mu;                          // never held together with Filesystem::mu_
   std::string text GUARDED_BY(mu);                // .ptcfs files, the latest file: content at open / written so far
   bool written GUARDED_BY(mu) = false;            // the latest file: written through this handle since its last flush
+  bool sealed GUARDED_BY(mu) = false;             // staged files: its save was taken (Filesystem::Seal)
 };
 
 }  // namespace ptcfs

@@ -141,6 +141,17 @@ TEST_P(EnvConformance, RenameReplacesAtomically) {
   EXPECT_FALSE(env_->Exists(P("m.tmp")));
 }
 
+TEST_P(EnvConformance, LinkGivesAFileASecondName) {
+  ASSERT_TRUE(WriteFileAtomic(env_, P("a"), "bytes").ok());
+  ASSERT_TRUE(env_->Link(P("a"), P("b")).ok());
+  ASSERT_TRUE(env_->Remove(P("a")).ok());  // the other name keeps the bytes
+  EXPECT_EQ(*ReadFileToString(env_, P("b")), "bytes");
+  EXPECT_EQ(env_->Link(P("absent"), P("c")).code(), Code::kNotFound);
+  ASSERT_TRUE(WriteFileAtomic(env_, P("a"), "other").ok());
+  EXPECT_EQ(env_->Link(P("a"), P("b")).code(), Code::kAlreadyExists);
+  EXPECT_EQ(*ReadFileToString(env_, P("b")), "bytes");
+}
+
 TEST_P(EnvConformance, RenameDirectory) {
   ASSERT_TRUE(env_->CreateDirs(P("x/y")).ok());
   ASSERT_TRUE(WriteFileAtomic(env_, P("x/y/f"), "f").ok());

@@ -463,6 +463,69 @@ TEST_F(StoreTest, LeftoverGenerationIsIgnoredThenRemoved) {
   EXPECT_FALSE(fs::exists(root_ + "/gen-000007"));
 }
 
+// A save's staged file adopted whole (GenerationWriter::AdoptFile): the
+// shard's record points into it (no byte copied; an HDF5 file describes the
+// bytes there, as for rank files), the staged file keeps its own name, and an
+// uncommitted generation takes only its own link away.
+TEST_F(StoreTest, AnAdoptedFileHoldsItsShardsInPlace) {
+  auto store = CreateWithGen1();
+  const ShardRecord first = store->current().shards[0];  // layers.0.attn.w rows 0-1 on worker 0
+  std::string bytes(first.nbytes, '\0');
+  ASSERT_TRUE(ReadShardBytes(Env::Default(), *store, first, 0, bytes.size(), bytes.data()).ok());
+  const std::string staged = dir_ + "/staged.pt", name = "mp_rank_00.model_optim_rng.pt";
+  ASSERT_TRUE(WriteFileAtomic(Env::Default(), staged, "HEADER--" + bytes + "TRAILER").ok());
+  const std::string linked = root_ + "/gen-000002/worker-00/" + name;
+  {
+    auto w = store->BeginGeneration();
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->AdoptFile(staged, 0, name).ok());
+    EXPECT_TRUE(fs::exists(linked));
+    EXPECT_EQ((*w)->AdoptFile(staged, 0, name).code(), Code::kInvalidArgument);  // taken
+    EXPECT_EQ((*w)->AdoptFile(staged, 0, "x.s0.h5").code(), Code::kInvalidArgument);
+    EXPECT_EQ((*w)->AdoptFile(staged, 0, "../x").code(), Code::kInvalidArgument);
+    EXPECT_EQ((*w)->AdoptFile(dir_ + "/absent", 0, "absent.pt").code(), Code::kNotFound);
+    EXPECT_EQ((*w)->NewShardIn(first.tensor, DType::kF32, first.boxes, 1, name, 8).status().code(),
+              Code::kFailedPrecondition);  // adopted for worker 0 only
+    auto past = (*w)->NewShardIn(first.tensor, DType::kF32, first.boxes, 0, name, 8 + bytes.size());
+    EXPECT_EQ(past.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(past.status().message().find("past its end"), std::string::npos) << past.status().ToString();
+  }
+  EXPECT_FALSE(fs::exists(root_ + "/gen-000002"));
+  EXPECT_TRUE(fs::exists(staged));
+
+  auto w = store->BeginGeneration();
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->AdoptFile(staged, 0, name).ok());
+  for (size_t i = 0; i < store->current().shards.size(); ++i) {
+    if (i != 0) {
+      (*w)->AddShard(store->current().shards[i]);
+      continue;
+    }
+    auto sink = (*w)->NewShardIn(first.tensor, DType::kF32, first.boxes, 0, name, 8);
+    ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+    ASSERT_TRUE((*sink)->Append(bytes.data(), bytes.size()).ok());
+    auto record = (*sink)->Finish();
+    ASSERT_TRUE(record.ok()) << record.status().ToString();
+    (*w)->AddShard(*record);
+  }
+  ASSERT_TRUE((*w)->Commit(Meta()).ok());
+  fs::remove(staged);  // a save's staged names go once it is committed
+
+  auto reopened = Store::Open(Env::Default(), root_);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  const ShardRecord& r = (*reopened)->current().shards[0];
+  EXPECT_EQ(r.file, "gen-000002/worker-00/" + name);
+  EXPECT_EQ(r.offset, 8u);
+  EXPECT_EQ(r.h5, "gen-000002/worker-00/layers.0.attn.w.s0.h5");
+  EXPECT_EQ(r.checksum, first.checksum);
+  EXPECT_EQ(fs::file_size(linked), 8 + bytes.size() + 7);  // the staged file itself, nothing added
+  std::string got(r.nbytes, '\0');
+  ASSERT_TRUE(ReadShardBytes(Env::Default(), **reopened, r, 0, got.size(), got.data()).ok());
+  EXPECT_EQ(got, bytes);
+  const Status v = VerifyGeneration(**reopened, (*reopened)->current());
+  EXPECT_TRUE(v.ok()) << v.ToString();
+}
+
 TEST_F(StoreTest, WriterRules) {
   auto store = CreateWithGen1();
   auto w = store->BeginGeneration();

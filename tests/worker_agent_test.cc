@@ -437,6 +437,52 @@ TEST_F(WorkerAgentTest, ASaveThroughEveryWorkerCommitsEverywhere) {
   ExpectRanksEqualSynth();
 }
 
+// A save's staged rank files become its pieces' files (linked into the
+// generation, not copied: CheckpointSource::adopt_files). A handle still open
+// for writing on one when the save is taken writes no more, so the committed
+// bytes stay those that were saved.
+TEST_F(WorkerAgentTest, ARankFileOfASaveIsLinkedAndAnOpenHandleWritesNoMore) {
+  for (int w : {0, 1}) ASSERT_NO_FATAL_FAILURE(SaveOwnRanks(w, 1));
+  Filesystem& fs = *nodes_[2].fs;
+  uint64_t fh = 0;
+  for (int tp = 0; tp < 2; ++tp) {
+    const std::string dir =
+        "megatron/" + ptc::megatron::IterationDirName(1) + "/" + ptc::megatron::RankDirName(tp, 2, 3);
+    const std::string bytes = ReadFile(SavedAt(1), dir + "/" + std::string(ptc::megatron::kRankFile));
+    uint64_t ino = kRootInode;
+    for (const auto& part : std::filesystem::path(dir)) {
+      auto e = fs.Lookup(ino, part.string());
+      if (!e.ok()) e = fs.Mkdir(ino, part.string());
+      ASSERT_TRUE(e.ok()) << e.status().ToString();
+      ino = e->ino;
+    }
+    auto created = fs.Create(ino, std::string(ptc::megatron::kRankFile), O_RDWR | O_CREAT | O_TRUNC);
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    ASSERT_TRUE(fs.Write(created->second.fh, bytes.data(), bytes.size(), 0).ok());
+    if (tp == 0) {
+      fh = created->second.fh;  // kept open
+    } else {
+      fs.Release(created->second.fh);
+    }
+  }
+  const ptc::Status saved = CommitSave(0, 1);
+  ASSERT_TRUE(saved.ok()) << saved.ToString();
+  ExpectGeneration({0, 1, 2}, 2);
+  auto late = fs.Write(fh, "late", 4, 0);
+  EXPECT_EQ(late.status().code(), Code::kPermissionDenied) << late.status().ToString();
+  fs.Release(fh);
+  // Worker 2's pieces lie in its rank files, linked into the generation.
+  const std::string linked =
+      ptc::GenerationDirName(2) + "/worker-02/mp_rank_00_002." + std::string(ptc::megatron::kRankFile);
+  EXPECT_TRUE(std::filesystem::exists(Store(2) + "/" + linked)) << linked;
+  int in_rank_files = 0;
+  for (const ptc::ShardRecord& r : fs.store().CurrentSnapshot()->shards) {
+    if (r.worker == 2 && r.file.ends_with(ptc::megatron::kRankFile)) in_rank_files++;
+  }
+  EXPECT_GT(in_rank_files, 0);
+  ExpectRanksEqualSynth();
+}
+
 // A worker that dies in the middle of a save (after its files, before the
 // commit) aborts it on every worker, naming it: nothing is committed.
 TEST_F(WorkerAgentTest, AWorkerLostMidSaveAbortsIt) {

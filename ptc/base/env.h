@@ -129,6 +129,11 @@ class Env {
   virtual Result<std::vector<std::string>> ListDir(const std::string& path) = 0;
   virtual Status CreateDirs(const std::string& path) = 0;                     // mkdir -p; OK if it exists
   virtual Status Rename(const std::string& from, const std::string& to) = 0;  // atomic replace
+  // Makes `to` (which must not exist) a second name of the file `from` (a hard
+  // link: no byte copied; writes through either name are seen through both).
+  // \error NotFound; AlreadyExists; IOError from the OS (EXDEV across file
+  //        systems, EPERM where links are not allowed): a caller may copy instead.
+  virtual Status Link(const std::string& from, const std::string& to) = 0;
   virtual Status Remove(const std::string& path) = 0;                         // a file or an empty directory
   // rm -r, OK if absent: links in the tree (and `path` itself, when a link)
   // are removed as links, never followed.

@@ -222,6 +222,7 @@ class MemEnv final : public Env {
   }
 
   Status Rename(const std::string& from, const std::string& to) override;
+  Status Link(const std::string& from, const std::string& to) override;
   Status Remove(const std::string& path) override;
   Status RemoveTree(const std::string& path) override;
 
@@ -274,6 +275,18 @@ class MemEnv final : public Env {
   std::map<std::string, std::shared_ptr<FileData>> files_ GUARDED_BY(mu_);
   std::set<std::string> dirs_ GUARDED_BY(mu_);
 };
+
+Status MemEnv::Link(const std::string& from, const std::string& to) {
+  MutexLock lock(&mu_);
+  const std::string f = Normalize(from), t = Normalize(to);
+  const std::string what = "link " + from + " -> " + to;
+  auto it = files_.find(f);
+  if (it == files_.end()) return NotFoundError(what + ": No such file or directory");
+  if (files_.count(t) || DirExists(t)) return AlreadyExistsError(what + ": File exists");
+  PTC_RETURN_IF_ERROR(CheckCanCreate(t), what);
+  files_[t] = it->second;  // the same bytes under both names
+  return Status::OK();
+}
 
 Status MemEnv::Rename(const std::string& from, const std::string& to) {
   MutexLock lock(&mu_);

@@ -337,6 +337,11 @@ class PosixEnv final : public Env {
     return Status::OK();
   }
 
+  Status Link(const std::string& from, const std::string& to) override {
+    if (::link(from.c_str(), to.c_str()) != 0) return ErrnoError("link " + from + " -> " + to, errno);
+    return Status::OK();
+  }
+
   Status Remove(const std::string& path) override {
     if (::unlink(path.c_str()) == 0) return Status::OK();
     if (errno == EISDIR || errno == EPERM) {

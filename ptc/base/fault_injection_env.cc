@@ -89,6 +89,8 @@ std::string_view FaultInjectionEnv::OpName(Op op) {
       return "Sync";
     case Op::kRename:
       return "Rename";
+    case Op::kLink:
+      return "Link";
     case Op::kRemove:
       return "Remove";
     case Op::kRemoveTree:
@@ -177,6 +179,10 @@ Status FaultInjectionEnv::CreateDirs(const std::string& path) {
 Status FaultInjectionEnv::Rename(const std::string& from, const std::string& to) {
   PTC_RETURN_IF_ERROR(MaybeFail(Op::kRename, from));
   return base_->Rename(from, to);
+}
+Status FaultInjectionEnv::Link(const std::string& from, const std::string& to) {
+  PTC_RETURN_IF_ERROR(MaybeFail(Op::kLink, from));
+  return base_->Link(from, to);
 }
 Status FaultInjectionEnv::Remove(const std::string& path) {
   PTC_RETURN_IF_ERROR(MaybeFail(Op::kRemove, path));

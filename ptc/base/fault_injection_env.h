@@ -3,7 +3,7 @@
 // (after leveldb's db/fault_injection_test.cc).
 //
 // Counted ("mutating") operations, each one op: OpenWrite, OpenExisting,
-// WritableFile::Append, WritableFile::PWrite, WritableFile::Sync, Rename,
+// WritableFile::Append, WritableFile::PWrite, WritableFile::Sync, Rename, Link,
 // Remove, RemoveTree, CreateDirs, SyncDir; in an OutputDir, as the same kinds:
 // OpenOutputDir and CreateDir (CreateDirs), NewWritableFile (OpenWrite),
 // Remove, Rename, Sync (SyncDir). Reads, listings and Close are never counted or
@@ -36,6 +36,7 @@ class FaultInjectionEnv final : public Env {
     kPWrite,
     kSync,
     kRename,
+    kLink,
     kRemove,
     kRemoveTree,
     kCreateDirs,
@@ -71,6 +72,7 @@ class FaultInjectionEnv final : public Env {
   Result<std::vector<std::string>> ListDir(const std::string& path) override;
   Status CreateDirs(const std::string& path) override;
   Status Rename(const std::string& from, const std::string& to) override;
+  Status Link(const std::string& from, const std::string& to) override;
   Status Remove(const std::string& path) override;
   Status RemoveTree(const std::string& path) override;
   Status SyncDir(const std::string& path) override;

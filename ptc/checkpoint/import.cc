@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <string_view>
 #include <unordered_map>
@@ -74,7 +75,7 @@ class Importer {
       }));
       checksum = hash.Finish().checksum;
     } else {
-      PTC_ASSIGN_OR_RETURN(auto sink, writer_->NewShard(key.tensor, t.dtype, key.boxes, worker));
+      PTC_ASSIGN_OR_RETURN(auto sink, NewSink(ckpt, t, key, segments, worker));
       PTC_RETURN_IF_ERROR(ReadShard(ckpt, t, segments, [&](const void* p, size_t n) { return sink->Append(p, n); }));
       PTC_ASSIGN_OR_RETURN(ShardRecord record, sink->Finish());
       checksum = record.checksum;
@@ -92,6 +93,44 @@ class Importer {
     return Status::OK();
   }
 
+  // Where the shard goes: into its own rank file where source_.adopt_files and
+  // its bytes are one run of a file that could be linked, else a new shard file.
+  Result<std::unique_ptr<ShardSink>> NewSink(const RankCheckpoint& ckpt, const LocalTensor& t, const ShardKey& key,
+                                             const std::vector<const Segment*>& segments, int worker) {
+    if (source_.adopt_files && segments.size() == 1 && !segments[0]->box.empty()) {
+      const Segment& s = *segments[0];
+      const FileTensor at = ckpt.Locate(t, s);
+      std::vector<std::pair<Index, Index>> runs;  // (element address, count)
+      ForEachRun(s.box, s.box, s.layout, s.box, DenseLayout(s.box),
+                 [&](Index src, Index, Index n) { runs.emplace_back(src, n); });
+      if (runs.size() == 1) {
+        const std::string* name = Adopted(*at.file, worker);
+        if (name) {
+          return writer_->NewShardIn(key.tensor, t.dtype, key.boxes, worker, *name,
+                                     at.base + static_cast<uint64_t>(runs[0].first) * at.elem_size);
+        }
+      }
+    }
+    return writer_->NewShard(key.tensor, t.dtype, key.boxes, worker);
+  }
+
+  // The name `file` has in the generation, linked on first use ("mp_rank_00_001.model_optim_rng.pt"
+  // for .../mp_rank_00_001/model_optim_rng.pt); null when it cannot be linked.
+  const std::string* Adopted(const RandomAccessFile& file, int worker) {
+    auto [it, first] = adopted_.try_emplace({file.path(), worker});
+    if (first) {
+      const std::string& path = file.path();
+      const std::string dir = DirName(path);
+      std::string name = dir.substr(dir.rfind('/') + 1) + "." + path.substr(path.rfind('/') + 1);
+      for (int k = 1; names_.count({worker, name}); ++k) name = std::to_string(k) + "." + name;
+      if (writer_->AdoptFile(path, worker, name).ok()) {
+        names_.insert({worker, name});
+        it->second = std::move(name);
+      }
+    }
+    return it->second ? &*it->second : nullptr;
+  }
+
   const CheckpointSource& source_;
   GenerationWriter* writer_;
   const ProgressFn& progress_;
@@ -99,6 +138,9 @@ class Importer {
   std::vector<unsigned char> buf_;
   std::set<std::pair<ShardKey, int>> stored_;          // (key, worker) written
   std::map<ShardKey, std::pair<uint64_t, int>> seen_;  // key -> (checksum, first rank)
+  // (file path, worker) -> its name in the generation, or nullopt when it could not be linked
+  std::map<std::pair<std::string, int>, std::optional<std::string>> adopted_;
+  std::set<std::pair<int, std::string>> names_;  // (worker, name) given
 };
 
 Result<ImportResult> ImportInto(Store* store, const CheckpointSource& source, const std::vector<RankView>& views,

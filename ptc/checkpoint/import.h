@@ -39,6 +39,12 @@ struct CheckpointSource {
   std::function<std::string(int rank)> rank_file;
   // Entries set in the new manifest's extra (over those kept from the store).
   nlohmann::json extra = nlohmann::json::object();
+  // The rank files are the store's own from now on (a save's staged files, on
+  // the store's file system, never written again): WriteRanks links each into
+  // the generation (GenerationWriter::AdoptFile) and points the pieces that
+  // lie whole in it at their bytes instead of copying them. A file that cannot
+  // be linked is copied from as before.
+  bool adopt_files = false;
 };
 
 // Imports `source` into the store at `store_path` (created when absent): every

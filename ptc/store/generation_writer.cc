@@ -39,7 +39,7 @@ Status ShardSink::Append(const void* data, size_t n) {
     return InvalidArgumentError(record_.file + ": writing " + std::to_string(written_ + n) + " bytes into a shard of " +
                                 std::to_string(record_.nbytes) + " (tensor '" + record_.tensor + "')");
   }
-  PTC_RETURN_IF_ERROR(file_->PWrite(record_.offset + written_, data, n));
+  if (file_) PTC_RETURN_IF_ERROR(file_->PWrite(record_.offset + written_, data, n));
   for (CopyTarget& c : copies_) PTC_RETURN_IF_ERROR(c.file->PWrite(c.offset + written_, data, n));
   if (!adopted_) hash_.Update(data, n);
   written_ += n;
@@ -64,10 +64,10 @@ Result<ShardRecord> ShardSink::Finish() {
                                    std::to_string(record_.nbytes) + " bytes written (tensor '" + record_.tensor + "')");
   }
   // Not synced here: Commit makes all shard files durable at once (SyncFileSystem).
-  PTC_RETURN_IF_ERROR(file_->Close());
+  if (file_) PTC_RETURN_IF_ERROR(file_->Close());
   for (CopyTarget& c : copies_) PTC_RETURN_IF_ERROR(c.file->Close());
   finished_ = true;
-  StartWriteback(abs_path_);
+  if (file_) StartWriteback(abs_path_);
   for (const CopyTarget& c : copies_) StartWriteback(c.abs_path);
   ShardDigest digest = adopted_ ? std::move(*adopted_) : hash_.Finish();
   record_.checksum = digest.checksum;
@@ -83,21 +83,62 @@ GenerationWriter::~GenerationWriter() {
   store_->WriterDone(committed_ ? 0 : generation_);
 }
 
-Result<std::string> GenerationWriter::PrepareShardFile(const std::string& tensor, DType dtype,
-                                                       const std::vector<Box>& boxes, int worker, ShardRecord& record) {
+Result<std::string> GenerationWriter::WorkerDir(int worker) {
   if (committed_ || aborted_) return FailedPreconditionError(dir_ + ": generation already committed or aborted");
-  if (worker < 0) return InvalidArgumentError("tensor '" + tensor + "': negative worker " + std::to_string(worker));
-  const std::string stem = SanitizeFileName(tensor);
+  if (worker < 0) return InvalidArgumentError(dir_ + ": negative worker " + std::to_string(worker));
   const std::string worker_dir = JoinPath(dir_, WorkerDirName(worker));
+  // Created under the lock: a concurrent caller for the same worker must not
+  // create its file before the directory exists.
+  MutexLock lock(&mu_);
+  if (!workers_.count(worker)) {
+    PTC_RETURN_IF_ERROR(store_->env()->CreateDirs(store_->AbsPath(worker_dir)));
+    workers_.insert(worker);
+  }
+  return worker_dir;
+}
+
+Status GenerationWriter::AdoptFile(const std::string& src, int worker, const std::string& name) {
+  PTC_ASSIGN_OR_RETURN(const std::string worker_dir, WorkerDir(worker));
+  PTC_RETURN_IF_ERROR(CheckEntryName(worker_dir, name));
+  if (name.ends_with(".h5") || name.ends_with(".safetensors")) {
+    return InvalidArgumentError(JoinPath(worker_dir, name) + ": the name of the store's own files");
+  }
+  MutexLock lock(&mu_);  // AdoptFile and NewShardIn of one name are ordered
+  if (adopted_.count({worker, name})) return InvalidArgumentError(JoinPath(worker_dir, name) + ": adopted twice");
+  PTC_RETURN_IF_ERROR(store_->env()->Link(src, store_->AbsPath(JoinPath(worker_dir, name))));
+  adopted_.insert({worker, name});
+  return Status::OK();
+}
+
+Result<std::unique_ptr<ShardSink>> GenerationWriter::NewShardIn(const std::string& tensor, DType dtype,
+                                                                std::vector<Box> boxes, int worker,
+                                                                const std::string& name, uint64_t offset) {
+  {
+    MutexLock lock(&mu_);
+    if (!adopted_.count({worker, name})) {
+      return FailedPreconditionError(dir_ + ": '" + name + "' of worker " + std::to_string(worker) + " not adopted");
+    }
+  }
+  ShardRecord record;
+  PTC_ASSIGN_OR_RETURN(std::string abs, PrepareShardFile(tensor, dtype, boxes, worker, record, {{name, offset}}));
+  PTC_ASSIGN_OR_RETURN(const uint64_t size, store_->env()->FileSize(abs));
+  if (offset > size || record.nbytes > size - offset) {
+    return InvalidArgumentError(record.file + ": tensor '" + tensor + "' (" + std::to_string(record.nbytes) +
+                                " bytes at " + std::to_string(offset) + ") past its end (" + std::to_string(size) +
+                                " bytes)");
+  }
+  return std::unique_ptr<ShardSink>(new ShardSink(std::move(abs), std::move(record), nullptr, {}));
+}
+
+Result<std::string> GenerationWriter::PrepareShardFile(const std::string& tensor, DType dtype,
+                                                       const std::vector<Box>& boxes, int worker, ShardRecord& record,
+                                                       std::optional<std::pair<std::string, uint64_t>> in) {
+  if (worker < 0) return InvalidArgumentError("tensor '" + tensor + "': negative worker " + std::to_string(worker));
+  PTC_ASSIGN_OR_RETURN(const std::string worker_dir, WorkerDir(worker));
+  const std::string stem = SanitizeFileName(tensor);
   int k;
   {
-    // The worker directory is created under the lock: a concurrent caller
-    // for the same worker must not create its file before the directory exists.
     MutexLock lock(&mu_);
-    if (!workers_.count(worker)) {
-      PTC_RETURN_IF_ERROR(store_->env()->CreateDirs(store_->AbsPath(worker_dir)));
-      workers_.insert(worker);
-    }
     k = counters_[{stem, worker}]++;
   }
   record.tensor = tensor;
@@ -106,6 +147,13 @@ Result<std::string> GenerationWriter::PrepareShardFile(const std::string& tensor
   record.file = JoinPath(worker_dir, stem + ".s" + std::to_string(k) + ".h5");
   record.nbytes = 0;
   for (const Box& b : boxes) record.nbytes += static_cast<uint64_t>(b.volume()) * DTypeSize(dtype);
+  if (in) {  // an adopted file holds the bytes; the HDF5 file describes them there
+    record.h5 = record.file;
+    record.file = JoinPath(worker_dir, in->first);
+    record.offset = in->second;
+    PTC_RETURN_IF_ERROR(CreateH5ExternalShard(store_->AbsPath(record.h5), dtype, boxes, tensor, in->first, in->second));
+    return store_->AbsPath(record.file);
+  }
   if (auto placed = PlacementOf(tensor, boxes, worker); placed && record.nbytes > 0) {
     // The bytes go into a rank file; the HDF5 file describes them there.
     std::string name;

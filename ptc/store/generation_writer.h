@@ -54,7 +54,7 @@ class ShardSink {
             std::vector<CopyTarget> copies);
   std::string abs_path_;
   ShardRecord record_;  // offset/nbytes/file set; checksum on Finish
-  std::unique_ptr<WritableFile> file_;
+  std::unique_ptr<WritableFile> file_;  // null: the bytes are in place already (NewShardIn)
   std::vector<CopyTarget> copies_;  // each Append is written to each of them too
   ShardHasher hash_;
   std::optional<ShardDigest> adopted_;  // AdoptChecksums: no hashing
@@ -88,6 +88,23 @@ class GenerationWriter {
   // generation wrote (GenerationManifest::rank_file_copies). Before any NewShard.
   void SetRankFiles(std::vector<RankFileSpec> files) EXCLUDES(mu_);
 
+  // Links `src` (an absolute path on the store's file system: a rank file a
+  // save staged) into the generation as gen-NNNNNN/worker-WW/`name`, copying
+  // no byte: NewShardIn then places shards in it. `src` keeps its name; the
+  // link goes with the generation's directory when it is not committed.
+  // \error InvalidArgument for a name that is no file name or is taken; as
+  //        Env::Link (EXDEV, EPERM: the caller may write the shards instead).
+  Status AdoptFile(const std::string& src, int worker, const std::string& name) EXCLUDES(mu_);
+
+  // A shard whose bytes already lie at `offset` in the file `name` adopted
+  // for `worker`: the sink writes nothing and checksums what is appended (the
+  // caller reads those very bytes); the record points into the file, and an
+  // HDF5 file of external storage describes them there (ShardRecord::h5).
+  // \error FailedPrecondition when `name` was not adopted; InvalidArgument
+  //        when the shard does not fit in the file; as NewShard.
+  Result<std::unique_ptr<ShardSink>> NewShardIn(const std::string& tensor, DType dtype, std::vector<Box> boxes,
+                                                int worker, const std::string& name, uint64_t offset);
+
   // Adds a finished shard, or a shard of an older generation (its file stays where it is).
   void AddShard(ShardRecord record);
 
@@ -118,8 +135,14 @@ class GenerationWriter {
  private:
   friend class Store;
   GenerationWriter(Store* store, uint64_t generation);
+  // A shard's record (no checksums yet) and the absolute path of the file
+  // its bytes go to: a new HDF5 file; or, described by one, a rank file
+  // (rank_files_), or `in` (file name, offset) of an adopted file.
   Result<std::string> PrepareShardFile(const std::string& tensor, DType dtype, const std::vector<Box>& boxes,
-                                       int worker, ShardRecord& record);
+                                       int worker, ShardRecord& record,
+                                       std::optional<std::pair<std::string, uint64_t>> in = std::nullopt);
+  // gen-NNNNNN/worker-WW, made unless it was. EXCLUDES(mu_)
+  Result<std::string> WorkerDir(int worker) EXCLUDES(mu_);
   // The copies of a new shard's bytes rank_files_ want: (absolute path, offset)
   // each, their files made. REQUIRES: the worker directory exists.
   Result<std::vector<std::pair<std::string, uint64_t>>> PrepareCopies(const ShardRecord& record) EXCLUDES(mu_);
@@ -141,6 +164,7 @@ class GenerationWriter {
   std::vector<ShardRecord> shards_ GUARDED_BY(mu_);
   std::map<std::pair<std::string, int>, int> counters_ GUARDED_BY(mu_);  // (stem, worker) -> next k
   std::set<int> workers_ GUARDED_BY(mu_);                                // worker dirs created
+  std::set<std::pair<int, std::string>> adopted_ GUARDED_BY(mu_);        // (worker, file name) AdoptFile linked
   std::vector<RankFileSpec> rank_files_ GUARDED_BY(mu_);
   std::map<std::tuple<int, std::string, std::vector<Box>>, std::pair<size_t, uint64_t>> placements_ GUARDED_BY(mu_);
   // (worker, tensor, boxes) -> (rank file index, offset) of each copy
