@@ -270,7 +270,8 @@ void Controller::Rewrite(const ptc::ModelLayout& layout, std::optional<ptc::Data
   if (!result.ok()) return;
   Collect();
   // A cluster's generations are agreed in etcd: a worker compacting on its own
-  // would leave the job's committed state.
+  // would leave the job's committed state (the job compacts as a change of
+  // its own, ApplyCompaction).
   if (!change) MaybeCompact(layout, dataset);
 }
 
