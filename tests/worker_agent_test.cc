@@ -48,10 +48,12 @@ constexpr auto kLong = std::chrono::seconds(60);
 
 // The worker's Env with a gate: SyncFileSystem (a part made durable before
 // the job may count on it, and a commit) waits while `hold` says so, which
-// holds a worker back before it publishes its part of a change.
+// holds a worker back before it publishes its part of a change, and fails
+// when `fail` says so (its disk gone).
 class GateEnv final : public ptc::Env {
  public:
-  GateEnv(ptc::Env* base, std::function<bool()> hold) : base_(base), hold_(std::move(hold)) {}
+  GateEnv(ptc::Env* base, std::function<bool()> hold, std::function<bool()> fail)
+      : base_(base), hold_(std::move(hold)), fail_(std::move(fail)) {}
   ptc::Result<std::unique_ptr<ptc::RandomAccessFile>> OpenRead(const std::string& p) override {
     return base_->OpenRead(p);
   }
@@ -72,6 +74,7 @@ class GateEnv final : public ptc::Env {
   ptc::Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
   ptc::Status SyncFileSystem(const std::string& p) override {
     while (hold_()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (fail_()) return ptc::IOError(p + ": syncfs failed (injected)");
     return base_->SyncFileSystem(p);
   }
   bool IsDirectory(const std::string& p) override { return base_->IsDirectory(p); }
@@ -82,7 +85,7 @@ class GateEnv final : public ptc::Env {
 
  private:
   ptc::Env* const base_;
-  const std::function<bool()> hold_;
+  const std::function<bool()> hold_, fail_;
 };
 
 // One worker: its link to the key-value store, the Worker, its mounted file
@@ -151,9 +154,11 @@ class WorkerAgentTest : public ::testing::Test {
     auto link = kv_.Connect();
     ptc::cluster::MemKvClient* raw = link.get();
     PTC_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Prepare(o, std::move(link), Store(w)));
-    // Held (HoldCompaction) while its compaction of the job runs.
+    // Held (held_) or failing (failing_) while its compaction of the job runs.
+    auto compacting = [this, w] { return Status(w)["compaction"]["state"] == "running"; };
     auto env = std::make_unique<GateEnv>(
-        worker->env(), [this, w] { return held_[w] && Status(w)["compaction"]["state"] == "running"; });
+        worker->env(), [this, w, compacting] { return held_[w] && compacting(); },
+        [this, w, compacting] { return failing_[w] && compacting(); });
     MountOptions m;
     m.store = Store(w);
     m.worker = w;
@@ -356,6 +361,7 @@ class WorkerAgentTest : public ::testing::Test {
 
   CompactionPolicy policy_;                // the workers' (set before SetUp)
   std::atomic<bool> held_[kWorkers] = {};  // worker w holds back its part of a compaction (GateEnv)
+  std::atomic<bool> failing_[kWorkers] = {};  // worker w's part of a compaction fails (GateEnv)
   TempDir tmp_;
   ptc::ModelSpec spec_;
   ptc::cluster::MemKv kv_;
@@ -620,6 +626,41 @@ TEST_F(WorkerCompactionTest, AReconfigureProposedWhileACompactionRunsWins) {
     EXPECT_EQ(status["compaction"]["state"], "cancelled") << status.dump();
     EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
   }
+  ExpectRanksEqualSynth();
+}
+
+// A compaction whose part fails on one worker (its part cannot be made
+// durable) commits nowhere: that worker says failed, naming why, the others
+// cancelled, naming it; the job keeps the reconfigure's generation (and does
+// not try again for it), and the next change goes through.
+TEST_F(WorkerCompactionTest, ACompactionThatFailsOnOneWorkerCommitsNowhere) {
+  failing_[2] = true;
+  ASSERT_TRUE(Reconfigure(1, "tp=1,pp=6,per_worker=2").ok());
+  auto ended = [&](int w) {
+    const std::string state = Status(w)["compaction"]["state"];
+    return state == "failed" || state == "cancelled";
+  };
+  ASSERT_TRUE(Eventually([&] { return ended(0) && ended(1) && ended(2); }, kLong))
+      << Status(0).dump() << Status(2).dump();
+  const nlohmann::json failed = Status(2);
+  EXPECT_EQ(failed["compaction"]["state"], "failed") << failed.dump();
+  EXPECT_NE(failed["last_error"].dump().find("syncfs failed (injected)"), std::string::npos) << failed.dump();
+  for (int w : {0, 1}) {
+    const nlohmann::json status = Status(w);
+    EXPECT_EQ(status["compaction"]["state"], "cancelled") << status.dump();
+    EXPECT_NE(status["compaction"]["why"].dump().find("worker 2 failed"), std::string::npos) << status.dump();
+    EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  }
+  ExpectGeneration({0, 1, 2}, 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // a few looks of the agents
+  auto pending = ptc::cluster::Coordinator(admin_.get(), {kJob, -1}).Pending();
+  ASSERT_TRUE(pending.ok());
+  EXPECT_FALSE(pending->has_value()) << (*pending)->request;
+  EXPECT_EQ(Committed().generation, 2u);
+  ExpectRanksEqualSynth();
+  failing_[2] = false;
+  ASSERT_TRUE(Reconfigure(0, "tp=2,pp=3,per_worker=2").ok());
+  ExpectGeneration({0, 1, 2}, 3);
   ExpectRanksEqualSynth();
 }
 
