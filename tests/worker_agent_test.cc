@@ -664,5 +664,53 @@ TEST_F(WorkerCompactionTest, ACompactionThatFailsOnOneWorkerCommitsNowhere) {
   ExpectRanksEqualSynth();
 }
 
+// A save committed while the job's compaction runs (worker 2 holds back its
+// part) goes first: the compaction is aborted on every worker, and the save
+// commits on all of them.
+TEST_F(WorkerCompactionTest, ASaveWhileACompactionRunsWins) {
+  held_[2] = true;
+  ASSERT_TRUE(Reconfigure(1, "tp=1,pp=6,per_worker=2").ok());
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return admin_->Get(ptc::cluster::PartKey(kJob, 3, 0))->has_value() &&
+               admin_->Get(ptc::cluster::PartKey(kJob, 3, 1))->has_value() &&
+               Status(2)["compaction"]["state"] == "running";
+      },
+      kLong))
+      << "the compaction is not under way: " << Status(0).dump() << Status(2).dump();
+  // The save in the job's grid (tp=1,pp=6): worker w writes the files of pp stages 2w, 2w + 1.
+  Filesystem& at = SavedAt(1);
+  ASSERT_TRUE(at.controller().Reconfigure("tp=1,pp=6,per_worker=2\n", at.snapshot()).ok());
+  ASSERT_TRUE(Eventually([&] { return !at.controller().Busy(); }, kLong));
+  for (int w = 0; w < kWorkers; ++w) {
+    for (int pp : {2 * w, 2 * w + 1}) {
+      const std::string file = "megatron/" + ptc::megatron::IterationDirName(1) + "/" +
+                               ptc::megatron::RankDirName(0, pp, 6) + "/" + std::string(ptc::megatron::kRankFile);
+      const std::string bytes = ReadFile(at, file);
+      ASSERT_FALSE(bytes.empty()) << file;
+      ASSERT_TRUE(WriteFile(w, file, bytes).ok()) << file;
+    }
+  }
+  ptc::Status saved;
+  std::thread commit([&] { saved = CommitSave(0, 1); });
+  const bool proposed = Eventually(
+      [&] {
+        auto pending = ptc::cluster::Coordinator(admin_.get(), {kJob, -1}).Pending();
+        return pending.ok() && *pending && (*pending)->request == "save 1";
+      },
+      kLong);
+  held_[2] = false;
+  commit.join();
+  ASSERT_TRUE(proposed) << Status(0).dump();
+  ASSERT_TRUE(saved.ok()) << saved.ToString();
+  ExpectGeneration({0, 1, 2}, 3);
+  for (int w = 0; w < kWorkers; ++w) {
+    const nlohmann::json status = Status(w);
+    EXPECT_EQ(status["compaction"]["state"], "cancelled") << status.dump();
+    EXPECT_EQ(ReadFile(w, "megatron/" + std::string(ptc::megatron::kLatestFile)), "1") << w;
+  }
+  ExpectRanksEqualSynth();
+}
+
 }  // namespace
 }  // namespace ptcfs::worker
