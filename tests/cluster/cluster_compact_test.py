@@ -96,7 +96,8 @@ def main():
                     want = "kernel" if rank // 2 == w else "daemon"
                     assert route == want, (w, path, route, p)
                 assert p["kernel"] == 4, p
-            print("ok   each worker's own ranks' files (4 per worker) are read by the kernel (passthrough)")
+            print("ok   each worker's own ranks' files (4 per worker) are read by the kernel (passthrough); "
+                  "bytes each worker compacted: %s" % [status(m)["compaction"]["bytes_done"] for m in mnts])
             # An open file of the worker's own rank has its backing file registered with the kernel.
             with open(os.path.join(mnts[0], "model", "rank-00000", "model.safetensors"), "rb") as f:
                 head = f.read(8)
