@@ -4,7 +4,8 @@
 // injected on demand, and by their peer servers on loopback. The scenarios of
 // the netns suites (tests/cluster/), with the same outcomes: a change, a
 // worker lost mid-change, a recovery onto the survivors, a rejoin after a
-// lease loss, the store away and back, a change whose participants all left.
+// lease loss, the store away and back, a change whose participants all left,
+// a compaction of the job (and a reconfigure, a save, a failure meanwhile).
 // After each committed change every rank's files, read through the worker
 // its slot names, equal synth of the committed config, tensor by tensor.
 //
