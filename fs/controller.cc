@@ -72,13 +72,29 @@ ptc::Result<MountState> Controller::BeginWriting(MountState state, const std::st
 
 void Controller::JoinBackground(std::thread previous) {
   cancel_compaction_ = true;
+  std::shared_ptr<AgreedChange> compacting;
+  {
+    ptc::MutexLock lock(&mu_);
+    compacting = compacting_;
+  }
+  // A compaction of the job may wait for the others' parts: its change is
+  // aborted everywhere (when it still stands), which ends that wait.
+  if (compacting) {
+    compacting->Failed(ptc::FailedPreconditionError(std::string(kCompactionGivesWay) + "a change on worker " +
+                                                    std::to_string(worker_)));
+  }
   if (previous.joinable()) previous.join();
   cancel_compaction_ = false;
 }
 
+void Controller::CancelCompaction() {
+  ptc::MutexLock lock(&mu_);
+  if (compacting_) cancel_compaction_ = true;
+}
+
 bool Controller::Busy() const {
   ptc::MutexLock lock(&mu_);
-  return Writing();
+  return Writing() || compacting_ != nullptr;
 }
 
 void Controller::Recovered(const std::string& why) {
@@ -136,6 +152,7 @@ std::string Controller::StatusJson(const std::shared_ptr<const Snapshot>& curren
       {"dataset", nullptr},
       {"compaction",
        {{"state", compaction_state_},
+        {"why", compaction_why_.empty() ? nlohmann::json(nullptr) : nlohmann::json(compaction_why_)},
         {"bytes_done", compact_done_.load()},
         {"bytes_total", compact_total_.load()},
         {"shards", fragmentation_.shards},

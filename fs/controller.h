@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -88,8 +89,10 @@ class Controller {
   // Makes this mount one worker of a cluster job: Reconfigure hands valid
   // requests to the job (JobParticipant::Propose) and Ingest its saves
   // (ProposeSave), the status document shows its "cluster" part; no
-  // background compaction runs (a worker alone would commit a generation the
-  // job does not have). `job` outlives the controller or is reset (null) first.
+  // compaction runs on its own after a change (a worker alone would commit a
+  // generation the job does not have): the job runs it as a change
+  // (CompactionDue, ApplyCompaction). `job` outlives the controller or is
+  // reset (null) first.
   void SetParticipant(JobParticipant* job) EXCLUDES(mu_) {
     ptc::MutexLock lock(&mu_);
     job_ = job;
@@ -160,8 +163,36 @@ class Controller {
                         const std::shared_ptr<const Snapshot>& current, std::shared_ptr<AgreedChange> change,
                         std::function<void(bool committed)> done) EXCLUDES(mu_, collect_mu_);
 
-  // Whether a rewrite, a save or an Adopt runs (a new change would be refused).
+  // Whether a rewrite, a save, an Adopt or a compaction of the job runs (a
+  // new change would be refused; a compaction gives way to the next change
+  // applied, CancelCompaction).
   bool Busy() const EXCLUDES(mu_);
+
+  // A cluster mount (docs/cluster.md, "Compaction"): measures the served
+  // generation `current` (the status shows it) and says whether the policy
+  // wants it compacted (and there is something to write). Pure of the store
+  // but for the measure: every worker decides the same from the same
+  // generation and policy. False on a failure (kept as last_error).
+  bool CompactionDue(const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_);
+  const CompactionPolicy& compaction_policy() const { return compaction_; }
+
+  // Applies a compaction the cluster agreed (a change of the same config):
+  // in the background, at the lowest CPU priority with one thread, serving
+  // `current` meanwhile (state "serving", "compaction" running), this worker
+  // rewrites its own pieces of `current`'s generation compactly (with
+  // `rank_files`, into its ranks' rank files: PlanRankFileCompaction), then
+  // commits with the job (change->BeforeCommit) and serves the new
+  // generation. Nothing is committed anywhere when it fails or is cancelled
+  // (change->Failed: a writer that takes the role cancels it, the job's
+  // change aborted with kCompactionGivesWay).
+  // \error FailedPrecondition while a rewrite, save or compaction runs
+  //        (change->Failed is called too).
+  ptc::Status ApplyCompaction(bool rank_files, const std::shared_ptr<const Snapshot>& current,
+                              std::shared_ptr<AgreedChange> change) EXCLUDES(mu_);
+
+  // Stops a compaction of the job at its next chunk (the job moved on to
+  // another change); nothing when none runs.
+  void CancelCompaction() EXCLUDES(mu_);
 
   // Brings the store to a generation that no change or save of this mount
   // wrote (a cluster worker catching up with its job after it lost its
@@ -224,6 +255,24 @@ class Controller {
   // generation's fragmentation and compacts it when the policy says so.
   void MaybeCompact(const ptc::ModelLayout& layout, const std::optional<ptc::DatasetState>& dataset)
       EXCLUDES(mu_, collect_mu_);
+  // ApplyCompaction's thread.
+  void CompactInCluster(bool rank_files, const std::shared_ptr<const Snapshot>& current,
+                        const std::shared_ptr<AgreedChange>& change) EXCLUDES(mu_, collect_mu_);
+  // Writes `planned` (its covering; with `files`, into those rank files) and
+  // commits it (`before_commit`: a cluster's), as the running compaction
+  // (progress in the status, lowest CPU priority, one thread, cancelled by a
+  // writer); returns the snapshot of the committed generation in `layout`.
+  ptc::Result<std::shared_ptr<const Snapshot>> RunCompaction(
+      const ptc::transform::Compaction& planned, std::vector<ptc::RankFileSpec> files, const ptc::ModelLayout& layout,
+      const std::optional<ptc::DatasetState>& dataset, std::function<ptc::Status(ptc::GenerationWriter&)> before_commit)
+      EXCLUDES(mu_);
+  // After RunCompaction: serves the new generation, measures it and says
+  // done, or cancelled (a writer took the role, or `aborted`: the job
+  // aborted it) / failed (`what` names it in last_error); the reason is kept
+  // as the status's compaction "why". Removes what it replaced. `mode`: how
+  // the new generation is measured.
+  void EndCompaction(const ptc::Result<std::shared_ptr<const Snapshot>>& result, const std::string& what,
+                     ptc::transform::CommitMode mode, bool aborted) EXCLUDES(mu_, collect_mu_);
   // Takes the store's writer role for `state` (a rewrite, a save or an
   // adopted generation; a rewrite also starts with no error and no
   // progress): no other writer starts until the state leaves it. Then joins
@@ -232,10 +281,11 @@ class Controller {
   // the state before.
   // \error FailedPrecondition `busy` while another writer holds the role.
   ptc::Result<MountState> BeginWriting(MountState state, const std::string& busy) EXCLUDES(mu_, collect_mu_);
-  // Stops a running compaction and joins `previous`, the background thread;
-  // the caller then is the store's writer. The caller has set state_ to its
-  // own state first (so that no compaction starts after this).
-  void JoinBackground(std::thread previous);
+  // Stops a running compaction (a compaction of the job: its change aborted,
+  // kCompactionGivesWay) and joins `previous`, the background thread; the
+  // caller then is the store's writer. The caller has set state_ to its own
+  // state first (so that no compaction starts after this).
+  void JoinBackground(std::thread previous) EXCLUDES(mu_);
   // collect_, its error kept as last_error.
   void Collect() EXCLUDES(mu_, collect_mu_);
   // Collect, or nothing when `only_when_idle` and a rewrite or save runs.
@@ -269,7 +319,10 @@ class Controller {
   // the served generation's fragmentation when last measured, progress.
   std::string compaction_state_ GUARDED_BY(mu_) = "none";
   ptc::transform::Fragmentation fragmentation_ GUARDED_BY(mu_);
+  std::string compaction_why_ GUARDED_BY(mu_);  // why the last one was cancelled or failed
   std::atomic<bool> cancel_compaction_{false};
+  // The compaction of the job this mount runs (ApplyCompaction), until it ends.
+  std::shared_ptr<AgreedChange> compacting_ GUARDED_BY(mu_);
   std::atomic<uint64_t> compact_done_{0}, compact_total_{0};
 };
 

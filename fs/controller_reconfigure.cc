@@ -147,7 +147,10 @@ ptc::Status Controller::Apply(const std::string& text, const std::shared_ptr<con
   if (s.ok()) return s;
   change->Failed(s);
   ptc::MutexLock lock(&mu_);
-  if (!Writing()) state_ = MountState::kFailed;
+  if (!Writing()) {
+    state_ = MountState::kFailed;
+    SetLastError(s.message());  // "failed" always says why
+  }
   return s;
 }
 
@@ -270,7 +273,8 @@ void Controller::Rewrite(const ptc::ModelLayout& layout, std::optional<ptc::Data
   if (!result.ok()) return;
   Collect();
   // A cluster's generations are agreed in etcd: a worker compacting on its own
-  // would leave the job's committed state.
+  // would leave the job's committed state (the job compacts as a change of
+  // its own, ApplyCompaction).
   if (!change) MaybeCompact(layout, dataset);
 }
 

@@ -11,6 +11,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -23,6 +24,11 @@
 namespace ptcfs {
 
 class AgreedChange;
+
+// Begins the reason a compaction of the job (a change of its own,
+// Controller::ApplyCompaction) is aborted with when a reconfiguration, a save
+// or an unmount goes first: its workers then say "cancelled", not "failed".
+inline constexpr std::string_view kCompactionGivesWay = "the compaction gives way to ";
 
 // The job this mount is a worker of.
 class JobParticipant {

@@ -333,6 +333,31 @@ TEST(Covering, WorkerLocalReferencesOnlyEachWorkersOwnPieces) {
   EXPECT_EQ(local.compact_bytes, 0u);  // what is written is whole target shards
 }
 
+// A cluster's compaction (kCompactWorkerLocal) counts a target as stored only
+// on its own worker: one stored as it is on another worker is written whole
+// (pulled), where kCompact of a shared store references it.
+TEST(Covering, CompactWorkerLocalWritesWhatOnlyAnotherWorkerStores) {
+  ModelSpec spec = Spec("llama", kLlama, DType::kF32, true);
+  TempDir tmp;
+  MakeStore(tmp, spec, *ParseConfig("tp=2,pp=1,per_worker=1"), 1);  // rank 1's shards on worker 1
+  auto store = Store::Open(Env::Default(), tmp / "store");
+  ASSERT_TRUE(store.ok());
+  const GenerationManifest& m = (*store)->current();
+  auto plan = MakePlan({&m, spec, *ParseConfig("tp=2,pp=1,per_worker=2"), {}, std::nullopt});
+  ASSERT_TRUE(plan.ok());
+  const Covering shared = MakeCovering(*plan, m, CommitMode::kCompact);
+  const Covering local = MakeCovering(*plan, m, CommitMode::kCompactWorkerLocal);
+  EXPECT_EQ(shared.bytes_written, 0u);                // every target is stored as it is somewhere
+  EXPECT_EQ(local.bytes_written, plan->bytes_moved);  // rank 1's, stored on worker 1 only
+  EXPECT_GT(local.bytes_written, 0u);
+  for (const auto& [s, worker] : local.references) EXPECT_EQ(m.shards[s].worker, worker);
+  for (const TargetShard& t : local.writes.targets) EXPECT_EQ(t.worker, 0);
+  EXPECT_EQ(local.compact_bytes, 0u);
+  EXPECT_EQ(local.references.size() + local.writes.targets.size(), plan->targets.size());
+  // Its fragmentation counts a written target by the pieces it is read from.
+  EXPECT_EQ(local.fragmentation.shards, shared.fragmentation.shards);
+}
+
 // A compaction asked to stop (a mount's reconfigure) stops at its next chunk
 // and commits nothing.
 TEST(Covering, CancelledCompactionCommitsNothing) {

@@ -4,7 +4,8 @@
 // injected on demand, and by their peer servers on loopback. The scenarios of
 // the netns suites (tests/cluster/), with the same outcomes: a change, a
 // worker lost mid-change, a recovery onto the survivors, a rejoin after a
-// lease loss, the store away and back, a change whose participants all left.
+// lease loss, the store away and back, a change whose participants all left,
+// a compaction of the job (and a reconfigure, a save, a failure meanwhile).
 // After each committed change every rank's files, read through the worker
 // its slot names, equal synth of the committed config, tensor by tensor.
 //
@@ -46,16 +47,61 @@ constexpr uint64_t kSeed = 7;
 constexpr int kWorkers = 3;
 constexpr auto kLong = std::chrono::seconds(60);
 
+// The worker's Env with a gate: SyncFileSystem (a part made durable before
+// the job may count on it, and a commit) waits while `hold` says so, which
+// holds a worker back before it publishes its part of a change, and fails
+// when `fail` says so (its disk gone).
+class GateEnv final : public ptc::Env {
+ public:
+  GateEnv(ptc::Env* base, std::function<bool()> hold, std::function<bool()> fail)
+      : base_(base), hold_(std::move(hold)), fail_(std::move(fail)) {}
+  ptc::Result<std::unique_ptr<ptc::RandomAccessFile>> OpenRead(const std::string& p) override {
+    return base_->OpenRead(p);
+  }
+  ptc::Result<std::unique_ptr<ptc::WritableFile>> OpenWrite(const std::string& p) override {
+    return base_->OpenWrite(p);
+  }
+  ptc::Result<std::unique_ptr<ptc::WritableFile>> OpenExisting(const std::string& p) override {
+    return base_->OpenExisting(p);
+  }
+  bool Exists(const std::string& p) override { return base_->Exists(p); }
+  bool Reachable(const std::string& p) override { return base_->Reachable(p); }
+  ptc::Result<uint64_t> FileSize(const std::string& p) override { return base_->FileSize(p); }
+  ptc::Result<std::vector<std::string>> ListDir(const std::string& p) override { return base_->ListDir(p); }
+  ptc::Status CreateDirs(const std::string& p) override { return base_->CreateDirs(p); }
+  ptc::Status Rename(const std::string& from, const std::string& to) override { return base_->Rename(from, to); }
+  ptc::Status Link(const std::string& from, const std::string& to) override { return base_->Link(from, to); }
+  ptc::Status Remove(const std::string& p) override { return base_->Remove(p); }
+  ptc::Status RemoveTree(const std::string& p) override { return base_->RemoveTree(p); }
+  ptc::Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
+  ptc::Status SyncFileSystem(const std::string& p) override {
+    while (hold_()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (fail_()) return ptc::IOError(p + ": syncfs failed (injected)");
+    return base_->SyncFileSystem(p);
+  }
+  bool IsDirectory(const std::string& p) override { return base_->IsDirectory(p); }
+  ptc::Result<std::unique_ptr<ptc::OutputDir>> OpenOutputDir(const std::string& p) override {
+    return base_->OpenOutputDir(p);
+  }
+  uint64_t MemoryBytes() override { return base_->MemoryBytes(); }
+
+ private:
+  ptc::Env* const base_;
+  const std::function<bool()> hold_, fail_;
+};
+
 // One worker: its link to the key-value store, the Worker, its mounted file
-// system (in process) and its agent.
+// system (in process) over its gated Env, and its agent.
 struct Node {
   ptc::cluster::MemKvClient* link = nullptr;  // owned by `worker`
   std::unique_ptr<Worker> worker;
+  std::unique_ptr<GateEnv> env;
   std::unique_ptr<Filesystem> fs;
   std::shared_ptr<void> agent;
   void Stop() {
     agent.reset();
     fs.reset();
+    env.reset();
     worker.reset();
     link = nullptr;
   }
@@ -110,17 +156,23 @@ class WorkerAgentTest : public ::testing::Test {
     auto link = kv_.Connect();
     ptc::cluster::MemKvClient* raw = link.get();
     PTC_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Prepare(o, std::move(link), Store(w)));
+    // Held (held_) or failing (failing_) while its compaction of the job runs.
+    auto compacting = [this, w] { return Status(w)["compaction"]["state"] == "running"; };
+    auto env = std::make_unique<GateEnv>(
+        worker->env(), [this, w, compacting] { return held_[w] && compacting(); },
+        [this, w, compacting] { return failing_[w] && compacting(); });
     MountOptions m;
     m.store = Store(w);
     m.worker = w;
     m.npy = false;
     m.megatron = true;
-    m.env = worker->env();
+    m.env = env.get();
     m.in_cluster = true;
+    m.compaction = policy_;
     PTC_ASSIGN_OR_RETURN(std::unique_ptr<Filesystem> fs, Filesystem::Create(m));
     PTC_ASSIGN_OR_RETURN(std::shared_ptr<void> agent, worker->Attach(*fs));
     if (nodes_.size() <= static_cast<size_t>(w)) nodes_.resize(w + 1);
-    nodes_[w] = {raw, std::move(worker), std::move(fs), std::move(agent)};
+    nodes_[w] = {raw, std::move(worker), std::move(env), std::move(fs), std::move(agent)};
     return ptc::Status::OK();
   }
 
@@ -302,6 +354,16 @@ class WorkerAgentTest : public ::testing::Test {
     EXPECT_TRUE(diff->equal) << text << ": " << diff->reason;
   }
 
+  // What is committed now.
+  ptc::cluster::Committed Committed() {
+    auto committed = ptc::cluster::Coordinator(admin_.get(), {kJob, -1}).GetCommitted();
+    EXPECT_TRUE(committed.ok() && *committed);
+    return committed.ok() && *committed ? **committed : ptc::cluster::Committed{};
+  }
+
+  CompactionPolicy policy_;                // the workers' (set before SetUp)
+  std::atomic<bool> held_[kWorkers] = {};  // worker w holds back its part of a compaction (GateEnv)
+  std::atomic<bool> failing_[kWorkers] = {};  // worker w's part of a compaction fails (GateEnv)
   TempDir tmp_;
   ptc::ModelSpec spec_;
   ptc::cluster::MemKv kv_;
@@ -562,6 +624,161 @@ TEST_F(WorkerAgentTest, ASaveIsCopiedToItsReplicas) {
   ASSERT_FALSE(holders.empty());
   for (const auto& [piece, workers] : holders) EXPECT_EQ(workers.size(), 2u) << piece;
   EXPECT_EQ(ReadFile(2, "megatron/" + std::string(ptc::megatron::kLatestFile)), "1");
+  ExpectRanksEqualSynth();
+}
+
+// Workers that compact any generation read from more than one piece per
+// shard, into rank files: the job compacts through the protocol.
+class WorkerCompactionTest : public WorkerAgentTest {
+ protected:
+  WorkerCompactionTest() {
+    policy_.max_pieces_per_shard = 1;
+    policy_.rank_files = true;
+  }
+};
+
+// A reconfigure leaves a fragmented covering: the lowest live worker proposes
+// a compaction, every worker rewrites its own pieces into its ranks' rank
+// files, and all commit the same generation; the tensors are the same bytes.
+TEST_F(WorkerCompactionTest, AFragmentedGenerationIsCompactedByEveryWorker) {
+  const std::string contents = Committed().contents;
+  ASSERT_TRUE(Reconfigure(1, "tp=1,pp=6,per_worker=2").ok());
+  ExpectGeneration({0, 1, 2}, 3);  // the reconfigure, then the job's compaction
+  const ptc::cluster::Committed committed = Committed();
+  EXPECT_EQ(committed.config, ptc::ParseConfig("tp=1,pp=6,per_worker=2")->ToString());
+  EXPECT_EQ(committed.contents, contents);  // no byte changed
+  for (int w = 0; w < kWorkers; ++w) {
+    const nlohmann::json status = Status(w);
+    EXPECT_EQ(status["compaction"]["state"], "done") << status.dump();
+    EXPECT_EQ(status["compaction"]["pieces"], status["compaction"]["shards"]) << status.dump();
+    EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+    // Its own pieces: written by the compaction, in its ranks' rank files.
+    char dir[64];
+    std::snprintf(dir, sizeof(dir), "gen-%06d/worker-%02d/", 3, w);
+    size_t in_rank_files = 0;
+    for (const ptc::ShardRecord& s : nodes_[w].fs->store().CurrentSnapshot()->shards) {
+      if (s.worker != w || s.nbytes == 0) continue;
+      EXPECT_TRUE(s.file.starts_with(dir)) << s.file;
+      in_rank_files += s.file.ends_with(".safetensors");
+      EXPECT_TRUE(std::filesystem::exists(Store(w) + "/" + s.file)) << s.file;
+    }
+    EXPECT_GT(in_rank_files, 0u) << "worker " << w;
+  }
+  ExpectRanksEqualSynth();
+}
+
+// A reconfigure asked while the job's compaction runs (worker 2 holds back
+// its part, the others wait for it) goes first: the compaction is aborted on
+// every worker, nothing of it committed, and the reconfigure commits.
+TEST_F(WorkerCompactionTest, AReconfigureProposedWhileACompactionRunsWins) {
+  held_[2] = true;
+  ASSERT_TRUE(Reconfigure(1, "tp=1,pp=6,per_worker=2").ok());
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return admin_->Get(ptc::cluster::PartKey(kJob, 3, 0))->has_value() &&
+               admin_->Get(ptc::cluster::PartKey(kJob, 3, 1))->has_value() &&
+               Status(2)["compaction"]["state"] == "running";
+      },
+      kLong))
+      << "the compaction is not under way: " << Status(0).dump() << Status(2).dump();
+  auto pending = ptc::cluster::Coordinator(admin_.get(), {kJob, -1}).Pending();
+  ASSERT_TRUE(pending.ok() && *pending);
+  EXPECT_EQ((*pending)->request, "compact rank-files");
+  EXPECT_EQ((*pending)->from, 2u);
+  const std::string back = ptc::ParseConfig("tp=2,pp=3,per_worker=2")->ToString();
+  const ptc::Status asked = Reconfigure(1, back);
+  ASSERT_TRUE(asked.ok()) << asked.ToString();
+  held_[2] = false;
+  ExpectGeneration({0, 1, 2}, 3);
+  EXPECT_EQ(Committed().config, back);
+  for (int w = 0; w < kWorkers; ++w) {
+    const nlohmann::json status = Status(w);
+    EXPECT_EQ(status["compaction"]["state"], "cancelled") << status.dump();
+    EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  }
+  ExpectRanksEqualSynth();
+}
+
+// A compaction whose part fails on one worker (its part cannot be made
+// durable) commits nowhere: that worker says failed, naming why, the others
+// cancelled, naming it; the job keeps the reconfigure's generation (and does
+// not try again for it), and the next change goes through.
+TEST_F(WorkerCompactionTest, ACompactionThatFailsOnOneWorkerCommitsNowhere) {
+  failing_[2] = true;
+  ASSERT_TRUE(Reconfigure(1, "tp=1,pp=6,per_worker=2").ok());
+  auto ended = [&](int w) {
+    const std::string state = Status(w)["compaction"]["state"];
+    return state == "failed" || state == "cancelled";
+  };
+  ASSERT_TRUE(Eventually([&] { return ended(0) && ended(1) && ended(2); }, kLong))
+      << Status(0).dump() << Status(2).dump();
+  const nlohmann::json failed = Status(2);
+  EXPECT_EQ(failed["compaction"]["state"], "failed") << failed.dump();
+  EXPECT_NE(failed["last_error"].dump().find("syncfs failed (injected)"), std::string::npos) << failed.dump();
+  for (int w : {0, 1}) {
+    const nlohmann::json status = Status(w);
+    EXPECT_EQ(status["compaction"]["state"], "cancelled") << status.dump();
+    EXPECT_NE(status["compaction"]["why"].dump().find("worker 2 failed"), std::string::npos) << status.dump();
+    EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  }
+  ExpectGeneration({0, 1, 2}, 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // a few looks of the agents
+  auto pending = ptc::cluster::Coordinator(admin_.get(), {kJob, -1}).Pending();
+  ASSERT_TRUE(pending.ok());
+  EXPECT_FALSE(pending->has_value()) << (*pending)->request;
+  EXPECT_EQ(Committed().generation, 2u);
+  ExpectRanksEqualSynth();
+  failing_[2] = false;
+  ASSERT_TRUE(Reconfigure(0, "tp=2,pp=3,per_worker=2").ok());
+  ExpectGeneration({0, 1, 2}, 3);
+  ExpectRanksEqualSynth();
+}
+
+// A save committed while the job's compaction runs (worker 2 holds back its
+// part) goes first: the compaction is aborted on every worker, and the save
+// commits on all of them.
+TEST_F(WorkerCompactionTest, ASaveWhileACompactionRunsWins) {
+  held_[2] = true;
+  ASSERT_TRUE(Reconfigure(1, "tp=1,pp=6,per_worker=2").ok());
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return admin_->Get(ptc::cluster::PartKey(kJob, 3, 0))->has_value() &&
+               admin_->Get(ptc::cluster::PartKey(kJob, 3, 1))->has_value() &&
+               Status(2)["compaction"]["state"] == "running";
+      },
+      kLong))
+      << "the compaction is not under way: " << Status(0).dump() << Status(2).dump();
+  // The save in the job's grid (tp=1,pp=6): worker w writes the files of pp stages 2w, 2w + 1.
+  Filesystem& at = SavedAt(1);
+  ASSERT_TRUE(at.controller().Reconfigure("tp=1,pp=6,per_worker=2\n", at.snapshot()).ok());
+  ASSERT_TRUE(Eventually([&] { return !at.controller().Busy(); }, kLong));
+  for (int w = 0; w < kWorkers; ++w) {
+    for (int pp : {2 * w, 2 * w + 1}) {
+      const std::string file = "megatron/" + ptc::megatron::IterationDirName(1) + "/" +
+                               ptc::megatron::RankDirName(0, pp, 6) + "/" + std::string(ptc::megatron::kRankFile);
+      const std::string bytes = ReadFile(at, file);
+      ASSERT_FALSE(bytes.empty()) << file;
+      ASSERT_TRUE(WriteFile(w, file, bytes).ok()) << file;
+    }
+  }
+  ptc::Status saved;
+  std::thread commit([&] { saved = CommitSave(0, 1); });
+  const bool proposed = Eventually(
+      [&] {
+        auto pending = ptc::cluster::Coordinator(admin_.get(), {kJob, -1}).Pending();
+        return pending.ok() && *pending && (*pending)->request == "save 1";
+      },
+      kLong);
+  held_[2] = false;
+  commit.join();
+  ASSERT_TRUE(proposed) << Status(0).dump();
+  ASSERT_TRUE(saved.ok()) << saved.ToString();
+  ExpectGeneration({0, 1, 2}, 3);
+  for (int w = 0; w < kWorkers; ++w) {
+    const nlohmann::json status = Status(w);
+    EXPECT_EQ(status["compaction"]["state"], "cancelled") << status.dump();
+    EXPECT_EQ(ReadFile(w, "megatron/" + std::string(ptc::megatron::kLatestFile)), "1") << w;
+  }
   ExpectRanksEqualSynth();
 }
 

@@ -313,7 +313,8 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
       ->add_option("--compact-pieces", m->compaction.max_pieces_per_shard,
                    "after a reconfigure, compact in the background (lowest priority; a reconfigure\n"
                    "cancels it) when the layout's shards are read from more than this many stored pieces\n"
-                   "on average (default 8; 0: never on this rule)")
+                   "on average (default 8; 0: never on this rule). On a cluster mount the job compacts\n"
+                   "as a change of its own, proposed by the lowest live worker")
       ->check(AtLeast(0));
   mount
       ->add_option("--compact-min-piece", m->compaction.min_piece_bytes,

@@ -13,6 +13,13 @@ void AddPiece(uint64_t bytes, Fragmentation* f) {
   f->smallest_piece = f->pieces == 1 ? bytes : std::min(f->smallest_piece, bytes);
 }
 
+// Whether every target not stored as it is gets written whole.
+bool Compacts(CommitMode mode) { return mode == CommitMode::kCompact || mode == CommitMode::kCompactWorkerLocal; }
+// Whether a target may be stored only by a piece on its own worker.
+bool WorkerLocal(CommitMode mode) {
+  return mode == CommitMode::kWorkerLocal || mode == CommitMode::kCompactWorkerLocal;
+}
+
 }  // namespace
 
 Covering MakeCovering(const Plan& plan, const GenerationManifest& source, CommitMode mode) {
@@ -25,7 +32,7 @@ Covering MakeCovering(const Plan& plan, const GenerationManifest& source, Commit
     while (c < plan.copies.size() && plan.copies[c].target == t) ++c;
     out.fragmentation.shards++;
     std::optional<size_t> stored = target.kept;
-    if (!stored && mode != CommitMode::kWorkerLocal) stored = target.same;
+    if (!stored && !WorkerLocal(mode)) stored = target.same;
     if (stored) {
       AddPiece(target.nbytes, &out.fragmentation);
       references.emplace(*stored, target.worker);
@@ -36,7 +43,7 @@ Covering MakeCovering(const Plan& plan, const GenerationManifest& source, Commit
     const size_t index = out.writes.targets.size();
     for (size_t i = first; i < c; ++i) {
       const Copy& copy = plan.copies[i];
-      if (mode != CommitMode::kCompact && source.shards[copy.source].worker == target.worker) {
+      if (!Compacts(mode) && source.shards[copy.source].worker == target.worker) {
         references.emplace(copy.source, target.worker);
         continue;
       }

@@ -44,6 +44,10 @@ enum class CommitMode {
   // docs/cluster.md): a piece is referenced only by its own worker's targets,
   // so a shard identical to one on another worker is written too (pulled).
   kWorkerLocal,
+  // As kCompact for workers that each keep a store of their own (a cluster's
+  // compaction): a target counts as stored as it is only on its own worker, so
+  // a shard identical to one on another worker is written too (pulled).
+  kCompactWorkerLocal,
 };
 
 struct Covering {

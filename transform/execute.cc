@@ -172,7 +172,7 @@ Result<ExecuteResult> Transform(Store& store, const ParallelConfig& target, cons
   return ExecutePlan(store, source, spec, target, plan, options);
 }
 
-Result<Compaction> PlanCompaction(const Store& store) {
+Result<Compaction> PlanCompaction(const Store& store, CommitMode mode) {
   if (!store.has_generation()) return FailedPreconditionError(store.root() + ": the store holds no generation yet");
   Compaction c;
   c.source = store.CurrentSnapshot();
@@ -180,7 +180,7 @@ Result<Compaction> PlanCompaction(const Store& store) {
   PTC_ASSIGN_OR_RETURN(c.spec, SpecFromManifest(*c.source), label);
   PTC_ASSIGN_OR_RETURN(c.config, ConfigFromManifest(*c.source), label);
   PTC_ASSIGN_OR_RETURN(Plan plan, MakePlan({c.source.get(), c.spec, c.config, {}, std::nullopt}), label);
-  c.covering = MakeCovering(plan, *c.source, CommitMode::kCompact);
+  c.covering = MakeCovering(plan, *c.source, mode);
   return c;
 }
 

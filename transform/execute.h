@@ -101,8 +101,10 @@ struct Compaction {
   ParallelConfig config;
   Covering covering;  // nothing to write: the generation is compact
 };
+// `mode`: kCompact, or kCompactWorkerLocal for a cluster's worker (whose
+// store holds its own pieces only).
 // \error FailedPrecondition when the store has no generation; as MakePlan.
-Result<Compaction> PlanCompaction(const Store& store);
+Result<Compaction> PlanCompaction(const Store& store, CommitMode mode = CommitMode::kCompact);
 
 // PlanCompaction, then ExecuteCovering when there is anything to write. When
 // nothing needs writing nothing is committed and the result's generation is

@@ -104,6 +104,23 @@ class AppliedChange final : public AgreedChange {
 // layout carries the config written to .ptcfs/config).
 constexpr std::string_view kSaveRequest = "save ";
 
+// A compaction's change carries "compact" (pieces into HDF5 files) or
+// "compact rank-files" (into the layout's rank files) as its request: every
+// worker must write the same kind, as the job's digest covers every piece.
+constexpr std::string_view kCompactRequest = "compact";
+constexpr std::string_view kCompactRankFilesRequest = "compact rank-files";
+
+// Whether `request` is a compaction, and whether into rank files.
+std::optional<bool> CompactionRankFiles(std::string_view request) {
+  if (request == kCompactRequest) return false;
+  if (request == kCompactRankFilesRequest) return true;
+  return std::nullopt;
+}
+
+// How long a proposal waits for a compaction that committed before it could
+// give way to be served by this mount (its commit follows the job's at once).
+constexpr std::chrono::seconds kOvertakeWait{10};
+
 std::optional<uint64_t> SaveIteration(std::string_view request) {
   if (!request.starts_with(kSaveRequest)) return std::nullopt;
   request.remove_prefix(kSaveRequest.size());
@@ -154,6 +171,7 @@ ptc::Result<ptc::cluster::Change> Agent::ProposeToJob(const std::string& request
                                         options_.job + " now (etcd out of reach, or it rejoins): " + again +
                                         " once .ptcfs/status shows no error");
   }
+  if (!CompactionRankFiles(request)) OvertakeCompaction(request);
   PTC_ASSIGN_OR_RETURN(std::vector<ptc::cluster::Member> members, ptc::cluster::ListMembers(*kv_, options_.job));
   std::vector<int> workers;
   for (const ptc::cluster::Member& m : members) workers.push_back(m.worker);
@@ -175,6 +193,19 @@ ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeSave(uint64_t iteration
   std::set<int> participants(change.workers.begin(), change.workers.end());
   return std::shared_ptr<AgreedChange>(std::make_shared<AppliedChange>(
       std::move(change), std::move(participants), coordinator_, &fs_->store(), env_, options_, &saved_));
+}
+
+void Agent::OvertakeCompaction(const std::string& request) {
+  auto pending = coordinator_->Pending();
+  if (!pending.ok() || !*pending || !CompactionRankFiles((*pending)->request)) return;
+  coordinator_->Withdraw(**pending, std::string(kCompactionGivesWay) + "'" + request + "' asked on worker " +
+                                        std::to_string(options_.worker));
+  const auto deadline = std::chrono::steady_clock::now() + kOvertakeWait;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto committed = coordinator_->GetCommitted();
+    if (!committed.ok() || !*committed || (*committed)->generation == fs_->store().current_generation()) return;
+    std::this_thread::sleep_for(kPollWithoutWatch);
+  }
 }
 
 std::optional<ptc::cluster::Change> Agent::Proposed() {
@@ -226,7 +257,7 @@ void Agent::Loop() {
     if (member && pending.ok() && !*pending && revision > 0) {
       Recover(live);
       NoteWhole(live);
-      Replicate(live);
+      if (!Replicate(live)) Compact(live);
     }
     if (member && pending.ok() && !*pending && durable_) durable_->Look();
     if (revision > 0) Report(live);
@@ -268,14 +299,14 @@ void Agent::Recover(const std::vector<int>& live) {
   if (!s.ok()) fs_->controller().RecordError("worker " + names + " left the job; no change onto the survivors: " + s.message());
 }
 
-void Agent::Replicate(const std::vector<int>& live) {
+bool Agent::Replicate(const std::vector<int>& live) {
   auto current = fs_->store().CurrentSnapshot();
   if (saved_ != current->generation || live.empty() || live.front() != options_.worker || fs_->controller().Busy()) {
-    return;
+    return false;
   }
   saved_ = 0;
   auto config = ptc::ParseConfig(current->config);
-  if (!config.ok() || config->replicas < 2) return;
+  if (!config.ok() || config->replicas < 2) return false;
   const ptc::Status s = Propose(config->ToString(), *config);
   std::fprintf(
       stderr, "ptcfs: the save of generation %llu committed: %s\n",
@@ -283,6 +314,29 @@ void Agent::Replicate(const std::vector<int>& live) {
       s.ok() ? ("copying its pieces to their replicas (replicas=" + std::to_string(config->replicas) + ")").c_str()
              : s.ToString().c_str());
   if (!s.ok()) fs_->controller().RecordError("the save's pieces not copied to their replicas: " + s.message());
+  return true;
+}
+
+void Agent::Compact(const std::vector<int>& live) {
+  if (live.empty() || live.front() != options_.worker || fs_->controller().Busy()) return;
+  const std::shared_ptr<const Snapshot> served = fs_->snapshot();
+  const uint64_t generation = served->generation();
+  std::pair<uint64_t, std::vector<int>> look{generation, live};
+  if (look == compact_looked_ || generation != fs_->store().current_generation()) return;
+  compact_looked_ = std::move(look);
+  if (!fs_->controller().CompactionDue(served)) return;
+  if (auto pending = coordinator_->Pending(); !pending.ok() || *pending) {  // a recovery proposed just now
+    compact_looked_ = {};
+    return;
+  }
+  const bool rank_files = fs_->controller().compaction_policy().rank_files;
+  const std::string request(rank_files ? kCompactRankFilesRequest : kCompactRequest);
+  // Every worker of the config writes its targets: all must take part.
+  auto change = ProposeToJob(request, served->config().Workers(), "it is tried again after the next change");
+  std::fprintf(stderr, "ptcfs: generation %llu is fragmented past the compaction policy: %s\n",
+               static_cast<unsigned long long>(generation),
+               change.ok() ? ("every worker compacts its pieces (" + request + ")").c_str()
+                           : change.status().ToString().c_str());
 }
 
 void Agent::NoteWhole(const std::vector<int>& live) {
@@ -396,12 +450,19 @@ void Agent::Apply(const ptc::cluster::Change& change) {
   if (change.id == applied_ || change.from != fs_->store().CurrentSnapshot()->generation) return;
   const std::set<int> participants(change.workers.begin(), change.workers.end());
   if (!participants.count(options_.worker)) return;
-  if (fs_->controller().Busy()) return;  // the previous change winds down: the next look applies this one
+  if (fs_->controller().Busy()) {
+    // The previous change winds down: the next look applies this one. A
+    // compaction of the job still running lost its change (one at a time): it stops.
+    fs_->controller().CancelCompaction();
+    return;
+  }
   applied_ = change.id;
   auto agreed =
       std::make_shared<AppliedChange>(change, participants, coordinator_, &fs_->store(), env_, options_, &saved_);
   if (const std::optional<uint64_t> save = SaveIteration(change.request)) {
     (void)fs_->ApplySave(*save, std::move(agreed));
+  } else if (const std::optional<bool> rank_files = CompactionRankFiles(change.request)) {
+    (void)fs_->controller().ApplyCompaction(*rank_files, fs_->snapshot(), std::move(agreed));
   } else {
     (void)fs_->controller().Apply(change.request, fs_->snapshot(), std::move(agreed));
   }

@@ -3,7 +3,8 @@
 // follows the job's key-value store: the members' addresses, changes to apply
 // (Controller::Apply with the coordinator's commit), a change none of whose
 // participants is live (withdrawn), workers lost (a recovery onto the
-// survivors, proposed by the lowest live worker), a lease lost (Rejoin),
+// survivors, proposed by the lowest live worker), a fragmented generation (a
+// compaction, proposed by the lowest live worker), a lease lost (Rejoin),
 // the durable tier's copy, and the "cluster" part of .ptcfs/status.
 //
 // Thread safety: Start once; Propose and StatusPart are called from FUSE
@@ -102,8 +103,20 @@ class Agent final : public JobParticipant {
   // A save leaves each piece on the worker that wrote it only. When the job
   // keeps replicas (replicas=R > 1), the lowest live worker then proposes the
   // same config again: its change copies every piece to its keepers (the
-  // plan's targets include them). Once per save.
-  void Replicate(const std::vector<int>& live);
+  // plan's targets include them). Once per save. Returns whether it proposed.
+  bool Replicate(const std::vector<int>& live);
+
+  // When the committed generation is fragmented past this mount's policy
+  // (Controller::CompactionDue), the lowest live worker proposes a compaction
+  // of it ("compact", or "compact rank-files" with rank files): every worker
+  // then rewrites its own pieces (Controller::ApplyCompaction), and the job
+  // commits them together or not at all. Once per (generation, live members).
+  void Compact(const std::vector<int>& live);
+
+  // Before this mount proposes `request`: a compaction under way gives way
+  // (withdrawn, kCompactionGivesWay); when it committed first, waits (a
+  // while) until this mount serves its generation.
+  void OvertakeCompaction(const std::string& request);
 
   // Once every worker of the committed config is live again after some were
   // not, a "failed" state the loss left ends (Controller::Recovered).
@@ -162,6 +175,7 @@ class Agent final : public JobParticipant {
   std::set<int> seen_;   // workers seen live since the mount started or rejoined (the loop's own)
   std::pair<uint64_t, std::vector<int>> tried_;  // the last recovery proposed (the loop's own)
   std::atomic<uint64_t> saved_{0};               // the generation of the last save committed with this worker
+  std::pair<uint64_t, std::vector<int>> compact_looked_;  // what Compact measured last (the loop's own)
   bool missing_ = false;  // a worker of the committed config was not live at the last look (the loop's own)
   std::unique_ptr<DurableKeeper> durable_;  // with --durable
   std::pair<uint64_t, std::vector<int>> reported_;  // what report_ was made for (the loop's own)
