@@ -97,7 +97,7 @@ def peak_rss(pid):
 def timed_save(ns, mnts, targets, it, tag):
     """Every worker's process saves its ranks as iteration `it` into its
     target at once; the mount side is committed by the latest file on worker
-    0. Returns (seconds, bytes written)."""
+    0. Returns (seconds, bytes written, the start time)."""
     sync_dir = os.path.join(WORK, "sync-%d-%s-%d" % (len(mnts), tag, it))
     os.makedirs(sync_dir)
     go = os.path.join(sync_dir, "go")
@@ -122,15 +122,18 @@ def timed_save(ns, mnts, targets, it, tag):
     if targets[0].endswith("megatron"):
         with open(os.path.join(targets[0], LATEST), "w") as f:
             f.write(str(it))
-    return time.time() - t0, written
+    return time.time() - t0, written, t0
 
 
 def run(ns, etcd, workers, per_worker):
-    """The model on `workers` workers (per_worker ranks each): medians of the
-    local and the mount save, bytes, the daemons' peak RSS."""
+    """The model on `workers` workers (per_worker ranks each; with more than
+    one, replicas=2): medians of the local and the mount save, of the save to
+    committed on every worker and, with replicas, to its pieces copied to
+    their keepers, bytes, the daemons' peak RSS."""
     base = os.path.join(WORK, "w%d" % workers)
     os.makedirs(base)
-    config = "tp=2,pp=2,per_worker=%d" % per_worker
+    replicas = 2 if workers > 1 else 1
+    config = "tp=2,pp=2,per_worker=%d" % per_worker + (",replicas=2" if replicas > 1 else "")
     src = os.path.join(WORK, "synth")
     if not os.path.exists(src):
         sh(PTCFS, "synth", "--schema", SCHEMA, "--dims", DIMS, "--config", "tp=2,pp=2", "--dtype", "bf16",
@@ -148,25 +151,34 @@ def run(ns, etcd, workers, per_worker):
                                         os.path.join(base, "worker%d.log" % w), ["--format", "megatron"]))
         for w in range(workers):
             wait_for("worker %d's mount" % w, lambda: status(mnts[w])["state"] == "serving", mnts=mnts)
-        local, mount, nbytes = [], [], 0
+        local, mount, everywhere, whole, nbytes = [], [], [], [], 0
         generation = status(mnts[0])["generation"]
         for rep in range(REPS):
             it = 1000 + rep
             locals_ = [os.path.join(base, "local%d" % w) for w in range(workers)]
-            seconds, nbytes = timed_save(ns, mnts, locals_, it, "local")
+            seconds, nbytes, _ = timed_save(ns, mnts, locals_, it, "local")
             local.append(seconds)
             for d in locals_:
                 shutil.rmtree(d)
-            seconds, _ = timed_save(ns, mnts, [os.path.join(m, "megatron") for m in mnts], it, "mount")
+            seconds, _, t0 = timed_save(ns, mnts, [os.path.join(m, "megatron") for m in mnts], it, "mount")
             generation += 1
             for w in range(workers):
                 wait_for("worker %d at generation %d" % (w, generation), lambda: at_generation(mnts[w], generation),
-                         mnts=mnts)
+                         timeout=300, poll=0.005, mnts=mnts)
+            everywhere.append(time.time() - t0)
+            if replicas > 1:  # the copy change right after the save
+                generation += 1
+                for w in range(workers):
+                    wait_for("worker %d at generation %d" % (w, generation), lambda: at_generation(mnts[w], generation),
+                             timeout=300, poll=0.005, mnts=mnts)
+                whole.append(time.time() - t0)
             mount.append(seconds)
-            print("  %d worker(s), round %d: local %.2f s, mount %.2f s (%d bytes)" %
-                  (workers, rep, local[-1], mount[-1], nbytes), flush=True)
+            print("  %d worker(s), round %d: local %.2f s, mount %.2f s, committed everywhere %.2f s%s (%d bytes)" %
+                  (workers, rep, local[-1], mount[-1], everywhere[-1],
+                   ", replicas whole %.2f s" % whole[-1] if whole else "", nbytes), flush=True)
         rss = max(peak_rss(d.pid) for d in daemons)
-        return statistics.median(local), statistics.median(mount), nbytes, rss
+        return (statistics.median(local), statistics.median(mount), statistics.median(everywhere),
+                statistics.median(whole) if whole else None, nbytes, rss)
     finally:
         stop(daemons, mnts)
 
@@ -179,8 +191,7 @@ def main():
     try:
         with Netns(2) as ns, start_etcd(os.path.join(WORK, "etcd"), ns.host_addr) as etcd:
             for workers, per_worker in ((1, 4), (2, 2)):
-                local, mount, nbytes, rss = run(ns, etcd, workers, per_worker)
-                rows.append((workers, local, mount, nbytes, rss))
+                rows.append((workers, *run(ns, etcd, workers, per_worker)))
     finally:
         if not os.environ.get("KEEP"):
             shutil.rmtree(WORK, ignore_errors=True)
@@ -188,17 +199,19 @@ def main():
         "## Saves through the mounts, one worker and two (issue 27)",
         "",
         "`sudo python3 bench/cluster_save.py` (megatron-gpt %s, bf16 with Adam, tp=2,pp=2: four rank files; "
-        "%d rounds, medians; `sync; sleep %g` before each timed write, the two sides interleaved)." %
-        (DIMS, REPS, SETTLE),
+        "%d rounds, medians; `sync; sleep %g` before each timed write, the two sides interleaved). The mount side "
+        "is timed to the latest file's close (committed by the job; the staged files linked into the store as the "
+        "pieces' storage, no tensor byte written twice); then to the new generation served on every worker and, with "
+        "`replicas=2`, to the copy change after it (every piece on two workers)." % (DIMS, REPS, SETTLE),
         "",
         "| workers | bytes saved | torch.save to local disk + sync | torch.save through the mounts + commit | ratio "
-        "(local / mount) | daemon peak RSS |",
-        "|---|---|---|---|---|---|",
+        "(local / mount) | committed on every worker | replicas whole | daemon peak RSS |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for workers, local, mount, nbytes, rss in rows:
-        lines.append("| %d | %.0f MB | %.2f s (%.0f MB/s) | %.2f s (%.0f MB/s) | %.2fx | %.0f MB |" %
+    for workers, local, mount, everywhere, whole, nbytes, rss in rows:
+        lines.append("| %d | %.0f MB | %.2f s (%.0f MB/s) | %.2f s (%.0f MB/s) | %.2fx | %.2f s | %s | %.0f MB |" %
                      (workers, nbytes / 1e6, local, nbytes / local / 1e6, mount, nbytes / mount / 1e6,
-                      local / mount, rss / 1e6))
+                      local / mount, everywhere, "%.2f s (replicas=2)" % whole if whole else "-", rss / 1e6))
     print(write_section(RESULTS, "cluster-save", "\n".join(lines)))
 
 
