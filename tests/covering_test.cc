@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -313,16 +315,30 @@ TEST(Covering, ReferencesWritesAndCompactBytes) {
 // Workers with stores of their own (a cluster) reference only their own
 // pieces: a shard identical to one on another worker is written (pulled), not
 // referenced as a shared store may.
-TEST(Covering, WorkerLocalReferencesOnlyEachWorkersOwnPieces) {
-  ModelSpec spec = Spec("llama", kLlama, DType::kF32, true);
+// tp=2 with rank 1's shards on worker 1, planned onto worker 0 alone (both
+// ranks): rank 1's target shards are stored as they are, on worker 1.
+struct OntoOneWorker {
   TempDir tmp;
-  MakeStore(tmp, spec, *ParseConfig("tp=2,pp=1,per_worker=1"), 1);  // rank 1's shards on worker 1
-  auto store = Store::Open(Env::Default(), tmp / "store");
-  ASSERT_TRUE(store.ok());
-  const GenerationManifest& m = (*store)->current();
-  // Both ranks on worker 0: rank 1's target shards are stored as they are, on worker 1.
-  auto plan = MakePlan({&m, spec, *ParseConfig("tp=2,pp=1,per_worker=2"), {}, std::nullopt});
-  ASSERT_TRUE(plan.ok());
+  std::unique_ptr<Store> store;
+  std::optional<Plan> plan;
+  OntoOneWorker() {
+    ModelSpec spec = Spec("llama", kLlama, DType::kF32, true);
+    MakeStore(tmp, spec, *ParseConfig("tp=2,pp=1,per_worker=1"), 1);
+    auto opened = Store::Open(Env::Default(), tmp / "store");
+    EXPECT_TRUE(opened.ok()) << opened.status().ToString();
+    if (!opened.ok()) return;
+    store = std::move(opened).value();
+    auto planned = MakePlan({&store->current(), spec, *ParseConfig("tp=2,pp=1,per_worker=2"), {}, std::nullopt});
+    EXPECT_TRUE(planned.ok()) << planned.status().ToString();
+    if (planned.ok()) plan = std::move(planned).value();
+  }
+};
+
+TEST(Covering, WorkerLocalReferencesOnlyEachWorkersOwnPieces) {
+  OntoOneWorker setup;
+  ASSERT_TRUE(setup.plan);
+  const GenerationManifest& m = setup.store->current();
+  const auto& plan = setup.plan;
   const Covering shared = MakeCovering(*plan, m, CommitMode::kCovering);
   const Covering local = MakeCovering(*plan, m, CommitMode::kWorkerLocal);
   EXPECT_EQ(shared.bytes_written, 0u);  // a shared store references worker 1's files
@@ -337,14 +353,10 @@ TEST(Covering, WorkerLocalReferencesOnlyEachWorkersOwnPieces) {
 // on its own worker: one stored as it is on another worker is written whole
 // (pulled), where kCompact of a shared store references it.
 TEST(Covering, CompactWorkerLocalWritesWhatOnlyAnotherWorkerStores) {
-  ModelSpec spec = Spec("llama", kLlama, DType::kF32, true);
-  TempDir tmp;
-  MakeStore(tmp, spec, *ParseConfig("tp=2,pp=1,per_worker=1"), 1);  // rank 1's shards on worker 1
-  auto store = Store::Open(Env::Default(), tmp / "store");
-  ASSERT_TRUE(store.ok());
-  const GenerationManifest& m = (*store)->current();
-  auto plan = MakePlan({&m, spec, *ParseConfig("tp=2,pp=1,per_worker=2"), {}, std::nullopt});
-  ASSERT_TRUE(plan.ok());
+  OntoOneWorker setup;
+  ASSERT_TRUE(setup.plan);
+  const GenerationManifest& m = setup.store->current();
+  const auto& plan = setup.plan;
   const Covering shared = MakeCovering(*plan, m, CommitMode::kCompact);
   const Covering local = MakeCovering(*plan, m, CommitMode::kCompactWorkerLocal);
   EXPECT_EQ(shared.bytes_written, 0u);                // every target is stored as it is somewhere

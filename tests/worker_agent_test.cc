@@ -635,6 +635,21 @@ class WorkerCompactionTest : public WorkerAgentTest {
     policy_.max_pieces_per_shard = 1;
     policy_.rank_files = true;
   }
+
+  // Reconfigures to tp=1,pp=6 and waits until the job's compaction after it
+  // runs with workers 0 and 1's parts published, worker 2 holding its back.
+  void CompactionHeldOnWorker2() {
+    held_[2] = true;
+    ASSERT_TRUE(Reconfigure(1, "tp=1,pp=6,per_worker=2").ok());
+    ASSERT_TRUE(Eventually(
+        [&] {
+          return admin_->Get(ptc::cluster::PartKey(kJob, 3, 0))->has_value() &&
+                 admin_->Get(ptc::cluster::PartKey(kJob, 3, 1))->has_value() &&
+                 Status(2)["compaction"]["state"] == "running";
+        },
+        kLong))
+        << "the compaction is not under way: " << Status(0).dump() << Status(2).dump();
+  }
 };
 
 // A reconfigure leaves a fragmented covering: the lowest live worker proposes
@@ -671,16 +686,7 @@ TEST_F(WorkerCompactionTest, AFragmentedGenerationIsCompactedByEveryWorker) {
 // its part, the others wait for it) goes first: the compaction is aborted on
 // every worker, nothing of it committed, and the reconfigure commits.
 TEST_F(WorkerCompactionTest, AReconfigureProposedWhileACompactionRunsWins) {
-  held_[2] = true;
-  ASSERT_TRUE(Reconfigure(1, "tp=1,pp=6,per_worker=2").ok());
-  ASSERT_TRUE(Eventually(
-      [&] {
-        return admin_->Get(ptc::cluster::PartKey(kJob, 3, 0))->has_value() &&
-               admin_->Get(ptc::cluster::PartKey(kJob, 3, 1))->has_value() &&
-               Status(2)["compaction"]["state"] == "running";
-      },
-      kLong))
-      << "the compaction is not under way: " << Status(0).dump() << Status(2).dump();
+  ASSERT_NO_FATAL_FAILURE(CompactionHeldOnWorker2());
   auto pending = ptc::cluster::Coordinator(admin_.get(), {kJob, -1}).Pending();
   ASSERT_TRUE(pending.ok() && *pending);
   EXPECT_EQ((*pending)->request, "compact rank-files");
@@ -738,16 +744,7 @@ TEST_F(WorkerCompactionTest, ACompactionThatFailsOnOneWorkerCommitsNowhere) {
 // part) goes first: the compaction is aborted on every worker, and the save
 // commits on all of them.
 TEST_F(WorkerCompactionTest, ASaveWhileACompactionRunsWins) {
-  held_[2] = true;
-  ASSERT_TRUE(Reconfigure(1, "tp=1,pp=6,per_worker=2").ok());
-  ASSERT_TRUE(Eventually(
-      [&] {
-        return admin_->Get(ptc::cluster::PartKey(kJob, 3, 0))->has_value() &&
-               admin_->Get(ptc::cluster::PartKey(kJob, 3, 1))->has_value() &&
-               Status(2)["compaction"]["state"] == "running";
-      },
-      kLong))
-      << "the compaction is not under way: " << Status(0).dump() << Status(2).dump();
+  ASSERT_NO_FATAL_FAILURE(CompactionHeldOnWorker2());
   // The save in the job's grid (tp=1,pp=6): worker w writes the files of pp stages 2w, 2w + 1.
   Filesystem& at = SavedAt(1);
   ASSERT_TRUE(at.controller().Reconfigure("tp=1,pp=6,per_worker=2\n", at.snapshot()).ok());

@@ -36,8 +36,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, skip_or_fail, start_etcd  # noqa: E402
-from workers import (Model, at_generation, fill, job_token, job_url, remove_tmp, reconfigure,  # noqa: E402
-                     start_worker, status, stop, wait_for, worker_store)
+from workers import (Model, at_generation, fill, job_token, job_url, joined_megatron_tree, remove_tmp,  # noqa: E402
+                     reconfigure, start_worker, status, stop, wait_for, worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
 SCHEMA, DIMS = "megatron-gpt", "layers=4,hidden=32,heads=4,vocab=128,seq=16"  # megatron_ckpt.py's model
@@ -98,17 +98,8 @@ def expect_refused(mnts, iteration, generation, needle, what):
 def joined_tree(tmp, mnts, iteration, tp, pp, per_worker, tag):
     """A tree of every rank's file, each from the mount of the worker that
     serves it (rank = pp_rank * tp + tp_rank, per_worker ranks per worker)."""
-    root = os.path.join(tmp, "joined-" + tag)
-    it = os.path.join(root, "iter_%07d" % iteration)
-    os.makedirs(it)
-    with open(os.path.join(root, LATEST), "w") as f:
-        f.write(str(iteration))
-    for p in range(pp):
-        for t in range(tp):
-            name = "mp_rank_%02d" % t if pp == 1 else "mp_rank_%02d_%03d" % (t, p)
-            w = (p * tp + t) // per_worker
-            os.symlink(os.path.join(mnts[w], "megatron", "iter_%07d" % iteration, name), os.path.join(it, name))
-    return root
+    return joined_megatron_tree(os.path.join(tmp, "joined-" + tag), mnts, iteration, tp, pp,
+                                lambda t, p: (p * tp + t) // per_worker)
 
 
 def expect_saved(tmp, mnts, mirror, iteration, grid, served, per_worker, generation, tag):

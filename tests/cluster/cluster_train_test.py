@@ -37,8 +37,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, skip_or_fail, start_etcd  # noqa: E402
-from workers import (Model, job_token, job_url, kill, reconfigure, remove_tmp, start_worker, status,  # noqa: E402
-                     stop, wait_for, worker_store)
+from workers import (Model, job_token, job_url, joined_megatron_tree, kill, reconfigure, remove_tmp,  # noqa: E402
+                     start_worker, status, stop, wait_for, worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
 SCHEMA, DIMS = "megatron-gpt", "layers=4,hidden=32,heads=4,vocab=128,seq=16"  # train_gpt.py's model
@@ -155,16 +155,9 @@ class Job:
             d = s["dataset"]
             assert (d["epoch"], d["step"]) == (epoch, step), "worker %d: %s, want epoch %d step %d" % (w, d, epoch, step)
         tp, pp, dp = cfg["tp"], cfg["pp"], cfg["dp"]
-        tree = os.path.join(self.tmp, "joined-%d" % t)
-        it = os.path.join(tree, "iter_%07d" % iteration)
-        os.makedirs(it)
-        with open(os.path.join(tree, LATEST), "w") as f:
-            f.write(str(iteration))
-        for p in range(pp):
-            for r in range(tp):
-                name = "mp_rank_%02d" % r if pp == 1 else "mp_rank_%02d_%03d" % (r, p)
-                w = where[p * tp * dp + r]  # the worker of its dp-0 rank
-                os.symlink(os.path.join(self.mnts[w], "megatron", "iter_%07d" % iteration, name), os.path.join(it, name))
+        # Each rank file from the worker of its dp-0 rank (Megatron's rank order: tp, dp, pp).
+        tree = joined_megatron_tree(os.path.join(self.tmp, "joined-%d" % t), self.mnts, iteration, tp, pp,
+                                    lambda r, p: where[p * tp * dp + r])
         out = subprocess.run([TORCH, os.path.join(CLIENTS, "train_gpt.py"), "check", tree, str(tp), str(pp),
                               os.path.join(self.tmp, "ref"), str(t), "--batch", str(BATCH)],
                              capture_output=True, text=True)

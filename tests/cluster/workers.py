@@ -104,6 +104,22 @@ def fill(path):
                 raise
 
 
+def joined_megatron_tree(root, mnts, iteration, tp, pp, worker_of):
+    """A Megatron tree at ROOT (latest file, iter_N/) whose every rank
+    directory mp_rank_TT[_PPP] is a link to that directory on the mount of
+    worker worker_of(tp_rank, pp_rank): the job's checkpoint, one tree."""
+    it = os.path.join(root, "iter_%07d" % iteration)
+    os.makedirs(it)
+    with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write(str(iteration))
+    for p in range(pp):
+        for t in range(tp):
+            name = "mp_rank_%02d" % t if pp == 1 else "mp_rank_%02d_%03d" % (t, p)
+            os.symlink(os.path.join(mnts[worker_of(t, p)], "megatron", "iter_%07d" % iteration, name),
+                       os.path.join(it, name))
+    return root
+
+
 def status(mnt):
     """MNT/.ptcfs/status, parsed."""
     with open(os.path.join(mnt, ".ptcfs", "status")) as f:
