@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""PyTorch DCP from a cluster job's mounts (docs/dcp_format.md): two ptcfs workers, each in a
+network namespace of its own, one job in a real etcd, `--format dcp`.
+
+  tp=2,pp=2 (two ranks per worker): on each worker, in its namespace, torch's dcp.load in two
+  gloo processes reads the whole checkpoint from that worker's own mount (plain tensors and
+  DTensor shards): every tensor equals `ptcfs synth` of it bit for bit, the chunks stored on
+  the other worker read through the mount over the peer data plane. Both mounts show the same
+  checkpoint: `.metadata` and each worker's chunk file `cmp`-equal between them.
+  Reconfigured across the workers to tp=1,pp=2 (one rank each): the same again.
+  A dcp.save into a cluster mount is refused (a new directory of dcp/: EACCES), as documented.
+
+Uses the venv that tools/setup-deps.sh makes (torch 2, safetensors): tests/clients/dcp_clients.py.
+
+Usage: cluster_dcp_test.py PTCFS   (root; exit 77 = skipped, never under CI=true)
+"""
+import errno
+import filecmp
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from netns import Netns, require, skip_or_fail, start_etcd  # noqa: E402
+from workers import (Model, at_generation, job_token, job_url, reconfigure, remove_tmp, start_worker,  # noqa: E402
+                     status, stop, wait_for, worker_store)
+
+PTCFS = os.path.abspath(sys.argv[1])
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VENV_PYTHON = os.path.join(os.environ.get("PTCFS_VENV", os.path.join(ROOT, ".venv")), "bin", "python")
+CLIENT = os.path.join(ROOT, "tests", "clients", "dcp_clients.py")
+SCHEMA, DIMS = "llama", "layers=4,hidden=64,heads=8,kv_heads=4,vocab=96,seq=16,ffn=96"
+ptcfs = Model(PTCFS, SCHEMA, DIMS).run
+WORKERS, PORT, JOB = 2, 7451, "dcp"
+
+
+def expect_loads(ns, mnts, ref, tag):
+    """dcp.load in two processes on each worker, from its own mount, equals the reference."""
+    for w in range(WORKERS):
+        r = ns.run(w, [VENV_PYTHON, CLIENT, "load", os.path.join(mnts[w], "dcp"), ref, "--procs", "2"],
+                   capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "LOAD OK" in r.stdout, "worker %d (%s): %s%s" % (w, tag, r.stdout, r.stderr)
+    names = sorted(os.listdir(os.path.join(mnts[0], "dcp")))
+    assert names == sorted(os.listdir(os.path.join(mnts[1], "dcp"))), names
+    assert ".metadata" in names and "__0_0.distcp" in names and "__1_0.distcp" in names, names
+    for name in names:
+        a, b = (os.path.join(m, "dcp", name) for m in mnts)
+        assert filecmp.cmp(a, b, shallow=False), "%s differs between the workers' mounts" % name
+    print("ok   %s: dcp.load in 2 processes on each worker equals synth; both mounts show the same %s" %
+          (tag, " ".join(names)))
+
+
+def main():
+    require(etcd=True)
+    if subprocess.run([VENV_PYTHON, "-c", "import torch.distributed.checkpoint, safetensors"],
+                      capture_output=True).returncode != 0:
+        skip_or_fail("no torch 2 with safetensors in %s (bash tools/setup-deps.sh makes it)" % VENV_PYTHON)
+    tmp = tempfile.mkdtemp(prefix="ptcfs-dcp-")
+    mnts = [os.path.join(tmp, "mnt%d" % w) for w in range(WORKERS)]
+    daemons = []
+    try:
+        with Netns(WORKERS) as ns, start_etcd(os.path.join(tmp, "etcd"), ns.host_addr) as etcd:
+            first = "tp=2,pp=2,per_worker=2"
+            for name, config in (("saved", first), ("ref", "tp=1")):
+                ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--config", config, "--optimizer", "adam", "--seed",
+                      "7", os.path.join(tmp, name))
+            ptcfs("import", "--schema", SCHEMA, "--dims", DIMS, "--config", first, os.path.join(tmp, "saved"),
+                  os.path.join(tmp, "whole"))
+            stores = [worker_store(os.path.join(tmp, "whole"), os.path.join(tmp, "store%d" % w), w)
+                      for w in range(WORKERS)]
+            token = job_token(os.path.join(tmp, "token"), "secret-token-of-the-dcp-job")
+            url = job_url(etcd, JOB)
+            for w in range(WORKERS):
+                os.makedirs(mnts[w])
+                daemons.append(start_worker(ns, PTCFS, w, stores[w], mnts[w], url, token, PORT,
+                                            os.path.join(tmp, "worker%d.log" % w),
+                                            ["--lease", "2", "--format", "dcp"]))
+            for w in range(WORKERS):
+                wait_for("worker %d's mount" % w, lambda: status(mnts[w])["state"] == "serving", mnts=mnts)
+            ref = os.path.join(tmp, "ref")
+            expect_loads(ns, mnts, ref, first)
+
+            reconfigure(mnts[1], "tp=1,pp=2,per_worker=1")
+            generation = status(mnts[0])["generation"] + 1
+            for w in range(WORKERS):
+                wait_for("worker %d at generation %d" % (w, generation), lambda: at_generation(mnts[w], generation),
+                         mnts=mnts)
+            expect_loads(ns, mnts, ref, "reconfigured to tp=1,pp=2")
+
+            try:
+                os.mkdir(os.path.join(mnts[0], "dcp", "step-200"))
+                raise AssertionError("a dcp.save directory was made on a cluster mount")
+            except OSError as e:
+                assert e.errno == errno.EACCES, e
+            print("ok   a dcp.save into a cluster mount is refused (EACCES)")
+    finally:
+        stop(daemons, mnts)
+        remove_tmp(tmp)
+    print("PASS cluster_dcp_test")
+
+
+if __name__ == "__main__":
+    main()
