@@ -11,9 +11,10 @@ for kind in release asan; do
   bash tools/build.sh "$kind"
   dir=build; [ "$kind" = asan ] && dir=build-asan
   echo "== test ($kind)"
-  # Under ASan every suite but the PyPI clients' (clients_test: minutes of
-  # megatron-core and torch in Python; the daemon paths it drives are the
-  # mount suites', which run here too).
+  # Under ASan every suite but the real clients' (label clients: clients_test,
+  # hf_clients_test, cluster_train_test, cluster_dcp_test: minutes of torch,
+  # megatron-core and transformers in Python; the daemon paths they drive are
+  # the mount and cluster suites', which run here too).
   skip=(); [ "$kind" = asan ] && skip=(-LE clients)
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir "$dir" -j "$(nproc)" --output-on-failure "${skip[@]}"
