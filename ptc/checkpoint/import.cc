@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string_view>
@@ -55,11 +56,15 @@ class Importer {
                    const std::function<Status(const void*, size_t)>& consume) {
     for (const Segment* seg : segments) {
       const Segment& s = *seg;
-      buf_.resize(s.box.volume() * DTypeSize(t.dtype));
-      PTC_RETURN_IF_ERROR(ReadRegion(ckpt.Locate(t, s), s.box, buf_.data(), s.box, DenseLayout(s.box)));
-      PTC_RETURN_IF_ERROR(consume(buf_.data(), buf_.size()));
-      result.bytes_read += buf_.size();
-      if (progress_) progress_(buf_.size());
+      const size_t n = static_cast<size_t>(s.box.volume()) * DTypeSize(t.dtype);
+      if (n > buf_size_) {  // grown without zeroing: ReadRegion fills every byte
+        buf_.reset(new unsigned char[n]);
+        buf_size_ = n;
+      }
+      PTC_RETURN_IF_ERROR(ReadRegion(ckpt.Locate(t, s), s.box, buf_.get(), s.box, DenseLayout(s.box)));
+      PTC_RETURN_IF_ERROR(consume(buf_.get(), n));
+      result.bytes_read += n;
+      if (progress_) progress_(n);
     }
     return Status::OK();
   }
@@ -135,7 +140,8 @@ class Importer {
   GenerationWriter* writer_;
   const ProgressFn& progress_;
   const int holder_;
-  std::vector<unsigned char> buf_;
+  std::unique_ptr<unsigned char[]> buf_;  // ReadShard's, buf_size_ bytes
+  size_t buf_size_ = 0;
   std::set<std::pair<ShardKey, int>> stored_;          // (key, worker) written
   std::map<ShardKey, std::pair<uint64_t, int>> seen_;  // key -> (checksum, first rank)
   // (file path, worker) -> its name in the generation, or nullopt when it could not be linked

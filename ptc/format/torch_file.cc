@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
 #include <string_view>
 #include <unordered_map>
@@ -229,7 +230,8 @@ Result<std::string> ReadTensorBytes(const RandomAccessFile& file, const TorchFil
 }
 
 Status VerifyTorchFileCrcs(const RandomAccessFile& file, const TorchFile& tf, const std::string& what) {
-  for (const ZipEntry& e : tf.zip.members) PTC_RETURN_IF_ERROR(VerifyMemberCrc(file, e, what));
+  const std::unique_ptr<char[]> buf(new char[kCrcChunk]);  // one for every member
+  for (const ZipEntry& e : tf.zip.members) PTC_RETURN_IF_ERROR(VerifyMemberCrc(file, e, what, buf.get()));
   return Status::OK();
 }
 

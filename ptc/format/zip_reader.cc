@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string_view>
@@ -25,7 +26,7 @@ namespace {
 
 using internal::Get16, internal::Get32, internal::Get64, internal::Quote;
 using internal::kCentralSig, internal::kEnd64Sig, internal::kEndSig, internal::kLocalSig, internal::kLocator64Sig;
-using internal::kCentralSize, internal::kChunk, internal::kEnd64Size, internal::kEndSize, internal::kLocalSize;
+using internal::kCentralSize, internal::kEnd64Size, internal::kEndSize, internal::kLocalSize;
 using internal::kLocator64Size, internal::kZip64ExtraId;
 
 Status Bad(const std::string& what, const std::string& message) { return InvalidArgumentError(what + ": " + message); }
@@ -212,14 +213,17 @@ Result<ZipArchive> ReadZipDirectory(const RandomAccessFile& file, const std::str
   return archive;
 }
 
-Status VerifyMemberCrc(const RandomAccessFile& file, const ZipEntry& member, const std::string& what) {
-  std::string buf;
+Status VerifyMemberCrc(const RandomAccessFile& file, const ZipEntry& member, const std::string& what, char* buf) {
+  std::unique_ptr<char[]> own;
+  if (buf == nullptr) {
+    own.reset(new char[kCrcChunk]);  // not zeroed: every byte used is read first
+    buf = own.get();
+  }
   uint32_t crc = 0;
   for (uint64_t at = 0; at < member.size;) {
-    const size_t take = static_cast<size_t>(std::min<uint64_t>(kChunk, member.size - at));
-    buf.resize(take);
-    PTC_RETURN_IF_ERROR(file.Read(member.data_offset + at, take, buf.data()), what);
-    crc = Crc32(crc, buf.data(), take);
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(kCrcChunk, member.size - at));
+    PTC_RETURN_IF_ERROR(file.Read(member.data_offset + at, take, buf), what);
+    crc = Crc32(crc, buf, take);
     at += take;
   }
   if (crc != member.crc32) {

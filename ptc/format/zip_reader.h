@@ -55,9 +55,13 @@ inline constexpr uint64_t kMaxZipDirectorySize = 1ull << 30;
 // \error as RandomAccessFile::Read.
 Result<ZipArchive> ReadZipDirectory(const RandomAccessFile& file, const std::string& what);
 
-// Reads the member's data in chunks of at most 1 MiB and checks its CRC-32.
+// Reads the member's data in chunks of kCrcChunk bytes and checks its CRC-32.
+// `buf`: a buffer of kCrcChunk bytes to read into (one for many members: no
+// allocation, no zeroing per member); null: one of its own.
 // \error Corruption "bad CRC-32 in member X of WHAT" on a mismatch.
 // \error as RandomAccessFile::Read.
-Status VerifyMemberCrc(const RandomAccessFile& file, const ZipEntry& member, const std::string& what);
+inline constexpr size_t kCrcChunk = 1 << 20;
+Status VerifyMemberCrc(const RandomAccessFile& file, const ZipEntry& member, const std::string& what,
+                       char* buf = nullptr);
 
 }  // namespace ptc
