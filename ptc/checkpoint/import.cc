@@ -126,8 +126,9 @@ class Importer {
     if (first) {
       const std::string& path = file.path();
       const std::string dir = DirName(path);
-      std::string name = dir.substr(dir.rfind('/') + 1) + "." + path.substr(path.rfind('/') + 1);
-      for (int k = 1; names_.count({worker, name}); ++k) name = std::to_string(k) + "." + name;
+      const std::string base = dir.substr(dir.rfind('/') + 1) + "." + path.substr(path.rfind('/') + 1);
+      std::string name = base;
+      for (int k = 1; names_.count({worker, name}); ++k) name = std::to_string(k) + "." + base;
       if (writer_->AdoptFile(path, worker, name).ok()) {
         names_.insert({worker, name});
         it->second = std::move(name);
