@@ -34,7 +34,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, start_etcd  # noqa: E402
 from workers import (Model, at_generation, job_token, job_url, reconfigure, remove_tmp,  # noqa: E402
-                     start_worker, status, stop, wait_for, worker_store)
+                     start_workers, status, stop, wait_for, worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
 SCHEMA = "llama"
@@ -67,13 +67,8 @@ def main():
                       for w in range(WORKERS)]
             token = job_token(os.path.join(tmp, "token"), "secret-token-of-the-compact-job")
             url = job_url(etcd, JOB)
-            for w in range(WORKERS):
-                os.makedirs(mnts[w])
-                daemons.append(start_worker(ns, PTCFS, w, stores[w], mnts[w], url, token, PORT,
-                                            os.path.join(tmp, "worker%d.log" % w),
-                                            ["--lease", "2", "--compact-pieces", "1", "--passthrough", "auto"]))
-            for w in range(WORKERS):
-                wait_for("worker %d's mount" % w, lambda: status(mnts[w])["state"] == "serving", mnts=mnts)
+            start_workers(ns, PTCFS, daemons, stores, mnts, url, token, PORT, tmp,
+                          ["--lease", "2", "--compact-pieces", "1", "--passthrough", "auto"])
             print("ok   %d workers mounted" % WORKERS)
             s = status(mnts[0])
             assert s["generation"] == 1 and s["compaction"]["state"] == "none", s  # a compact import: nothing due

@@ -23,7 +23,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, skip_or_fail, start_etcd  # noqa: E402
-from workers import (Model, at_generation, job_token, job_url, reconfigure, remove_tmp, start_worker,  # noqa: E402
+from workers import (Model, at_generation, job_token, job_url, reconfigure, remove_tmp, start_workers,  # noqa: E402
                      status, stop, wait_for, worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
@@ -71,13 +71,7 @@ def main():
                       for w in range(WORKERS)]
             token = job_token(os.path.join(tmp, "token"), "secret-token-of-the-dcp-job")
             url = job_url(etcd, JOB)
-            for w in range(WORKERS):
-                os.makedirs(mnts[w])
-                daemons.append(start_worker(ns, PTCFS, w, stores[w], mnts[w], url, token, PORT,
-                                            os.path.join(tmp, "worker%d.log" % w),
-                                            ["--lease", "2", "--format", "dcp"]))
-            for w in range(WORKERS):
-                wait_for("worker %d's mount" % w, lambda: status(mnts[w])["state"] == "serving", mnts=mnts)
+            start_workers(ns, PTCFS, daemons, stores, mnts, url, token, PORT, tmp, ["--lease", "2", "--format", "dcp"])
             ref = os.path.join(tmp, "ref")
             expect_loads(ns, mnts, ref, first)
 

@@ -37,7 +37,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, skip_or_fail, start_etcd  # noqa: E402
 from workers import (Model, at_generation, fill, job_token, job_url, joined_megatron_tree, remove_tmp,  # noqa: E402
-                     reconfigure, start_worker, status, stop, wait_for, worker_store)
+                     reconfigure, start_workers, status, stop, wait_for, worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
 SCHEMA, DIMS = "megatron-gpt", "layers=4,hidden=32,heads=4,vocab=128,seq=16"  # megatron_ckpt.py's model
@@ -144,13 +144,8 @@ def main():
                       for w in range(WORKERS)]
             token = job_token(os.path.join(tmp, "token"), "secret-token-of-the-save-job")
             url = job_url(etcd, JOB)
-            for w in range(WORKERS):
-                os.makedirs(mnts[w])
-                daemons.append(start_worker(ns, PTCFS, w, stores[w], mnts[w], url, token, PORT,
-                                            os.path.join(tmp, "worker%d.log" % w),
-                                            ["--lease", "2", "--format", "megatron"]))
-            for w in range(WORKERS):
-                wait_for("worker %d's mount" % w, lambda: status(mnts[w])["state"] == "serving", mnts=mnts)
+            start_workers(ns, PTCFS, daemons, stores, mnts, url, token, PORT, tmp,
+                          ["--lease", "2", "--format", "megatron"])
             print("ok   2 workers mounted, tp=2,pp=2 (two ranks each)")
 
             # 1. A save through both mounts, committed on worker 0's.

@@ -38,7 +38,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, skip_or_fail, start_etcd  # noqa: E402
 from workers import (Model, job_token, job_url, joined_megatron_tree, kill, reconfigure, remove_tmp,  # noqa: E402
-                     start_worker, status, stop, wait_for, worker_store)
+                     start_worker, start_workers, status, stop, wait_for, worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
 SCHEMA, DIMS = "megatron-gpt", "layers=4,hidden=32,heads=4,vocab=128,seq=16"  # train_gpt.py's model
@@ -266,15 +266,8 @@ def main():
             token = job_token(os.path.join(tmp, "token"), "secret-token-of-the-training-job")
             url = job_url(etcd, JOB)
 
-            def start(w):
-                return start_worker(ns, PTCFS, w, stores[w], mnts[w], url, token, PORT,
-                                    os.path.join(tmp, "worker%d.log" % w), ["--lease", "2", "--format", "megatron", "--durable",
-                                     os.path.join(tmp, "durable")])
-            for w in range(WORKERS):
-                os.makedirs(mnts[w])
-                daemons.append(start(w))
-            for w in range(WORKERS):
-                wait_for("worker %d's mount" % w, lambda: status(mnts[w])["state"] == "serving", mnts=mnts)
+            options = ["--lease", "2", "--format", "megatron", "--durable", os.path.join(tmp, "durable")]
+            start_workers(ns, PTCFS, daemons, stores, mnts, url, token, PORT, tmp, options)
             job = Job(ns, tmp, mnts, daemons, url, token)
 
             job.train(4, 0)
@@ -295,7 +288,8 @@ def main():
             print("ok   the survivors serve %s from the save of t = 12 after %.1f s" % (job.config(), time.time() - t0))
             job.train(3, 12)
 
-            daemons[2] = start(2)
+            daemons[2] = start_worker(ns, PTCFS, 2, stores[2], mnts[2], url, token, PORT,
+                                      os.path.join(tmp, "worker2.log"), options)
             job.live = list(range(WORKERS))
             wait_for("worker 2 back at the job's generation",
                      lambda: status(mnts[2])["state"] == "serving" and

@@ -71,6 +71,19 @@ def start_worker(ns, ptcfs, w, store, mnt, url, token, port, log, options=(), wr
                     stdout=out, stderr=subprocess.STDOUT)
 
 
+def start_workers(ns, ptcfs, daemons, stores, mnts, url, token, port, tmp, options=()):
+    """Mounts worker w's store stores[w] at mnts[w] (made here) for every w,
+    each with start_worker (its log TMP/workerW.log), appending each daemon to
+    `daemons` as it starts (so that stop() cleans up after a failure), then
+    waits until every mount serves."""
+    for w, (store, mnt) in enumerate(zip(stores, mnts)):
+        os.makedirs(mnt)
+        daemons.append(start_worker(ns, ptcfs, w, store, mnt, url, token, port, os.path.join(tmp, "worker%d.log" % w),
+                                    options))
+    for w, mnt in enumerate(mnts):
+        wait_for("worker %d's mount" % w, lambda: status(mnt)["state"] == "serving", mnts=mnts)
+
+
 def worker_store(whole, dst, worker):
     """Copies the store `whole` to `dst` without the other workers' shard
     directories (gen-*/worker-WW): a worker's store holds the job's manifests
