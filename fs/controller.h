@@ -106,8 +106,10 @@ class Controller {
 
   // The change this mount proposed ended before it applied it (the job
   // aborted it first: another worker failed at once): state "failed",
-  // `why` kept as last_error. Nothing when the state is not "proposed".
-  void EndProposal(const ptc::Status& why) EXCLUDES(mu_);
+  // `why` kept as last_error. Nothing when the state is not "proposed", or
+  // with `by_agent` (the agent proposed it on its own, a recovery onto the
+  // survivors, with no request through this mount) not "serving" either.
+  void EndProposal(const ptc::Status& why, bool by_agent) EXCLUDES(mu_);
 
   // A cluster job is whole again (every worker of its committed config live,
   // nothing under way) after it lost some: a "failed" state that the loss

@@ -154,9 +154,9 @@ ptc::Status Controller::Apply(const std::string& text, const std::shared_ptr<con
   return s;
 }
 
-void Controller::EndProposal(const ptc::Status& why) {
+void Controller::EndProposal(const ptc::Status& why, bool by_agent) {
   ptc::MutexLock lock(&mu_);
-  if (state_ != MountState::kProposed) return;
+  if (state_ != MountState::kProposed && !(by_agent && state_ == MountState::kServing)) return;
   state_ = MountState::kFailed;
   SetLastError(why.message());
 }
@@ -208,7 +208,9 @@ ptc::Status Controller::Start(const std::string& text, const std::shared_ptr<con
     // The replaced layout's views, trees and plan are freed by now (but for
     // nodes the kernel still holds): give the pages back, or a daemon keeps
     // the peak of its largest layout for good (issue 24 item 3).
-#if defined(__GLIBC__)
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+        // (Not under a sanitizer: its allocator is not glibc's, and glibc's
+        // first malloc_trim from two threads at once corrupts its arena count.)
         ::malloc_trim(0);
 #endif
       });

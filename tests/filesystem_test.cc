@@ -195,14 +195,21 @@ TEST_F(FilesystemTest, AProposalEndsInItsOutcome) {
   Status& answer = job.answer;
   auto state = [&] { return nlohmann::json::parse(c.StatusJson(fs_->snapshot())); };
   EXPECT_EQ(state()["cluster"], nlohmann::json({{"job", "j"}}));
+  c.EndProposal(FailedPreconditionError("not proposed here"), /*by_agent=*/false);
+  EXPECT_EQ(state()["state"], "serving");
+  // A recovery the agent proposed on its own, aborted before this worker applied it.
+  c.EndProposal(FailedPreconditionError("the change to generation 2 was aborted: cannot be recovered"),
+                /*by_agent=*/true);
+  EXPECT_EQ(state()["state"], "failed");
+  EXPECT_EQ(state()["last_error"], "the change to generation 2 was aborted: cannot be recovered");
   ASSERT_TRUE(c.Reconfigure("tp=1,pp=1\n", fs_->snapshot()).ok());
   EXPECT_EQ(asked, "tp=1,pp=1\n");
   EXPECT_EQ(state()["state"], "proposed");
   EXPECT_EQ(state()["generation"], 1);
-  c.EndProposal(FailedPreconditionError("the change to generation 2 was aborted: worker 2 failed"));
+  c.EndProposal(FailedPreconditionError("the change to generation 2 was aborted: worker 2 failed"), /*by_agent=*/false);
   EXPECT_EQ(state()["state"], "failed");
   EXPECT_EQ(state()["last_error"], "the change to generation 2 was aborted: worker 2 failed");
-  c.EndProposal(FailedPreconditionError("once only"));  // not proposed: nothing changes
+  c.EndProposal(FailedPreconditionError("once only"), /*by_agent=*/true);  // not proposed: nothing changes
   EXPECT_EQ(state()["last_error"], "the change to generation 2 was aborted: worker 2 failed");
   // Refused by the job: the state stays as it was, the reason is kept.
   answer = FailedPreconditionError("a change is under way");

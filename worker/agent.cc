@@ -216,7 +216,7 @@ std::optional<ptc::cluster::Change> Agent::Proposed() {
 void Agent::Settle(const ptc::cluster::Change& asked, const ptc::Result<std::optional<ptc::cluster::Change>>& pending) {
   if (asked.id != applied_) {
     if (!pending.ok() || (*pending && (*pending)->id == asked.id)) return;
-    fs_->controller().EndProposal(coordinator_->Aborted(asked));
+    fs_->controller().EndProposal(coordinator_->Aborted(asked), asked.id == recovery_);
   }
   ptc::MutexLock lock(&proposed_mu_);
   if (proposed_ && proposed_->id == asked.id) proposed_.reset();
@@ -294,6 +294,7 @@ void Agent::Recover(const std::vector<int>& live) {
   for (int w : lost) names += (names.empty() ? "" : ", ") + std::to_string(w);
   auto to = ptc::cluster::SurvivorConfig(fs_->snapshot()->spec(), *config, live);
   ptc::Status s = to.ok() ? Propose(to->ToString(), *to) : to.status();
+  if (s.ok()) recovery_ = Proposed()->id;  // aborted before it applies here (Settle): the mount says failed
   std::fprintf(stderr, "ptcfs: worker %s left the job: %s\n", names.c_str(),
                s.ok() ? ("reconfiguring onto the survivors: " + to->ToString()).c_str() : s.ToString().c_str());
   if (!s.ok()) fs_->controller().RecordError("worker " + names + " left the job; no change onto the survivors: " + s.message());

@@ -174,6 +174,7 @@ class Agent final : public JobParticipant {
   std::optional<ptc::cluster::Change> proposed_ GUARDED_BY(proposed_mu_);  // see Settle
   std::set<int> seen_;   // workers seen live since the mount started or rejoined (the loop's own)
   std::pair<uint64_t, std::vector<int>> tried_;  // the last recovery proposed (the loop's own)
+  std::string recovery_;                         // the id of that change (the loop's own)
   std::atomic<uint64_t> saved_{0};               // the generation of the last save committed with this worker
   std::pair<uint64_t, std::vector<int>> compact_looked_;  // what Compact measured last (the loop's own)
   bool missing_ = false;  // a worker of the committed config was not live at the last look (the loop's own)
