@@ -39,7 +39,7 @@ void Controller::MaybeCompact(const ptc::ModelLayout& layout, const std::optiona
   }
   std::vector<ptc::RankFileSpec> files;
   if (compaction_.rank_files) {  // every shard rewritten into the layout's rank files
-    auto with_files = PlanRankFileCompaction(*std::move(planned), layout, compaction_.rank_file_options);
+    auto with_files = PrepareRankFileCompaction(*store_, *std::move(planned), layout, compaction_.rank_file_options);
     if (!with_files.ok()) {
       RecordError("planning the rank files: " + with_files.status().message());
       return;
@@ -106,9 +106,10 @@ void Controller::CompactInCluster(bool rank_files, const std::shared_ptr<const S
     }
     std::vector<ptc::RankFileSpec> files;
     if (rank_files) {
-      PTC_ASSIGN_OR_RETURN(RankFileCompaction with_files,
-                           PlanRankFileCompaction(std::move(planned), layout, compaction_.rank_file_options),
-                           "planning the rank files");
+      PTC_ASSIGN_OR_RETURN(
+          RankFileCompaction with_files,
+          PrepareRankFileCompaction(*store_, std::move(planned), layout, compaction_.rank_file_options),
+          "planning the rank files");
       planned = std::move(with_files.compaction);
       files = std::move(with_files.files);
     }

@@ -30,6 +30,37 @@ ptc::Result<uint64_t> ParseIteration(std::string text) {
   return it;
 }
 
+// The storages' CRCs as a Megatron rank file of the generation holds them
+// (fs/rank_files.h), read from its zip directory instead of computed from
+// every tensor: when a rank file holds `plan`'s file verbatim (every shard at
+// its offset; every literal byte, the headers with those CRCs included, the
+// same). The compaction computed them from the verified shards; `ptcfs
+// verify` checks them. nullopt when no rank file holds it.
+std::optional<std::vector<uint32_t>> CrcsFromRankFile(const ptc::Store& store, const Snapshot& snap,
+                                                      const MegatronFilePlan& plan, int worker) {
+  const std::vector<uint32_t> unknown(plan.torch.storage_members.size(), 0);
+  auto draft = MakeMegatronFile(snap.reader(), plan, unknown, worker);
+  if (!draft.ok()) return std::nullopt;
+  auto candidates = (*draft)->VerbatimFiles(snap.copies());
+  if (!candidates.ok()) return std::nullopt;
+  for (const std::string& path : *candidates) {
+    auto f = store.env()->OpenRead(store.AbsPath(path));
+    if (!f.ok()) continue;
+    auto zip = ptc::ReadZipDirectory(**f, path);
+    if (!zip.ok()) continue;
+    std::vector<uint32_t> crcs;
+    for (size_t member : plan.torch.storage_members) {
+      const ptc::ZipEntry* e = zip->Find(plan.torch.members[member].name);
+      if (e == nullptr) break;
+      crcs.push_back(e->crc32);
+    }
+    if (crcs.size() != unknown.size()) continue;
+    auto file = MakeMegatronFile(snap.reader(), plan, crcs, worker);
+    if (file.ok() && (*file)->CheckVerbatim(**f).ok()) return crcs;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 ptc::Result<std::shared_ptr<Node>> Filesystem::BuildMegatronTree(const std::shared_ptr<const Snapshot>& snap) {
@@ -97,7 +128,11 @@ ptc::Result<std::unique_ptr<VirtualFile>> Filesystem::RenderMegatron(const Snaps
   }
   if (crcs.empty() && !plan.state.storages.empty()) {
     auto check = [&](const ptc::ShardRecord& shard, uint64_t at, uint64_t n) { return snap.Check(shard, at, n); };
-    PTC_ASSIGN_OR_RETURN(crcs, StorageCrcs(snap.reader(), plan, worker, check));
+    if (auto written = CrcsFromRankFile(*store_, snap, plan, worker)) {
+      crcs = std::move(*written);
+    } else {
+      PTC_ASSIGN_OR_RETURN(crcs, StorageCrcs(snap.reader(), plan, worker, check));
+    }
     ptc::MutexLock lock(&mu_);
     megatron_crcs_[key] = crcs;
   }

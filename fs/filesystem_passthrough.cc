@@ -58,23 +58,27 @@ ptc::Status Filesystem::OpenPassthrough(const Node& node, const VirtualFile& fil
 }
 
 nlohmann::json Filesystem::PassthroughStatus() const {
+  // The files a rank file may back: model/RANK/*.safetensors, megatron/iter_*/mp_rank_*/model_optim_rng.pt.
   std::vector<std::pair<std::string, std::shared_ptr<Node>>> files;
   {
     ptc::MutexLock lock(&mu_);
-    const auto model = nodes_.at(kRootInode)->children.find("model");
-    auto ranks = model == nodes_.at(kRootInode)->children.end() ? nodes_.end() : nodes_.find(model->second);
-    if (ranks != nodes_.end()) {
-      for (const auto& [rank, dir_ino] : ranks->second->children) {
-        auto dir = nodes_.find(dir_ino);
-        if (dir == nodes_.end()) continue;
-        for (const auto& [name, ino] : dir->second->children) {
-          auto n = nodes_.find(ino);
-          if (n == nodes_.end()) continue;
-          if (n->second->kind == Node::kModelFile || n->second->kind == Node::kOptimFile) {
-            files.emplace_back("model/" + rank + "/" + name, n->second);
-          }
+    auto walk = [&](auto&& self, const Node& dir, const std::string& path, int depth) -> void {
+      for (const auto& [name, ino] : dir.children) {
+        auto n = nodes_.find(ino);
+        if (n == nodes_.end()) continue;
+        const Node::Kind kind = n->second->kind;
+        if (kind == Node::kModelFile || kind == Node::kOptimFile || kind == Node::kMegatronFile) {
+          files.emplace_back(path + "/" + name, n->second);
+        } else if (kind == Node::kDir && depth > 1) {
+          self(self, *n->second, path + "/" + name, depth - 1);
         }
       }
+    };
+    for (const auto& [top, depth] : {std::pair<std::string, int>{"model", 2}, {"megatron", 3}}) {
+      const auto& root = nodes_.at(kRootInode)->children;
+      auto it = root.find(top);
+      if (it == root.end()) continue;
+      if (auto n = nodes_.find(it->second); n != nodes_.end()) walk(walk, *n->second, top, depth);
     }
   }
   const bool on = passthrough_.enabled();

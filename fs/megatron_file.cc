@@ -67,18 +67,20 @@ ptc::Result<std::vector<uint32_t>> StorageCrcs(const ptc::GenerationReader& read
   return crcs;
 }
 
-ptc::Result<std::unique_ptr<VirtualFile>> MakeMegatronFile(const ptc::GenerationReader& reader,
-                                                           const MegatronFilePlan& plan,
-                                                           const std::vector<uint32_t>& crcs, int prefer_worker) {
+ptc::Result<MegatronFileBytes> LayMegatronFile(const MegatronFilePlan& plan, const std::vector<uint32_t>& crcs) {
   ptc::TorchFilePlan torch = plan.torch;
   if (crcs.size() != torch.storage_members.size()) return ptc::InternalError("one CRC per storage expected");
   for (size_t i = 0; i < crcs.size(); ++i) torch.members[torch.storage_members[i]].crc32 = crcs[i];
   PTC_ASSIGN_OR_RETURN(ptc::ZipLayout layout, ptc::LayoutTorchFile(torch));
-  std::string literal;
-  std::vector<Extent> extents;
+  MegatronFileBytes out;
+  out.size = layout.size;
   auto add_literal = [&](uint64_t offset, std::string_view bytes) {
-    extents.push_back(Extent{offset, bytes.size(), Extent::kLiteral, literal.size(), nullptr, 0});
-    literal.append(bytes);
+    MegatronFilePart* last = out.parts.empty() ? nullptr : &out.parts.back();
+    if (last != nullptr && last->tensor == nullptr && last->offset + last->literal.size() == offset) {
+      last->literal.append(bytes);
+    } else {
+      out.parts.push_back({offset, std::string(bytes), nullptr});
+    }
   };
   for (const ptc::ZipPiece& piece : layout.pieces) {
     if (piece.size == 0) continue;
@@ -100,9 +102,26 @@ ptc::Result<std::unique_ptr<VirtualFile>> MakeMegatronFile(const ptc::Generation
     if (piece.member_offset != 0 || piece.size != TensorBytes(*s.tensor)) {
       return ptc::InternalError("a storage member split across zip pieces");
     }
-    PTC_RETURN_IF_ERROR(AppendTensorExtents(reader, *s.tensor, piece.offset, prefer_worker, &extents));
+    out.parts.push_back({piece.offset, {}, s.tensor});
   }
-  return std::make_unique<VirtualFile>(std::move(literal), std::move(extents), layout.size);
+  return out;
+}
+
+ptc::Result<std::unique_ptr<VirtualFile>> MakeMegatronFile(const ptc::GenerationReader& reader,
+                                                           const MegatronFilePlan& plan,
+                                                           const std::vector<uint32_t>& crcs, int prefer_worker) {
+  PTC_ASSIGN_OR_RETURN(MegatronFileBytes bytes, LayMegatronFile(plan, crcs));
+  std::string literal;
+  std::vector<Extent> extents;
+  for (const MegatronFilePart& part : bytes.parts) {
+    if (part.tensor != nullptr) {
+      PTC_RETURN_IF_ERROR(AppendTensorExtents(reader, *part.tensor, part.offset, prefer_worker, &extents));
+      continue;
+    }
+    extents.push_back(Extent{part.offset, part.literal.size(), Extent::kLiteral, literal.size(), nullptr, 0});
+    literal.append(part.literal);
+  }
+  return std::make_unique<VirtualFile>(std::move(literal), std::move(extents), bytes.size);
 }
 
 std::vector<size_t> MegatronRanks(const std::vector<ptc::RankView>& views) {

@@ -47,8 +47,24 @@ ptc::Result<MegatronFilePlan> PlanMegatronFile(const ptc::ModelSpec& spec, const
 ptc::Result<std::vector<uint32_t>> StorageCrcs(const ptc::GenerationReader& reader, const MegatronFilePlan& plan,
                                                int prefer_worker, const ShardCheck& check);
 
+// Where the file lays its bytes, given its storages' CRCs: in file order,
+// literal ranges (zip headers, data.pkl, carried storages; adjacent ones
+// joined) and the data of each tensor storage. What MakeMegatronFile serves
+// and a Megatron rank file (fs/rank_files.h) holds.
+struct MegatronFilePart {
+  uint64_t offset = 0;
+  std::string literal;                       // when `tensor` is null
+  const ptc::LocalTensor* tensor = nullptr;  // the plan's: its bytes from `offset` on
+};
+struct MegatronFileBytes {
+  std::vector<MegatronFilePart> parts;
+  uint64_t size = 0;
+};
+// \error InternalError when `crcs` are not one per storage; as LayoutTorchFile.
+ptc::Result<MegatronFileBytes> LayMegatronFile(const MegatronFilePlan& plan, const std::vector<uint32_t>& crcs);
+
 // The file, given its storages' CRCs.
-// \error as StorageCrcs' mapping and LayoutTorchFile.
+// \error as LayMegatronFile.
 ptc::Result<std::unique_ptr<VirtualFile>> MakeMegatronFile(const ptc::GenerationReader& reader,
                                                            const MegatronFilePlan& plan,
                                                            const std::vector<uint32_t>& crcs, int prefer_worker);

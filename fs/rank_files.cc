@@ -5,6 +5,7 @@
 #include <set>
 #include <tuple>
 
+#include "fs/megatron_file.h"
 #include "ptc/checkpoint/checkpoint.h"
 #include "ptc/format/safetensors.h"
 #include "transform/covering.h"
@@ -38,44 +39,85 @@ struct Candidate {
   uint64_t copy_bytes = 0;
 };
 
-// `tensors` as one rank file: the shards its worker does not store yet placed
-// in it (added to `placed`), copies of the others; nullopt when a shard is
-// not contiguous in it (`placed` unchanged then).
+// Places the stored shards of `t`, whose bytes start at `base` of `c`'s file:
+// a shard its worker stores in no file yet (`placed`, nor `mine`: this
+// file's) is placed, any other copied. False when a shard is not contiguous.
+bool PlaceTensor(const ptc::LocalTensor& t, uint64_t base, const std::set<Key>& placed, std::set<Key>* mine,
+                 Candidate* c) {
+  ptc::RankFileSpec& file = c->spec;
+  const uint64_t elem = ptc::DTypeSize(t.dtype);
+  for (const ptc::ShardKey& key : ptc::StoredShards(t)) {
+    uint64_t bytes = 0;
+    for (const ptc::Box& b : key.boxes) bytes += static_cast<uint64_t>(b.volume()) * elem;
+    if (bytes == 0) continue;
+    const ptc::Index start = ContiguousStart(t, key);
+    if (start < 0) return false;
+    const uint64_t at = base + static_cast<uint64_t>(start) * elem;
+    Key k{file.worker, key.tensor, key.boxes};
+    if (placed.count(k) || !mine->insert(k).second) {
+      file.copies.push_back({key.tensor, key.boxes, at});
+      c->copy_bytes += bytes;
+    } else {
+      file.placements.push_back({key.tensor, key.boxes, at});
+    }
+  }
+  return true;
+}
+
+// The file of `c` once its tensors are placed (`mine`): nullopt when it
+// places and copies nothing; else its shards join `placed`.
+std::optional<Candidate> Finish(Candidate c, const std::set<Key>& mine, std::set<Key>* placed) {
+  if (c.spec.placements.empty() && c.spec.copies.empty()) return std::nullopt;
+  placed->insert(mine.begin(), mine.end());
+  return c;
+}
+
+// `tensors` as one safetensors rank file: the shards its worker does not
+// store yet placed in it (added to `placed`), copies of the others; nullopt
+// when a shard is not contiguous in it (`placed` unchanged then).
 ptc::Result<std::optional<Candidate>> PlanFile(const std::vector<ptc::LocalTensor>& tensors,
                                                const std::map<std::string, std::string>& metadata, int worker,
                                                std::string name, std::set<Key>* placed) {
   std::vector<ptc::TensorSpec> specs;
   for (const ptc::LocalTensor& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
   Candidate c;
-  ptc::RankFileSpec& file = c.spec;
-  file.worker = worker;
-  file.name = std::move(name);
-  PTC_ASSIGN_OR_RETURN(file.header, ptc::EncodeSafetensorsHeader(specs, metadata));
-  uint64_t pos = file.header.size();
+  c.spec.worker = worker;
+  c.spec.name = std::move(name);
+  PTC_ASSIGN_OR_RETURN(std::string header, ptc::EncodeSafetensorsHeader(specs, metadata));
+  uint64_t pos = header.size();
+  c.spec.literals.push_back({0, std::move(header)});
   std::set<Key> mine;
   for (const ptc::LocalTensor& t : tensors) {
-    const uint64_t elem = ptc::DTypeSize(t.dtype);
-    for (const ptc::ShardKey& key : ptc::StoredShards(t)) {
-      uint64_t bytes = 0;
-      for (const ptc::Box& b : key.boxes) bytes += static_cast<uint64_t>(b.volume()) * elem;
-      if (bytes == 0) continue;
-      const ptc::Index start = ContiguousStart(t, key);
-      if (start < 0) return std::nullopt;
-      const uint64_t at = pos + static_cast<uint64_t>(start) * elem;
-      Key k{worker, key.tensor, key.boxes};
-      if (placed->count(k) || !mine.insert(k).second) {
-        file.copies.push_back({key.tensor, key.boxes, at});
-        c.copy_bytes += bytes;
-      } else {
-        file.placements.push_back({key.tensor, key.boxes, at});
-      }
-    }
-    pos += static_cast<uint64_t>(ptc::NumElements(t.shape)) * elem;
+    if (!PlaceTensor(t, pos, *placed, &mine, &c)) return std::nullopt;
+    pos += static_cast<uint64_t>(ptc::NumElements(t.shape)) * ptc::DTypeSize(t.dtype);
   }
-  file.size = pos;
-  if (file.placements.empty() && file.copies.empty()) return std::nullopt;
-  placed->insert(mine.begin(), mine.end());
-  return c;
+  c.spec.size = pos;
+  return Finish(std::move(c), mine, placed);
+}
+
+// Rank `rank`'s model_optim_rng.pt as one rank file, as PlanFile.
+ptc::Result<std::optional<Candidate>> PlanMegatronRankFile(const ptc::ModelLayout& layout, const ptc::RankView& view,
+                                                           const RankFileOptions& options,
+                                                           const MegatronInputs& megatron, std::set<Key>* placed) {
+  const std::string what = ptc::RankDirName(view.rank);
+  const auto crcs = megatron.crcs.find(view.rank);
+  if (crcs == megatron.crcs.end()) return ptc::InvalidArgumentError(what + ": no CRCs of its storages");
+  PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan,
+                       PlanMegatronFile(layout.spec(), layout.config(), view, megatron.state, options.names), what);
+  PTC_ASSIGN_OR_RETURN(MegatronFileBytes bytes, LayMegatronFile(plan, crcs->second), what);
+  Candidate c;
+  c.spec.worker = layout.config().WorkerOf(view.rank);
+  c.spec.name = what + "." + kMegatronArchive + ".pt";
+  c.spec.size = bytes.size;
+  std::set<Key> mine;
+  for (MegatronFilePart& part : bytes.parts) {
+    if (part.tensor == nullptr) {
+      c.spec.literals.push_back({part.offset, std::move(part.literal)});
+    } else if (!PlaceTensor(*part.tensor, part.offset, *placed, &mine, &c)) {
+      return std::nullopt;
+    }
+  }
+  return Finish(std::move(c), mine, placed);
 }
 
 uint64_t PlacedBytes(const ptc::RankFileSpec& f, const std::map<std::string, size_t>& elem) {
@@ -150,12 +192,62 @@ std::map<std::string, std::string> SafetensorsMetadata(const ptc::ParallelConfig
   return {{"format", "pt"}, {"ptcfs.rank", std::to_string(rank)}, {"ptcfs.config", config.ToString()}};
 }
 
+ptc::Result<RankFileFormat> ParseRankFileFormat(const std::string& text) {
+  if (text == "safetensors") return RankFileFormat::kSafetensors;
+  if (text == "megatron") return RankFileFormat::kMegatron;
+  return ptc::InvalidArgumentError("'" + text + "': expected safetensors or megatron");
+}
+
+ptc::Result<MegatronInputs> ReadMegatronInputs(const ptc::Store& store,
+                                               std::shared_ptr<const ptc::GenerationManifest> generation,
+                                               const ptc::ModelLayout& layout, ptc::megatron::NameSet names) {
+  MegatronInputs in;
+  PTC_ASSIGN_OR_RETURN(in.state,
+                       ptc::megatron::LoadMegatronState(generation->extra, store.ManifestPath(generation->generation)));
+  ptc::GenerationReader reader(store, generation, /*verify=*/true);
+  std::vector<ptc::RankView> views;
+  for (int rank = 0; rank < layout.config().world_size(); ++rank) {
+    PTC_ASSIGN_OR_RETURN(ptc::RankView view, layout.View(rank));
+    views.push_back(std::move(view));
+  }
+  for (size_t v : MegatronRanks(views)) {
+    const std::string what = ptc::RankDirName(views[v].rank);
+    PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan,
+                         PlanMegatronFile(layout.spec(), layout.config(), views[v], in.state, names), what);
+    const int worker = layout.config().WorkerOf(views[v].rank);
+    auto verified = [](const ptc::ShardRecord&, uint64_t, uint64_t) {
+      return ptc::Status::OK();  // the reader verifies each shard when it opens it
+    };
+    PTC_ASSIGN_OR_RETURN(in.crcs[views[v].rank], StorageCrcs(reader, plan, worker, verified), what);
+  }
+  return in;
+}
+
 ptc::Result<std::vector<ptc::RankFileSpec>> PlanRankFiles(const ptc::ModelLayout& layout,
-                                                          const RankFileOptions& options) {
+                                                          const RankFileOptions& options,
+                                                          const MegatronInputs* megatron) {
   const ptc::ParallelConfig& config = layout.config();
   std::vector<Candidate> files;
   std::map<std::string, size_t> elem;  // per global tensor
   std::set<Key> placed;
+  if (options.format == RankFileFormat::kMegatron) {
+    if (megatron == nullptr) return ptc::InvalidArgumentError("Megatron rank files: no Megatron state given");
+    std::vector<ptc::RankView> views;
+    for (int rank = 0; rank < config.world_size(); ++rank) {
+      PTC_ASSIGN_OR_RETURN(ptc::RankView view, layout.View(rank));
+      views.push_back(std::move(view));
+    }
+    for (size_t v : MegatronRanks(views)) {
+      for (const auto* list : {&views[v].model, &views[v].optim}) {
+        for (const ptc::LocalTensor& t : *list) {
+          for (const ptc::Segment& seg : t.segments) elem[seg.tensor] = ptc::DTypeSize(t.dtype);
+        }
+      }
+      PTC_ASSIGN_OR_RETURN(auto planned, PlanMegatronRankFile(layout, views[v], options, *megatron, &placed));
+      if (planned) files.push_back(std::move(*planned));
+    }
+    return ApplyBudget(std::move(files), elem, options.copy_budget);
+  }
   for (int rank = 0; rank < config.world_size(); ++rank) {
     PTC_ASSIGN_OR_RETURN(ptc::RankView view, layout.View(rank));
     const int worker = config.WorkerOf(rank);
@@ -199,11 +291,12 @@ bool RankFilesWritten(const std::vector<ptc::RankFileSpec>& files, const ptc::Ge
 }
 
 ptc::Result<RankFileCompaction> PlanRankFileCompaction(ptc::transform::Compaction planned,
-                                                       const ptc::ModelLayout& layout, const RankFileOptions& options) {
+                                                       const ptc::ModelLayout& layout, const RankFileOptions& options,
+                                                       const MegatronInputs* megatron) {
   RankFileCompaction out;
   out.compaction = std::move(planned);
   ptc::transform::Compaction& c = out.compaction;
-  PTC_ASSIGN_OR_RETURN(out.files, PlanRankFiles(layout, options));
+  PTC_ASSIGN_OR_RETURN(out.files, PlanRankFiles(layout, options, megatron));
   if (RankFilesWritten(out.files, *c.source)) return out;
   // Every target written: those stored as they are copied from that shard, box by box.
   PTC_ASSIGN_OR_RETURN(ptc::transform::Plan plan,
@@ -225,6 +318,15 @@ ptc::Result<RankFileCompaction> PlanRankFileCompaction(ptc::transform::Compactio
   plan.copies = std::move(copies);
   c.covering = ptc::transform::MakeCovering(plan, *c.source, ptc::transform::CommitMode::kCompact);
   return out;
+}
+
+ptc::Result<RankFileCompaction> PrepareRankFileCompaction(const ptc::Store& store, ptc::transform::Compaction planned,
+                                                          const ptc::ModelLayout& layout,
+                                                          const RankFileOptions& options) {
+  if (options.format != RankFileFormat::kMegatron) return PlanRankFileCompaction(std::move(planned), layout, options);
+  PTC_ASSIGN_OR_RETURN(MegatronInputs megatron, ReadMegatronInputs(store, planned.source, layout, options.names),
+                       "the Megatron rank files' CRCs");
+  return PlanRankFileCompaction(std::move(planned), layout, options, &megatron);
 }
 
 }  // namespace ptcfs

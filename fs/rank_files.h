@@ -1,6 +1,7 @@
 // Rank files of a compaction (ptc/store/rank_files.h): which of a layout's
-// safetensors files a compaction writes whole, so that they exist byte for
-// byte on disk and the mount can let the kernel read them (FUSE passthrough,
+// files a compaction writes whole (its safetensors files, or its Megatron
+// tree's model_optim_rng.pt files), so that they exist byte for byte on disk
+// and the mount can let the kernel read them (FUSE passthrough,
 // fs/passthrough.h). docs/store_format.md, "Rank files".
 #pragma once
 
@@ -9,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "ptc/checkpoint/megatron.h"
+#include "ptc/checkpoint/megatron_names.h"
 #include "ptc/model/config.h"
 #include "ptc/model/model_layout.h"
 #include "ptc/model/schema.h"
@@ -22,13 +25,33 @@ namespace ptcfs {
 // The metadata of rank `rank`'s safetensors files in `config`.
 std::map<std::string, std::string> SafetensorsMetadata(const ptc::ParallelConfig& config, int rank);
 
+// Which files are rank files: the mount's model/ safetensors files, or its
+// megatron/ tree's (--format megatron).
+enum class RankFileFormat { kSafetensors, kMegatron };
+
 // How many bytes of copies (pieces another file of the same worker stores) a
-// worker's rank files may hold.
+// worker's rank files may hold, and in which format they are.
 struct RankFileOptions {
   static constexpr uint64_t kWorkerStored = UINT64_MAX - 1;  // as many as the worker's stored pieces
   static constexpr uint64_t kAll = UINT64_MAX;
   uint64_t copy_budget = kWorkerStored;
+  RankFileFormat format = RankFileFormat::kSafetensors;
+  ptc::megatron::NameSet names = ptc::megatron::NameSet::kTe;  // kMegatron: the tree's name set
 };
+
+// What Megatron rank files take besides the layout: the generation's Megatron
+// state and the CRC-32 of each storage of each file (by rank), which their
+// zip headers hold.
+struct MegatronInputs {
+  ptc::megatron::MegatronState state;
+  std::map<int, std::vector<uint32_t>> crcs;
+};
+// Reads them from `generation` of `store` (in `layout`, its model and config):
+// every tensor of the tree's files once, each shard checked against its checksums.
+// \error as LoadMegatronState, PlanMegatronFile and StorageCrcs (naming the rank).
+ptc::Result<MegatronInputs> ReadMegatronInputs(const ptc::Store& store,
+                                               std::shared_ptr<const ptc::GenerationManifest> generation,
+                                               const ptc::ModelLayout& layout, ptc::megatron::NameSet names);
 
 // Parses --rank-file-copies: "all", "none" (0), "stored" (the default) or a
 // byte count with an optional K/M/G/T suffix (powers of 1024).
@@ -36,7 +59,9 @@ struct RankFileOptions {
 ptc::Result<uint64_t> ParseCopyBudget(const std::string& text);
 
 // Pure. For every rank of the layout (in rank order), its model.safetensors and
-// optim.safetensors (in that order) as a rank file in its worker's directory,
+// optim.safetensors (in that order) as a rank file in its worker's directory
+// (with RankFileFormat::kMegatron: the model_optim_rng.pt of each rank the
+// megatron/ tree shows, from `megatron`),
 // when each of its tensors stores its shards contiguously and in order in the
 // file (every built-in layout). A shard is stored once per worker, in the
 // first file that holds it (a placement); a later file of the same worker that
@@ -46,9 +71,15 @@ ptc::Result<uint64_t> ParseCopyBudget(const std::string& text);
 // `options.copy_budget` bytes, the files with the fewest copy bytes first
 // (ties in rank order); a file left out keeps its placements only (served by
 // the daemon). Zero-byte shards are not placed.
-// \error as ModelLayout::View and EncodeSafetensorsHeader.
+// \error as ModelLayout::View and EncodeSafetensorsHeader, or PlanMegatronFile
+//        and LayMegatronFile; InvalidArgument for kMegatron without `megatron`.
 ptc::Result<std::vector<ptc::RankFileSpec>> PlanRankFiles(const ptc::ModelLayout& layout,
-                                                          const RankFileOptions& options = {});
+                                                          const RankFileOptions& options = {},
+                                                          const MegatronInputs* megatron = nullptr);
+
+// Parses --rank-file-format: "safetensors" or "megatron".
+// \error InvalidArgument "'TEXT': expected safetensors or megatron".
+ptc::Result<RankFileFormat> ParseRankFileFormat(const std::string& text);
 
 // Whether `generation` stores every shard `files` place in its rank file and
 // lists every copy they hold.
@@ -65,6 +96,13 @@ struct RankFileCompaction {
 // \error as MakePlan and PlanRankFiles.
 ptc::Result<RankFileCompaction> PlanRankFileCompaction(ptc::transform::Compaction planned,
                                                        const ptc::ModelLayout& layout,
-                                                       const RankFileOptions& options = {});
+                                                       const RankFileOptions& options = {},
+                                                       const MegatronInputs* megatron = nullptr);
+
+// PlanRankFileCompaction of `store`'s generation `planned.source`; for
+// Megatron rank files it reads their inputs first (ReadMegatronInputs).
+ptc::Result<RankFileCompaction> PrepareRankFileCompaction(const ptc::Store& store, ptc::transform::Compaction planned,
+                                                          const ptc::ModelLayout& layout,
+                                                          const RankFileOptions& options);
 
 }  // namespace ptcfs

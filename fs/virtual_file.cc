@@ -4,6 +4,7 @@
 #include <cstring>
 #include <optional>
 #include <set>
+#include <span>
 
 #include "ptc/format/npy.h"
 #include "ptc/format/safetensors.h"
@@ -200,10 +201,14 @@ VirtualFile::FdRange VirtualFile::SingleShardRange(uint64_t offset, size_t n) co
 ptc::Result<std::vector<std::string>> VirtualFile::VerbatimFiles(
     const std::map<const ptc::ShardRecord*, std::vector<ptc::CopyPlace>>& copies) const {
   std::optional<std::set<std::string>> files;  // those holding every extent so far
-  for (const Extent& lazy : extents_) {
-    if (lazy.kind != Extent::kLazy) continue;
-    PTC_ASSIGN_OR_RETURN(const std::vector<Extent>* part, PartExtents(lazy));
-    for (const Extent& e : *part) {
+  for (const Extent& top : extents_) {
+    if (top.kind == Extent::kLiteral || top.kind == Extent::kZero) continue;  // CheckVerbatim's
+    std::span<const Extent> part(&top, 1);  // a shard extent itself (a torch file's), or a lazy tensor's parts
+    if (top.kind == Extent::kLazy) {
+      PTC_ASSIGN_OR_RETURN(const std::vector<Extent>* parts, PartExtents(top));
+      part = *parts;
+    }
+    for (const Extent& e : part) {
       if (e.kind == Extent::kZero) continue;  // padding inside a tensor: a hole of the rank file
       if (e.kind != Extent::kShard || e.count != 1 || e.shard == nullptr) return std::vector<std::string>{};
       const uint64_t in_piece = e.file_offset - e.shard->offset;

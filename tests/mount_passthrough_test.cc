@@ -3,7 +3,7 @@
 // store's own files; the bytes equal the daemon's (--passthrough off), an open
 // file keeps its backing file across a reconfigure, a backing file damaged
 // under the mount fails opens with EIO and a message, and a daemon that is not
-// root serves everything itself.
+// root serves everything itself. The same for the Megatron tree's files.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -213,6 +213,66 @@ TEST_F(PassthroughTest, ReconfigureKeepsOpenFilesOnTheirBackingFile) {
   // The old generation goes once its last file is closed.
   auto [c, o] = Ptcfs("verify " + tmp_ / "store");
   EXPECT_EQ(c, 0) << o;
+}
+
+// The Megatron tree's files as rank files (--rank-file-format megatron; a
+// mount showing only megatron/ compacts into them itself): read by the kernel,
+// bytes equal to `ptcfs export --format megatron` (an independent writer: it
+// computes the CRCs while streaming), loadable by torch; the same through the
+// daemon. A tree whose store has safetensors rank files goes through the daemon.
+TEST_F(PassthroughTest, MegatronTreeFilesGoThroughTheKernel) {
+  const std::string config = "tp=2,pp=2,dp=1,per_worker=1";
+  MakeStore(config, "--rank-file-format megatron");
+  auto [c0, o0] = Ptcfs("export --format megatron --config " + config + " " + tmp_ / "store " + tmp_ / "ref");
+  ASSERT_EQ(c0, 0) << o0;
+  const std::vector<std::string> files = {"iter_0000000/mp_rank_00_000", "iter_0000000/mp_rank_00_001",
+                                          "iter_0000000/mp_rank_01_000", "iter_0000000/mp_rank_01_001"};
+  for (const std::string mode : {"auto", "off"}) {
+    Mount m(tmp_ / "store", tmp_ / ("mnt-" + mode), "--format megatron --passthrough " + mode);
+    auto status = MountStatus(m.dir());
+    if (mode == "auto") RequirePassthrough(status);
+    EXPECT_EQ(status["passthrough"]["kernel"], mode == "auto" ? 4 : 0) << status.dump();
+    for (const std::string& dir : files) {
+      const std::string path = "megatron/" + dir + "/model_optim_rng.pt";
+      EXPECT_EQ(status["passthrough"]["files"][path], mode == "auto" ? "kernel" : "daemon") << path;
+      auto [c, o] = Sh("cmp " + m.dir() + "/" + path + " " + tmp_ / "ref/" + dir + "/model_optim_rng.pt");
+      EXPECT_EQ(c, 0) << mode << " " << o;
+    }
+    auto [c, o] =
+        Sh("/usr/bin/python3 -c \"import glob, sys, torch\n"
+           "for f in sorted(glob.glob(sys.argv[1] + '/megatron/iter_*/*/model_optim_rng.pt')):\n"
+           "    sd = torch.load(f, map_location='cpu')\n"
+           "    assert sd['model'] and sd['optimizer'], f\n"
+           "print('loaded')\" " +
+           m.dir());
+    EXPECT_EQ(c, 0) << o;
+    EXPECT_TRUE(MountStatus(m.dir())["last_error"].is_null());
+  }
+  // Compacted into safetensors rank files instead: the tree is served by the daemon, not refused.
+  auto [c1, o1] = Ptcfs("compact --rank-files " + tmp_ / "store");
+  ASSERT_EQ(c1, 0) << o1;
+  Mount m(tmp_ / "store", tmp_ / "mnt-safetensors", "--format megatron --compact-pieces 1");
+  RequirePassthrough(MountStatus(m.dir()));
+  EXPECT_EQ(MountStatus(m.dir())["passthrough"]["daemon"], 4) << MountStatus(m.dir()).dump();
+  // A change of layout: the mount's compaction writes the new tree's files as rank files.
+  const std::string target = "tp=1,pp=2,dp=1,per_worker=1";
+  ASSERT_EQ(WriteConfig(m.dir(), target), 0);
+  WaitServing(m.dir());
+  nlohmann::json status;
+  for (int i = 0; i < 300; ++i) {
+    status = MountStatus(m.dir());
+    if (status["compaction"]["state"] == "done" && status["passthrough"]["kernel"] == 2) break;
+    ASSERT_NE(status["compaction"]["state"], "failed") << status.dump();
+    usleep(100 * 1000);
+  }
+  ASSERT_EQ(status["passthrough"]["kernel"], 2) << status.dump();
+  auto [c2, o2] = Ptcfs("export --format megatron --config " + target + " " + tmp_ / "store " + tmp_ / "ref2");
+  ASSERT_EQ(c2, 0) << o2;
+  for (const std::string dir : {"iter_0000000/mp_rank_00_000", "iter_0000000/mp_rank_00_001"}) {
+    auto [c, o] = Sh("cmp " + m.dir() + "/megatron/" + dir + "/model_optim_rng.pt " + tmp_ / "ref2/" + dir +
+                     "/model_optim_rng.pt");
+    EXPECT_EQ(c, 0) << o;
+  }
 }
 
 TEST_F(PassthroughTest, DamagedBackingFileFailsOpensWithEio) {

@@ -36,9 +36,9 @@ GenerationManifest Meta() {
 
 // Two files of worker 0: A stores w and n, B holds a copy of n.
 std::vector<RankFileSpec> Files() {
-  RankFileSpec a{0, "rank-00000.model.safetensors", "HEADER-A", 8 + 16 + 8, {}, {}};
+  RankFileSpec a{0, "rank-00000.model.safetensors", {{0, "HEADER-A"}}, 8 + 16 + 8, {}, {}};
   a.placements = {{"w", {Box{{0}, {4}}}, 8}, {"n", {Box{{0}, {2}}}, 24}};
-  RankFileSpec b{0, "rank-00001.model.safetensors", "HEADER-B", 8 + 8, {}, {}};
+  RankFileSpec b{0, "rank-00001.model.safetensors", {{0, "HEADER-B"}}, 8 + 8, {}, {}};
   b.copies = {{"n", {Box{{0}, {2}}}, 8}};
   return {a, b};
 }

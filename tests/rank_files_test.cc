@@ -5,10 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <tuple>
 
+#include "fs/megatron_file.h"
 #include "test_util.h"
 
 namespace ptcfs {
@@ -33,7 +35,7 @@ void ExpectConsistent(const std::vector<ptc::RankFileSpec>& files) {
   for (const auto& f : files) {
     for (const auto& p : f.placements) {
       EXPECT_TRUE(placed.insert({f.worker, p.tensor, p.boxes}).second) << f.name << " " << p.tensor;
-      EXPECT_GE(p.offset, f.header.size());
+      EXPECT_GE(p.offset, f.literals.at(0).bytes.size());
       EXPECT_LT(p.offset, f.size);
     }
   }
@@ -43,7 +45,7 @@ void ExpectConsistent(const std::vector<ptc::RankFileSpec>& files) {
     for (const auto& c : f.copies) {
       EXPECT_TRUE(placed.count({f.worker, c.tensor, c.boxes})) << f.name << ": copy of unplaced " << c.tensor;
       EXPECT_TRUE(offsets.insert(c.offset).second) << f.name << ": two things at " << c.offset;
-      EXPECT_GE(c.offset, f.header.size());
+      EXPECT_GE(c.offset, f.literals.at(0).bytes.size());
       EXPECT_LT(c.offset, f.size);
     }
   }
@@ -135,6 +137,57 @@ TEST(RankFiles, WrittenOnlyWithEveryPlacementAndCopy) {
   EXPECT_FALSE(RankFilesWritten(files, lacking));
   lacking.rank_file_copies.clear();  // a covering over the same pieces lists no copies
   EXPECT_FALSE(RankFilesWritten(files, lacking));
+}
+
+// Megatron rank files: one model_optim_rng.pt per rank the tree shows (data
+// parallel rank 0's), its literal ranges (zip records, pickle) ordered and
+// apart from every placed byte, each storage's CRC in its zip headers; copies
+// of the pieces a worker's earlier file stores. No Megatron inputs: refused.
+TEST(RankFiles, MegatronTreeFiles) {
+  const ptc::ModelSpec spec = Spec("megatron-gpt", kDims, ptc::DType::kBF16, /*optimizer=*/true);
+  const ptc::ModelLayout layout = FitLayout(spec, *ptc::ParseConfig("tp=2,pp=2,dp=2,per_worker=4"));
+  RankFileOptions options;
+  options.format = RankFileFormat::kMegatron;
+  EXPECT_EQ(PlanRankFiles(layout, options).status().code(), ptc::Code::kInvalidArgument);
+  MegatronInputs in;
+  std::vector<ptc::RankView> views;
+  for (int rank = 0; rank < layout.config().world_size(); ++rank) views.push_back(*layout.View(rank));
+  const std::vector<size_t> tree = MegatronRanks(views);
+  ASSERT_EQ(tree.size(), 4u);
+  for (size_t v : tree) {
+    auto plan = PlanMegatronFile(spec, layout.config(), views[v], in.state, options.names);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    std::vector<uint32_t> crcs;
+    for (size_t i = 0; i < plan->torch.storage_members.size(); ++i) crcs.push_back(0xC0DE0000u + i);
+    in.crcs[views[v].rank] = crcs;
+  }
+  auto files = PlanRankFiles(layout, options, &in);
+  ASSERT_TRUE(files.ok()) << files.status().ToString();
+  ASSERT_EQ(files->size(), 4u);
+  ExpectConsistent(*files);
+  for (size_t i = 0; i < tree.size(); ++i) {
+    const ptc::RankFileSpec& f = (*files)[i];
+    EXPECT_EQ(f.name, ptc::RankDirName(views[tree[i]].rank) + ".model_optim_rng.pt");
+    EXPECT_EQ(f.worker, layout.config().WorkerOf(views[tree[i]].rank));
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;  // literals, placements and copies
+    std::string literal;
+    for (const auto& l : f.literals) {
+      ranges.push_back({l.offset, l.offset + l.bytes.size()});
+      literal += l.bytes;
+    }
+    for (const auto* list : {&f.placements, &f.copies}) {
+      for (const auto& p : *list) ranges.push_back({p.offset, p.offset + 1});
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t r = 1; r < ranges.size(); ++r) EXPECT_LE(ranges[r - 1].second, ranges[r].first) << f.name;
+    EXPECT_EQ(ranges.back().second, f.size) << f.name;  // the zip's end record last
+    EXPECT_EQ(literal.substr(0, 4), std::string("PK\x03\x04", 4)) << f.name;
+    const uint32_t crc = 0xC0DE0000u;  // the first storage's, little-endian in its local header
+    EXPECT_NE(literal.find(std::string(reinterpret_cast<const char*>(&crc), 4)), std::string::npos) << f.name;
+  }
+  // Both tensor-parallel ranks of a stage are on one worker: the second's file copies the replicated norms.
+  EXPECT_TRUE((*files)[0].copies.empty());
+  EXPECT_FALSE((*files)[1].copies.empty());
 }
 
 }  // namespace

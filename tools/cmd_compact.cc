@@ -20,6 +20,8 @@ struct CompactArgs {
   bool keep_old = false;
   bool rank_files = false;
   std::string rank_file_copies = "stored";
+  std::string rank_file_format = "safetensors";
+  std::string names = "te";
   bool wait = false;
 };
 
@@ -36,11 +38,13 @@ ptc::Status RunCompact(const CompactArgs& a) {
   const auto start = std::chrono::steady_clock::now();
   RankFileOptions options;
   PTC_ASSIGN_OR_RETURN(options.copy_budget, ParseCopyBudget(a.rank_file_copies), "--rank-file-copies");
+  PTC_ASSIGN_OR_RETURN(options.format, ParseRankFileFormat(a.rank_file_format), "--rank-file-format");
+  PTC_ASSIGN_OR_RETURN(options.names, ptc::megatron::ParseNameSet(a.names), "--names");
   PTC_ASSIGN_OR_RETURN(ptc::transform::Compaction c, ptc::transform::PlanCompaction(*store));
   std::vector<ptc::RankFileSpec> files;
   if (a.rank_files) {
     PTC_ASSIGN_OR_RETURN(const ptc::ModelLayout layout, ptc::ModelLayout::Make(c.spec, c.config));
-    PTC_ASSIGN_OR_RETURN(RankFileCompaction rf, PlanRankFileCompaction(std::move(c), layout, options));
+    PTC_ASSIGN_OR_RETURN(RankFileCompaction rf, PrepareRankFileCompaction(*store, std::move(c), layout, options));
     c = std::move(rf.compaction);
     files = std::move(rf.files);
   }
@@ -107,6 +111,13 @@ void AddCompactCommand(CLI::App& app, int* exit_code) {
                 "them as external storage), so that a mount lets the kernel read them (passthrough);\n"
                 "rewrites every shard once when the generation has no rank files yet");
   AddRankFileCopiesOption(sub, &a->rank_file_copies);
+  sub->add_option("--rank-file-format", a->rank_file_format,
+                  "with rank files: which files they are: safetensors (model/, the default) or megatron\n"
+                  "(the model_optim_rng.pt files of megatron/ that `ptcfs mount --format megatron`\n"
+                  "shows; their zip headers hold each tensor's CRC-32, so every tensor is read once more)")
+      ->check(CLI::IsMember({"safetensors", "megatron"}));
+  sub->add_option("--names", a->names, "with --rank-file-format megatron: " + std::string(kMegatronNamesHelp))
+      ->check(CLI::IsMember({"te", "local"}));
   AddWaitFlag(sub, &a->wait);
   sub->callback([a, exit_code] { *exit_code = Report("compact", RunCompact(*a)); });
 }

@@ -129,6 +129,11 @@ ptc::Status RunMount(const MountArgs& a) {
   options.compaction = a.compaction;
   options.passthrough = a.passthrough == "auto";
   options.compaction.rank_files = options.passthrough;
+  // Rank files are the files the job reads: megatron/'s when the mount shows only that tree.
+  if (a.format == "megatron" && !options.megatron_torch_dist) {
+    options.compaction.rank_file_options.format = RankFileFormat::kMegatron;
+    options.compaction.rank_file_options.names = options.megatron_names;
+  }
   PTC_ASSIGN_OR_RETURN(options.compaction.rank_file_options.copy_budget, ParseCopyBudget(a.rank_file_copies),
                        "--rank-file-copies");
   SessionOptions session{a.mountpoint, a.foreground, a.threads, nullptr};

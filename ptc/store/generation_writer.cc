@@ -206,10 +206,12 @@ Status GenerationWriter::EnsureRankFile(size_t index) {
   const RankFileSpec& f = rank_files_[index];
   const std::string rel = JoinPath(JoinPath(dir_, WorkerDirName(f.worker)), f.name);
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, store_->env()->OpenWrite(store_->AbsPath(rel)));
-  PTC_RETURN_IF_ERROR(file->PWrite(0, f.header.data(), f.header.size()));
-  if (f.size > f.header.size()) {
+  if (f.size > 0) {
     const char zero = 0;  // the file's length; the rest stays a hole until shards fill it
     PTC_RETURN_IF_ERROR(file->PWrite(f.size - 1, &zero, 1));
+  }
+  for (const RankFileSpec::Literal& l : f.literals) {
+    PTC_RETURN_IF_ERROR(file->PWrite(l.offset, l.bytes.data(), l.bytes.size()));
   }
   PTC_RETURN_IF_ERROR(file->Close());
   rank_file_made_[index] = true;

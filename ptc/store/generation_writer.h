@@ -80,7 +80,7 @@ class GenerationWriter {
 
   // Places shards in rank files (rank_files.h): from now on NewShard of a
   // (tensor, boxes, worker) that `files` place writes its bytes into that
-  // file at its offset (created on first use: header, then zeros up to its
+  // file at its offset (created on first use: its literal bytes, zeros up to its
   // size) and describes them in an HDF5 file of external storage
   // (ShardRecord::h5). Other shards go to HDF5 files as before. A file's
   // `copies`: the bytes of those pieces, as their sinks append them, are
@@ -151,7 +151,7 @@ class GenerationWriter {
   // Where rank_files_ place a shard: (file index, offset), or nullopt.
   std::optional<std::pair<size_t, uint64_t>> PlacementOf(const std::string& tensor, const std::vector<Box>& boxes,
                                                          int worker) const EXCLUDES(mu_);
-  // Creates rank file `index` (header, zeros) unless done already.
+  // Creates rank file `index` (literals, zeros) unless done already.
   // REQUIRES: its worker directory exists.
   Status EnsureRankFile(size_t index) EXCLUDES(mu_);
   Status WriteGeneration(std::string_view manifest_text);

@@ -1,8 +1,9 @@
 // Rank files: files a compaction writes whole, each the exact bytes of one file
 // the mount shows (a rank's safetensors file), with the generation's shards
 // placed inside them (docs/store_format.md, "Rank files"). The store does not
-// know the format: a plan gives each file's header bytes, size and where each
-// shard goes; every byte neither header nor placed shard is zero.
+// know the format: a plan gives each file's literal bytes (a safetensors
+// header; a torch zip's headers and pickle), size and where each shard goes;
+// every byte neither literal nor placed shard is zero.
 //
 // A file may also hold copies of pieces stored elsewhere on its worker (in
 // another rank file, or earlier in itself): GenerationWriter writes a copy's
@@ -23,14 +24,18 @@ namespace ptc {
 struct RankFileSpec {
   int worker = 0;
   std::string name;    // file name in gen-N/worker-WW/, e.g. "rank-00003.model.safetensors"
-  std::string header;  // bytes [0, header.size())
-  uint64_t size = 0;   // of the whole file
+  struct Literal {
+    uint64_t offset = 0;
+    std::string bytes;
+  };
+  std::vector<Literal> literals;  // ordered, disjoint, inside [0, size)
+  uint64_t size = 0;              // of the whole file
   struct Placement {
     std::string tensor;
     std::vector<Box> boxes;  // the stored shard's boxes, in its order
     uint64_t offset = 0;     // of the shard's bytes in the file
   };
-  std::vector<Placement> placements;  // disjoint, inside [header.size(), size)
+  std::vector<Placement> placements;  // disjoint, inside [0, size), apart from the literals
   // Pieces of the worker that another placement (of this file or another)
   // stores: their bytes again, at `offset`. Disjoint from the placements.
   std::vector<Placement> copies;
