@@ -108,7 +108,7 @@ void Controller::CompactInCluster(bool rank_files, const std::shared_ptr<const S
     if (rank_files) {
       PTC_ASSIGN_OR_RETURN(
           RankFileCompaction with_files,
-          PrepareRankFileCompaction(*store_, std::move(planned), layout, compaction_.rank_file_options),
+          PrepareRankFileCompaction(*store_, std::move(planned), layout, compaction_.rank_file_options, worker_),
           "planning the rank files");
       planned = std::move(with_files.compaction);
       files = std::move(with_files.files);

@@ -101,7 +101,7 @@ ptc::Result<std::optional<Candidate>> PlanMegatronRankFile(const ptc::ModelLayou
                                                            const MegatronInputs& megatron, std::set<Key>* placed) {
   const std::string what = ptc::RankDirName(view.rank);
   const auto crcs = megatron.crcs.find(view.rank);
-  if (crcs == megatron.crcs.end()) return ptc::InvalidArgumentError(what + ": no CRCs of its storages");
+  if (crcs == megatron.crcs.end()) return std::nullopt;  // another worker's file (ReadMegatronInputs)
   PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan,
                        PlanMegatronFile(layout.spec(), layout.config(), view, megatron.state, options.names), what);
   PTC_ASSIGN_OR_RETURN(MegatronFileBytes bytes, LayMegatronFile(plan, crcs->second), what);
@@ -200,7 +200,8 @@ ptc::Result<RankFileFormat> ParseRankFileFormat(const std::string& text) {
 
 ptc::Result<MegatronInputs> ReadMegatronInputs(const ptc::Store& store,
                                                std::shared_ptr<const ptc::GenerationManifest> generation,
-                                               const ptc::ModelLayout& layout, ptc::megatron::NameSet names) {
+                                               const ptc::ModelLayout& layout, ptc::megatron::NameSet names,
+                                               int worker) {
   MegatronInputs in;
   PTC_ASSIGN_OR_RETURN(in.state,
                        ptc::megatron::LoadMegatronState(generation->extra, store.ManifestPath(generation->generation)));
@@ -212,13 +213,14 @@ ptc::Result<MegatronInputs> ReadMegatronInputs(const ptc::Store& store,
   }
   for (size_t v : MegatronRanks(views)) {
     const std::string what = ptc::RankDirName(views[v].rank);
+    const int holder = layout.config().WorkerOf(views[v].rank);
+    if (worker >= 0 && holder != worker) continue;
     PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan,
                          PlanMegatronFile(layout.spec(), layout.config(), views[v], in.state, names), what);
-    const int worker = layout.config().WorkerOf(views[v].rank);
     auto verified = [](const ptc::ShardRecord&, uint64_t, uint64_t) {
       return ptc::Status::OK();  // the reader verifies each shard when it opens it
     };
-    PTC_ASSIGN_OR_RETURN(in.crcs[views[v].rank], StorageCrcs(reader, plan, worker, verified), what);
+    PTC_ASSIGN_OR_RETURN(in.crcs[views[v].rank], StorageCrcs(reader, plan, holder, verified), what);
   }
   return in;
 }
@@ -322,9 +324,10 @@ ptc::Result<RankFileCompaction> PlanRankFileCompaction(ptc::transform::Compactio
 
 ptc::Result<RankFileCompaction> PrepareRankFileCompaction(const ptc::Store& store, ptc::transform::Compaction planned,
                                                           const ptc::ModelLayout& layout,
-                                                          const RankFileOptions& options) {
+                                                          const RankFileOptions& options, int worker) {
   if (options.format != RankFileFormat::kMegatron) return PlanRankFileCompaction(std::move(planned), layout, options);
-  PTC_ASSIGN_OR_RETURN(MegatronInputs megatron, ReadMegatronInputs(store, planned.source, layout, options.names),
+  PTC_ASSIGN_OR_RETURN(MegatronInputs megatron,
+                       ReadMegatronInputs(store, planned.source, layout, options.names, worker),
                        "the Megatron rank files' CRCs");
   return PlanRankFileCompaction(std::move(planned), layout, options, &megatron);
 }

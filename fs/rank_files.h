@@ -41,17 +41,20 @@ struct RankFileOptions {
 
 // What Megatron rank files take besides the layout: the generation's Megatron
 // state and the CRC-32 of each storage of each file (by rank), which their
-// zip headers hold.
+// zip headers hold. A rank without CRCs here gets no rank file.
 struct MegatronInputs {
   ptc::megatron::MegatronState state;
   std::map<int, std::vector<uint32_t>> crcs;
 };
 // Reads them from `generation` of `store` (in `layout`, its model and config):
-// every tensor of the tree's files once, each shard checked against its checksums.
+// every tensor of the tree's files once (with `worker` >= 0, of that worker's
+// files only: a cluster worker writes its own), each shard checked against
+// its checksums.
 // \error as LoadMegatronState, PlanMegatronFile and StorageCrcs (naming the rank).
 ptc::Result<MegatronInputs> ReadMegatronInputs(const ptc::Store& store,
                                                std::shared_ptr<const ptc::GenerationManifest> generation,
-                                               const ptc::ModelLayout& layout, ptc::megatron::NameSet names);
+                                               const ptc::ModelLayout& layout, ptc::megatron::NameSet names,
+                                               int worker = -1);
 
 // Parses --rank-file-copies: "all", "none" (0), "stored" (the default) or a
 // byte count with an optional K/M/G/T suffix (powers of 1024).
@@ -100,9 +103,10 @@ ptc::Result<RankFileCompaction> PlanRankFileCompaction(ptc::transform::Compactio
                                                        const MegatronInputs* megatron = nullptr);
 
 // PlanRankFileCompaction of `store`'s generation `planned.source`; for
-// Megatron rank files it reads their inputs first (ReadMegatronInputs).
+// Megatron rank files it reads their inputs first (ReadMegatronInputs, of
+// `worker`'s files only when it is >= 0).
 ptc::Result<RankFileCompaction> PrepareRankFileCompaction(const ptc::Store& store, ptc::transform::Compaction planned,
                                                           const ptc::ModelLayout& layout,
-                                                          const RankFileOptions& options);
+                                                          const RankFileOptions& options, int worker = -1);
 
 }  // namespace ptcfs

@@ -149,6 +149,8 @@ TEST(RankFiles, MegatronTreeFiles) {
   RankFileOptions options;
   options.format = RankFileFormat::kMegatron;
   EXPECT_EQ(PlanRankFiles(layout, options).status().code(), ptc::Code::kInvalidArgument);
+  MegatronInputs none;  // no rank's CRCs (each another worker's): no files
+  EXPECT_TRUE(PlanRankFiles(layout, options, &none)->empty());
   MegatronInputs in;
   std::vector<ptc::RankView> views;
   for (int rank = 0; rank < layout.config().world_size(); ++rank) views.push_back(*layout.View(rank));
