@@ -146,13 +146,26 @@ class Controller {
   // position stays. `committed` runs after the commit and before the new
   // generation is served (the staged files are in the store then). Blocks
   // until committed; on any error the current generation stays (also kept as
-  // last_error).
-  // \error FailedPrecondition while a rewrite runs, and on a cluster mount
-  //        (not supported yet); InvalidArgument when the save holds no
-  //        optimizer state and the store does (it would be lost); as OpenDcp
-  //        (naming the key and chunk) and WriteDcp.
-  ptc::Status IngestDcp(const std::string& dir, const std::shared_ptr<const Snapshot>& current,
+  // last_error). In a cluster (SetParticipant) the save goes to the job
+  // (JobParticipant::ProposeDcpSave, `save`: the directory's name in the
+  // staging area) and every worker adds the chunk files written on it
+  // (ApplyDcpSave); it commits everywhere or nowhere.
+  // \error FailedPrecondition while a rewrite runs; InvalidArgument when the
+  //        save holds no optimizer state and the store does (it would be
+  //        lost); as OpenDcp (naming the key and chunk) and WriteDcp; in a
+  //        cluster as ProposeDcpSave and SettleDcpSave (a chunk file on no
+  //        worker or on two).
+  ptc::Status IngestDcp(const std::string& dir, const std::string& save, const std::shared_ptr<const Snapshot>& current,
                         const std::function<void()>& committed) EXCLUDES(mu_, collect_mu_);
+
+  // Applies a DCP save the cluster agreed on (another worker's IngestDcp,
+  // whose .metadata is `metadata`): this worker's part is the chunk files in
+  // `dir` (perhaps none). As ApplySave otherwise, but `done(true)` runs after
+  // the commit and before the new generation is served (its tree lists the
+  // staging area as it is then).
+  ptc::Status ApplyDcpSave(const std::string& dir, std::string metadata, const std::shared_ptr<const Snapshot>& current,
+                           std::shared_ptr<AgreedChange> change, std::function<void(bool committed)> done)
+      EXCLUDES(mu_, collect_mu_);
 
   // Applies a save the cluster agreed on (another worker's Ingest): this
   // worker's part is the rank files of `iteration` staged under
@@ -251,6 +264,11 @@ class Controller {
   ptc::Status SaveInCluster(const std::string& staging_root, uint64_t iteration,
                             const std::shared_ptr<const Snapshot>& current, AgreedChange& change)
       EXCLUDES(mu_, collect_mu_);
+  // This worker's part of a DCP save on many workers (IngestDcp,
+  // ApplyDcpSave); `committed` runs after the commit, before it is served.
+  ptc::Status SaveDcpInCluster(const std::string& dir, const std::string& metadata,
+                               const std::shared_ptr<const Snapshot>& current, AgreedChange& change,
+                               const std::function<void()>& committed) EXCLUDES(mu_, collect_mu_);
   // Serves a save's committed generation and removes what it replaced.
   void Commit(const std::shared_ptr<const Snapshot>& snap) EXCLUDES(mu_, collect_mu_);
   // On the rewrite's thread after its commit of `layout`: measures the served

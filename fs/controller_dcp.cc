@@ -1,6 +1,6 @@
 // Saves in DCP files, committed as one generation whose pieces are their
-// chunks: Controller::IngestDcp (a dcp.save into dcp/) and SaveTorchDist
-// (Megatron-Core's torch_dist save into megatron/).
+// chunks: Controller::IngestDcp (a dcp.save into dcp/; on many workers with
+// ApplyDcpSave) and SaveTorchDist (Megatron-Core's torch_dist save into megatron/).
 #include "fs/controller.h"
 #include "fs/save_parts.h"
 #include "ptc/checkpoint/dcp_read.h"
@@ -8,6 +8,19 @@
 #include "ptc/format/torch_file.h"
 
 namespace ptcfs {
+namespace {
+
+// A save without optimizer state would lose the store's.
+ptc::Status CheckKeepsOptimizer(const ptc::ModelSpec& spec, const ptc::dcp::DcpSource& source, const std::string& dir) {
+  if (spec.optimizer && !source.layout.spec().optimizer) {
+    return ptc::InvalidArgumentError(dir +
+                                     ": the save holds no optimizer state; the store's would be lost "
+                                     "(save the optimizer's state too, docs/dcp_format.md)");
+  }
+  return ptc::Status::OK();
+}
+
+}  // namespace
 
 ptc::Status Controller::CommitDcp(const std::string& dir, ptc::dcp::Keys keys, nlohmann::json extra,
                                   std::optional<ptc::DatasetState> dataset,
@@ -16,11 +29,7 @@ ptc::Status Controller::CommitDcp(const std::string& dir, ptc::dcp::Keys keys, n
   const ptc::ModelSpec& spec = current->spec();
   PTC_ASSIGN_OR_RETURN(const ptc::dcp::DcpSource source,
                        ptc::dcp::OpenDcp(store_->env(), dir, spec.schema, spec.dims, current->config(), keys));
-  if (spec.optimizer && !source.layout.spec().optimizer) {
-    return ptc::InvalidArgumentError(dir +
-                                     ": the save holds no optimizer state; the store's would be lost "
-                                     "(save the optimizer's state too, docs/dcp_format.md)");
-  }
+  PTC_RETURN_IF_ERROR(CheckKeepsOptimizer(spec, source, dir));
   PTC_RETURN_IF_ERROR(ptc::dcp::WriteDcp(store_, source, std::move(extra)).status());
   PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*store_, store_->CurrentSnapshot(), source.layout, worker_, checks_,
                                                    std::move(dataset), source_));
@@ -29,22 +38,32 @@ ptc::Status Controller::CommitDcp(const std::string& dir, ptc::dcp::Keys keys, n
   return ptc::Status::OK();
 }
 
-ptc::Status Controller::IngestDcp(const std::string& dir, const std::shared_ptr<const Snapshot>& current,
+ptc::Status Controller::IngestDcp(const std::string& dir, const std::string& save,
+                                  const std::shared_ptr<const Snapshot>& current,
                                   const std::function<void()>& committed) {
-  {
-    ptc::MutexLock lock(&mu_);
-    if (job_ != nullptr) {
-      return ptc::FailedPreconditionError(
-          "DCP saves through a mount that is one worker of a cluster are not "
-          "supported yet (docs/dcp_format.md)");
-    }
-  }
   PTC_ASSIGN_OR_RETURN(
       const MountState before,
       BeginWriting(MountState::kSaving,
                    "a reconfiguration or save is running; save again once .ptcfs/status says serving"));
-  const ptc::Status result =
-      CommitDcp(dir, ptc::dcp::Keys::kTorch, store_->current().extra, current->dataset(), current, committed);
+  JobParticipant* job = nullptr;
+  {
+    ptc::MutexLock lock(&mu_);
+    job = job_;
+  }
+  ptc::Status result;
+  if (job == nullptr) {
+    result = CommitDcp(dir, ptc::dcp::Keys::kTorch, store_->current().extra, current->dataset(), current, committed);
+  } else if (auto metadata = ptc::dcp::ReadMetadata(store_->env(), dir); !metadata.ok()) {
+    result = metadata.status();
+  } else if (auto change = job->ProposeDcpSave(save, *metadata); !change.ok()) {
+    result = change.status();
+  } else {
+    result = SaveDcpInCluster(dir, *metadata, current, **change, committed);
+    if (!result.ok()) {
+      (*change)->Failed(result);
+      result = ptc::IOError(result.message());  // the save failed (the rename says EIO), the mount is not busy
+    }
+  }
   ptc::MutexLock lock(&mu_);
   state_ = result.ok() ? MountState::kServing : before;
   if (!result.ok()) SetLastError("DCP save " + dir + ": " + result.message());
@@ -74,6 +93,63 @@ ptc::Status Controller::SaveTorchDist(const std::string& iter_dir, uint64_t iter
   extra[std::string(ptc::megatron::kManifestKey)] = ptc::megatron::EncodeMegatronState(state);
   if (dataset) extra["dataset"] = ptc::EncodeDatasetState(*dataset);
   return CommitDcp(iter_dir, ptc::dcp::Keys::kMegatronCore, std::move(extra), dataset, current, {});
+}
+
+ptc::Status Controller::ApplyDcpSave(const std::string& dir, std::string metadata,
+                                     const std::shared_ptr<const Snapshot>& current,
+                                     std::shared_ptr<AgreedChange> change, std::function<void(bool committed)> done) {
+  auto started = BeginWriting(MountState::kSaving, "a reconfiguration or save is running");
+  if (!started.ok()) {  // `done` is not called
+    change->Failed(started.status());
+    RecordError("DCP save " + dir + ": " + started.status().message());
+    return started.status();
+  }
+  ptc::MutexLock lock(&mu_);
+  worker_thread_ = std::thread(
+      [this, dir, metadata = std::move(metadata), current, change = std::move(change), done = std::move(done)] {
+        bool committed = false;
+        const ptc::Status result = SaveDcpInCluster(dir, metadata, current, *change, [&] {
+          committed = true;
+          done(true);
+        });
+        if (!result.ok()) change->Failed(result);
+        if (!committed) done(false);
+        ptc::MutexLock lock(&mu_);
+        state_ = result.ok() ? MountState::kServing : MountState::kFailed;
+        if (!result.ok()) SetLastError("DCP save " + dir + ": " + result.message());
+      });
+  return ptc::Status::OK();
+}
+
+ptc::Status Controller::SaveDcpInCluster(const std::string& dir, const std::string& metadata,
+                                         const std::shared_ptr<const Snapshot>& current, AgreedChange& change,
+                                         const std::function<void()>& committed) {
+  const ptc::ModelSpec& spec = current->spec();
+  // This worker's part: the chunk files written here (none on a worker without ranks).
+  PTC_ASSIGN_OR_RETURN(const ptc::dcp::DcpSource source,
+                       ptc::dcp::OpenDcpPart(store_->env(), dir, metadata, spec.schema, spec.dims, current->config(),
+                                             ptc::dcp::Keys::kTorch, /*part=*/true));
+  PTC_RETURN_IF_ERROR(CheckKeepsOptimizer(spec, source, dir));
+  PTC_ASSIGN_OR_RETURN(auto writer, store_->BeginGeneration());
+  ptc::ImportResult written;
+  PTC_RETURN_IF_ERROR(ptc::dcp::WriteDcpChunks(*writer, source, worker_, &written));
+  ptc::GenerationManifest meta;
+  PTC_RETURN_IF_ERROR(ptc::DescribeModel(source.layout.spec(), source.layout.config(), &meta));
+  std::vector<ptc::TensorRecord> tensors;
+  if (!source.chunks.empty()) tensors = meta.tensors;
+  auto settle = [&](const std::map<int, ptc::Part>& parts) -> ptc::Result<std::string> {
+    PTC_RETURN_IF_ERROR(SettleDcpSave(source.all_files, parts));
+    return source.layout.config().ToString();
+  };
+  PTC_RETURN_IF_ERROR(change.BeforeSaveCommit(*writer, tensors, DcpSavePartExtra(source.file_names), settle).status());
+  // Every worker settled the same files (the one that committed did so before it committed).
+  meta.extra = store_->current().extra;
+  PTC_RETURN_IF_ERROR(writer->Commit(std::move(meta)));
+  PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*store_, store_->CurrentSnapshot(), source.layout, worker_, checks_,
+                                                   current->dataset(), source_));
+  if (committed) committed();
+  Commit(snap);
+  return ptc::Status::OK();
 }
 
 }  // namespace ptcfs

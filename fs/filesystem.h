@@ -175,6 +175,12 @@ class Filesystem {
   // its latest file for: this mount's part is the rank files staged here
   // (Controller::ApplySave), removed from the staging area once committed.
   ptc::Status ApplySave(uint64_t iteration, std::shared_ptr<AgreedChange> change);
+  // A DCP save (`metadata`) that another worker of the cluster job received
+  // the .metadata of, in staging directory `save` (kDcpStaging/NAME): this
+  // mount's part is the chunk files written here (Controller::ApplyDcpSave),
+  // removed from the staging area once committed.
+  // \error InvalidArgument for a `save` that is not kDcpStaging/NAME; as Controller::ApplyDcpSave.
+  ptc::Status ApplyDcpSave(const std::string& save, std::string metadata, std::shared_ptr<AgreedChange> change);
 
   Controller& controller() { return *controller_; }
   Passthrough& passthrough() { return passthrough_; }

@@ -152,10 +152,6 @@ ptc::Result<Entry> Filesystem::Mkdir(uint64_t parent, const std::string& name) {
   if (p->kind == Node::kMegatronDir && name == kDcpStaging) {
     return ptc::Status(ptc::Code::kPermissionDenied, "megatron/" + name + ": a name ptcfs keeps for dcp/'s saves");
   }
-  if (p->kind == Node::kDcpDir && options_.in_cluster) {
-    return ptc::Status(ptc::Code::kPermissionDenied,
-                       "dcp/: saves through a mount that is one worker of a cluster are not supported yet");
-  }
   ptc::MutexLock staging(&staging_mu_);
   std::string parent_path;
   {
@@ -285,6 +281,26 @@ ptc::Status Filesystem::Flush(uint64_t fh) {
   return s.ok() || s.code() == ptc::Code::kFailedPrecondition ? s : ptc::IOError(s.message());
 }
 
+ptc::Status Filesystem::ApplyDcpSave(const std::string& save, std::string metadata,
+                                     std::shared_ptr<AgreedChange> change) {
+  const std::string name = save.substr(std::min(save.size(), kDcpStaging.size() + 1));
+  if (!IsDcpCommit(save, ptc::dcp::kMetadataFile) || name.empty() || name == "." || name == "..") {
+    const ptc::Status bad = ptc::InvalidArgumentError("'" + save + "' is no save directory of dcp/");
+    change->Failed(bad);
+    return bad;
+  }
+  Seal(save);
+  const ptc::Status s = controller_->ApplyDcpSave(
+      staging_.Path(save), std::move(metadata), snapshot(), std::move(change), [this, save](bool committed) {
+        // Before the new generation is served (its tree lists what the staging area holds then).
+        const ptc::Status removed = committed ? staging_.RemoveTree(save) : ptc::Status::OK();
+        Unseal(save);
+        if (!removed.ok()) controller_->RecordError("DCP save committed; " + removed.message());
+      });
+  if (!s.ok()) Unseal(save);
+  return s;
+}
+
 ptc::Status Filesystem::ApplySave(uint64_t iteration, std::shared_ptr<AgreedChange> change) {
   const std::string dir = ptc::megatron::IterationDirName(iteration);
   Seal(dir);
@@ -350,7 +366,10 @@ ptc::Status Filesystem::Rename(uint64_t parent, const std::string& name, uint64_
 
 ptc::Status Filesystem::CommitDcp(const std::string& save) {
   ptc::Status removed;
-  ptc::Status s = controller_->IngestDcp(staging_.Path(save), snapshot(), [&] { removed = staging_.RemoveTree(save); });
+  Seal(save);  // in a cluster each worker's chunk files become its pieces: no more writes into them
+  ptc::Status s =
+      controller_->IngestDcp(staging_.Path(save), save, snapshot(), [&] { removed = staging_.RemoveTree(save); });
+  Unseal(save);
   if (!s.ok()) return s.code() == ptc::Code::kFailedPrecondition ? s : ptc::IOError(s.message());
   if (!removed.ok()) controller_->RecordError("DCP save committed; " + removed.message());
   return ptc::Status::OK();

@@ -49,6 +49,12 @@ class JobParticipant {
   // \error FailedPrecondition when this worker is not a member now or a
   //        change is under way.
   virtual ptc::Result<std::shared_ptr<AgreedChange>> ProposeSave(uint64_t iteration) = 0;
+  // A DCP save whose .metadata (`metadata`) landed on this mount, in the
+  // staging area's directory `save` (kDcpStaging/NAME): as ProposeSave, each
+  // worker adding the chunk files written on it (Controller::ApplyDcpSave).
+  // \error as ProposeSave; InvalidArgument for a .metadata too large for the job to carry.
+  virtual ptc::Result<std::shared_ptr<AgreedChange>> ProposeDcpSave(const std::string& save,
+                                                                    const std::string& metadata) = 0;
   // The "cluster" part of .ptcfs/status; asked with the controller's lock
   // held (it must not call the controller).
   virtual nlohmann::json StatusPart() const = 0;

@@ -184,4 +184,36 @@ ptc::Result<SettledSave> SettleSave(uint64_t iteration, const ptc::ModelSpec& cu
   return SettledSave{std::move(layout), std::move(state), std::move(position)};
 }
 
+nlohmann::json DcpSavePartExtra(const std::vector<std::string>& files) { return {{"dcp", {{"files", files}}}}; }
+
+ptc::Status SettleDcpSave(const std::set<std::string>& files, const std::map<int, ptc::Part>& parts) {
+  std::map<std::string, int> holder;  // file -> worker
+  for (const auto& [worker, part] : parts) {
+    const std::string what = "worker " + std::to_string(worker) + "'s part of the DCP save";
+    const auto dcp = part.extra.find("dcp");
+    if (dcp == part.extra.end() || !dcp->is_object() || !dcp->contains("files") || !(*dcp)["files"].is_array()) {
+      return ptc::CorruptionError(what + ": no 'dcp' object with a 'files' array");
+    }
+    for (const nlohmann::json& f : (*dcp)["files"]) {
+      if (!f.is_string()) return ptc::CorruptionError(what + ": a file that is no string");
+      const std::string name = f.get<std::string>();
+      if (!files.count(name))
+        return ptc::CorruptionError(what + ": holds " + name + ", which the metadata does not name");
+      auto [it, first] = holder.emplace(name, worker);
+      if (!first) {
+        return ptc::InvalidArgumentError("chunk file " + name + " was written on worker " + std::to_string(it->second) +
+                                         " and on worker " + std::to_string(worker) +
+                                         ": each rank's files go through the mount of the worker it runs on");
+      }
+    }
+  }
+  for (const std::string& f : files) {
+    if (!holder.count(f)) {
+      return ptc::InvalidArgumentError("chunk file " + f +
+                                       " of the save's .metadata was written on no worker of the job");
+    }
+  }
+  return ptc::Status::OK();
+}
+
 }  // namespace ptcfs

@@ -10,6 +10,9 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -64,5 +67,16 @@ struct SettledSave {
 ptc::Result<SettledSave> SettleSave(uint64_t iteration, const ptc::ModelSpec& current_spec,
                                     const ptc::ParallelConfig& current, const std::optional<ptc::DatasetState>& dataset,
                                     const std::map<int, ptc::Part>& parts);
+
+// What a worker's part of a DCP save on many workers says besides its
+// pieces: the chunk files written on it (OpenDcpPart's file_names).
+nlohmann::json DcpSavePartExtra(const std::vector<std::string>& files);
+
+// That the parts (by worker) of a DCP save hold every file of its metadata
+// (`files`, OpenDcpPart's all_files) once: so every chunk is in exactly one
+// worker's pieces.
+// \error InvalidArgument naming the file held by no worker, or the two
+//        workers holding it; Corruption for a part that is not one.
+ptc::Status SettleDcpSave(const std::set<std::string>& files, const std::map<int, ptc::Part>& parts);
 
 }  // namespace ptcfs

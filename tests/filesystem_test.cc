@@ -171,6 +171,9 @@ TEST_F(FilesystemTest, AProposalEndsInItsOutcome) {
     ptc::Result<std::shared_ptr<AgreedChange>> ProposeSave(uint64_t) override {
       return FailedPreconditionError("no saves here");
     }
+    ptc::Result<std::shared_ptr<AgreedChange>> ProposeDcpSave(const std::string&, const std::string&) override {
+      return FailedPreconditionError("no saves here");
+    }
     std::string asked;
     Status answer = Status::OK();
   } job;

@@ -104,6 +104,50 @@ class AppliedChange final : public AgreedChange {
 // layout carries the config written to .ptcfs/config).
 constexpr std::string_view kSaveRequest = "save ";
 
+// A DCP save's change carries "dcp-save WORKER PARTS SAVE": its .metadata is
+// in etcd under DcpMetadataPrefix(job, WORKER) (the proposer's), cut into
+// PARTS values of at most kDcpMetadataPart bytes (etcd takes requests of
+// 1.5 MiB by default), SAVE the staging directory (kDcpStaging/NAME).
+constexpr std::string_view kDcpSaveRequest = "dcp-save ";
+constexpr size_t kDcpMetadataPart = 1 << 20;
+constexpr size_t kMaxDcpMetadataParts = 64;
+
+std::string DcpMetadataPrefix(const std::string& job, int worker) {
+  return ptc::cluster::JobPrefix(job) + "dcp-metadata/" + std::to_string(worker) + "/";
+}
+
+struct DcpSaveRequest {
+  int worker = 0;
+  size_t parts = 0;
+  std::string save;
+};
+std::optional<DcpSaveRequest> ParseDcpSave(std::string_view request) {
+  if (!request.starts_with(kDcpSaveRequest)) return std::nullopt;
+  request.remove_prefix(kDcpSaveRequest.size());
+  DcpSaveRequest r;
+  auto [end, ec] = std::from_chars(request.data(), request.data() + request.size(), r.worker);
+  if (ec != std::errc() || end == request.data() + request.size() || *end != ' ') return std::nullopt;
+  request.remove_prefix(end + 1 - request.data());
+  auto [end2, ec2] = std::from_chars(request.data(), request.data() + request.size(), r.parts);
+  if (ec2 != std::errc() || end2 == request.data() + request.size() || *end2 != ' ') return std::nullopt;
+  r.save = std::string(request.substr(end2 + 1 - request.data()));
+  if (r.worker < 0 || r.parts > kMaxDcpMetadataParts || r.save.empty()) return std::nullopt;
+  return r;
+}
+
+// The .metadata of the DCP save `r` from etcd.
+ptc::Result<std::string> ReadDcpMetadata(const ptc::cluster::KvStore& kv, const std::string& job,
+                                         const DcpSaveRequest& r) {
+  std::string metadata;
+  for (size_t i = 0; i < r.parts; ++i) {
+    const std::string key = DcpMetadataPrefix(job, r.worker) + std::to_string(i);
+    PTC_ASSIGN_OR_RETURN(std::optional<ptc::cluster::KeyValue> kv_part, kv.Get(key));
+    if (!kv_part) return ptc::NotFoundError("the DCP save's .metadata: etcd key " + key + " is gone");
+    metadata += kv_part->value;
+  }
+  return metadata;
+}
+
 // A compaction's change carries "compact" (pieces into HDF5 files) or
 // "compact rank-files" (into the layout's rank files) as its request: every
 // worker must write the same kind, as the job's digest covers every piece.
@@ -185,6 +229,30 @@ ptc::Status Agent::Propose(const std::string& text, const ptc::ParallelConfig& c
   ptc::MutexLock lock(&proposed_mu_);
   proposed_ = std::move(change);
   return ptc::Status::OK();
+}
+
+ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeDcpSave(const std::string& save, const std::string& metadata) {
+  const size_t parts = (metadata.size() + kDcpMetadataPart - 1) / kDcpMetadataPart;
+  if (parts > kMaxDcpMetadataParts) {
+    return ptc::InvalidArgumentError(save + "/.metadata: " + std::to_string(metadata.size()) +
+                                     " bytes, more than a job carries (" +
+                                     std::to_string(kMaxDcpMetadataParts * kDcpMetadataPart) + ")");
+  }
+  // This worker's metadata of its last DCP save goes; the new one is in etcd before the change names it.
+  const std::string prefix = DcpMetadataPrefix(options_.job, options_.worker);
+  PTC_RETURN_IF_ERROR(kv_->DeletePrefix(prefix).status(), "etcd");
+  for (size_t i = 0; i < parts; ++i) {
+    PTC_RETURN_IF_ERROR(
+        kv_->Put(prefix + std::to_string(i), std::string_view(metadata).substr(i * kDcpMetadataPart, kDcpMetadataPart))
+            .status(),
+        "etcd");
+  }
+  const std::string request =
+      std::string(kDcpSaveRequest) + std::to_string(options_.worker) + " " + std::to_string(parts) + " " + save;
+  PTC_ASSIGN_OR_RETURN(ptc::cluster::Change change, ProposeToJob(request, {}, "save again"));
+  std::set<int> participants(change.workers.begin(), change.workers.end());
+  return std::shared_ptr<AgreedChange>(std::make_shared<AppliedChange>(
+      std::move(change), std::move(participants), coordinator_, &fs_->store(), env_, options_, &saved_));
 }
 
 ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeSave(uint64_t iteration) {
@@ -462,6 +530,14 @@ void Agent::Apply(const ptc::cluster::Change& change) {
       std::make_shared<AppliedChange>(change, participants, coordinator_, &fs_->store(), env_, options_, &saved_);
   if (const std::optional<uint64_t> save = SaveIteration(change.request)) {
     (void)fs_->ApplySave(*save, std::move(agreed));
+  } else if (const std::optional<DcpSaveRequest> dcp = ParseDcpSave(change.request)) {
+    auto metadata = ReadDcpMetadata(*kv_, options_.job, *dcp);
+    if (!metadata.ok()) {
+      agreed->Failed(metadata.status());
+      fs_->controller().RecordError("DCP save " + dcp->save + ": " + metadata.status().message());
+      return;
+    }
+    (void)fs_->ApplyDcpSave(dcp->save, std::move(*metadata), std::move(agreed));
   } else if (const std::optional<bool> rank_files = CompactionRankFiles(change.request)) {
     (void)fs_->controller().ApplyCompaction(*rank_files, fs_->snapshot(), std::move(agreed));
   } else {

@@ -61,6 +61,8 @@ class Agent final : public JobParticipant {
   // mount's own part goes through the returned change (its controller is
   // busy saving, so the loop does not apply it here).
   ptc::Result<std::shared_ptr<AgreedChange>> ProposeSave(uint64_t iteration) override;
+  ptc::Result<std::shared_ptr<AgreedChange>> ProposeDcpSave(const std::string& save,
+                                                            const std::string& metadata) override;
 
   // Proposes `request` to the live members (`needed`: the workers it must
   // include), from this mount's generation. `again` ends the message when

@@ -224,8 +224,7 @@ std::string TensorOfKey(const std::string& key) {
   return "";
 }
 
-Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema, const ModelDims& dims,
-                          const ParallelConfig& config, Keys keys) {
+Result<std::string> ReadMetadata(Env* env, const std::string& dir) {
   const std::string metadata_path = JoinPath(dir, kMetadataFile);
   PTC_ASSIGN_OR_RETURN(auto metadata_file, env->OpenRead(metadata_path));
   if (metadata_file->Size() > kMaxTorchPickleSize) {
@@ -233,6 +232,18 @@ Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema
   }
   std::string metadata(metadata_file->Size(), '\0');
   PTC_RETURN_IF_ERROR(metadata_file->Read(0, metadata.size(), metadata.data()));
+  return metadata;
+}
+
+Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema, const ModelDims& dims,
+                          const ParallelConfig& config, Keys keys) {
+  PTC_ASSIGN_OR_RETURN(const std::string metadata, ReadMetadata(env, dir));
+  return OpenDcpPart(env, dir, metadata, schema, dims, config, keys, /*part=*/false);
+}
+
+Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view metadata, const Schema& schema,
+                              const ModelDims& dims, const ParallelConfig& config, Keys keys, bool part) {
+  const std::string metadata_path = JoinPath(dir, kMetadataFile);
   PTC_ASSIGN_OR_RETURN(const SavedCheckpoint saved, ParseMetadata(metadata, metadata_path));
 
   // The model: the parameters' dtype, and optimizer state when the save has some.
@@ -314,16 +325,21 @@ Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema
 
   // Every chunk's torch.save file, before the store is touched; a chunk of a
   // stacked key is one piece per layer it spans (each a contiguous run of it).
-  DcpSource source{std::move(layout), {}, {}};
+  DcpSource source{std::move(layout), {}, {}, {}, {}};
   std::map<std::string, size_t> file_index;
   for (const std::string& key : key_order) {
     const std::vector<const Tensor*>& tensors = by_key.at(key);
     const SavedTensor& t = *saved_by_key.at(key);
     for (const SavedChunk& c : t.chunks) {
+      if (part && !file_index.count(c.file)) {
+        source.all_files.insert(c.file);
+        if (!env->Exists(JoinPath(dir, c.file))) continue;  // another worker's
+      }
       auto [it, inserted] = file_index.try_emplace(c.file, source.files.size());
       if (inserted) {
         PTC_ASSIGN_OR_RETURN(auto f, env->OpenRead(JoinPath(dir, c.file)), metadata_path + ": " + ChunkName(t, c));
         source.files.push_back(std::move(f));
+        source.file_names.push_back(c.file);
       }
       const RandomAccessFile& file = *source.files[it->second];
       const std::string what = dir + ": " + ChunkName(t, c);
@@ -361,18 +377,23 @@ Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema
   return source;
 }
 
+Status WriteDcpChunks(GenerationWriter& writer, const DcpSource& source, int worker, ImportResult* result,
+                      const ProgressFn& progress) {
+  std::vector<char> buf(kCopyBytes);
+  for (const DcpSource::Chunk& c : source.chunks) {
+    PTC_RETURN_IF_ERROR(WritePiece(writer, c.tensor, c.dtype, {c.box}, worker, *source.files[c.file], c.offset, c.size,
+                                   buf, progress, "tensor " + c.tensor));
+    ++result->shards;
+    result->bytes_stored += c.size;
+    result->bytes_read += c.size;
+  }
+  return Status::OK();
+}
+
 Result<ImportResult> WriteDcp(Store* store, const DcpSource& source, nlohmann::json extra, const ProgressFn& progress) {
   PTC_ASSIGN_OR_RETURN(auto writer, store->BeginGeneration());
   ImportResult result;
-  const int worker = source.layout.config().WorkerOf(0);
-  std::vector<char> buf(kCopyBytes);
-  for (const DcpSource::Chunk& c : source.chunks) {
-    PTC_RETURN_IF_ERROR(WritePiece(*writer, c.tensor, c.dtype, {c.box}, worker, *source.files[c.file], c.offset, c.size,
-                                   buf, progress, "tensor " + c.tensor));
-    ++result.shards;
-    result.bytes_stored += c.size;
-    result.bytes_read += c.size;
-  }
+  PTC_RETURN_IF_ERROR(WriteDcpChunks(*writer, source, source.layout.config().WorkerOf(0), &result, progress));
   GenerationManifest meta;
   meta.extra = std::move(extra);
   PTC_RETURN_IF_ERROR(DescribeModel(source.layout.spec(), source.layout.config(), &meta));

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "ptc/model/config.h"
 #include "ptc/model/dtype.h"
 #include "ptc/model/model_layout.h"
+#include "ptc/store/generation_writer.h"
 #include "ptc/store/model_spec.h"
 
 namespace ptc::dcp {
@@ -76,7 +78,13 @@ struct DcpSource {
     uint64_t size = 0;
   };
   std::vector<Chunk> chunks;  // in the model's key order
+  std::vector<std::string> file_names;  // per files: its name in the checkpoint directory
+  std::set<std::string> all_files;      // OpenDcpPart: every file the metadata names
 };
+
+// The .metadata of the checkpoint in `dir`.
+// \error InvalidArgument when larger than kMaxTorchPickleSize; as the Env.
+Result<std::string> ReadMetadata(Env* env, const std::string& dir);
 
 // Opens the DCP checkpoint in `dir` as a generation of `schema` and `dims` in
 // `config`, checking everything (below) and writing nothing. Every key must
@@ -92,6 +100,18 @@ struct DcpSource {
 //        fault; NotFound naming a missing file; as ModelLayout::Make.
 Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema, const ModelDims& dims,
                           const ParallelConfig& config, Keys keys = Keys::kTorch);
+
+// As OpenDcp with the metadata given (`metadata`, named as `dir`'s). With
+// `part`, the files of `dir` are one worker's share of a save taken on many
+// (docs/cluster.md): the chunks of a file absent from `dir` are left out
+// (every check of the metadata still made), `all_files` names every file.
+Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view metadata, const Schema& schema,
+                              const ModelDims& dims, const ParallelConfig& config, Keys keys, bool part);
+
+// Writes the chunks of `source` into `writer`, each one stored piece on `worker`.
+// \error as the writer and the reads of the files.
+Status WriteDcpChunks(GenerationWriter& writer, const DcpSource& source, int worker, ImportResult* result,
+                      const ProgressFn& progress = {});
 
 // Writes `source` into `store` as a new generation, each chunk one stored piece
 // on the worker of its config's rank 0, with `extra` as the manifest's.

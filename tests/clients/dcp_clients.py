@@ -14,6 +14,11 @@
       parameter and the param_groups, as a training job's state dict holds
       them. Prints "SAVE OK".
 
+  dcp_clients.py save-rank OUT_DIR REF_DIR
+      One rank of that save (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from
+      the environment; a job whose ranks run on several hosts, each saving
+      into its own host's mount). Prints "SAVE RANK OK".
+
 Keys follow docs/dcp_format.md: model.P for a parameter P,
 optim.state.P.{exp_avg,exp_avg_sq,fp32} for its optimizer state.
 """
@@ -22,6 +27,7 @@ import argparse
 import os
 import socket
 import sys
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -73,7 +79,18 @@ def same(a, b):
         a.contiguous().flatten().view(torch.uint8), b.contiguous().flatten().view(torch.uint8))
 
 
+CHECKED = "CHECKED"  # a rank's every check passed
+
+
 def worker(rank, world, port, dcp_dir, ref_dir, errors):
+    try:
+        check(rank, world, port, dcp_dir, ref_dir, errors)
+    except BaseException:
+        errors.put(f"rank {rank}: {traceback.format_exc()}")  # what failed, not only how the process ended
+        raise
+
+
+def check(rank, world, port, dcp_dir, ref_dir, errors):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     ref = reference(ref_dir)
@@ -97,12 +114,15 @@ def worker(rank, world, port, dcp_dir, ref_dir, errors):
             bad.append(f"dtensor {k}")
     if bad:
         errors.put(f"rank {rank}: {len(bad)} of {3 * len(ref)} checks fail: {bad[:5]}")
+    else:
+        errors.put(f"{CHECKED} {rank}")
     dist.barrier()
     dist.destroy_process_group()
 
 
 def saver(rank, world, port, out_dir, ref_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if port is not None:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
     ref = reference(ref_dir)
@@ -123,6 +143,13 @@ def save(args):
     return 0
 
 
+def save_rank(args):
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    saver(rank, world, None, args.dcp_dir, args.ref_dir)
+    print(f"SAVE RANK OK: rank {rank} of {world}")
+    return 0
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -132,12 +159,25 @@ def free_port():
 def load(args):
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
-    mp.start_processes(worker, args=(args.procs, free_port(), args.dcp_dir, args.ref_dir, errors),
-                       nprocs=args.procs, start_method="spawn")
-    failed = []
+    failed, checked, died = [], set(), None
+    try:
+        mp.start_processes(worker, args=(args.procs, free_port(), args.dcp_dir, args.ref_dir, errors),
+                           nprocs=args.procs, start_method="spawn")
+    except mp.ProcessExitedException as e:
+        died = str(e)
     while not errors.empty():
-        failed.append(errors.get())
-    if failed:
+        message = errors.get()
+        if message.startswith(CHECKED + " "):
+            checked.add(int(message.split()[1]))
+        else:
+            failed.append(message)
+    if died and not failed and checked == set(range(args.procs)):
+        # A process that dies once its rank's checks all passed (in gloo's teardown: "terminate
+        # called without an active exception") does not fail the load; one that dies before does.
+        print(f"note: {died}, after every rank's checks passed")
+    elif died:
+        failed.append(died)
+    if failed or checked != set(range(args.procs)):
         print("\n".join(failed))
         return 1
     print(f"LOAD OK: {len(reference(args.ref_dir))} tensors in {args.procs} processes, plain and DTensor")
@@ -147,13 +187,13 @@ def load(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for name in ("load", "save"):
+    for name in ("load", "save", "save-rank"):
         p = sub.add_parser(name)
         p.add_argument("dcp_dir")
         p.add_argument("ref_dir")
         p.add_argument("--procs", type=int, default=1)
     args = parser.parse_args()
-    return load(args) if args.cmd == "load" else save(args)
+    return {"load": load, "save": save, "save-rank": save_rank}[args.cmd](args)
 
 
 if __name__ == "__main__":

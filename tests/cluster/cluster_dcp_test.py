@@ -8,15 +8,21 @@ network namespace of its own, one job in a real etcd, `--format dcp`.
   the other worker read through the mount over the peer data plane. Both mounts show the same
   checkpoint: `.metadata` and each worker's chunk file `cmp`-equal between them.
   Reconfigured across the workers to tp=1,pp=2 (one rank each): the same again.
-  A dcp.save into a cluster mount is refused (a new directory of dcp/: EACCES), as documented.
+  A dcp.save through the mounts: two gloo ranks, one in each worker's namespace, each saving
+  its dim-0 shards (DTensors, with Adam's step and param_groups) of other tensors (another
+  seed) into its own worker's mount; rank 0's .metadata commits the save as a change of the
+  job, each worker's chunk file becoming its pieces: both workers serve the saved tensors bit
+  for bit (dcp.load), then again after a reconfigure to tp=2,pp=2; the staged files are gone.
+  A save whose chunk file reached no worker (the second rank saving into another directory)
+  is refused on every worker (rank 0's rename of .metadata fails with EIO), nothing committed.
 
 Uses the venv that tools/setup-deps.sh makes (torch 2, safetensors): tests/clients/dcp_clients.py.
 
 Usage: cluster_dcp_test.py PTCFS   (root; exit 77 = skipped, never under CI=true)
 """
-import errno
 import filecmp
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,6 +57,24 @@ def expect_loads(ns, mnts, ref, tag):
           (tag, " ".join(names)))
 
 
+def save_ranks(ns, mnts, name, ref, lose_rank_1_file=False):
+    """dcp.save of `ref` by two gloo ranks, rank w in worker w's namespace into its own mount."""
+    env = dict(os.environ, WORLD_SIZE=str(WORKERS), MASTER_ADDR=ns.addr(0), MASTER_PORT=str(PORT + 40),
+               GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
+    # Losing rank 1's file: it saves into another directory of its mount, so no worker holds
+    # __1_0.distcp where rank 0's .metadata says.
+    dirs = [name, name + "-elsewhere" if lose_rank_1_file else name]
+    argv = lambda w: [VENV_PYTHON, CLIENT, "save-rank", os.path.join(mnts[w], "dcp", dirs[w]), ref]  # noqa: E731
+    procs = [ns.popen(w, argv(w), env=dict(env, RANK=str(w)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                      text=True) for w in range(WORKERS)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    if lose_rank_1_file:
+        assert procs[0].returncode != 0, "rank 0's save of %s should fail: %s" % (name, outs[0])
+        return
+    for w, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and "SAVE RANK OK" in out, "rank %d's save of %s: %s" % (w, name, out)
+
+
 def main():
     require(etcd=True)
     if subprocess.run([VENV_PYTHON, "-c", "import torch.distributed.checkpoint, safetensors"],
@@ -82,12 +106,39 @@ def main():
                          mnts=mnts)
             expect_loads(ns, mnts, ref, "reconfigured to tp=1,pp=2")
 
-            try:
-                os.mkdir(os.path.join(mnts[0], "dcp", "step-200"))
-                raise AssertionError("a dcp.save directory was made on a cluster mount")
-            except OSError as e:
-                assert e.errno == errno.EACCES, e
-            print("ok   a dcp.save into a cluster mount is refused (EACCES)")
+            saved = os.path.join(tmp, "saved2")
+            ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--config", "tp=1", "--optimizer", "adam", "--seed",
+                  "8", saved)
+            before = status(mnts[0])["generation"]
+            save_ranks(ns, mnts, "step-200", saved)
+            for w in range(WORKERS):
+                wait_for("worker %d at generation %d" % (w, before + 1), lambda: at_generation(mnts[w], before + 1),
+                         mnts=mnts)
+                s = status(mnts[w])
+                assert s["cluster"]["pieces"] > 0, s  # its chunk file's pieces
+                assert "step-200" not in os.listdir(os.path.join(mnts[w], "dcp")), os.listdir(mnts[w] + "/dcp")
+            print("ok   a dcp.save of 2 ranks on 2 workers committed on both as generation %d" % (before + 1))
+            expect_loads(ns, mnts, saved, "the saved tensors")
+            reconfigure(mnts[0], "tp=2,pp=2,per_worker=2")
+            for w in range(WORKERS):
+                wait_for("worker %d at generation %d" % (w, before + 2), lambda: at_generation(mnts[w], before + 2),
+                         mnts=mnts)
+            expect_loads(ns, mnts, saved, "the saved tensors reconfigured to tp=2,pp=2")
+
+            # A chunk file on no worker: refused everywhere, nothing committed.
+            generation = status(mnts[0])["generation"]
+            save_ranks(ns, mnts, "step-300", ref, lose_rank_1_file=True)
+            for w in range(WORKERS):
+                s = status(mnts[w])
+                assert s["generation"] == generation, s
+                wait_for("worker %d not saving" % w, lambda: status(mnts[w])["state"] != "saving", mnts=mnts)
+            err = status(mnts[0])["last_error"] or ""
+            assert "__1_0.distcp" in err and "no worker" in err, status(mnts[0])
+            print("ok   a save whose chunk file reached no worker is refused, named: %s" % err[err.find("chunk file"):][:160])
+            # Its staged files stay for inspection; rm -r removes them.
+            shutil.rmtree(os.path.join(mnts[0], "dcp", "step-300"))
+            shutil.rmtree(os.path.join(mnts[1], "dcp", "step-300-elsewhere"))
+            expect_loads(ns, mnts, saved, "the saved tensors after the refused save")
     finally:
         stop(daemons, mnts)
         remove_tmp(tmp)
