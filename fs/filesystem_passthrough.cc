@@ -62,23 +62,31 @@ nlohmann::json Filesystem::PassthroughStatus() const {
   std::vector<std::pair<std::string, std::shared_ptr<Node>>> files;
   {
     ptc::MutexLock lock(&mu_);
-    auto walk = [&](auto&& self, const Node& dir, const std::string& path, int depth) -> void {
-      for (const auto& [name, ino] : dir.children) {
+    struct Dir {
+      const Node* node;
+      std::string path;
+      int depth;  // levels of directories below it to look into
+    };
+    std::vector<Dir> todo;
+    const auto& root = nodes_.at(kRootInode)->children;
+    for (const auto& [top, depth] : {std::pair<std::string, int>{"megatron", 3}, {"model", 2}}) {
+      auto it = root.find(top);
+      if (it == root.end()) continue;
+      if (auto n = nodes_.find(it->second); n != nodes_.end()) todo.push_back({n->second.get(), top, depth});
+    }
+    while (!todo.empty()) {
+      const Dir dir = todo.back();
+      todo.pop_back();
+      for (const auto& [name, ino] : dir.node->children) {
         auto n = nodes_.find(ino);
         if (n == nodes_.end()) continue;
         const Node::Kind kind = n->second->kind;
         if (kind == Node::kModelFile || kind == Node::kOptimFile || kind == Node::kMegatronFile) {
-          files.emplace_back(path + "/" + name, n->second);
-        } else if (kind == Node::kDir && depth > 1) {
-          self(self, *n->second, path + "/" + name, depth - 1);
+          files.emplace_back(dir.path + "/" + name, n->second);
+        } else if (kind == Node::kDir && dir.depth > 1) {
+          todo.push_back({n->second.get(), dir.path + "/" + name, dir.depth - 1});
         }
       }
-    };
-    for (const auto& [top, depth] : {std::pair<std::string, int>{"model", 2}, {"megatron", 3}}) {
-      const auto& root = nodes_.at(kRootInode)->children;
-      auto it = root.find(top);
-      if (it == root.end()) continue;
-      if (auto n = nodes_.find(it->second); n != nodes_.end()) walk(walk, *n->second, top, depth);
     }
   }
   const bool on = passthrough_.enabled();
