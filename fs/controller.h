@@ -163,9 +163,10 @@ class Controller {
   // `dir` (perhaps none). As ApplySave otherwise, but `done(true)` runs after
   // the commit and before the new generation is served (its tree lists the
   // staging area as it is then).
-  ptc::Status ApplyDcpSave(const std::string& dir, std::string metadata, const std::shared_ptr<const Snapshot>& current,
-                           std::shared_ptr<AgreedChange> change, std::function<void(bool committed)> done)
-      EXCLUDES(mu_, collect_mu_);
+  // `keys`: kTorch for a dcp/ save, kMegatronCore for a torch_dist save of megatron/.
+  ptc::Status ApplyDcpSave(const std::string& dir, std::string metadata, ptc::dcp::Keys keys,
+                           const std::shared_ptr<const Snapshot>& current, std::shared_ptr<AgreedChange> change,
+                           std::function<void(bool committed)> done) EXCLUDES(mu_, collect_mu_);
 
   // Applies a save the cluster agreed on (another worker's Ingest): this
   // worker's part is the rank files of `iteration` staged under
@@ -256,6 +257,20 @@ class Controller {
   // config, its common.pt's args and iteration, committed as Save does.
   ptc::Status SaveTorchDist(const std::string& iter_dir, uint64_t iteration,
                             const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_, collect_mu_);
+  // What a torch_dist save's common.pt makes of the manifest: the store's
+  // Megatron state at `iteration` with the save's args, and the data position.
+  struct TorchDistState {
+    nlohmann::json extra;
+    std::optional<ptc::DatasetState> dataset;
+  };
+  ptc::Result<TorchDistState> ReadTorchDistState(const std::string& iter_dir, uint64_t iteration,
+                                                 const std::shared_ptr<const Snapshot>& current);
+  // A torch_dist save whose tracker was written on this mount of a cluster
+  // job: proposed as a DCP save of the job (`iter_dir` the staged iteration,
+  // `name` its name in the staging area), this worker's part run here.
+  ptc::Status TorchDistInCluster(const std::string& iter_dir, const std::string& name, uint64_t iteration,
+                                 const std::shared_ptr<const Snapshot>& current, JobParticipant& job)
+      EXCLUDES(mu_, collect_mu_);
   // The DCP checkpoint in `dir` (keys as `keys` says) committed in the current
   // config with `extra` and `dataset`; `committed` runs before it is served.
   ptc::Status CommitDcp(const std::string& dir, ptc::dcp::Keys keys, nlohmann::json extra,
@@ -265,10 +280,12 @@ class Controller {
                             const std::shared_ptr<const Snapshot>& current, AgreedChange& change)
       EXCLUDES(mu_, collect_mu_);
   // This worker's part of a DCP save on many workers (IngestDcp,
-  // ApplyDcpSave); `committed` runs after the commit, before it is served.
-  ptc::Status SaveDcpInCluster(const std::string& dir, const std::string& metadata,
-                               const std::shared_ptr<const Snapshot>& current, AgreedChange& change,
-                               const std::function<void()>& committed) EXCLUDES(mu_, collect_mu_);
+  // ApplyDcpSave, TorchDistInCluster); `committed` runs after the commit,
+  // before it is served. `state`: the proposer's of a torch_dist save
+  // (published in its part: every worker commits it).
+  ptc::Status SaveDcpInCluster(const std::string& dir, const std::string& metadata, ptc::dcp::Keys keys,
+                               const TorchDistState* state, const std::shared_ptr<const Snapshot>& current,
+                               AgreedChange& change, const std::function<void()>& committed) EXCLUDES(mu_, collect_mu_);
   // Serves a save's committed generation and removes what it replaced.
   void Commit(const std::shared_ptr<const Snapshot>& snap) EXCLUDES(mu_, collect_mu_);
   // On the rewrite's thread after its commit of `layout`: measures the served

@@ -58,7 +58,7 @@ ptc::Status Controller::IngestDcp(const std::string& dir, const std::string& sav
   } else if (auto change = job->ProposeDcpSave(save, *metadata); !change.ok()) {
     result = change.status();
   } else {
-    result = SaveDcpInCluster(dir, *metadata, current, **change, committed);
+    result = SaveDcpInCluster(dir, *metadata, ptc::dcp::Keys::kTorch, nullptr, current, **change, committed);
     if (!result.ok()) {
       (*change)->Failed(result);
       result = ptc::IOError(result.message());  // the save failed (the rename says EIO), the mount is not busy
@@ -72,6 +72,23 @@ ptc::Status Controller::IngestDcp(const std::string& dir, const std::string& sav
 
 ptc::Status Controller::SaveTorchDist(const std::string& iter_dir, uint64_t iteration,
                                       const std::shared_ptr<const Snapshot>& current) {
+  PTC_ASSIGN_OR_RETURN(TorchDistState state, ReadTorchDistState(iter_dir, iteration, current));
+  return CommitDcp(iter_dir, ptc::dcp::Keys::kMegatronCore, std::move(state.extra), std::move(state.dataset), current,
+                   {});
+}
+
+ptc::Status Controller::TorchDistInCluster(const std::string& iter_dir, const std::string& name, uint64_t iteration,
+                                           const std::shared_ptr<const Snapshot>& current, JobParticipant& job) {
+  PTC_ASSIGN_OR_RETURN(const TorchDistState state, ReadTorchDistState(iter_dir, iteration, current));
+  PTC_ASSIGN_OR_RETURN(const std::string metadata, ptc::dcp::ReadMetadata(store_->env(), iter_dir));
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<AgreedChange> change, job.ProposeDcpSave(name, metadata));
+  ptc::Status s = SaveDcpInCluster(iter_dir, metadata, ptc::dcp::Keys::kMegatronCore, &state, current, *change, {});
+  if (!s.ok()) change->Failed(s);
+  return s;
+}
+
+ptc::Result<Controller::TorchDistState> Controller::ReadTorchDistState(const std::string& iter_dir, uint64_t iteration,
+                                                                       const std::shared_ptr<const Snapshot>& current) {
   // common.pt: the state dict's entries that are not sharded (args, iteration, ...).
   const std::string common_path = ptc::JoinPath(iter_dir, ptc::dcp::kMcoreCommonFile);
   PTC_ASSIGN_OR_RETURN(auto common_file, store_->env()->OpenRead(common_path));
@@ -92,10 +109,10 @@ ptc::Status Controller::SaveTorchDist(const std::string& iter_dir, uint64_t iter
   }
   extra[std::string(ptc::megatron::kManifestKey)] = ptc::megatron::EncodeMegatronState(state);
   if (dataset) extra["dataset"] = ptc::EncodeDatasetState(*dataset);
-  return CommitDcp(iter_dir, ptc::dcp::Keys::kMegatronCore, std::move(extra), dataset, current, {});
+  return TorchDistState{std::move(extra), std::move(dataset)};
 }
 
-ptc::Status Controller::ApplyDcpSave(const std::string& dir, std::string metadata,
+ptc::Status Controller::ApplyDcpSave(const std::string& dir, std::string metadata, ptc::dcp::Keys keys,
                                      const std::shared_ptr<const Snapshot>& current,
                                      std::shared_ptr<AgreedChange> change, std::function<void(bool committed)> done) {
   auto started = BeginWriting(MountState::kSaving, "a reconfiguration or save is running");
@@ -106,9 +123,9 @@ ptc::Status Controller::ApplyDcpSave(const std::string& dir, std::string metadat
   }
   ptc::MutexLock lock(&mu_);
   worker_thread_ = std::thread(
-      [this, dir, metadata = std::move(metadata), current, change = std::move(change), done = std::move(done)] {
+      [this, dir, metadata = std::move(metadata), keys, current, change = std::move(change), done = std::move(done)] {
         bool committed = false;
-        const ptc::Status result = SaveDcpInCluster(dir, metadata, current, *change, [&] {
+        const ptc::Status result = SaveDcpInCluster(dir, metadata, keys, nullptr, current, *change, [&] {
           committed = true;
           done(true);
         });
@@ -121,14 +138,15 @@ ptc::Status Controller::ApplyDcpSave(const std::string& dir, std::string metadat
   return ptc::Status::OK();
 }
 
-ptc::Status Controller::SaveDcpInCluster(const std::string& dir, const std::string& metadata,
-                                         const std::shared_ptr<const Snapshot>& current, AgreedChange& change,
-                                         const std::function<void()>& committed) {
+ptc::Status Controller::SaveDcpInCluster(const std::string& dir, const std::string& metadata, ptc::dcp::Keys keys,
+                                         const TorchDistState* state, const std::shared_ptr<const Snapshot>& current,
+                                         AgreedChange& change, const std::function<void()>& committed) {
   const ptc::ModelSpec& spec = current->spec();
+  const bool torch_dist = keys == ptc::dcp::Keys::kMegatronCore;
   // This worker's part: the chunk files written here (none on a worker without ranks).
   PTC_ASSIGN_OR_RETURN(const ptc::dcp::DcpSource source,
                        ptc::dcp::OpenDcpPart(store_->env(), dir, metadata, spec.schema, spec.dims, current->config(),
-                                             ptc::dcp::Keys::kTorch, /*part=*/true));
+                                             keys, /*part=*/true));
   PTC_RETURN_IF_ERROR(CheckKeepsOptimizer(spec, source, dir));
   PTC_ASSIGN_OR_RETURN(auto writer, store_->BeginGeneration());
   ptc::ImportResult written;
@@ -138,15 +156,27 @@ ptc::Status Controller::SaveDcpInCluster(const std::string& dir, const std::stri
   std::vector<ptc::TensorRecord> tensors;
   if (!source.chunks.empty()) tensors = meta.tensors;
   auto settle = [&](const std::map<int, ptc::Part>& parts) -> ptc::Result<std::string> {
-    PTC_RETURN_IF_ERROR(SettleDcpSave(source.all_files, parts));
+    PTC_RETURN_IF_ERROR(SettleDcpSave(source.all_files, torch_dist, parts).status());
     return source.layout.config().ToString();
   };
-  PTC_RETURN_IF_ERROR(change.BeforeSaveCommit(*writer, tensors, DcpSavePartExtra(source.file_names), settle).status());
-  // Every worker settled the same files (the one that committed did so before it committed).
+  PTC_ASSIGN_OR_RETURN(
+      const auto parts,
+      change.BeforeSaveCommit(*writer, tensors, DcpSavePartExtra(source.file_names, state ? &state->extra : nullptr),
+                              settle));
+  // Every worker settles the same files (the one that committed did so before it committed).
+  PTC_ASSIGN_OR_RETURN(std::optional<nlohmann::json> saved, SettleDcpSave(source.all_files, torch_dist, parts));
+  std::optional<ptc::DatasetState> dataset = current->dataset();
   meta.extra = store_->current().extra;
+  if (saved) {  // a torch_dist save: its iteration, args and data position
+    meta.extra = std::move(*saved);
+    if (meta.extra.contains("dataset")) {
+      PTC_ASSIGN_OR_RETURN(dataset,
+                           ptc::DecodeDatasetState("the torch_dist save's data position", meta.extra["dataset"]));
+    }
+  }
   PTC_RETURN_IF_ERROR(writer->Commit(std::move(meta)));
   PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*store_, store_->CurrentSnapshot(), source.layout, worker_, checks_,
-                                                   current->dataset(), source_));
+                                                   std::move(dataset), source_));
   if (committed) committed();
   Commit(snap);
   return ptc::Status::OK();

@@ -22,8 +22,13 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
     job = job_;
   }
   ptc::Status result;
+  const std::string name = ptc::megatron::IterationDirName(iteration);
+  const std::string iter_dir = ptc::JoinPath(staging_root, name);
   if (job == nullptr) {
     result = Save(staging_root, iteration, current);
+  } else if (store_->env()->Exists(ptc::JoinPath(iter_dir, ptc::dcp::kMcoreMetadataFile))) {
+    result = TorchDistInCluster(iter_dir, name, iteration, current, *job);
+    if (!result.ok()) result = ptc::IOError(result.message());
   } else if (auto change = job->ProposeSave(iteration); !change.ok()) {
     result = change.status();
   } else {
@@ -96,8 +101,9 @@ ptc::Status Controller::SaveInCluster(const std::string& staging_root, uint64_t 
   if (store_->env()->Exists(ptc::JoinPath(ptc::JoinPath(staging_root, ptc::megatron::IterationDirName(iteration)),
                                           ptc::dcp::kMcoreMetadataFile))) {
     return ptc::InvalidArgumentError(
-        "torch_dist saves through a mount that is one worker of a cluster are not "
-        "supported yet (save with --ckpt-format torch; docs/dcp_format.md)");
+        "iteration " + std::to_string(iteration) +
+        " is a torch_dist save here (metadata.json) but the job takes a legacy save of it: write the tracker "
+        "on the mount that holds its .metadata");
   }
   // This worker's part: the rank files staged here, written into pieces of its own.
   ptc::MegatronImportOptions o{staging_root, spec.schema, spec.dims, iteration, config};

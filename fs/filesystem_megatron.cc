@@ -283,15 +283,20 @@ ptc::Status Filesystem::Flush(uint64_t fh) {
 
 ptc::Status Filesystem::ApplyDcpSave(const std::string& save, std::string metadata,
                                      std::shared_ptr<AgreedChange> change) {
+  // dcp/NAME (kDcpStaging/NAME), or a torch_dist iteration of megatron/ (iter_NNNNNNN).
   const std::string name = save.substr(std::min(save.size(), kDcpStaging.size() + 1));
-  if (!IsDcpCommit(save, ptc::dcp::kMetadataFile) || name.empty() || name == "." || name == "..") {
-    const ptc::Status bad = ptc::InvalidArgumentError("'" + save + "' is no save directory of dcp/");
+  const bool dcp = IsDcpCommit(save, ptc::dcp::kMetadataFile) && !name.empty() && name != "." && name != "..";
+  const auto iteration = ParseIteration(save.substr(std::min<size_t>(save.size(), 5)));
+  const bool torch_dist = iteration.ok() && ptc::megatron::IterationDirName(*iteration) == save;
+  if (!dcp && !torch_dist) {
+    const ptc::Status bad = ptc::InvalidArgumentError("'" + save + "' is no save directory of dcp/ or megatron/");
     change->Failed(bad);
     return bad;
   }
   Seal(save);
   const ptc::Status s = controller_->ApplyDcpSave(
-      staging_.Path(save), std::move(metadata), snapshot(), std::move(change), [this, save](bool committed) {
+      staging_.Path(save), std::move(metadata), dcp ? ptc::dcp::Keys::kTorch : ptc::dcp::Keys::kMegatronCore,
+      snapshot(), std::move(change), [this, save](bool committed) {
         // Before the new generation is served (its tree lists what the staging area holds then).
         const ptc::Status removed = committed ? staging_.RemoveTree(save) : ptc::Status::OK();
         Unseal(save);

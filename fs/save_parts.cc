@@ -184,15 +184,26 @@ ptc::Result<SettledSave> SettleSave(uint64_t iteration, const ptc::ModelSpec& cu
   return SettledSave{std::move(layout), std::move(state), std::move(position)};
 }
 
-nlohmann::json DcpSavePartExtra(const std::vector<std::string>& files) { return {{"dcp", {{"files", files}}}}; }
+nlohmann::json DcpSavePartExtra(const std::vector<std::string>& files, const nlohmann::json* manifest_extra) {
+  nlohmann::json dcp = {{"files", files}};
+  if (manifest_extra != nullptr) dcp["manifest_extra"] = *manifest_extra;
+  return {{"dcp", std::move(dcp)}};
+}
 
-ptc::Status SettleDcpSave(const std::set<std::string>& files, const std::map<int, ptc::Part>& parts) {
+ptc::Result<std::optional<nlohmann::json>> SettleDcpSave(const std::set<std::string>& files, bool torch_dist,
+                                                         const std::map<int, ptc::Part>& parts) {
   std::map<std::string, int> holder;  // file -> worker
+  std::optional<nlohmann::json> extra;
   for (const auto& [worker, part] : parts) {
     const std::string what = "worker " + std::to_string(worker) + "'s part of the DCP save";
     const auto dcp = part.extra.find("dcp");
     if (dcp == part.extra.end() || !dcp->is_object() || !dcp->contains("files") || !(*dcp)["files"].is_array()) {
       return ptc::CorruptionError(what + ": no 'dcp' object with a 'files' array");
+    }
+    if (auto e = dcp->find("manifest_extra"); e != dcp->end()) {
+      if (!e->is_object() || extra)
+        return ptc::CorruptionError(what + ": a second manifest extra, or one that is no object");
+      extra = *e;
     }
     for (const nlohmann::json& f : (*dcp)["files"]) {
       if (!f.is_string()) return ptc::CorruptionError(what + ": a file that is no string");
@@ -213,7 +224,8 @@ ptc::Status SettleDcpSave(const std::set<std::string>& files, const std::map<int
                                        " of the save's .metadata was written on no worker of the job");
     }
   }
-  return ptc::Status::OK();
+  if (torch_dist && !extra) return ptc::CorruptionError("no part of the torch_dist save carries its common.pt's state");
+  return extra;
 }
 
 }  // namespace ptcfs

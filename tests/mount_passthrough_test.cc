@@ -69,6 +69,20 @@ class PassthroughTest : public ::testing::Test {
   TempDir tmp_;
 };
 
+// After a reconfigure: waits until the mount serves, its compaction is done
+// and `files` model files go through the kernel.
+void WaitCompactedForTheKernel(const std::string& mnt, int files) {
+  WaitServing(mnt);
+  nlohmann::json status;
+  for (int i = 0; i < 300; ++i) {
+    status = MountStatus(mnt);
+    if (status["compaction"]["state"] == "done" && status["passthrough"]["kernel"] == files) break;
+    ASSERT_NE(status["compaction"]["state"], "failed") << status.dump();
+    usleep(100 * 1000);
+  }
+  ASSERT_EQ(status["passthrough"]["kernel"], files) << status.dump();
+}
+
 const std::vector<std::pair<int, const char*>> kFiles = {
     {0, "model.safetensors"}, {0, "optim.safetensors"}, {1, "model.safetensors"}, {1, "optim.safetensors"}};
 
@@ -188,16 +202,8 @@ TEST_F(PassthroughTest, ReconfigureKeepsOpenFilesOnTheirBackingFile) {
   ASSERT_GE(fd, 0);
   const std::string target = "tp=1,pp=2,dp=1,per_worker=1";
   ASSERT_EQ(WriteConfig(m.dir(), target), 0);
-  WaitServing(m.dir());
   // The compaction writes the new layout's rank files; then they go through the kernel.
-  nlohmann::json status;
-  for (int i = 0; i < 300; ++i) {
-    status = MountStatus(m.dir());
-    if (status["compaction"]["state"] == "done" && status["passthrough"]["kernel"] == 4) break;
-    ASSERT_NE(status["compaction"]["state"], "failed") << status.dump();
-    usleep(100 * 1000);
-  }
-  ASSERT_EQ(status["passthrough"]["kernel"], 4) << status.dump();
+  ASSERT_NO_FATAL_FAILURE(WaitCompactedForTheKernel(m.dir(), 4));
   // The file opened before still reads the old layout, from the old generation's rank file.
   std::string old_bytes(fs::file_size(tmp_ / "src/rank-00000/model.safetensors"), '\0');
   ASSERT_EQ(pread(fd, old_bytes.data(), old_bytes.size(), 0), static_cast<ssize_t>(old_bytes.size()));
@@ -257,15 +263,7 @@ TEST_F(PassthroughTest, MegatronTreeFilesGoThroughTheKernel) {
   // A change of layout: the mount's compaction writes the new tree's files as rank files.
   const std::string target = "tp=1,pp=2,dp=1,per_worker=1";
   ASSERT_EQ(WriteConfig(m.dir(), target), 0);
-  WaitServing(m.dir());
-  nlohmann::json status;
-  for (int i = 0; i < 300; ++i) {
-    status = MountStatus(m.dir());
-    if (status["compaction"]["state"] == "done" && status["passthrough"]["kernel"] == 2) break;
-    ASSERT_NE(status["compaction"]["state"], "failed") << status.dump();
-    usleep(100 * 1000);
-  }
-  ASSERT_EQ(status["passthrough"]["kernel"], 2) << status.dump();
+  ASSERT_NO_FATAL_FAILURE(WaitCompactedForTheKernel(m.dir(), 2));
   auto [c2, o2] = Ptcfs("export --format megatron --config " + target + " " + tmp_ / "store " + tmp_ / "ref2");
   ASSERT_EQ(c2, 0) << o2;
   for (const std::string dir : {"iter_0000000/mp_rank_00_000", "iter_0000000/mp_rank_00_001"}) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch DCP from a cluster job's mounts (docs/dcp_format.md): two ptcfs workers, each in a
-network namespace of its own, one job in a real etcd, `--format dcp`.
+network namespace of its own, one job in a real etcd, `--format all --ckpt-format torch_dist`.
 
   tp=2,pp=2 (two ranks per worker): on each worker, in its namespace, torch's dcp.load in two
   gloo processes reads the whole checkpoint from that worker's own mount (plain tensors and
@@ -15,6 +15,9 @@ network namespace of its own, one job in a real etcd, `--format dcp`.
   for bit (dcp.load), then again after a reconfigure to tp=2,pp=2; the staged files are gone.
   A save whose chunk file reached no worker (the second rank saving into another directory)
   is refused on every worker (rank 0's rename of .metadata fails with EIO), nothing committed.
+  A Megatron-Core torch_dist save through megatron/ (`--ckpt-format torch_dist`; the files of
+  another store's torch_dist render, other tensors, one chunk file written on each worker): the
+  tracker's close commits it on both, at its iteration; both serve its tensors bit for bit.
 
 Uses the venv that tools/setup-deps.sh makes (torch 2, safetensors): tests/clients/dcp_clients.py.
 
@@ -75,6 +78,37 @@ def save_ranks(ns, mnts, name, ref, lose_rank_1_file=False):
         assert p.returncode == 0 and "SAVE RANK OK" in out, "rank %d's save of %s: %s" % (w, name, out)
 
 
+def torch_dist_save(mnts, src, iteration):
+    """A Megatron-Core torch_dist save of `iteration` through both workers' megatron/: the files of
+    the torch_dist tree `src`, __1_0.distcp written on worker 1, the rest (metadata.json, common.pt
+    with the new iteration, .metadata, __0_0.distcp) on worker 0, whose tracker write commits it."""
+    name = "iter_%07d" % iteration
+    files = sorted(os.listdir(src))
+    assert {"metadata.json", "common.pt", ".metadata", "__0_0.distcp", "__1_0.distcp"} <= set(files), files
+    before = status(mnts[0])["generation"]
+    for w in range(WORKERS):
+        os.mkdir(os.path.join(mnts[w], "megatron", name))
+    for f in files:
+        dst = os.path.join(mnts[1 if f == "__1_0.distcp" else 0], "megatron", name, f)
+        if f == "common.pt":
+            r = subprocess.run([VENV_PYTHON, "-c", "import sys, torch\n"
+                                "sd = torch.load(sys.argv[1], weights_only=False)\n"
+                                "sd['iteration'] = int(sys.argv[3])\n"
+                                "torch.save(sd, sys.argv[2])", os.path.join(src, f), dst, str(iteration)],
+                               capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+        else:
+            shutil.copyfile(os.path.join(src, f), dst)
+    with open(os.path.join(mnts[0], "megatron", "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write(str(iteration))  # the close commits it on both workers, or fails
+    for w in range(WORKERS):
+        wait_for("worker %d at generation %d" % (w, before + 1), lambda: at_generation(mnts[w], before + 1), mnts=mnts)
+        with open(os.path.join(mnts[w], "megatron", "latest_checkpointed_iteration.txt")) as f:
+            assert f.read().strip() == str(iteration), w
+        assert status(mnts[w])["cluster"]["pieces"] > 0, status(mnts[w])
+    print("ok   a torch_dist save of iteration %d, its chunk files on both workers, committed on both" % iteration)
+
+
 def main():
     require(etcd=True)
     if subprocess.run([VENV_PYTHON, "-c", "import torch.distributed.checkpoint, safetensors"],
@@ -95,7 +129,8 @@ def main():
                       for w in range(WORKERS)]
             token = job_token(os.path.join(tmp, "token"), "secret-token-of-the-dcp-job")
             url = job_url(etcd, JOB)
-            start_workers(ns, PTCFS, daemons, stores, mnts, url, token, PORT, tmp, ["--lease", "2", "--format", "dcp"])
+            start_workers(ns, PTCFS, daemons, stores, mnts, url, token, PORT, tmp,
+                          ["--lease", "2", "--format", "all", "--ckpt-format", "torch_dist"])
             ref = os.path.join(tmp, "ref")
             expect_loads(ns, mnts, ref, first)
 
@@ -139,6 +174,22 @@ def main():
             shutil.rmtree(os.path.join(mnts[0], "dcp", "step-300"))
             shutil.rmtree(os.path.join(mnts[1], "dcp", "step-300-elsewhere"))
             expect_loads(ns, mnts, saved, "the saved tensors after the refused save")
+
+            # The torch_dist files of other tensors (seed 9): another store's render, one mount alone.
+            for name, config in (("other", first), ("ref9", "tp=1")):
+                ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--config", config, "--optimizer", "adam", "--seed",
+                      "9", os.path.join(tmp, name))
+            ptcfs("import", "--schema", SCHEMA, "--dims", DIMS, "--config", first, os.path.join(tmp, "other"),
+                  os.path.join(tmp, "other-store"))
+            other = os.path.join(tmp, "other-mnt")
+            os.mkdir(other)
+            ptcfs("mount", os.path.join(tmp, "other-store"), other, "--format", "megatron", "--ckpt-format",
+                  "torch_dist")
+            try:
+                torch_dist_save(mnts, os.path.join(other, "megatron", "iter_0000000"), 500)
+            finally:
+                subprocess.run([PTCFS, "umount", other], check=False)
+            expect_loads(ns, mnts, os.path.join(tmp, "ref9"), "the torch_dist save's tensors")
     finally:
         stop(daemons, mnts)
         remove_tmp(tmp)
