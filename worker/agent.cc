@@ -238,7 +238,8 @@ ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeDcpSave(const std::stri
                                      " bytes, more than a job carries (" +
                                      std::to_string(kMaxDcpMetadataParts * kDcpMetadataPart) + ")");
   }
-  // This worker's metadata of its last DCP save goes; the new one is in etcd before the change names it.
+  // The new metadata is in etcd before the change names it (a save that died before it was done
+  // may have left its own: it goes first).
   const std::string prefix = DcpMetadataPrefix(options_.job, options_.worker);
   PTC_RETURN_IF_ERROR(kv_->DeletePrefix(prefix).status(), "etcd");
   for (size_t i = 0; i < parts; ++i) {
@@ -251,8 +252,14 @@ ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeDcpSave(const std::stri
       std::string(kDcpSaveRequest) + std::to_string(options_.worker) + " " + std::to_string(parts) + " " + save;
   PTC_ASSIGN_OR_RETURN(ptc::cluster::Change change, ProposeToJob(request, {}, "save again"));
   std::set<int> participants(change.workers.begin(), change.workers.end());
-  return std::shared_ptr<AgreedChange>(std::make_shared<AppliedChange>(
-      std::move(change), std::move(participants), coordinator_, &fs_->store(), env_, options_, &saved_));
+  // Removed once this worker's part is over: committed, every other worker read it before it
+  // published its part; aborted, no one needs it.
+  return std::shared_ptr<AgreedChange>(new AppliedChange(std::move(change), std::move(participants), coordinator_,
+                                                         &fs_->store(), env_, options_, &saved_),
+                                       [kv = kv_, prefix](AgreedChange* done) {
+                                         delete done;
+                                         (void)kv->DeletePrefix(prefix);
+                                       });
 }
 
 ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeSave(uint64_t iteration) {
