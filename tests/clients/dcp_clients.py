@@ -172,8 +172,9 @@ def load(args):
         else:
             failed.append(message)
     if died and not failed and checked == set(range(args.procs)):
-        # A process that dies once its rank's checks all passed (in gloo's teardown: "terminate
-        # called without an active exception") does not fail the load; one that dies before does.
+        # A process that dies once its rank's checks all passed (an abort in gloo's teardown, say:
+        # "terminate called without an active exception" was seen) does not fail the load; one
+        # that dies before them does, with its rank's traceback.
         print(f"note: {died}, after every rank's checks passed")
     elif died:
         failed.append(died)
