@@ -265,12 +265,13 @@ class Controller {
   };
   ptc::Result<TorchDistState> ReadTorchDistState(const std::string& iter_dir, uint64_t iteration,
                                                  const std::shared_ptr<const Snapshot>& current);
-  // A torch_dist save whose tracker was written on this mount of a cluster
-  // job: proposed as a DCP save of the job (`iter_dir` the staged iteration,
-  // `name` its name in the staging area), this worker's part run here.
-  ptc::Status TorchDistInCluster(const std::string& iter_dir, const std::string& name, uint64_t iteration,
-                                 const std::shared_ptr<const Snapshot>& current, JobParticipant& job)
-      EXCLUDES(mu_, collect_mu_);
+  // A DCP save (`dir`, `save` its name in the staging area; a torch_dist
+  // save's iteration with its `state`) whose commit point was on this mount
+  // of a cluster job: proposed to the job with its .metadata, this worker's
+  // part run here (SaveDcpInCluster); on an error the job is told.
+  ptc::Status ProposeDcpSave(const std::string& dir, const std::string& save, ptc::dcp::Keys keys,
+                             const TorchDistState* state, const std::shared_ptr<const Snapshot>& current,
+                             JobParticipant& job, const std::function<void()>& committed) EXCLUDES(mu_, collect_mu_);
   // The DCP checkpoint in `dir` (keys as `keys` says) committed in the current
   // config with `extra` and `dataset`; `committed` runs before it is served.
   ptc::Status CommitDcp(const std::string& dir, ptc::dcp::Keys keys, nlohmann::json extra,
@@ -279,8 +280,8 @@ class Controller {
   ptc::Status SaveInCluster(const std::string& staging_root, uint64_t iteration,
                             const std::shared_ptr<const Snapshot>& current, AgreedChange& change)
       EXCLUDES(mu_, collect_mu_);
-  // This worker's part of a DCP save on many workers (IngestDcp,
-  // ApplyDcpSave, TorchDistInCluster); `committed` runs after the commit,
+  // This worker's part of a DCP save on many workers (ProposeDcpSave,
+  // ApplyDcpSave); `committed` runs after the commit,
   // before it is served. `state`: the proposer's of a torch_dist save
   // (published in its part: every worker commits it).
   ptc::Status SaveDcpInCluster(const std::string& dir, const std::string& metadata, ptc::dcp::Keys keys,

@@ -53,16 +53,9 @@ ptc::Status Controller::IngestDcp(const std::string& dir, const std::string& sav
   ptc::Status result;
   if (job == nullptr) {
     result = CommitDcp(dir, ptc::dcp::Keys::kTorch, store_->current().extra, current->dataset(), current, committed);
-  } else if (auto metadata = ptc::dcp::ReadMetadata(store_->env(), dir); !metadata.ok()) {
-    result = metadata.status();
-  } else if (auto change = job->ProposeDcpSave(save, *metadata); !change.ok()) {
-    result = change.status();
   } else {
-    result = SaveDcpInCluster(dir, *metadata, ptc::dcp::Keys::kTorch, nullptr, current, **change, committed);
-    if (!result.ok()) {
-      (*change)->Failed(result);
-      result = ptc::IOError(result.message());  // the save failed (the rename says EIO), the mount is not busy
-    }
+    result = ProposeDcpSave(dir, save, ptc::dcp::Keys::kTorch, nullptr, current, *job, committed);
+    if (!result.ok()) result = ptc::IOError(result.message());  // the save failed (the rename says EIO)
   }
   ptc::MutexLock lock(&mu_);
   state_ = result.ok() ? MountState::kServing : before;
@@ -77,12 +70,12 @@ ptc::Status Controller::SaveTorchDist(const std::string& iter_dir, uint64_t iter
                    {});
 }
 
-ptc::Status Controller::TorchDistInCluster(const std::string& iter_dir, const std::string& name, uint64_t iteration,
-                                           const std::shared_ptr<const Snapshot>& current, JobParticipant& job) {
-  PTC_ASSIGN_OR_RETURN(const TorchDistState state, ReadTorchDistState(iter_dir, iteration, current));
-  PTC_ASSIGN_OR_RETURN(const std::string metadata, ptc::dcp::ReadMetadata(store_->env(), iter_dir));
-  PTC_ASSIGN_OR_RETURN(std::shared_ptr<AgreedChange> change, job.ProposeDcpSave(name, metadata));
-  ptc::Status s = SaveDcpInCluster(iter_dir, metadata, ptc::dcp::Keys::kMegatronCore, &state, current, *change, {});
+ptc::Status Controller::ProposeDcpSave(const std::string& dir, const std::string& save, ptc::dcp::Keys keys,
+                                       const TorchDistState* state, const std::shared_ptr<const Snapshot>& current,
+                                       JobParticipant& job, const std::function<void()>& committed) {
+  PTC_ASSIGN_OR_RETURN(const std::string metadata, ptc::dcp::ReadMetadata(store_->env(), dir));
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<AgreedChange> change, job.ProposeDcpSave(save, metadata));
+  ptc::Status s = SaveDcpInCluster(dir, metadata, keys, state, current, *change, committed);
   if (!s.ok()) change->Failed(s);
   return s;
 }

@@ -27,7 +27,9 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
   if (job == nullptr) {
     result = Save(staging_root, iteration, current);
   } else if (store_->env()->Exists(ptc::JoinPath(iter_dir, ptc::dcp::kMcoreMetadataFile))) {
-    result = TorchDistInCluster(iter_dir, name, iteration, current, *job);
+    auto state = ReadTorchDistState(iter_dir, iteration, current);
+    result = state.ok() ? ProposeDcpSave(iter_dir, name, ptc::dcp::Keys::kMegatronCore, &*state, current, *job, {})
+                        : state.status();
     if (!result.ok()) result = ptc::IOError(result.message());
   } else if (auto change = job->ProposeSave(iteration); !change.ok()) {
     result = change.status();

@@ -34,8 +34,9 @@ ptc::Result<uint64_t> ParseIteration(std::string text) {
 // (fs/rank_files.h), read from its zip directory instead of computed from
 // every tensor: when a rank file holds `plan`'s file verbatim (every shard at
 // its offset; every literal byte, the headers with those CRCs included, the
-// same). The compaction computed them from the verified shards; `ptcfs
-// verify` checks them. nullopt when no rank file holds it.
+// same). The compaction computed them from the verified shards (`ptcfs
+// verify` checks the tensor bytes, not these CRCs). nullopt when no rank
+// file holds it.
 std::optional<std::vector<uint32_t>> CrcsFromRankFile(const ptc::Store& store, const Snapshot& snap,
                                                       const MegatronFilePlan& plan, int worker) {
   const std::vector<uint32_t> unknown(plan.torch.storage_members.size(), 0);

@@ -137,6 +137,17 @@ std::vector<size_t> MegatronRanks(const std::vector<ptc::RankView>& views) {
   return out;
 }
 
+ptc::Result<std::vector<ptc::RankView>> MegatronTreeViews(const ptc::ModelLayout& layout) {
+  std::vector<ptc::RankView> views;
+  for (int rank = 0; rank < layout.config().world_size(); ++rank) {
+    PTC_ASSIGN_OR_RETURN(ptc::RankView view, layout.View(rank));
+    views.push_back(std::move(view));
+  }
+  std::vector<ptc::RankView> tree;
+  for (size_t v : MegatronRanks(views)) tree.push_back(std::move(views[v]));
+  return tree;
+}
+
 ptc::Status ExportMegatron(ptc::Env* env, const ptc::Store& store,
                            std::shared_ptr<const ptc::GenerationManifest> generation, const ptc::ModelLayout& layout,
                            const std::string& out_dir, ptc::megatron::NameSet names, const ptc::ProgressFn& progress) {
@@ -146,17 +157,12 @@ ptc::Status ExportMegatron(ptc::Env* env, const ptc::Store& store,
   PTC_ASSIGN_OR_RETURN(ptc::megatron::MegatronState state,
                        ptc::megatron::LoadMegatronState(generation->extra, manifest));
   ptc::GenerationReader reader(store, generation, /*verify=*/true);
-  std::vector<ptc::RankView> views;
-  for (int rank = 0; rank < config.world_size(); ++rank) {
-    PTC_ASSIGN_OR_RETURN(ptc::RankView view, layout.View(rank));
-    views.push_back(std::move(view));
-  }
+  PTC_ASSIGN_OR_RETURN(const std::vector<ptc::RankView> views, MegatronTreeViews(layout));
   // Every directory and file made in its parent, never through a link (ptc::OutputDir).
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<ptc::OutputDir> out, env->OpenOutputDir(out_dir));
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<ptc::OutputDir> iter_dir,
                        out->CreateDir(ptc::megatron::IterationDirName(state.iteration)));
-  for (size_t v : MegatronRanks(views)) {
-    const ptc::RankView& view = views[v];
+  for (const ptc::RankView& view : views) {
     PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan, PlanMegatronFile(spec, config, view, state, names));
     PTC_ASSIGN_OR_RETURN(std::unique_ptr<ptc::OutputDir> dir,
                          iter_dir->CreateDir(ptc::megatron::RankDirName(view.coords.tp, view.coords.pp, config.pp)));

@@ -74,6 +74,10 @@ ptc::Result<std::unique_ptr<VirtualFile>> MakeMegatronFile(const ptc::Generation
 // data-parallel rank loads it). Indices into `views`, in rank order.
 std::vector<size_t> MegatronRanks(const std::vector<ptc::RankView>& views);
 
+// The views of the ranks a Megatron tree of `layout` shows (MegatronRanks), in rank order.
+// \error as ModelLayout::View.
+ptc::Result<std::vector<ptc::RankView>> MegatronTreeViews(const ptc::ModelLayout& layout);
+
 // `ptcfs export --format megatron`: OUT/latest_checkpointed_iteration.txt and
 // OUT/iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt for every (tp, pp), in name set `names`.
 // `layout`: the generation's model in the config to export.

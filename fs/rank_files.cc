@@ -206,21 +206,17 @@ ptc::Result<MegatronInputs> ReadMegatronInputs(const ptc::Store& store,
   PTC_ASSIGN_OR_RETURN(in.state,
                        ptc::megatron::LoadMegatronState(generation->extra, store.ManifestPath(generation->generation)));
   ptc::GenerationReader reader(store, generation, /*verify=*/true);
-  std::vector<ptc::RankView> views;
-  for (int rank = 0; rank < layout.config().world_size(); ++rank) {
-    PTC_ASSIGN_OR_RETURN(ptc::RankView view, layout.View(rank));
-    views.push_back(std::move(view));
-  }
-  for (size_t v : MegatronRanks(views)) {
-    const std::string what = ptc::RankDirName(views[v].rank);
-    const int holder = layout.config().WorkerOf(views[v].rank);
+  PTC_ASSIGN_OR_RETURN(const std::vector<ptc::RankView> views, MegatronTreeViews(layout));
+  for (const ptc::RankView& view : views) {
+    const std::string what = ptc::RankDirName(view.rank);
+    const int holder = layout.config().WorkerOf(view.rank);
     if (worker >= 0 && holder != worker) continue;
-    PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan,
-                         PlanMegatronFile(layout.spec(), layout.config(), views[v], in.state, names), what);
+    PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan, PlanMegatronFile(layout.spec(), layout.config(), view, in.state, names),
+                         what);
     auto verified = [](const ptc::ShardRecord&, uint64_t, uint64_t) {
       return ptc::Status::OK();  // the reader verifies each shard when it opens it
     };
-    PTC_ASSIGN_OR_RETURN(in.crcs[views[v].rank], StorageCrcs(reader, plan, holder, verified), what);
+    PTC_ASSIGN_OR_RETURN(in.crcs[view.rank], StorageCrcs(reader, plan, holder, verified), what);
   }
   return in;
 }
@@ -234,18 +230,14 @@ ptc::Result<std::vector<ptc::RankFileSpec>> PlanRankFiles(const ptc::ModelLayout
   std::set<Key> placed;
   if (options.format == RankFileFormat::kMegatron) {
     if (megatron == nullptr) return ptc::InvalidArgumentError("Megatron rank files: no Megatron state given");
-    std::vector<ptc::RankView> views;
-    for (int rank = 0; rank < config.world_size(); ++rank) {
-      PTC_ASSIGN_OR_RETURN(ptc::RankView view, layout.View(rank));
-      views.push_back(std::move(view));
-    }
-    for (size_t v : MegatronRanks(views)) {
-      for (const auto* list : {&views[v].model, &views[v].optim}) {
+    PTC_ASSIGN_OR_RETURN(const std::vector<ptc::RankView> views, MegatronTreeViews(layout));
+    for (const ptc::RankView& view : views) {
+      for (const auto* list : {&view.model, &view.optim}) {
         for (const ptc::LocalTensor& t : *list) {
           for (const ptc::Segment& seg : t.segments) elem[seg.tensor] = ptc::DTypeSize(t.dtype);
         }
       }
-      PTC_ASSIGN_OR_RETURN(auto planned, PlanMegatronRankFile(layout, views[v], options, *megatron, &placed));
+      PTC_ASSIGN_OR_RETURN(auto planned, PlanMegatronRankFile(layout, view, options, *megatron, &placed));
       if (planned) files.push_back(std::move(*planned));
     }
     return ApplyBudget(std::move(files), elem, options.copy_budget);
