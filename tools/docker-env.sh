@@ -11,7 +11,7 @@
 #                            left as it was; compose's own networks still join the containers).
 #                            Its pidfile is $PTCFS_DOCKER_STATE/dockerd.pid, its log next to it.
 #   docker_daemon_stop       stops the daemon docker_daemon_start started (none other), and the
-#                            containerd it runs
+#                            containerd it runs; waits for that containerd's shims to exit
 #   docker_base_image        $PTCFS_DOCKER_BASE (default debian:12): present, pulled, or (debian:12
 #                            only) made by `debootstrap --variant=minbase bookworm` and imported
 #   docker_build_images [BIN]  ptcfs-etcd and ptcfs-worker, tag $PTCFS_DOCKER_TAG (default dev),
@@ -121,6 +121,21 @@ docker_daemon_stop() {
     fi
   fi
   rm -f "$pidfile"
+  # A container's shim (containerd-shim-runc-v2) is a child of init, not of dockerd; it exits on
+  # its own once its container was deleted, which may be a moment after dockerd itself.
+  local shims
+  for _ in $(seq 60); do
+    shims="$(docker_daemon_shims)"
+    [ -z "$shims" ] && return 0
+    sleep 0.5
+  done
+  docker_fail "containerd shims of the stopped dockerd still run 30 s later: $shims"
+  return 1
+}
+
+# The pids of the shims serving the containerd that a dockerd with the default exec root runs.
+docker_daemon_shims() {
+  pgrep -f -d ' ' '^/usr/bin/containerd-shim.* -address /var/run/docker/containerd/containerd.sock' || true
 }
 
 docker_base_image() {
