@@ -1,10 +1,14 @@
 // Saves in DCP files, committed as one generation whose pieces are their
 // chunks: Controller::IngestDcp (a dcp.save into dcp/; on many workers with
 // ApplyDcpSave) and SaveTorchDist (Megatron-Core's torch_dist save into megatron/).
+#include <map>
+#include <set>
+
 #include "fs/controller.h"
 #include "fs/save_parts.h"
 #include "ptc/checkpoint/dcp_read.h"
 #include "ptc/checkpoint/megatron.h"
+#include "ptc/checkpoint/megatron_optimizer.h"
 #include "ptc/format/torch_file.h"
 
 namespace ptcfs {
@@ -80,6 +84,54 @@ ptc::Status Controller::ProposeDcpSave(const std::string& dir, const std::string
   return s;
 }
 
+namespace {
+
+// The optimizer's groups, common step and other entries (grad_scaler) of a
+// torch_dist save's common.pt take the place of the store's.
+ptc::Status TakeOptimizerCommon(const ptc::pickle::Value& optimizer, const ptc::RandomAccessFile& file,
+                                const ptc::TorchFile& common, const std::string& path, const ptc::ModelSpec& spec,
+                                ptc::megatron::MegatronState* state) {
+  PTC_ASSIGN_OR_RETURN(const std::vector<ptc::GlobalTensor> globals, ptc::GlobalTensors(spec));
+  std::set<std::string> names;
+  for (const ptc::GlobalTensor& g : globals) names.insert(g.name);
+  std::vector<std::string> params;  // those with optimizer state: each one's step
+  for (const ptc::GlobalTensor& g : globals) {
+    if (names.count(g.name + ".exp_avg") != 0) params.push_back(g.name);
+  }
+  auto read = [&](const ptc::pickle::Tensor& t) { return ptc::ReadTensorBytes(file, common, t, path); };
+  PTC_ASSIGN_OR_RETURN(ptc::megatron::McoreOptimizerCommonPart part,
+                       ptc::megatron::ReadMcoreOptimizerCommon(optimizer, params, read, path));
+  state->optimizer = std::move(part.meta);
+  if (!state->carried.is_dict()) state->carried = ptc::pickle::Value::Dict();
+  if (const ptc::pickle::Value* old = state->carried.Find("optimizer"); old != nullptr) {
+    std::set<std::string> unused;
+    ptc::pickle::ForEachTensor(*old,
+                               [&](const std::string&, const ptc::pickle::Tensor& t) { unused.insert(t.storage_key); });
+    std::erase_if(state->tensors, [&](const ptc::megatron::CarriedTensor& c) { return unused.count(c.key) != 0; });
+    state->carried.Erase("optimizer");
+  }
+  if (part.kept.is_none()) return ptc::Status::OK();
+  // Storage keys "g<n>" made unique among the carried ones.
+  std::set<std::string> taken;
+  for (const ptc::megatron::CarriedTensor& c : state->tensors) taken.insert(c.key);
+  std::map<std::string, std::string> renamed;
+  size_t n = 0;
+  for (ptc::megatron::CarriedTensor& c : part.tensors) {
+    std::string key;
+    do key = "g" + std::to_string(n++);
+    while (taken.count(key) != 0);
+    renamed[c.key] = key;
+    c.key = key;
+    state->tensors.push_back(std::move(c));
+  }
+  ptc::pickle::ForEachTensor(
+      part.kept, [&](const std::string&, ptc::pickle::Tensor& t) { t.storage_key = renamed.at(t.storage_key); });
+  state->carried.Set("optimizer", std::move(part.kept));
+  return ptc::Status::OK();
+}
+
+}  // namespace
+
 ptc::Result<Controller::TorchDistState> Controller::ReadTorchDistState(const std::string& iter_dir, uint64_t iteration,
                                                                        const std::shared_ptr<const Snapshot>& current) {
   // common.pt: the state dict's entries that are not sharded (args, iteration, ...).
@@ -99,6 +151,9 @@ ptc::Result<Controller::TorchDistState> Controller::ReadTorchDistState(const std
   if (const ptc::pickle::Value* args = common.root.Find("args"); args != nullptr) {
     if (!state.carried.is_dict()) state.carried = ptc::pickle::Value::Dict();
     state.carried.Set("args", *args);
+  }
+  if (const ptc::pickle::Value* optimizer = common.root.Find("optimizer"); optimizer != nullptr) {
+    PTC_RETURN_IF_ERROR(TakeOptimizerCommon(*optimizer, *common_file, common, common_path, current->spec(), &state));
   }
   extra[std::string(ptc::megatron::kManifestKey)] = ptc::megatron::EncodeMegatronState(state);
   if (dataset) extra["dataset"] = ptc::EncodeDatasetState(*dataset);

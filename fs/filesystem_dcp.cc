@@ -5,6 +5,7 @@
 // (Filesystem::Rename, Controller::IngestDcp).
 #include "fs/filesystem.h"
 #include "fs/node.h"
+#include "ptc/checkpoint/megatron_optimizer.h"
 
 namespace ptcfs {
 
@@ -46,7 +47,21 @@ ptc::Result<std::shared_ptr<Node>> Filesystem::BuildTorchDistDir(const std::shar
   PTC_ASSIGN_OR_RETURN(ptc::dcp::Plan plan,
                        ptc::dcp::PlanCheckpoint(snap->reader().manifest(), ptc::dcp::Keys::kMegatronCore));
   const ptc::pickle::Value* args = state.carried.is_dict() ? state.carried.Find("args") : nullptr;
-  PTC_ASSIGN_OR_RETURN(std::string common, ptc::dcp::McoreCommon(state.iteration, args));
+  // The optimizer's groups and step, when the store has optimizer state
+  // (Float16OptimizerWithFloat16Params' layout when it has fp32 masters).
+  bool optimizer = false, masters = false;
+  for (const ptc::dcp::Tensor& t : plan.tensors) {
+    optimizer = optimizer || t.key.starts_with("optimizer.state.");
+    masters = masters || t.key.starts_with("optimizer.state.fp32_param.");
+  }
+  std::vector<ptc::megatron::CarriedTensor> storages;
+  std::optional<ptc::pickle::Value> optimizer_common;
+  if (optimizer) {
+    PTC_ASSIGN_OR_RETURN(optimizer_common, ptc::megatron::McoreOptimizerCommon(state, masters, &storages));
+  }
+  PTC_ASSIGN_OR_RETURN(
+      std::string common,
+      ptc::dcp::McoreCommon(state.iteration, args, optimizer_common ? &*optimizer_common : nullptr, storages));
   auto dir = NewDir(snap);
   dir->children[ptc::dcp::kMcoreMetadataFile] = AddNode(LiteralNode(snap, ptc::dcp::McoreMetadataJson()));
   dir->children[ptc::dcp::kMcoreCommonFile] = AddNode(LiteralNode(snap, std::move(common)));

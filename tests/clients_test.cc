@@ -298,6 +298,42 @@ TEST_F(ClientsTest, MegatronCoreDistCheckpointingSaveThroughTheMountCommits) {
   EXPECT_NE(out.find("LOAD OK"), std::string::npos) << out;
 }
 
+TEST_F(ClientsTest, MegatronCoreOptimizerLoadsAndSavesTheTorchDistTree) {
+  // Megatron-Core's own optimizer (bf16 GPTModel, get_megatron_optimizer: fp32 masters over
+  // torch AdamW) through torch_dist as Megatron-LM loads and saves it: loaded at tp=1,pp=2 from
+  // a tp=2,pp=2 store, every parameter, Adam state, step, master and group setting equals the
+  // same grid's legacy render loaded by Megatron's legacy path; then a tp=2 save of other
+  // state (with a step and group settings of its own) through the mount commits, and a load
+  // at tp=1,pp=2 reads that state back, step and settings included.
+  const std::string model = kLlama + " --dtype bf16 --optimizer adam";
+  Run("synth " + model + " --config tp=2,pp=2 " + tmp_ / "src");
+  Run("import " + kLlama + " --config tp=2,pp=2 " + tmp_ / "src " + tmp_ / "store");
+  Run("export --format megatron --names local --config tp=1,pp=2 " + tmp_ / "store " + tmp_ / "legacy-pp2");
+  Run("synth " + model + " --seed 9 --config tp=2 " + tmp_ / "src9");
+  Run("import " + kLlama + " --config tp=2 " + tmp_ / "src9 " + tmp_ / "store9");
+  Run("export --format megatron --names local --config tp=2 " + tmp_ / "store9 " + tmp_ / "legacy9-tp2");
+  Run("export --format megatron --names local --config tp=1,pp=2 " + tmp_ / "store9 " + tmp_ / "legacy9-pp2");
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron --ckpt-format torch_dist");
+  const std::string mcore = Python() + Script("mcore_dist.py");
+  const std::string tree = m.dir() + "/megatron ";
+  auto [code, out] = Sh(mcore + "optim-load " + tree + "1 2 " + tmp_ / "legacy-pp2 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("OPTIM-LOAD OK"), std::string::npos) << out;
+  const int generation = MountStatus(m.dir())["generation"].get<int>();
+  std::tie(code, out) = Sh(mcore + "optim-save " + tree + "2 1 " + tmp_ / "legacy9-tp2 300 2>&1");
+  ASSERT_EQ(code, 0) << out;
+  const auto status = MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  std::tie(code, out) = Sh(mcore + "optim-load " + tree + "1 2 " + tmp_ / "legacy9-pp2 tweaked 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("OPTIM-LOAD OK"), std::string::npos) << out;
+  // The saved step and settings are what the load found, not the reference's own.
+  std::tie(code, out) = Sh(mcore + "optim-load " + tree + "1 2 " + tmp_ / "legacy9-pp2 2>&1");
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(out.find("step"), std::string::npos) << out;
+}
+
 TEST_F(ClientsTest, MegatronCoreIndexedDatasetReadsEveryRank) {
   const std::string model = kGpt + " --config tp=1,pp=1,dp=4";
   Run("synth " + model + " " + tmp_ / "ck");

@@ -343,5 +343,79 @@ TEST(MegatronOptimizer, SettingsAndStepsRoundTripThroughTheManifest) {
       << bad.status().message();
 }
 
+TEST(MegatronOptimizer, TorchDistCommonCarriesGroupsStepAndScaler) {
+  MegatronState state;
+  state.iteration = 90;
+  auto group = [](double lr, double wd_mult) {
+    return Value::Dict({{Value::Str("lr"), Value::Float(lr)}, {Value::Str("wd_mult"), Value::Float(wd_mult)}});
+  };
+  state.optimizer.groups = Value::List({group(0.1, 1.0), group(0.2, 0.0)});
+  state.optimizer.steps.push_back(Step(77, {"p1", "p2"}));
+  pickle::Tensor scale;
+  scale.storage_key = "c0";
+  scale.dtype = DType::kF32;
+  scale.storage_numel = 1;
+  state.carried = Value::Dict(
+      {{Value::Str("optimizer"),
+        Value::Dict({{Value::Str("grad_scaler"), Value::Dict({{Value::Str("scale"), Value::FromTensor(scale)},
+                                                              {Value::Str("growth_tracker"), Value::Int(3)}})}})}});
+  state.tensors = {{"c0", DType::kF32, 1, "\x00\x00\x80\x47"}, {"c1", DType::kU8, 2, "zz"}};
+  std::vector<CarriedTensor> storages;
+  auto common = McoreOptimizerCommon(state, /*masters=*/true, &storages);
+  ASSERT_TRUE(common.ok()) << common.status().ToString();
+  // Float16OptimizerWithFloat16Params' layout; the scaler's storage and the step's, not c1.
+  const Value& inner = *common->Find("optimizer");
+  EXPECT_EQ(*inner.Find("param_groups"), state.optimizer.groups);
+  EXPECT_EQ(inner.Find("state")->Find("common_step")->tensor().storage_key, "s");
+  ASSERT_NE(common->Find("grad_scaler"), nullptr);
+  std::map<std::string, std::string> bytes;
+  for (const CarriedTensor& c : storages) bytes[c.key] = c.bytes;
+  EXPECT_EQ(bytes, (std::map<std::string, std::string>{{"c0", state.tensors[0].bytes},
+                                                       {"s", state.optimizer.steps[0].tensors[0].bytes}}));
+  auto read = [&](const pickle::Tensor& t) -> Result<std::string> { return bytes.at(t.storage_key); };
+  // Read back (pickled, as common.pt holds it), the groups saved in the other order.
+  Value saved = *pickle::Unpickle(pickle::Pickle(*common), "common.pt");
+  pickle::Items& groups = saved.Find("optimizer")->Find("param_groups")->items();
+  std::swap(groups[0], groups[1]);
+  auto back = ReadMcoreOptimizerCommon(saved, {"p1", "p2", "p3"}, read, "common.pt");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->meta.groups, state.optimizer.groups);
+  ASSERT_EQ(back->meta.steps.size(), 1u);
+  EXPECT_EQ(back->meta.steps[0].params, (std::vector<std::string>{"p1", "p2", "p3"}));
+  EXPECT_EQ(back->meta.steps[0].tensors[0].bytes, state.optimizer.steps[0].tensors[0].bytes);
+  ASSERT_EQ(back->tensors.size(), 1u);
+  EXPECT_EQ(back->tensors[0].bytes, state.tensors[0].bytes);
+  EXPECT_EQ(back->kept.Find("grad_scaler")->Find("scale")->tensor().storage_key, back->tensors[0].key);
+  EXPECT_EQ(*back->kept.Find("grad_scaler")->Find("growth_tracker"), Value::Int(3));
+  // FP32Optimizer's layout; a save without common_step had step 0 (Megatron-Core leaves it out).
+  common = McoreOptimizerCommon(state, /*masters=*/false, &storages);
+  ASSERT_TRUE(common.ok());
+  Value fp32 = *common;
+  EXPECT_EQ(*fp32.Find("param_groups"), state.optimizer.groups);
+  fp32.Find("state")->Erase("common_step");
+  back = ReadMcoreOptimizerCommon(fp32, {"p1"}, read, "common.pt");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(back->kept.is_none());
+  EXPECT_EQ(back->meta.steps[0].tensors[0].bytes, std::string(4, '\0'));
+  // Steps that differ cannot be one common step; bad entries are named.
+  state.optimizer.steps.push_back(Step(78, {"p3"}));
+  common = McoreOptimizerCommon(state, true, &storages);
+  ASSERT_FALSE(common.ok());
+  EXPECT_NE(common.status().message().find("the Adam step of p1 differs from that of p3"), std::string::npos)
+      << common.status().message();
+  fp32.Find("param_groups")->items().push_back(group(0.3, 0.0));
+  fp32.Find("param_groups")->items().push_back(group(0.3, 0.0));
+  back = ReadMcoreOptimizerCommon(fp32, {"p1"}, read, "common.pt");
+  ASSERT_FALSE(back.ok());
+  EXPECT_NE(back.status().message().find("common.pt: optimizer/param_groups: a list of one or two groups"),
+            std::string::npos)
+      << back.status().message();
+  saved.Find("optimizer")->Find("state")->Set("common_step", Value::Str("7"));
+  back = ReadMcoreOptimizerCommon(saved, {"p1"}, read, "common.pt");
+  ASSERT_FALSE(back.ok());
+  EXPECT_NE(back.status().message().find("common.pt: optimizer/optimizer/state/common_step: a str"), std::string::npos)
+      << back.status().message();
+}
+
 }  // namespace
 }  // namespace ptc::megatron

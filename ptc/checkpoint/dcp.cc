@@ -7,6 +7,7 @@
 #include <string_view>
 #include <utility>
 
+#include "ptc/format/crc32.h"
 #include "ptc/format/pickle.h"
 #include "ptc/model/view.h"
 
@@ -57,8 +58,14 @@ Value Call(const char* module, const char* name, pickle::Items args) {
 Value TorchSize(const std::vector<Index>& v) { return Call("torch", "Size", {Ints(v)}); }
 
 // torch.save of `root` (no tensors), whole.
-Result<std::string> TorchBytes(const Value& root, const std::string& archive) {
-  PTC_ASSIGN_OR_RETURN(TorchFilePlan file, PlanTorchFile(archive, root, {}));
+Result<std::string> TorchBytes(const Value& root, const std::string& archive,
+                               const std::vector<megatron::CarriedTensor>& storages = {}) {
+  std::vector<TorchStorageSpec> specs;
+  for (const megatron::CarriedTensor& c : storages) {
+    specs.push_back({c.key, c.dtype, c.numel, Crc32(0, c.bytes.data(), c.bytes.size())});
+  }
+  PTC_ASSIGN_OR_RETURN(TorchFilePlan file, PlanTorchFile(archive, root, specs));
+  for (size_t i = 0; i < storages.size(); ++i) file.contents[file.storage_members[i]] = storages[i].bytes;
   PTC_ASSIGN_OR_RETURN(ZipLayout layout, LayoutTorchFile(file));
   std::string out;
   for (const ZipPiece& piece : layout.pieces) {
@@ -275,12 +282,14 @@ std::string McoreMetadataJson() {
          R"("common_backend_version": 1})";
 }
 
-Result<std::string> McoreCommon(uint64_t iteration, const pickle::Value* args) {
+Result<std::string> McoreCommon(uint64_t iteration, const pickle::Value* args, const pickle::Value* optimizer,
+                                const std::vector<megatron::CarriedTensor>& storages) {
   Value common = Value::Dict();
   if (args != nullptr) common.Set("args", *args);
   common.Set("checkpoint_version", Value::Int(3));
   common.Set("iteration", Value::Int(static_cast<int64_t>(iteration)));
-  return TorchBytes(common, "common");
+  if (optimizer != nullptr) common.Set("optimizer", *optimizer);
+  return TorchBytes(common, "common", storages);
 }
 
 std::string EncodeMetadata(const Plan& plan) {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "ptc/base/status.h"
+#include "ptc/checkpoint/megatron.h"
 #include "ptc/format/torch_file.h"
 #include "ptc/model/box.h"
 #include "ptc/model/dtype.h"
@@ -124,8 +125,11 @@ inline constexpr const char* kMcoreCommonFile = "common.pt";
 // {"sharded_backend": "torch_dist", ...}: how dist_checkpointing.load knows the format.
 std::string McoreMetadataJson();
 // common.pt, the state dict's entries that are not sharded: a torch.save file
-// of {"args": *args (when not null), "checkpoint_version": 3, "iteration": N}.
+// of {"args": *args (when not null), "checkpoint_version": 3, "iteration": N,
+// "optimizer": *optimizer (when not null: McoreOptimizerCommon's, its tensors'
+// bytes in `storages`)}.
 // \error as PlanTorchFile.
-Result<std::string> McoreCommon(uint64_t iteration, const pickle::Value* args);
+Result<std::string> McoreCommon(uint64_t iteration, const pickle::Value* args, const pickle::Value* optimizer = nullptr,
+                                const std::vector<megatron::CarriedTensor>& storages = {});
 
 }  // namespace ptc::dcp

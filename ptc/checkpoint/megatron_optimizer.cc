@@ -3,6 +3,9 @@
 #include <array>
 #include <cstring>
 #include <map>
+#include <set>
+
+#include "ptc/format/torch_file.h"
 
 namespace ptc::megatron {
 namespace {
@@ -48,6 +51,10 @@ Value DefaultSettings(size_t group) {
   d.Set("amsgrad", Value::Bool(false));
   d.Set("wd_mult", Value::Float(group == 0 ? 1.0 : 0.0));
   d.Set("lr_mult", Value::Float(1.0));
+  // Megatron-Core matches a loaded group to its own by these and the two
+  // multipliers (MegatronOptimizer._filter_and_reorder_param_groups).
+  d.Set("is_expert_parallel", Value::Bool(false));
+  d.Set("is_decoupled_lr", Value::Bool(false));
   return d;
 }
 
@@ -74,6 +81,23 @@ Value ScalarTensor(const std::string& key) {
   t.dtype = DType::kF32;
   t.storage_numel = 1;
   return Value::FromTensor(std::move(t));
+}
+
+// The bytes of a float32 `iteration`: a step of torch Adam.
+std::string IterationStep(uint64_t iteration) {
+  const float f = static_cast<float>(iteration);
+  std::string b(sizeof(f), '\0');
+  std::memcpy(b.data(), &f, sizeof(f));
+  return b;
+}
+
+// Points `t` at the start of its own storage `key`, dense.
+void OwnStorage(const std::string& key, pickle::Tensor& t) {
+  t.storage_key = key;
+  t.storage_numel = TensorNumElements(t);
+  t.storage_offset = 0;
+  t.stride.assign(t.shape.size(), 1);
+  for (size_t d = t.shape.size(); d-- > 1;) t.stride[d - 1] = t.stride[d] * t.shape[d];
 }
 
 }  // namespace
@@ -178,10 +202,7 @@ void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t i
       bytes = &it->second->tensors.at(0);
     } else {
       if (default_step == nullptr) {
-        const float f = static_cast<float>(iteration);
-        std::string b(sizeof(f), '\0');
-        std::memcpy(b.data(), &f, sizeof(f));
-        out->own.push_back({"s", DType::kF32, 1, std::move(b)});
+        out->own.push_back({"s", DType::kF32, 1, IterationStep(iteration)});
         default_step = &out->own.back();
       }
       v = ScalarTensor(storage);
@@ -222,6 +243,114 @@ void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t i
   }
   optimizer.Set("fp32_from_fp16_params", std::move(masters));
   out->root.Set("optimizer", std::move(optimizer));
+}
+
+Result<Value> McoreOptimizerCommon(const MegatronState& state, bool masters, std::vector<CarriedTensor>* storages) {
+  const OptimizerMeta& meta = state.optimizer;
+  if (meta.steps.size() > 1) {
+    return FailedPreconditionError("the Adam step of " + meta.steps[0].params.at(0) + " differs from that of " +
+                                   meta.steps[1].params.at(0) +
+                                   ": Megatron-Core's torch_dist keeps one step for every parameter");
+  }
+  Value step;
+  if (meta.steps.empty()) {
+    storages->push_back({"s", DType::kF32, 1, IterationStep(state.iteration)});
+    step = ScalarTensor("s");
+  } else {
+    step = meta.steps[0].value;
+    if (step.is_tensor()) storages->push_back(meta.steps[0].tensors.at(0));  // key "s"
+  }
+  Value groups = Value::List();
+  for (size_t g = 0; g < 2; ++g) groups.items().push_back(Settings(meta, g));
+  Value inner = Value::Dict();
+  inner.Set("param_groups", std::move(groups));
+  inner.Set("state", Value::Dict({{Value::Str("common_step"), std::move(step)}}));
+  if (!masters) return inner;
+  Value out = Value::Dict();
+  out.Set("optimizer", std::move(inner));
+  const Value* kept = state.carried.is_dict() ? state.carried.Find("optimizer") : nullptr;
+  if (kept != nullptr && kept->is_dict()) {
+    std::set<std::string> used;
+    for (const auto& [k, v] : kept->pairs()) {
+      out.Set(k, v);
+      pickle::ForEachTensor(v, [&](const std::string&, const pickle::Tensor& t) { used.insert(t.storage_key); });
+    }
+    for (const CarriedTensor& c : state.tensors) {
+      if (used.count(c.key) != 0) storages->push_back(c);
+    }
+  }
+  return out;
+}
+
+Result<McoreOptimizerCommonPart> ReadMcoreOptimizerCommon(
+    const Value& optimizer, const std::vector<std::string>& params,
+    const std::function<Result<std::string>(const pickle::Tensor&)>& read, const std::string& what) {
+  if (!optimizer.is_dict()) return InvalidArgumentError(what + ": optimizer: not a dict");
+  const Value* nested = optimizer.Find("optimizer");
+  const bool float16 = nested != nullptr && nested->is_dict();
+  const Value& inner = float16 ? *nested : optimizer;
+  const std::string where = what + (float16 ? ": optimizer/optimizer" : ": optimizer");
+  McoreOptimizerCommonPart out;
+  const Value* groups = inner.Find("param_groups");
+  if (groups == nullptr || !groups->is_sequence() || groups->items().empty() || groups->items().size() > 2) {
+    return InvalidArgumentError(where + "/param_groups: a list of one or two groups expected");
+  }
+  pickle::Items settings = groups->items();
+  for (Value& g : settings) {
+    if (!g.is_dict()) return InvalidArgumentError(where + "/param_groups: a group is not a dict");
+    g.Erase("params");
+  }
+  if (settings.size() == 2 && NoDecayGroup(settings) == 0) std::swap(settings[0], settings[1]);
+  out.meta.groups = Value::List(std::move(settings));
+  const Value* state = inner.Find("state");
+  const Value* step = state == nullptr ? nullptr : state->Find("common_step");
+  if (step == nullptr) {
+    // Megatron-Core leaves out a step that is 0 (`if step:`): torch Adam's float32 0.
+    out.meta.steps.push_back({params, ScalarTensor("s"), {{"s", DType::kF32, 1, IterationStep(0)}}});
+  } else {
+    StepValue value{params, *step, {}};
+    if (step->is_tensor()) {
+      pickle::Tensor& t = value.value.tensor();
+      if (TensorNumElements(t) != 1) return InvalidArgumentError(where + "/state/common_step: not one number");
+      PTC_ASSIGN_OR_RETURN(std::string bytes, read(t));
+      value.tensors.push_back({"s", t.dtype, 1, std::move(bytes)});
+      OwnStorage("s", t);
+    } else if (step->kind() != pickle::Kind::kInt && step->kind() != pickle::Kind::kFloat) {
+      return InvalidArgumentError(where + "/state/common_step: a " + std::string(pickle::KindName(step->kind())) +
+                                  ", not a tensor or a number");
+    }
+    out.meta.steps.push_back(std::move(value));
+  }
+  if (!float16) return out;
+  out.kept = Value::Dict();
+  for (const auto& [k, v] : optimizer.pairs()) {
+    if (k.kind() == pickle::Kind::kStr && (k.as_str() == "optimizer" || k.as_str() == "fp32_from_fp16_params")) {
+      continue;
+    }
+    Value entry = v;
+    Status error;
+    pickle::ForEachTensor(entry, [&](const std::string& path, pickle::Tensor& t) {
+      if (!error.ok()) return;
+      if (TensorNumBytes(t) > kMaxCarriedTensorBytes) {
+        error = InvalidArgumentError(what + ": optimizer/" + k.DebugString() + path + ": a tensor of " +
+                                     std::to_string(TensorNumBytes(t)) + " bytes (at most " +
+                                     std::to_string(kMaxCarriedTensorBytes) + " are kept)");
+        return;
+      }
+      auto bytes = read(t);
+      if (!bytes.ok()) {
+        error = bytes.status();
+        return;
+      }
+      const std::string key = "g" + std::to_string(out.tensors.size());
+      out.tensors.push_back({key, t.dtype, TensorNumElements(t), std::move(bytes).value()});
+      OwnStorage(key, t);
+    });
+    PTC_RETURN_IF_ERROR(error);
+    out.kept.Set(k, std::move(entry));
+  }
+  if (out.kept.pairs().empty()) out.kept = Value::None();
+  return out;
 }
 
 }  // namespace ptc::megatron

@@ -81,4 +81,42 @@ pickle::Value GroupSettings(const OptimizerLayout& layout, const pickle::Value& 
 void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t iteration,
                      const std::function<pickle::Value(const LocalTensor&)>& add, RankState* out);
 
+// Megatron-Core's torch_dist checkpoints (ptc/checkpoint/dcp.h) keep the
+// optimizer's tensors sharded (optimizer.state.{exp_avg,exp_avg_sq,fp32_param}.<key>)
+// and the rest in common.pt, under the state dict's 'optimizer':
+//
+//   {'optimizer': {'param_groups': [{settings...} x 2], 'state': {'common_step': step}},
+//    'grad_scaler': ... (kept)}                  Float16OptimizerWithFloat16Params (`masters`)
+//   {'param_groups': [...], 'state': {'common_step': step}}     FP32Optimizer
+//
+// (its groups' 'params' are the loader's own, not saved). One step serves every
+// parameter (Megatron-Core refuses to save steps that differ).
+
+// That common part for `state`: the groups as RenderOptimizer writes them;
+// the step that every parameter with one shares, else float32 `iteration`;
+// the kept 'optimizer' entries (grad_scaler). The storages of its tensors go
+// to *storages.
+// \error FailedPrecondition naming two parameters whose steps differ.
+Result<pickle::Value> McoreOptimizerCommon(const MegatronState& state, bool masters,
+                                           std::vector<CarriedTensor>* storages);
+
+// What a saved common.pt's 'optimizer' entry (either layout) holds: the
+// groups (Megatron's order: the one without weight decay second), one step
+// for every name in `params` (float32 0 when the save has no common_step:
+// Megatron-Core leaves out a step of 0), and
+// the Float16 layout's other entries (grad_scaler; None when none) with their
+// tensors' bytes (storages "g<n>").
+struct McoreOptimizerCommonPart {
+  OptimizerMeta meta;
+  pickle::Value kept;
+  std::vector<CarriedTensor> tensors{};
+};
+// `read` gives a tensor's bytes; `what` names the file.
+// \error InvalidArgument naming the entry: no list of one or two dict groups,
+//        a step that is not a number or a one-number tensor, a kept tensor
+//        larger than kMaxCarriedTensorBytes.
+Result<McoreOptimizerCommonPart> ReadMcoreOptimizerCommon(
+    const pickle::Value& optimizer, const std::vector<std::string>& params,
+    const std::function<Result<std::string>(const pickle::Tensor&)>& read, const std::string& what);
+
 }  // namespace ptc::megatron

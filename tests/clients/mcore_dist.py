@@ -14,8 +14,35 @@
                           DIR/latest_checkpointed_iteration.txt, as Megatron saves. Prints
                           "SAVE OK".
 
+  optim-load DIR TP PP LEGACY [tweaked]
+                          as load, with Megatron-Core's own optimizer: GPTModel in bf16 and
+                          get_megatron_optimizer (Adam, bf16: Float16OptimizerWithFloat16Params
+                          over torch AdamW, fp32 masters), loaded the way Megatron-LM loads a
+                          torch_dist checkpoint: dist_checkpointing.load of {"model": model's,
+                          "optimizer": optimizer.sharded_state_dict(model's, is_loading=True)},
+                          then model.load_state_dict and optimizer.load_state_dict. The
+                          reference is the same model and optimizer loaded from LEGACY's rank
+                          file by Megatron-LM's legacy path (model.load_state_dict(sd["model"]),
+                          optimizer.load_state_dict(sd["optimizer"])): every parameter, every
+                          optimizer state (exp_avg, exp_avg_sq, step), fp32 master and group
+                          setting must be equal, bit for bit; with "tweaked", to the reference
+                          as tweak() changed it. Prints "OPTIM-LOAD OK".
+  optim-save DIR TP PP LEGACY ITER
+                          model and optimizer loaded from LEGACY by the legacy path and changed
+                          by tweak() (an Adam step and group settings no default has), saved as
+                          Megatron-LM saves torch_dist ({"model", "optimizer", "iteration",
+                          "checkpoint_version"}) into DIR/iter_ITER/, then the tracker.
+                          Prints "OPTIM-SAVE OK".
+  optim-save-rank DIR LEGACY ITER
+                          one rank of that save at tp=WORLD_SIZE (RANK, WORLD_SIZE, MASTER_ADDR,
+                          MASTER_PORT from the environment: a job whose ranks run on several
+                          hosts, each saving into its own host's mount, each making DIR/iter_ITER/
+                          there; rank 0 writes the tracker). Prints "OPTIM-SAVE-RANK OK".
+
 CPU shims as mcore_gpt.py's, torch.cuda.synchronize is a no-op, and the save's results queue
-is in-process (below, saver).
+is in-process (below, saver). Megatron-Core's mixed-precision optimizer is CUDA-only in two
+places, shimmed while it is built (cpu_optimizer): a `torch.tensor(..., device="cuda")` is made
+on the CPU, and a parameter's `type()` reads as its CUDA type (`torch.cuda.BFloat16Tensor`).
 """
 import os
 import pathlib
@@ -91,6 +118,132 @@ def saver(rank, world, port, tp, pp, root, legacy, iteration):
     dist.destroy_process_group()
 
 
+def init(rank, world, port):
+    if port is not None:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.cuda.synchronize = lambda *a, **k: None
+
+
+def cpu_optimizer(model):
+    """Megatron-Core's optimizer for `model` (bf16, Adam), built on the CPU (the shims above)."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    tensor, type_ = torch.tensor, torch.Tensor.type
+    torch.tensor = lambda *a, device=None, **k: tensor(*a, device="cpu" if device == "cuda" else device, **k)
+    torch.Tensor.type = lambda self, *a, **k: type_(self, *a, **k) if a or k else type_(self).replace("torch.", "torch.cuda.", 1)
+    try:
+        model.ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=False)
+        config = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=0.0, weight_decay=0.1, bf16=True,
+                                 params_dtype=torch.bfloat16)
+        return get_megatron_optimizer(config, [model])
+    finally:
+        torch.tensor, torch.Tensor.type = tensor, type_
+
+
+def bf16_model(tp, pp):
+    model = mcore_gpt.build(tp, pp).to(torch.bfloat16)
+    model.config.bf16 = True
+    return model, cpu_optimizer(model)
+
+
+def legacy_load(model, optimizer, legacy, tp_rank, pp_rank, pp):
+    """Megatron-LM's load of a legacy rank file: the model's, then the optimizer's state dict."""
+    sd = torch.load(mcore_gpt.rank_file(legacy, latest(legacy), tp_rank, pp_rank, pp), weights_only=False)
+    model.load_state_dict({k: v for k, v in sd["model"].items() if not k.endswith("_extra_state")}, strict=False)
+    optimizer.load_state_dict(sd["optimizer"])
+
+
+def same(a, b):
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        return (torch.is_tensor(a) and torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape
+                and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+    return a == b
+
+
+def tweak(optimizer):
+    """A step and settings that neither torch's defaults nor a render from the iteration give."""
+    inner = optimizer.chained_optimizers[0].optimizer
+    for state in inner.state.values():
+        state["step"] = torch.tensor(1234.0)
+    for g, group in enumerate(inner.param_groups):
+        group["lr"] = 2.5e-4
+        group["betas"] = (0.85, 0.97)
+        group["weight_decay"] = 0.05 if g == 0 else 0.0
+
+
+def optim_differences(model, optimizer, ref_model, ref_optimizer):
+    """What differs between two (model, Megatron optimizer) pairs: parameters, Adam states, masters, groups."""
+    bad = [f"parameter {n}" for (n, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters())
+           if not same(p.detach(), q.detach())]
+    inner, ref = optimizer.chained_optimizers[0], ref_optimizer.chained_optimizers[0]
+    got, want = inner.optimizer.state_dict(), ref.optimizer.state_dict()
+    if sorted(got["state"]) != sorted(want["state"]) or not want["state"]:
+        bad.append(f"state numbering {sorted(got['state'])[:4]} != {sorted(want['state'])[:4]}")
+    for k in want["state"]:
+        for kind in ("exp_avg", "exp_avg_sq", "step"):
+            if not same(got["state"].get(k, {}).get(kind), want["state"][k].get(kind)):
+                bad.append(f"state {k} {kind}")
+    for g, (x, y) in enumerate(zip(got["param_groups"], want["param_groups"])):
+        for key in sorted(set(x) | set(y)):
+            if x.get(key) != y.get(key):
+                bad.append(f"group {g} {key}: {x.get(key)} != {y.get(key)}")
+    for i, (x, y) in enumerate(zip([m for g in inner.fp32_from_float16_groups for m in g],
+                                   [m for g in ref.fp32_from_float16_groups for m in g])):
+        if not same(x.detach(), y.detach()):
+            bad.append(f"fp32 master {i}")
+    return bad
+
+
+def optim_loader(rank, world, port, tp, pp, root, legacy, errors, tweaked):
+    init(rank, world, port)
+    from megatron.core import dist_checkpointing, parallel_state
+    model, optimizer = bf16_model(tp, pp)
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    ckpt = pathlib.Path(root) / f"iter_{latest(root):07d}"
+    model_sd = model.sharded_state_dict()
+    sharded = {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=True)}
+    loaded = dist_checkpointing.load(sharded, str(ckpt))
+    model.load_state_dict({k: v for k, v in loaded["model"].items() if not k.endswith("_extra_state")}, strict=False)
+    optimizer.load_state_dict(loaded["optimizer"])
+    parallel_state.destroy_model_parallel()
+    ref_model, ref_optimizer = bf16_model(tp, pp)
+    legacy_load(ref_model, ref_optimizer, legacy, tp_rank, pp_rank, pp)
+    if tweaked:
+        tweak(ref_optimizer)
+    bad = optim_differences(model, optimizer, ref_model, ref_optimizer)
+    if bad:
+        errors.put(f"rank {rank} (tp {tp_rank}, pp {pp_rank}): {len(bad)} differ: {bad[:6]}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def optim_saver(rank, world, port, tp, pp, root, legacy, iteration):
+    init(rank, world, port)
+    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    filesystem_async._results_queue = queue.Queue()  # as in saver
+    model, optimizer = bf16_model(tp, pp)
+    legacy_load(model, optimizer, legacy, parallel_state.get_tensor_model_parallel_rank(),
+                parallel_state.get_pipeline_model_parallel_rank(), pp)
+    tweak(optimizer)
+    ckpt = pathlib.Path(root) / f"iter_{iteration:07d}"
+    if rank == 0 or port is None:  # port None: each rank on its own host's mount
+        ckpt.mkdir()
+    dist.barrier()
+    model_sd = model.sharded_state_dict()
+    state = {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd), "iteration": iteration,
+             "checkpoint_version": 3.0}
+    dist_checkpointing.save(state, str(ckpt))
+    dist.barrier()
+    if rank == 0:
+        (pathlib.Path(root) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -98,24 +251,32 @@ def free_port():
 
 
 def main():
+    if sys.argv[1] == "optim-save-rank":
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        optim_saver(rank, world, None, world, 1, sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        print(f"OPTIM-SAVE-RANK OK: rank {rank} of {world}")
+        return 0
     cmd, root, tp, pp, legacy = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-    assert cmd in ("load", "save"), __doc__
-    if cmd == "save":
-        mp.start_processes(saver, args=(tp * pp, free_port(), tp, pp, root, legacy, int(sys.argv[6])), nprocs=tp * pp,
+    assert cmd in ("load", "save", "optim-load", "optim-save"), __doc__
+    if cmd in ("save", "optim-save"):
+        fn = saver if cmd == "save" else optim_saver
+        mp.start_processes(fn, args=(tp * pp, free_port(), tp, pp, root, legacy, int(sys.argv[6])), nprocs=tp * pp,
                            start_method="spawn")
-        print(f"SAVE OK: tp={tp} pp={pp}")
+        print(f"{cmd.upper()} OK: tp={tp} pp={pp}")
         return 0
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
-    mp.start_processes(worker, args=(tp * pp, free_port(), tp, pp, root, legacy, errors), nprocs=tp * pp,
-                       start_method="spawn")
+    args = (tp * pp, free_port(), tp, pp, root, legacy, errors)
+    if cmd == "optim-load":
+        args += (sys.argv[6:] == ["tweaked"],)
+    mp.start_processes(worker if cmd == "load" else optim_loader, args=args, nprocs=tp * pp, start_method="spawn")
     failed = []
     while not errors.empty():
         failed.append(errors.get())
     if failed:
         print("\n".join(failed))
         return 1
-    print(f"LOAD OK: tp={tp} pp={pp}")
+    print(f"{cmd.upper()} OK: tp={tp} pp={pp}")
     return 0
 
 

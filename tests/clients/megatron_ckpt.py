@@ -127,7 +127,7 @@ SETTINGS = {"lr": 2.5e-4, "betas": (0.9, 0.95), "eps": 1e-8, "wd_mult": 1.0, "lr
             "max_lr": 3e-4, "min_lr": 3e-5}
 # What ptcfs renders for a store that kept no settings (docs/megatron_format.md).
 DEFAULTS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "amsgrad": False,
-            "wd_mult": 1.0, "lr_mult": 1.0}
+            "wd_mult": 1.0, "lr_mult": 1.0, "is_expert_parallel": False, "is_decoupled_lr": False}
 
 
 def global_optimizer(glob, seed):

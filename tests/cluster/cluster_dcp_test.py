@@ -15,11 +15,16 @@ network namespace of its own, one job in a real etcd, `--format all --ckpt-forma
   for bit (dcp.load), then again after a reconfigure to tp=2,pp=2; the staged files are gone.
   A save whose chunk file reached no worker (the second rank saving into another directory)
   is refused on every worker (rank 0's rename of .metadata fails with EIO), nothing committed.
-  A Megatron-Core torch_dist save through megatron/ (`--ckpt-format torch_dist`; the files of
-  another store's torch_dist render, other tensors, one chunk file written on each worker): the
-  tracker's close commits it on both, at its iteration; both serve its tensors bit for bit.
+  Megatron-Core's own torch_dist save through megatron/ (`--ckpt-format torch_dist`): a bf16
+  GPTModel and Megatron-Core's optimizer at tp=2, one gloo rank in each worker's namespace,
+  loaded from another store's legacy render (other tensors) with an Adam step and group settings
+  of their own, `dist_checkpointing.save` each rank into its own worker's mount, rank 0's
+  tracker write commits it on both at its iteration: both serve its tensors bit for bit
+  (dcp.load), and Megatron-Core's optimizer loads the step and settings back from worker 1's
+  mount at tp=1,pp=2 (tests/clients/mcore_dist.py).
 
-Uses the venv that tools/setup-deps.sh makes (torch 2, safetensors): tests/clients/dcp_clients.py.
+Uses the venv that tools/setup-deps.sh makes (torch 2, safetensors, megatron-core):
+tests/clients/dcp_clients.py, tests/clients/mcore_dist.py.
 
 Usage: cluster_dcp_test.py PTCFS   (root; exit 77 = skipped, never under CI=true)
 """
@@ -39,7 +44,9 @@ PTCFS = os.path.abspath(sys.argv[1])
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_PYTHON = os.path.join(os.environ.get("PTCFS_VENV", os.path.join(ROOT, ".venv")), "bin", "python")
 CLIENT = os.path.join(ROOT, "tests", "clients", "dcp_clients.py")
-SCHEMA, DIMS = "llama", "layers=4,hidden=64,heads=8,kv_heads=4,vocab=96,seq=16,ffn=96"
+MCORE = os.path.join(ROOT, "tests", "clients", "mcore_dist.py")
+# The model of tests/clients/mcore_gpt.py (Megatron-Core's GPTModel builds it), in bf16.
+SCHEMA, DIMS, DTYPE = "llama", "layers=4,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32", "bf16"
 ptcfs = Model(PTCFS, SCHEMA, DIMS).run
 WORKERS, PORT, JOB = 2, 7451, "dcp"
 
@@ -78,35 +85,26 @@ def save_ranks(ns, mnts, name, ref, lose_rank_1_file=False):
         assert p.returncode == 0 and "SAVE RANK OK" in out, "rank %d's save of %s: %s" % (w, name, out)
 
 
-def torch_dist_save(mnts, src, iteration):
-    """A Megatron-Core torch_dist save of `iteration` through both workers' megatron/: the files of
-    the torch_dist tree `src`, __1_0.distcp written on worker 1, the rest (metadata.json, common.pt
-    with the new iteration, .metadata, __0_0.distcp) on worker 0, whose tracker write commits it."""
-    name = "iter_%07d" % iteration
-    files = sorted(os.listdir(src))
-    assert {"metadata.json", "common.pt", ".metadata", "__0_0.distcp", "__1_0.distcp"} <= set(files), files
+def torch_dist_save(ns, mnts, legacy, iteration):
+    """Megatron-Core's dist_checkpointing.save of `iteration` by two gloo ranks (tp=2), rank w in
+    worker w's namespace into its own mount's megatron/, the model and optimizer loaded from the
+    legacy tree `legacy` (tweaked: a step and settings of their own); rank 0's tracker write
+    commits it on both workers, or fails."""
     before = status(mnts[0])["generation"]
-    for w in range(WORKERS):
-        os.mkdir(os.path.join(mnts[w], "megatron", name))
-    for f in files:
-        dst = os.path.join(mnts[1 if f == "__1_0.distcp" else 0], "megatron", name, f)
-        if f == "common.pt":
-            r = subprocess.run([VENV_PYTHON, "-c", "import sys, torch\n"
-                                "sd = torch.load(sys.argv[1], weights_only=False)\n"
-                                "sd['iteration'] = int(sys.argv[3])\n"
-                                "torch.save(sd, sys.argv[2])", os.path.join(src, f), dst, str(iteration)],
-                               capture_output=True, text=True)
-            assert r.returncode == 0, r.stderr
-        else:
-            shutil.copyfile(os.path.join(src, f), dst)
-    with open(os.path.join(mnts[0], "megatron", "latest_checkpointed_iteration.txt"), "w") as f:
-        f.write(str(iteration))  # the close commits it on both workers, or fails
+    env = dict(os.environ, WORLD_SIZE=str(WORKERS), MASTER_ADDR=ns.addr(0), MASTER_PORT=str(PORT + 41),
+               GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
+    procs = [ns.popen(w, [VENV_PYTHON, MCORE, "optim-save-rank", os.path.join(mnts[w], "megatron"), legacy,
+                          str(iteration)], env=dict(env, RANK=str(w)), stdout=subprocess.PIPE,
+                      stderr=subprocess.STDOUT, text=True) for w in range(WORKERS)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for w, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and "OPTIM-SAVE-RANK OK" in out, "rank %d's torch_dist save: %s" % (w, out)
     for w in range(WORKERS):
         wait_for("worker %d at generation %d" % (w, before + 1), lambda: at_generation(mnts[w], before + 1), mnts=mnts)
         with open(os.path.join(mnts[w], "megatron", "latest_checkpointed_iteration.txt")) as f:
             assert f.read().strip() == str(iteration), w
         assert status(mnts[w])["cluster"]["pieces"] > 0, status(mnts[w])
-    print("ok   a torch_dist save of iteration %d, its chunk files on both workers, committed on both" % iteration)
+    print("ok   Megatron-Core's torch_dist save of iteration %d by a rank on each worker committed on both" % iteration)
 
 
 def main():
@@ -121,8 +119,8 @@ def main():
         with Netns(WORKERS) as ns, start_etcd(os.path.join(tmp, "etcd"), ns.host_addr) as etcd:
             first = "tp=2,pp=2,per_worker=2"
             for name, config in (("saved", first), ("ref", "tp=1")):
-                ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--config", config, "--optimizer", "adam", "--seed",
-                      "7", os.path.join(tmp, name))
+                ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--dtype", DTYPE, "--config", config, "--optimizer",
+                      "adam", "--seed", "7", os.path.join(tmp, name))
             ptcfs("import", "--schema", SCHEMA, "--dims", DIMS, "--config", first, os.path.join(tmp, "saved"),
                   os.path.join(tmp, "whole"))
             stores = [worker_store(os.path.join(tmp, "whole"), os.path.join(tmp, "store%d" % w), w)
@@ -142,8 +140,8 @@ def main():
             expect_loads(ns, mnts, ref, "reconfigured to tp=1,pp=2")
 
             saved = os.path.join(tmp, "saved2")
-            ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--config", "tp=1", "--optimizer", "adam", "--seed",
-                  "8", saved)
+            ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--dtype", DTYPE, "--config", "tp=1", "--optimizer",
+                  "adam", "--seed", "8", saved)
             before = status(mnts[0])["generation"]
             save_ranks(ns, mnts, "step-200", saved)
             for w in range(WORKERS):
@@ -175,21 +173,23 @@ def main():
             shutil.rmtree(os.path.join(mnts[1], "dcp", "step-300-elsewhere"))
             expect_loads(ns, mnts, saved, "the saved tensors after the refused save")
 
-            # The torch_dist files of other tensors (seed 9): another store's render, one mount alone.
+            # Megatron-Core's save of other state (seed 9), from that store's legacy render.
             for name, config in (("other", first), ("ref9", "tp=1")):
-                ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--config", config, "--optimizer", "adam", "--seed",
-                      "9", os.path.join(tmp, name))
+                ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--dtype", DTYPE, "--config", config,
+                      "--optimizer", "adam", "--seed", "9", os.path.join(tmp, name))
             ptcfs("import", "--schema", SCHEMA, "--dims", DIMS, "--config", first, os.path.join(tmp, "other"),
                   os.path.join(tmp, "other-store"))
-            other = os.path.join(tmp, "other-mnt")
-            os.mkdir(other)
-            ptcfs("mount", os.path.join(tmp, "other-store"), other, "--format", "megatron", "--ckpt-format",
-                  "torch_dist")
-            try:
-                torch_dist_save(mnts, os.path.join(other, "megatron", "iter_0000000"), 500)
-            finally:
-                subprocess.run([PTCFS, "umount", other], check=False)
-            expect_loads(ns, mnts, os.path.join(tmp, "ref9"), "the torch_dist save's tensors")
+            legacy = {}
+            for config in ("tp=2", "tp=1,pp=2"):
+                legacy[config] = os.path.join(tmp, "legacy9-" + config.replace(",", "-").replace("=", ""))
+                ptcfs("export", "--format", "megatron", "--names", "local", "--config", config,
+                      os.path.join(tmp, "other-store"), legacy[config])
+            torch_dist_save(ns, mnts, legacy["tp=2"], 500)
+            expect_loads(ns, mnts, os.path.join(tmp, "ref9"), "Megatron-Core's torch_dist save's tensors")
+            r = ns.run(1, [VENV_PYTHON, MCORE, "optim-load", os.path.join(mnts[1], "megatron"), "1", "2",
+                           legacy["tp=1,pp=2"], "tweaked"], capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0 and "OPTIM-LOAD OK" in r.stdout, "optim-load on worker 1: %s%s" % (r.stdout, r.stderr)
+            print("ok   Megatron-Core's optimizer loads the saved step and settings from worker 1's mount at tp=1,pp=2")
     finally:
         stop(daemons, mnts)
         remove_tmp(tmp)
