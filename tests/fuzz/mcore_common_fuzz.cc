@@ -1,0 +1,65 @@
+// libFuzzer entry point for the optimizer entry of a Megatron-Core torch_dist
+// save's common.pt (ptc::megatron::ReadMcoreOptimizerCommon), given as the
+// pickle torch.save wraps (the zip around it is torch_fuzz's): it must never
+// crash; what it accepts has one or two dict groups without 'params' and one
+// step for the parameters, and renders back (McoreOptimizerCommon) and reads
+// back to the same groups and step.
+// Build: cmake -DPTCFS_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ (tests/fuzz/CMakeLists.txt);
+// run:   ./mcore_common_fuzz -max_total_time=60 -max_len=4096 [corpus dir]
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ptc/checkpoint/megatron_optimizer.h"
+#include "ptc/format/torch_file.h"
+
+namespace {
+
+using ptc::pickle::Value;
+
+// A tensor's bytes: zeros of its size, refused past 64 bytes.
+ptc::Result<std::string> Zeros(const ptc::pickle::Tensor& t) {
+  const uint64_t n = ptc::TensorNumBytes(t);
+  if (n > 64) return ptc::InvalidArgumentError("fuzz: a large tensor");
+  return std::string(n, '\0');
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  auto root = ptc::pickle::Unpickle(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
+  if (!root.ok()) return 0;
+  const Value* optimizer = root->Find("optimizer");
+  if (optimizer == nullptr) return 0;
+  const std::vector<std::string> params{"a", "b"};
+  auto part = ptc::megatron::ReadMcoreOptimizerCommon(*optimizer, params, Zeros, "fuzz");
+  if (!part.ok()) return 0;
+  const ptc::pickle::Items& groups = part->meta.groups.items();
+  if (groups.empty() || groups.size() > 2 || part->meta.steps.size() != 1) __builtin_trap();
+  for (const Value& g : groups) {
+    if (!g.is_dict() || g.Find("params") != nullptr) __builtin_trap();
+  }
+  if (part->meta.steps[0].params != params) __builtin_trap();
+  // Rendered and read back: the same groups (two, as rendered) and step.
+  ptc::megatron::MegatronState state;
+  state.optimizer = part->meta;
+  std::vector<ptc::megatron::CarriedTensor> storages;
+  auto common = ptc::megatron::McoreOptimizerCommon(state, /*masters=*/true, &storages);
+  if (!common.ok()) __builtin_trap();
+  std::map<std::string, std::string> bytes;
+  for (const auto& c : storages) bytes[c.key] = c.bytes;
+  auto read = [&](const ptc::pickle::Tensor& t) -> ptc::Result<std::string> {
+    const auto it = bytes.find(t.storage_key);
+    if (it == bytes.end()) return ptc::InvalidArgumentError("fuzz: no storage " + t.storage_key);
+    return it->second;
+  };
+  auto back = ptc::megatron::ReadMcoreOptimizerCommon(*common, params, read, "fuzz");
+  if (!back.ok() || back->meta.steps.size() != 1 || !(back->meta.steps[0].value == part->meta.steps[0].value)) {
+    __builtin_trap();
+  }
+  if (groups.size() == 2 && back->meta.groups != part->meta.groups) __builtin_trap();
+  return 0;
+}
