@@ -327,12 +327,13 @@ Result<McoreOptimizerCommonPart> ReadMcoreOptimizerCommon(
     if (k.kind() == pickle::Kind::kStr && (k.as_str() == "optimizer" || k.as_str() == "fp32_from_fp16_params")) {
       continue;
     }
+    const Value& name = k;  // a structured binding is not captured by the lambda below
     Value entry = v;
     Status error;
     pickle::ForEachTensor(entry, [&](const std::string& path, pickle::Tensor& t) {
       if (!error.ok()) return;
       if (TensorNumBytes(t) > kMaxCarriedTensorBytes) {
-        error = InvalidArgumentError(what + ": optimizer/" + k.DebugString() + path + ": a tensor of " +
+        error = InvalidArgumentError(what + ": optimizer/" + name.DebugString() + path + ": a tensor of " +
                                      std::to_string(TensorNumBytes(t)) + " bytes (at most " +
                                      std::to_string(kMaxCarriedTensorBytes) + " are kept)");
         return;
