@@ -11,7 +11,8 @@
 #                            left as it was; compose's own networks still join the containers).
 #                            Its pidfile is $PTCFS_DOCKER_STATE/dockerd.pid, its log next to it.
 #   docker_daemon_stop       stops the daemon docker_daemon_start started (none other), and the
-#                            containerd it runs; waits for that containerd's shims to exit
+#                            containerd it runs; waits for that containerd's processes (its
+#                            shims) to exit
 #   docker_base_image        $PTCFS_DOCKER_BASE (default debian:12): present, pulled, or (debian:12
 #                            only) made by `debootstrap --variant=minbase bookworm` and imported
 #   docker_build_images [BIN]  ptcfs-etcd and ptcfs-worker, tag $PTCFS_DOCKER_TAG (default dev),
@@ -89,6 +90,7 @@ docker_daemon_start() {
   # In the background of a script SIGINT does not reach it; its output goes to the log, so
   # nothing of the caller's (a ctest pipe) stays open. It writes its pid to the pidfile itself.
   rm -f "$PTCFS_DOCKER_STATE/dockerd.pid"
+  pgrep '^containerd' > "$PTCFS_DOCKER_STATE/containerd.before" || true
   dockerd --iptables=false --ip6tables=false --ip-forward=false --bridge=none \
     --pidfile "$PTCFS_DOCKER_STATE/dockerd.pid" < /dev/null > "$log" 2>&1 &
   local pid=$! _
@@ -121,21 +123,28 @@ docker_daemon_stop() {
     fi
   fi
   rm -f "$pidfile"
-  # A container's shim (containerd-shim-runc-v2) is a child of init, not of dockerd; it exits on
-  # its own once its container was deleted, which may be a moment after dockerd itself.
-  local shims
+  # A container's shim (containerd-shim-runc-v2, and its short-lived "delete" runs) is a child of
+  # init, not of dockerd; it exits on its own once its container is deleted, which may be a moment
+  # after dockerd itself. Wait for every containerd process that was not there when the daemon
+  # started.
+  local left
   for _ in $(seq 60); do
-    shims="$(docker_daemon_shims)"
-    [ -z "$shims" ] && return 0
+    left="$(docker_new_containerd)"
+    [ -z "$left" ] && return 0
     sleep 0.5
   done
-  docker_fail "containerd shims of the stopped dockerd still run 30 s later: $shims"
+  docker_fail "containerd processes of the stopped dockerd still run 30 s later: $left"
   return 1
 }
 
-# The pids of the shims serving the containerd that a dockerd with the default exec root runs.
-docker_daemon_shims() {
-  pgrep -f -d ' ' '^/usr/bin/containerd-shim.* -address /var/run/docker/containerd/containerd.sock' || true
+# The containerd processes (containerd, its shims) that were not running when docker_daemon_start
+# started dockerd, with their command lines.
+docker_new_containerd() {
+  local before="$PTCFS_DOCKER_STATE/containerd.before" p
+  for p in $(pgrep '^containerd' || true); do
+    grep -qx "$p" "$before" 2> /dev/null && continue
+    printf '%s (%s) ' "$p" "$(tr '\0' ' ' < "/proc/$p/cmdline" 2> /dev/null)"
+  done
 }
 
 docker_base_image() {

@@ -57,7 +57,7 @@ Value Call(const char* module, const char* name, pickle::Items args) {
 
 Value TorchSize(const std::vector<Index>& v) { return Call("torch", "Size", {Ints(v)}); }
 
-// torch.save of `root` (no tensors), whole.
+// torch.save of `root`, whole; `storages` hold the bytes of the tensors it references.
 Result<std::string> TorchBytes(const Value& root, const std::string& archive,
                                const std::vector<megatron::CarriedTensor>& storages = {}) {
   std::vector<TorchStorageSpec> specs;
