@@ -387,6 +387,15 @@ TEST(MegatronOptimizer, TorchDistCommonCarriesGroupsStepAndScaler) {
   EXPECT_EQ(back->tensors[0].bytes, state.tensors[0].bytes);
   EXPECT_EQ(back->kept.Find("grad_scaler")->Find("scale")->tensor().storage_key, back->tensors[0].key);
   EXPECT_EQ(*back->kept.Find("grad_scaler")->Find("growth_tracker"), Value::Int(3));
+  // A pickled dict may repeat a key: no 'params' stays in a group (found by mcore_common_fuzz).
+  Value repeated = saved;
+  for (Value& g : repeated.Find("optimizer")->Find("param_groups")->items()) {
+    g.pairs().emplace_back(Value::Str("params"), Value::List());
+    g.pairs().emplace_back(Value::Str("params"), Value::List());
+  }
+  back = ReadMcoreOptimizerCommon(repeated, {"p1"}, read, "common.pt");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  for (const Value& g : back->meta.groups.items()) EXPECT_EQ(g.Find("params"), nullptr);
   // FP32Optimizer's layout; a save without common_step had step 0 (Megatron-Core leaves it out).
   common = McoreOptimizerCommon(state, /*masters=*/false, &storages);
   ASSERT_TRUE(common.ok());

@@ -170,7 +170,7 @@ Value GroupSettings(const OptimizerLayout& layout, const Value& optimizer) {
   Value out = Value::List();
   for (size_t f : layout.file_groups) {
     Value settings = groups[f].is_dict() ? groups[f] : Value::Dict();
-    if (settings.is_dict()) settings.Erase("params");
+    while (settings.is_dict() && settings.Erase("params")) {}
     out.items().push_back(std::move(settings));
   }
   return out;
@@ -298,7 +298,7 @@ Result<McoreOptimizerCommonPart> ReadMcoreOptimizerCommon(
   pickle::Items settings = groups->items();
   for (Value& g : settings) {
     if (!g.is_dict()) return InvalidArgumentError(where + "/param_groups: a group is not a dict");
-    g.Erase("params");
+    while (g.Erase("params")) {}  // a pickled dict may repeat a key
   }
   if (settings.size() == 2 && NoDecayGroup(settings) == 0) std::swap(settings[0], settings[1]);
   out.meta.groups = Value::List(std::move(settings));
