@@ -597,6 +597,14 @@ nlohmann::json EncodeMegatronState(const MegatronState& state) {
   return j;
 }
 
+void PointAtOwnStorage(const std::string& key, pickle::Tensor& t) {
+  t.storage_key = key;
+  t.storage_numel = TensorNumElements(t);
+  t.storage_offset = 0;
+  t.stride.assign(t.shape.size(), 1);
+  for (size_t d = t.shape.size(); d-- > 1;) t.stride[d - 1] = t.stride[d] * t.shape[d];
+}
+
 pickle::Value CarriedEntries(const pickle::Value& root) {
   Value carried = root;
   carried.Erase("model");

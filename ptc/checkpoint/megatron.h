@@ -73,6 +73,9 @@ struct CarriedTensor {
   uint64_t numel = 0;
   std::string bytes;
 };
+// Points `t` (whose bytes are kept as a CarriedTensor `key`) at the start of
+// that storage of its own, dense.
+void PointAtOwnStorage(const std::string& key, pickle::Tensor& t);
 // The 'rng_state' entry of one (tp, pp) rank of a save, kept per rank (each
 // rank's random streams are its own). Its tensors reference storages "r0",
 // "r1", ... (the same keys in every rank's record).

@@ -136,11 +136,7 @@ Status KeepTensors(const RandomAccessFile& file, const TorchFile& tf, const std:
     }
     megatron::CarriedTensor c{prefix + std::to_string(out->size()), t.dtype, TensorNumElements(t),
                               std::move(bytes).value()};
-    t.storage_key = c.key;
-    t.storage_numel = c.numel;
-    t.storage_offset = 0;
-    t.stride.assign(t.shape.size(), 1);
-    for (size_t i = t.shape.size(); i-- > 1;) t.stride[i - 1] = t.stride[i] * t.shape[i];
+    megatron::PointAtOwnStorage(c.key, t);
     out->push_back(std::move(c));
   });
   return error;
@@ -213,11 +209,7 @@ Status KeepSteps(const RankView& view, const megatron::OptimizerLayout& layout, 
       if (TensorNumBytes(t) > 64) return InvalidArgumentError(where + ": a tensor of more than one number");
       PTC_ASSIGN_OR_RETURN(std::string bytes, ReadTensorBytes(file, tf, t, where));
       value.tensors.push_back({"s", t.dtype, TensorNumElements(t), std::move(bytes)});
-      t.storage_key = "s";
-      t.storage_numel = TensorNumElements(t);
-      t.storage_offset = 0;
-      t.stride.assign(t.shape.size(), 1);
-      for (size_t d = t.shape.size(); d-- > 1;) t.stride[d - 1] = t.stride[d] * t.shape[d];
+      megatron::PointAtOwnStorage("s", t);
     } else if (step->kind() != pickle::Kind::kInt && step->kind() != pickle::Kind::kFloat) {
       return InvalidArgumentError(where + ": a " + std::string(pickle::KindName(step->kind())) +
                                   ", not a tensor or a number");

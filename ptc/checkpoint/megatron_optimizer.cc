@@ -91,15 +91,6 @@ std::string IterationStep(uint64_t iteration) {
   return b;
 }
 
-// Points `t` at the start of its own storage `key`, dense.
-void OwnStorage(const std::string& key, pickle::Tensor& t) {
-  t.storage_key = key;
-  t.storage_numel = TensorNumElements(t);
-  t.storage_offset = 0;
-  t.stride.assign(t.shape.size(), 1);
-  for (size_t d = t.shape.size(); d-- > 1;) t.stride[d - 1] = t.stride[d] * t.shape[d];
-}
-
 }  // namespace
 
 bool WithoutWeightDecay(const LocalTensor& param) {
@@ -314,7 +305,7 @@ Result<McoreOptimizerCommonPart> ReadMcoreOptimizerCommon(
       if (TensorNumElements(t) != 1) return InvalidArgumentError(where + "/state/common_step: not one number");
       PTC_ASSIGN_OR_RETURN(std::string bytes, read(t));
       value.tensors.push_back({"s", t.dtype, 1, std::move(bytes)});
-      OwnStorage("s", t);
+      PointAtOwnStorage("s", t);
     } else if (step->kind() != pickle::Kind::kInt && step->kind() != pickle::Kind::kFloat) {
       return InvalidArgumentError(where + "/state/common_step: a " + std::string(pickle::KindName(step->kind())) +
                                   ", not a tensor or a number");
@@ -345,7 +336,7 @@ Result<McoreOptimizerCommonPart> ReadMcoreOptimizerCommon(
       }
       const std::string key = "g" + std::to_string(out.tensors.size());
       out.tensors.push_back({key, t.dtype, TensorNumElements(t), std::move(bytes).value()});
-      OwnStorage(key, t);
+      PointAtOwnStorage(key, t);
     });
     PTC_RETURN_IF_ERROR(error);
     out.kept.Set(k, std::move(entry));
