@@ -47,17 +47,12 @@ ptc::Result<std::shared_ptr<Node>> Filesystem::BuildTorchDistDir(const std::shar
   PTC_ASSIGN_OR_RETURN(ptc::dcp::Plan plan,
                        ptc::dcp::PlanCheckpoint(snap->reader().manifest(), ptc::dcp::Keys::kMegatronCore));
   const ptc::pickle::Value* args = state.carried.is_dict() ? state.carried.Find("args") : nullptr;
-  // The optimizer's groups and step, when the store has optimizer state
-  // (Float16OptimizerWithFloat16Params' layout when it has fp32 masters).
-  bool optimizer = false, masters = false;
-  for (const ptc::dcp::Tensor& t : plan.tensors) {
-    optimizer = optimizer || t.key.starts_with("optimizer.state.");
-    masters = masters || t.key.starts_with("optimizer.state.fp32_param.");
-  }
+  // The optimizer's groups and step, when the store has optimizer state (its
+  // fp32 masters make it Float16OptimizerWithFloat16Params' layout).
   std::vector<ptc::megatron::CarriedTensor> storages;
   std::optional<ptc::pickle::Value> optimizer_common;
-  if (optimizer) {
-    PTC_ASSIGN_OR_RETURN(optimizer_common, ptc::megatron::McoreOptimizerCommon(state, masters, &storages));
+  if (snap->spec().optimizer) {
+    PTC_ASSIGN_OR_RETURN(optimizer_common, ptc::megatron::McoreOptimizerCommon(state, /*masters=*/true, &storages));
   }
   PTC_ASSIGN_OR_RETURN(
       std::string common,
