@@ -11,8 +11,7 @@ namespace {
 // The chunk as a local tensor: its box of the global tensor, densely (in the
 // key's shape: a stacked key's chunk has a leading 1).
 ptc::LocalTensor ChunkTensor(const ptc::dcp::Tensor& t, const ptc::Box& box) {
-  return ptc::LocalTensor{
-      t.key, t.dtype, ptc::dcp::KeyBox(t, box).shape(), {ptc::Segment{t.name, box, ptc::DenseLayout(box)}}};
+  return ptc::LocalTensor{t.key, t.dtype, ptc::dcp::KeyBox(t, box).shape(), ptc::dcp::ChunkSegments(t, box)};
 }
 
 }  // namespace

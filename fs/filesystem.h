@@ -69,6 +69,8 @@ struct MountOptions {
   // megatron/iter_N/ as Megatron-Core's torch_dist checkpoint instead of the
   // legacy mp_rank_* tree (--ckpt-format torch_dist).
   bool megatron_torch_dist = false;
+  // The keys dcp/ names its tensors by (a save into it may use either).
+  ptc::dcp::Keys dcp_keys = ptc::dcp::Keys::kTorch;
   int transform_threads = 2;
   CompactionPolicy compaction;  // when to compact in the background after a reconfigure
   // The Env the store is opened with (a cluster worker's PeerEnv, which reads

@@ -33,7 +33,7 @@ void Filesystem::AddDcpFiles(Node& dir, const std::shared_ptr<const Snapshot>& s
 }
 
 ptc::Result<std::shared_ptr<Node>> Filesystem::BuildDcpTree(const std::shared_ptr<const Snapshot>& snap) {
-  PTC_ASSIGN_OR_RETURN(ptc::dcp::Plan plan, ptc::dcp::PlanCheckpoint(snap->reader().manifest()));
+  PTC_ASSIGN_OR_RETURN(ptc::dcp::Plan plan, ptc::dcp::PlanCheckpoint(snap->reader().manifest(), options_.dcp_keys));
   auto dir = NewDir(snap);
   dir->kind = Node::kDcpDir;
   StagedOf(*dir) = std::string(kDcpStaging);

@@ -318,5 +318,104 @@ TEST_F(DcpImport, MegatronCoreKeysStackTheLayersAndReadBack) {
   ExpectSameTensors(*copy);
 }
 
+// torchtitan's keys: its names, q and k rows in its RoPE order (every chunk of
+// the rendered files against rows read straight from linear_qkv), no key for
+// the fp32 masters; the checkpoint imports (told by its keys) back into the
+// same tensors, the masters from the float32 parameters; a save of bf16
+// parameters with optimizer state is refused naming the key.
+TEST(DcpTorchtitan, KeysPermuteQueryAndKeyRowsAndReadBack) {
+  TempDir tmp;
+  Env* env = Env::Default();
+  const Index heads = 4, groups = 2, hd = 8, hidden = 32;
+  const ModelSpec spec = ::ptc::testing::Spec("llama", "layers=2,hidden=32,heads=4,kv_heads=2,vocab=64,seq=16",
+                                              DType::kF32, /*adam=*/true);
+  const ParallelConfig config = *ParseConfig("tp=2,pp=2");
+  ASSERT_TRUE(WriteSynthCheckpoint(env, ::ptc::testing::FitLayout(spec, config), 3, tmp / "src").ok());
+  ASSERT_TRUE(ImportCheckpoint(env, tmp / "src", tmp / "store", spec.schema, spec.dims, config).ok());
+  auto store = std::move(Store::Open(env, tmp / "store")).value();
+  auto generation = store->CurrentSnapshot();
+  auto plan = PlanCheckpoint(*generation, Keys::kTorchtitan);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  std::map<std::string, Shape> shapes;
+  for (const Tensor& t : plan->tensors) shapes[t.key] = KeyShape(t);
+  EXPECT_EQ(shapes["layers.1.attention.qkv_linear.wq.weight"], (Shape{heads * hd, hidden}));
+  EXPECT_EQ(shapes["layers.0.attention.qkv_linear.wk.weight"], (Shape{groups * hd, hidden}));
+  EXPECT_EQ(shapes["optimizer.state.layers.1.feed_forward.w3.weight.exp_avg_sq"], (Shape{128, hidden}));
+  EXPECT_EQ(shapes["tok_embeddings.weight"], (Shape{64, hidden}));
+  EXPECT_EQ(shapes.size(), 3u * (3 + 2 * 9));  // a parameter and its two moments; no masters
+  // Key row r of wq (head h, r = h*hd + 2i + t) is row i + t*hd/2 of head h in linear_qkv,
+  // whose groups hold their heads' q rows, then k, then v.
+  auto src_row = [&](const std::string& key, Index r) {
+    const Index h = r / hd, i = (r % hd) / 2, t = r % 2, per = heads / groups;
+    const bool q = key.find(".wq.") != std::string::npos;
+    const Index g = q ? h / per : h, base = g * (per + 2) * hd + (q ? (h % per) * hd : per * hd);
+    return base + t * hd / 2 + i;
+  };
+  GenerationReader reader(*store, generation, /*verify=*/true);
+  size_t checked = 0;
+  for (size_t f = 0; f < plan->files.size(); ++f) {
+    auto file = ptcfs::MakeDcpFile(reader, *plan, f, -1);
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    std::string bytes((*file)->size(), '\0');
+    ASSERT_TRUE(
+        (*file)
+            ->Read(0, bytes.size(), bytes.data(), [](const ShardRecord&, uint64_t, uint64_t) { return Status::OK(); })
+            .ok());
+    for (const Chunk& c : plan->files[f].chunks) {
+      const Tensor& t = plan->tensors[c.tensor];
+      if (t.key.find(".wq.") == std::string::npos && t.key.find(".wk.") == std::string::npos) continue;
+      const ::ptc::testing::StringFile blob(bytes.substr(c.offset, c.size), t.key);
+      auto tf = ReadTorchFile(blob, t.key);
+      ASSERT_TRUE(tf.ok()) << tf.status().ToString();
+      auto got = ReadTensorBytes(blob, *tf, tf->root.tensor(), t.key);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      for (Index r = c.box.begin[0]; r < c.box.end[0]; ++r) {
+        const Box row = B({src_row(t.key, r), 0}, {src_row(t.key, r) + 1, hidden});
+        std::string want(hidden * 4, '\0');
+        ASSERT_TRUE(reader.Read(t.name, row, want.data(), row, DenseLayout(row)).ok());
+        EXPECT_EQ(got->substr(static_cast<size_t>((r - c.box.begin[0]) * hidden * 4), want.size()), want)
+            << t.key << " row " << r;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 2u * 3u * (heads + groups) * hd);  // 2 layers of wq and wk rows, param and moments
+  // Exported and imported (the keys tell torchtitan's): the same tensors, masters = parameters.
+  ASSERT_TRUE(ptcfs::ExportDcp(env, *store, generation, tmp / "titan", {}, Keys::kTorchtitan).ok());
+  auto source = OpenDcp(env, tmp / "titan", spec.schema, spec.dims, *ParseConfig("tp=1"));
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  auto copy = std::move(Store::Create(env, tmp / "copy")).value();
+  ASSERT_TRUE(WriteDcp(copy.get(), *source, nlohmann::json::object()).ok());
+  GenerationReader back(*copy, copy->CurrentSnapshot(), true);
+  for (const TensorRecord& t : generation->tensors) {
+    const bool master = t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".fp32") == 0;
+    const std::string from = master ? t.name.substr(0, t.name.size() - 5) : t.name;
+    const Box full = Box::Full(t.shape);
+    std::string x(static_cast<size_t>(full.volume()) * 4, '\0'), y = x;
+    ASSERT_TRUE(reader.Read(from, full, x.data(), full, DenseLayout(full)).ok());
+    ASSERT_TRUE(back.Read(t.name, full, y.data(), full, DenseLayout(full)).ok()) << t.name;
+    EXPECT_TRUE(x == y) << t.name;
+  }
+  // bf16 parameters with optimizer state: torchtitan has no masters to take them from.
+  const ModelSpec bf16 = ::ptc::testing::Spec("llama", "layers=2,hidden=32,heads=4,kv_heads=2,vocab=64,seq=16",
+                                              DType::kBF16, /*adam=*/true);
+  ASSERT_TRUE(WriteSynthCheckpoint(env, ::ptc::testing::FitLayout(bf16, config), 3, tmp / "src16").ok());
+  ASSERT_TRUE(ImportCheckpoint(env, tmp / "src16", tmp / "store16", bf16.schema, bf16.dims, config).ok());
+  auto store16 = std::move(Store::Open(env, tmp / "store16")).value();
+  ASSERT_TRUE(ptcfs::ExportDcp(env, *store16, store16->CurrentSnapshot(), tmp / "titan16", {}, Keys::kTorchtitan).ok());
+  auto refused = OpenDcp(env, tmp / "titan16", bf16.schema, bf16.dims, *ParseConfig("tp=1"));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("key lm_head.weight is BF16: torchtitan keeps no fp32 masters"),
+            std::string::npos)
+      << refused.status().ToString();
+  // A schema without Llama's names has none of torchtitan's.
+  const ModelSpec gpt =
+      ::ptc::testing::Spec("megatron-gpt", "layers=2,hidden=32,heads=4,vocab=64,seq=16", DType::kF32, /*adam=*/false);
+  auto names = TorchtitanTensors(gpt);
+  ASSERT_FALSE(names.ok());
+  EXPECT_NE(names.status().message().find("torchtitan's names are Llama's"), std::string::npos)
+      << names.status().ToString();
+}
+
 }  // namespace
 }  // namespace ptc::dcp

@@ -20,6 +20,7 @@ struct ExportArgs {
   std::optional<std::string> config;  // --config: required but for dcp
   std::optional<std::string> names;   // --names, megatron only
   std::optional<std::string> shard_size;  // --shard-size, hf only
+  std::optional<std::string> dcp_names;   // --dcp-names, dcp only
 };
 
 // Bytes of tensors in the Megatron files of `config` (data-parallel rank 0).
@@ -63,7 +64,10 @@ ptc::Status RunExportDcp(const ExportArgs& a) {
     total += static_cast<uint64_t>(ptc::NumElements(t.shape)) * ptc::DTypeSize(t.dtype);
   }
   Progress progress("export", total);
-  return ptc::WriteFreshDirectory(env, a.out, [&] { return ExportDcp(env, *store, generation, a.out, progress.fn()); });
+  const ptc::dcp::Keys keys =
+      a.dcp_names.value_or("torch") == "torchtitan" ? ptc::dcp::Keys::kTorchtitan : ptc::dcp::Keys::kTorch;
+  return ptc::WriteFreshDirectory(env, a.out,
+                                  [&] { return ExportDcp(env, *store, generation, a.out, progress.fn(), keys); });
 }
 
 // A Hugging Face model has no parallel config either; its optimizer state is not carried.
@@ -92,6 +96,9 @@ ptc::Status RunExport(const ExportArgs& a) {
   PTC_RETURN_IF_ERROR(CheckOutsideStore(a.store, a.out));
   if (a.shard_size && a.format != "hf") {
     return ptc::InvalidArgumentError("--shard-size " + *a.shard_size + ": sizes the shards of --format hf only");
+  }
+  if (a.dcp_names && a.format != "dcp") {
+    return ptc::InvalidArgumentError("--dcp-names " + *a.dcp_names + ": names the keys of --format dcp only");
   }
   if (a.format == "hf") return RunExportHf(a);
   if (a.format == "dcp") {
@@ -140,6 +147,7 @@ void AddExportCommand(CLI::App& app, int* exit_code) {
   sub->add_option("--shard-size", a->shard_size,
                   "hf: the largest shard, as save_pretrained's max_shard_size: 5GB (default), 500MB, 2GiB, bytes");
   sub->add_option("--names", a->names, kMegatronNamesHelp)->check(CLI::IsMember({"te", "local"}));
+  sub->add_option("--dcp-names", a->dcp_names, kDcpNamesHelp)->check(CLI::IsMember({"torch", "torchtitan"}));
   sub->add_option("STORE", a->store, "store directory")->required();
   sub->add_option("OUT_DIR", a->out, "directory to write")->required();
   sub->callback([a, exit_code] { *exit_code = Report("export", RunExport(*a)); });

@@ -35,6 +35,7 @@ struct MountArgs {
   std::string store, mountpoint, format = "both";
   std::optional<std::string> names;          // --names, megatron/ only
   std::optional<std::string> ckpt_format;    // --ckpt-format, megatron/ only
+  std::optional<std::string> dcp_names;      // --dcp-names, dcp/ only
   std::optional<std::string> hf_shard_size;  // --hf-shard-size, hf/ only
   int worker = -1;
   int threads = 8;
@@ -97,6 +98,9 @@ ptc::Status RunMount(const MountArgs& a) {
     return ptc::InvalidArgumentError("--ckpt-format " + *a.ckpt_format +
                                      ": the format of megatron/ (--format megatron or all)");
   }
+  if (a.dcp_names && a.format != "dcp" && a.format != "all") {
+    return ptc::InvalidArgumentError("--dcp-names " + *a.dcp_names + ": names the keys of dcp/ (--format dcp or all)");
+  }
   if (a.names && a.format != "megatron" && a.format != "all") {
     return ptc::InvalidArgumentError("--names " + *a.names +
                                      ": names the files of megatron/ (--format megatron or all)");
@@ -125,6 +129,7 @@ ptc::Status RunMount(const MountArgs& a) {
   options.hf_shard_bytes = hf_shard_bytes;
   PTC_ASSIGN_OR_RETURN(options.megatron_names, ptc::megatron::ParseNameSet(a.names.value_or("te")), "--names");
   options.megatron_torch_dist = a.ckpt_format.value_or("torch") == "torch_dist";
+  if (a.dcp_names.value_or("torch") == "torchtitan") options.dcp_keys = ptc::dcp::Keys::kTorchtitan;
   options.transform_threads = a.transform_threads;
   options.compaction = a.compaction;
   options.passthrough = a.passthrough == "auto";
@@ -307,6 +312,7 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
                    "checkpoint: metadata.json, common.pt and DCP files, loadable at any tp/pp;\n"
                    "docs/dcp_format.md)")
       ->check(CLI::IsMember({"torch", "torch_dist"}));
+  mount->add_option("--dcp-names", m->dcp_names, kDcpNamesHelp)->check(CLI::IsMember({"torch", "torchtitan"}));
   mount->add_flag("-f,--foreground", m->foreground, "stay in the foreground");
   mount->add_flag("--nonempty", m->nonempty, "mount over a directory that holds files (hidden while mounted)");
   mount->add_flag("--wait", m->wait,

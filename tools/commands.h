@@ -22,6 +22,14 @@ inline constexpr const char* kMegatronNamesHelp =
     "these norms (megatron-gpt) read the same either way; saves and imports take either set\n"
     "(docs/megatron_format.md)";
 
+// --dcp-names of `export --format dcp` and `mount` (ptc/checkpoint/dcp.h).
+inline constexpr const char* kDcpNamesHelp =
+    "the keys of the DCP checkpoint: torch (default: model.P and optim.state.P.K, P the\n"
+    "store's (Megatron-Core's) names, as torch flattens {\"model\": ..., \"optim\": ...}) or\n"
+    "torchtitan (its Llama names, tok_embeddings.weight, layers.I.attention.qkv_linear.wq.weight,\n"
+    "..., wq and wk rows in its RoPE order, optimizer.state.<name>.exp_avg; llama schema only).\n"
+    "A save into dcp/ may use either (docs/dcp_format.md)";
+
 void AddSynthCommand(CLI::App& app, int* exit_code);
 void AddImportCommand(CLI::App& app, int* exit_code);
 void AddExportCommand(CLI::App& app, int* exit_code);

@@ -29,14 +29,16 @@ if [ "${PTCFS_NO_VENV:-0}" != 1 ]; then
   root="$(cd "$(dirname "$0")/.." && pwd)"
   venv="${PTCFS_VENV:-$root/.venv}"
   requirements="$root/tools/requirements-clients.txt"
+  no_deps="$root/tools/requirements-no-deps.txt"
   stamp="$venv/ptcfs-requirements.txt"
-  if [ -x "$venv/bin/python" ] && cmp -s "$requirements" "$stamp"; then
+  if [ -x "$venv/bin/python" ] && cat "$requirements" "$no_deps" | cmp -s - "$stamp"; then
     echo "ptcfs setup: $venv is up to date"
   else
     echo "ptcfs setup: making $venv with $(grep -v '^#' "$requirements" | xargs) from PyPI (about 5 GB, a minute or more)"
     [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
     "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off -r "$requirements"
-    cp "$requirements" "$stamp"
+    "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off --no-deps -r "$no_deps"
+    cat "$requirements" "$no_deps" > "$stamp"
     echo "ptcfs setup: $venv ready ($("$venv/bin/python" -c 'import torch, safetensors; print("torch", torch.__version__, "safetensors", safetensors.__version__)'))"
   fi
 fi

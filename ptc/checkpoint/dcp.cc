@@ -10,6 +10,7 @@
 #include "ptc/format/crc32.h"
 #include "ptc/format/pickle.h"
 #include "ptc/model/view.h"
+#include "ptc/store/model_spec.h"
 
 namespace ptc::dcp {
 namespace {
@@ -182,27 +183,31 @@ std::vector<Tensor> NameTensors(const std::vector<TensorRecord>& tensors, Keys k
 Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys) {
   Plan plan;
   plan.keys = keys;
+  std::vector<Tensor> named;
+  if (keys == Keys::kTorchtitan) {
+    PTC_ASSIGN_OR_RETURN(const ModelSpec spec, SpecFromManifest(m));
+    PTC_ASSIGN_OR_RETURN(named, TorchtitanTensors(spec));
+  } else {
+    named = NameTensors(m.tensors, keys);
+  }
   Index layers = 0;
   std::map<std::pair<std::string, Index>, size_t> keys_seen;  // (key, layer) -> tensor
   std::map<std::string, size_t> first_of_key;
   std::map<std::string, std::set<Index>> layers_of_key;
-  std::map<std::string, size_t> index;
-  for (Tensor& d : NameTensors(m.tensors, keys)) {
-    const TensorRecord& t = m.tensors[plan.tensors.size()];
+  for (Tensor& d : named) {
     layers = std::max(layers, d.layers);
     if (!keys_seen.emplace(std::make_pair(d.key, d.layer), plan.tensors.size()).second) {
-      return InvalidArgumentError("tensor " + t.name + ": DCP key " + d.key + " repeats");
+      return InvalidArgumentError("tensor " + d.name + ": DCP key " + d.key + " repeats");
     }
     auto [first, inserted] = first_of_key.try_emplace(d.key, plan.tensors.size());
     if (!inserted) {
       const Tensor& f = plan.tensors[first->second];
       if (f.dtype != d.dtype || f.shape != d.shape || (f.layer < 0) != (d.layer < 0)) {
-        return InvalidArgumentError("tensor " + t.name + " and " + f.name + " share the key " + d.key +
+        return InvalidArgumentError("tensor " + d.name + " and " + f.name + " share the key " + d.key +
                                     " but differ in dtype or shape");
       }
     }
     if (d.layer >= 0) layers_of_key[d.key].insert(d.layer);
-    index[t.name] = plan.tensors.size();
     plan.tensors.push_back(std::move(d));
   }
 
@@ -212,40 +217,83 @@ Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys) {
                                   std::to_string(layers) + " layers");
     }
   }
-  // The stored boxes of each tensor, in manifest order, with their workers.
-  std::vector<std::vector<Box>> boxes(plan.tensors.size());
-  std::vector<std::vector<int>> workers(plan.tensors.size());
+  // The stored boxes of each global tensor, in manifest order, with their workers.
+  std::map<std::string, const TensorRecord*> records;
+  for (const TensorRecord& t : m.tensors) records[t.name] = &t;
+  std::map<std::string, std::pair<std::vector<Box>, std::vector<int>>> stored;
   for (const ShardRecord& s : m.shards) {
-    auto it = index.find(s.tensor);
-    if (it == index.end()) return InvalidArgumentError("a stored piece of " + s.tensor + ", which is not a tensor");
+    if (records.count(s.tensor) == 0) {
+      return InvalidArgumentError("a stored piece of " + s.tensor + ", which is not a tensor");
+    }
+    auto& [boxes, workers] = stored[s.tensor];
     for (const Box& b : s.boxes) {
-      boxes[it->second].push_back(b);
-      workers[it->second].push_back(s.worker);
+      boxes.push_back(b);
+      workers.push_back(s.worker);
+    }
+  }
+  // Of each global tensor a key holds: disjoint boxes covering it, with their workers.
+  std::map<std::string, std::vector<std::pair<Box, int>>> disjoint;
+  for (const Tensor& tensor : plan.tensors) {
+    auto [it, inserted] = disjoint.try_emplace(tensor.name);
+    if (!inserted) continue;
+    auto rec = records.find(tensor.name);
+    if (rec == records.end()) return InvalidArgumentError("tensor " + tensor.name + " is not in the generation");
+    const Shape& shape = rec->second->shape;
+    const Box full = Box::Full(shape);
+    const auto& [boxes, workers] = stored[tensor.name];
+    Index covered = 0;
+    for (auto& [box, source] : DisjointBoxes(boxes)) {
+      if (!Contains(full, box)) {
+        return InvalidArgumentError("tensor " + tensor.name + ": stored box " + box.ToString() + " lies outside " +
+                                    ShapeToString(shape));
+      }
+      covered += box.volume();
+      it->second.emplace_back(std::move(box), workers[source]);
+    }
+    if (covered != full.volume()) {
+      return InvalidArgumentError("tensor " + tensor.name + ": the stored pieces hold " + std::to_string(covered) +
+                                  " of its " + std::to_string(full.volume()) + " elements");
     }
   }
   std::map<int, File> files;
   for (size_t t = 0; t < plan.tensors.size(); ++t) {
     const Tensor& tensor = plan.tensors[t];
-    const Box full = Box::Full(tensor.shape);
-    Index covered = 0;
-    for (auto& [box, source] : DisjointBoxes(boxes[t])) {
-      if (!Contains(full, box)) {
-        return InvalidArgumentError("tensor " + tensor.name + ": stored box " + box.ToString() + " lies outside " +
-                                    ShapeToString(tensor.shape));
-      }
-      covered += box.volume();
+    const std::vector<std::pair<Box, int>>& boxes = disjoint.at(tensor.name);
+    auto add = [&](Box box, int worker) -> Status {
       PTC_ASSIGN_OR_RETURN(TorchFilePlan chunk_file, ChunkFile(tensor.dtype, KeyBox(tensor, box)),
                            "tensor " + tensor.name);
       PTC_ASSIGN_OR_RETURN(ZipLayout layout, LayoutTorchFile(chunk_file), "tensor " + tensor.name);
-      const int worker = workers[t][source];
       File& f = files[worker];
       if (f.name.empty()) f.name = DistcpName(worker);
       f.chunks.push_back(Chunk{t, std::move(box), f.size, layout.size});
       f.size += layout.size;
+      return Status::OK();
+    };
+    if (tensor.blocks.empty()) {
+      for (const auto& [box, worker] : boxes) PTC_RETURN_IF_ERROR(add(box, worker));
+      continue;
     }
-    if (covered != full.volume()) {
-      return InvalidArgumentError("tensor " + tensor.name + ": the stored pieces hold " + std::to_string(covered) +
-                                  " of its " + std::to_string(full.volume()) + " elements");
+    // Blocks of rows: one taken whole (n = 1) is cut where its rows are
+    // stored; a woven one is one chunk, in the file of its first row's worker.
+    for (const RowBlock& b : tensor.blocks) {
+      const Index shift = b.dst - b.src.front();
+      for (const auto& [box, worker] : boxes) {
+        Box part = box;
+        part.begin[0] = std::max(box.begin[0], b.src.front());
+        part.end[0] = std::min(box.end[0], b.src.front() + (b.src.size() == 1 ? b.rows : 1));
+        if (part.begin[0] >= part.end[0]) continue;
+        if (b.src.size() > 1) {
+          if (std::any_of(part.begin.begin() + 1, part.begin.end(), [](Index i) { return i != 0; })) continue;
+          Box whole = Box::Full(tensor.shape);
+          whole.begin[0] = b.dst;
+          whole.end[0] = b.dst + b.rows;
+          PTC_RETURN_IF_ERROR(add(std::move(whole), worker));
+          break;
+        }
+        part.begin[0] += shift;
+        part.end[0] += shift;
+        PTC_RETURN_IF_ERROR(add(std::move(part), worker));
+      }
     }
   }
   for (auto& [worker, f] : files) plan.files.push_back(std::move(f));

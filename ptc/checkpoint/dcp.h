@@ -17,6 +17,7 @@
 //   parameter P                 model.P
 //   P.exp_avg, P.exp_avg_sq     optim.state.P.exp_avg, optim.state.P.exp_avg_sq
 //   P.fp32 (the fp32 master)    optim.state.P.fp32
+// or Megatron-Core's (torch_dist) or torchtitan's (below).
 //
 // Thread safety: pure functions.
 #pragma once
@@ -31,6 +32,7 @@
 #include "ptc/format/torch_file.h"
 #include "ptc/model/box.h"
 #include "ptc/model/dtype.h"
+#include "ptc/model/view.h"
 #include "ptc/store/manifest.h"
 
 namespace ptc::dcp {
@@ -41,6 +43,7 @@ inline constexpr const char* kMetadataFile = ".metadata";
 enum class Keys {
   kTorch,         // model.P, optim.state.P.K: torch's flattening of {"model": ..., "optim": ...}
   kMegatronCore,  // Megatron-Core's sharded state dict (torch_dist): layers stacked, below
+  kTorchtitan,    // torchtitan's Llama: its parameter names, q/k rows in its RoPE order (TorchtitanTensors)
 };
 
 // A global tensor as the checkpoint holds it. With Keys::kMegatronCore the
@@ -48,6 +51,16 @@ enum class Keys {
 // the layers (decoder.layers.X, shape [layers] + the tensor's), as
 // Megatron-Core's sharded state dict puts them; the optimizer state of P is
 // optimizer.state.{exp_avg,exp_avg_sq,fp32_param}.<P's key>.
+// Rows of a key's tensor taken from rows of its global tensor, `src.size()`
+// runs woven row by row: key row dst + k*n + j is row src[j] + k of the
+// global tensor (n = src.size(), k < rows / n); the other dims are the same.
+struct RowBlock {
+  Index dst = 0;
+  Index rows = 0;
+  std::vector<Index> src;
+  friend bool operator==(const RowBlock&, const RowBlock&) = default;
+};
+
 struct Tensor {
   std::string name;               // the global tensor
   std::string key;                // its DCP key
@@ -56,18 +69,42 @@ struct Tensor {
   Shape shape;       // of the global tensor
   Index layer = -1;  // its index along the key's stacked first dim; -1: not stacked
   Index layers = 0;  // the stacked dim's size
+  // Empty: the key's tensor is the global tensor. Else its rows are these
+  // blocks of the global tensor's (in order, tiling them), and `shape` is the key's.
+  std::vector<RowBlock> blocks{};
 };
 
 // `tensors` (a model's global tensors) with their keys under `keys`.
 std::vector<Tensor> NameTensors(const std::vector<TensorRecord>& tensors, Keys keys);
 
+// torchtitan's Llama (torchtitan 0.3, Llama3StateDictAdapter's names) of a
+// Megatron-Core GPT model (the built-in llama), its Hugging Face tensors
+// (hf::MapModel) renamed:
+//   tok_embeddings.weight, norm.weight, lm_head.weight (not when tied),
+//   layers.I.attention.qkv_linear.{wq,wk,wv}.weight, layers.I.attention.wo.weight,
+//   layers.I.feed_forward.{w1,w2,w3}.weight, layers.I.{attention_norm,ffn_norm}.weight;
+// wq and wk in the row order of torchtitan's complex RoPE: per head, key row
+// 2i is the head's row i and 2i+1 its row head_dim/2 + i (HF's rotate-half
+// order reversed, as the adapter's from_hf permutes them). Adam's moments of
+// P are optimizer.state.<P's name>.{exp_avg,exp_avg_sq}, path ("optimizer",
+// "state.<name>.<kind>") as torchtitan flattens its optimizers; the fp32
+// masters have no key (torchtitan's parameters are its masters).
+// \error InvalidArgument naming the schema when it has no Llama names
+//        (hf::MapModel's errors), or an odd head_dim.
+Result<std::vector<Tensor>> TorchtitanTensors(const ModelSpec& spec);
+
 // The key's shape, and where a box of the global tensor is in it.
 Shape KeyShape(const Tensor& t);
 Box KeyBox(const Tensor& t, const Box& box);
 
+// The boxes of global tensors a chunk of `t` holds: `box` is of the global
+// tensor (of the key, for a tensor with blocks), each segment's layout is
+// where its elements are in the chunk's dense row-major bytes.
+std::vector<Segment> ChunkSegments(const Tensor& t, const Box& box);
+
 struct Chunk {
   size_t tensor = 0;    // index into Plan::tensors (unless `object` >= 0)
-  Box box;              // of the global tensor (KeyBox: of the key)
+  Box box;              // of the global tensor (KeyBox: of the key; of the key's tensor, with blocks)
   uint64_t offset = 0;  // of its torch.save bytes in the file
   uint64_t size = 0;
   int64_t object = -1;  // else: an index into Plan::objects, whose bytes these are

@@ -124,6 +124,33 @@ std::string ChunkName(const SavedTensor& t, const SavedChunk& c) {
          std::to_string(c.length) + ")";
 }
 
+// The store's pieces of a saved chunk `box` (of the key's tensor) of `t`,
+// whose dense bytes are at `at` in file `file`: a block taken whole is a run
+// of those bytes; a woven block's rows are one piece of its runs' boxes.
+void AddBlockChunks(const Tensor& t, const Box& box, size_t file, uint64_t at, std::vector<DcpSource::Chunk>* out) {
+  const uint64_t elem = DTypeSize(t.dtype);
+  for (const RowBlock& b : t.blocks) {
+    Tensor one = t;
+    one.blocks = {b};
+    std::vector<Segment> segments = ChunkSegments(one, box);
+    if (segments.empty()) continue;
+    if (b.src.size() == 1) {
+      const Segment& s = segments.front();
+      out->push_back(DcpSource::Chunk{t.name, t.dtype, s.box, file, at + static_cast<uint64_t>(s.layout.offset) * elem,
+                                      static_cast<uint64_t>(s.box.volume()) * elem});
+      continue;
+    }
+    Index base = segments.front().layout.offset, elements = 0;
+    for (const Segment& s : segments) {
+      base = std::min(base, s.layout.offset);
+      elements += s.box.volume();
+    }
+    for (Segment& s : segments) s.layout.offset -= base;
+    out->push_back(DcpSource::Chunk{t.name, t.dtype, Box{}, file, at + static_cast<uint64_t>(base) * elem,
+                                    static_cast<uint64_t>(elements) * elem, std::move(segments)});
+  }
+}
+
 }  // namespace
 
 Result<SavedCheckpoint> ParseMetadata(std::string_view data, const std::string& what) {
@@ -246,13 +273,31 @@ Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view
   const std::string metadata_path = JoinPath(dir, kMetadataFile);
   PTC_ASSIGN_OR_RETURN(const SavedCheckpoint saved, ParseMetadata(metadata, metadata_path));
 
+  // A save into dcp/ may name its tensors as torch flattens {"model", "optim"}
+  // or as torchtitan does (docs/dcp_format.md, Keys).
+  if (keys == Keys::kTorch && std::any_of(saved.tensors.begin(), saved.tensors.end(),
+                                          [](const SavedTensor& t) { return t.key == "tok_embeddings.weight"; })) {
+    keys = Keys::kTorchtitan;
+  }
+  const bool titan = keys == Keys::kTorchtitan;
+  // Entries ptcfs passes over: Adam's step, and torchtitan's other states.
+  auto passed_over = [&](const std::string& key) {
+    const bool step = key.rfind(keys == Keys::kTorch ? "optim.state." : "optimizer.state.", 0) == 0 && key.size() > 5 &&
+                      key.compare(key.size() - 5, 5, ".step") == 0;
+    return (step && keys != Keys::kMegatronCore) ||
+           (titan && (key.rfind("train_state.", 0) == 0 || key.rfind("lr_scheduler.", 0) == 0 ||
+                      key.rfind("dataloader.", 0) == 0));
+  };
+
   // The model: the parameters' dtype, and optimizer state when the save has some.
   const std::string optimizer_prefix = keys == Keys::kTorch ? "optim." : "optimizer.";
   ModelSpec spec;
   spec.schema = schema;
   spec.dims = dims;
   std::optional<DType> param_dtype;
+  std::string a_param;
   for (const SavedTensor& t : saved.tensors) {
+    if (passed_over(t.key)) continue;
     if (t.key.rfind(optimizer_prefix, 0) == 0) {
       spec.optimizer = true;
       continue;
@@ -262,14 +307,25 @@ Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view
                                     " but other parameters are " + std::string(DTypeName(*param_dtype)));
     }
     param_dtype = t.dtype;
+    a_param = t.key;
   }
   if (param_dtype) spec.dtype = *param_dtype;
+  if (titan && spec.optimizer && spec.dtype != DType::kF32) {
+    return Bad(metadata_path, "key " + a_param + " is " + std::string(DTypeName(spec.dtype)) +
+                                  ": torchtitan keeps no fp32 masters beside its parameters, so a save with "
+                                  "optimizer state needs float32 parameters (docs/dcp_format.md)");
+  }
   PTC_ASSIGN_OR_RETURN(ModelLayout layout, ModelLayout::Make(spec, config));
-  PTC_ASSIGN_OR_RETURN(std::vector<GlobalTensor> globals, GlobalTensors(spec));
-  std::vector<TensorRecord> records;
-  for (const GlobalTensor& g : globals) records.push_back(TensorRecord{g.name, g.dtype, g.shape});
+  std::vector<Tensor> model;
+  if (titan) {
+    PTC_ASSIGN_OR_RETURN(model, TorchtitanTensors(spec), metadata_path);
+  } else {
+    PTC_ASSIGN_OR_RETURN(std::vector<GlobalTensor> globals, GlobalTensors(spec));
+    std::vector<TensorRecord> records;
+    for (const GlobalTensor& g : globals) records.push_back(TensorRecord{g.name, g.dtype, g.shape});
+    model = NameTensors(records, keys);
+  }
   // Each key of the model: its global tensors (one per layer when stacked).
-  const std::vector<Tensor> model = NameTensors(records, keys);
   std::map<std::string, std::vector<const Tensor*>> by_key;
   std::vector<std::string> key_order;  // the model's
   for (const Tensor& t : model) {
@@ -285,9 +341,7 @@ Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view
   std::map<std::string, const SavedTensor*> saved_by_key;
   for (const SavedTensor& t : saved.tensors) {
     if (by_key.count(t.key) == 0) {
-      const bool step = keys == Keys::kTorch && t.key.rfind("optim.state.", 0) == 0 && t.key.size() > 5 &&
-                        t.key.compare(t.key.size() - 5, 5, ".step") == 0;
-      if (step) continue;  // Adam's step: not carried (docs/dcp_format.md)
+      if (passed_over(t.key)) continue;  // not carried (docs/dcp_format.md)
       const std::string name = keys == Keys::kTorch ? TensorOfKey(t.key) : "";
       if (!name.empty()) return Bad(metadata_path, "key " + t.key + ": the model has no tensor " + name);
       return Bad(metadata_path, "key " + t.key + " names no tensor ptcfs keeps (docs/dcp_format.md, Keys)");
@@ -359,9 +413,14 @@ Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view
       if (storage == nullptr) return Bad(what, "has no storage " + tensor.storage_key);
       const uint64_t at =
           c.offset + storage->member.data_offset + static_cast<uint64_t>(tensor.storage_offset) * DTypeSize(t.dtype);
-      if (tensors.front()->layer < 0) {
+      const Tensor& front = *tensors.front();
+      if (!front.blocks.empty()) {  // a chunk of a key whose rows are blocks of the global tensor's
+        AddBlockChunks(front, c.box, it->second, at, &source.chunks);
+        continue;
+      }
+      if (front.layer < 0) {
         const uint64_t size = static_cast<uint64_t>(c.box.volume()) * DTypeSize(t.dtype);
-        source.chunks.push_back(DcpSource::Chunk{tensors.front()->name, t.dtype, c.box, it->second, at, size});
+        source.chunks.push_back(DcpSource::Chunk{front.name, t.dtype, c.box, it->second, at, size});
         continue;
       }
       const Box slice{std::vector<Index>(c.box.begin.begin() + 1, c.box.begin.end()),
@@ -374,6 +433,20 @@ Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view
       }
     }
   }
+  if (titan && spec.optimizer) {  // the fp32 masters are the (float32) parameters
+    std::set<std::string> params;
+    for (const Tensor& t : model) {
+      if (t.key.rfind(optimizer_prefix, 0) != 0) params.insert(t.name);
+    }
+    std::vector<DcpSource::Chunk> masters;
+    for (const DcpSource::Chunk& c : source.chunks) {
+      if (params.count(c.tensor) != 0) {
+        masters.push_back(c);
+        masters.back().tensor += ".fp32";
+      }
+    }
+    source.chunks.insert(source.chunks.end(), masters.begin(), masters.end());
+  }
   return source;
 }
 
@@ -381,8 +454,27 @@ Status WriteDcpChunks(GenerationWriter& writer, const DcpSource& source, int wor
                       const ProgressFn& progress) {
   std::vector<char> buf(kCopyBytes);
   for (const DcpSource::Chunk& c : source.chunks) {
-    PTC_RETURN_IF_ERROR(WritePiece(writer, c.tensor, c.dtype, {c.box}, worker, *source.files[c.file], c.offset, c.size,
-                                   buf, progress, "tensor " + c.tensor));
+    const std::string what = "tensor " + c.tensor;
+    if (c.woven.empty()) {
+      PTC_RETURN_IF_ERROR(WritePiece(writer, c.tensor, c.dtype, {c.box}, worker, *source.files[c.file], c.offset,
+                                     c.size, buf, progress, what));
+    } else {  // rows woven in the file, stored box by box
+      std::vector<char> in(c.size), dense(c.size);
+      PTC_RETURN_IF_ERROR(source.files[c.file]->Read(c.offset, c.size, in.data()), what);
+      std::vector<Box> boxes;
+      Index at = 0;
+      for (const Segment& s : c.woven) {
+        const Layout to = DenseLayout(s.box, at);
+        CopyRegion(s.box, in.data(), s.box, s.layout, dense.data(), s.box, to, DTypeSize(c.dtype));
+        at += s.box.volume();
+        boxes.push_back(s.box);
+      }
+      PTC_ASSIGN_OR_RETURN(auto sink, writer.NewShard(c.tensor, c.dtype, std::move(boxes), worker));
+      PTC_RETURN_IF_ERROR(sink->Append(dense.data(), dense.size()));
+      PTC_ASSIGN_OR_RETURN(ShardRecord record, sink->Finish());
+      writer.AddShard(std::move(record));
+      if (progress) progress(c.size);
+    }
     ++result->shards;
     result->bytes_stored += c.size;
     result->bytes_read += c.size;

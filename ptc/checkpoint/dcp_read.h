@@ -76,6 +76,10 @@ struct DcpSource {
     size_t file = 0;      // index into files
     uint64_t offset = 0;  // of the chunk's tensor bytes (dense) in the file
     uint64_t size = 0;
+    // Empty: the bytes are `box`, densely. Else they hold these boxes of
+    // `tensor` where their layouts say (rows woven: torchtitan's RoPE order),
+    // stored as one piece of the boxes, densely in order.
+    std::vector<Segment> woven{};
   };
   std::vector<Chunk> chunks;  // in the model's key order
   std::vector<std::string> file_names;  // per files: its name in the checkpoint directory
@@ -88,8 +92,10 @@ Result<std::string> ReadMetadata(Env* env, const std::string& dir);
 
 // Opens the DCP checkpoint in `dir` as a generation of `schema` and `dims` in
 // `config`, checking everything (below) and writing nothing. Every key must
-// name a tensor of the model by `keys`' rule (dcp.h; with kTorch
-// optim.state.*.step is passed over, not carried; BytesStorageMetadata entries,
+// name a tensor of the model by `keys`' rule (dcp.h; kTorch takes torchtitan's
+// keys too, told by its tok_embeddings.weight: then the fp32 masters are the
+// float32 parameters, and train_state, lr_scheduler and dataloader entries are
+// passed over; with either, optim(izer).state.*.step is passed over, not carried; BytesStorageMetadata entries,
 // the optimizer's param_groups or Megatron-Core's _extra_state objects, are
 // never read), the parameters must
 // share one dtype, and the optimizer state must be Adam's, whole or absent.

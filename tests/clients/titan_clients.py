@@ -1,0 +1,263 @@
+"""torchtitan's Llama (torchtitan 0.3, from PyPI) against ptcfs's DCP keys in its names.
+
+  titan_clients.py load DCP_DIR HF_DIR TORCH_DCP_DIR --procs N
+      N gloo processes each build torchtitan's Llama3Model with HF_DIR's sizes
+      and dcp.load its state dict as torchtitan's checkpointer flattens it
+      (the model's keys at the top, the optimizer's flattened under
+      "optimizer": state.<name>.exp_avg, ...) from DCP_DIR, into plain
+      tensors and into DTensors sharded on dim 0 over the N ranks. The
+      reference is independent of ptcfs's torchtitan names: the model is
+      torchtitan's own Llama3StateDictAdapter.from_hf of HF_DIR (ptcfs's
+      Hugging Face export); Adam's moments are TORCH_DCP_DIR's (the store's
+      own tensors under torch keys, loaded with dcp) cut into HF's tensors
+      here and permuted by the same adapter. Every tensor bit for bit.
+      Prints "LOAD OK".
+
+  titan_clients.py save OUT_DIR SEED HF_DIR --procs N
+      N gloo processes save a torchtitan state dict of values drawn from SEED
+      (torchtitan's flattening, with Adam's step per parameter and the param
+      groups, the train_state and lr_scheduler entries its checkpointer
+      writes) into OUT_DIR, each rank its dim-0 shard (DTensors).
+      Prints "SAVE OK".
+
+  titan_clients.py same DCP_DIR SEED HF_DIR --procs N
+      dcp.load of DCP_DIR in N processes equals those saved values, bit for bit.
+      Prints "SAME OK".
+"""
+
+import argparse
+import json
+import os
+import socket
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+from torchtitan.models.common import Embedding, Linear, RMSNorm
+from torchtitan.models.common.rope import ComplexRoPE
+from torchtitan.models.llama3 import Llama3Model, _build_llama3_layers
+from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+
+
+def model_config(hf_dir):
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        c = json.load(f)
+    dim, heads = c["hidden_size"], c["num_attention_heads"]
+    return Llama3Model.Config(
+        dim=dim,
+        vocab_size=c["vocab_size"],
+        tok_embeddings=Embedding.Config(num_embeddings=c["vocab_size"], embedding_dim=dim),
+        norm=RMSNorm.Config(normalized_shape=dim),
+        lm_head=Linear.Config(in_features=dim, out_features=c["vocab_size"]),
+        layers=_build_llama3_layers(
+            fuse_qkv=True, n_layers=c["num_hidden_layers"], dim=dim, n_heads=heads,
+            n_kv_heads=c["num_key_value_heads"], hidden_dim=c["intermediate_size"],
+            rope=ComplexRoPE.Config(dim=dim // heads, max_seq_len=c["max_position_embeddings"],
+                                    theta=c["rope_theta"]),
+            attn_backend="flex"),
+    ), c
+
+
+def hf_of_megatron(name, t, c):
+    """The HF tensors of one Megatron-Core tensor of the built-in llama schema (docs/hf_format.md)."""
+    heads, groups = c["num_attention_heads"], c["num_key_value_heads"]
+    d, per = c["head_dim"], heads // groups
+    if name == "embedding.word_embeddings.weight":
+        return {"model.embed_tokens.weight": t}
+    if name == "decoder.final_layernorm.weight":
+        return {"model.norm.weight": t}
+    if name == "output_layer.weight":
+        return {"lm_head.weight": t}
+    _, _, i, rest = name.split(".", 3)
+    p = f"model.layers.{i}."
+    if rest == "self_attention.linear_qkv.weight":
+        g = t.view(groups, per + 2, d, -1)
+        return {p + "self_attn.q_proj.weight": g[:, :per].reshape(heads * d, -1),
+                p + "self_attn.k_proj.weight": g[:, per].reshape(groups * d, -1),
+                p + "self_attn.v_proj.weight": g[:, per + 1].reshape(groups * d, -1)}
+    if rest == "mlp.linear_fc1.weight":
+        gate, up = t.chunk(2)
+        return {p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up}
+    plain = {"self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+             "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+             "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+             "mlp.linear_fc1.layer_norm_weight": "post_attention_layernorm.weight"}
+    return {p + plain[rest]: t}
+
+
+def reference(dcp_dir, hf_dir, torch_dcp_dir):
+    """{torchtitan's flattened key: tensor}, from the HF export and the torch-keyed DCP export."""
+    cfg, c = model_config(hf_dir)
+    adapter = Llama3StateDictAdapter(cfg, None)
+    hf = {}
+    for name in sorted(os.listdir(hf_dir)):
+        if name.endswith(".safetensors"):
+            hf.update(load_file(os.path.join(hf_dir, name)))
+    out = dict(adapter.from_hf(dict(hf)))
+    # The store's own tensors, by their torch keys.
+    meta = dcp.FileSystemReader(torch_dcp_dir).read_metadata()
+    flat = {k: torch.empty(m.size, dtype=m.properties.dtype)
+            for k, m in meta.state_dict_metadata.items() if hasattr(m, "size")}
+    dcp.load(flat, checkpoint_id=torch_dcp_dir, no_dist=True)
+    split = {}
+    for key, t in flat.items():
+        if key.startswith("model."):
+            split.update(hf_of_megatron(key[len("model."):], t, c))
+    for key, want in hf.items():  # this cut of the Megatron tensors is HF's
+        assert torch.equal(split[key], want), key
+    for kind in ("exp_avg", "exp_avg_sq"):
+        moments = {}
+        for key, t in flat.items():
+            if key.startswith("optim.state.") and key.endswith("." + kind):
+                moments.update(hf_of_megatron(key[len("optim.state."):-len(kind) - 1], t, c))
+        for name, t in adapter.from_hf(moments).items():
+            out[f"optimizer.state.{name}.{kind}"] = t
+    return out
+
+
+def nest(flat):
+    """torchtitan's state dict: model keys at the top, the flattened optimizer under "optimizer"."""
+    sd = {}
+    for key, t in flat.items():
+        if key.startswith("optimizer."):
+            sd.setdefault("optimizer", {})[key[len("optimizer."):]] = t
+        else:
+            sd[key] = t
+    return sd
+
+
+def flat_of(sd):
+    out = {}
+    for key, v in sd.items():
+        if isinstance(v, dict):
+            for k, t in v.items():
+                out[key + "." + k] = t
+        else:
+            out[key] = v
+    return out
+
+
+def local(t):
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def same(got, want, what):
+    bad = [k for k in want if not torch.equal(local(got[k]), want[k])]
+    if bad:
+        raise AssertionError(f"{what}: {len(bad)} tensors differ, first {bad[:3]}")
+
+
+def values(seed, keys_like):
+    """Values of the shapes of `keys_like`, drawn from `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(t.shape, generator=g, dtype=t.dtype) for k, t in keys_like.items()}
+
+
+def titan_template(hf_dir):
+    """torchtitan's model and Adam keys (tensors zero)."""
+    cfg, _ = model_config(hf_dir)
+    with torch.device("meta"):
+        model = cfg.build() if hasattr(cfg, "build") else Llama3Model(cfg)
+    out = {}
+    for name, p in model.state_dict().items():
+        out[name] = torch.zeros(p.shape, dtype=torch.float32)
+        for kind in ("exp_avg", "exp_avg_sq"):
+            out[f"optimizer.state.{name}.{kind}"] = torch.zeros(p.shape, dtype=torch.float32)
+    return out
+
+
+def shard(flat, mesh):
+    return {k: distribute_tensor(t, mesh, [Shard(0)]) for k, t in flat.items()}
+
+
+def run(rank, world, port, fn, errors):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        fn(rank, world)
+    except Exception:
+        errors.put((rank, traceback.format_exc()))
+        raise
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def spawn(procs, fn):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    errors = mp.get_context("spawn").SimpleQueue()
+    try:
+        mp.spawn(run, args=(procs, port, fn, errors), nprocs=procs)
+    except Exception:
+        while not errors.empty():
+            rank, text = errors.get()
+            print(f"rank {rank}:\n{text}", file=sys.stderr)
+        raise
+
+
+class Load:
+    def __init__(self, args, want):
+        self.args, self.want = args, want
+
+    def __call__(self, rank, world):
+        plain = {k: torch.zeros_like(t) for k, t in self.want.items()}
+        dcp.load(nest(plain), checkpoint_id=self.args.dir)  # nest keeps the tensors: filled in place
+        same(plain, self.want, f"rank {rank} plain")
+        mesh = init_device_mesh("cpu", (world,))
+        sharded = shard({k: torch.zeros_like(t) for k, t in self.want.items()}, mesh)
+        dcp.load(nest(sharded), checkpoint_id=self.args.dir)
+        same(sharded, self.want, f"rank {rank} DTensor Shard(0) of {world}")
+
+
+class Save:
+    def __init__(self, args, saved):
+        self.args, self.saved = args, saved
+
+    def __call__(self, rank, world):
+        mesh = init_device_mesh("cpu", (world,))
+        sd = nest(shard(self.saved, mesh))
+        optim = sd["optimizer"]
+        for key in [k for k in optim if k.endswith(".exp_avg")]:  # Adam's step and groups, torchtitan's keys
+            name = key[len("state."):-len(".exp_avg")]
+            optim[f"state.{name}.step"] = torch.tensor(7.0)
+            for setting, value in {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1,
+                                   "initial_lr": 3e-4}.items():
+                optim[f"param_groups.{name}.{setting}"] = value
+        sd["train_state"] = {"step": torch.tensor(7, dtype=torch.int32), "ntokens_seen": torch.tensor(1 << 20)}
+        sd["lr_scheduler"] = {"last_epoch": 7, "_step_count": 8}
+        dcp.save(sd, checkpoint_id=self.args.dir)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["load", "save", "same"])
+    ap.add_argument("dir")
+    ap.add_argument("rest", nargs="+")
+    ap.add_argument("--procs", type=int, default=1)
+    args = ap.parse_args()
+    if args.mode == "load":
+        hf_dir, torch_dcp = args.rest
+        spawn(args.procs, Load(args, reference(args.dir, hf_dir, torch_dcp)))
+        print("LOAD OK")
+        return
+    seed, hf_dir = int(args.rest[0]), args.rest[1]
+    saved = values(seed, titan_template(hf_dir))
+    if args.mode == "save":
+        spawn(args.procs, Save(args, saved))
+        print("SAVE OK")
+    else:
+        spawn(args.procs, Load(args, saved))
+        print("SAME OK")
+
+
+if __name__ == "__main__":
+    main()
