@@ -272,8 +272,11 @@ TEST_F(ClientsTest, TorchtitanLoadsAndSavesTheMountsDcpInItsNames) {
     EXPECT_EQ(code, 0) << out;
     EXPECT_NE(out.find("LOAD OK"), std::string::npos) << out;
   }
-  // Its save from 3 processes (each a dim-0 shard: the cuts fall inside heads) commits, and
-  // reads back bit for bit at 2; the values of another seed do not.
+  // Its save from 3 processes (each a dim-0 shard: the cuts fall inside heads; the optimizer's
+  // flattened state dict from torch's get_optimizer_state_dict over AdamW, a step and every
+  // group setting per parameter) commits, reads back bit for bit at 2, and resumes as
+  // torchtitan resumes (set_optimizer_state_dict: the saved step, settings and moments);
+  // the values of another seed do not read back.
   const int generation = MountStatus(m.dir())["generation"].get<int>();
   auto [code, out] = Sh(titan + "save " + m.dir() + "/dcp/step-7 5 " + tmp_ / "hf --procs 3 2>&1");
   ASSERT_EQ(code, 0) << out;

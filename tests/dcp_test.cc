@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -77,15 +78,31 @@ TEST(DcpPlan, KeysFollowTheRuleAndChunksGoToTheirWorkersFile) {
   EXPECT_EQ(plan->files[0].name, "__0_0.distcp");
   EXPECT_EQ(plan->files[1].name, "__1_0.distcp");
   std::map<std::string, std::vector<Box>> chunks;  // "file:key" -> boxes
+  std::set<std::string> objects;                   // "file:key"
   for (const File& f : plan->files) {
     uint64_t offset = 0;
     for (const Chunk& c : f.chunks) {
       EXPECT_EQ(c.offset, offset);
       offset += c.size;
+      if (c.object >= 0) {
+        objects.insert(f.name + ":" + plan->objects[static_cast<size_t>(c.object)].key);
+        continue;
+      }
       chunks[f.name + ":" + plan->tensors[c.tensor].key].push_back(c.box);
     }
     EXPECT_EQ(f.size, offset);
   }
+  // The optimizer's objects, in the first file: w's step (a 0-dim tensor) and Megatron's two
+  // groups' settings as torch flattens get_optimizer_state_dict's param_groups list.
+  for (const char* key :
+       {"optim.state.w.step", "optim.param_groups.0.lr", "optim.param_groups.0.betas", "optim.param_groups.0.params",
+        "optim.param_groups.1.weight_decay", "optim.param_groups.1.params"}) {
+    EXPECT_EQ(objects.count(std::string("__0_0.distcp:") + key), 1u) << key;
+  }
+  EXPECT_EQ(objects.count("__0_0.distcp:optim.state.norm.exp_avg.step"), 0u);  // no optimizer state of its own
+  ASSERT_FALSE(plan->objects.empty());
+  EXPECT_TRUE(plan->objects[0].scalar);
+  EXPECT_EQ(plan->objects[0].dtype, DType::kF32);
   EXPECT_EQ(chunks["__0_0.distcp:model.w"], (std::vector<Box>{B({0, 0}, {4, 8})}));
   EXPECT_EQ(chunks["__1_0.distcp:model.w"], (std::vector<Box>{B({4, 0}, {8, 8})}));  // the first copy's worker
   EXPECT_EQ(chunks["__0_0.distcp:optim.state.w.fp32"].size(), 2u);                   // each box of a piece
@@ -137,6 +154,7 @@ TEST(DcpFile, EveryChunkIsATorchFileOfItsBox) {
                            [](const ShardRecord&, uint64_t, uint64_t) { return Status::OK(); });
     ASSERT_TRUE(n.ok() && *n == bytes.size());
     for (const Chunk& c : plan->files[i].chunks) {
+      if (c.object >= 0) continue;  // the optimizer's step and groups (DcpOptimizer)
       const Tensor& t = plan->tensors[c.tensor];
       const ::ptc::testing::StringFile blob(bytes.substr(c.offset, c.size), t.key);
       auto tf = ReadTorchFile(blob, t.key);
@@ -174,7 +192,7 @@ TEST(DcpMetadata, ParsesWhatEncodeMetadataWrites) {
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   auto saved = ParseMetadata(EncodeMetadata(*plan), ".metadata");
   ASSERT_TRUE(saved.ok()) << saved.status().ToString();
-  ASSERT_EQ(saved->tensors.size(), 2u);
+  ASSERT_EQ(saved->tensors.size(), 3u);  // w, its exp_avg, its step
   EXPECT_EQ(saved->tensors[0].key, "model.w");
   EXPECT_EQ(saved->tensors[0].dtype, DType::kBF16);
   EXPECT_EQ(saved->tensors[0].shape, (Shape{8, 6}));
@@ -185,6 +203,18 @@ TEST(DcpMetadata, ParsesWhatEncodeMetadataWrites) {
   EXPECT_EQ(second.offset, 0u);
   EXPECT_EQ(second.length, plan->files[1].chunks[0].size);
   EXPECT_EQ(saved->tensors[1].key, "optim.state.w.exp_avg");
+  EXPECT_EQ(saved->tensors[2].key, "optim.state.w.step");
+  EXPECT_EQ(saved->tensors[2].shape, Shape{});
+  ASSERT_EQ(saved->tensors[2].chunks.size(), 1u);
+  EXPECT_EQ(saved->tensors[2].chunks[0].box.volume(), 1);
+  std::set<std::string> bytes;
+  for (const SavedBytes& b : saved->bytes) {
+    bytes.insert(b.key);
+    EXPECT_EQ(b.file, "__0_0.distcp") << b.key;
+    EXPECT_GT(b.length, 0u) << b.key;
+  }
+  EXPECT_EQ(bytes.count("optim.param_groups.0.params"), 1u);
+  EXPECT_EQ(bytes.count("optim.param_groups.1.eps"), 1u);
   EXPECT_EQ(TensorOfKey("model.w"), "w");
   EXPECT_EQ(TensorOfKey("optim.state.w.exp_avg"), "w.exp_avg");
   EXPECT_EQ(TensorOfKey("optim.state.w.step"), "");
@@ -309,7 +339,7 @@ TEST_F(DcpImport, MegatronCoreKeysStackTheLayersAndReadBack) {
           .ok());
   auto saved = ParseMetadata(::ptc::testing::Slurp(tmp_ / "mcore/.metadata"), "mcore/.metadata");
   ASSERT_TRUE(saved.ok()) << saved.status().ToString();
-  EXPECT_EQ(saved->bytes_keys.size(), 10u);
+  EXPECT_EQ(saved->bytes.size(), 10u);
   auto source =
       OpenDcp(Env::Default(), tmp_ / "mcore", spec_.schema, spec_.dims, *ParseConfig("tp=1"), Keys::kMegatronCore);
   ASSERT_TRUE(source.ok()) << source.status().ToString();
@@ -341,12 +371,23 @@ TEST(DcpTorchtitan, KeysPermuteQueryAndKeyRowsAndReadBack) {
   EXPECT_EQ(shapes["layers.1.attention.qkv_linear.wq.weight"], (Shape{heads * hd, hidden}));
   EXPECT_EQ(shapes["layers.0.attention.qkv_linear.wk.weight"], (Shape{groups * hd, hidden}));
   EXPECT_EQ(shapes["optimizer.state.layers.1.feed_forward.w3.weight.exp_avg_sq"], (Shape{128, hidden}));
+  EXPECT_EQ(shapes["optimizer.state.layers.0.attention.qkv_linear.wqkv.weight.exp_avg"],
+            (Shape{(heads + 2 * groups) * hd, hidden}));
+  EXPECT_EQ(shapes.count("optimizer.state.layers.0.attention.qkv_linear.wq.weight.exp_avg"), 0u);
   EXPECT_EQ(shapes["tok_embeddings.weight"], (Shape{64, hidden}));
-  EXPECT_EQ(shapes.size(), 3u * (3 + 2 * 9));  // a parameter and its two moments; no masters
+  // 3 + 2*9 parameters, and the two moments of the optimizer's 3 + 2*7 (wq, wk, wv one wqkv); no masters.
+  EXPECT_EQ(shapes.size(), 21u + 2u * 17u);
   // Key row r of wq (head h, r = h*hd + 2i + t) is row i + t*hd/2 of head h in linear_qkv,
-  // whose groups hold their heads' q rows, then k, then v.
+  // whose groups hold their heads' q rows, then k, then v; wqkv is linear_qkv's rows with
+  // the q and k heads woven so.
+  const Index per = heads / groups;
   auto src_row = [&](const std::string& key, Index r) {
-    const Index h = r / hd, i = (r % hd) / 2, t = r % 2, per = heads / groups;
+    const Index i = (r % hd) / 2, t = r % 2;
+    if (key.find(".wqkv.") != std::string::npos) {
+      const Index slot = (r % ((per + 2) * hd)) / hd;  // q heads, k, v of the group
+      return slot <= per ? r - r % hd + t * hd / 2 + i : r;
+    }
+    const Index h = r / hd;
     const bool q = key.find(".wq.") != std::string::npos;
     const Index g = q ? h / per : h, base = g * (per + 2) * hd + (q ? (h % per) * hd : per * hd);
     return base + t * hd / 2 + i;
@@ -362,8 +403,12 @@ TEST(DcpTorchtitan, KeysPermuteQueryAndKeyRowsAndReadBack) {
             ->Read(0, bytes.size(), bytes.data(), [](const ShardRecord&, uint64_t, uint64_t) { return Status::OK(); })
             .ok());
     for (const Chunk& c : plan->files[f].chunks) {
+      if (c.object >= 0) continue;
       const Tensor& t = plan->tensors[c.tensor];
-      if (t.key.find(".wq.") == std::string::npos && t.key.find(".wk.") == std::string::npos) continue;
+      if (t.key.find(".wq.") == std::string::npos && t.key.find(".wk.") == std::string::npos &&
+          t.key.find(".wqkv.") == std::string::npos) {
+        continue;
+      }
       const ::ptc::testing::StringFile blob(bytes.substr(c.offset, c.size), t.key);
       auto tf = ReadTorchFile(blob, t.key);
       ASSERT_TRUE(tf.ok()) << tf.status().ToString();
@@ -379,7 +424,8 @@ TEST(DcpTorchtitan, KeysPermuteQueryAndKeyRowsAndReadBack) {
       }
     }
   }
-  EXPECT_EQ(checked, 2u * 3u * (heads + groups) * hd);  // 2 layers of wq and wk rows, param and moments
+  // 2 layers: the wq and wk rows of the parameters, the wqkv rows of both moments.
+  EXPECT_EQ(checked, 2u * ((heads + groups) * hd + 2u * (heads + 2 * groups) * hd));
   // Exported and imported (the keys tell torchtitan's): the same tensors, masters = parameters.
   ASSERT_TRUE(ptcfs::ExportDcp(env, *store, generation, tmp / "titan", {}, Keys::kTorchtitan).ok());
   auto source = OpenDcp(env, tmp / "titan", spec.schema, spec.dims, *ParseConfig("tp=1"));
@@ -415,6 +461,115 @@ TEST(DcpTorchtitan, KeysPermuteQueryAndKeyRowsAndReadBack) {
   ASSERT_FALSE(names.ok());
   EXPECT_NE(names.status().message().find("torchtitan's names are Llama's"), std::string::npos)
       << names.status().ToString();
+}
+
+// Adam's steps and the param groups of a save (SavedOptimizer): torch.save
+// entries in a file, as DCP writes them; kept as one group or Megatron's two,
+// refused naming the key or the groups otherwise.
+class DcpOptimizer : public ::testing::Test {
+ protected:
+  DcpOptimizer() {
+    model_ = NameTensors({{"w", DType::kF32, {4, 4}},
+                          {"norm", DType::kF32, {4}},
+                          {"w.exp_avg", DType::kF32, {4, 4}},
+                          {"norm.exp_avg", DType::kF32, {4}}},
+                         Keys::kTorch);
+  }
+  // An entry: the value's torch.save bytes appended to the file.
+  SavedChunk Put(const pickle::Value& value, const std::vector<megatron::CarriedTensor>& storages = {}) {
+    auto bytes = TorchSaveBytes(value, storages);
+    EXPECT_TRUE(bytes.ok()) << bytes.status().ToString();
+    SavedChunk c{Box{}, "__0_0.distcp", file_.size(), bytes->size()};
+    file_ += *bytes;
+    return c;
+  }
+  void Step(const std::string& key, float step) {
+    pickle::Tensor t;
+    t.storage_key = "s";
+    t.storage_numel = 1;
+    std::string bytes(4, '\0');
+    std::memcpy(bytes.data(), &step, 4);
+    saved_.tensors.push_back(
+        SavedTensor{key, DType::kF32, {}, {Put(pickle::Value::FromTensor(t), {{"s", DType::kF32, 1, bytes}})}});
+  }
+  void Setting(const std::string& key, const pickle::Value& v) {
+    const SavedChunk c = Put(v);
+    saved_.bytes.push_back(SavedBytes{key, c.file, c.offset, c.length});
+  }
+  Result<std::optional<megatron::OptimizerMeta>> Read(Keys keys = Keys::kTorch) {
+    const ::ptc::testing::StringFile file(file_, "__0_0.distcp");
+    return SavedOptimizer(
+        saved_, model_, keys, [&](const std::string&) -> Result<const RandomAccessFile*> { return &file; },
+        "save/.metadata");
+  }
+  std::vector<Tensor> model_;
+  SavedCheckpoint saved_;
+  std::string file_;
+};
+
+TEST_F(DcpOptimizer, OneGroupOfEveryParameterAndTheSteps) {
+  Step("optim.state.w.step", 7);
+  Step("optim.state.norm.step", 7);
+  Setting("optim.param_groups.0.lr", pickle::Value::Float(3e-4));
+  Setting("optim.param_groups.0.params", pickle::Value::List({pickle::Value::Str("w"), pickle::Value::Str("norm")}));
+  auto meta = Read();
+  ASSERT_TRUE(meta.ok()) << meta.status().ToString();
+  ASSERT_TRUE(meta->has_value());
+  ASSERT_EQ((*meta)->steps.size(), 1u);  // one value, both parameters
+  EXPECT_EQ((*meta)->steps[0].params.size(), 2u);
+  ASSERT_EQ((*meta)->groups.items().size(), 1u);
+  EXPECT_EQ(*(*meta)->groups.items()[0].Find("lr"), pickle::Value::Float(3e-4));
+  EXPECT_EQ((*meta)->groups.items()[0].Find("params"), nullptr);
+}
+
+TEST_F(DcpOptimizer, MegatronsTwoGroupsInEitherOrder) {
+  Setting("optim.param_groups.0.weight_decay", pickle::Value::Float(0.0));
+  Setting("optim.param_groups.0.params", pickle::Value::List({pickle::Value::Str("norm")}));
+  Setting("optim.param_groups.1.weight_decay", pickle::Value::Float(0.1));
+  Setting("optim.param_groups.1.params", pickle::Value::List({pickle::Value::Str("w")}));
+  auto meta = Read();
+  ASSERT_TRUE(meta.ok()) << meta.status().ToString();
+  ASSERT_EQ((*meta)->groups.items().size(), 2u);
+  EXPECT_EQ(*(*meta)->groups.items()[0].Find("weight_decay"), pickle::Value::Float(0.1));  // the 2-D parameter's
+  EXPECT_EQ(*(*meta)->groups.items()[1].Find("weight_decay"), pickle::Value::Float(0.0));
+  EXPECT_TRUE((*meta)->steps.empty());
+}
+
+TEST_F(DcpOptimizer, RefusesWhatItCannotKeepNamingTheKey) {
+  // Two groups that mix the classes: w and norm in one with other settings than w in the other.
+  Setting("optim.param_groups.0.lr", pickle::Value::Float(1e-3));
+  Setting("optim.param_groups.0.params", pickle::Value::List({pickle::Value::Str("w"), pickle::Value::Str("norm")}));
+  Setting("optim.param_groups.1.lr", pickle::Value::Float(2e-3));
+  Setting("optim.param_groups.1.params", pickle::Value::List({pickle::Value::Str("w")}));
+  auto meta = Read();
+  ASSERT_FALSE(meta.ok());
+  EXPECT_NE(meta.status().message().find("param group 1 and param group 0 have different optimizer settings"),
+            std::string::npos)
+      << meta.status().ToString();
+  saved_ = {};
+  Setting("optim.param_groups.0.params", pickle::Value::List({pickle::Value::Str("nothing")}));
+  meta = Read();
+  ASSERT_FALSE(meta.ok());
+  EXPECT_NE(meta.status().message().find("key optim.param_groups.0.params: an entry is no parameter name"),
+            std::string::npos)
+      << meta.status().ToString();
+  saved_ = {};
+  const SavedChunk c = Put(pickle::Value::Str("seven"));
+  saved_.tensors.push_back(SavedTensor{"optim.state.w.step", DType::kF32, {}, {c}});
+  meta = Read();
+  ASSERT_FALSE(meta.ok());
+  EXPECT_NE(meta.status().message().find("key optim.state.w.step"), std::string::npos) << meta.status().ToString();
+  EXPECT_NE(meta.status().message().find("not a step"), std::string::npos) << meta.status().ToString();
+  saved_ = {};
+  Setting("optim.param_groups.x.lr", pickle::Value::Float(1.0));
+  meta = Read();
+  ASSERT_FALSE(meta.ok());
+  EXPECT_NE(meta.status().message().find("not optim.param_groups.G.K"), std::string::npos) << meta.status().ToString();
+  // Nothing of the optimizer's: nothing to keep.
+  saved_ = {};
+  meta = Read();
+  ASSERT_TRUE(meta.ok());
+  EXPECT_FALSE(meta->has_value());
 }
 
 }  // namespace

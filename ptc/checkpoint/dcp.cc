@@ -60,7 +60,7 @@ Value TorchSize(const std::vector<Index>& v) { return Call("torch", "Size", {Int
 
 // torch.save of `root`, whole; `storages` hold the bytes of the tensors it references.
 Result<std::string> TorchBytes(const Value& root, const std::string& archive,
-                               const std::vector<megatron::CarriedTensor>& storages = {}) {
+                               const std::vector<megatron::CarriedTensor>& storages) {
   std::vector<TorchStorageSpec> specs;
   for (const megatron::CarriedTensor& c : storages) {
     specs.push_back({c.key, c.dtype, c.numel, Crc32(0, c.bytes.data(), c.bytes.size())});
@@ -297,21 +297,39 @@ Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys) {
     }
   }
   for (auto& [worker, f] : files) plan.files.push_back(std::move(f));
-  if (keys == Keys::kMegatronCore && layers > 0 && !plan.files.empty()) {
-    PTC_ASSIGN_OR_RETURN(const std::string none, TorchBytes(Value::List({Value::None()}), "archive"));
-    File& f = plan.files.front();
+  if (plan.files.empty()) return plan;
+  // The objects, in the first file after its tensors.
+  std::vector<Object> objects;
+  if (keys == Keys::kMegatronCore && layers > 0) {
+    PTC_ASSIGN_OR_RETURN(const std::string none, TorchSaveBytes(Value::List({Value::None()})));
     for (Index layer = 0; layer < layers; ++layer) {
       for (const char* module : {"self_attention.linear_proj", "self_attention.linear_qkv",
                                  "self_attention.core_attention", "mlp.linear_fc1", "mlp.linear_fc2"}) {
-        const std::string key = std::string("decoder.layers.") + module + "._extra_state/shard_" +
-                                std::to_string(layer) + "_" + std::to_string(layers);
-        f.chunks.push_back(Chunk{0, Box{}, f.size, none.size(), static_cast<int64_t>(plan.objects.size())});
-        f.size += none.size();
-        plan.objects.push_back(Object{key, none});
+        objects.push_back(Object{std::string("decoder.layers.") + module + "._extra_state/shard_" +
+                                     std::to_string(layer) + "_" + std::to_string(layers),
+                                 none});
       }
     }
   }
+  const bool optimizer = std::any_of(plan.tensors.begin(), plan.tensors.end(), [](const Tensor& t) {
+    return t.path.front() == "optim" || t.path.front() == "optimizer";
+  });
+  if (keys != Keys::kMegatronCore && optimizer) {
+    PTC_ASSIGN_OR_RETURN(const megatron::MegatronState state,
+                         megatron::LoadMegatronState(m.extra, "the generation's megatron state"));
+    PTC_ASSIGN_OR_RETURN(objects, OptimizerObjects(plan.tensors, keys, state.optimizer, state.iteration));
+  }
+  File& f = plan.files.front();
+  for (Object& o : objects) {
+    f.chunks.push_back(Chunk{0, Box{}, f.size, o.bytes.size(), static_cast<int64_t>(plan.objects.size())});
+    f.size += o.bytes.size();
+    plan.objects.push_back(std::move(o));
+  }
   return plan;
+}
+
+Result<std::string> TorchSaveBytes(const Value& root, const std::vector<megatron::CarriedTensor>& storages) {
+  return TorchBytes(root, "archive", storages);
 }
 
 Result<TorchFilePlan> ChunkFile(DType dtype, const Box& box) {
@@ -353,17 +371,31 @@ std::string EncodeMetadata(const Plan& plan) {
   std::vector<pickle::Items> chunks(first.size());
   std::vector<int64_t> count(first.size(), 0);
   pickle::Pairs storage;
-  pickle::Pairs objects;
+  pickle::Pairs objects, object_paths;
   for (const File& f : plan.files) {
     for (const Chunk& c : f.chunks) {
       if (c.object >= 0) {
-        const std::string& key = plan.objects[static_cast<size_t>(c.object)].key;
-        objects.emplace_back(Value::Str(key), DataObject(kMetadataModule, "BytesStorageMetadata", Value::Dict()));
+        const Object& o = plan.objects[static_cast<size_t>(c.object)];
+        const std::string& key = o.key;
+        // A 0-dim tensor: one chunk at offsets (), as DCP writes a plain tensor.
+        const Value empty = TorchSize({});
+        objects.emplace_back(
+            Value::Str(key),
+            o.scalar
+                ? DataObject(kMetadataModule, "TensorStorageMetadata",
+                             Value::Dict({{Value::Str("properties"), Properties(o.dtype, {})},
+                                          {Value::Str("size"), empty},
+                                          {Value::Str("chunks"),
+                                           Value::List({DataObject(kMetadataModule, "ChunkStorageMetadata",
+                                                                   Value::Dict({{Value::Str("offsets"), empty},
+                                                                                {Value::Str("sizes"), empty}}))})}}))
+                : DataObject(kMetadataModule, "BytesStorageMetadata", Value::Dict()));
+        if (!o.path.empty()) object_paths.emplace_back(Value::Str(key), Value::Tuple(o.path));
         storage.emplace_back(
             DataObject(kMetadataModule, "MetadataIndex",
                        Value::Dict({{Value::Str("fqn"), Value::Str(key)},
-                                    {Value::Str("offset"), Value::None()},
-                                    {Value::Str("index"), Value::None()}})),
+                                    {Value::Str("offset"), o.scalar ? empty : Value::None()},
+                                    {Value::Str("index"), o.scalar ? Value::Int(0) : Value::None()}})),
             DataObject("torch.distributed.checkpoint.filesystem", "_StorageInfo",
                        Value::Dict({{Value::Str("relative_path"), Value::Str(f.name)},
                                     {Value::Str("offset"), Value::Int(static_cast<int64_t>(c.offset))},
@@ -401,6 +433,7 @@ std::string EncodeMetadata(const Plan& plan) {
     planner.emplace_back(Value::Str(tensor.key), Value::Tuple(std::move(path)));
   }
   for (auto& entry : objects) tensors.push_back(std::move(entry));
+  for (auto& entry : object_paths) planner.push_back(std::move(entry));
   // Megatron-Core's planner keeps no planner_data (its keys are flat).
   Value planner_data = plan.keys == Keys::kTorch ? Value::Dict(std::move(planner)) : Value::None();
   Value metadata = DataObject(kMetadataModule, "Metadata",

@@ -85,10 +85,13 @@ std::vector<Tensor> NameTensors(const std::vector<TensorRecord>& tensors, Keys k
 //   layers.I.feed_forward.{w1,w2,w3}.weight, layers.I.{attention_norm,ffn_norm}.weight;
 // wq and wk in the row order of torchtitan's complex RoPE: per head, key row
 // 2i is the head's row i and 2i+1 its row head_dim/2 + i (HF's rotate-half
-// order reversed, as the adapter's from_hf permutes them). Adam's moments of
-// P are optimizer.state.<P's name>.{exp_avg,exp_avg_sq}, path ("optimizer",
-// "state.<name>.<kind>") as torchtitan flattens its optimizers; the fp32
-// masters have no key (torchtitan's parameters are its masters).
+// order reversed, as the adapter's from_hf permutes them). Adam's moments are
+// the optimizer's, by its parameters' names: optimizer.state.<name>.{exp_avg,
+// exp_avg_sq}, path ("optimizer", "state.<name>.<kind>") as torchtitan
+// flattens its optimizers; its parameters are the model's but for wq, wk and
+// wv, which are one fused layers.I.attention.qkv_linear.wqkv.weight (its
+// fuse_qkv default): linear_qkv's rows, group-major, q and k heads woven. The
+// fp32 masters have no key (torchtitan's parameters are its masters).
 // \error InvalidArgument naming the schema when it has no Llama names
 //        (hf::MapModel's errors), or an odd head_dim.
 Result<std::vector<Tensor>> TorchtitanTensors(const ModelSpec& spec);
@@ -110,14 +113,20 @@ struct Chunk {
   int64_t object = -1;  // else: an index into Plan::objects, whose bytes these are
 };
 
-// A BytesStorageMetadata entry: a pickled object, not a tensor. With
+// An entry that is no stored tensor: its torch.save bytes. With
 // kMegatronCore, each layer module's `_extra_state` (Megatron-Core's
 // ShardedObject "decoder.layers.M._extra_state/shard_I_L", which its loader
 // requires): torch.save([None]), what Megatron-Core saves for a module without
-// extra state (Transformer Engine's FP8 state is not rendered here).
+// extra state (Transformer Engine's FP8 state is not rendered here). With
+// kTorch and kTorchtitan, Adam's step of each parameter (a 0-dim tensor) and
+// the settings of its param group (OptimizerObjects).
 struct Object {
   std::string key;
   std::string bytes;
+  bool scalar =
+      false;  // a 0-dim tensor of `dtype` (TensorStorageMetadata), else a pickled object (BytesStorageMetadata)
+  DType dtype = DType::kF32;
+  pickle::Items path{};  // in the nested state dict (planner_data); empty: none
 };
 
 struct File {
@@ -151,6 +160,36 @@ std::vector<std::pair<Box, size_t>> DisjointBoxes(const std::vector<Box>& stored
 // torch.serialization.set_crc32_options(False)) supplied by the caller.
 // \error as PlanTorchFile.
 Result<TorchFilePlan> ChunkFile(DType dtype, const Box& box);
+
+// A parameter of the optimizer whose state `tensors` (kTorch or kTorchtitan
+// keys) hold: its name in the keys (optim.state.<name>.exp_avg), its global
+// tensor (whose step it takes) and Megatron's group of it (1: no weight
+// decay, for 1-D parameters and biases).
+struct OptimizerParam {
+  std::string name, global;
+  int group = 0;
+};
+std::vector<OptimizerParam> OptimizerParams(const std::vector<Tensor>& tensors, Keys keys);
+
+// The optimizer's objects of a kTorch or kTorchtitan plan's tensors (`plan`,
+// with optimizer state): each parameter's Adam step (optim.state.P.step;
+// optimizer.state.<name>.step), from `meta` (else float32 `iteration`, as the
+// Megatron render), and the settings of the param groups: one kept group of
+// every parameter, else Megatron's two (`meta`'s, else torch Adam's defaults
+// with Megatron's keys; megatron_optimizer.h):
+// kTorch: optim.param_groups.G.K and optim.param_groups.G.params (the
+// parameters' names) as torch flattens get_optimizer_state_dict's list;
+// kTorchtitan: optimizer.param_groups.<name>.K per parameter, as torchtitan
+// flattens them. A woven parameter (wq, wk, wv of one linear_qkv) takes its
+// global tensor's step and group.
+// \error as torch.save's planning.
+Result<std::vector<Object>> OptimizerObjects(const std::vector<Tensor>& tensors, Keys keys,
+                                             const megatron::OptimizerMeta& meta, uint64_t iteration);
+
+// torch.save of `root` (archive "archive"), its tensors' storages in `storages`.
+// \error as PlanTorchFile.
+Result<std::string> TorchSaveBytes(const pickle::Value& root,
+                                   const std::vector<megatron::CarriedTensor>& storages = {});
 
 // The .metadata pickle of `plan`.
 std::string EncodeMetadata(const Plan& plan);

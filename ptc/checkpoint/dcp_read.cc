@@ -6,6 +6,7 @@
 #include <set>
 #include <utility>
 
+#include "ptc/base/file_range.h"
 #include "ptc/checkpoint/dcp.h"
 #include "ptc/format/pickle.h"
 #include "ptc/format/torch_file.h"
@@ -101,24 +102,6 @@ bool PlainName(const std::string& name) {
          name.find('\0') == std::string::npos;
 }
 
-// Bytes [offset, offset + length) of another file, as a file of their own.
-class FileRange final : public RandomAccessFile {
- public:
-  FileRange(const RandomAccessFile& base, uint64_t offset, uint64_t length, std::string path)
-      : base_(base), offset_(offset), length_(length), path_(std::move(path)) {}
-  Status Read(uint64_t offset, size_t n, void* dst) const override {
-    if (offset > length_ || n > length_ - offset) return CorruptionError(path_ + ": read past the chunk's end");
-    return base_.Read(offset_ + offset, n, dst);
-  }
-  uint64_t Size() const override { return length_; }
-  const std::string& path() const override { return path_; }
-
- private:
-  const RandomAccessFile& base_;
-  const uint64_t offset_, length_;
-  const std::string path_;
-};
-
 std::string ChunkName(const SavedTensor& t, const SavedChunk& c) {
   return "key " + t.key + ", chunk " + c.box.ToString() + " (" + c.file + " bytes " + std::to_string(c.offset) + "+" +
          std::to_string(c.length) + ")";
@@ -195,7 +178,13 @@ Result<SavedCheckpoint> ParseMetadata(std::string_view data, const std::string& 
     const std::string at = what + ": " + key;
     if (entry_value.kind() == Kind::kObject &&
         entry_value.object().callable.FullName() == std::string(kMetadataModule) + ".BytesStorageMetadata") {
-      out.bytes_keys.push_back(key);
+      SavedBytes b{key};
+      if (auto it = where.find({key, {}}); it != where.end()) {
+        b.file = it->second.file;
+        b.offset = it->second.offset;
+        b.length = it->second.length;
+      }
+      out.bytes.push_back(std::move(b));
       continue;
     }
     PTC_ASSIGN_OR_RETURN(const Value* e,
@@ -433,6 +422,18 @@ Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view
       }
     }
   }
+  if (!part && keys != Keys::kMegatronCore) {  // Adam's steps and the groups (a part's may be elsewhere)
+    auto open = [&](const std::string& name) -> Result<const RandomAccessFile*> {
+      auto [it, inserted] = file_index.try_emplace(name, source.files.size());
+      if (inserted) {
+        PTC_ASSIGN_OR_RETURN(auto f, env->OpenRead(JoinPath(dir, name)));
+        source.files.push_back(std::move(f));
+        source.file_names.push_back(name);
+      }
+      return source.files[it->second].get();
+    };
+    PTC_ASSIGN_OR_RETURN(source.optimizer, SavedOptimizer(saved, model, keys, open, metadata_path));
+  }
   if (titan && spec.optimizer) {  // the fp32 masters are the (float32) parameters
     std::set<std::string> params;
     for (const Tensor& t : model) {
@@ -483,6 +484,11 @@ Status WriteDcpChunks(GenerationWriter& writer, const DcpSource& source, int wor
 }
 
 Result<ImportResult> WriteDcp(Store* store, const DcpSource& source, nlohmann::json extra, const ProgressFn& progress) {
+  if (source.optimizer) {  // the save's steps and groups take the place of the store's
+    PTC_ASSIGN_OR_RETURN(megatron::MegatronState state, megatron::LoadMegatronState(extra, "the store's manifest"));
+    state.optimizer = *source.optimizer;
+    extra[std::string(megatron::kManifestKey)] = megatron::EncodeMegatronState(state);
+  }
   PTC_ASSIGN_OR_RETURN(auto writer, store->BeginGeneration());
   ImportResult result;
   PTC_RETURN_IF_ERROR(WriteDcpChunks(*writer, source, source.layout.config().WorkerOf(0), &result, progress));

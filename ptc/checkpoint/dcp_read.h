@@ -12,7 +12,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -23,6 +25,7 @@
 #include "ptc/checkpoint/checkpoint.h"
 #include "ptc/checkpoint/dcp.h"
 #include "ptc/checkpoint/import.h"
+#include "ptc/checkpoint/megatron.h"
 #include "ptc/model/box.h"
 #include "ptc/model/config.h"
 #include "ptc/model/dtype.h"
@@ -46,9 +49,17 @@ struct SavedTensor {
   std::vector<SavedChunk> chunks;
 };
 
+// A BytesStorageMetadata entry: a pickled object's torch.save bytes.
+struct SavedBytes {
+  std::string key;
+  std::string file;  // empty: the metadata has no storage record for it
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
 struct SavedCheckpoint {
-  std::vector<SavedTensor> tensors;     // in the metadata's order
-  std::vector<std::string> bytes_keys;  // BytesStorageMetadata entries (pickled objects), not read
+  std::vector<SavedTensor> tensors;  // in the metadata's order
+  std::vector<SavedBytes> bytes;
 };
 
 // \error InvalidArgument naming `what` and the entry at fault: a pickle the
@@ -84,7 +95,25 @@ struct DcpSource {
   std::vector<Chunk> chunks;  // in the model's key order
   std::vector<std::string> file_names;  // per files: its name in the checkpoint directory
   std::set<std::string> all_files;      // OpenDcpPart: every file the metadata names
+  // Adam's steps and the param groups the save holds (SavedOptimizer), which
+  // WriteDcp keeps in the manifest; none when it holds neither, or for a part.
+  std::optional<megatron::OptimizerMeta> optimizer{};
 };
+
+// Adam's steps and the param groups of a kTorch or kTorchtitan save, as the
+// store keeps them (megatron::OptimizerMeta, rendered back by
+// OptimizerObjects): each parameter's step (a 0-dim tensor or a number; the
+// keys of one global tensor, torchtitan's wq, wk and wv, must agree), and the
+// groups' settings as Megatron's: one group, or two split as Megatron splits
+// them (weight decay for 2-D parameters, none for 1-D ones and biases).
+// `model`: the model's keys (NameTensors, TorchtitanTensors); `open` gives a
+// file of the checkpoint by name. nullopt when the save holds neither.
+// \error InvalidArgument naming the key: a step that is no number or one-element
+//        tensor, steps of one global tensor that differ, a group entry that
+//        does not unpickle, groups ptcfs cannot keep as Megatron's (named).
+Result<std::optional<megatron::OptimizerMeta>> SavedOptimizer(
+    const SavedCheckpoint& saved, const std::vector<Tensor>& model, Keys keys,
+    const std::function<Result<const RandomAccessFile*>(const std::string& file)>& open, const std::string& what);
 
 // The .metadata of the checkpoint in `dir`.
 // \error InvalidArgument when larger than kMaxTorchPickleSize; as the Env.

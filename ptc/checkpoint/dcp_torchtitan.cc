@@ -84,8 +84,37 @@ Result<std::vector<Tensor>> TorchtitanTensors(const ModelSpec& spec) {
     params.push_back(std::move(t));
   }
   std::vector<Tensor> out = params;
-  if (spec.optimizer) {
-    for (const Tensor& p : params) {
+  if (!spec.optimizer) return out;
+  // The optimizer's parameters are the model's but for wq, wk and wv: one fused
+  // wqkv, linear_qkv's rows in its group-major order with q and k heads woven.
+  std::vector<Tensor> optimized;
+  const Index groups = spec.dims.kv_heads, per_group = spec.dims.heads / spec.dims.kv_heads;
+  for (const Tensor& p : params) {
+    const size_t at = p.key.find(".qkv_linear.wq.");
+    if (at == std::string::npos) {
+      if (p.key.find(".qkv_linear.wk.") == std::string::npos && p.key.find(".qkv_linear.wv.") == std::string::npos) {
+        optimized.push_back(p);
+      }
+      continue;
+    }
+    Tensor fused{p.name,
+                 p.key.substr(0, at) + ".qkv_linear.wqkv.weight",
+                 {},
+                 p.dtype,
+                 Shape{(per_group + 2) * groups * head_dim, p.shape[1]}};
+    for (Index g = 0; g < groups; ++g) {
+      const Index base = g * (per_group + 2) * head_dim;
+      for (Index h = 0; h <= per_group; ++h) {  // the group's q heads, then its k head
+        const Index src = base + h * head_dim;
+        fused.blocks.push_back(RowBlock{src, head_dim, {src, src + head_dim / 2}});
+      }
+      const Index v = base + (per_group + 1) * head_dim;
+      fused.blocks.push_back(RowBlock{v, head_dim, {v}});
+    }
+    optimized.push_back(std::move(fused));
+  }
+  {
+    for (const Tensor& p : optimized) {
       for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
         Tensor s = p;
         s.name = p.name + "." + kind;

@@ -1,5 +1,6 @@
 #include "ptc/checkpoint/megatron_optimizer.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <map>
@@ -234,6 +235,15 @@ void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t i
   }
   optimizer.Set("fp32_from_fp16_params", std::move(masters));
   out->root.Set("optimizer", std::move(optimizer));
+}
+
+Value RenderedSettings(const OptimizerMeta& meta, size_t g) { return Settings(meta, g); }
+
+StepValue RenderedStep(const OptimizerMeta& meta, const std::string& param, uint64_t iteration) {
+  for (const StepValue& s : meta.steps) {
+    if (std::find(s.params.begin(), s.params.end(), param) != s.params.end()) return s;
+  }
+  return StepValue{{param}, ScalarTensor("s"), {{"s", DType::kF32, 1, IterationStep(iteration)}}};
 }
 
 Result<Value> McoreOptimizerCommon(const MegatronState& state, bool masters, std::vector<CarriedTensor>* storages) {

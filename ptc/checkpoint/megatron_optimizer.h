@@ -81,6 +81,17 @@ pickle::Value GroupSettings(const OptimizerLayout& layout, const pickle::Value& 
 void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t iteration,
                      const std::function<pickle::Value(const LocalTensor&)>& add, RankState* out);
 
+// Megatron's group g (0: with weight decay, 1: without) as rendered: the
+// kept settings of two groups; else torch Adam's defaults with Megatron's
+// keys, the kept ones of a single group over them (but for group 1's weight
+// decay). A dict without 'params'.
+pickle::Value RenderedSettings(const OptimizerMeta& meta, size_t g);
+
+// The step of parameter `param` (a global name) as rendered: its kept value
+// (a number, or a 0-dim tensor of storage "s" with its bytes), else a float32
+// tensor of `iteration`.
+StepValue RenderedStep(const OptimizerMeta& meta, const std::string& param, uint64_t iteration);
+
 // Megatron-Core's torch_dist checkpoints (ptc/checkpoint/dcp.h) keep the
 // optimizer's tensors sharded (optimizer.state.{exp_avg,exp_avg_sq,fp32_param}.<key>)
 // and the rest in common.pt, under the state dict's 'optimizer':

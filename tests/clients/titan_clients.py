@@ -10,18 +10,24 @@
       torchtitan's own Llama3StateDictAdapter.from_hf of HF_DIR (ptcfs's
       Hugging Face export); Adam's moments are TORCH_DCP_DIR's (the store's
       own tensors under torch keys, loaded with dcp) cut into HF's tensors
-      here and permuted by the same adapter. Every tensor bit for bit.
+      here, permuted by the same adapter and, q/k/v, merged into the fused
+      wqkv the optimizer keeps by torchtitan's FusedQKVLinear. Every tensor
+      bit for bit.
       Prints "LOAD OK".
 
   titan_clients.py save OUT_DIR SEED HF_DIR --procs N
       N gloo processes save a torchtitan state dict of values drawn from SEED
-      (torchtitan's flattening, with Adam's step per parameter and the param
-      groups, the train_state and lr_scheduler entries its checkpointer
-      writes) into OUT_DIR, each rank its dim-0 shard (DTensors).
+      (torchtitan's flattening; Adam's step per parameter and every setting of
+      torch AdamW's group, from torch's get_optimizer_state_dict; the
+      train_state and lr_scheduler entries its checkpointer writes) into
+      OUT_DIR, each rank its dim-0 shard (DTensors).
       Prints "SAVE OK".
 
   titan_clients.py same DCP_DIR SEED HF_DIR --procs N
-      dcp.load of DCP_DIR in N processes equals those saved values, bit for bit.
+      dcp.load of DCP_DIR in N processes equals those saved values, bit for bit;
+      then each resumes as torchtitan does (torch's get_optimizer_state_dict,
+      flattened, loaded, set_optimizer_state_dict into AdamW): the saved step,
+      group settings and moments.
       Prints "SAME OK".
 """
 
@@ -31,16 +37,20 @@ import os
 import socket
 import sys
 import traceback
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from torchtitan.models.common import Embedding, Linear, RMSNorm
+from torchtitan.models.common.attention import FusedQKVLinear
 from torchtitan.models.common.rope import ComplexRoPE
 from torchtitan.models.llama3 import Llama3Model, _build_llama3_layers
 from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
@@ -112,12 +122,19 @@ def reference(dcp_dir, hf_dir, torch_dcp_dir):
             split.update(hf_of_megatron(key[len("model."):], t, c))
     for key, want in hf.items():  # this cut of the Megatron tensors is HF's
         assert torch.equal(split[key], want), key
+    # The optimizer's parameters: the model's, but wq, wk, wv fused into one wqkv as torchtitan's
+    # FusedQKVLinear merges them (its own _merge_qkv_on_load).
+    heads, groups = c["num_attention_heads"], c["num_key_value_heads"]
+    fused = SimpleNamespace(head_dim=c["head_dim"], heads_per_kv=heads // groups)
     for kind in ("exp_avg", "exp_avg_sq"):
         moments = {}
         for key, t in flat.items():
             if key.startswith("optim.state.") and key.endswith("." + kind):
                 moments.update(hf_of_megatron(key[len("optim.state."):-len(kind) - 1], t, c))
-        for name, t in adapter.from_hf(moments).items():
+        titan = adapter.from_hf(moments)
+        for i in range(c["num_hidden_layers"]):
+            FusedQKVLinear._merge_qkv_on_load(fused, titan, f"layers.{i}.attention.qkv_linear.")
+        for name, t in titan.items():
             out[f"optimizer.state.{name}.{kind}"] = t
     return out
 
@@ -161,13 +178,15 @@ def values(seed, keys_like):
 
 
 def titan_template(hf_dir):
-    """torchtitan's model and Adam keys (tensors zero)."""
+    """torchtitan's model keys (its state dict's: wq, wk, wv) and Adam's (its parameters':
+    one fused wqkv), tensors zero."""
     cfg, _ = model_config(hf_dir)
     with torch.device("meta"):
         model = cfg.build() if hasattr(cfg, "build") else Llama3Model(cfg)
     out = {}
     for name, p in model.state_dict().items():
         out[name] = torch.zeros(p.shape, dtype=torch.float32)
+    for name, p in model.named_parameters():
         for kind in ("exp_avg", "exp_avg_sq"):
             out[f"optimizer.state.{name}.{kind}"] = torch.zeros(p.shape, dtype=torch.float32)
     return out
@@ -204,9 +223,26 @@ def spawn(procs, fn):
         raise
 
 
+STEP = 7.0
+SETTINGS = {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)  # torchtitan's OptimizersContainer's
+
+
+def adamw(hf_dir, settings):
+    """torchtitan's model on the CPU and torch's AdamW over it, its state made (zero grads, lr 0)."""
+    cfg, _ = model_config(hf_dir)
+    model = cfg.build() if hasattr(cfg, "build") else Llama3Model(cfg)
+    optimizer = torch.optim.AdamW(model.parameters(), **settings)
+    return model, optimizer
+
+
 class Load:
-    def __init__(self, args, want):
-        self.args, self.want = args, want
+    """dcp.load of torchtitan's flattened state dict; with `resume`, as its checkpointer
+    resumes: the optimizer's state dict from torch's API (flattened), loaded, then set into
+    the optimizer, whose step, settings and moments must be the saved ones."""
+
+    def __init__(self, args, want, hf_dir=None):
+        self.args, self.want, self.hf_dir = args, want, hf_dir
 
     def __call__(self, rank, world):
         plain = {k: torch.zeros_like(t) for k, t in self.want.items()}
@@ -216,22 +252,45 @@ class Load:
         sharded = shard({k: torch.zeros_like(t) for k, t in self.want.items()}, mesh)
         dcp.load(nest(sharded), checkpoint_id=self.args.dir)
         same(sharded, self.want, f"rank {rank} DTensor Shard(0) of {world}")
+        if self.hf_dir is None:
+            return
+        model, optimizer = adamw(self.hf_dir, {"lr": 1.0})  # settings of its own: the load replaces them
+        osd = get_optimizer_state_dict(model, optimizer, options=FLAT)
+        sd = dict(model.state_dict())
+        sd["optimizer"] = osd
+        dcp.load(sd, checkpoint_id=self.args.dir)
+        set_optimizer_state_dict(model, optimizer, osd, options=FLAT)
+        for group in optimizer.param_groups:
+            for k, v in SETTINGS.items():
+                if group[k] != v:
+                    raise AssertionError(f"rank {rank}: the group's {k} is {group[k]!r}, saved {v!r}")
+        names = {p: n for n, p in model.named_parameters()}
+        for p, state in optimizer.state.items():
+            if not torch.equal(state["step"], torch.tensor(STEP)):
+                raise AssertionError(f"rank {rank}: {names[p]}'s step is {state['step']}, saved {STEP}")
+            for kind in ("exp_avg", "exp_avg_sq"):
+                if not torch.equal(state[kind], self.want[f"optimizer.state.{names[p]}.{kind}"]):
+                    raise AssertionError(f"rank {rank}: {names[p]}'s {kind} differs")
 
 
 class Save:
-    def __init__(self, args, saved):
-        self.args, self.saved = args, saved
+    """torchtitan's save: the model's keys, the optimizer's flattened state dict (torch's AdamW:
+    every setting of its group, each parameter's step), train_state and lr_scheduler; the
+    tensors the saved values, each rank its dim-0 shard."""
+
+    def __init__(self, args, saved, hf_dir):
+        self.args, self.saved, self.hf_dir = args, saved, hf_dir
 
     def __call__(self, rank, world):
+        model, optimizer = adamw(self.hf_dir, SETTINGS)
+        osd = get_optimizer_state_dict(model, optimizer, options=FLAT)
         mesh = init_device_mesh("cpu", (world,))
         sd = nest(shard(self.saved, mesh))
-        optim = sd["optimizer"]
-        for key in [k for k in optim if k.endswith(".exp_avg")]:  # Adam's step and groups, torchtitan's keys
-            name = key[len("state."):-len(".exp_avg")]
-            optim[f"state.{name}.step"] = torch.tensor(7.0)
-            for setting, value in {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1,
-                                   "initial_lr": 3e-4}.items():
-                optim[f"param_groups.{name}.{setting}"] = value
+        for k, v in osd.items():
+            if k.endswith(".step"):
+                sd["optimizer"][k] = torch.tensor(STEP)
+            elif k.startswith("param_groups."):
+                sd["optimizer"][k] = v
         sd["train_state"] = {"step": torch.tensor(7, dtype=torch.int32), "ntokens_seen": torch.tensor(1 << 20)}
         sd["lr_scheduler"] = {"last_epoch": 7, "_step_count": 8}
         dcp.save(sd, checkpoint_id=self.args.dir)
@@ -252,10 +311,10 @@ def main():
     seed, hf_dir = int(args.rest[0]), args.rest[1]
     saved = values(seed, titan_template(hf_dir))
     if args.mode == "save":
-        spawn(args.procs, Save(args, saved))
+        spawn(args.procs, Save(args, saved, hf_dir))
         print("SAVE OK")
     else:
-        spawn(args.procs, Load(args, saved))
+        spawn(args.procs, Load(args, saved, hf_dir))
         print("SAME OK")
 
 

@@ -1,0 +1,197 @@
+// Adam's steps and the param groups of a DCP save (dcp_read.h, SavedOptimizer).
+#include <array>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ptc/base/file_range.h"
+#include "ptc/checkpoint/dcp_read.h"
+#include "ptc/checkpoint/megatron_optimizer.h"
+#include "ptc/format/torch_file.h"
+
+namespace ptc::dcp {
+namespace {
+
+using pickle::Value;
+
+Status Bad(const std::string& where, const std::string& what) { return InvalidArgumentError(where + ": " + what); }
+
+bool StartsWith(const std::string& s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; }
+
+// A step or a group's settings, read: the value, and for a tensor its bytes (storage "s").
+struct Read {
+  Value value;
+  std::vector<megatron::CarriedTensor> tensors;
+};
+
+// Two groups' settings alike, in any order of their keys.
+bool SameSettings(const Value& a, const Value& b) {
+  if (a.pairs().size() != b.pairs().size()) return false;
+  for (const auto& [k, v] : a.pairs()) {
+    const Value* other = b.Find(k);
+    if (other == nullptr || !(*other == v)) return false;
+  }
+  return true;
+}
+
+bool Same(const Value& a, const std::vector<megatron::CarriedTensor>& a_bytes, const Read& b) {
+  if (!(a == b.value) || a_bytes.size() != b.tensors.size()) return false;
+  for (size_t i = 0; i < a_bytes.size(); ++i) {
+    if (a_bytes[i].bytes != b.tensors[i].bytes) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<std::optional<megatron::OptimizerMeta>> SavedOptimizer(
+    const SavedCheckpoint& saved, const std::vector<Tensor>& model, Keys keys,
+    const std::function<Result<const RandomAccessFile*>(const std::string& file)>& open, const std::string& what) {
+  const bool titan = keys == Keys::kTorchtitan;
+  const std::string state_prefix = titan ? "optimizer.state." : "optim.state.";
+  const std::string groups_prefix = titan ? "optimizer.param_groups." : "optim.param_groups.";
+  std::map<std::string, OptimizerParam> params;  // by name in the keys
+  for (OptimizerParam& p : OptimizerParams(model, keys)) params.emplace(p.name, std::move(p));
+  // "<prefix><name>.<rest>": the parameter, and rest (its last dotted part).
+  auto split = [&](const std::string& key,
+                   const std::string& prefix) -> std::optional<std::pair<const OptimizerParam*, std::string>> {
+    const size_t dot = key.rfind('.');
+    if (!StartsWith(key, prefix) || dot == std::string::npos || dot <= prefix.size()) return std::nullopt;
+    auto it = params.find(key.substr(prefix.size(), dot - prefix.size()));
+    if (it == params.end()) return std::nullopt;
+    return std::make_pair(&it->second, key.substr(dot + 1));
+  };
+  auto read = [&](const std::string& key, const std::string& file, uint64_t offset, uint64_t length,
+                  bool tensor) -> Result<Read> {
+    const std::string where =
+        what + ": key " + key + " (" + file + " bytes " + std::to_string(offset) + "+" + std::to_string(length) + ")";
+    if (file.empty()) return Bad(where, "has no storage record");
+    PTC_ASSIGN_OR_RETURN(const RandomAccessFile* f, open(file), where);
+    if (offset > f->Size() || length > f->Size() - offset) return Bad(where, "lies past the end of the file");
+    if (length > kMaxTorchPickleSize)
+      return Bad(where, "is larger than " + std::to_string(kMaxTorchPickleSize) + " bytes");
+    const FileRange range(*f, offset, length, where);
+    PTC_ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(range, where));
+    Read out{tf.root, {}};
+    if (!tensor) {
+      bool any = false;
+      pickle::ForEachTensor(tf.root, [&](const std::string&, const pickle::Tensor&) { any = true; });
+      if (any) return Bad(where, "holds a tensor; ptcfs keeps a group's settings as plain values");
+      return out;
+    }
+    if (tf.root.is_tensor()) {
+      pickle::Tensor t = tf.root.tensor();
+      if (TensorNumElements(t) != 1) return Bad(where, "holds a tensor of " + ShapeToString(t.shape) + ", not a step");
+      PTC_ASSIGN_OR_RETURN(std::string bytes, ReadTensorBytes(range, tf, t, where));
+      megatron::PointAtOwnStorage("s", t);
+      out.tensors.push_back({"s", t.dtype, 1, std::move(bytes)});
+      out.value = Value::FromTensor(std::move(t));
+    } else if (tf.root.kind() != pickle::Kind::kInt && tf.root.kind() != pickle::Kind::kFloat) {
+      return Bad(where, "holds a " + std::string(KindName(tf.root.kind())) + ", not a step");
+    }
+    return out;
+  };
+
+  // Steps: one per global tensor.
+  megatron::OptimizerMeta meta;
+  std::map<std::string, std::pair<std::string, Read>> steps;  // global -> (key, step)
+  for (const SavedTensor& t : saved.tensors) {
+    auto p = split(t.key, state_prefix);
+    if (!p || p->second != "step") continue;
+    if (t.chunks.size() != 1) return Bad(what, "key " + t.key + ": a step is one chunk");
+    const SavedChunk& c = t.chunks.front();
+    PTC_ASSIGN_OR_RETURN(Read step, read(t.key, c.file, c.offset, c.length, /*tensor=*/true));
+    const std::string& global = p->first->global;
+    auto [it, inserted] = steps.try_emplace(global, t.key, step);
+    if (!inserted && !Same(it->second.second.value, it->second.second.tensors, step)) {
+      return Bad(what, "key " + t.key + ": its step differs from that of " + it->second.first + " (both " + global +
+                           "'s, which keeps one)");
+    }
+  }
+  for (auto& [global, entry] : steps) {
+    Read& step = entry.second;
+    auto same = std::find_if(meta.steps.begin(), meta.steps.end(),
+                             [&](const megatron::StepValue& s) { return Same(s.value, s.tensors, step); });
+    if (same != meta.steps.end()) {
+      same->params.push_back(global);
+    } else {
+      meta.steps.push_back({{global}, std::move(step.value), std::move(step.tensors)});
+    }
+  }
+
+  // Groups: the settings of each (torch: by index, its 'params' the members; torchtitan: per parameter).
+  std::map<std::string, Value> settings;                    // torch: "G"; torchtitan: the parameter's name -> dict
+  std::map<std::string, std::vector<std::string>> members;  // torch: "G" -> its params' names
+  for (const SavedBytes& b : saved.bytes) {
+    if (!StartsWith(b.key, groups_prefix)) continue;
+    std::string owner, setting;
+    if (titan) {
+      auto p = split(b.key, groups_prefix);
+      if (!p) return Bad(what, "key " + b.key + " names no parameter of the model");
+      owner = p->first->name;
+      setting = p->second;
+    } else {
+      const size_t dot = b.key.find('.', groups_prefix.size());
+      if (dot == std::string::npos) return Bad(what, "key " + b.key + ": not optim.param_groups.G.K");
+      owner = b.key.substr(groups_prefix.size(), dot - groups_prefix.size());
+      setting = b.key.substr(dot + 1);
+      if (owner.empty() || owner.size() > 6 || owner.find_first_not_of("0123456789") != std::string::npos) {
+        return Bad(what, "key " + b.key + ": not optim.param_groups.G.K");
+      }
+    }
+    PTC_ASSIGN_OR_RETURN(Read r, read(b.key, b.file, b.offset, b.length, /*tensor=*/false));
+    if (setting == "params") {
+      if (titan || !r.value.is_sequence()) return Bad(what, "key " + b.key + ": not a list of parameter names");
+      for (const Value& v : r.value.items()) {
+        if (v.kind() != pickle::Kind::kStr || params.count(v.as_str()) == 0) {
+          return Bad(what, "key " + b.key + ": an entry is no parameter name of the model");
+        }
+        members[owner].push_back(v.as_str());
+      }
+      continue;
+    }
+    auto [it, inserted] = settings.try_emplace(owner, Value::Dict());
+    it->second.Set(Value::Str(setting), std::move(r.value));
+  }
+  if (settings.empty()) {
+    if (meta.steps.empty()) return std::nullopt;
+    return meta;
+  }
+  // One group of every parameter, or Megatron's two (0: weight decay for 2-D
+  // parameters, 1: none for 1-D ones and biases): the settings of each.
+  std::array<std::optional<std::pair<std::string, Value>>, 2> groups;  // (who, settings)
+  bool one = true;                                                     // every parameter has the same settings
+  auto take = [&](int g, const std::string& who, const Value& s) -> Status {
+    auto& slot = groups[static_cast<size_t>(g)];
+    if (!slot) {
+      slot = std::make_pair(who, s);
+    } else if (!SameSettings(slot->second, s)) {
+      return Bad(what, who + " and " + slot->first +
+                           " have different optimizer settings; ptcfs keeps one param group of every parameter "
+                           "or Megatron's two (weight decay for 2-D parameters, none for 1-D ones and biases)");
+    }
+    if (groups[static_cast<size_t>(1 - g)] && !SameSettings(groups[static_cast<size_t>(1 - g)]->second, s)) one = false;
+    return Status::OK();
+  };
+  if (titan) {
+    for (const auto& [name, s] : settings) PTC_RETURN_IF_ERROR(take(params.at(name).group, "parameter " + name, s));
+  } else {
+    for (const auto& [g, s] : settings) {
+      auto m = members.find(g);
+      if (m == members.end()) return Bad(what, "param group " + g + " lists no params");
+      for (const std::string& name : m->second) PTC_RETURN_IF_ERROR(take(params.at(name).group, "param group " + g, s));
+    }
+    // Two groups that are Megatron's split stay two even when their settings agree.
+    if (settings.size() == 2) one = false;
+  }
+  meta.groups = Value::List();
+  for (size_t g = 0; g < (one ? 1 : 2); ++g) {
+    const auto& slot = groups[one && !groups[0] ? 1 : g];
+    meta.groups.items().push_back(slot ? slot->second : megatron::RenderedSettings(megatron::OptimizerMeta{}, g));
+  }
+  return meta;
+}
+
+}  // namespace ptc::dcp
