@@ -26,11 +26,13 @@ from torch.distributed.tensor import Shard, distribute_tensor
 
 
 def template(dcp_dir):
-    """{"model": ..., "optim": {"state": ...}} of empty tensors shaped as .metadata says."""
+    """The nested state dict of empty tensors shaped as .metadata says (planner_data's paths)."""
     with open(os.path.join(dcp_dir, ".metadata"), "rb") as f:
         meta = pickle.load(f)
     sd = {}
     for key, m in meta.state_dict_metadata.items():
+        if not hasattr(m, "properties"):  # a pickled object (the param groups' settings): not timed
+            continue
         t = torch.empty(tuple(m.size), dtype=m.properties.dtype)
         path = meta.planner_data[key]
         node = sd

@@ -9,7 +9,9 @@
 #
 # Store: a synthetic llama (DIMS, bf16 parameters, f32 Adam state) imported in
 # CONFIG. Environment: PTCFS (build/tools/ptcfs), PY (.venv/bin/python), REPS (3),
-# WORK (/tmp/ptcfs-dcp-bench), DIMS, CONFIG, SETTLE (8). Needs root and /dev/fuse.
+# WORK (/tmp/ptcfs-dcp-bench), DIMS, CONFIG, SETTLE (8), NAMES (torch, or
+# torchtitan: dcp/ in torchtitan's names, wq/wk heads woven on read; the local
+# side is then dcp.save's of those keys). Needs root and /dev/fuse.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PTCFS=${PTCFS:-$ROOT/build/tools/ptcfs}
@@ -19,32 +21,34 @@ WORK=${WORK:-/tmp/ptcfs-dcp-bench}
 DIMS=${DIMS:-layers=8,hidden=1024,heads=16,kv_heads=8,vocab=32000,seq=128}
 CONFIG=${CONFIG:-tp=2,pp=2}
 SETTLE=${SETTLE:-8}
+NAMES=${NAMES:-torch}
 MODEL="--schema llama --dims $DIMS"
 mkdir -p "$WORK"
 mnt="$WORK/mnt"
 cleanup() { mountpoint -q "$mnt" && "$PTCFS" umount "$mnt" || true; }
 trap cleanup EXIT
 if [ ! -f "$WORK/store/manifest.json" ]; then
-  rm -rf "$WORK/src" "$WORK/store" "$WORK/local"
+  rm -rf "$WORK/src" "$WORK/store" "$WORK"/local-*
   "$PTCFS" synth $MODEL --dtype bf16 --optimizer adam --config "$CONFIG" "$WORK/src" >/dev/null
   "$PTCFS" import $MODEL --config "$CONFIG" "$WORK/src" "$WORK/store" >/dev/null
   rm -rf "$WORK/src"
 fi
 mkdir -p "$mnt"
-"$PTCFS" mount --format dcp "$WORK/store" "$mnt"
-if [ ! -f "$WORK/local/.metadata" ]; then
-  "$PY" "$ROOT/bench/dcp_load.py" save "$mnt/dcp" "$WORK/local" 2>/dev/null
+"$PTCFS" mount --format dcp --dcp-names "$NAMES" "$WORK/store" "$mnt"
+local_dir="$WORK/local-$NAMES"
+if [ ! -f "$local_dir/.metadata" ]; then
+  "$PY" "$ROOT/bench/dcp_load.py" save "$mnt/dcp" "$local_dir" 2>/dev/null
 fi
 bytes=$(cat "$mnt/dcp/"__*.distcp | wc -c)
-local_bytes=$(cat "$WORK/local/"__*.distcp | wc -c)
-find "$WORK/store" "$WORK/local" -type f -exec cat {} + >/dev/null  # page cache warm, both sides
-echo "model: $DIMS llama, bf16 + Adam (f32), stored in $CONFIG; dcp/ $bytes bytes, local $local_bytes bytes"
+local_bytes=$(cat "$local_dir/"__*.distcp | wc -c)
+find "$WORK/store" "$local_dir" -type f -exec cat {} + >/dev/null  # page cache warm, both sides
+echo "model: $DIMS llama, bf16 + Adam (f32), stored in $CONFIG; dcp/ ($NAMES names) $bytes bytes, local $local_bytes bytes"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 results="$WORK/results.txt"; : > "$results"
 for round in $(seq 1 "$REPS"); do
   for procs in 1 2; do
     for side in mount local; do
-      dir="$mnt/dcp"; [ "$side" = local ] && dir="$WORK/local"
+      dir="$mnt/dcp"; [ "$side" = local ] && dir="$local_dir"
       sync; sleep "$SETTLE"
       read -r seconds got < <("$PY" "$ROOT/bench/dcp_load.py" time "$dir" "$procs" 2>/dev/null)
       echo "$procs $side $seconds $got" >> "$results"

@@ -26,18 +26,21 @@ struct Read {
   std::vector<megatron::CarriedTensor> tensors;
 };
 
+// Two values alike: pickled alike (a NaN is like itself).
+bool Alike(const Value& a, const Value& b) { return pickle::Pickle(a) == pickle::Pickle(b); }
+
 // Two groups' settings alike, in any order of their keys.
 bool SameSettings(const Value& a, const Value& b) {
   if (a.pairs().size() != b.pairs().size()) return false;
   for (const auto& [k, v] : a.pairs()) {
     const Value* other = b.Find(k);
-    if (other == nullptr || !(*other == v)) return false;
+    if (other == nullptr || !Alike(*other, v)) return false;
   }
   return true;
 }
 
 bool Same(const Value& a, const std::vector<megatron::CarriedTensor>& a_bytes, const Read& b) {
-  if (!(a == b.value) || a_bytes.size() != b.tensors.size()) return false;
+  if (!Alike(a, b.value) || a_bytes.size() != b.tensors.size()) return false;
   for (size_t i = 0; i < a_bytes.size(); ++i) {
     if (a_bytes[i].bytes != b.tensors[i].bytes) return false;
   }

@@ -269,7 +269,8 @@ Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view
     keys = Keys::kTorchtitan;
   }
   const bool titan = keys == Keys::kTorchtitan;
-  // Entries ptcfs passes over: Adam's step, and torchtitan's other states.
+  // Tensor entries that are no stored tensor: Adam's steps (SavedOptimizer's),
+  // torchtitan's other states (not carried).
   auto passed_over = [&](const std::string& key) {
     const bool step = key.rfind(keys == Keys::kTorch ? "optim.state." : "optimizer.state.", 0) == 0 && key.size() > 5 &&
                       key.compare(key.size() - 5, 5, ".step") == 0;
@@ -330,7 +331,7 @@ Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view
   std::map<std::string, const SavedTensor*> saved_by_key;
   for (const SavedTensor& t : saved.tensors) {
     if (by_key.count(t.key) == 0) {
-      if (passed_over(t.key)) continue;  // not carried (docs/dcp_format.md)
+      if (passed_over(t.key)) continue;
       const std::string name = keys == Keys::kTorch ? TensorOfKey(t.key) : "";
       if (!name.empty()) return Bad(metadata_path, "key " + t.key + ": the model has no tensor " + name);
       return Bad(metadata_path, "key " + t.key + " names no tensor ptcfs keeps (docs/dcp_format.md, Keys)");

@@ -124,15 +124,17 @@ Result<std::string> ReadMetadata(Env* env, const std::string& dir);
 // name a tensor of the model by `keys`' rule (dcp.h; kTorch takes torchtitan's
 // keys too, told by its tok_embeddings.weight: then the fp32 masters are the
 // float32 parameters, and train_state, lr_scheduler and dataloader entries are
-// passed over; with either, optim(izer).state.*.step is passed over, not carried; BytesStorageMetadata entries,
-// the optimizer's param_groups or Megatron-Core's _extra_state objects, are
-// never read), the parameters must
-// share one dtype, and the optimizer state must be Adam's, whole or absent.
-// Every chunk is checked: the chunks of a tensor
-// tile it exactly, each is a torch.save file of one contiguous tensor of its
-// box's shape and the tensor's dtype, inside its file.
+// passed over), but Adam's steps and the param_groups objects, which
+// SavedOptimizer reads (not for a part; never with kMegatronCore, whose
+// common.pt holds them), and other BytesStorageMetadata entries (Megatron-Core's
+// _extra_state objects), which are not read. The parameters must share one
+// dtype, and the optimizer state must be Adam's, whole or absent. Every chunk
+// is checked: the chunks of a tensor tile it exactly, each is a torch.save
+// file of one contiguous tensor of its box's shape and the tensor's dtype,
+// inside its file.
 // \error InvalidArgument naming the key and chunk (file and byte range) at
-//        fault; NotFound naming a missing file; as ModelLayout::Make.
+//        fault, or as SavedOptimizer; NotFound naming a missing file; as
+//        ModelLayout::Make.
 Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema, const ModelDims& dims,
                           const ParallelConfig& config, Keys keys = Keys::kTorch);
 
