@@ -435,7 +435,7 @@ std::string EncodeMetadata(const Plan& plan) {
   for (auto& entry : objects) tensors.push_back(std::move(entry));
   for (auto& entry : object_paths) planner.push_back(std::move(entry));
   // Megatron-Core's planner keeps no planner_data (its keys are flat).
-  Value planner_data = plan.keys == Keys::kTorch ? Value::Dict(std::move(planner)) : Value::None();
+  Value planner_data = plan.keys != Keys::kMegatronCore ? Value::Dict(std::move(planner)) : Value::None();
   Value metadata = DataObject(kMetadataModule, "Metadata",
                               Value::Dict({{Value::Str("state_dict_metadata"), Value::Dict(std::move(tensors))},
                                            {Value::Str("planner_data"), std::move(planner_data)},

@@ -12,7 +12,8 @@
       own tensors under torch keys, loaded with dcp) cut into HF's tensors
       here, permuted by the same adapter and, q/k/v, merged into the fused
       wqkv the optimizer keeps by torchtitan's FusedQKVLinear. Every tensor
-      bit for bit.
+      bit for bit; and so in torch's dcp_to_torch_save of DCP_DIR (one file,
+      nested by the .metadata's planner_data).
       Prints "LOAD OK".
 
   titan_clients.py save OUT_DIR SEED HF_DIR --procs N
@@ -36,6 +37,7 @@ import json
 import os
 import socket
 import sys
+import tempfile
 import traceback
 from types import SimpleNamespace
 
@@ -44,6 +46,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
@@ -305,7 +308,15 @@ def main():
     args = ap.parse_args()
     if args.mode == "load":
         hf_dir, torch_dcp = args.rest
-        spawn(args.procs, Load(args, reference(args.dir, hf_dir, torch_dcp)))
+        want = reference(args.dir, hf_dir, torch_dcp)
+        spawn(args.procs, Load(args, want))
+        # torch's own conversion to one torch.save file nests the keys by .metadata's planner_data.
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(args.dir, os.path.join(tmp, "all.pt"))
+            whole = torch.load(os.path.join(tmp, "all.pt"), weights_only=False)
+        if not isinstance(whole.get("optimizer"), dict) or any(k.startswith("optimizer.") for k in whole):
+            raise AssertionError("dcp_to_torch_save did not nest the optimizer's keys under 'optimizer'")
+        same(flat_of(whole), want, "dcp_to_torch_save")
         print("LOAD OK")
         return
     seed, hf_dir = int(args.rest[0]), args.rest[1]
