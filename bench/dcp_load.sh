@@ -11,7 +11,10 @@
 # CONFIG. Environment: PTCFS (build/tools/ptcfs), PY (.venv/bin/python), REPS (3),
 # WORK (/tmp/ptcfs-dcp-bench), DIMS, CONFIG, SETTLE (8), NAMES (torch, or
 # torchtitan: dcp/ in torchtitan's names, wq/wk heads woven on read; the local
-# side is then dcp.save's of those keys). Needs root and /dev/fuse.
+# side is then dcp.save's of those keys), COLD (1: mount again before each
+# mount-side load, so that every one reads through the daemon; else only the
+# first does, later ones hit the kernel's cache of the mount's pages). Needs
+# root and /dev/fuse.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PTCFS=${PTCFS:-$ROOT/build/tools/ptcfs}
@@ -22,6 +25,7 @@ DIMS=${DIMS:-layers=8,hidden=1024,heads=16,kv_heads=8,vocab=32000,seq=128}
 CONFIG=${CONFIG:-tp=2,pp=2}
 SETTLE=${SETTLE:-8}
 NAMES=${NAMES:-torch}
+COLD=${COLD:-0}
 MODEL="--schema llama --dims $DIMS"
 mkdir -p "$WORK"
 mnt="$WORK/mnt"
@@ -34,7 +38,8 @@ if [ ! -f "$WORK/store/manifest.json" ]; then
   rm -rf "$WORK/src"
 fi
 mkdir -p "$mnt"
-"$PTCFS" mount --format dcp --dcp-names "$NAMES" "$WORK/store" "$mnt"
+mount_dcp() { "$PTCFS" mount --wait --format dcp --dcp-names "$NAMES" "$WORK/store" "$mnt"; }
+mount_dcp
 local_dir="$WORK/local-$NAMES"
 if [ ! -f "$local_dir/.metadata" ]; then
   "$PY" "$ROOT/bench/dcp_load.py" save "$mnt/dcp" "$local_dir" 2>/dev/null
@@ -42,13 +47,14 @@ fi
 bytes=$(cat "$mnt/dcp/"__*.distcp | wc -c)
 local_bytes=$(cat "$local_dir/"__*.distcp | wc -c)
 find "$WORK/store" "$local_dir" -type f -exec cat {} + >/dev/null  # page cache warm, both sides
-echo "model: $DIMS llama, bf16 + Adam (f32), stored in $CONFIG; dcp/ ($NAMES names) $bytes bytes, local $local_bytes bytes"
+echo "model: $DIMS llama, bf16 + Adam (f32), stored in $CONFIG; dcp/ ($NAMES names) $bytes bytes, local $local_bytes bytes; cold=$COLD"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 results="$WORK/results.txt"; : > "$results"
 for round in $(seq 1 "$REPS"); do
   for procs in 1 2; do
     for side in mount local; do
       dir="$mnt/dcp"; [ "$side" = local ] && dir="$local_dir"
+      if [ "$side" = mount ] && [ "$COLD" = 1 ]; then "$PTCFS" umount "$mnt" && mount_dcp; fi
       sync; sleep "$SETTLE"
       read -r seconds got < <("$PY" "$ROOT/bench/dcp_load.py" time "$dir" "$procs" 2>/dev/null)
       echo "$procs $side $seconds $got" >> "$results"

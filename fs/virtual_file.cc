@@ -88,6 +88,14 @@ constexpr uint64_t kGatherPiece = 64 << 10;
 constexpr uint64_t kGatherWaste = 4;
 constexpr uint64_t kGatherWindow = 1 << 20;
 
+// One window per serving thread, kept: a fresh 1 MiB allocation per read
+// would be a fresh mapping, faulted in page by page.
+unsigned char* Window() {
+  thread_local std::unique_ptr<unsigned char[]> window;
+  if (!window) window = std::make_unique_for_overwrite<unsigned char[]>(kGatherWindow);
+  return window.get();
+}
+
 bool Gathered(const Extent& e) {
   return e.kind == Extent::kShard && e.count > 1 && e.length < kGatherPiece && e.stride >= e.length &&
          e.stride <= kGatherWaste * e.length;
@@ -143,6 +151,12 @@ ptc::Result<size_t> VirtualFile::ReadExtents(const std::vector<Extent>& list, ui
           done += all;
           continue;
         }
+        PTC_ASSIGN_OR_RETURN(const size_t batched,
+                             ReadBatched(e, list.data() + list.size(), pos, n - done, out + done, check));
+        if (batched > 0) {
+          done += batched;
+          continue;
+        }
         const uint64_t at = e->file_offset + piece * e->stride + skip;
         PTC_RETURN_IF_ERROR(check(*e->shard, at - e->shard->offset, take));
         PTC_RETURN_IF_ERROR(e->file->Read(at, take, out + done));
@@ -162,10 +176,7 @@ ptc::Result<size_t> VirtualFile::ReadExtents(const std::vector<Extent>& list, ui
 
 ptc::Status VirtualFile::ReadGathered(const Extent& e, uint64_t offset, size_t n, unsigned char* out,
                                       const ShardCheck& check) const {
-  // One window per serving thread, kept: a fresh 1 MiB allocation per read
-  // would be a fresh mapping, faulted in page by page.
-  thread_local std::unique_ptr<unsigned char[]> window;
-  if (!window) window = std::make_unique_for_overwrite<unsigned char[]>(kGatherWindow);
+  unsigned char* window = Window();
   // File offset of the byte after the last one the read needs.
   const uint64_t last = offset + n - 1 - e.offset;
   const uint64_t need_end = e.file_offset + last / e.length * e.stride + last % e.length + 1;
@@ -178,12 +189,72 @@ ptc::Status VirtualFile::ReadGathered(const Extent& e, uint64_t offset, size_t n
       from = at;
       to = std::max(at + take, std::min(need_end, at + kGatherWindow));  // take < kGatherPiece < kGatherWindow
       PTC_RETURN_IF_ERROR(check(*e.shard, from - e.shard->offset, to - from));
-      PTC_RETURN_IF_ERROR(e.file->Read(from, to - from, window.get()));
+      PTC_RETURN_IF_ERROR(e.file->Read(from, to - from, window));
     }
-    std::memcpy(out + done, window.get() + (at - from), take);
+    std::memcpy(out + done, window + (at - from), take);
     done += take;
   }
   return ptc::Status::OK();
+}
+
+// Short pieces that alternate between a few runs of a file (a woven head of
+// DCP's torchtitan keys: rows taken in turn from its two halves) would be a
+// pread each; read as those runs they are a pread per run.
+ptc::Result<size_t> VirtualFile::ReadBatched(const Extent* e, const Extent* end, uint64_t offset, size_t n,
+                                             unsigned char* out, const ShardCheck& check) const {
+  struct Piece {
+    uint64_t at;  // in the file
+    size_t take;  // bytes
+    size_t done;  // where in `out`
+    size_t window = 0;
+  };
+  std::vector<Piece> pieces;
+  const Extent& first = *e;
+  size_t done = 0, bytes = 0;
+  for (bool full = false; !full && done < n && e < end; ++e) {
+    if (e->kind != Extent::kShard || e->file != first.file || e->shard != first.shard || Gathered(*e) ||
+        e->length >= kGatherPiece) {
+      break;
+    }
+    while (done < n && offset + done < e->end()) {
+      const uint64_t rel = offset + done - e->offset, skip = rel % e->length;
+      const size_t take = static_cast<size_t>(std::min<uint64_t>(n - done, e->length - skip));
+      if (bytes + take > kGatherWindow) {
+        full = true;
+        break;
+      }
+      pieces.push_back({e->file_offset + rel / e->length * e->stride + skip, take, done});
+      bytes += take;
+      done += take;
+    }
+  }
+  if (pieces.size() < 4) return size_t{0};
+  // The runs of the file the pieces come from: by file offset, touching ones merged.
+  std::vector<size_t> order(pieces.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return pieces[a].at < pieces[b].at; });
+  std::vector<std::pair<uint64_t, uint64_t>> runs;  // [from, to) in the file
+  for (size_t i : order) {
+    Piece& p = pieces[i];
+    if (runs.empty() || p.at > runs.back().second) runs.emplace_back(p.at, p.at + p.take);
+    runs.back().second = std::max(runs.back().second, p.at + p.take);
+    p.window = runs.size() - 1;  // the run, for now
+  }
+  if (runs.size() * 2 > pieces.size()) return size_t{0};
+  unsigned char* window = Window();
+  std::vector<uint64_t> at(runs.size());  // each run's place in the window
+  uint64_t used = 0;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const auto [from, to] = runs[r];
+    PTC_RETURN_IF_ERROR(check(*first.shard, from - first.shard->offset, to - from));
+    PTC_RETURN_IF_ERROR(first.file->Read(from, to - from, window + used));
+    at[r] = used;
+    used += to - from;
+  }
+  for (const Piece& p : pieces) {
+    std::memcpy(out + p.done, window + at[p.window] + (p.at - runs[p.window].first), p.take);
+  }
+  return done;
 }
 
 VirtualFile::FdRange VirtualFile::SingleShardRange(uint64_t offset, size_t n) const {

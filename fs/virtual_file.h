@@ -106,6 +106,12 @@ class VirtualFile {
   // pieces) into out, reading the file a window of pieces at a time.
   ptc::Status ReadGathered(const Extent& e, uint64_t offset, size_t n, unsigned char* out,
                            const ShardCheck& check) const;
+  // Copies the bytes from `offset` (in `e`, a kShard extent) that the short
+  // pieces of `e` and of the extents after it in one shard file hold, at most
+  // a window of them and `n`, reading the file as the few contiguous runs the
+  // pieces come from. 0: not worth it (fewer pieces than runs, or few).
+  ptc::Result<size_t> ReadBatched(const Extent* e, const Extent* end, uint64_t offset, size_t n, unsigned char* out,
+                                  const ShardCheck& check) const;
 
   std::string literal_;
   std::vector<Extent> extents_;  // sorted, tiling [0, size_)

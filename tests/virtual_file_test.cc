@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 #include <thread>
 
@@ -155,6 +156,64 @@ TEST_F(VirtualFileTest, ConcurrentFirstReads) {
     for (std::thread& th : threads) th.join();
     EXPECT_TRUE(out[0] == r.reference);
     EXPECT_TRUE(out[1] == r.reference);
+  }
+}
+
+// A file of rows woven from two runs of a shard file (DCP's torchtitan keys:
+// each head's rows alternate between its two halves) reads right at any
+// offset, and as the two runs, not a pread per row: with one-piece extents and
+// with the pairs Normalize makes of them.
+class CountingFile final : public ptc::RandomAccessFile {
+ public:
+  explicit CountingFile(std::string data) : data_(std::move(data)) {}
+  ptc::Status Read(uint64_t offset, size_t n, void* dst) const override {
+    if (offset > data_.size() || n > data_.size() - offset) return ptc::CorruptionError("read past the end");
+    ++reads;
+    std::memcpy(dst, data_.data() + offset, n);
+    return ptc::Status::OK();
+  }
+  uint64_t Size() const override { return data_.size(); }
+  const std::string& path() const override { return path_; }
+  mutable int reads = 0;
+
+ private:
+  std::string data_;
+  const std::string path_ = "shard";
+};
+
+TEST(VirtualFileWoven, RowsFromTwoRunsReadAsTheRuns) {
+  constexpr uint64_t kRow = 256, kHalf = 32;
+  std::string data((2 * kHalf + 3) * kRow, '\0');  // the halves 3 rows apart
+  std::mt19937 rng(5);
+  for (char& c : data) c = static_cast<char>(rng());
+  CountingFile file(data);
+  ptc::ShardRecord shard;
+  std::string want;
+  std::vector<Extent> rows, pairs;
+  for (uint64_t i = 0; i < 2 * kHalf; ++i) {  // row 2k: row k of the first half; 2k + 1: of the second
+    const uint64_t src = (i % 2 == 0 ? i / 2 : kHalf + 3 + i / 2) * kRow;
+    want += data.substr(src, kRow);
+    rows.push_back(Extent{i * kRow, kRow, Extent::kShard, 0, &file, src, &shard});
+    if (i % 2 == 0)
+      pairs.push_back(Extent{i * kRow, kRow, Extent::kShard, 0, &file, src, &shard, 2, (kHalf + 3) * kRow});
+  }
+  auto ok = [](const ptc::ShardRecord&, uint64_t, uint64_t) { return ptc::Status::OK(); };
+  for (std::vector<Extent>* extents : {&rows, &pairs}) {
+    VirtualFile woven("", *extents, want.size());
+    std::string got(want.size(), '\0');
+    file.reads = 0;
+    auto n = woven.Read(0, got.size(), got.data(), ok);
+    ASSERT_TRUE(n.ok() && *n == got.size());
+    EXPECT_TRUE(got == want);
+    EXPECT_EQ(file.reads, 2);  // the two halves, each once
+    for (uint64_t offset : {uint64_t{1}, kRow - 3, 5 * kRow + 17}) {
+      for (size_t len : {size_t{3}, size_t{kRow}, size_t{3 * kRow + 5}, size_t{40 * kRow}}) {
+        std::string part(len, '\0');
+        auto m = woven.Read(offset, len, part.data(), ok);
+        ASSERT_TRUE(m.ok()) << m.status().ToString();
+        EXPECT_EQ(part.substr(0, *m), want.substr(offset, *m)) << offset << "+" << len;
+      }
+    }
   }
 }
 
