@@ -1,8 +1,10 @@
 // Adam's steps and the param groups of a DCP save (dcp_read.h, SavedOptimizer).
+#include <algorithm>
 #include <array>
 #include <map>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -20,12 +22,6 @@ Status Bad(const std::string& where, const std::string& what) { return InvalidAr
 
 bool StartsWith(const std::string& s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; }
 
-// A step or a group's settings, read: the value, and for a tensor its bytes (storage "s").
-struct Read {
-  Value value;
-  std::vector<megatron::CarriedTensor> tensors;
-};
-
 // Two values alike: pickled alike (a NaN is like itself).
 bool Alike(const Value& a, const Value& b) { return pickle::Pickle(a) == pickle::Pickle(b); }
 
@@ -39,10 +35,11 @@ bool SameSettings(const Value& a, const Value& b) {
   return true;
 }
 
-bool Same(const Value& a, const std::vector<megatron::CarriedTensor>& a_bytes, const Read& b) {
-  if (!Alike(a, b.value) || a_bytes.size() != b.tensors.size()) return false;
-  for (size_t i = 0; i < a_bytes.size(); ++i) {
-    if (a_bytes[i].bytes != b.tensors[i].bytes) return false;
+// Two steps alike: their values, and a tensor's bytes.
+bool Same(const megatron::StepValue& a, const megatron::StepValue& b) {
+  if (!Alike(a.value, b.value) || a.tensors.size() != b.tensors.size()) return false;
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    if (a.tensors[i].bytes != b.tensors[i].bytes) return false;
   }
   return true;
 }
@@ -67,7 +64,7 @@ Result<std::optional<megatron::OptimizerMeta>> SavedOptimizer(
     return std::make_pair(&it->second, key.substr(dot + 1));
   };
   auto read = [&](const std::string& key, const std::string& file, uint64_t offset, uint64_t length,
-                  bool tensor) -> Result<Read> {
+                  bool tensor) -> Result<megatron::StepValue> {
     const std::string where =
         what + ": key " + key + " (" + file + " bytes " + std::to_string(offset) + "+" + std::to_string(length) + ")";
     if (file.empty()) return Bad(where, "has no storage record");
@@ -77,7 +74,7 @@ Result<std::optional<megatron::OptimizerMeta>> SavedOptimizer(
       return Bad(where, "is larger than " + std::to_string(kMaxTorchPickleSize) + " bytes");
     const FileRange range(*f, offset, length, where);
     PTC_ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(range, where));
-    Read out{tf.root, {}};
+    megatron::StepValue out{{}, tf.root, {}};  // a step, or a group's setting (no tensors)
     if (!tensor) {
       bool any = false;
       pickle::ForEachTensor(tf.root, [&](const std::string&, const pickle::Tensor&) { any = true; });
@@ -99,28 +96,29 @@ Result<std::optional<megatron::OptimizerMeta>> SavedOptimizer(
 
   // Steps: one per global tensor.
   megatron::OptimizerMeta meta;
-  std::map<std::string, std::pair<std::string, Read>> steps;  // global -> (key, step)
+  std::map<std::string, std::pair<std::string, megatron::StepValue>> steps;  // global -> (key, step)
   for (const SavedTensor& t : saved.tensors) {
     auto p = split(t.key, state_prefix);
     if (!p || p->second != "step") continue;
     if (t.chunks.size() != 1) return Bad(what, "key " + t.key + ": a step is one chunk");
     const SavedChunk& c = t.chunks.front();
-    PTC_ASSIGN_OR_RETURN(Read step, read(t.key, c.file, c.offset, c.length, /*tensor=*/true));
+    PTC_ASSIGN_OR_RETURN(megatron::StepValue step, read(t.key, c.file, c.offset, c.length, /*tensor=*/true));
     const std::string& global = p->first->global;
     auto [it, inserted] = steps.try_emplace(global, t.key, step);
-    if (!inserted && !Same(it->second.second.value, it->second.second.tensors, step)) {
+    if (!inserted && !Same(it->second.second, step)) {
       return Bad(what, "key " + t.key + ": its step differs from that of " + it->second.first + " (both " + global +
                            "'s, which keeps one)");
     }
   }
   for (auto& [global, entry] : steps) {
-    Read& step = entry.second;
-    auto same = std::find_if(meta.steps.begin(), meta.steps.end(),
-                             [&](const megatron::StepValue& s) { return Same(s.value, s.tensors, step); });
+    megatron::StepValue& step = entry.second;
+    auto same =
+        std::find_if(meta.steps.begin(), meta.steps.end(), [&](const megatron::StepValue& s) { return Same(s, step); });
     if (same != meta.steps.end()) {
       same->params.push_back(global);
     } else {
-      meta.steps.push_back({{global}, std::move(step.value), std::move(step.tensors)});
+      step.params = {global};
+      meta.steps.push_back(std::move(step));
     }
   }
 
@@ -144,7 +142,7 @@ Result<std::optional<megatron::OptimizerMeta>> SavedOptimizer(
         return Bad(what, "key " + b.key + ": not optim.param_groups.G.K");
       }
     }
-    PTC_ASSIGN_OR_RETURN(Read r, read(b.key, b.file, b.offset, b.length, /*tensor=*/false));
+    PTC_ASSIGN_OR_RETURN(megatron::StepValue r, read(b.key, b.file, b.offset, b.length, /*tensor=*/false));
     if (setting == "params") {
       if (titan || !r.value.is_sequence()) return Bad(what, "key " + b.key + ": not a list of parameter names");
       for (const Value& v : r.value.items()) {
