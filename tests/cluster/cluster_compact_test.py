@@ -88,7 +88,10 @@ def main():
             for w in range(WORKERS):
                 wait_for("worker %d at generation 3" % w, lambda: at_generation(mnts[w], 3), 90, mnts=mnts)
                 s = status(mnts[w])
-                assert s["config"].startswith("tp=2,pp=3") and s["compaction"]["state"] == "cancelled", s
+                # Worker 0 was seen compacting, so it cancelled; a worker stopped before it took its part
+                # up never started one (none), but none may finish or fail it.
+                expected = ("cancelled",) if w == 0 else ("cancelled", "none")
+                assert s["config"].startswith("tp=2,pp=3") and s["compaction"]["state"] in expected, s
                 assert s["last_error"] is None, s
             print("ok   a reconfigure asked during the job's compaction went first; the compaction cancelled "
                   "everywhere: " + status(mnts[0])["compaction"]["why"][:160])
