@@ -13,8 +13,11 @@
 # torchtitan: dcp/ in torchtitan's names, wq/wk heads woven on read; the local
 # side is then dcp.save's of those keys), COLD (1: mount again before each
 # mount-side load, so that every one reads through the daemon; else only the
-# first does, later ones hit the kernel's cache of the mount's pages). Needs
-# root and /dev/fuse.
+# first does, later ones hit the kernel's cache of the mount's pages),
+# RANK_FILES (1: the store compacted with --rank-files --rank-file-format dcp
+# in NAMES first, so that the kernel reads dcp/'s chunk files itself, FUSE
+# passthrough; 0: as imported, every read through the daemon). Needs root and
+# /dev/fuse.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PTCFS=${PTCFS:-$ROOT/build/tools/ptcfs}
@@ -26,6 +29,7 @@ CONFIG=${CONFIG:-tp=2,pp=2}
 SETTLE=${SETTLE:-8}
 NAMES=${NAMES:-torch}
 COLD=${COLD:-0}
+RANK_FILES=${RANK_FILES:-0}
 MODEL="--schema llama --dims $DIMS"
 mkdir -p "$WORK"
 mnt="$WORK/mnt"
@@ -37,6 +41,9 @@ if [ ! -f "$WORK/store/manifest.json" ]; then
   "$PTCFS" import $MODEL --config "$CONFIG" "$WORK/src" "$WORK/store" >/dev/null
   rm -rf "$WORK/src"
 fi
+if [ "$RANK_FILES" = 1 ]; then  # nothing written when they are the current generation's already
+  "$PTCFS" compact --rank-files --rank-file-format dcp --dcp-names "$NAMES" "$WORK/store"
+fi
 mkdir -p "$mnt"
 mount_dcp() { "$PTCFS" mount --wait --format dcp --dcp-names "$NAMES" "$WORK/store" "$mnt"; }
 mount_dcp
@@ -47,7 +54,8 @@ fi
 bytes=$(cat "$mnt/dcp/"__*.distcp | wc -c)
 local_bytes=$(cat "$local_dir/"__*.distcp | wc -c)
 find "$WORK/store" "$local_dir" -type f -exec cat {} + >/dev/null  # page cache warm, both sides
-echo "model: $DIMS llama, bf16 + Adam (f32), stored in $CONFIG; dcp/ ($NAMES names) $bytes bytes, local $local_bytes bytes; cold=$COLD"
+echo "model: $DIMS llama, bf16 + Adam (f32), stored in $CONFIG; dcp/ ($NAMES names) $bytes bytes, local $local_bytes bytes; cold=$COLD rank_files=$RANK_FILES"
+python3 -c "import json,sys; print('passthrough:', json.dumps(json.load(open(sys.argv[1]))['passthrough']['files']))" "$mnt/.ptcfs/status"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 results="$WORK/results.txt"; : > "$results"
 for round in $(seq 1 "$REPS"); do

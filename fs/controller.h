@@ -39,10 +39,13 @@ namespace ptcfs {
 struct CompactionPolicy {
   double max_pieces_per_shard = 8;  // 0: never on this rule
   uint64_t min_piece_bytes = 0;     // 0: never on this rule
-  // Write the layout's safetensors files whole as rank files (fs/rank_files.h),
-  // which the kernel can then read itself (--passthrough auto).
+  // Write the files the job reads (the layout's safetensors files, megatron/'s
+  // or dcp/'s) whole as rank files (fs/rank_files.h), which the kernel can
+  // then read itself (--passthrough auto).
   bool rank_files = false;
-  RankFileOptions rank_file_options;  // which copies they hold (--rank-file-copies)
+  RankFileOptions rank_file_options;  // their format, and which copies they hold (--rank-file-copies)
+  // Whether a compaction stores a piece per box (DCP rank files: BoxTargets).
+  bool box_targets() const { return rank_files && BoxTargets(rank_file_options); }
   bool Due(const ptc::transform::Fragmentation& f) const {
     return (max_pieces_per_shard > 0 && f.pieces_per_shard() > max_pieces_per_shard) ||
            (min_piece_bytes > 0 && f.pieces > 0 && f.smallest_piece < min_piece_bytes);

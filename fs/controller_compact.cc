@@ -19,7 +19,8 @@ constexpr int kCompactNice = 19;
 }  // namespace
 
 void Controller::MaybeCompact(const ptc::ModelLayout& layout, const std::optional<ptc::DatasetState>& dataset) {
-  auto planned = ptc::transform::PlanCompaction(*store_);
+  auto planned =
+      ptc::transform::PlanCompaction(*store_, ptc::transform::CommitMode::kCompact, compaction_.box_targets());
   if (!planned.ok()) {
     RecordError("measuring the generation's pieces: " + planned.status().message());
     return;
@@ -52,7 +53,8 @@ void Controller::MaybeCompact(const ptc::ModelLayout& layout, const std::optiona
 }
 
 bool Controller::CompactionDue(const std::shared_ptr<const Snapshot>& current) {
-  auto planned = ptc::transform::PlanCompaction(*store_, ptc::transform::CommitMode::kCompactWorkerLocal);
+  auto planned = ptc::transform::PlanCompaction(*store_, ptc::transform::CommitMode::kCompactWorkerLocal,
+                                                compaction_.box_targets());
   if (!planned.ok()) {
     RecordError("measuring the generation's pieces: " + planned.status().message());
     return false;
@@ -96,7 +98,8 @@ void Controller::CompactInCluster(bool rank_files, const std::shared_ptr<const S
   auto compact = [&]() -> ptc::Result<std::shared_ptr<const Snapshot>> {
     // Every worker plans the same compaction of the same generation; each writes its own targets.
     PTC_ASSIGN_OR_RETURN(ptc::transform::Compaction planned,
-                         ptc::transform::PlanCompaction(*store_, ptc::transform::CommitMode::kCompactWorkerLocal));
+                         ptc::transform::PlanCompaction(*store_, ptc::transform::CommitMode::kCompactWorkerLocal,
+                                                        rank_files && BoxTargets(compaction_.rank_file_options)));
     if (planned.source->generation != current->generation() ||
         planned.config.ToString() != layout.config().ToString()) {
       return ptc::FailedPreconditionError(
@@ -171,7 +174,7 @@ void Controller::EndCompaction(const ptc::Result<std::shared_ptr<const Snapshot>
   std::optional<ptc::transform::Fragmentation> after;
   if (result.ok()) {
     serve_(*result);
-    if (auto measured = ptc::transform::PlanCompaction(*store_, mode); measured.ok())
+    if (auto measured = ptc::transform::PlanCompaction(*store_, mode, compaction_.box_targets()); measured.ok())
       after = measured->covering.fragmentation;
   }
   {

@@ -10,8 +10,11 @@
 // Thread safety: pure functions, and reads of the store.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "fs/virtual_file.h"
 #include "ptc/base/env.h"
@@ -21,6 +24,19 @@
 #include "ptc/store/store_reader.h"
 
 namespace ptcfs {
+
+// Where the bytes of chunk `c` of `plan` lie in its file: literal ranges (zip
+// records, the pickle and the other small members; an object's bytes), each
+// at its file offset, and the range of its tensor's storage (0 bytes for an
+// object or an empty box).
+struct DcpChunkBytes {
+  std::vector<std::pair<uint64_t, std::string>> literals;
+  uint64_t storage_offset = 0;
+  uint64_t storage_size = 0;
+};
+// \error as ChunkFile and LayoutTorchFile; InternalError when the layout's
+//        size is not the chunk's.
+ptc::Result<DcpChunkBytes> LayDcpChunk(const ptc::dcp::Plan& plan, const ptc::dcp::Chunk& c);
 
 // File `file` of `plan`, each chunk's storage a lazy extent. `reader` and
 // `plan` must outlive the file.

@@ -472,7 +472,8 @@ ptc::Result<OpenReply> Filesystem::Open(uint64_t ino, int flags) {
     }
     h->file = std::move(file).value();
     reply.keep_cache = true;
-    if (node->kind == Node::kModelFile || node->kind == Node::kOptimFile || node->kind == Node::kMegatronFile) {
+    if (node->kind == Node::kModelFile || node->kind == Node::kOptimFile || node->kind == Node::kMegatronFile ||
+        node->kind == Node::kDcpFile) {
       if (ptc::Status s = OpenPassthrough(*node, *h->file, &reply); !s.ok()) {
         controller_->RecordError(s.message());
         return s;

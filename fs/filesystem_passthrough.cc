@@ -58,7 +58,8 @@ ptc::Status Filesystem::OpenPassthrough(const Node& node, const VirtualFile& fil
 }
 
 nlohmann::json Filesystem::PassthroughStatus() const {
-  // The files a rank file may back: model/RANK/*.safetensors, megatron/iter_*/mp_rank_*/model_optim_rng.pt.
+  // The files a rank file may back: model/RANK/*.safetensors, megatron/iter_*/mp_rank_*/model_optim_rng.pt,
+  // dcp/__W_0.distcp and megatron/iter_*/__W_0.distcp (torch_dist).
   std::vector<std::pair<std::string, std::shared_ptr<Node>>> files;
   {
     ptc::MutexLock lock(&mu_);
@@ -69,7 +70,7 @@ nlohmann::json Filesystem::PassthroughStatus() const {
     };
     std::vector<Dir> todo;
     const auto& root = nodes_.at(kRootInode)->children;
-    for (const auto& [top, depth] : {std::pair<std::string, int>{"megatron", 3}, {"model", 2}}) {
+    for (const auto& [top, depth] : {std::pair<std::string, int>{"megatron", 3}, {"model", 2}, {"dcp", 1}}) {
       auto it = root.find(top);
       if (it == root.end()) continue;
       if (auto n = nodes_.find(it->second); n != nodes_.end()) todo.push_back({n->second.get(), top, depth});
@@ -81,7 +82,8 @@ nlohmann::json Filesystem::PassthroughStatus() const {
         auto n = nodes_.find(ino);
         if (n == nodes_.end()) continue;
         const Node::Kind kind = n->second->kind;
-        if (kind == Node::kModelFile || kind == Node::kOptimFile || kind == Node::kMegatronFile) {
+        if (kind == Node::kModelFile || kind == Node::kOptimFile || kind == Node::kMegatronFile ||
+            kind == Node::kDcpFile) {
           files.emplace_back(dir.path + "/" + name, n->second);
         } else if (kind == Node::kDir && dir.depth > 1) {
           todo.push_back({n->second.get(), dir.path + "/" + name, dir.depth - 1});

@@ -5,6 +5,7 @@
 #include <set>
 #include <tuple>
 
+#include "fs/dcp_file.h"
 #include "fs/megatron_file.h"
 #include "ptc/checkpoint/checkpoint.h"
 #include "ptc/format/safetensors.h"
@@ -195,7 +196,55 @@ std::map<std::string, std::string> SafetensorsMetadata(const ptc::ParallelConfig
 ptc::Result<RankFileFormat> ParseRankFileFormat(const std::string& text) {
   if (text == "safetensors") return RankFileFormat::kSafetensors;
   if (text == "megatron") return RankFileFormat::kMegatron;
-  return ptc::InvalidArgumentError("'" + text + "': expected safetensors or megatron");
+  if (text == "dcp") return RankFileFormat::kDcp;
+  return ptc::InvalidArgumentError("'" + text + "': expected safetensors, megatron or dcp");
+}
+
+namespace {
+
+// The name of a DCP rank file is its keys' prefix and the file's name: a
+// change of keys is a change of files.
+std::string DcpRankFilePrefix(ptc::dcp::Keys keys) {
+  switch (keys) {
+    case ptc::dcp::Keys::kTorch:
+      return "dcp.";
+    case ptc::dcp::Keys::kMegatronCore:
+      return "torch_dist.";
+    case ptc::dcp::Keys::kTorchtitan:
+      return "dcp-torchtitan.";
+  }
+  return "dcp.";
+}
+
+}  // namespace
+
+ptc::Result<std::vector<ptc::RankFileSpec>> PlanDcpRankFiles(const ptc::GenerationManifest& m, ptc::dcp::Keys keys) {
+  PTC_ASSIGN_OR_RETURN(const ptc::dcp::Plan plan, ptc::dcp::PlanCheckpoint(m, keys));
+  std::set<Key> stored;
+  for (const ptc::ShardRecord& s : m.shards) stored.insert({s.worker, s.tensor, s.boxes});
+  std::vector<ptc::RankFileSpec> out;
+  for (const ptc::dcp::File& f : plan.files) {
+    ptc::RankFileSpec spec;
+    spec.worker = f.worker;
+    spec.name = DcpRankFilePrefix(keys) + f.name;
+    spec.size = f.size;
+    bool whole = true;  // every chunk's storage a piece of the worker
+    for (const ptc::dcp::Chunk& c : f.chunks) {
+      PTC_ASSIGN_OR_RETURN(DcpChunkBytes bytes, LayDcpChunk(plan, c), f.name);
+      for (auto& [at, text] : bytes.literals) spec.literals.push_back({at, std::move(text)});
+      if (bytes.storage_size == 0) continue;
+      const ptc::dcp::Tensor& t = plan.tensors[c.tensor];
+      const std::vector<ptc::Segment> segments = ptc::dcp::ChunkSegments(t, c.box);
+      if (segments.size() != 1 || !(segments[0].layout == ptc::DenseLayout(segments[0].box, 0)) ||
+          !stored.count({f.worker, segments[0].tensor, {segments[0].box}})) {
+        whole = false;
+        break;
+      }
+      spec.placements.push_back({segments[0].tensor, {segments[0].box}, bytes.storage_offset});
+    }
+    if (whole) out.push_back(std::move(spec));
+  }
+  return out;
 }
 
 ptc::Result<MegatronInputs> ReadMegatronInputs(const ptc::Store& store,
@@ -224,6 +273,9 @@ ptc::Result<MegatronInputs> ReadMegatronInputs(const ptc::Store& store,
 ptc::Result<std::vector<ptc::RankFileSpec>> PlanRankFiles(const ptc::ModelLayout& layout,
                                                           const RankFileOptions& options,
                                                           const MegatronInputs* megatron) {
+  if (options.format == RankFileFormat::kDcp) {
+    return ptc::InvalidArgumentError("DCP rank files are those of a generation (PlanDcpRankFiles)");
+  }
   const ptc::ParallelConfig& config = layout.config();
   std::vector<Candidate> files;
   std::map<std::string, size_t> elem;  // per global tensor
@@ -290,11 +342,30 @@ ptc::Result<RankFileCompaction> PlanRankFileCompaction(ptc::transform::Compactio
   RankFileCompaction out;
   out.compaction = std::move(planned);
   ptc::transform::Compaction& c = out.compaction;
-  PTC_ASSIGN_OR_RETURN(out.files, PlanRankFiles(layout, options, megatron));
+  PTC_ASSIGN_OR_RETURN(ptc::transform::Plan plan, ptc::transform::MakePlan({.source = c.source.get(),
+                                                                            .spec = c.spec,
+                                                                            .target = c.config,
+                                                                            .alive = std::nullopt,
+                                                                            .box_targets = c.box_targets}));
+  if (options.format == RankFileFormat::kDcp) {
+    // The generation written: the source's, its pieces the plan's targets.
+    ptc::GenerationManifest written = *c.source;
+    written.rank_file_copies.clear();
+    written.shards.clear();
+    for (const ptc::transform::TargetShard& t : plan.targets) {
+      ptc::ShardRecord r;
+      r.tensor = t.key.tensor;
+      r.worker = t.worker;
+      r.boxes = t.key.boxes;
+      r.nbytes = t.nbytes;
+      written.shards.push_back(std::move(r));
+    }
+    PTC_ASSIGN_OR_RETURN(out.files, PlanDcpRankFiles(written, options.dcp_keys));
+  } else {
+    PTC_ASSIGN_OR_RETURN(out.files, PlanRankFiles(layout, options, megatron));
+  }
   if (RankFilesWritten(out.files, *c.source)) return out;
   // Every target written: those stored as they are copied from that shard, box by box.
-  PTC_ASSIGN_OR_RETURN(ptc::transform::Plan plan,
-                       ptc::transform::MakePlan({c.source.get(), c.spec, c.config, {}, std::nullopt}));
   std::vector<ptc::transform::Copy> copies;
   size_t next = 0;
   for (size_t t = 0; t < plan.targets.size(); ++t) {

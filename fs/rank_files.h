@@ -1,8 +1,8 @@
 // Rank files of a compaction (ptc/store/rank_files.h): which of a layout's
-// files a compaction writes whole (its safetensors files, or its Megatron
-// tree's model_optim_rng.pt files), so that they exist byte for byte on disk
-// and the mount can let the kernel read them (FUSE passthrough,
-// fs/passthrough.h). docs/store_format.md, "Rank files".
+// files a compaction writes whole (its safetensors files, its Megatron tree's
+// model_optim_rng.pt files, or the chunk files of its DCP checkpoint), so
+// that they exist byte for byte on disk and the mount can let the kernel read
+// them (FUSE passthrough, fs/passthrough.h). docs/store_format.md, "Rank files".
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ptc/checkpoint/dcp.h"
 #include "ptc/checkpoint/megatron.h"
 #include "ptc/checkpoint/megatron_names.h"
 #include "ptc/model/config.h"
@@ -25,9 +26,10 @@ namespace ptcfs {
 // The metadata of rank `rank`'s safetensors files in `config`.
 std::map<std::string, std::string> SafetensorsMetadata(const ptc::ParallelConfig& config, int rank);
 
-// Which files are rank files: the mount's model/ safetensors files, or its
-// megatron/ tree's (--format megatron).
-enum class RankFileFormat { kSafetensors, kMegatron };
+// Which files are rank files: the mount's model/ safetensors files, its
+// megatron/ tree's (--format megatron), or the __W_0.distcp files of its
+// DCP checkpoint (dcp/, or megatron/'s torch_dist tree).
+enum class RankFileFormat { kSafetensors, kMegatron, kDcp };
 
 // How many bytes of copies (pieces another file of the same worker stores) a
 // worker's rank files may hold, and in which format they are.
@@ -37,7 +39,13 @@ struct RankFileOptions {
   uint64_t copy_budget = kWorkerStored;
   RankFileFormat format = RankFileFormat::kSafetensors;
   ptc::megatron::NameSet names = ptc::megatron::NameSet::kTe;  // kMegatron: the tree's name set
+  ptc::dcp::Keys dcp_keys = ptc::dcp::Keys::kTorch;            // kDcp: the checkpoint's keys
 };
+
+// Whether a compaction into these rank files stores one piece per box
+// (ptc::transform::PlanCompaction's box_targets): a DCP chunk is one box, and
+// its storage one stored piece only when that piece is the box alone.
+inline bool BoxTargets(const RankFileOptions& options) { return options.format == RankFileFormat::kDcp; }
 
 // What Megatron rank files take besides the layout: the generation's Megatron
 // state and the CRC-32 of each storage of each file (by rank), which their
@@ -80,8 +88,18 @@ ptc::Result<std::vector<ptc::RankFileSpec>> PlanRankFiles(const ptc::ModelLayout
                                                           const RankFileOptions& options = {},
                                                           const MegatronInputs* megatron = nullptr);
 
-// Parses --rank-file-format: "safetensors" or "megatron".
-// \error InvalidArgument "'TEXT': expected safetensors or megatron".
+// Pure. The DCP chunk files of generation `m` (PlanCheckpoint with `keys`)
+// as rank files "dcp.__W_0.distcp" (torch_dist.__W_0.distcp for Megatron-Core's
+// keys, dcp-torchtitan.__W_0.distcp for torchtitan's), one per worker whose file is its stored
+// pieces with zip records around them: every chunk's storage the whole of one
+// piece of one box on the file's worker. A file with a chunk that is not (a
+// piece of several boxes, part of a piece, torchtitan's woven heads) is left
+// out: the daemon serves it. Every piece is in at most one file: no copies.
+// \error as PlanCheckpoint and LayDcpChunk.
+ptc::Result<std::vector<ptc::RankFileSpec>> PlanDcpRankFiles(const ptc::GenerationManifest& m, ptc::dcp::Keys keys);
+
+// Parses --rank-file-format: "safetensors", "megatron" or "dcp".
+// \error InvalidArgument "'TEXT': expected safetensors, megatron or dcp".
 ptc::Result<RankFileFormat> ParseRankFileFormat(const std::string& text);
 
 // Whether `generation` stores every shard `files` place in its rank file and
@@ -89,9 +107,11 @@ ptc::Result<RankFileFormat> ParseRankFileFormat(const std::string& text);
 bool RankFilesWritten(const std::vector<ptc::RankFileSpec>& files, const ptc::GenerationManifest& generation);
 
 // A compaction that writes rank files: `planned` (ptc::transform::PlanCompaction's
-// of the store, in `layout`, its model and config), but when the generation's
-// rank files are not written yet, every shard of the config is rewritten (into
-// its rank file, or an HDF5 file when none takes it), also those stored as they are.
+// of the store, in `layout`, its model and config; with box_targets as
+// BoxTargets(options) says), but when the generation's rank files are not
+// written yet, every shard of the config is rewritten (into its rank file, or
+// an HDF5 file when none takes it), also those stored as they are. DCP rank
+// files are those of the generation the compaction writes (PlanDcpRankFiles).
 struct RankFileCompaction {
   ptc::transform::Compaction compaction;
   std::vector<ptc::RankFileSpec> files;

@@ -300,15 +300,17 @@ ptc::Result<std::vector<std::string>> VirtualFile::VerbatimFiles(
 }
 
 ptc::Status VirtualFile::CheckVerbatim(const ptc::RandomAccessFile& file) const {
-  if (const uint64_t size = file.Size(); size != size_) {
-    return ptc::IOError(file.path() + ": holds " + std::to_string(size) + " bytes, the file it backs " +
-                        std::to_string(size_) + " (truncated under the mount?)");
-  }
+  // The bytes first, as far as the file reaches: other bytes there are
+  // another file's (a Corruption: not this one's backing file, as a rank file
+  // of another format with pieces at the same offsets); the same bytes and
+  // another size, this file damaged.
+  const uint64_t size = file.Size();
   std::string buf;
   for (const Extent& e : extents_) {
     if (e.kind != Extent::kLiteral && e.kind != Extent::kZero) continue;  // tensors' zeros: as written
-    for (uint64_t at = 0; at < e.length;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(e.length - at, 1 << 20));
+    const uint64_t length = e.offset >= size ? 0 : std::min(e.length, size - e.offset);
+    for (uint64_t at = 0; at < length;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(length - at, 1 << 20));
       buf.resize(n);
       PTC_RETURN_IF_ERROR(file.Read(e.offset + at, n, buf.data()));
       const bool same = e.kind == Extent::kLiteral ? std::memcmp(buf.data(), literal_.data() + e.literal + at, n) == 0
@@ -317,6 +319,10 @@ ptc::Status VirtualFile::CheckVerbatim(const ptc::RandomAccessFile& file) const 
         return ptc::CorruptionError(file.path() + ": differs from the file it backs at " + std::to_string(e.offset));
       at += n;
     }
+  }
+  if (size != size_) {
+    return ptc::IOError(file.path() + ": holds " + std::to_string(size) + " bytes, the file it backs " +
+                        std::to_string(size_) + " (truncated under the mount?)");
   }
   return ptc::Status::OK();
 }

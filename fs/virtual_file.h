@@ -84,11 +84,11 @@ class VirtualFile {
   // \error as a lazy extent's PartFn.
   ptc::Result<std::vector<std::string>> VerbatimFiles(
       const std::map<const ptc::ShardRecord*, std::vector<ptc::CopyPlace>>& copies) const;
-  // That `file` (from VerbatimFiles) holds this file: its size, and the
-  // literal ranges (headers; a torch file's zip records and pickle) and zero
-  // ranges read from it and compared.
-  // \error IOError when its size differs (naming both), Corruption when the
-  //        bytes differ; as RandomAccessFile::Read.
+  // That `file` (from VerbatimFiles) holds this file: the literal ranges
+  // (headers; a torch file's zip records and pickle) and zero ranges read
+  // from it and compared (as far as it reaches), and its size.
+  // \error Corruption when the bytes differ (another file's), else IOError
+  //        when its size differs (naming both: damaged); as RandomAccessFile::Read.
   ptc::Status CheckVerbatim(const ptc::RandomAccessFile& file) const;
 
  private:

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -103,10 +104,29 @@ TEST(DcpPlan, KeysFollowTheRuleAndChunksGoToTheirWorkersFile) {
   ASSERT_FALSE(plan->objects.empty());
   EXPECT_TRUE(plan->objects[0].scalar);
   EXPECT_EQ(plan->objects[0].dtype, DType::kF32);
-  EXPECT_EQ(chunks["__0_0.distcp:model.w"], (std::vector<Box>{B({0, 0}, {4, 8})}));
-  EXPECT_EQ(chunks["__1_0.distcp:model.w"], (std::vector<Box>{B({4, 0}, {8, 8})}));  // the first copy's worker
-  EXPECT_EQ(chunks["__0_0.distcp:optim.state.w.fp32"].size(), 2u);                   // each box of a piece
+  // A box stored on several workers: in the lowest one's file.
+  EXPECT_EQ(chunks["__0_0.distcp:model.w"], (std::vector<Box>{B({0, 0}, {4, 8}), B({4, 0}, {8, 8})}));
+  EXPECT_EQ(chunks.count("__1_0.distcp:model.w"), 0u);
+  EXPECT_EQ(chunks["__0_0.distcp:optim.state.w.fp32"].size(), 2u);  // each box of a piece
   EXPECT_EQ(chunks["__1_0.distcp:optim.state.w.exp_avg"].size(), 1u);
+  EXPECT_EQ(plan->files[0].worker, 0);
+  EXPECT_EQ(plan->files[1].worker, 1);
+
+  // The order of the manifest's records does not change the plan (a
+  // compaction's threads commit them in any order; its rank files are laid
+  // out before).
+  std::reverse(m.shards.begin(), m.shards.end());
+  auto reversed = PlanCheckpoint(m);
+  ASSERT_TRUE(reversed.ok()) << reversed.status().ToString();
+  ASSERT_EQ(reversed->files.size(), plan->files.size());
+  for (size_t f = 0; f < plan->files.size(); ++f) {
+    ASSERT_EQ(reversed->files[f].chunks.size(), plan->files[f].chunks.size());
+    for (size_t c = 0; c < plan->files[f].chunks.size(); ++c) {
+      const Chunk &x = plan->files[f].chunks[c], &y = reversed->files[f].chunks[c];
+      EXPECT_TRUE(x.tensor == y.tensor && x.box == y.box && x.offset == y.offset && x.object == y.object)
+          << plan->files[f].name << " chunk " << c;
+    }
+  }
 }
 
 TEST(DcpPlan, RefusesWhatIsNoCheckpointNamingTheTensor) {

@@ -3,7 +3,8 @@
 // store's own files; the bytes equal the daemon's (--passthrough off), an open
 // file keeps its backing file across a reconfigure, a backing file damaged
 // under the mount fails opens with EIO and a message, and a daemon that is not
-// root serves everything itself. The same for the Megatron tree's files.
+// root serves everything itself. The same for the Megatron tree's files and
+// DCP's chunk files.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -11,6 +12,7 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -37,14 +39,14 @@ class PassthroughTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { RequireFuse(); }
   void Synth(const std::string& config, const std::string& dir) {
-    auto [code, out] = Ptcfs("synth --schema megatron-gpt --dims " + kDims +
+    auto [code, out] = Ptcfs("synth --schema " + schema_ + " --dims " + kDims +
                              " --optimizer adam --dtype bf16 --config " + config + " " + dir);
     ASSERT_EQ(code, 0) << out;
   }
   // A store of `config` compacted into rank files; src/ holds the expected files.
   void MakeStore(const std::string& config = kConfig, const std::string& compact_flags = "") {
     Synth(config, tmp_ / "src");
-    auto [code, out] = Ptcfs("import --schema megatron-gpt --dims " + kDims + " --config " + config + " " +
+    auto [code, out] = Ptcfs("import --schema " + schema_ + " --dims " + kDims + " --config " + config + " " +
                              tmp_ / "src " + tmp_ / "store");
     ASSERT_EQ(code, 0) << out;
     auto [c2, o2] = Ptcfs("compact --rank-files " + compact_flags + " " + tmp_ / "store");
@@ -66,6 +68,7 @@ class PassthroughTest : public ::testing::Test {
     std::snprintf(path, sizeof(path), "store/gen-%06d/worker-%02d/rank-%05d.%s", gen, worker, rank, file);
     return tmp_ / path;
   }
+  std::string schema_ = "megatron-gpt";
   TempDir tmp_;
 };
 
@@ -271,6 +274,70 @@ TEST_F(PassthroughTest, MegatronTreeFilesGoThroughTheKernel) {
                      "/model_optim_rng.pt");
     EXPECT_EQ(c, 0) << o;
   }
+}
+
+// DCP's chunk files (dcp/, and megatron/'s torch_dist tree): compacted with
+// --rank-file-format dcp (torch_dist), each worker's __W_0.distcp is a file
+// of the store, its pieces (a llama's fused fc1 one per box) inside zip
+// records, and the kernel reads it; the bytes equal the daemon's and `ptcfs
+// export --format dcp`. A change of layout: the mount's compaction writes the
+// new layout's chunk files.
+TEST_F(PassthroughTest, DcpChunkFilesGoThroughTheKernel) {
+  schema_ = "llama";
+  const std::string config = "tp=2,pp=2,dp=1,per_worker=2";  // two workers: __0_0.distcp and __1_0.distcp
+  MakeStore(config, "--rank-file-format dcp");
+  auto [c0, o0] = Ptcfs("export --format dcp " + tmp_ / "store " + tmp_ / "ref");
+  ASSERT_EQ(c0, 0) << o0;
+  const std::vector<std::string> files = {"dcp/__0_0.distcp", "dcp/__1_0.distcp"};
+  for (const std::string mode : {"off", "auto"}) {
+    Mount m(tmp_ / "store", tmp_ / ("mnt-" + mode), "--format dcp --compact-pieces 1 --passthrough " + mode);
+    auto status = MountStatus(m.dir());
+    if (mode == "auto") RequirePassthrough(status);
+    EXPECT_EQ(status["passthrough"]["kernel"], mode == "auto" ? 2 : 0) << status.dump();
+    for (const std::string& path : files) {
+      EXPECT_EQ(status["passthrough"]["files"][path], mode == "auto" ? "kernel" : "daemon") << path;
+      auto [c, o] = Sh("cmp " + m.dir() + "/" + path + " " + tmp_ / "ref/" + fs::path(path).filename().string());
+      EXPECT_EQ(c, 0) << mode << " " << o;
+    }
+    if (mode == "off") continue;
+    // A change of layout: the compaction writes the new generation's chunk files, read by the kernel again.
+    const std::string target = "tp=1,pp=2,dp=1,per_worker=1";
+    ASSERT_EQ(WriteConfig(m.dir(), target), 0);
+    ASSERT_NO_FATAL_FAILURE(WaitCompactedForTheKernel(m.dir(), 2));
+    auto [c1, o1] = Ptcfs("export --format dcp " + tmp_ / "store " + tmp_ / "ref2");
+    ASSERT_EQ(c1, 0) << o1;
+    for (const std::string& path : files) {
+      auto [c, o] = Sh("cmp " + m.dir() + "/" + path + " " + tmp_ / "ref2/" + fs::path(path).filename().string());
+      EXPECT_EQ(c, 0) << o;
+    }
+    EXPECT_TRUE(MountStatus(m.dir())["last_error"].is_null()) << MountStatus(m.dir()).dump();
+  }
+  // megatron/'s torch_dist tree: the same chunks in Megatron-Core's keys. The
+  // dcp/ rank files hold its pieces at the very offsets but other records: not
+  // its backing files, served by the daemon (no EIO, no error).
+  {
+    Mount m(tmp_ / "store", tmp_ / "mnt-dist-before", "--format megatron --ckpt-format torch_dist");
+    EXPECT_EQ(MountStatus(m.dir())["passthrough"]["kernel"], 0) << MountStatus(m.dir()).dump();
+    auto [c, o] = Sh("cat " + m.dir() + "/megatron/iter_0000000/__0_0.distcp >/dev/null");
+    EXPECT_EQ(c, 0) << o;
+    EXPECT_TRUE(MountStatus(m.dir())["last_error"].is_null()) << MountStatus(m.dir()).dump();
+  }
+  auto [c2, o2] = Ptcfs("compact --rank-files --rank-file-format torch_dist " + tmp_ / "store");
+  ASSERT_EQ(c2, 0) << o2;
+  std::map<std::string, std::string> by_mode;  // the daemon's and the kernel's bytes of the tree's files
+  for (const std::string mode : {"off", "auto"}) {
+    Mount m(tmp_ / "store", tmp_ / ("mnt-dist-" + mode),
+            "--format megatron --ckpt-format torch_dist --passthrough " + mode);
+    auto status = MountStatus(m.dir());
+    EXPECT_EQ(status["passthrough"]["kernel"], mode == "auto" ? 2 : 0) << status.dump();
+    for (const char* name : {"__0_0.distcp", "__1_0.distcp"}) {
+      const std::string path = std::string("megatron/iter_0000000/") + name;
+      EXPECT_EQ(status["passthrough"]["files"][path], mode == "auto" ? "kernel" : "daemon") << path;
+      by_mode[mode] += Slurp(m.dir() + "/" + path);
+    }
+  }
+  EXPECT_FALSE(by_mode["auto"].empty());
+  EXPECT_TRUE(by_mode["auto"] == by_mode["off"]);
 }
 
 TEST_F(PassthroughTest, DamagedBackingFileFailsOpensWithEio) {

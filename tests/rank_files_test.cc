@@ -11,7 +11,10 @@
 #include <tuple>
 
 #include "fs/megatron_file.h"
+#include "ptc/checkpoint/dcp.h"
+#include "ptc/store/model_spec.h"
 #include "test_util.h"
+#include "transform/plan.h"
 
 namespace ptcfs {
 namespace {
@@ -190,6 +193,91 @@ TEST(RankFiles, MegatronTreeFiles) {
   // Both tensor-parallel ranks of a stage are on one worker: the second's file copies the replicated norms.
   EXPECT_TRUE((*files)[0].copies.empty());
   EXPECT_FALSE((*files)[1].copies.empty());
+}
+
+// The generation of `layout` that a compaction with box_targets writes: one
+// piece per box of every target shard (per worker), as records only.
+ptc::GenerationManifest BoxPieces(const ptc::ModelLayout& layout, bool box_targets = true) {
+  ptc::GenerationManifest m;
+  EXPECT_TRUE(ptc::DescribeModel(layout.spec(), layout.config(), &m).ok());
+  auto keys = ptc::transform::TargetShardKeys(layout);
+  EXPECT_TRUE(keys.ok());
+  for (const auto& [key, worker] : *keys) {
+    if (!box_targets) {
+      m.shards.push_back(ptc::ShardRecord{key.tensor, key.boxes, worker});
+      continue;
+    }
+    for (const ptc::Box& box : key.boxes) m.shards.push_back(ptc::ShardRecord{key.tensor, {box}, worker});
+  }
+  return m;
+}
+
+// DCP rank files: one dcp.__W_0.distcp per worker, the DCP plan's file byte
+// for byte: its zip records and objects literal, every chunk's storage a
+// stored piece of that worker placed at the storage's offset, the two tiling
+// the file. A piece of several boxes (a fused fc1 not stored per box) or
+// torchtitan's woven heads leave the file to the daemon.
+TEST(RankFiles, DcpChunkFiles) {
+  const ptc::ModelSpec spec =
+      Spec("llama", "layers=2,hidden=64,heads=4,kv_heads=2,vocab=128,seq=16", ptc::DType::kBF16, /*optimizer=*/true);
+  const ptc::ModelLayout layout = FitLayout(spec, *ptc::ParseConfig("tp=2,pp=2,dp=1,per_worker=2"));
+  RankFileOptions options;
+  options.format = RankFileFormat::kDcp;
+  EXPECT_EQ(PlanRankFiles(layout, options).status().code(), ptc::Code::kInvalidArgument);  // of a generation only
+  const ptc::GenerationManifest m = BoxPieces(layout);
+  for (const ptc::dcp::Keys keys : {ptc::dcp::Keys::kTorch, ptc::dcp::Keys::kMegatronCore}) {
+    auto plan = ptc::dcp::PlanCheckpoint(m, keys);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    auto files = PlanDcpRankFiles(m, keys);
+    ASSERT_TRUE(files.ok()) << files.status().ToString();
+    ASSERT_EQ(files->size(), 2u);
+    ExpectConsistent(*files);
+    std::map<Key, uint64_t> bytes;  // of every stored piece
+    for (const ptc::ShardRecord& s : m.shards) {
+      uint64_t n = 0;
+      for (const ptc::Box& b : s.boxes) n += static_cast<uint64_t>(b.volume()) * 2;  // bf16
+      bytes[{s.worker, s.tensor, s.boxes}] = n;
+    }
+    for (const ptc::TensorRecord& t : m.tensors) {
+      if (t.dtype == ptc::DType::kF32) {
+        for (auto& [key, n] : bytes) {
+          if (std::get<1>(key) == t.name) n *= 2;
+        }
+      }
+    }
+    std::set<Key> placed;
+    for (size_t i = 0; i < files->size(); ++i) {
+      const ptc::RankFileSpec& f = (*files)[i];
+      const ptc::dcp::File& d = plan->files[i];
+      EXPECT_EQ(f.name, (keys == ptc::dcp::Keys::kTorch ? "dcp." : "torch_dist.") + d.name);
+      EXPECT_EQ(f.worker, d.worker);
+      EXPECT_EQ(f.size, d.size);
+      EXPECT_TRUE(f.copies.empty());
+      std::vector<std::pair<uint64_t, uint64_t>> ranges;
+      for (const auto& l : f.literals) ranges.push_back({l.offset, l.offset + l.bytes.size()});
+      for (const auto& p : f.placements) {
+        const Key key{f.worker, p.tensor, p.boxes};
+        ASSERT_EQ(p.boxes.size(), 1u) << p.tensor;
+        ASSERT_TRUE(bytes.count(key)) << f.name << ": " << p.tensor << " is no piece of worker " << f.worker;
+        placed.insert(key);
+        ranges.push_back({p.offset, p.offset + bytes[key]});
+      }
+      std::sort(ranges.begin(), ranges.end());
+      uint64_t at = 0;
+      for (const auto& [begin, end] : ranges) {
+        EXPECT_EQ(begin, at) << f.name;  // literals and pieces tile the file
+        at = end;
+      }
+      EXPECT_EQ(at, f.size) << f.name;
+    }
+    for (const auto& [key, n] : bytes) {
+      if (n > 0) EXPECT_TRUE(placed.count(key)) << std::get<1>(key) << " on worker " << std::get<0>(key);
+    }
+  }
+  // fc1's two boxes (gate and up) as one piece: no chunk is that piece, no file.
+  auto fused = PlanDcpRankFiles(BoxPieces(layout, /*box_targets=*/false), ptc::dcp::Keys::kTorch);
+  ASSERT_TRUE(fused.ok()) << fused.status().ToString();
+  EXPECT_TRUE(fused->empty());
 }
 
 }  // namespace

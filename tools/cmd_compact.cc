@@ -2,6 +2,8 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "fs/rank_files.h"
 #include "ptc/store/store.h"
@@ -22,6 +24,7 @@ struct CompactArgs {
   std::string rank_file_copies = "stored";
   std::string rank_file_format = "safetensors";
   std::string names = "te";
+  std::optional<std::string> dcp_names;
   bool wait = false;
 };
 
@@ -38,9 +41,19 @@ ptc::Status RunCompact(const CompactArgs& a) {
   const auto start = std::chrono::steady_clock::now();
   RankFileOptions options;
   PTC_ASSIGN_OR_RETURN(options.copy_budget, ParseCopyBudget(a.rank_file_copies), "--rank-file-copies");
-  PTC_ASSIGN_OR_RETURN(options.format, ParseRankFileFormat(a.rank_file_format), "--rank-file-format");
+  const bool torch_dist = a.rank_file_format == "torch_dist";  // the DCP files of megatron/'s torch_dist tree
+  PTC_ASSIGN_OR_RETURN(options.format, ParseRankFileFormat(torch_dist ? "dcp" : a.rank_file_format),
+                       "--rank-file-format");
   PTC_ASSIGN_OR_RETURN(options.names, ptc::megatron::ParseNameSet(a.names), "--names");
-  PTC_ASSIGN_OR_RETURN(ptc::transform::Compaction c, ptc::transform::PlanCompaction(*store));
+  if (a.dcp_names && a.rank_file_format != "dcp") {
+    return ptc::InvalidArgumentError("--dcp-names " + *a.dcp_names + ": names the keys of --rank-file-format dcp");
+  }
+  options.dcp_keys = torch_dist                                      ? ptc::dcp::Keys::kMegatronCore
+                     : a.dcp_names.value_or("torch") == "torchtitan" ? ptc::dcp::Keys::kTorchtitan
+                                                                     : ptc::dcp::Keys::kTorch;
+  PTC_ASSIGN_OR_RETURN(ptc::transform::Compaction c,
+                       ptc::transform::PlanCompaction(*store, ptc::transform::CommitMode::kCompact,
+                                                      a.rank_files && BoxTargets(options)));
   std::vector<ptc::RankFileSpec> files;
   if (a.rank_files) {
     PTC_ASSIGN_OR_RETURN(const ptc::ModelLayout layout, ptc::ModelLayout::Make(c.spec, c.config));
@@ -112,10 +125,15 @@ void AddCompactCommand(CLI::App& app, int* exit_code) {
                 "rewrites every shard once when the generation has no rank files yet");
   AddRankFileCopiesOption(sub, &a->rank_file_copies);
   sub->add_option("--rank-file-format", a->rank_file_format,
-                  "with rank files: which files they are: safetensors (model/, the default) or megatron\n"
+                  "with rank files: which files they are: safetensors (model/, the default), megatron\n"
                   "(the model_optim_rng.pt files of megatron/ that `ptcfs mount --format megatron`\n"
-                  "shows; their zip headers hold each tensor's CRC-32, so every tensor is read once more)")
-      ->check(CLI::IsMember({"safetensors", "megatron"}));
+                  "shows; their zip headers hold each tensor's CRC-32, so every tensor is read once more),\n"
+                  "dcp (the __W_0.distcp files of dcp/, `--format dcp`; keys as --dcp-names) or torch_dist\n"
+                  "(those of megatron/ with `--format megatron --ckpt-format torch_dist`); for dcp and\n"
+                  "torch_dist each box of a fused tensor is stored as a piece of its own, as DCP's chunks are")
+      ->check(CLI::IsMember({"safetensors", "megatron", "dcp", "torch_dist"}));
+  sub->add_option("--dcp-names", a->dcp_names, "with --rank-file-format dcp: " + std::string(kDcpNamesHelp))
+      ->check(CLI::IsMember({"torch", "torchtitan"}));
   sub->add_option("--names", a->names, "with --rank-file-format megatron: " + std::string(kMegatronNamesHelp))
       ->check(CLI::IsMember({"te", "local"}));
   AddWaitFlag(sub, &a->wait);

@@ -134,10 +134,15 @@ ptc::Status RunMount(const MountArgs& a) {
   options.compaction = a.compaction;
   options.passthrough = a.passthrough == "auto";
   options.compaction.rank_files = options.passthrough;
-  // Rank files are the files the job reads: megatron/'s when the mount shows only that tree.
+  // Rank files are the files the job reads: megatron/'s when the mount shows
+  // only that tree (its DCP files for torch_dist), dcp/'s when it shows only dcp/.
+  RankFileOptions& rank_files = options.compaction.rank_file_options;
   if (a.format == "megatron" && !options.megatron_torch_dist) {
-    options.compaction.rank_file_options.format = RankFileFormat::kMegatron;
-    options.compaction.rank_file_options.names = options.megatron_names;
+    rank_files.format = RankFileFormat::kMegatron;
+    rank_files.names = options.megatron_names;
+  } else if (a.format == "megatron" || a.format == "dcp") {
+    rank_files.format = RankFileFormat::kDcp;
+    rank_files.dcp_keys = a.format == "dcp" ? options.dcp_keys : ptc::dcp::Keys::kMegatronCore;
   }
   PTC_ASSIGN_OR_RETURN(options.compaction.rank_file_options.copy_budget, ParseCopyBudget(a.rank_file_copies),
                        "--rank-file-copies");
@@ -336,7 +341,9 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
                    "auto (default): the kernel reads the model files that exist byte for byte on disk\n"
                    "(rank files, written by a compaction) itself, at the speed of a local file (FUSE\n"
                    "passthrough: Linux >= 6.9, a root daemon); others, and all with off, are served by\n"
-                   "the daemon. .ptcfs/status \"passthrough\" says which way each file is read")
+                   "the daemon. A compaction writes the files the mount shows as rank files: megatron/'s\n"
+                   "with --format megatron, dcp/'s with --format dcp, else model/'s safetensors files.\n"
+                   ".ptcfs/status \"passthrough\" says which way each file is read")
       ->check(CLI::IsMember({"auto", "off"}));
   AddRankFileCopiesOption(mount, &m->rank_file_copies);
   mount

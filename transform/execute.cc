@@ -172,14 +172,21 @@ Result<ExecuteResult> Transform(Store& store, const ParallelConfig& target, cons
   return ExecutePlan(store, source, spec, target, plan, options);
 }
 
-Result<Compaction> PlanCompaction(const Store& store, CommitMode mode) {
+Result<Compaction> PlanCompaction(const Store& store, CommitMode mode, bool box_targets) {
   if (!store.has_generation()) return FailedPreconditionError(store.root() + ": the store holds no generation yet");
   Compaction c;
   c.source = store.CurrentSnapshot();
   const std::string label = store.root() + ": generation " + std::to_string(c.source->generation);
   PTC_ASSIGN_OR_RETURN(c.spec, SpecFromManifest(*c.source), label);
   PTC_ASSIGN_OR_RETURN(c.config, ConfigFromManifest(*c.source), label);
-  PTC_ASSIGN_OR_RETURN(Plan plan, MakePlan({c.source.get(), c.spec, c.config, {}, std::nullopt}), label);
+  c.box_targets = box_targets;
+  PTC_ASSIGN_OR_RETURN(Plan plan,
+                       MakePlan({.source = c.source.get(),
+                                 .spec = c.spec,
+                                 .target = c.config,
+                                 .alive = std::nullopt,
+                                 .box_targets = box_targets}),
+                       label);
   c.covering = MakeCovering(plan, *c.source, mode);
   return c;
 }

@@ -94,17 +94,19 @@ Result<ExecuteResult> Transform(Store& store, const ParallelConfig& target, cons
 
 // A compaction of the store's current generation: its own config as
 // CommitMode::kCompact, so that every shard of the config is stored
-// contiguously, once per worker.
+// contiguously, once per worker (with `box_targets`, every box of one:
+// PlanRequest::box_targets).
 struct Compaction {
   std::shared_ptr<const GenerationManifest> source;
   ModelSpec spec;
   ParallelConfig config;
+  bool box_targets = false;
   Covering covering;  // nothing to write: the generation is compact
 };
 // `mode`: kCompact, or kCompactWorkerLocal for a cluster's worker (whose
 // store holds its own pieces only).
 // \error FailedPrecondition when the store has no generation; as MakePlan.
-Result<Compaction> PlanCompaction(const Store& store, CommitMode mode = CommitMode::kCompact);
+Result<Compaction> PlanCompaction(const Store& store, CommitMode mode = CommitMode::kCompact, bool box_targets = false);
 
 // PlanCompaction, then ExecuteCovering when there is anything to write. When
 // nothing needs writing nothing is committed and the result's generation is

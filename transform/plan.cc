@@ -163,6 +163,20 @@ class Planner {
   Plan* plan_;
 };
 
+// `keys` with each key of several boxes split into keys of one box, in
+// order; a (box, worker) repeated is dropped.
+std::vector<std::pair<ShardKey, int>> OneBoxEach(std::vector<std::pair<ShardKey, int>> keys) {
+  std::vector<std::pair<ShardKey, int>> out;
+  std::set<std::pair<ShardKey, int>> seen;
+  for (auto& [key, worker] : keys) {
+    for (Box& box : key.boxes) {
+      std::pair<ShardKey, int> one{ShardKey{key.tensor, {std::move(box)}}, worker};
+      if (seen.insert(one).second) out.push_back(std::move(one));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<std::vector<std::pair<ShardKey, int>>> TargetShardKeys(const ModelLayout& layout) {
@@ -201,6 +215,7 @@ Result<std::vector<std::pair<ShardKey, int>>> TargetShardKeys(const ModelLayout&
 Result<Plan> MakePlan(const PlanRequest& req) {
   PTC_ASSIGN_OR_RETURN(const ModelLayout target, ModelLayout::Make(req.spec, req.target));
   PTC_ASSIGN_OR_RETURN(auto keys, TargetShardKeys(target));
+  if (req.box_targets) keys = OneBoxEach(std::move(keys));
   std::map<std::string, DType> dtypes;
   for (const TensorRecord& t : req.source->tensors) dtypes[t.name] = t.dtype;
   Plan plan;

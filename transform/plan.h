@@ -40,6 +40,10 @@ struct PlanRequest {
   // Workers read from only for bytes no other live worker holds (a cluster's
   // durable tier, docs/cluster.md); never targets.
   std::set<int> last_resort = {};
+  // Each target one box: a shard of several boxes (a fused tensor's parts)
+  // becomes one target per box, each stored as a piece of its own (the
+  // chunks of a DCP rank file, fs/rank_files.h).
+  bool box_targets = false;
 };
 
 struct TargetShard {

@@ -217,18 +217,26 @@ Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys) {
                                   std::to_string(layers) + " layers");
     }
   }
-  // The stored boxes of each global tensor, in manifest order, with their workers.
+  // The stored boxes of each global tensor with their workers, in box order
+  // (then worker): the plan does not depend on the order of the manifest's
+  // records, which a compaction's threads write in any order (the rank files
+  // of fs/rank_files.h are laid out before).
   std::map<std::string, const TensorRecord*> records;
   for (const TensorRecord& t : m.tensors) records[t.name] = &t;
-  std::map<std::string, std::pair<std::vector<Box>, std::vector<int>>> stored;
+  std::map<std::string, std::vector<std::pair<Box, int>>> stored_pairs;
   for (const ShardRecord& s : m.shards) {
     if (records.count(s.tensor) == 0) {
       return InvalidArgumentError("a stored piece of " + s.tensor + ", which is not a tensor");
     }
-    auto& [boxes, workers] = stored[s.tensor];
-    for (const Box& b : s.boxes) {
-      boxes.push_back(b);
-      workers.push_back(s.worker);
+    for (const Box& b : s.boxes) stored_pairs[s.tensor].emplace_back(b, s.worker);
+  }
+  std::map<std::string, std::pair<std::vector<Box>, std::vector<int>>> stored;
+  for (auto& [name, pairs] : stored_pairs) {
+    std::sort(pairs.begin(), pairs.end());
+    auto& [boxes, workers] = stored[name];
+    for (auto& [box, worker] : pairs) {
+      boxes.push_back(std::move(box));
+      workers.push_back(worker);
     }
   }
   // Of each global tensor a key holds: disjoint boxes covering it, with their workers.
@@ -264,7 +272,10 @@ Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys) {
                            "tensor " + tensor.name);
       PTC_ASSIGN_OR_RETURN(ZipLayout layout, LayoutTorchFile(chunk_file), "tensor " + tensor.name);
       File& f = files[worker];
-      if (f.name.empty()) f.name = DistcpName(worker);
+      if (f.name.empty()) {
+        f.name = DistcpName(worker);
+        f.worker = worker;
+      }
       f.chunks.push_back(Chunk{t, std::move(box), f.size, layout.size});
       f.size += layout.size;
       return Status::OK();

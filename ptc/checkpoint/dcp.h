@@ -131,6 +131,7 @@ struct Object {
 
 struct File {
   std::string name;           // "__W_0.distcp"
+  int worker = 0;             // whose stored pieces its chunks are
   std::vector<Chunk> chunks;  // by offset
   uint64_t size = 0;
 };
