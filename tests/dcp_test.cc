@@ -414,6 +414,7 @@ TEST(DcpTorchtitan, KeysPermuteQueryAndKeyRowsAndReadBack) {
   };
   GenerationReader reader(*store, generation, /*verify=*/true);
   size_t checked = 0;
+  std::set<std::string> parts;  // files holding chunks
   for (size_t f = 0; f < plan->files.size(); ++f) {
     auto file = ptcfs::MakeDcpFile(reader, *plan, f, -1);
     ASSERT_TRUE(file.ok()) << file.status().ToString();
@@ -425,6 +426,15 @@ TEST(DcpTorchtitan, KeysPermuteQueryAndKeyRowsAndReadBack) {
     for (const Chunk& c : plan->files[f].chunks) {
       if (c.object >= 0) continue;
       const Tensor& t = plan->tensors[c.tensor];
+      // A __W_0.distcp chunk is a whole stored box (a rank file may hold it); the others are in __W_1.
+      const std::vector<Segment> segments = ChunkSegments(t, c.box);
+      const bool whole = segments.size() == 1 && segments[0].layout == DenseLayout(segments[0].box, 0) &&
+                         std::any_of(generation->shards.begin(), generation->shards.end(), [&](const ShardRecord& s) {
+                           return s.tensor == segments[0].tensor &&
+                                  std::find(s.boxes.begin(), s.boxes.end(), segments[0].box) != s.boxes.end();
+                         });
+      EXPECT_EQ(whole, plan->files[f].name.ends_with("_0.distcp")) << plan->files[f].name << " " << t.key;
+      parts.insert(plan->files[f].name);
       if (t.key.find(".wq.") == std::string::npos && t.key.find(".wk.") == std::string::npos &&
           t.key.find(".wqkv.") == std::string::npos) {
         continue;
@@ -446,6 +456,7 @@ TEST(DcpTorchtitan, KeysPermuteQueryAndKeyRowsAndReadBack) {
   }
   // 2 layers: the wq and wk rows of the parameters, the wqkv rows of both moments.
   EXPECT_EQ(checked, 2u * ((heads + groups) * hd + 2u * (heads + 2 * groups) * hd));
+  EXPECT_EQ(parts, (std::set<std::string>{"__0_0.distcp", "__0_1.distcp"}));
   // Exported and imported (the keys tell torchtitan's): the same tensors, masters = parameters.
   ASSERT_TRUE(ptcfs::ExportDcp(env, *store, generation, tmp / "titan", {}, Keys::kTorchtitan).ok());
   auto source = OpenDcp(env, tmp / "titan", spec.schema, spec.dims, *ParseConfig("tp=1"));

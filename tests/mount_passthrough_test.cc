@@ -338,6 +338,25 @@ TEST_F(PassthroughTest, DcpChunkFilesGoThroughTheKernel) {
   }
   EXPECT_FALSE(by_mode["auto"].empty());
   EXPECT_TRUE(by_mode["auto"] == by_mode["off"]);
+
+  // torchtitan's names: its woven q/k heads and the parts of linear_qkv's
+  // pieces (wv, the fused wqkv's v rows) are no whole pieces, in __W_1.distcp
+  // (the daemon's); __W_0.distcp holds the rest, read by the kernel.
+  auto [c3, o3] = Ptcfs("compact --rank-files --rank-file-format dcp --dcp-names torchtitan " + tmp_ / "store");
+  ASSERT_EQ(c3, 0) << o3;
+  auto [c4, o4] = Ptcfs("export --format dcp --dcp-names torchtitan " + tmp_ / "store " + tmp_ / "ref-titan");
+  ASSERT_EQ(c4, 0) << o4;
+  Mount m(tmp_ / "store", tmp_ / "mnt-titan", "--format dcp --dcp-names torchtitan");
+  auto status = MountStatus(m.dir());
+  EXPECT_EQ(status["passthrough"]["kernel"], 2) << status.dump();
+  EXPECT_EQ(status["passthrough"]["daemon"], 2) << status.dump();
+  for (const char* name : {"__0_0.distcp", "__0_1.distcp", "__1_0.distcp", "__1_1.distcp"}) {
+    const std::string path = std::string("dcp/") + name;
+    EXPECT_EQ(status["passthrough"]["files"][path], std::string(name).ends_with("_0.distcp") ? "kernel" : "daemon")
+        << path;
+    auto [c, o] = Sh("cmp " + m.dir() + "/" + path + " " + tmp_ / "ref-titan/" + name);
+    EXPECT_EQ(c, 0) << o;
+  }
 }
 
 TEST_F(PassthroughTest, DamagedBackingFileFailsOpensWithEio) {

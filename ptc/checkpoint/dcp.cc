@@ -32,7 +32,9 @@ std::optional<std::pair<std::string, std::string>> OptimizerStateOf(const std::s
   return std::nullopt;
 }
 
-std::string DistcpName(int worker) { return "__" + std::to_string(worker) + "_0.distcp"; }
+std::string DistcpName(int worker, int part) {
+  return "__" + std::to_string(worker) + "_" + std::to_string(part) + ".distcp";
+}
 
 Value Ints(const std::vector<Index>& v) {
   pickle::Items items;
@@ -263,17 +265,20 @@ Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys) {
                                   " of its " + std::to_string(full.volume()) + " elements");
     }
   }
-  std::map<int, File> files;
+  std::map<std::pair<int, int>, File> files;  // by (worker, part)
   for (size_t t = 0; t < plan.tensors.size(); ++t) {
     const Tensor& tensor = plan.tensors[t];
     const std::vector<std::pair<Box, int>>& boxes = disjoint.at(tensor.name);
-    auto add = [&](Box box, int worker) -> Status {
+    // A chunk that is not a whole stored box (woven, or a block's part of
+    // one) goes to the worker's part 1, so that part 0 may be a rank file
+    // (fs/rank_files.h).
+    auto add = [&](Box box, int worker, int part) -> Status {
       PTC_ASSIGN_OR_RETURN(TorchFilePlan chunk_file, ChunkFile(tensor.dtype, KeyBox(tensor, box)),
                            "tensor " + tensor.name);
       PTC_ASSIGN_OR_RETURN(ZipLayout layout, LayoutTorchFile(chunk_file), "tensor " + tensor.name);
-      File& f = files[worker];
+      File& f = files[{worker, part}];
       if (f.name.empty()) {
-        f.name = DistcpName(worker);
+        f.name = DistcpName(worker, part);
         f.worker = worker;
       }
       f.chunks.push_back(Chunk{t, std::move(box), f.size, layout.size});
@@ -281,7 +286,7 @@ Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys) {
       return Status::OK();
     };
     if (tensor.blocks.empty()) {
-      for (const auto& [box, worker] : boxes) PTC_RETURN_IF_ERROR(add(box, worker));
+      for (const auto& [box, worker] : boxes) PTC_RETURN_IF_ERROR(add(box, worker, 0));
       continue;
     }
     // Blocks of rows: one taken whole (n = 1) is cut where its rows are
@@ -298,16 +303,17 @@ Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys) {
           Box whole = Box::Full(tensor.shape);
           whole.begin[0] = b.dst;
           whole.end[0] = b.dst + b.rows;
-          PTC_RETURN_IF_ERROR(add(std::move(whole), worker));
+          PTC_RETURN_IF_ERROR(add(std::move(whole), worker, 1));
           break;
         }
+        const int file_part = part == box ? 0 : 1;
         part.begin[0] += shift;
         part.end[0] += shift;
-        PTC_RETURN_IF_ERROR(add(std::move(part), worker));
+        PTC_RETURN_IF_ERROR(add(std::move(part), worker, file_part));
       }
     }
   }
-  for (auto& [worker, f] : files) plan.files.push_back(std::move(f));
+  for (auto& [where, f] : files) plan.files.push_back(std::move(f));
   if (plan.files.empty()) return plan;
   // The objects, in the first file after its tensors.
   std::vector<Object> objects;

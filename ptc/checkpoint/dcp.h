@@ -5,6 +5,10 @@
 //   DIR/.metadata          a pickle of torch.distributed.checkpoint.metadata.Metadata
 //   DIR/__W_0.distcp       the chunks of the pieces stored on worker W, one
 //                          after another, each a torch.save file of one tensor
+//   DIR/__W_1.distcp       with torchtitan's keys: those that are no whole
+//                          stored box (woven heads, a row block's part of a
+//                          box: Tensor::blocks), so that __W_0.distcp may be
+//                          a rank file (fs/rank_files.h)
 //
 // Chunks are cut where the stored pieces are cut: every box of every stored
 // piece, replicas once, so DCP's load planner reads of each chunk only what a
@@ -130,7 +134,7 @@ struct Object {
 };
 
 struct File {
-  std::string name;           // "__W_0.distcp"
+  std::string name;           // "__W_0.distcp" ("__W_1.distcp": chunks that are no whole stored box)
   int worker = 0;             // whose stored pieces its chunks are
   std::vector<Chunk> chunks;  // by offset
   uint64_t size = 0;
@@ -140,7 +144,7 @@ struct Plan {
   Keys keys = Keys::kTorch;
   std::vector<Tensor> tensors;  // in manifest order
   std::vector<Object> objects;  // their chunks in the first file, after its tensors
-  std::vector<File> files;      // by worker
+  std::vector<File> files;      // by worker, then part
 };
 
 // The DCP key of every global tensor of `m`, and where `m`'s stored pieces are.
