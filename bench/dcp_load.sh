@@ -16,7 +16,8 @@
 # first does, later ones hit the kernel's cache of the mount's pages),
 # RANK_FILES (1: the store compacted with --rank-files --rank-file-format dcp
 # in NAMES first, so that the kernel reads dcp/'s chunk files itself, FUSE
-# passthrough; 0: as imported, every read through the daemon). Needs root and
+# passthrough; 0: as imported, every read through the daemon), PASSTHROUGH
+# (auto, or off: the mount serves every file itself). Needs root and
 # /dev/fuse.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,6 +31,7 @@ SETTLE=${SETTLE:-8}
 NAMES=${NAMES:-torch}
 COLD=${COLD:-0}
 RANK_FILES=${RANK_FILES:-0}
+PASSTHROUGH=${PASSTHROUGH:-auto}
 MODEL="--schema llama --dims $DIMS"
 mkdir -p "$WORK"
 mnt="$WORK/mnt"
@@ -45,7 +47,7 @@ if [ "$RANK_FILES" = 1 ]; then  # nothing written when they are the current gene
   "$PTCFS" compact --rank-files --rank-file-format dcp --dcp-names "$NAMES" "$WORK/store"
 fi
 mkdir -p "$mnt"
-mount_dcp() { "$PTCFS" mount --wait --format dcp --dcp-names "$NAMES" "$WORK/store" "$mnt"; }
+mount_dcp() { "$PTCFS" mount --wait --format dcp --dcp-names "$NAMES" --passthrough "$PASSTHROUGH" "$WORK/store" "$mnt"; }
 mount_dcp
 local_dir="$WORK/local-$NAMES"
 if [ ! -f "$local_dir/.metadata" ]; then

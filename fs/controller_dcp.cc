@@ -204,19 +204,36 @@ ptc::Status Controller::SaveDcpInCluster(const std::string& dir, const std::stri
   std::vector<ptc::TensorRecord> tensors;
   if (!source.chunks.empty()) tensors = meta.tensors;
   auto settle = [&](const std::map<int, ptc::Part>& parts) -> ptc::Result<std::string> {
-    PTC_RETURN_IF_ERROR(SettleDcpSave(source.all_files, torch_dist, parts).status());
+    PTC_ASSIGN_OR_RETURN(const SettledDcpSave settled, SettleDcpSave(source.all_files, torch_dist, parts));
+    if (source.optimizer_part) {  // refused before a commit
+      PTC_RETURN_IF_ERROR(ptc::dcp::PartsOptimizer(*source.optimizer_part, settled.entries, dir).status());
+    }
     return source.layout.config().ToString();
   };
   PTC_ASSIGN_OR_RETURN(
       const auto parts,
-      change.BeforeSaveCommit(*writer, tensors, DcpSavePartExtra(source.file_names, state ? &state->extra : nullptr),
+      change.BeforeSaveCommit(*writer, tensors,
+                              DcpSavePartExtra(source.file_names, state ? &state->extra : nullptr,
+                                               source.optimizer_part ? source.optimizer_part->entries
+                                                                     : std::vector<ptc::dcp::EntryBytes>{}),
                               settle));
   // Every worker settles the same files (the one that committed did so before it committed).
-  PTC_ASSIGN_OR_RETURN(std::optional<nlohmann::json> saved, SettleDcpSave(source.all_files, torch_dist, parts));
+  PTC_ASSIGN_OR_RETURN(SettledDcpSave settled, SettleDcpSave(source.all_files, torch_dist, parts));
   std::optional<ptc::DatasetState> dataset = current->dataset();
   meta.extra = store_->current().extra;
-  if (saved) {  // a torch_dist save: its iteration, args and data position
-    meta.extra = std::move(*saved);
+  // Adam's steps and the param groups, from whichever workers' files hold them.
+  std::optional<ptc::megatron::OptimizerMeta> optimizer;
+  if (source.optimizer_part) {
+    PTC_ASSIGN_OR_RETURN(optimizer, ptc::dcp::PartsOptimizer(*source.optimizer_part, settled.entries, dir));
+  }
+  if (optimizer) {
+    PTC_ASSIGN_OR_RETURN(ptc::megatron::MegatronState megatron,
+                         ptc::megatron::LoadMegatronState(meta.extra, "the store's manifest"));
+    megatron.optimizer = std::move(*optimizer);
+    meta.extra[std::string(ptc::megatron::kManifestKey)] = ptc::megatron::EncodeMegatronState(megatron);
+  }
+  if (settled.manifest_extra) {  // a torch_dist save: its iteration, args and data position
+    meta.extra = std::move(*settled.manifest_extra);
     if (meta.extra.contains("dataset")) {
       PTC_ASSIGN_OR_RETURN(dataset,
                            ptc::DecodeDatasetState("the torch_dist save's data position", meta.extra["dataset"]));

@@ -11,6 +11,56 @@
 namespace ptcfs {
 namespace {
 
+std::string Hex(const std::string& bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 15]);
+  }
+  return out;
+}
+
+std::optional<std::string> Unhex(const std::string& hex) {
+  if (hex.size() % 2 != 0) return std::nullopt;
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  std::string out(hex.size() / 2, '\0');
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int hi = digit(hex[2 * i]), lo = digit(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out[i] = static_cast<char>(hi << 4 | lo);
+  }
+  return out;
+}
+
+// A part's "optimizer_entries" (DcpSavePartExtra's), appended to `out`.
+ptc::Status DecodeEntries(const nlohmann::json& j, const std::string& what, std::vector<ptc::dcp::EntryBytes>* out) {
+  const auto bad = [&] { return ptc::CorruptionError(what + ": its optimizer_entries are not DcpSavePartExtra's"); };
+  if (!j.is_object() || !j.contains("blobs") || !j.contains("at") || !j["blobs"].is_array() || !j["at"].is_array()) {
+    return bad();
+  }
+  std::vector<std::string> blobs;
+  for (const nlohmann::json& b : j["blobs"]) {
+    std::optional<std::string> bytes = b.is_string() ? Unhex(b.get<std::string>()) : std::nullopt;
+    if (!bytes) return bad();
+    blobs.push_back(std::move(*bytes));
+  }
+  for (const nlohmann::json& a : j["at"]) {
+    if (!a.is_array() || a.size() != 4 || !a[0].is_string() || !a[1].is_number_unsigned() ||
+        !a[2].is_number_unsigned() || !a[3].is_number_unsigned() || a[3].get<uint64_t>() >= blobs.size()) {
+      return bad();
+    }
+    out->push_back(ptc::dcp::EntryBytes{a[0].get<std::string>(), a[1].get<uint64_t>(), a[2].get<uint64_t>(),
+                                        blobs[a[3].get<size_t>()]});
+  }
+  return ptc::Status::OK();
+}
+
 // What one part says, checked.
 struct PartSays {
   int tp = 0, pp = 0;
@@ -184,16 +234,29 @@ ptc::Result<SettledSave> SettleSave(uint64_t iteration, const ptc::ModelSpec& cu
   return SettledSave{std::move(layout), std::move(state), std::move(position)};
 }
 
-nlohmann::json DcpSavePartExtra(const std::vector<std::string>& files, const nlohmann::json* manifest_extra) {
+nlohmann::json DcpSavePartExtra(const std::vector<std::string>& files, const nlohmann::json* manifest_extra,
+                                const std::vector<ptc::dcp::EntryBytes>& entries) {
   nlohmann::json dcp = {{"files", files}};
   if (manifest_extra != nullptr) dcp["manifest_extra"] = *manifest_extra;
+  if (!entries.empty()) {
+    // Steps are mostly alike: each distinct entry's bytes once.
+    std::map<std::string, size_t> blob_of;
+    nlohmann::json blobs = nlohmann::json::array(), at = nlohmann::json::array();
+    for (const ptc::dcp::EntryBytes& e : entries) {
+      auto [it, inserted] = blob_of.try_emplace(e.bytes, blobs.size());
+      if (inserted) blobs.push_back(Hex(e.bytes));
+      at.push_back({e.file, e.file_size, e.offset, it->second});
+    }
+    dcp["optimizer_entries"] = {{"blobs", std::move(blobs)}, {"at", std::move(at)}};
+  }
   return {{"dcp", std::move(dcp)}};
 }
 
-ptc::Result<std::optional<nlohmann::json>> SettleDcpSave(const std::set<std::string>& files, bool torch_dist,
-                                                         const std::map<int, ptc::Part>& parts) {
+ptc::Result<SettledDcpSave> SettleDcpSave(const std::set<std::string>& files, bool torch_dist,
+                                          const std::map<int, ptc::Part>& parts) {
   std::map<std::string, int> holder;  // file -> worker
   std::optional<nlohmann::json> extra;
+  SettledDcpSave settled;
   for (const auto& [worker, part] : parts) {
     const std::string what = "worker " + std::to_string(worker) + "'s part of the DCP save";
     const auto dcp = part.extra.find("dcp");
@@ -204,6 +267,9 @@ ptc::Result<std::optional<nlohmann::json>> SettleDcpSave(const std::set<std::str
       if (!e->is_object() || extra)
         return ptc::CorruptionError(what + ": a second manifest extra, or one that is no object");
       extra = *e;
+    }
+    if (auto e = dcp->find("optimizer_entries"); e != dcp->end()) {
+      PTC_RETURN_IF_ERROR(DecodeEntries(*e, what, &settled.entries));
     }
     for (const nlohmann::json& f : (*dcp)["files"]) {
       if (!f.is_string()) return ptc::CorruptionError(what + ": a file that is no string");
@@ -225,7 +291,8 @@ ptc::Result<std::optional<nlohmann::json>> SettleDcpSave(const std::set<std::str
     }
   }
   if (torch_dist && !extra) return ptc::CorruptionError("no part of the torch_dist save carries its common.pt's state");
-  return extra;
+  settled.manifest_extra = std::move(extra);
+  return settled;
 }
 
 }  // namespace ptcfs

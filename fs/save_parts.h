@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ptc/base/status.h"
+#include "ptc/checkpoint/dcp_read.h"
 #include "ptc/checkpoint/megatron.h"
 #include "ptc/checkpoint/megatron_import.h"
 #include "ptc/dataset/state.h"
@@ -69,19 +70,28 @@ ptc::Result<SettledSave> SettleSave(uint64_t iteration, const ptc::ModelSpec& cu
                                     const std::map<int, ptc::Part>& parts);
 
 // What a worker's part of a DCP save on many workers says besides its
-// pieces: the chunk files written on it (OpenDcpPart's file_names), and for
-// the worker that proposed a torch_dist save the manifest's `extra` it
-// commits (`manifest_extra`: its iteration, args and data position).
-nlohmann::json DcpSavePartExtra(const std::vector<std::string>& files, const nlohmann::json* manifest_extra);
+// pieces: the chunk files written on it (OpenDcpPart's file_names), the
+// bytes of the Adam steps and param groups in them (`entries`, its
+// optimizer_entries: each distinct entry's bytes once, as hex), and for the
+// worker that proposed a torch_dist save the manifest's `extra` it commits
+// (`manifest_extra`: its iteration, args and data position).
+nlohmann::json DcpSavePartExtra(const std::vector<std::string>& files, const nlohmann::json* manifest_extra,
+                                const std::vector<ptc::dcp::EntryBytes>& entries = {});
 
 // That the parts (by worker) of a DCP save hold every file of its metadata
 // (`files`, OpenDcpPart's all_files) once: so every chunk is in exactly one
 // worker's pieces. Returns the manifest extra one part carries (a
-// torch_dist save's: then exactly one must).
+// torch_dist save's: then exactly one must), and the optimizer entries of
+// every part (for ptc::dcp::PartsOptimizer).
+struct SettledDcpSave {
+  std::optional<nlohmann::json> manifest_extra;
+  std::vector<ptc::dcp::EntryBytes> entries;
+};
 // \error InvalidArgument naming the file held by no worker, or the two
-//        workers holding it; Corruption for a part that is not one, or a
-//        manifest extra in two parts, or in none of a torch_dist save's.
-ptc::Result<std::optional<nlohmann::json>> SettleDcpSave(const std::set<std::string>& files, bool torch_dist,
-                                                         const std::map<int, ptc::Part>& parts);
+//        workers holding it; Corruption for a part that is not one (its
+//        optimizer entries included), or a manifest extra in two parts, or
+//        in none of a torch_dist save's.
+ptc::Result<SettledDcpSave> SettleDcpSave(const std::set<std::string>& files, bool torch_dist,
+                                          const std::map<int, ptc::Part>& parts);
 
 }  // namespace ptcfs

@@ -553,6 +553,38 @@ TEST_F(DcpOptimizer, OneGroupOfEveryParameterAndTheSteps) {
   EXPECT_EQ((*meta)->groups.items()[0].Find("params"), nullptr);
 }
 
+// A save taken on many workers: each part carries the bytes of the entries
+// in its files; together they read as the whole save does. An entry no part
+// carries is refused naming its key.
+TEST_F(DcpOptimizer, PartsCarryTheirEntriesToEveryWorker) {
+  Step("optim.state.w.step", 7);
+  Step("optim.state.norm.step", 9);
+  Setting("optim.param_groups.0.lr", pickle::Value::Float(3e-4));
+  Setting("optim.param_groups.0.params", pickle::Value::List({pickle::Value::Str("w"), pickle::Value::Str("norm")}));
+  auto whole = Read();
+  ASSERT_TRUE(whole.ok() && whole->has_value()) << whole.status().ToString();
+  OptimizerPart part{std::make_shared<const SavedCheckpoint>(saved_), model_, Keys::kTorch, {}};
+  std::vector<EntryBytes> entries;
+  auto carry = [&](const SavedChunk& c) {
+    entries.push_back(EntryBytes{c.file, file_.size(), c.offset, file_.substr(c.offset, c.length)});
+  };
+  for (const SavedTensor& t : saved_.tensors) carry(t.chunks.front());
+  for (const SavedBytes& b : saved_.bytes) carry(SavedChunk{Box{}, b.file, b.offset, b.length});
+  auto parts = PartsOptimizer(part, entries, "save/.metadata");
+  ASSERT_TRUE(parts.ok()) << parts.status().ToString();
+  ASSERT_TRUE(parts->has_value());
+  megatron::MegatronState from_parts, from_whole;
+  from_parts.optimizer = **parts;
+  from_whole.optimizer = **whole;
+  EXPECT_EQ(megatron::EncodeMegatronState(from_parts), megatron::EncodeMegatronState(from_whole));
+  ASSERT_EQ((*parts)->steps.size(), 2u);
+  entries.erase(entries.begin() + 1);  // norm's step: on no worker's part
+  parts = PartsOptimizer(part, entries, "save/.metadata");
+  ASSERT_FALSE(parts.ok());
+  EXPECT_NE(parts.status().message().find("key optim.state.norm.step"), std::string::npos) << parts.status().ToString();
+  EXPECT_NE(parts.status().message().find("no worker's part carries"), std::string::npos) << parts.status().ToString();
+}
+
 TEST_F(DcpOptimizer, MegatronsTwoGroupsInEitherOrder) {
   Setting("optim.param_groups.0.weight_decay", pickle::Value::Float(0.0));
   Setting("optim.param_groups.0.params", pickle::Value::List({pickle::Value::Str("norm")}));

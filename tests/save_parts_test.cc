@@ -26,7 +26,8 @@ TEST(SettleDcpSave, EveryFileOnExactlyOneWorker) {
   auto settled =
       SettleDcpSave(kFiles, false, Parts({{0, {"__0_0.distcp", "__2_0.distcp"}}, {1, {"__1_0.distcp"}}, {2, {}}}));
   ASSERT_TRUE(settled.ok()) << settled.status().ToString();
-  EXPECT_FALSE(settled->has_value());
+  EXPECT_FALSE(settled->manifest_extra.has_value());
+  EXPECT_TRUE(settled->entries.empty());
 
   auto missing = SettleDcpSave(kFiles, false, Parts({{0, {"__0_0.distcp"}}, {1, {"__1_0.distcp"}}}));
   EXPECT_EQ(missing.status().code(), Code::kInvalidArgument);
@@ -47,13 +48,41 @@ TEST(SettleDcpSave, TorchDistStateFromTheOnePartThatCarriesIt) {
   const std::map<int, std::vector<std::string>> files = {{0, {"__0_0.distcp", "__2_0.distcp"}}, {1, {"__1_0.distcp"}}};
   auto settled = SettleDcpSave(kFiles, true, Parts(files, &extra));
   ASSERT_TRUE(settled.ok()) << settled.status().ToString();
-  ASSERT_TRUE(settled->has_value());
-  EXPECT_EQ(**settled, extra);
+  ASSERT_TRUE(settled->manifest_extra.has_value());
+  EXPECT_EQ(*settled->manifest_extra, extra);
   // No part carries it; two do.
   EXPECT_EQ(SettleDcpSave(kFiles, true, Parts(files)).status().code(), Code::kCorruption);
   auto parts = Parts(files, &extra);
   parts[1].extra = DcpSavePartExtra({"__1_0.distcp"}, &extra);
   EXPECT_EQ(SettleDcpSave(kFiles, true, parts).status().code(), Code::kCorruption);
+}
+
+// The steps and groups each worker found in its files reach every worker:
+// the same bytes, each distinct one carried once; a part whose entries are
+// not DcpSavePartExtra's is refused naming it.
+TEST(SettleDcpSave, OptimizerEntriesOfEveryPart) {
+  using ptc::dcp::EntryBytes;
+  const std::vector<EntryBytes> first = {{"__0_0.distcp", 5000, 100, std::string("step\0\x01", 6)},
+                                         {"__0_0.distcp", 5000, 900, std::string("step\0\x01", 6)},
+                                         {"__2_0.distcp", 7000, 10, "groups"}};
+  const std::vector<EntryBytes> second = {{"__1_0.distcp", 6000, 0, std::string(300, '\xff')}};
+  std::map<int, ptc::Part> parts;
+  parts[0].extra = DcpSavePartExtra({"__0_0.distcp", "__2_0.distcp"}, nullptr, first);
+  parts[1].extra = DcpSavePartExtra({"__1_0.distcp"}, nullptr, second);
+  EXPECT_EQ(parts[0].extra["dcp"]["optimizer_entries"]["blobs"].size(), 2u);  // the two alike once
+  auto settled = SettleDcpSave(kFiles, false, parts);
+  ASSERT_TRUE(settled.ok()) << settled.status().ToString();
+  std::vector<EntryBytes> all = first;
+  all.insert(all.end(), second.begin(), second.end());
+  EXPECT_EQ(settled->entries, all);
+  for (const char* bad : {R"({"blobs": ["0g"], "at": []})", R"({"blobs": ["00"], "at": [["f", 1, 0, 1]]})",
+                          R"({"blobs": [], "at": [["f", -1, 0, 0]]})", R"([])"}) {
+    auto broken = parts;
+    broken[1].extra["dcp"]["optimizer_entries"] = nlohmann::json::parse(bad);
+    auto refused = SettleDcpSave(kFiles, false, broken);
+    EXPECT_EQ(refused.status().code(), Code::kCorruption) << bad;
+    EXPECT_NE(refused.status().message().find("worker 1's part"), std::string::npos) << refused.status().ToString();
+  }
 }
 
 TEST(SettleDcpSave, APartThatIsNoneIsNamed) {

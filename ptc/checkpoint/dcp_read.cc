@@ -423,6 +423,43 @@ Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view
       }
     }
   }
+  if (part && keys != Keys::kMegatronCore) {
+    // The steps and groups in this worker's files, which PartsOptimizer reads
+    // with the other parts' (the entries may be in any rank's file).
+    OptimizerPart& optimizer = source.optimizer_part.emplace();
+    auto carry = [&](const std::string& key, const std::string& file, uint64_t offset, uint64_t length) -> Status {
+      if (file.empty()) return Status::OK();  // SavedOptimizer names it
+      source.all_files.insert(file);
+      if (!env->Exists(JoinPath(dir, file))) return Status::OK();  // another worker's
+      const std::string where = metadata_path + ": key " + key + " (" + file + " bytes " + std::to_string(offset) +
+                                "+" + std::to_string(length) + ")";
+      auto [it, inserted] = file_index.try_emplace(file, source.files.size());
+      if (inserted) {
+        PTC_ASSIGN_OR_RETURN(auto f, env->OpenRead(JoinPath(dir, file)), where);
+        source.files.push_back(std::move(f));
+        source.file_names.push_back(file);
+      }
+      const RandomAccessFile& f = *source.files[it->second];
+      if (offset > f.Size() || length > f.Size() - offset) return Bad(where, "lies past the end of the file");
+      if (length > kMaxTorchPickleSize) {
+        return Bad(where, "is larger than " + std::to_string(kMaxTorchPickleSize) + " bytes");
+      }
+      std::string bytes(length, '\0');
+      PTC_RETURN_IF_ERROR(f.Read(offset, bytes.size(), bytes.data()), where);
+      optimizer.entries.push_back(EntryBytes{file, f.Size(), offset, std::move(bytes)});
+      return Status::OK();
+    };
+    for (const SavedTensor& t : saved.tensors) {
+      if (!OptimizerEntryKey(t.key)) continue;
+      for (const SavedChunk& c : t.chunks) PTC_RETURN_IF_ERROR(carry(t.key, c.file, c.offset, c.length));
+    }
+    for (const SavedBytes& b : saved.bytes) {
+      if (OptimizerEntryKey(b.key)) PTC_RETURN_IF_ERROR(carry(b.key, b.file, b.offset, b.length));
+    }
+    optimizer.saved = std::make_shared<const SavedCheckpoint>(saved);
+    optimizer.model = model;
+    optimizer.keys = keys;
+  }
   if (!part && keys != Keys::kMegatronCore) {  // Adam's steps and the groups (a part's may be elsewhere)
     auto open = [&](const std::string& name) -> Result<const RandomAccessFile*> {
       auto [it, inserted] = file_index.try_emplace(name, source.files.size());

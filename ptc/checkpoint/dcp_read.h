@@ -76,6 +76,27 @@ Result<SavedCheckpoint> ParseMetadata(std::string_view data, const std::string& 
 // for another key.
 std::string TensorOfKey(const std::string& key);
 
+// The bytes of one entry SavedOptimizer reads (a step's chunk, a param
+// group's setting) where its file holds them: what a cluster worker carries
+// of the save's files written on it to the others (docs/cluster.md).
+struct EntryBytes {
+  std::string file;
+  uint64_t file_size = 0;
+  uint64_t offset = 0;
+  std::string bytes;
+  friend bool operator==(const EntryBytes&, const EntryBytes&) = default;
+};
+
+// What a cluster worker's part of a save knows of Adam's steps and the param
+// groups: the save's entries, the model's keys, and the bytes of the entries
+// in the worker's files (PartsOptimizer reads them with the other parts').
+struct OptimizerPart {
+  std::shared_ptr<const SavedCheckpoint> saved;
+  std::vector<Tensor> model;
+  Keys keys = Keys::kTorch;
+  std::vector<EntryBytes> entries;
+};
+
 // A DCP checkpoint checked against a model, ready to write into a store.
 struct DcpSource {
   ModelLayout layout;  // the model (the save's dtype and optimizer state) in the config asked for
@@ -98,6 +119,9 @@ struct DcpSource {
   // Adam's steps and the param groups the save holds (SavedOptimizer), which
   // WriteDcp keeps in the manifest; none when it holds neither, or for a part.
   std::optional<megatron::OptimizerMeta> optimizer{};
+  // A part's (OpenDcpPart with `part`, but kMegatronCore, whose common.pt
+  // holds them).
+  std::optional<OptimizerPart> optimizer_part{};
 };
 
 // Adam's steps and the param groups of a kTorch or kTorchtitan save, as the
@@ -114,6 +138,18 @@ struct DcpSource {
 Result<std::optional<megatron::OptimizerMeta>> SavedOptimizer(
     const SavedCheckpoint& saved, const std::vector<Tensor>& model, Keys keys,
     const std::function<Result<const RandomAccessFile*>(const std::string& file)>& open, const std::string& what);
+
+// Whether SavedOptimizer may read entry `key`: a step (optim.state.P.step,
+// optimizer.state.P.step) or a param group's setting.
+bool OptimizerEntryKey(const std::string& key);
+
+// SavedOptimizer of a save taken on many workers: `part` (any worker's) with
+// what it reads of the files served from `entries` (every part's).
+// \error as SavedOptimizer; InvalidArgument naming the key whose bytes no
+//        part carries.
+Result<std::optional<megatron::OptimizerMeta>> PartsOptimizer(const OptimizerPart& part,
+                                                              const std::vector<EntryBytes>& entries,
+                                                              const std::string& what);
 
 // The .metadata of the checkpoint in `dir`.
 // \error InvalidArgument when larger than kMaxTorchPickleSize; as the Env.
@@ -141,7 +177,9 @@ Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema
 // As OpenDcp with the metadata given (`metadata`, named as `dir`'s). With
 // `part`, the files of `dir` are one worker's share of a save taken on many
 // (docs/cluster.md): the chunks of a file absent from `dir` are left out
-// (every check of the metadata still made), `all_files` names every file.
+// (every check of the metadata still made), `all_files` names every file,
+// and `optimizer_part` holds the bytes of the steps and param groups in the
+// files that are (PartsOptimizer reads them with the other parts').
 Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view metadata, const Schema& schema,
                               const ModelDims& dims, const ParallelConfig& config, Keys keys, bool part);
 

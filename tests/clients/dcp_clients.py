@@ -19,6 +19,11 @@
       the environment; a job whose ranks run on several hosts, each saving
       into its own host's mount). Prints "SAVE RANK OK".
 
+  dcp_clients.py optim DCP_DIR STEP LR
+      The optimizer entries of DCP_DIR (dcp_to_torch_save, then torch.load):
+      every parameter's Adam step equals STEP and every param group's lr LR,
+      as `save` writes them (42, 1e-4). Prints "OPTIM OK".
+
 Keys follow docs/dcp_format.md: model.P for a parameter P,
 optim.state.P.{exp_avg,exp_avg_sq,fp32} for its optimizer state.
 """
@@ -27,6 +32,7 @@ import argparse
 import os
 import socket
 import sys
+import tempfile
 import traceback
 
 import torch
@@ -185,6 +191,23 @@ def load(args):
     return 0
 
 
+def optim(args):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "state.pt")
+        dcp_to_torch_save(args.dcp_dir, path)
+        sd = torch.load(path, weights_only=False)
+    steps = {p: float(s["step"]) for p, s in sd["optim"]["state"].items() if "step" in s}
+    groups = sd["optim"]["param_groups"]
+    bad = [f"{p}: step {v}" for p, v in steps.items() if v != args.step]
+    bad += [f"group {i}: lr {g.get('lr')}" for i, g in enumerate(groups) if g.get("lr") != args.lr]
+    if not steps or not groups or bad:
+        print(f"{len(steps)} steps, {len(groups)} groups; wrong: {bad[:5]}")
+        return 1
+    print(f"OPTIM OK: {len(steps)} steps of {args.step}, {len(groups)} groups of lr {args.lr}")
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -193,8 +216,12 @@ def main():
         p.add_argument("dcp_dir")
         p.add_argument("ref_dir")
         p.add_argument("--procs", type=int, default=1)
+    p = sub.add_parser("optim")
+    p.add_argument("dcp_dir")
+    p.add_argument("step", type=float)
+    p.add_argument("lr", type=float)
     args = parser.parse_args()
-    return {"load": load, "save": save, "save-rank": save_rank}[args.cmd](args)
+    return {"load": load, "save": save, "save-rank": save_rank, "optim": optim}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ network namespace of its own, one job in a real etcd, `--format all --ckpt-forma
   its dim-0 shards (DTensors, with Adam's step and param_groups) of other tensors (another
   seed) into its own worker's mount; rank 0's .metadata commits the save as a change of the
   job, each worker's chunk file becoming its pieces: both workers serve the saved tensors bit
-  for bit (dcp.load), then again after a reconfigure to tp=2,pp=2; the staged files are gone.
+  for bit (dcp.load) and its Adam steps and param groups (whichever rank's file held them),
+  then again after a reconfigure to tp=2,pp=2; the staged files are gone.
   A save whose chunk file reached no worker (the second rank saving into another directory)
   is refused on every worker (rank 0's rename of .metadata fails with EIO), nothing committed.
   Megatron-Core's own torch_dist save through megatron/ (`--ckpt-format torch_dist`): a bf16
@@ -152,6 +153,12 @@ def main():
                 assert "step-200" not in os.listdir(os.path.join(mnts[w], "dcp")), os.listdir(mnts[w] + "/dcp")
             print("ok   a dcp.save of 2 ranks on 2 workers committed on both as generation %d" % (before + 1))
             expect_loads(ns, mnts, saved, "the saved tensors")
+            # Its Adam steps and param groups, from whichever rank's file held them, on both workers.
+            for w in range(WORKERS):
+                r = ns.run(w, [VENV_PYTHON, CLIENT, "optim", os.path.join(mnts[w], "dcp"), "42", "1e-4"],
+                           capture_output=True, text=True, timeout=300)
+                assert r.returncode == 0 and "OPTIM OK" in r.stdout, "worker %d: %s%s" % (w, r.stdout, r.stderr)
+            print("ok   the save's steps and param groups on both workers: " + r.stdout.strip())
             reconfigure(mnts[0], "tp=2,pp=2,per_worker=2")
             for w in range(WORKERS):
                 wait_for("worker %d at generation %d" % (w, before + 2), lambda: at_generation(mnts[w], before + 2),
