@@ -32,8 +32,8 @@ std::optional<std::pair<std::string, std::string>> OptimizerStateOf(const std::s
   return std::nullopt;
 }
 
-std::string DistcpName(int worker, int part) {
-  return "__" + std::to_string(worker) + "_" + std::to_string(part) + ".distcp";
+std::string DistcpName(int worker, int index) {
+  return "__" + std::to_string(worker) + "_" + std::to_string(index) + ".distcp";
 }
 
 Value Ints(const std::vector<Index>& v) {
@@ -265,20 +265,20 @@ Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys) {
                                   " of its " + std::to_string(full.volume()) + " elements");
     }
   }
-  std::map<std::pair<int, int>, File> files;  // by (worker, part)
+  std::map<std::pair<int, int>, File> files;  // by (worker, 0 or 1: its first or second file)
   for (size_t t = 0; t < plan.tensors.size(); ++t) {
     const Tensor& tensor = plan.tensors[t];
     const std::vector<std::pair<Box, int>>& boxes = disjoint.at(tensor.name);
     // A chunk that is not a whole stored box (woven, or a block's part of
-    // one) goes to the worker's part 1, so that part 0 may be a rank file
-    // (fs/rank_files.h).
-    auto add = [&](Box box, int worker, int part) -> Status {
+    // one) goes `apart`, into the worker's second file, so that its first
+    // may be a rank file (fs/rank_files.h).
+    auto add = [&](Box box, int worker, bool apart) -> Status {
       PTC_ASSIGN_OR_RETURN(TorchFilePlan chunk_file, ChunkFile(tensor.dtype, KeyBox(tensor, box)),
                            "tensor " + tensor.name);
       PTC_ASSIGN_OR_RETURN(ZipLayout layout, LayoutTorchFile(chunk_file), "tensor " + tensor.name);
-      File& f = files[{worker, part}];
+      File& f = files[{worker, apart ? 1 : 0}];
       if (f.name.empty()) {
-        f.name = DistcpName(worker, part);
+        f.name = DistcpName(worker, apart ? 1 : 0);
         f.worker = worker;
       }
       f.chunks.push_back(Chunk{t, std::move(box), f.size, layout.size});
@@ -286,7 +286,7 @@ Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys) {
       return Status::OK();
     };
     if (tensor.blocks.empty()) {
-      for (const auto& [box, worker] : boxes) PTC_RETURN_IF_ERROR(add(box, worker, 0));
+      for (const auto& [box, worker] : boxes) PTC_RETURN_IF_ERROR(add(box, worker, /*apart=*/false));
       continue;
     }
     // Blocks of rows: one taken whole (n = 1) is cut where its rows are
@@ -303,13 +303,13 @@ Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys) {
           Box whole = Box::Full(tensor.shape);
           whole.begin[0] = b.dst;
           whole.end[0] = b.dst + b.rows;
-          PTC_RETURN_IF_ERROR(add(std::move(whole), worker, 1));
+          PTC_RETURN_IF_ERROR(add(std::move(whole), worker, /*apart=*/true));
           break;
         }
-        const int file_part = part == box ? 0 : 1;
+        const bool apart = !(part == box);
         part.begin[0] += shift;
         part.end[0] += shift;
-        PTC_RETURN_IF_ERROR(add(std::move(part), worker, file_part));
+        PTC_RETURN_IF_ERROR(add(std::move(part), worker, apart));
       }
     }
   }
