@@ -6,37 +6,11 @@
 #include <utility>
 #include <vector>
 
+#include "ptc/base/hex.h"
 #include "ptc/model/dtype.h"
 
 namespace ptcfs {
 namespace {
-
-std::string Hex(const std::string& bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out.push_back(kDigits[c >> 4]);
-    out.push_back(kDigits[c & 15]);
-  }
-  return out;
-}
-
-std::optional<std::string> Unhex(const std::string& hex) {
-  if (hex.size() % 2 != 0) return std::nullopt;
-  auto digit = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  std::string out(hex.size() / 2, '\0');
-  for (size_t i = 0; i < out.size(); ++i) {
-    const int hi = digit(hex[2 * i]), lo = digit(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) return std::nullopt;
-    out[i] = static_cast<char>(hi << 4 | lo);
-  }
-  return out;
-}
 
 // A part's "optimizer_entries" (DcpSavePartExtra's), appended to `out`.
 ptc::Status DecodeEntries(const nlohmann::json& j, const std::string& what, std::vector<ptc::dcp::EntryBytes>* out) {
@@ -46,9 +20,10 @@ ptc::Status DecodeEntries(const nlohmann::json& j, const std::string& what, std:
   }
   std::vector<std::string> blobs;
   for (const nlohmann::json& b : j["blobs"]) {
-    std::optional<std::string> bytes = b.is_string() ? Unhex(b.get<std::string>()) : std::nullopt;
-    if (!bytes) return bad();
-    blobs.push_back(std::move(*bytes));
+    if (!b.is_string()) return bad();
+    ptc::Result<std::string> bytes = ptc::Unhex(b.get<std::string>(), "a blob");
+    if (!bytes.ok()) return bad();
+    blobs.push_back(std::move(bytes).value());
   }
   for (const nlohmann::json& a : j["at"]) {
     if (!a.is_array() || a.size() != 4 || !a[0].is_string() || !a[1].is_number_unsigned() ||
@@ -244,7 +219,7 @@ nlohmann::json DcpSavePartExtra(const std::vector<std::string>& files, const nlo
     nlohmann::json blobs = nlohmann::json::array(), at = nlohmann::json::array();
     for (const ptc::dcp::EntryBytes& e : entries) {
       auto [it, inserted] = blob_of.try_emplace(e.bytes, blobs.size());
-      if (inserted) blobs.push_back(Hex(e.bytes));
+      if (inserted) blobs.push_back(ptc::Hex(e.bytes));
       at.push_back({e.file, e.file_size, e.offset, it->second});
     }
     dcp["optimizer_entries"] = {{"blobs", std::move(blobs)}, {"at", std::move(at)}};

@@ -6,6 +6,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "ptc/base/hex.h"
 #include "ptc/checkpoint/megatron_extra.h"
 #include "ptc/checkpoint/megatron_optimizer.h"
 #include "ptc/format/torch_file.h"
@@ -125,32 +126,6 @@ std::vector<Value> StrPath(const std::vector<std::string>& keys) {
   std::vector<Value> out;
   for (const std::string& k : keys) out.push_back(Value::Str(k));
   return out;
-}
-
-std::string Hex(std::string_view bytes) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  return out;
-}
-
-// `what` names the field in messages.
-Result<std::string> Unhex(std::string_view text, const std::string& what) {
-  if (text.size() % 2 != 0) return InvalidArgumentError(what + ": odd hex length");
-  std::string bytes(text.size() / 2, '\0');
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    int v = 0;
-    auto [end, ec] = std::from_chars(text.data() + 2 * i, text.data() + 2 * i + 2, v, 16);
-    if (ec != std::errc() || end != text.data() + 2 * i + 2) {
-      return InvalidArgumentError(what + ": not hex at " + std::to_string(2 * i));
-    }
-    bytes[i] = static_cast<char>(v);
-  }
-  return bytes;
 }
 
 }  // namespace
