@@ -6,6 +6,7 @@
 
 #include "fs/controller.h"
 #include "fs/save_parts.h"
+#include "ptc/checkpoint/dcp_entries.h"
 #include "ptc/checkpoint/dcp_read.h"
 #include "ptc/checkpoint/megatron.h"
 #include "ptc/checkpoint/megatron_optimizer.h"
@@ -34,7 +35,9 @@ ptc::Status Controller::CommitDcp(const std::string& dir, ptc::dcp::Keys keys, n
   PTC_ASSIGN_OR_RETURN(const ptc::dcp::DcpSource source,
                        ptc::dcp::OpenDcp(store_->env(), dir, spec.schema, spec.dims, current->config(), keys));
   PTC_RETURN_IF_ERROR(CheckKeepsOptimizer(spec, source, dir));
-  PTC_RETURN_IF_ERROR(ptc::dcp::WriteDcp(store_, source, std::move(extra)).status());
+  // A save into dcp/ keeps the name it was saved under (dcp/NAME shows the state again).
+  const std::string save_name = keys == ptc::dcp::Keys::kMegatronCore ? "" : dir.substr(dir.rfind('/') + 1);
+  PTC_RETURN_IF_ERROR(ptc::dcp::WriteDcp(store_, source, std::move(extra), save_name).status());
   PTC_ASSIGN_OR_RETURN(auto snap, Snapshot::Create(*store_, store_->CurrentSnapshot(), source.layout, worker_, checks_,
                                                    std::move(dataset), source_));
   if (committed) committed();
@@ -91,7 +94,12 @@ namespace {
 ptc::Status TakeOptimizerCommon(const ptc::pickle::Value& optimizer, const ptc::RandomAccessFile& file,
                                 const ptc::TorchFile& common, const std::string& path, const ptc::ModelSpec& spec,
                                 ptc::megatron::MegatronState* state) {
-  PTC_ASSIGN_OR_RETURN(const std::vector<ptc::GlobalTensor> globals, ptc::GlobalTensors(spec));
+  // The save's parameters with optimizer state are the model's whether or not
+  // the store had any before (a store imported from Hugging Face has none):
+  // its steps belong to them.
+  ptc::ModelSpec saved = spec;
+  saved.optimizer = true;
+  PTC_ASSIGN_OR_RETURN(const std::vector<ptc::GlobalTensor> globals, ptc::GlobalTensors(saved));
   std::set<std::string> names;
   for (const ptc::GlobalTensor& g : globals) names.insert(g.name);
   std::vector<std::string> params;  // those with optimizer state: each one's step
@@ -134,6 +142,7 @@ ptc::Status TakeOptimizerCommon(const ptc::pickle::Value& optimizer, const ptc::
 
 ptc::Result<Controller::TorchDistState> Controller::ReadTorchDistState(const std::string& iter_dir, uint64_t iteration,
                                                                        const std::shared_ptr<const Snapshot>& current) {
+  PTC_RETURN_IF_ERROR(ptc::dcp::CheckMcoreMetadata(store_->env(), iter_dir));
   // common.pt: the state dict's entries that are not sharded (args, iteration, ...).
   const std::string common_path = ptc::JoinPath(iter_dir, ptc::dcp::kMcoreCommonFile);
   PTC_ASSIGN_OR_RETURN(auto common_file, store_->env()->OpenRead(common_path));
@@ -143,8 +152,10 @@ ptc::Result<Controller::TorchDistState> Controller::ReadTorchDistState(const std
   saved.carried = common.root;
   PTC_ASSIGN_OR_RETURN(std::optional<ptc::DatasetState> dataset,
                        SavedDataPosition(saved, iteration, current->dataset()));
-  // The store's Megatron state, at this iteration, with the save's args.
+  // The store's Megatron state, at this iteration, with the save's args (and
+  // no earlier DCP save's entries: this save's state replaces theirs).
   nlohmann::json extra = store_->current().extra;
+  ptc::dcp::ForgetSavedEntries(&extra);
   PTC_ASSIGN_OR_RETURN(ptc::megatron::MegatronState state,
                        ptc::megatron::LoadMegatronState(extra, "the store's manifest"));
   state.iteration = iteration;
@@ -207,6 +218,7 @@ ptc::Status Controller::SaveDcpInCluster(const std::string& dir, const std::stri
     PTC_ASSIGN_OR_RETURN(const SettledDcpSave settled, SettleDcpSave(source.all_files, torch_dist, parts));
     if (source.optimizer_part) {  // refused before a commit
       PTC_RETURN_IF_ERROR(ptc::dcp::PartsOptimizer(*source.optimizer_part, settled.entries, dir).status());
+      PTC_RETURN_IF_ERROR(ptc::dcp::PartsEntries(*source.optimizer_part, settled.entries, dir).status());
     }
     return source.layout.config().ToString();
   };
@@ -226,6 +238,12 @@ ptc::Status Controller::SaveDcpInCluster(const std::string& dir, const std::stri
   if (source.optimizer_part) {
     PTC_ASSIGN_OR_RETURN(optimizer, ptc::dcp::PartsOptimizer(*source.optimizer_part, settled.entries, dir));
   }
+  // The save's other entries, and the name it was saved under, in place of any before.
+  std::vector<ptc::dcp::CarriedEntry> entries;
+  if (source.optimizer_part) {
+    PTC_ASSIGN_OR_RETURN(entries, ptc::dcp::PartsEntries(*source.optimizer_part, settled.entries, dir));
+  }
+  ptc::dcp::SetSavedEntries(entries, torch_dist ? "" : dir.substr(dir.rfind('/') + 1), &meta.extra);
   if (optimizer) {
     PTC_ASSIGN_OR_RETURN(ptc::megatron::MegatronState megatron,
                          ptc::megatron::LoadMegatronState(meta.extra, "the store's manifest"));

@@ -5,6 +5,7 @@
 #include "fs/controller.h"
 #include "fs/save_parts.h"
 #include "ptc/checkpoint/dcp.h"
+#include "ptc/checkpoint/dcp_entries.h"
 #include "ptc/checkpoint/megatron.h"
 #include "ptc/checkpoint/megatron_import.h"
 #include "ptc/store/model_spec.h"
@@ -132,6 +133,7 @@ ptc::Status Controller::SaveInCluster(const std::string& staging_root, uint64_t 
   PTC_ASSIGN_OR_RETURN(SettledSave settled, SettleSave(iteration, spec, config, current->dataset(), parts));
   ptc::GenerationManifest meta;
   meta.extra = store_->current().extra;
+  ptc::dcp::ForgetSavedEntries(&meta.extra);  // a Megatron save's state replaces a DCP save's
   meta.extra[std::string(ptc::megatron::kManifestKey)] = ptc::megatron::EncodeMegatronState(settled.state);
   if (settled.dataset) meta.extra["dataset"] = ptc::EncodeDatasetState(*settled.dataset);
   PTC_RETURN_IF_ERROR(ptc::DescribeModel(settled.layout.spec(), settled.layout.config(), &meta));

@@ -19,6 +19,19 @@
 namespace ptcfs {
 
 int ErrnoOf(const ptc::Status& s) {
+  // The causes a writer can act on reach it as they are (a full disk is
+  // ENOSPC, not EIO); any other OS error stays the code's errno below.
+  switch (s.os_errno()) {
+    case ENOSPC:
+    case EDQUOT:
+    case EFBIG:
+    case EROFS:
+    case ENOTEMPTY:
+    case ENAMETOOLONG:
+      return s.os_errno();
+    default:
+      break;
+  }
   switch (s.code()) {
     case ptc::Code::kOk:
       return 0;
@@ -69,6 +82,7 @@ Filesystem::~Filesystem() {
     }
     controller_->CollectIfIdle();
   }
+  scrubber_.reset();  // its thread reads the store and reports to the controller
   controller_.reset();
 }
 
@@ -99,6 +113,15 @@ ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& 
   fs->controller_ = std::make_unique<Controller>(
       fs->store_.get(), options.worker, options.transform_threads, options.compaction, checks, source,
       [self](std::shared_ptr<const Snapshot> s) { self->Serve(s); }, [self] { return self->CollectReplaced(); });
+  ScrubOptions scrub = options.scrub;
+  scrub.enabled = scrub.enabled && options.passthrough;  // only what the kernel reads needs it
+  fs->scrubber_ = std::make_unique<Scrubber>(fs->store_.get(), scrub,
+                                             [self](const std::string& error) {
+                                               self->controller_->RecordError(error);
+                                               ptc::MutexLock lock(&self->mu_);
+                                               self->verbatim_.clear();  // decided again, without the bad file
+                                             });
+  fs->scrubber_->Serve(snap);
   ptc::MutexLock lock(&fs->mu_);
   auto root = std::make_shared<Node>();
   fs->AddNode(root);
@@ -272,6 +295,8 @@ std::shared_ptr<Node> Filesystem::BuildModelTree(const std::shared_ptr<const Sna
   return model;
 }
 
+void Filesystem::StartBackground() { scrubber_->Start(); }
+
 void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
   {
     ptc::MutexLock lock(&mu_);
@@ -290,6 +315,7 @@ void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
   if (invalidate_) {
     for (const char* tree : {"model", "data", "megatron", "dcp", "hf"}) invalidate_(kRootInode, tree);
   }
+  if (scrubber_) scrubber_->Serve(snap);
   ptc::MutexLock lock(&mu_);
   if (snapshot_ == snap) announced_ = snap;  // unless a later Serve replaced it meanwhile: that one announces
 }

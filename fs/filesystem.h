@@ -37,6 +37,7 @@
 
 #include "fs/controller.h"
 #include "fs/passthrough.h"
+#include "fs/scrub.h"
 #include "fs/snapshot.h"
 #include "fs/staging.h"
 #include "fs/virtual_file.h"
@@ -82,6 +83,8 @@ struct MountOptions {
   // Let the kernel read files that exist verbatim on disk (fs/passthrough.h);
   // false: every file through the daemon (--passthrough off).
   bool passthrough = true;
+  // The background check of those files (fs/scrub.h); off with passthrough.
+  ScrubOptions scrub;
 };
 
 struct Node;
@@ -167,7 +170,8 @@ class Filesystem {
       EXCLUDES(staging_mu_, mu_);
   // A rename of dcp/SAVE/.metadata.tmp onto dcp/SAVE/.metadata (how dcp.save
   // finishes) commits that save (Controller::IngestDcp); the rename fails with
-  // EIO when the save does not commit (the staged files stay).
+  // EIO when the save does not commit (the staged files stay), and with EBUSY
+  // while a change runs (the file keeps its old name: the save may retry).
   ptc::Status Rename(uint64_t parent, const std::string& name, uint64_t new_parent, const std::string& new_name)
       EXCLUDES(staging_mu_, mu_);
   ptc::Status Unlink(uint64_t parent, const std::string& name, bool directory) EXCLUDES(staging_mu_, mu_);
@@ -183,6 +187,10 @@ class Filesystem {
   // removed from the staging area once committed.
   // \error InvalidArgument for a `save` that is not kDcpStaging/NAME; as Controller::ApplyDcpSave.
   ptc::Status ApplyDcpSave(const std::string& save, std::string metadata, std::shared_ptr<AgreedChange> change);
+
+  // Starts the mount's own background work (the scrub): in the serving
+  // process, after the daemon forked and before the session loop.
+  void StartBackground();
 
   Controller& controller() { return *controller_; }
   Passthrough& passthrough() { return passthrough_; }
@@ -241,6 +249,9 @@ class Filesystem {
                            std::string* to_parent) EXCLUDES(staging_mu_, mu_);
   // Whether renaming onto `new_name` in the staged directory `to_parent` completes a DCP save.
   static bool IsDcpCommit(const std::string& to_parent, const std::string& new_name);
+  // PermissionDenied naming dcp/.../`name` when the staged directory `parent`
+  // is inside a DCP save (kDcpStaging/NAME/...): a save holds files only.
+  static ptc::Status CheckNotInsideDcpSave(const std::string& parent, const std::string& name);
   // Commits the DCP save staged at `save` (kDcpStaging/NAME) and removes it from the staging area.
   // \error as Controller::IngestDcp (EIO, or EBUSY while a rewrite runs).
   ptc::Status CommitDcp(const std::string& save) EXCLUDES(staging_mu_, mu_);
@@ -297,6 +308,8 @@ class Filesystem {
   std::unique_ptr<ptc::Store> store_;
   Staging staging_;
   std::unique_ptr<Controller> controller_;
+  // Checks the files the kernel reads itself; made after store_ and controller_, gone before them.
+  std::unique_ptr<Scrubber> scrubber_;
   std::function<void(uint64_t, const std::string&)> invalidate_;
   // Serialises the changes of the staging area (Mkdir, Create, Rename,
   // Unlink): a staged path read before a change on disk is still the node's

@@ -5,6 +5,7 @@
 // (Filesystem::Rename, Controller::IngestDcp).
 #include "fs/filesystem.h"
 #include "fs/node.h"
+#include "ptc/checkpoint/dcp_entries.h"
 #include "ptc/checkpoint/megatron_optimizer.h"
 
 namespace ptcfs {
@@ -37,6 +38,20 @@ ptc::Result<std::shared_ptr<Node>> Filesystem::BuildDcpTree(const std::shared_pt
   auto dir = NewDir(snap);
   dir->kind = Node::kDcpDir;
   StagedOf(*dir) = std::string(kDcpStaging);
+  // The save that made this generation shows it again under its own name
+  // (dcp/step-9/), so that a job looking for its latest step directory
+  // (torchtitan's checkpointer) resumes from it.
+  const nlohmann::json& extra = snap->reader().manifest().extra;
+  std::string save_name;
+  if (extra.is_object() && extra.contains(ptc::dcp::kSaveNameKey) && extra[ptc::dcp::kSaveNameKey].is_string()) {
+    save_name = extra[ptc::dcp::kSaveNameKey].get<std::string>();
+  }
+  if (!Staging::Join("", save_name).ok()) save_name.clear();  // "" among them
+  if (!save_name.empty()) {  // (a file of dcp/ of the same name, added next, takes its place)
+    auto saved = NewDir(snap);
+    AddDcpFiles(*saved, snap, plan);
+    dir->children[save_name] = AddNode(saved);
+  }
   AddDcpFiles(*dir, snap, std::move(plan));
   AddStaged(*dir, snap);  // saves under way
   return dir;

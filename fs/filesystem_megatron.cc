@@ -160,6 +160,10 @@ ptc::Result<Entry> Filesystem::Mkdir(uint64_t parent, const std::string& name) {
     if (p->children.count(name)) return ptc::AlreadyExistsError(name);
     parent_path = StagedOf(*p);
   }
+  if (ptc::Status nested = CheckNotInsideDcpSave(parent_path, name); !nested.ok()) {
+    controller_->RecordError(nested.message());  // what dcp.save's OSError cannot say
+    return nested;
+  }
   PTC_ASSIGN_OR_RETURN(std::string rel, Staging::Join(parent_path, name));
   if (p->kind == Node::kDcpDir && !staging_.Stat(parent_path).ok()) PTC_RETURN_IF_ERROR(staging_.Mkdir(parent_path));
   PTC_RETURN_IF_ERROR(staging_.Mkdir(rel));
@@ -367,7 +371,18 @@ ptc::Status Filesystem::Rename(uint64_t parent, const std::string& name, uint64_
                                const std::string& new_name) {
   std::string to_parent;
   PTC_RETURN_IF_ERROR(RenameStaged(parent, name, new_parent, new_name, &to_parent));
-  return IsDcpCommit(to_parent, new_name) ? CommitDcp(to_parent) : ptc::Status::OK();
+  if (!IsDcpCommit(to_parent, new_name)) return ptc::Status::OK();
+  const ptc::Status s = CommitDcp(to_parent);
+  if (s.code() == ptc::Code::kFailedPrecondition) {
+    // Busy (EBUSY): nothing may have changed, so that the same rename can be
+    // tried again; the file goes back under its old name.
+    std::string unused;
+    const ptc::Status back = RenameStaged(new_parent, new_name, parent, name, &unused);
+    if (!back.ok()) {
+      controller_->RecordError("a refused DCP commit could not move its .metadata back: " + back.message());
+    }
+  }
+  return s;
 }
 
 ptc::Status Filesystem::CommitDcp(const std::string& save) {
@@ -405,6 +420,13 @@ ptc::Status Filesystem::RenameStaged(uint64_t parent, const std::string& name, u
     from = StagedOf(*node);
     to_parent = StagedOf(*to_dir);
   }
+  if (node->kind == Node::kStagedDir) PTC_RETURN_IF_ERROR(CheckNotInsideDcpSave(to_parent, new_name));
+  if (new_name == ptc::dcp::kMetadataFile && to_parent.starts_with(std::string(kDcpStaging) + "/") &&
+      !IsDcpCommit(to_parent, new_name)) {
+    return ptc::Status(ptc::Code::kPermissionDenied,
+                       "dcp/" + to_parent.substr(kDcpStaging.size() + 1) + "/" + new_name +
+                           ": not a save's .metadata (a save is a directory directly under dcp/); nothing committed");
+  }
   PTC_ASSIGN_OR_RETURN(std::string to, Staging::Join(to_parent, new_name));
   PTC_RETURN_IF_ERROR(staging_.Rename(from, to));
   *to_parent_out = to_parent;
@@ -424,6 +446,15 @@ ptc::Status Filesystem::RenameStaged(uint64_t parent, const std::string& name, u
     }
   }
   return ptc::Status::OK();
+}
+
+ptc::Status Filesystem::CheckNotInsideDcpSave(const std::string& parent, const std::string& name) {
+  const std::string prefix = std::string(kDcpStaging) + "/";
+  if (!parent.starts_with(prefix)) return ptc::Status::OK();
+  return ptc::Status(ptc::Code::kPermissionDenied,
+                     "dcp/" + parent.substr(prefix.size()) + "/" + name +
+                         ": a DCP save is a directory directly under dcp/ (dcp/NAME, its files in it); "
+                         "no directory is taken inside one");
 }
 
 bool Filesystem::IsDcpCommit(const std::string& to_parent, const std::string& new_name) {

@@ -20,6 +20,12 @@ ptc::Result<std::unique_ptr<ptc::RandomAccessFile>> Filesystem::BackingFile(cons
   }
   ptc::Status failure;
   for (const std::string& path : *candidates) {
+    if (scrubber_ && scrubber_->IsBad(path)) continue;  // a block failed its checksum: the daemon checks each one
+
+    struct stat link;
+    if (::lstat(store_->AbsPath(path).c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+      continue;  // a link planted in the store is never the kernel's to follow
+    }
     auto f = store_->env()->OpenRead(store_->AbsPath(path));
     if (!f.ok()) {
       if (f.status().code() == ptc::Code::kNotFound) failure = ptc::IOError("missing file: " + f.status().message());
@@ -115,6 +121,7 @@ nlohmann::json Filesystem::PassthroughStatus() const {
     by_file[path] = by_kernel ? "kernel" : "daemon";
   }
   return {{"state", passthrough_.State()},
+          {"scrub", scrubber_ ? scrubber_->StatusJson() : nlohmann::json(nullptr)},
           {"kernel", kernel},
           {"daemon", files.size() - kernel},
           {"open_backing_files", passthrough_.backed()},

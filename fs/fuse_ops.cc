@@ -310,6 +310,7 @@ ptc::Status MountAndServe(const MountOptions& options, const SessionOptions& ses
   } else {
     SetMountReadahead(session.mountpoint, kReadahead);
     if (!session.foreground) fuse_daemonize(0);
+    fs->StartBackground();  // threads do not cross the fork
     std::shared_ptr<void> attached;
     if (session.attach) {
       auto a = session.attach(*fs);

@@ -3,6 +3,8 @@
 // by snapshotting every file of the store before and after).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -101,7 +103,7 @@ TEST_F(CliTest, MegatronNameSetsRoundTrip) {
 
 // --rank-file-copies is checked as it is parsed: a usage error, the store untouched.
 TEST_F(CliTest, RankFileCopiesIsCheckedAsParsed) {
-  for (const std::string cmd : {"compact --rank-files --rank-file-copies 12Q " + tmp_ / "store",
+  for (const std::string& cmd : {"compact --rank-files --rank-file-copies 12Q " + tmp_ / "store",
                                 "mount --rank-file-copies -1 " + tmp_ / "store " + tmp_ / "nowhere"}) {
     auto r = Ptcfs(cmd);
     EXPECT_EQ(r.first, 2) << cmd << ": " << r.second;
@@ -279,6 +281,22 @@ TEST_F(CliTest, BadStorePaths) {
   r = Ptcfs("verify " + tmp_ / "g");
   EXPECT_NE(r.first, 0);
   EXPECT_NE(r.second.find("manifest.json"), std::string::npos) << r.second;
+}
+
+// Issue 41, item 7: control bytes of an input (a path, a key in a file, an
+// etcd member's address) reached the terminal raw and could move the cursor
+// or forge a line. Every message prints them escaped, as Python's repr does.
+TEST_F(CliTest, ControlBytesInInputsArePrintedEscaped) {
+  const std::string dir = tmp_ / "a\x1b[2Jb\nptcfs: OK";
+  fs::create_directories(dir);
+  auto r = Ptcfs("import --format hf '" + dir + "' " + tmp_ / "x");
+  EXPECT_EQ(r.first, 2) << r.second;
+  EXPECT_EQ(r.second.find('\x1b'), std::string::npos) << r.second;
+  EXPECT_NE(r.second.find("a\\x1b[2Jb\\nptcfs: OK"), std::string::npos) << r.second;
+  EXPECT_EQ(std::count(r.second.begin(), r.second.end(), '\n'), 1) << r.second;
+  r = Ptcfs("inspect --bogus-\x07-option " + tmp_ / "x");
+  EXPECT_EQ(r.first, 2) << r.second;
+  EXPECT_EQ(r.second.find('\x07'), std::string::npos) << r.second;
 }
 
 }  // namespace

@@ -289,6 +289,17 @@ TEST_F(ClientsTest, TorchtitanLoadsAndSavesTheMountsDcpInItsNames) {
   std::tie(code, out) = Sh(titan + "same " + dcp + "6 " + tmp_ / "hf --procs 1 2>&1");
   EXPECT_NE(code, 0) << out;
   EXPECT_NE(out.find("tensors differ"), std::string::npos) << out;
+  // Issue 41, item 9: the job restarted resumes, as its checkpointer finds its latest step:
+  // dcp/step-7 is the committed state, with the train_state, lr_scheduler and (per dp rank)
+  // dataloader entries the save held; also after a layout change of the store.
+  EXPECT_TRUE(std::filesystem::exists(m.dir() + "/dcp/step-7/.metadata"));
+  std::tie(code, out) = Sh(titan + "resume " + dcp + "5 " + tmp_ / "hf --procs 3 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("RESUME OK"), std::string::npos) << out;
+  Run("reconfigure " + m.dir() + " --to tp=1,pp=2");
+  std::tie(code, out) = Sh(titan + "resume " + dcp + "5 " + tmp_ / "hf --procs 3 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("RESUME OK"), std::string::npos) << out;
 }
 
 TEST_F(ClientsTest, MegatronCoreDistCheckpointingLoadsTheTorchDistTree) {
@@ -369,6 +380,45 @@ TEST_F(ClientsTest, MegatronCoreOptimizerLoadsAndSavesTheTorchDistTree) {
   std::tie(code, out) = Sh(mcore + "optim-load " + tree + "1 2 " + tmp_ / "legacy9-pp2 2>&1");
   EXPECT_NE(code, 0) << out;
   EXPECT_NE(out.find("step"), std::string::npos) << out;
+}
+
+// Issue 41, item 8: a torch_dist save with Adam state into a store that had
+// none (one imported from Hugging Face, say) kept the saved step with no
+// parameter attached, and megatron/ then showed step = the iteration. The
+// save's step and settings are what a later load finds.
+TEST_F(ClientsTest, MegatronCoreOptimizerSaveIntoAStoreWithoutOneKeepsItsStep) {
+  const std::string model = kLlama + " --dtype bf16";
+  Run("synth " + model + " --config tp=2 " + tmp_ / "src");
+  Run("import " + kLlama + " --config tp=2 " + tmp_ / "src " + tmp_ / "store");
+  Run("synth " + model + " --optimizer adam --seed 9 --config tp=2 " + tmp_ / "src9");
+  Run("import " + kLlama + " --config tp=2 " + tmp_ / "src9 " + tmp_ / "store9");
+  Run("export --format megatron --names local --config tp=2 " + tmp_ / "store9 " + tmp_ / "legacy9-tp2");
+  Run("export --format megatron --names local --config tp=1,pp=2 " + tmp_ / "store9 " + tmp_ / "legacy9-pp2");
+  {
+    Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron --ckpt-format torch_dist");
+    const std::string mcore = Python() + Script("mcore_dist.py");
+    const std::string tree = m.dir() + "/megatron ";
+    auto [code, out] = Sh(mcore + "optim-save " + tree + "2 1 " + tmp_ / "legacy9-tp2 300 2>&1");
+    ASSERT_EQ(code, 0) << out;
+    EXPECT_TRUE(MountStatus(m.dir())["last_error"].is_null()) << MountStatus(m.dir()).dump();
+    std::tie(code, out) = Sh(mcore + "optim-load " + tree + "1 2 " + tmp_ / "legacy9-pp2 tweaked 2>&1");
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_NE(out.find("OPTIM-LOAD OK"), std::string::npos) << out;
+  }
+  // The other trees show the saved step (mcore_dist.py's tweak: 1234) of every parameter, not
+  // the iteration: dcp/'s, as its export converts to one torch.save file.
+  Run("export --format dcp " + tmp_ / "store " + tmp_ / "dcp");
+  Spit(tmp_ / "steps.py",
+       "import sys, torch\n"
+       "from torch.distributed.checkpoint.format_utils import dcp_to_torch_save\n"
+       "dcp_to_torch_save(sys.argv[1], sys.argv[2])\n"
+       "steps = {p: s['step'] for p, s in torch.load(sys.argv[2], weights_only=False)['optim']['state'].items()}\n"
+       "bad = {p: float(s) for p, s in steps.items() if float(s) != 1234.0}\n"
+       "assert steps and not bad, bad\n"
+       "print('STEPS OK', len(steps))\n");
+  auto [code, out] = Sh(Python() + tmp_ / "steps.py " + tmp_ / "dcp " + tmp_ / "all.pt 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("STEPS OK"), std::string::npos) << out;
 }
 
 TEST_F(ClientsTest, MegatronCoreIndexedDatasetReadsEveryRank) {

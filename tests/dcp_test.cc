@@ -315,6 +315,55 @@ TEST_F(DcpImport, ImportsEveryTensorBitForBit) {
   ExpectSameTensors(*copy);
 }
 
+// Issue 41, item 6: 32k chunks took 24 s to check (every pair compared), and
+// each empty chunk became a stored file. Empty chunks are accepted and store
+// nothing; the check sorts instead of comparing every pair (bench/RESULTS.md:
+// 10^5 chunks).
+TEST_F(DcpImport, EmptyChunksStoreNothingAndManyChunksCheckQuickly) {
+  auto plain = Import("plain");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  Plan plan = plan_;
+  const Chunk first = plan.files[0].chunks[0];
+  ASSERT_EQ(first.box.rank(), 2u);
+  // At every offset no chunk starts at (DCP keys a chunk's storage by its
+  // tensor and offset): [r:r, c:c], no element.
+  for (Index r = 0; r <= 64; ++r) {
+    for (Index c = 1; c <= 32; ++c) {
+      Chunk empty = first;
+      empty.box = B({r, c}, {r, c});
+      plan.files[0].chunks.push_back(empty);
+    }
+  }
+  ::ptc::testing::Spit(tmp_ / "dcp/.metadata", EncodeMetadata(plan));
+  auto result = Import("copy");
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  auto copy = std::move(Store::Open(Env::Default(), tmp_ / "copy")).value();
+  ExpectSameTensors(*copy);
+  auto files = [](const std::string& dir) {
+    size_t n = 0;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) n += e.is_regular_file();
+    return n;
+  };
+  EXPECT_EQ(files(tmp_ / "copy"), files(tmp_ / "plain"));
+  // An overlap among many chunks is still found: one row block cut into
+  // 20000 one-element chunks, and one of them moved onto its neighbour.
+  plan = plan_;
+  Chunk& row = plan.files[0].chunks[0];
+  ASSERT_EQ(row.box, B({0, 0}, {32, 32}));
+  std::vector<Chunk> cells;
+  for (Index r = 0; r < 32; ++r) {
+    for (Index c = 0; c < 32; ++c) {
+      Chunk cell = row;
+      cell.box = B({r, c}, {r + 1, c + 1});
+      cells.push_back(cell);
+    }
+  }
+  cells[700].box = B({21, 29}, {22, 30});  // cell (21, 28) moved onto (21, 29)
+  plan.files[0].chunks.erase(plan.files[0].chunks.begin());
+  plan.files[0].chunks.insert(plan.files[0].chunks.begin(), cells.begin(), cells.end());
+  ExpectRefused(plan, "chunk [21:22, 29:30]");
+}
+
 TEST_F(DcpImport, RefusesADamagedCheckpointNamingTheChunk) {
   Plan plan = plan_;
   plan.files[0].chunks.erase(plan.files[0].chunks.begin());  // the first tensor's first chunk
@@ -364,7 +413,7 @@ TEST_F(DcpImport, MegatronCoreKeysStackTheLayersAndReadBack) {
       OpenDcp(Env::Default(), tmp_ / "mcore", spec_.schema, spec_.dims, *ParseConfig("tp=1"), Keys::kMegatronCore);
   ASSERT_TRUE(source.ok()) << source.status().ToString();
   auto copy = std::move(Store::Create(Env::Default(), tmp_ / "copy")).value();
-  ASSERT_TRUE(WriteDcp(copy.get(), *source, nlohmann::json::object()).ok());
+  ASSERT_TRUE(WriteDcp(copy.get(), *source, nlohmann::json::object(), "").ok());
   ExpectSameTensors(*copy);
 }
 
@@ -462,7 +511,7 @@ TEST(DcpTorchtitan, KeysPermuteQueryAndKeyRowsAndReadBack) {
   auto source = OpenDcp(env, tmp / "titan", spec.schema, spec.dims, *ParseConfig("tp=1"));
   ASSERT_TRUE(source.ok()) << source.status().ToString();
   auto copy = std::move(Store::Create(env, tmp / "copy")).value();
-  ASSERT_TRUE(WriteDcp(copy.get(), *source, nlohmann::json::object()).ok());
+  ASSERT_TRUE(WriteDcp(copy.get(), *source, nlohmann::json::object(), "").ok());
   GenerationReader back(*copy, copy->CurrentSnapshot(), true);
   for (const TensorRecord& t : generation->tensors) {
     const bool master = t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".fp32") == 0;
@@ -633,6 +682,30 @@ TEST_F(DcpOptimizer, RefusesWhatItCannotKeepNamingTheKey) {
   meta = Read();
   ASSERT_TRUE(meta.ok());
   EXPECT_FALSE(meta->has_value());
+}
+
+// Issue 41, item 7: a torch_dist save's metadata.json was never read, so one
+// that is no JSON, or names another backend, was taken silently.
+TEST(McoreMetadata, IsCheckedNamingTheFieldAtFault) {
+  ::ptc::testing::TempDir tmp;
+  auto check = [&](const std::string& text) {
+    ::ptc::testing::Spit(tmp / "metadata.json", text);
+    return CheckMcoreMetadata(Env::Default(), tmp.path());
+  };
+  EXPECT_TRUE(check(McoreMetadataJson()).ok()) << check(McoreMetadataJson()).ToString();
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{not json", "not a JSON object"},
+      {"[1, 2]", "not a JSON object"},
+      {R"({"sharded_backend": "zarr", "common_backend": "torch"})", R"("sharded_backend" is "zarr")"},
+      {R"({"sharded_backend": "torch_dist"})", R"("common_backend" is missing)"},
+      {R"({"sharded_backend": "torch_dist", "sharded_backend": "zarr", "common_backend": "torch"})",
+       R"(names "sharded_backend" twice)"}};
+  for (const auto& [text, part] : bad) {
+    const Status s = check(text);
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << text;
+    EXPECT_TRUE(::ptc::testing::Contains(s.message(), "metadata.json")) << s.ToString();
+    EXPECT_TRUE(::ptc::testing::Contains(s.message(), part)) << part << " not in " << s.ToString();
+  }
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <future>
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -39,6 +40,7 @@ class FilesystemTest : public ::testing::Test {
     MountOptions options;
     options.store = tmp_ / "store";
     options.megatron = true;
+    options.dcp = true;
     auto created = Filesystem::Create(options);
     ASSERT_TRUE(created.ok()) << created.status().ToString();
     fs_ = std::move(created).value();
@@ -234,6 +236,101 @@ TEST_F(FilesystemTest, AProposalEndsInItsOutcome) {
   EXPECT_EQ(change->told.code(), Code::kInvalidArgument) << change->told.ToString();
   EXPECT_EQ(state()["last_error"], change->told.message());
   c.SetParticipant(nullptr);
+}
+
+// A job that takes every proposal and no save (a cluster mount's participant).
+struct ProposalsOnly final : JobParticipant {
+  ptc::Status Propose(const std::string&, const ptc::ParallelConfig&) override { return ptc::Status::OK(); }
+  nlohmann::json StatusPart() const override { return {{"job", "j"}}; }
+  ptc::Result<std::shared_ptr<AgreedChange>> ProposeSave(uint64_t) override {
+    return ptc::FailedPreconditionError("no saves here");
+  }
+  ptc::Result<std::shared_ptr<AgreedChange>> ProposeDcpSave(const std::string&, const std::string&) override {
+    return ptc::FailedPreconditionError("no saves here");
+  }
+};
+
+// An agreed change that holds its commit until released.
+struct HeldChange final : AgreedChange {
+  const std::set<int>& participants() const override { return workers; }
+  ptc::Status BeforeCommit(ptc::GenerationWriter&, const std::string&) override {
+    reached.set_value();
+    release.get_future().wait();
+    return ptc::Status::OK();
+  }
+  ptc::Result<std::map<int, ptc::Part>> BeforeSaveCommit(ptc::GenerationWriter&, const std::vector<ptc::TensorRecord>&,
+                                                         const nlohmann::json&, const SettleFn&) override {
+    return ptc::FailedPreconditionError("no saves here");
+  }
+  void Failed(const ptc::Status&) override {}
+  bool has_last_resort() const override { return false; }
+  ptc::Result<std::vector<ptc::ShardRecord>> LastResort() override { return ptc::FailedPreconditionError("none"); }
+  std::set<int> workers = {0};
+  std::promise<void> reached, release;
+};
+
+// Issue 41, item 7: a rename onto dcp/NAME/.metadata refused because the
+// mount is busy (EBUSY: a change under way) used to move the file anyway, so
+// that the retry met ENOENT. A busy refusal now changes nothing: the file
+// keeps its name, and the retry commits (here: is refused by the job, EIO).
+TEST_F(FilesystemTest, ABusyDcpCommitLeavesTheFileWhereItWas) {
+  Controller& c = fs_->controller();
+  ProposalsOnly job;
+  c.SetParticipant(&job);
+  auto dcp = fs_->Lookup(kRootInode, "dcp");
+  ASSERT_TRUE(dcp.ok()) << dcp.status().ToString();
+  auto dir = fs_->Mkdir(dcp->ino, "step-1");
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  auto created = fs_->Create(dir->ino, ".metadata.tmp", O_WRONLY | O_CREAT);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  ASSERT_TRUE(fs_->Write(created->second.fh, "meta", 4, 0).ok());
+  fs_->Release(created->second.fh);
+  // A change under way: the mount writes until the change is released.
+  ASSERT_TRUE(c.Reconfigure("tp=1,pp=1\n", fs_->snapshot()).ok());
+  auto change = std::make_shared<HeldChange>();
+  ASSERT_TRUE(c.Apply("tp=1,pp=1\n", fs_->snapshot(), change).ok());
+  change->reached.get_future().wait();
+  const ptc::Status busy = fs_->Rename(dir->ino, ".metadata.tmp", dir->ino, ".metadata");
+  EXPECT_EQ(busy.code(), ptc::Code::kFailedPrecondition) << busy.ToString();
+  EXPECT_EQ(ErrnoOf(busy), EBUSY);
+  EXPECT_TRUE(fs_->Lookup(dir->ino, ".metadata.tmp").ok()) << "moved although refused";
+  EXPECT_FALSE(fs_->Lookup(dir->ino, ".metadata").ok());
+  EXPECT_EQ(Slurp(tmp_ / "store/ingest/.dcp/step-1/.metadata.tmp"), "meta");
+  change->release.set_value();
+  for (int i = 0; i < 500 && nlohmann::json::parse(c.StatusJson(fs_->snapshot()))["state"] != "serving"; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(nlohmann::json::parse(c.StatusJson(fs_->snapshot()))["state"], "serving");
+  const ptc::Status again = fs_->Rename(dir->ino, ".metadata.tmp", dir->ino, ".metadata");
+  EXPECT_EQ(ErrnoOf(again), EIO) << again.ToString();  // the save reached the job this time
+  EXPECT_TRUE(ptc::testing::Contains(again.message(), "no saves here")) << again.ToString();
+  c.SetParticipant(nullptr);
+}
+
+// Issue 41, item 5: a dcp.save into dcp/runs/step-5 returned normally and
+// committed nothing. A save is a directory directly under dcp/: a directory
+// inside one is refused (EACCES) saying so, and so is a .metadata landing in one.
+TEST_F(FilesystemTest, ASaveNestedInDcpIsRefusedSayingWhy) {
+  auto dcp = fs_->Lookup(kRootInode, "dcp");
+  ASSERT_TRUE(dcp.ok()) << dcp.status().ToString();
+  auto runs = fs_->Mkdir(dcp->ino, "runs");
+  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+  auto nested = fs_->Mkdir(runs->ino, "step-5");
+  ASSERT_FALSE(nested.ok());
+  EXPECT_EQ(ErrnoOf(nested.status()), EACCES);
+  EXPECT_TRUE(ptc::testing::Contains(nested.status().message(), "dcp/runs/step-5: a DCP save is a directory directly "
+                                                                "under dcp/"))
+      << nested.status().ToString();
+  const auto status = nlohmann::json::parse(fs_->controller().StatusJson(fs_->snapshot()));
+  EXPECT_EQ(status["last_error"], nested.status().message()) << status.dump();  // dcp.save's OSError says EACCES only
+  // Nor is a save moved into another one.
+  auto other = fs_->Mkdir(dcp->ino, "other");
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  const ptc::Status moved = fs_->Rename(dcp->ino, "other", runs->ino, "other");
+  EXPECT_EQ(ErrnoOf(moved), EACCES) << moved.ToString();
+  EXPECT_TRUE(fs_->Lookup(dcp->ino, "other").ok());
+  EXPECT_TRUE(fs::is_directory(tmp_ / "store/ingest/.dcp/other"));
+  // Renamed among themselves, saves stay saves.
+  EXPECT_TRUE(fs_->Rename(dcp->ino, "other", dcp->ino, "step-6").ok());
 }
 
 }  // namespace

@@ -253,6 +253,25 @@ TEST(HfConfig, RefusesWhatTheMappingCannotCarry) {
            {"vocab_size", 64},
            {"n_positions", 16}},
           "\"multi_query\" is true");
+  // Issue 41, item 7: what a GPTBigCode or any config says that the mapping cannot carry was
+  // accepted silently: relu, unscaled attention, a dtype torch has not, a model_type not a string.
+  const nlohmann::json bigcode = {{"model_type", "gpt_bigcode"}, {"n_layer", 2},      {"n_embd", 32},
+                                  {"n_head", 4},                 {"vocab_size", 64},  {"n_positions", 16},
+                                  {"multi_query", false},        {"torch_dtype", "bfloat16"}};
+  ASSERT_TRUE(ModelOfConfig(bigcode, "c").ok());
+  auto bigcode_with = [&](const char* key, nlohmann::json v) {
+    nlohmann::json b = bigcode;
+    b[key] = std::move(v);
+    return b;
+  };
+  refused(bigcode_with("activation_function", "relu"), "\"activation_function\" is \"relu\"");
+  refused(bigcode_with("scale_attn_weights", false), "\"scale_attn_weights\" is false");
+  EXPECT_TRUE(ModelOfConfig(bigcode_with("activation_function", "gelu_pytorch_tanh"), "c").ok());
+  refused(with("torch_dtype", "float99"), "\"torch_dtype\" is \"float99\", no torch dtype");
+  refused(with("dtype", 16), "\"dtype\" is 16");
+  EXPECT_TRUE(ModelOfConfig(with("torch_dtype", "float32"), "c").ok());
+  EXPECT_TRUE(ModelOfConfig(with("dtype", "auto"), "c").ok());
+  refused(with("model_type", nlohmann::json::array({"llama"})), "\"model_type\" is [\"llama\"], not a string");
 }
 
 // An exported model on disk, to import or to damage.
@@ -307,6 +326,23 @@ TEST_F(HfFilesTest, AnExportImportsBackBitForBitInAnyConfig) {
   std::tie(code, out) = Ptcfs("import --format hf " + kDims + " " + tmp_ / "hf " + tmp_ / "y");
   EXPECT_NE(code, 0);
   EXPECT_TRUE(Contains(out, "config.json gives its schema and dims")) << out;
+}
+
+// Issue 41, item 3: a directory with model.safetensors and an index (of other
+// shards) is read as transformers reads it, the single file, not the index's
+// shards: one directory, one model.
+TEST_F(HfFilesTest, ASingleFileBesideAnIndexIsWhatTransformersReads) {
+  Run("synth " + kDims + " --dtype bf16 --seed 7 --config tp=1 " + tmp_ / "saved7");
+  Run("import " + kDims + " --config tp=1 " + tmp_ / "saved7 " + tmp_ / "store7");
+  Run("export --format hf " + tmp_ / "store7 " + tmp_ / "hf7");
+  ASSERT_TRUE(std::filesystem::exists(tmp_ / "hf7/model.safetensors"));
+  ASSERT_FALSE(std::filesystem::exists(tmp_ / "hf7/model.safetensors.index.json"));
+  ASSERT_EQ(Sh("cp -r " + tmp_ / "hf " + tmp_ / "both && cp " + tmp_ / "hf7/model.safetensors " + tmp_ / "both/").first,
+            0);
+  Run("import --format hf " + tmp_ / "both " + tmp_ / "back");
+  Run("export --format hf " + tmp_ / "back " + tmp_ / "again");
+  auto [code, out] = Sh("cmp " + tmp_ / "again/model.safetensors " + tmp_ / "hf7/model.safetensors 2>&1");
+  EXPECT_EQ(code, 0) << "not the single file's model: " << out;
 }
 
 TEST_F(HfFilesTest, DamagedModelsAreRefusedNamingTheFileAndTensor) {

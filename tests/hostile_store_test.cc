@@ -268,7 +268,7 @@ TEST(HostileCliRound3, UsageErrorsAreOneLineNamingTheCommand) {
   r = Ptcfs("nosuchcommand");
   EXPECT_EQ(r.first, 2) << r.second;
   EXPECT_TRUE(r.second.starts_with("ptcfs: ")) << r.second;
-  for (const std::string& help : {"data import --help", "data synth --help", "mount --help", "--help"}) {
+  for (const char* help : {"data import --help", "data synth --help", "mount --help", "--help"}) {
     r = Ptcfs(help);
     EXPECT_EQ(r.first, 0) << help;
     EXPECT_TRUE(r.second.ends_with("\n")) << help << ": " << r.second;

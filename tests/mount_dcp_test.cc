@@ -58,7 +58,12 @@ TEST_F(MountDcpTest, ASaveCommitsAndTheMountShowsItInAnyLayout) {
   auto status = MountStatus(m.dir());
   EXPECT_EQ(status["generation"], generation + 1) << status.dump();
   EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
-  EXPECT_FALSE(fs::exists(m.dir() + "/dcp/step-100"));  // committed: no longer staged
+  // Committed: no longer staged, and dcp/step-100 is the committed state under the name it
+  // was saved as (issue 41, item 9: a job looking for its latest step directory resumes).
+  EXPECT_FALSE(fs::exists(tmp_ / "store1/ingest/.dcp/step-100"));
+  EXPECT_EQ(Slurp(m.dir() + "/dcp/step-100/.metadata"), Slurp(m.dir() + "/dcp/.metadata"));
+  std::tie(code, out) = Sh("rm -r " + m.dir() + "/dcp/step-100 2>&1");
+  EXPECT_NE(code, 0) << "the committed state is no save to remove: " << out;
   // The mount's rank files and its dcp/ now hold the saved values.
   Run("synth " + kModel + " --optimizer adam --dtype bf16 --seed 2 --config tp=1,pp=2 " + tmp_ / "want");
   Run("reconfigure " + m.dir() + " --to tp=1,pp=2");

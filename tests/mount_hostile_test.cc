@@ -303,5 +303,88 @@ TEST_F(MountHostileTest, FifoShardFailsPromptlyAndUmountEnds) {
   EXPECT_EQ(cv, 0) << ov;
 }
 
+// Issue 41, item 1: a link at STORE/ingest or STORE/ingest/.dcp was followed:
+// megatron/ and dcp/ listed the outside directory, a save staged into it, and
+// `rm MNT/dcp/a` removed OUTSIDE/a. Now nothing in the staging area is followed
+// (fs/staging.h): the outside trees are neither listed nor changed, the
+// refusals say EACCES, and the mount serves on.
+TEST_F(MountHostileTest, StagingAreaLinksAreNeverFollowed) {
+  const std::string store = tmp_ / "store";
+  MakeStore("tp=2,pp=1", store);
+  const std::string outside = tmp_ / "outside";
+  fs::create_directories(outside + "/run/iter_0000005");
+  Spit(outside + "/a", "keep me");
+  Spit(outside + "/run/iter_0000005/b", "keep me too");
+  const auto expect_outside_unchanged = [&] {
+    EXPECT_EQ(Slurp(outside + "/a"), "keep me");
+    EXPECT_EQ(Slurp(outside + "/run/iter_0000005/b"), "keep me too");
+    size_t entries = 0;
+    for (auto it = fs::recursive_directory_iterator(outside); it != fs::recursive_directory_iterator(); ++it) ++entries;
+    EXPECT_EQ(entries, 4u) << "something was made in " << outside;
+  };
+  const auto expect_refused = [](const std::string& command) {
+    auto [code, out] = Sh(command + " 2>&1");
+    EXPECT_NE(code, 0) << command << ": " << out;
+  };
+  // The root a link.
+  fs::create_directory_symlink(outside, store + "/ingest");
+  {
+    Mount m(store, tmp_ / "mnt", "--format all");
+    for (const char* dir : {"/megatron", "/dcp"}) {
+      auto [code, out] = Sh("ls -a " + m.dir() + dir);
+      EXPECT_EQ(code, 0) << out;
+      EXPECT_FALSE(Contains(out, "run")) << dir << " lists the outside directory: " << out;
+      EXPECT_FALSE(Contains(out, "\na\n")) << dir << " lists the outside directory: " << out;
+    }
+    expect_refused("mkdir " + m.dir() + "/dcp/x");
+    expect_refused("mkdir " + m.dir() + "/megatron/iter_0000009");
+    expect_refused("rm " + m.dir() + "/dcp/a");
+    expect_refused("rm -r " + m.dir() + "/megatron/run");
+    expect_outside_unchanged();
+    ExpectAlive(m.dir());
+  }
+  EXPECT_TRUE(fs::is_symlink(store + "/ingest")) << "the link itself is the user's to remove";
+  // .dcp a link, in a real staging area: megatron/ still takes saves.
+  fs::remove(store + "/ingest");
+  fs::create_directories(store + "/ingest");
+  fs::create_directory_symlink(outside + "/run", store + "/ingest/.dcp");
+  {
+    Mount m(store, tmp_ / "mnt", "--format all");
+    auto [code, out] = Sh("ls -a " + m.dir() + "/dcp");
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_FALSE(Contains(out, "iter_0000005")) << out;
+    expect_refused("mkdir " + m.dir() + "/dcp/x");
+    expect_refused("rm -r " + m.dir() + "/dcp/iter_0000005");
+    expect_outside_unchanged();
+    std::tie(code, out) = Sh("mkdir " + m.dir() + "/megatron/iter_0000009 && rmdir " + m.dir() +
+                             "/megatron/iter_0000009 2>&1");
+    EXPECT_EQ(code, 0) << out;
+    ExpectAlive(m.dir());
+  }
+  EXPECT_TRUE(fs::is_symlink(store + "/ingest/.dcp"));
+}
+
+// Issue 41, item 7: a save that fills the store's disk said EIO; the writer
+// now gets ENOSPC ("No space left on device"), what any file system says.
+TEST_F(MountHostileTest, AFullStoreDiskSaysNoSpace) {
+  const std::string small = tmp_ / "small";
+  fs::create_directories(small);
+  ASSERT_EQ(Sh("mount -t tmpfs -o size=4m ptcfs-test " + small).first, 0);
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { Sh("umount -l " + dir); }
+  } unmount{small};
+  const std::string store = small + "/store";
+  MakeStore("tp=2,pp=1", store);
+  {
+    Mount m(store, tmp_ / "mnt", "--format megatron");
+    auto [code, out] = Sh("mkdir " + m.dir() + "/megatron/iter_0000009 && dd if=/dev/zero of=" + m.dir() +
+                          "/megatron/iter_0000009/big.pt bs=1M count=16 2>&1");
+    EXPECT_NE(code, 0) << out;
+    EXPECT_TRUE(Contains(out, "No space left on device")) << out;
+    ExpectAlive(m.dir());
+  }
+}
+
 }  // namespace
 }  // namespace ptc

@@ -485,5 +485,42 @@ TEST(Unpickle, MemoHoldsReferences) {
   EXPECT_EQ(v->DebugString(), "[{'a': 1}, {'a': 1}]");
 }
 
+// Issue 41, item 2: a dict naming a key twice is one dict for Python (the key
+// keeps its first place, the last value wins; True and 1 are one key) and
+// must be the same one for ptcfs, or a checkpoint is two models.
+TEST(Unpickle, DictKeySetTwiceIsWhatPythonReads) {
+  const std::string data = P2("}(" + X("a") + K(1) + X("b") + K(2) + X("a") + K(3) + K(1) + K(4) + "\x88" + K(5) +
+                              "u."s);
+  auto v = Unpickle(data, "dup.pkl");
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->DebugString(), "{'a': 3, 'b': 2, 1: 5}");
+  std::string hex;
+  for (unsigned char c : data) {
+    static const char* kDigits = "0123456789abcdef";
+    hex += kDigits[c >> 4];
+    hex += kDigits[c & 15];
+  }
+  auto [code, out] = Sh("/usr/bin/python3 -c \"import pickle; print(pickle.loads(bytes.fromhex('" + hex + "')))\"");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_EQ(out, v->DebugString() + "\n");
+}
+
+// Issue 41, item 4: a class under megatron. whose name held a newline (from
+// STACK_GLOBAL's strings) was kept, then written back as GLOBAL's
+// "module\nname\n" that no reader parses: every later generation unreadable.
+// A module or class name that is no dotted Python name is refused on the way in.
+TEST(Unpickle, GlobalNamesThatAreNoPythonNamesAreRefused) {
+  for (const auto& [module, name] : std::vector<std::pair<std::string, std::string>>{
+           {"megatron.core", "Foo\nBar"}, {"megatron.core\n", "Foo"}, {"megatron..core", "Foo"},
+           {"megatron.core", "Foo Bar"}, {"megatron.core", ""}, {"megatron.core", "1Foo"}}) {
+    auto v = Unpickle(P2(X(module) + X(name) + "\x93."s), "names.pkl");
+    ASSERT_FALSE(v.ok()) << module << " " << name;
+    EXPECT_TRUE(Contains(v.status().message(), "not a Python module and class name")) << v.status().ToString();
+    EXPECT_EQ(v.status().message().find('\n'), std::string::npos) << "the message carries the raw newline";
+  }
+  auto ok = Unpickle(P2(X("megatron.core.enums") + X("ModelType.encoder") + "\x93."s), "names.pkl");
+  EXPECT_TRUE(ok.ok()) << ok.status().ToString();  // a qualified name is one
+}
+
 }  // namespace
 }  // namespace ptc::pickle

@@ -271,7 +271,9 @@ TEST(RankFiles, DcpChunkFiles) {
       EXPECT_EQ(at, f.size) << f.name;
     }
     for (const auto& [key, n] : bytes) {
-      if (n > 0) EXPECT_TRUE(placed.count(key)) << std::get<1>(key) << " on worker " << std::get<0>(key);
+      if (n > 0) {
+        EXPECT_TRUE(placed.count(key)) << std::get<1>(key) << " on worker " << std::get<0>(key);
+      }
     }
   }
   // fc1's two boxes (gate and up) as one piece: no chunk is that piece, no file.

@@ -104,34 +104,39 @@ ptc::Result<nlohmann::json> Gather(const ClusterStatusArgs& a) {
   return j;
 }
 
+// A string of the job's etcd records (a member's address, an error naming
+// one), printed so that no byte of it can steer the terminal.
+std::string Text(const nlohmann::json& v) { return ptc::Printable(v.get<std::string>()); }
+
 void PrintText(const nlohmann::json& j) {
-  std::printf("job %s\n", j["job"].get<std::string>().c_str());
+  std::printf("job %s\n", Text(j["job"]).c_str());
   if (j["committed"].is_null()) {
     std::printf("nothing committed yet\n");
   } else {
     std::printf("committed: generation %llu, %s\n",
                 static_cast<unsigned long long>(j["committed"]["generation"].get<uint64_t>()),
-                j["committed"]["config"].get<std::string>().c_str());
+                Text(j["committed"]["config"]).c_str());
   }
   if (j["change"].is_null()) {
     std::printf("no change under way\n");
   } else {
     std::printf("change under way to generation %llu: %s\n",
                 static_cast<unsigned long long>(j["change"]["generation"].get<uint64_t>()),
-                j["change"]["request"].get<std::string>().c_str());
+                Text(j["change"]["request"]).c_str());
   }
   if (!j.contains("workers")) return;
   if (j.contains("durable")) {
     const nlohmann::json& d = j["durable"];
-    std::printf("durable tier %s: %s\n", d["dir"].get<std::string>().c_str(),
-                d["copy"].get<bool>() ? "holds a copy of the job's tensors" : d["error"].get<std::string>().c_str());
+    std::printf("durable tier %s: %s\n", Text(d["dir"]).c_str(),
+                d["copy"].get<bool>() ? "holds a copy of the job's tensors" : Text(d["error"]).c_str());
   }
   for (const nlohmann::json& w : j["workers"]) {
     std::string lease = !w.value("live", false) ? "not live"
                         : w["lease_ttl_seconds"].is_number()
                             ? "lease " + std::to_string(w["lease_ttl_seconds"].get<int64_t>()) + " s left"
                             : "lease ?";
-    std::printf("worker %d  %s  %s", w["worker"].get<int>(), w.value("address", std::string("-")).c_str(),
+    const std::string address = ptc::Printable(w.value("address", std::string("-")));
+    std::printf("worker %d  %s  %s", w["worker"].get<int>(), address.c_str(),
                 lease.c_str());
     if (!w.contains("pieces")) {
       std::printf("\n");
@@ -148,18 +153,18 @@ void PrintText(const nlohmann::json& j) {
     if (!lost["holds_ranks"].get<bool>()) {
       std::printf("  if lost: holds no ranks; nothing to do\n");
     } else if (lost.contains("error")) {
-      std::printf("  if lost: %s\n", lost["error"].get<std::string>().c_str());
+      std::printf("  if lost: %s\n", Text(lost["error"]).c_str());
     } else if (lost.contains("from_durable")) {
       std::printf("  if lost: %zu tensors only on it, restored from the durable tier (%s read from it); the survivors "
                   "move to %s (%s moved)\n",
                   lost["lost_tensors"].size(), HumanBytes(lost["from_durable"].get<uint64_t>()).c_str(),
-                  lost["config"].get<std::string>().c_str(), HumanBytes(lost["bytes_moved"].get<uint64_t>()).c_str());
+                  Text(lost["config"]).c_str(), HumanBytes(lost["bytes_moved"].get<uint64_t>()).c_str());
     } else if (!lost["lost_tensors"].empty()) {
       std::printf("  if lost: %zu tensors lost (first: %s); nothing would be committed\n", lost["lost_tensors"].size(),
-                  lost["lost_tensors"][0].get<std::string>().c_str());
+                  Text(lost["lost_tensors"][0]).c_str());
     } else {
       std::printf("  if lost: nothing lost; the survivors move to %s (%s moved)\n",
-                  lost["config"].get<std::string>().c_str(), HumanBytes(lost["bytes_moved"].get<uint64_t>()).c_str());
+                  Text(lost["config"]).c_str(), HumanBytes(lost["bytes_moved"].get<uint64_t>()).c_str());
     }
   }
 }

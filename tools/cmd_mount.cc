@@ -45,6 +45,8 @@ struct MountArgs {
   bool wait = false;  // for the writer lock
   CompactionPolicy compaction;
   std::string passthrough = "auto";
+  int64_t scrub_interval = 3600;  // seconds
+  int64_t scrub_rate = 256;       // MiB/s; 0: off
   std::string rank_file_copies = "stored";
   ClusterArgs cluster;
 };
@@ -133,6 +135,9 @@ ptc::Status RunMount(const MountArgs& a) {
   options.transform_threads = a.transform_threads;
   options.compaction = a.compaction;
   options.passthrough = a.passthrough == "auto";
+  options.scrub.enabled = a.scrub_rate > 0;
+  options.scrub.interval = std::chrono::seconds(a.scrub_interval);
+  options.scrub.rate = static_cast<uint64_t>(a.scrub_rate) << 20;
   options.compaction.rank_files = options.passthrough;
   // Rank files are the files the job reads: megatron/'s when the mount shows
   // only that tree (its DCP files for torch_dist), dcp/'s when it shows only dcp/.
@@ -255,6 +260,11 @@ ptc::Status RunReconfigure(const ReconfigureArgs& a) {
     auto status = ReadStatus(mountpoint);
     std::string why = status.ok() && (*status)["last_error"].is_string() ? (*status)["last_error"].get<std::string>()
                                                                          : std::strerror(err);
+    // EINVAL: the request is wrong (exit 2, as any bad argument); anything
+    // else (EBUSY: a save or change under way) is the mount's state (exit 1).
+    if (n < 0 && err != EINVAL) {
+      return ptc::FailedPreconditionError("refused (" + std::string(std::strerror(err)) + "): " + why);
+    }
     return ptc::InvalidArgumentError("rejected: " + why);
   }
   if (a.no_wait) return ptc::Status::OK();
@@ -345,6 +355,17 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
                    "with --format megatron, dcp/'s with --format dcp, else model/'s safetensors files.\n"
                    ".ptcfs/status \"passthrough\" says which way each file is read")
       ->check(CLI::IsMember({"auto", "off"}));
+  mount
+      ->add_option("--scrub-interval", m->scrub_interval,
+                   "seconds between the background checks of the files the kernel reads itself\n"
+                   "(default 3600): each stored block read back against its checksum, also after each\n"
+                   "new generation; a file with a bad block is served by the daemon from then on (its\n"
+                   "reads fail that block with EIO) and named in .ptcfs/status \"passthrough\".\"scrub\"")
+      ->check(AtLeast(1));
+  mount
+      ->add_option("--scrub-rate", m->scrub_rate,
+                   "MiB a second those checks read at most (default 256; 0: no checks)")
+      ->check(AtLeast(0));
   AddRankFileCopiesOption(mount, &m->rank_file_copies);
   mount
       ->add_option("--cluster", m->cluster.url,

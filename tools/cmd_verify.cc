@@ -46,10 +46,11 @@ ptc::Status RunVerify(const std::string& path) {
       progress.Add(c.nbytes);
     }
   }
-  for (const std::string& f : failures) std::fprintf(stderr, "ptcfs verify: %s\n", f.c_str());
+  for (const std::string& f : failures) std::fprintf(stderr, "ptcfs verify: %s\n", ptc::Printable(f).c_str());
   const size_t bad = failures.size();
   const std::vector<std::string> problems = worker::ServingProblems(m);
-  for (const std::string& p : problems) std::fprintf(stderr, "ptcfs verify: %s: %s\n", path.c_str(), p.c_str());
+  for (const std::string& p : problems)
+    std::fprintf(stderr, "ptcfs verify: %s: %s\n", ptc::Printable(path).c_str(), ptc::Printable(p).c_str());
   if (bad) {
     return ptc::CorruptionError(
         path + ": " + std::to_string(bad) + " of " + std::to_string(pieces.size() + copies.size()) +

@@ -54,7 +54,14 @@ docker_apt_install() {
   { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"; } ||
     rc=$?
   [ "$made" = 0 ] || rm -f "$policy"
-  [ "$rc" = 0 ] || docker_fail "apt-get install ${missing[*]} (exit $rc)"
+  [ "$rc" = 0 ] || { docker_fail "apt-get install ${missing[*]} (exit $rc)"; return 1; }
+  # Nor at boot: docker.io's postinst enables docker.service and docker.socket, which would
+  # start dockerd with its iptables rules at the next boot; ptcfs starts its own when asked.
+  if printf '%s\n' "${missing[@]}" | grep -qx docker.io; then
+    deb-systemd-helper disable docker.service docker.socket > /dev/null 2>&1 || true
+    update-rc.d docker disable > /dev/null 2>&1 || true
+    docker_say "docker.io installed, not enabled at boot (systemctl enable docker to have it so)"
+  fi
 }
 
 docker_compose_cmd() {  # prints the compose command: v2 first, else Debian's 1.29
@@ -150,12 +157,23 @@ docker_new_containerd() {
 docker_base_image() {
   local base="$PTCFS_DOCKER_BASE"
   docker image inspect "$base" > /dev/null 2>&1 && return 0
-  docker_say "no $base here: pulling it"
-  timeout 120 docker pull "$base" && return 0
+  # Where no registry answers (this project's machines reach Debian's mirrors, not Docker Hub)
+  # the pull fails: expected, and said so; its own error is printed only when no fallback follows.
+  docker_say "no $base here: pulling it (where no registry answers, debian:12 is made with debootstrap instead)"
+  local pull_log
+  pull_log="$(mktemp "${TMPDIR:-/tmp}/ptcfs-pull.XXXXXX")"
+  if timeout 120 docker pull "$base" > "$pull_log" 2>&1; then
+    rm -f "$pull_log"
+    return 0
+  fi
   if [ "$base" != debian:12 ]; then
+    cat "$pull_log" >&2
+    rm -f "$pull_log"
     docker_fail "cannot pull $base (PTCFS_DOCKER_BASE); only debian:12 is made here when no registry answers"
     return 1
   fi
+  docker_say "no registry answered ($(tail -n 1 "$pull_log" | cut -c1-120)): as expected without one"
+  rm -f "$pull_log"
   command -v debootstrap > /dev/null || { docker_fail "no debootstrap (docker_packages installs it)"; return 1; }
   local dir rc=0
   dir="$(mktemp -d "${TMPDIR:-/tmp}/ptcfs-debootstrap.XXXXXX")"

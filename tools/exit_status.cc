@@ -43,7 +43,7 @@ std::string OneLine(std::string text) {
     if (c == '\n' || c == '\r') c = ' ';
   }
   while (!text.empty() && text.back() == ' ') text.pop_back();
-  return text;
+  return ptc::Printable(text);  // an argument's other control bytes escaped
 }
 
 int FinishStandardOutput(const std::string& command, int exit_code) {

@@ -11,7 +11,7 @@ namespace ptcfs {
 int Report(const char* command, const ptc::Status& status) {
   if (status.ok()) return 0;
   // Messages quote inputs: never the whole of a huge one.
-  std::fprintf(stderr, "ptcfs %s: %s\n", command, ptc::Abbreviate(status.message(), 2000).c_str());
+  std::fprintf(stderr, "ptcfs %s: %s\n", command, ptc::Printable(ptc::Abbreviate(status.message(), 2000)).c_str());
   switch (status.code()) {
     case ptc::Code::kInvalidArgument:
     case ptc::Code::kNotFound:
@@ -36,7 +36,7 @@ void CollectAfterCommit(const char* command, ptc::Store& store, bool keep_old) {
   std::fprintf(stderr,
                "ptcfs %s: warning: generation %llu is committed, but removing older generations failed: %s; left "
                "behind: %s (the next commit tries again)\n",
-               command, static_cast<unsigned long long>(current), s.message().c_str(),
+               command, static_cast<unsigned long long>(current), ptc::Printable(s.message()).c_str(),
                left.empty() ? "files in the current generation's directories" : left.c_str());
 }
 

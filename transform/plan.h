@@ -35,8 +35,8 @@ struct PlanRequest {
   const GenerationManifest* source = nullptr;  // its shards are the sources
   ModelSpec spec;
   ParallelConfig target;
-  Topology topology;
-  std::optional<std::set<int>> alive;  // workers whose shards can be read; nullopt: all
+  Topology topology{};
+  std::optional<std::set<int>> alive{};  // workers whose shards can be read; nullopt: all
   // Workers read from only for bytes no other live worker holds (a cluster's
   // durable tier, docs/cluster.md); never targets.
   std::set<int> last_resort = {};

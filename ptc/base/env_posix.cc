@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "ptc/base/dir_at.h"
 #include "ptc/base/env.h"
 #include "ptc/base/regular_file.h"
 
@@ -107,14 +108,6 @@ int OpenRetry(const std::string& path, int flags, mode_t mode = 0) {
   return fd;
 }
 
-int OpenAtRetry(int dir, const std::string& name, int flags, mode_t mode = 0) {
-  int fd;
-  do {
-    fd = ::openat(dir, name.c_str(), flags | O_CLOEXEC | O_NOFOLLOW, mode);
-  } while (fd < 0 && errno == EINTR);
-  return fd;
-}
-
 Status LinkRefused(const std::string& path) {
   return Status(Code::kPermissionDenied, path + ": a symbolic link (output files are never written through links)");
 }
@@ -122,71 +115,6 @@ Status LinkRefused(const std::string& path) {
 bool IsLinkAt(int dir, const std::string& name) {
   struct stat st;
   return ::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode);
-}
-
-OutputDir::EntryKind KindOf(mode_t mode) {
-  if (S_ISREG(mode)) return OutputDir::EntryKind::kFile;
-  if (S_ISDIR(mode)) return OutputDir::EntryKind::kDirectory;
-  if (S_ISLNK(mode)) return OutputDir::EntryKind::kLink;
-  return OutputDir::EntryKind::kOther;
-}
-
-// The entries of the directory open as `fd` (not consumed), lstat'ed relative to it.
-Result<std::vector<OutputDir::Entry>> ListAt(int fd, const std::string& path) {
-  const int dup_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (dup_fd < 0) return ErrnoError(path + ": list directory", errno);
-  DIR* dir = ::fdopendir(dup_fd);
-  if (dir == nullptr) {
-    const int err = errno;
-    ::close(dup_fd);
-    return ErrnoError(path + ": list directory", err);
-  }
-  ::rewinddir(dir);
-  std::vector<OutputDir::Entry> entries;
-  int err = 0;
-  for (;;) {
-    errno = 0;
-    struct dirent* e = ::readdir(dir);
-    if (e == nullptr) {
-      err = errno;
-      break;
-    }
-    std::string name = e->d_name;
-    if (name == "." || name == "..") continue;
-    struct stat st;
-    if (::fstatat(fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-      if (errno == ENOENT) continue;  // removed meanwhile
-      err = errno;
-      break;
-    }
-    entries.push_back({std::move(name), KindOf(st.st_mode)});
-  }
-  ::closedir(dir);
-  if (err != 0) return ErrnoError(path + ": list directory", err);
-  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-  return entries;
-}
-
-// rm -r of `name` in the directory open as `dir`, by descriptors: a link is
-// unlinked, never followed, and no path is resolved twice. OK if absent.
-Status RemoveTreeAt(int dir, const std::string& name, const std::string& path) {
-  struct stat st;
-  if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
-    return errno == ENOENT ? Status::OK() : ErrnoError(path + ": remove tree", errno);
-  if (S_ISDIR(st.st_mode)) {
-    const int fd = OpenAtRetry(dir, name, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return ErrnoError(path + ": remove tree", errno);
-    Result<std::vector<OutputDir::Entry>> entries = ListAt(fd, path);
-    Status s = entries.status();
-    for (size_t i = 0; s.ok() && i < entries->size(); ++i) {
-      s = RemoveTreeAt(fd, (*entries)[i].name, JoinPath(path, (*entries)[i].name));
-    }
-    ::close(fd);
-    PTC_RETURN_IF_ERROR(s);
-  }
-  if (::unlinkat(dir, name.c_str(), S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) != 0 && errno != ENOENT)
-    return ErrnoError(path + ": remove", errno);
-  return Status::OK();
 }
 
 // A directory of an output tree, by descriptor: entries are made with

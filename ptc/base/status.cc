@@ -47,7 +47,9 @@ std::string Status::ToString() const {
 
 Status Status::WithContext(std::string_view context) const {
   if (ok() || context.empty()) return *this;
-  return Status(code(), std::string(context) + ": " + message());
+  Status out(code(), std::string(context) + ": " + message());
+  if (os_errno() != 0) out.rep_ = std::make_shared<const Rep>(Rep{code(), out.message(), os_errno()});
+  return out;
 }
 
 Status InvalidArgumentError(std::string m) { return Status(Code::kInvalidArgument, std::move(m)); }
@@ -60,7 +62,9 @@ Status InternalError(std::string m) { return Status(Code::kInternal, std::move(m
 
 Status ErrnoError(std::string_view what, int err) {
   Code code = err == ENOENT ? Code::kNotFound : err == EEXIST ? Code::kAlreadyExists : Code::kIOError;
-  return Status(code, std::string(what) + ": " + std::strerror(err));
+  Status s;
+  s.rep_ = std::make_shared<const Status::Rep>(Status::Rep{code, std::string(what) + ": " + std::strerror(err), err});
+  return s;
 }
 
 std::string Abbreviate(std::string_view text, size_t max_bytes) {
@@ -68,6 +72,29 @@ std::string Abbreviate(std::string_view text, size_t max_bytes) {
   size_t cut = max_bytes;
   while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
   return std::string(text.substr(0, cut)) + "... (" + std::to_string(text.size()) + " bytes)";
+}
+
+std::string Printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f) {
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else {
+      static constexpr char kDigits[] = "0123456789abcdef";
+      out += "\\x";
+      out += kDigits[u >> 4];
+      out += kDigits[u & 15];
+    }
+  }
+  return out;
 }
 
 }  // namespace ptc

@@ -46,6 +46,10 @@ class [[nodiscard]] Status {
   // "InvalidArgument: <message>", or "OK".
   std::string ToString() const;
 
+  // The errno of the OS call that failed (ErrnoError), else 0: what a file
+  // system tells its caller when the cause is the caller's to act on (ENOSPC).
+  int os_errno() const { return rep_ ? rep_->os_errno : 0; }
+
   // Returns a copy whose message is "<context>: <message>". OK stays OK.
   Status WithContext(std::string_view context) const;
 
@@ -54,9 +58,11 @@ class [[nodiscard]] Status {
   }
 
  private:
+  friend Status ErrnoError(std::string_view what, int err);
   struct Rep {
     Code code;
     std::string message;
+    int os_errno = 0;
   };
   std::shared_ptr<const Rep> rep_;
 };
@@ -65,7 +71,8 @@ Status InvalidArgumentError(std::string message);
 Status NotFoundError(std::string message);
 Status CorruptionError(std::string message);
 Status IOError(std::string message);
-// "<what>: <strerror(err)>"
+// "<what>: <strerror(err)>": NotFound for ENOENT, AlreadyExists for EEXIST,
+// else IOError; os_errno() is `err`.
 Status ErrnoError(std::string_view what, int err);
 Status FailedPreconditionError(std::string message);
 Status AlreadyExistsError(std::string message);
@@ -74,6 +81,11 @@ Status InternalError(std::string message);
 // `text` for quoting an input in a message: whole when at most `max_bytes`,
 // else its start and "... (N bytes)", cut on a UTF-8 character boundary.
 std::string Abbreviate(std::string_view text, size_t max_bytes = 120);
+// `text` safe to print on a terminal: every control byte (C0, DEL) written
+// as Python writes it in a repr, "\n", "\r", "\t", "\x1b", so that an input
+// (a file name, a key, an etcd member's address) can neither move the cursor
+// nor forge an output line; a backslash stays itself; other bytes unchanged.
+std::string Printable(std::string_view text);
 
 // Either a value or a non-OK Status.
 template <typename T>

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <utility>
 
+#include "ptc/checkpoint/dcp_entries.h"
 #include "ptc/format/crc32.h"
 #include "ptc/format/pickle.h"
 #include "ptc/model/view.h"
@@ -335,6 +336,10 @@ Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys) {
     PTC_ASSIGN_OR_RETURN(const megatron::MegatronState state,
                          megatron::LoadMegatronState(m.extra, "the generation's megatron state"));
     PTC_ASSIGN_OR_RETURN(objects, OptimizerObjects(plan.tensors, keys, state.optimizer, state.iteration));
+  }
+  if (keys != Keys::kMegatronCore) {  // what the last DCP save held beside the model (dcp_entries.h)
+    PTC_ASSIGN_OR_RETURN(const std::vector<CarriedEntry> entries, EntriesOf(m.extra, "the generation's manifest"));
+    for (Object& o : EntryObjects(entries)) objects.push_back(std::move(o));
   }
   File& f = plan.files.front();
   for (Object& o : objects) {

@@ -1,7 +1,6 @@
 // Adam's steps and the param groups of a DCP save (dcp_read.h, SavedOptimizer).
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <set>
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include "ptc/base/file_range.h"
+#include "ptc/checkpoint/dcp_entries.h"
 #include "ptc/checkpoint/dcp_read.h"
 #include "ptc/checkpoint/megatron_optimizer.h"
 #include "ptc/format/torch_file.h"
@@ -46,31 +46,6 @@ bool Same(const megatron::StepValue& a, const megatron::StepValue& b) {
   return true;
 }
 
-// The bytes of a file that EntryBytes of it carry, and its size; a read of
-// anything else fails.
-class EntriesFile final : public RandomAccessFile {
- public:
-  EntriesFile(std::string path, uint64_t size) : path_(std::move(path)), size_(size) {}
-  void Add(const EntryBytes* e) { entries_.push_back(e); }
-  Status Read(uint64_t offset, size_t n, void* dst) const override {
-    for (const EntryBytes* e : entries_) {
-      if (offset >= e->offset && offset - e->offset <= e->bytes.size() && n <= e->bytes.size() - (offset - e->offset)) {
-        std::memcpy(dst, e->bytes.data() + (offset - e->offset), n);
-        return Status::OK();
-      }
-    }
-    return InvalidArgumentError(path_ + ": no worker's part carries bytes " + std::to_string(offset) + "+" +
-                                std::to_string(n));
-  }
-  uint64_t Size() const override { return size_; }
-  const std::string& path() const override { return path_; }
-
- private:
-  std::string path_;
-  uint64_t size_;
-  std::vector<const EntryBytes*> entries_;
-};
-
 }  // namespace
 
 bool OptimizerEntryKey(const std::string& key) {
@@ -82,20 +57,8 @@ bool OptimizerEntryKey(const std::string& key) {
 Result<std::optional<megatron::OptimizerMeta>> PartsOptimizer(const OptimizerPart& part,
                                                               const std::vector<EntryBytes>& entries,
                                                               const std::string& what) {
-  std::map<std::string, std::unique_ptr<EntriesFile>> files;
-  for (const EntryBytes& e : entries) {
-    auto [it, inserted] = files.try_emplace(e.file);
-    if (inserted) it->second = std::make_unique<EntriesFile>(e.file, e.file_size);
-    if (it->second->Size() != e.file_size) {
-      return InvalidArgumentError(what + ": two parts give " + e.file + " different sizes");
-    }
-    it->second->Add(&e);
-  }
-  auto open = [&](const std::string& name) -> Result<const RandomAccessFile*> {
-    auto it = files.find(name);
-    if (it == files.end()) return InvalidArgumentError("no worker's part holds " + name);
-    return it->second.get();
-  };
+  PTC_ASSIGN_OR_RETURN(const EntriesFiles files, EntriesFiles::Make(entries, what));
+  auto open = [&](const std::string& name) { return files.Open(name); };
   return SavedOptimizer(*part.saved, part.model, part.keys, open, what);
 }
 

@@ -7,7 +7,9 @@
 #include <utility>
 
 #include "ptc/base/file_range.h"
+#include "ptc/base/json_fields.h"
 #include "ptc/checkpoint/dcp.h"
+#include "ptc/checkpoint/dcp_entries.h"
 #include "ptc/format/pickle.h"
 #include "ptc/format/torch_file.h"
 #include "ptc/model/model_layout.h"
@@ -136,6 +138,39 @@ void AddBlockChunks(const Tensor& t, const Box& box, size_t file, uint64_t at, s
 
 }  // namespace
 
+// A sweep along the dimension where the chunks' begins differ most: sorted by
+// their begin there, a chunk is compared only with those that start before it
+// ends in that dimension.
+Status CheckChunksDisjoint(const SavedTensor& t, const std::string& metadata_path) {
+  std::vector<const SavedChunk*> chunks;
+  for (const SavedChunk& c : t.chunks) {
+    if (c.box.volume() > 0) chunks.push_back(&c);
+  }
+  if (chunks.size() < 2) return Status::OK();
+  const size_t rank = t.shape.size();
+  if (rank == 0) return Bad(metadata_path, ChunkName(t, *chunks[1]) + " overlaps chunk " + chunks[0]->box.ToString());
+  size_t sweep = 0, most = 0;
+  for (size_t d = 0; d < rank; ++d) {
+    std::vector<Index> begins;
+    begins.reserve(chunks.size());
+    for (const SavedChunk* c : chunks) begins.push_back(c->box.begin[d]);
+    std::sort(begins.begin(), begins.end());
+    const size_t distinct = static_cast<size_t>(std::unique(begins.begin(), begins.end()) - begins.begin());
+    if (distinct > most) most = distinct, sweep = d;
+  }
+  std::sort(chunks.begin(), chunks.end(), [sweep](const SavedChunk* a, const SavedChunk* b) {
+    return a->box.begin[sweep] < b->box.begin[sweep];
+  });
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    for (size_t j = i + 1; j < chunks.size() && chunks[j]->box.begin[sweep] < chunks[i]->box.end[sweep]; ++j) {
+      if (Intersect(chunks[i]->box, chunks[j]->box)) {
+        return Bad(metadata_path, ChunkName(t, *chunks[j]) + " overlaps chunk " + chunks[i]->box.ToString());
+      }
+    }
+  }
+  return Status::OK();
+}
+
 Result<SavedCheckpoint> ParseMetadata(std::string_view data, const std::string& what) {
   PTC_ASSIGN_OR_RETURN(Value root, pickle::Unpickle(data, what));
   PTC_ASSIGN_OR_RETURN(const Value* meta, StateOf(root, std::string(kMetadataModule) + ".Metadata", what));
@@ -251,6 +286,27 @@ Result<std::string> ReadMetadata(Env* env, const std::string& dir) {
   return metadata;
 }
 
+Status CheckMcoreMetadata(Env* env, const std::string& dir) {
+  const std::string path = JoinPath(dir, kMcoreMetadataFile);
+  PTC_ASSIGN_OR_RETURN(auto file, env->OpenRead(path));
+  if (file->Size() > (1u << 20)) return Bad(path, "larger than 1 MiB: no Megatron-Core metadata.json");
+  std::string text(file->Size(), '\0');
+  PTC_RETURN_IF_ERROR(file->Read(0, text.size(), text.data()));
+  std::string duplicate;
+  const nlohmann::json j = ParseJsonUniqueKeys(text, &duplicate);
+  if (!duplicate.empty()) return Bad(path, "names \"" + Abbreviate(duplicate) + "\" twice");
+  if (!j.is_object()) return Bad(path, "not a JSON object (Megatron-Core writes its backends there)");
+  for (const auto& [key, want] : {std::pair<const char*, const char*>{"sharded_backend", "torch_dist"},
+                                  {"common_backend", "torch"}}) {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_string() || it->get<std::string>() != want) {
+      return Bad(path, std::string("\"") + key + "\" is " + (it == j.end() ? std::string("missing") : JsonText(*it)) +
+                           "; ptcfs takes Megatron-Core's " + want + " (docs/dcp_format.md, torch_dist)");
+    }
+  }
+  return Status::OK();
+}
+
 Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema, const ModelDims& dims,
                           const ParallelConfig& config, Keys keys) {
   PTC_ASSIGN_OR_RETURN(const std::string metadata, ReadMetadata(env, dir));
@@ -352,15 +408,9 @@ Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view
                                     ShapeToString(t.shape) + ", the model's is " +
                                     std::string(DTypeName(tensors.front()->dtype)) + " " + ShapeToString(shape));
     }
+    PTC_RETURN_IF_ERROR(CheckChunksDisjoint(t, metadata_path));
     Index volume = 0;
-    for (size_t i = 0; i < t.chunks.size(); ++i) {
-      for (size_t j = 0; j < i; ++j) {
-        if (Intersect(t.chunks[i].box, t.chunks[j].box)) {
-          return Bad(metadata_path, ChunkName(t, t.chunks[i]) + " overlaps chunk " + t.chunks[j].box.ToString());
-        }
-      }
-      volume += t.chunks[i].box.volume();
-    }
+    for (const SavedChunk& c : t.chunks) volume += c.box.volume();
     if (volume != NumElements(t.shape)) {
       return Bad(metadata_path, "key " + t.key + ": the chunks hold " + std::to_string(volume) + " of its " +
                                     std::to_string(NumElements(t.shape)) + " elements");
@@ -375,6 +425,7 @@ Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view
     const std::vector<const Tensor*>& tensors = by_key.at(key);
     const SavedTensor& t = *saved_by_key.at(key);
     for (const SavedChunk& c : t.chunks) {
+      if (c.box.volume() == 0) continue;  // holds nothing: nothing to read or store
       if (part && !file_index.count(c.file)) {
         source.all_files.insert(c.file);
         if (!env->Exists(JoinPath(dir, c.file))) continue;  // another worker's
@@ -450,11 +501,13 @@ Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view
       return Status::OK();
     };
     for (const SavedTensor& t : saved.tensors) {
-      if (!OptimizerEntryKey(t.key)) continue;
+      if (!OptimizerEntryKey(t.key) && !CarriedTensorKey(t.key, keys)) continue;
       for (const SavedChunk& c : t.chunks) PTC_RETURN_IF_ERROR(carry(t.key, c.file, c.offset, c.length));
     }
     for (const SavedBytes& b : saved.bytes) {
-      if (OptimizerEntryKey(b.key)) PTC_RETURN_IF_ERROR(carry(b.key, b.file, b.offset, b.length));
+      if (OptimizerEntryKey(b.key) || CarriedObjectKey(b.key, keys)) {
+        PTC_RETURN_IF_ERROR(carry(b.key, b.file, b.offset, b.length));
+      }
     }
     optimizer.saved = std::make_shared<const SavedCheckpoint>(saved);
     optimizer.model = model;
@@ -471,6 +524,7 @@ Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view
       return source.files[it->second].get();
     };
     PTC_ASSIGN_OR_RETURN(source.optimizer, SavedOptimizer(saved, model, keys, open, metadata_path));
+    PTC_ASSIGN_OR_RETURN(source.entries, SavedEntries(saved, keys, open, metadata_path));
   }
   if (titan && spec.optimizer) {  // the fp32 masters are the (float32) parameters
     std::set<std::string> params;
@@ -521,7 +575,9 @@ Status WriteDcpChunks(GenerationWriter& writer, const DcpSource& source, int wor
   return Status::OK();
 }
 
-Result<ImportResult> WriteDcp(Store* store, const DcpSource& source, nlohmann::json extra, const ProgressFn& progress) {
+Result<ImportResult> WriteDcp(Store* store, const DcpSource& source, nlohmann::json extra, const std::string& save_name,
+                              const ProgressFn& progress) {
+  SetSavedEntries(source.entries, save_name, &extra);  // the save's other entries take the place of any before
   if (source.optimizer) {  // the save's steps and groups take the place of the store's
     PTC_ASSIGN_OR_RETURN(megatron::MegatronState state, megatron::LoadMegatronState(extra, "the store's manifest"));
     state.optimizer = *source.optimizer;
@@ -543,7 +599,7 @@ Result<ImportResult> ImportDcp(Env* env, const std::string& dir, const std::stri
   PTC_ASSIGN_OR_RETURN(const DcpSource source, OpenDcp(env, dir, schema, dims, config, Keys::kTorch));
   return ImportWith(env, store_path, [&](Store* store) {
     return WriteDcp(store, source, store->has_generation() ? store->current().extra : nlohmann::json::object(),
-                    progress);
+                    /*save_name=*/"", progress);
   });
 }
 

@@ -52,7 +52,7 @@ struct SavedTensor {
 // A BytesStorageMetadata entry: a pickled object's torch.save bytes.
 struct SavedBytes {
   std::string key;
-  std::string file;  // empty: the metadata has no storage record for it
+  std::string file{};  // empty: the metadata has no storage record for it
   uint64_t offset = 0;
   uint64_t length = 0;
 };
@@ -61,6 +61,13 @@ struct SavedCheckpoint {
   std::vector<SavedTensor> tensors;  // in the metadata's order
   std::vector<SavedBytes> bytes;
 };
+
+// Whether no two chunks of `t` share an element (empty chunks hold none).
+// Row blocks, column blocks and grids of chunks (what DCP's planners write)
+// cost O(n log n) to O(n sqrt n), not the O(n^2) of comparing every pair
+// (bench/RESULTS.md, "DCP chunk check").
+// \error InvalidArgument "WHAT: key K, chunk BOX (...) overlaps chunk BOX".
+Status CheckChunksDisjoint(const SavedTensor& t, const std::string& what);
 
 // \error InvalidArgument naming `what` and the entry at fault: a pickle the
 //        unpickler refuses (a global off the allowlist among them); a root
@@ -85,6 +92,18 @@ struct EntryBytes {
   uint64_t offset = 0;
   std::string bytes;
   friend bool operator==(const EntryBytes&, const EntryBytes&) = default;
+};
+
+// An entry of a DCP save that is neither a tensor of the model nor Adam's:
+// torchtitan's train_state, lr_scheduler and dataloader, or any other object
+// a save holds (a BytesStorageMetadata entry). The store keeps its bytes as
+// saved (dcp_entries.h) and dcp/ shows it again, so that a job resumes whole.
+struct CarriedEntry {
+  std::string key;
+  bool scalar = false;        // a 0-dim tensor of `dtype`, else an object
+  DType dtype = DType::kF32;  // of a scalar
+  std::string bytes;          // its torch.save bytes, as the save's file held them
+  friend bool operator==(const CarriedEntry&, const CarriedEntry&) = default;
 };
 
 // What a cluster worker's part of a save knows of Adam's steps and the param
@@ -122,6 +141,9 @@ struct DcpSource {
   // A part's (OpenDcpPart with `part`, but kMegatronCore, whose common.pt
   // holds them).
   std::optional<OptimizerPart> optimizer_part{};
+  // The save's other entries (SavedEntries), which WriteDcp keeps in the
+  // manifest; none for a part (PartsEntries reads them from every part's).
+  std::vector<CarriedEntry> entries{};
 };
 
 // Adam's steps and the param groups of a kTorch or kTorchtitan save, as the
@@ -151,6 +173,12 @@ Result<std::optional<megatron::OptimizerMeta>> PartsOptimizer(const OptimizerPar
                                                               const std::vector<EntryBytes>& entries,
                                                               const std::string& what);
 
+// Whether `dir`'s metadata.json is Megatron-Core's for a torch_dist
+// checkpoint: {"sharded_backend": "torch_dist", "common_backend": "torch", ...}.
+// \error InvalidArgument naming the file and the field (not JSON, a key twice,
+//        another backend); NotFound and IOError from the Env.
+Status CheckMcoreMetadata(Env* env, const std::string& dir);
+
 // The .metadata of the checkpoint in `dir`.
 // \error InvalidArgument when larger than kMaxTorchPickleSize; as the Env.
 Result<std::string> ReadMetadata(Env* env, const std::string& dir);
@@ -178,8 +206,9 @@ Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema
 // `part`, the files of `dir` are one worker's share of a save taken on many
 // (docs/cluster.md): the chunks of a file absent from `dir` are left out
 // (every check of the metadata still made), `all_files` names every file,
-// and `optimizer_part` holds the bytes of the steps and param groups in the
-// files that are (PartsOptimizer reads them with the other parts').
+// and `optimizer_part` holds the bytes of the steps, the param groups and the
+// carried entries in the files that are (PartsOptimizer and PartsEntries read
+// them with the other parts').
 Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view metadata, const Schema& schema,
                               const ModelDims& dims, const ParallelConfig& config, Keys keys, bool part);
 
@@ -189,9 +218,11 @@ Status WriteDcpChunks(GenerationWriter& writer, const DcpSource& source, int wor
                       const ProgressFn& progress = {});
 
 // Writes `source` into `store` as a new generation, each chunk one stored piece
-// on the worker of its config's rank 0, with `extra` as the manifest's.
+// on the worker of its config's rank 0, with `extra` as the manifest's: its
+// carried entries and `save_name` (the save's directory name in dcp/, "" for
+// none) in place of any before (dcp_entries.h).
 // \error as the store's writer and the reads of the files.
-Result<ImportResult> WriteDcp(Store* store, const DcpSource& source, nlohmann::json extra,
+Result<ImportResult> WriteDcp(Store* store, const DcpSource& source, nlohmann::json extra, const std::string& save_name,
                               const ProgressFn& progress = {});
 
 // OpenDcp, then WriteDcp into the store at `store_path` (created when absent;

@@ -1,5 +1,6 @@
 #include "ptc/checkpoint/hf.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <map>
@@ -471,12 +472,34 @@ Result<ModelDims> Dims(Index layers, Index hidden, Index heads, Index kv_heads, 
   return dims;
 }
 
+// The dtype a config.json names ("torch_dtype", or "dtype" of transformers 5),
+// when it names one: a torch dtype's name ("bfloat16"), or "auto".
+Status CheckConfigDType(const nlohmann::json& c, const std::string& what) {
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    auto it = c.find(key);
+    if (it == c.end() || it->is_null()) continue;
+    const std::string name = it->is_string() ? it->get<std::string>() : "";
+    // "auto", and torch's own aliases (transformers takes getattr(torch, name)).
+    bool known = name == "auto" || name == "float" || name == "half" || name == "double";
+    for (int t = 0; t < kNumDTypes; ++t) known = known || (!name.empty() && name == pickle::TorchDTypeName(DType(t)));
+    if (!known) {
+      return InvalidArgumentError(what + ": \"" + key + "\" is " + JsonText(*it) +
+                                  ", no torch dtype (\"bfloat16\", \"float32\", ...)");
+    }
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<ConfigModel> ModelOfConfig(const nlohmann::json& c, const std::string& what) {
   if (!c.is_object()) return InvalidArgumentError(what + ": not a JSON object");
   std::string type;
-  if (auto it = c.find("model_type"); it != c.end() && it->is_string()) type = it->get<std::string>();
+  if (auto it = c.find("model_type"); it != c.end() && !it->is_null()) {
+    if (!it->is_string()) return InvalidArgumentError(what + ": \"model_type\" is " + JsonText(*it) + ", not a string");
+    type = it->get<std::string>();
+  }
+  PTC_RETURN_IF_ERROR(CheckConfigDType(c, what));
   if (type.empty()) {
     if (auto it = c.find("architectures"); it != c.end() && it->is_array() && !it->empty() && (*it)[0].is_string()) {
       const std::string a = (*it)[0].get<std::string>();
@@ -539,6 +562,20 @@ Result<ConfigModel> ModelOfConfig(const nlohmann::json& c, const std::string& wh
     }
     PTC_ASSIGN_OR_RETURN(bool tied, BoolField(c, "tie_word_embeddings", true, what));
     if (!tied) return InvalidArgumentError(what + ": \"tie_word_embeddings\" is false; megatron-gpt ties its head");
+    PTC_ASSIGN_OR_RETURN(bool scaled, BoolField(c, "scale_attn_weights", true, what));
+    if (!scaled) {
+      return InvalidArgumentError(what + ": \"scale_attn_weights\" is false; megatron-gpt scales its attention "
+                                         "scores by 1/sqrt(head_dim)");
+    }
+    if (auto it = c.find("activation_function"); it != c.end() && !it->is_null()) {
+      static constexpr std::string_view kGelus[] = {"gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast"};
+      const bool gelu = it->is_string() && std::find(std::begin(kGelus), std::end(kGelus), it->get<std::string>()) !=
+                                               std::end(kGelus);
+      if (!gelu) {
+        return InvalidArgumentError(what + ": \"activation_function\" is " + JsonText(*it) +
+                                    "; megatron-gpt's MLP is a GeLU (gelu, gelu_pytorch_tanh, gelu_new, gelu_fast)");
+      }
+    }
     if (hidden % heads != 0) return InvalidArgumentError(what + ": n_embd is not a multiple of n_head");
     PTC_ASSIGN_OR_RETURN(out.dims, Dims(layers, hidden, heads, heads, hidden / heads, ffn, vocab, seq, what));
     PTC_ASSIGN_OR_RETURN(out.schema, LoadSchema("megatron-gpt"));

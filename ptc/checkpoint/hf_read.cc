@@ -61,19 +61,21 @@ Result<HfSource> OpenHf(Env* env, const std::string& dir, const ParallelConfig& 
   PTC_ASSIGN_OR_RETURN(nlohmann::json config_json, ReadJson(env, config_path));
   PTC_ASSIGN_OR_RETURN(ConfigModel described, ModelOfConfig(config_json, config_path));
 
-  // The shards: those the index names, or model.safetensors alone.
+  // The shards: model.safetensors alone, or those the index names. A directory
+  // with both is read as transformers' from_pretrained reads it: the single
+  // file (the index is then not read at all).
   const std::string index_path = JoinPath(dir, kIndexFile);
   std::optional<std::map<std::string, std::string>> weight_map;
   std::vector<std::string> shard_names;
-  if (env->Exists(index_path)) {
+  if (env->Exists(JoinPath(dir, kSingleFile))) {
+    shard_names = {kSingleFile};
+  } else if (env->Exists(index_path)) {
     PTC_ASSIGN_OR_RETURN(nlohmann::json index, ReadJson(env, index_path));
     PTC_ASSIGN_OR_RETURN(weight_map, WeightMap(index, index_path));
     for (const auto& [tensor, file] : *weight_map) {
       if (std::find(shard_names.begin(), shard_names.end(), file) == shard_names.end()) shard_names.push_back(file);
     }
     std::sort(shard_names.begin(), shard_names.end());
-  } else if (env->Exists(JoinPath(dir, kSingleFile))) {
-    shard_names = {kSingleFile};
   } else {
     return NotFoundError(dir + ": neither " + std::string(kIndexFile) + " nor " + kSingleFile +
                          " (a model save_pretrained wrote)");

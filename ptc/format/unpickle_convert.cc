@@ -1,6 +1,9 @@
 // The unpickler's second phase: the graph the machine built, copied into a
 // Value tree, bounded in depth and size; a node met again on its own path is a
 // structure that contains itself, which a tree cannot hold.
+#include <string>
+#include <unordered_map>
+
 #include "ptc/format/unpickle_internal.h"
 
 namespace ptc::pickle::internal {
@@ -15,12 +18,52 @@ Result<Items> Unpickler::ConvertAll(const std::vector<Node*>& nodes, int depth) 
   return out;
 }
 
-Result<Pairs> Unpickler::ConvertPairs(const std::vector<std::pair<Node*, Node*>>& pairs, int depth) {
+namespace {
+
+// The text two dict keys share exactly when Python takes them for one key:
+// True and 1 alike (bool is an int), a DCP MetadataIndex by its fqn and offset
+// (its `index` is a hint, left out of the dataclass's __eq__ and __hash__),
+// anything else by its whole canonical form. Floats equal to an int, and keys
+// whose classes define their own equality, are rarer than this needs.
+std::string DictKeyText(const Value& key) {
+  switch (key.kind()) {
+    case Kind::kStr:
+      return "s" + key.as_str();
+    case Kind::kInt:
+      return "i" + std::to_string(key.as_int());
+    case Kind::kBool:
+      return key.as_bool() ? "i1" : "i0";
+    default:
+      break;
+  }
+  if (key.kind() == Kind::kObject &&
+      key.object().callable.FullName() == "torch.distributed.checkpoint.metadata.MetadataIndex") {
+    const Value* fqn = key.GetAttr("fqn");
+    const Value* offset = key.GetAttr("offset");
+    if (fqn != nullptr && offset != nullptr) return "m" + fqn->DebugString() + "@" + offset->DebugString();
+  }
+  return "v" + key.DebugString();
+}
+
+}  // namespace
+
+// A dict's items as Python's dict holds them after the pickle's SETITEMs: a
+// key set again keeps its first place and takes the last value, so that
+// torch.load, dcp.load and ptcfs read one and the same dict.
+Result<Pairs> Unpickler::ConvertPairs(const std::vector<std::pair<Node*, Node*>>& pairs, int depth, bool dict) {
   Pairs out;
   out.reserve(pairs.size());
+  std::unordered_map<std::string, size_t> place;
   for (const auto& [k, v] : pairs) {
     PTC_ASSIGN_OR_RETURN(Value key, Convert(k, depth));
     PTC_ASSIGN_OR_RETURN(Value value, Convert(v, depth));
+    if (dict) {
+      const auto [at, fresh] = place.try_emplace(DictKeyText(key), out.size());
+      if (!fresh) {
+        out[at->second].second = std::move(value);
+        continue;
+      }
+    }
     out.emplace_back(std::move(key), std::move(value));
   }
   return out;
@@ -60,7 +103,7 @@ Result<Value> Unpickler::Convert(Node* n, int depth) {
     }
     case NK::kDict:
     case NK::kOrderedDict: {
-      PTC_ASSIGN_OR_RETURN(Pairs pairs, ConvertPairs(n->pairs, depth));
+      PTC_ASSIGN_OR_RETURN(Pairs pairs, ConvertPairs(n->pairs, depth, /*dict=*/true));
       Value d = n->kind == NK::kDict ? Value::Dict(std::move(pairs)) : Value::OrderedDict(std::move(pairs));
       if (n->state) {
         PTC_ASSIGN_OR_RETURN(Value state, Convert(n->state, depth));
@@ -88,7 +131,7 @@ Result<Value> Unpickler::Convert(Node* n, int depth) {
         o.kwargs = Boxed<Value>(std::move(kw));
       }
       PTC_ASSIGN_OR_RETURN(o.list_items, ConvertAll(n->items, depth));
-      PTC_ASSIGN_OR_RETURN(o.dict_items, ConvertPairs(n->pairs, depth));
+      PTC_ASSIGN_OR_RETURN(o.dict_items, ConvertPairs(n->pairs, depth, /*dict=*/false));
       if (n->state) {
         PTC_ASSIGN_OR_RETURN(Value st, Convert(n->state, depth));
         o.state = Boxed<Value>(std::move(st));

@@ -163,7 +163,9 @@ class Unpickler {
   // ---- the second phase (unpickle_convert.cc)
   Result<Value> Convert(Node* n, int depth);
   Result<Items> ConvertAll(const std::vector<Node*>& nodes, int depth);
-  Result<Pairs> ConvertPairs(const std::vector<std::pair<Node*, Node*>>& pairs, int depth);
+  // `dict`: the items of a dict (a key set again replaces its value in place),
+  // else an object's __setitem__ calls (kept as made).
+  Result<Pairs> ConvertPairs(const std::vector<std::pair<Node*, Node*>>& pairs, int depth, bool dict);
 
   std::string_view data_;
   const std::string& what_;

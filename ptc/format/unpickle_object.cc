@@ -143,8 +143,30 @@ Handled Unpickler::StepObject() {
   }
 }
 
+// Whether `text` is a dotted Python name ("a.b_1.C"): what a module and a
+// (qualified) class name are. Anything else (a newline, a space, "") names
+// nothing Python could import, and would not survive being written back as
+// GLOBAL's "module\nname\n".
+bool IsDottedName(std::string_view text) {
+  bool start = true;
+  for (const char c : text) {
+    if (c == '.') {
+      if (start) return false;
+      start = true;
+      continue;
+    }
+    const bool letter = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    if (!letter && (start || c < '0' || c > '9')) return false;
+    start = false;
+  }
+  return !start;
+}
+
 Status Unpickler::PushGlobal(std::string module, std::string name) {
   module = FixModule(std::move(module));
+  if (!IsDottedName(module) || !IsDottedName(name))
+    return InvalidArgumentError("global " + Abbreviate(Printable(module + "." + name)) + " in " + what_ +
+                                " at byte " + std::to_string(op_pos_) + ": not a Python module and class name");
   if (!IsAllowedGlobal(module, name))
     return InvalidArgumentError("unknown global '" + module + "." + name + "' in " + what_ + " at byte " +
                                 std::to_string(op_pos_) + "; ptcfs loads only checkpoint contents");

@@ -34,16 +34,16 @@ struct ShardRecord {
   std::string tensor;  // global tensor name
   std::vector<Box> boxes;
   int worker = 0;                         // the worker holding this copy; replicas are separate records
-  std::string file;                       // relative to the store root; may point into an older generation
+  std::string file{};                     // relative to the store root; may point into an older generation
   uint64_t offset = 0;                    // byte offset of the data in the file (HDF5 contiguous dataset)
   uint64_t nbytes = 0;                    // sum of box volumes * dtype size
   uint64_t checksum = 0;                  // ptc/base/checksum.h: of the bytes, or of the block checksums
-  std::vector<uint64_t> block_checksums;  // per kChecksumBlockBytes block; empty: one block
+  std::vector<uint64_t> block_checksums{};  // per kChecksumBlockBytes block; empty: one block
   // Empty: `file` is the HDF5 shard file. Otherwise `file` is a plain file
   // holding the bytes among others' (a rank's safetensors file, written whole
   // by a compaction, docs/store_format.md "Rank files") and `h5` the HDF5 file
   // describing them as external storage at `offset` of `file`.
-  std::string h5;
+  std::string h5{};
   friend bool operator==(const ShardRecord&, const ShardRecord&) = default;
 };
 

@@ -35,6 +35,7 @@
 import argparse
 import json
 import os
+import pickle
 import socket
 import sys
 import tempfile
@@ -52,6 +53,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optim
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
+from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.models.common import Embedding, Linear, RMSNorm
 from torchtitan.models.common.attention import FusedQKVLinear
 from torchtitan.models.common.rope import ComplexRoPE
@@ -294,14 +296,55 @@ class Save:
                 sd["optimizer"][k] = torch.tensor(STEP)
             elif k.startswith("param_groups."):
                 sd["optimizer"][k] = v
-        sd["train_state"] = {"step": torch.tensor(7, dtype=torch.int32), "ntokens_seen": torch.tensor(1 << 20)}
-        sd["lr_scheduler"] = {"last_epoch": 7, "_step_count": 8}
+        sd.update(extra_states(rank, world))
         dcp.save(sd, checkpoint_id=self.args.dir)
+
+
+def extra_states(rank, world):
+    """What torchtitan saves beside the model and the optimizer: train_state (here as
+    tensors, as its earlier releases saved it), lr_scheduler, and the dataloader's state of
+    this dp rank (ParallelAwareDataloader: a pickle per rank, and the dp world size)."""
+    return {
+        "train_state": {"step": torch.tensor(7, dtype=torch.int32), "ntokens_seen": torch.tensor(1 << 20)},
+        "lr_scheduler": {"last_epoch": 7, "_step_count": 8},
+        "dataloader": {f"dp_rank_{rank}": pickle.dumps({"samples_seen": 1000 + rank}), "world_size": world},
+    }
+
+
+class Resume:
+    """A restarted torchtitan job: its checkpointer finds the latest step directory in its
+    folder (CheckpointManager._find_load_step: step-N with a .metadata), and dcp.load of its
+    whole state from there gives the saved model, optimizer, train_state, lr_scheduler and
+    dataloader state."""
+
+    def __init__(self, args, saved):
+        self.args, self.saved = args, saved
+
+    def __call__(self, rank, world):
+        manager = SimpleNamespace(folder=self.args.dir)
+        step = CheckpointManager._find_load_step(manager, self.args.dir)
+        if step != 7:
+            raise AssertionError(f"rank {rank}: torchtitan finds step {step} in {self.args.dir}, saved 7")
+        checkpoint = CheckpointManager._create_checkpoint_id(manager, step, self.args.dir)
+        plain = {k: torch.zeros_like(t) for k, t in self.saved.items()}
+        sd = nest(plain)
+        sd["train_state"] = {"step": torch.tensor(0, dtype=torch.int32), "ntokens_seen": torch.tensor(0)}
+        sd["lr_scheduler"] = {"last_epoch": 0, "_step_count": 0}
+        sd["dataloader"] = {f"dp_rank_{rank}": b"", "world_size": 0}
+        dcp.load(sd, checkpoint_id=checkpoint)
+        same(plain, self.saved, f"rank {rank} resumed from {checkpoint}")
+        want = extra_states(rank, world)
+        for name in ("step", "ntokens_seen"):
+            if not torch.equal(sd["train_state"][name], want["train_state"][name]):
+                raise AssertionError(f"rank {rank}: train_state.{name} is {sd['train_state'][name]}")
+        for part in ("lr_scheduler", "dataloader"):
+            if sd[part] != want[part]:
+                raise AssertionError(f"rank {rank}: {part} is {sd[part]!r}, saved {want[part]!r}")
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["load", "save", "same"])
+    ap.add_argument("mode", choices=["load", "save", "same", "resume"])
     ap.add_argument("dir")
     ap.add_argument("rest", nargs="+")
     ap.add_argument("--procs", type=int, default=1)
@@ -324,6 +367,9 @@ def main():
     if args.mode == "save":
         spawn(args.procs, Save(args, saved, hf_dir))
         print("SAVE OK")
+    elif args.mode == "resume":
+        spawn(args.procs, Resume(args, saved))
+        print("RESUME OK")
     else:
         spawn(args.procs, Load(args, saved, hf_dir))
         print("SAME OK")

@@ -63,6 +63,12 @@ def expect_loads(ns, mnts, ref, tag):
     assert ".metadata" in names and "__0_0.distcp" in names and "__1_0.distcp" in names, names
     for name in names:
         a, b = (os.path.join(m, "dcp", name) for m in mnts)
+        if os.path.isdir(a):  # the last save's own directory (dcp/step-N): its files
+            assert sorted(os.listdir(a)) == sorted(os.listdir(b)), name
+            for inner in os.listdir(a):
+                assert filecmp.cmp(os.path.join(a, inner), os.path.join(b, inner), shallow=False), \
+                    "%s/%s differs between the workers' mounts" % (name, inner)
+            continue
         assert filecmp.cmp(a, b, shallow=False), "%s differs between the workers' mounts" % name
     print("ok   %s: dcp.load in 2 processes on each worker equals synth; both mounts show the same %s" %
           (tag, " ".join(names)))
@@ -150,8 +156,12 @@ def main():
                          mnts=mnts)
                 s = status(mnts[w])
                 assert s["cluster"]["pieces"] > 0, s  # its chunk file's pieces
-                assert "step-200" not in os.listdir(os.path.join(mnts[w], "dcp")), os.listdir(mnts[w] + "/dcp")
-            print("ok   a dcp.save of 2 ranks on 2 workers committed on both as generation %d" % (before + 1))
+                # Committed: dcp/step-200 is the committed state, under the name it was saved as.
+                with open(os.path.join(mnts[w], "dcp", "step-200", ".metadata"), "rb") as a, \
+                        open(os.path.join(mnts[w], "dcp", ".metadata"), "rb") as b:
+                    assert a.read() == b.read(), "worker %d: dcp/step-200 is not the committed state" % w
+            print("ok   a dcp.save of 2 ranks on 2 workers committed on both as generation %d, shown as dcp/step-200"
+                  % (before + 1))
             expect_loads(ns, mnts, saved, "the saved tensors")
             # Its Adam steps and param groups, from whichever rank's file held them, on both workers.
             for w in range(WORKERS):

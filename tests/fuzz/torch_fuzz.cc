@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -34,10 +35,14 @@ class StringFile final : public ptc::RandomAccessFile {
 
 constexpr ptc::pickle::UnpickleLimits kLimits{64, 100000};
 
-// DictIndex answers as Value::Find for every key of every dict of the tree.
+// DictIndex answers as Value::Find for every key of every dict of the tree,
+// and no dict holds a key twice (a key set again replaced its value, as in
+// Python).
 void CheckDictIndex(const ptc::pickle::Value& v, ptc::pickle::DictIndex& index) {
   if (v.is_dict()) {
+    std::set<std::string> keys;
     for (const auto& [key, value] : v.pairs()) {
+      if (!keys.insert(key.DebugString()).second) __builtin_trap();
       if (index.Find(v, key) != v.Find(key)) __builtin_trap();
       CheckDictIndex(value, index);
     }
