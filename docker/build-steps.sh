@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The worker image's build steps, one sub-command per step, so that the Dockerfiles and CI
-# (tools/check-docker.sh, without a Docker engine) run and check the same thing.
+# (docker/check.sh, without a Docker engine) run and check the same thing.
 #
 #   build DEST              docker/Dockerfile's build stage: the build packages (apt, no
 #                           recommends), a Release build of the ptcfs binary alone (no tests),
 #                           then install-binary of it into DEST
 #   install-binary BIN DEST the binary BIN and the worker's scripts under DEST/usr/local/bin, as
-#                           the runtime stage copies them (tools/docker-env.sh stages a host
+#                           the runtime stage copies them (docker/env.sh stages a host
 #                           build this way for docker/Dockerfile.prebuilt); fails when BIN
 #                           links a library that is not found here
 #   build-packages          the Debian packages the build needs, one per line
@@ -17,7 +17,7 @@
 set -euo pipefail
 
 # The part of tools/setup-deps.sh's list that the ptcfs binary needs (no clang, Python, torch,
-# GoogleTest or etcd: none of the tests is built). tools/check-docker.sh checks each is there.
+# GoogleTest or etcd: none of the tests is built). docker/check.sh checks each is there.
 BUILD_PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libhdf5-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libfuse3-dev zlib1g-dev libcpp-httplib-dev
@@ -26,7 +26,7 @@ BUILD_PACKAGES=(
 # Debian 12 packages of the shared libraries build/tools/ptcfs links (`readelf -d`: NEEDED),
 # and fuse3 for fusermount3 (an unprivileged unmount; the entrypoint clears a stale mount with
 # it). The libraries those pull in (libcurl4, libsz2, libssl3, ... under libhdf5-103-1) come as
-# their dependencies; tools/check-docker.sh checks every library `ldd` lists is covered.
+# their dependencies; docker/check.sh checks every library `ldd` lists is covered.
 RUNTIME_PACKAGES=(
   libc6 libgcc-s1 libstdc++6
   libfuse3-3 fuse3

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The compose job for real (ctest docker_job_test, label docker): docker/compose.yaml in a Docker
-# engine on this machine, as the README's "Workers in containers" runs it (tools/docker-env.sh).
+# engine on this machine, as the README's "Workers in containers" runs it (docker/env.sh).
 #
 #   engine: Debian's docker.io and docker-compose installed when missing, a daemon started when
 #           none answers (no iptables rules, no default bridge), a debian:12 base image (pulled,
@@ -40,8 +40,8 @@ fail() {
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/ptcfs-docker-test.XXXXXX")"
 export PTCFS_DOCKER_PROJECT=ptcfstest PTCFS_DOCKER_TAG=test PTCFS_DOCKER_TOKEN="$tmp/token"
 export PTCFS_DOCKER_FILES=""  # the mounts are read inside the containers: no host propagation needed
-# shellcheck source=tools/docker-env.sh
-source "$root/tools/docker-env.sh"
+# shellcheck source=docker/env.sh
+source "$root/docker/env.sh"
 schema=llama dims=layers=6,hidden=64,heads=8,kv_heads=4,vocab=96,seq=16,ffn=96  # docker/init-job.sh's defaults
 
 ours=0

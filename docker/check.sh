@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Checks the images and compose files (docker/) and the scripts that run them, without a Docker
 # engine (ctest: docker_check, label unit; tests/docker/job_test.sh runs them in one, label docker).
-#   tools/check-docker.sh PTCFS_BINARY
+#   docker/check.sh PTCFS_BINARY
 # (a) docker/compose.yaml: etcd from docker/Dockerfile.etcd (Debian's etcd-server), three workers
 #     with /dev/fuse, SYS_ADMIN, AppArmor off, a store volume each, the token secret, distinct ids
 #     and listen names, the init service filling every store; what Debian's docker-compose 1.29
 #     refuses is absent (a top-level name); every build on the host network with BASE; every file
-#     named exists (or is made by tools/docker-up.sh). docker/compose.host.yaml: each worker's
+#     named exists (or is made by docker/up.sh). docker/compose.host.yaml: each worker's
 #     /mnt bound rshared to docker/mnt/workerW. The Dockerfiles: BASE (default debian:12), no
 #     BuildKit-only syntax, docker/build-steps.sh's steps; .dockerignore keeps builds out of the
 #     context. `compose config` accepts both files when a compose is installed.
@@ -17,7 +17,7 @@
 #     command; the init script gives each worker's store only its own shards.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-bin="${1:?usage: tools/check-docker.sh PTCFS_BINARY}"
+bin="${1:?usage: docker/check.sh PTCFS_BINARY}"
 [ -x "$bin" ] || { echo "check-docker: $bin is not an executable" >&2; exit 1; }
 bin="$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")"
 d="$root/docker"
@@ -29,8 +29,8 @@ fail() {
 }
 
 # --- (b) scripts parse -------------------------------------------------------------------------
-scripts=("$d/build-steps.sh" "$d/entrypoint.sh" "$d/init-job.sh" "$root/tools/check-docker.sh"
-         "$root/tools/docker-env.sh" "$root/tools/docker-up.sh" "$root/tools/docker-down.sh"
+scripts=("$d/build-steps.sh" "$d/entrypoint.sh" "$d/init-job.sh" "$d/check.sh"
+         "$d/env.sh" "$d/up.sh" "$d/down.sh"
          "$root/tests/docker/job_test.sh")
 for s in "${scripts[@]}"; do
   [ -f "$s" ] || fail "missing $s"
@@ -55,7 +55,7 @@ def err(msg): errors.append(msg)
 def load(name):
     with open(os.path.join(d, name)) as f:
         return yaml.safe_load(f)  # merge keys (<<: *worker) resolved here, as compose does
-def interp(v):  # compose's ${VAR:-default}, with the defaults (what tools/docker-env.sh leaves unset)
+def interp(v):  # compose's ${VAR:-default}, with the defaults (what docker/env.sh leaves unset)
     return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: m.group(2), str(v))
 c = load("compose.yaml")
 services = c.get("services") or {}
@@ -87,7 +87,7 @@ def check_file(what, rel):
 
 # Debian 12's docker-compose (1.29) refuses a top-level name; the project is given by -p.
 if "name" in c:
-    err("compose.yaml: a top-level `name` (Debian's docker-compose 1.29 refuses it; tools/docker-env.sh gives -p)")
+    err("compose.yaml: a top-level `name` (Debian's docker-compose 1.29 refuses it; docker/env.sh gives -p)")
 
 # etcd: Debian's etcd-server (3.4, the JSON gateway cluster/ speaks), healthy before the workers start.
 etcd = services.get("etcd")
@@ -177,7 +177,7 @@ for name, sec in top_secrets.items():
     if "file" in sec:
         path = os.path.normpath(os.path.join(d, interp(sec["file"])))
         if not os.path.exists(path) and os.path.relpath(path, d) not in ignored:
-            err(f"secret {name}: {interp(sec['file'])} neither exists nor is docker/.gitignore's (made by tools/docker-up.sh)")
+            err(f"secret {name}: {interp(sec['file'])} neither exists nor is docker/.gitignore's (made by docker/up.sh)")
 
 # compose.host.yaml: the mounts shared with the host, rshared, under docker/mnt (ignored by git).
 host = load("compose.host.yaml")
@@ -242,7 +242,7 @@ print(f"check-docker: compose.yaml: etcd, init, {len(workers)} workers; compose.
 PY
 
 # A compose at hand parses both files as it would run them (Debian's docker-compose 1.29 or v2).
-compose="$(bash -c 'source "$1" && docker_compose_cmd' _ "$root/tools/docker-env.sh")"
+compose="$(bash -c 'source "$1" && docker_compose_cmd' _ "$root/docker/env.sh")"
 if [ -n "$compose" ]; then
   echo "0123456789abcdef0123" > "$tmp/compose-token"
   # shellcheck disable=SC2086  # "docker compose" is two words

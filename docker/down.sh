@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Takes down what tools/docker-up.sh brought up: `compose down` of the job (its containers stop
-# with SIGTERM: each ptcfs unmounts), then the daemon, when docker-up started it.
-#   tools/docker-down.sh [-v] [--keep-daemon]
+# Takes down what docker/up.sh brought up: `compose down` of the job (its containers stop
+# with SIGTERM: each ptcfs unmounts), then the daemon, when docker/up.sh started it.
+#   docker/down.sh [-v] [--keep-daemon]
 #     -v             also drop the volumes: the workers' stores and etcd's data
 #     --keep-daemon  leave the daemon running (images stay in it either way)
 set -euo pipefail
-# shellcheck source=tools/docker-env.sh
-source "$(dirname "$0")/docker-env.sh"
+# shellcheck source=docker/env.sh
+source "$(dirname "$0")/env.sh"
 
 down=(down --remove-orphans) keep=0
 for a in "$@"; do

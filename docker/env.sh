@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sourced (not run) by tools/docker-up.sh, tools/docker-down.sh and tests/docker/job_test.sh:
+# Sourced (not run) by docker/up.sh, docker/down.sh and tests/docker/job_test.sh:
 # what a ptcfs job in containers needs on a Debian 12 machine, each step done only when missing.
 #
 #   docker_packages          Debian's docker.io (and docker-compose when no compose is at hand,

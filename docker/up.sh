@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
 # The README's "Workers in containers": a ptcfs job of etcd, an init and three workers in Docker,
 # on a Debian 12 machine, as root. Starts what is missing, each step only when needed
-# (tools/docker-env.sh): Debian's docker.io and docker-compose, a daemon (no iptables rules, no
+# (docker/env.sh): Debian's docker.io and docker-compose, a daemon (no iptables rules, no
 # default bridge), a debian:12 base image (pulled, or made by debootstrap without a registry),
 # the images ptcfs-etcd and ptcfs-worker, the token docker/token; then `up -d` and waits until
 # every worker's mount serves.
 #
-#   tools/docker-up.sh [--prebuilt BIN] [--host-mnt | --no-host-mnt]
+#   docker/up.sh [--prebuilt BIN] [--host-mnt | --no-host-mnt]
 #     --prebuilt BIN   the worker image from the binary BIN built here (tools/build.sh release:
 #                      build/tools/ptcfs), with no compiler in a container; default: from the
 #                      sources (docker/Dockerfile, several minutes)
 #     --host-mnt       also share each worker's mount at docker/mnt/workerW (docker/compose.host.yaml;
 #                      the host's / must be a shared mount); default: when / is shared
 #   PTCFS_DOCKER_BASE (debian:12), PTCFS_DOCKER_TAG (dev), PTCFS_DOCKER_PROJECT (ptcfs): see
-#   tools/docker-env.sh. tools/docker-down.sh takes it down again.
+#   docker/env.sh. docker/down.sh takes it down again.
 set -euo pipefail
-# shellcheck source=tools/docker-env.sh
-source "$(dirname "$0")/docker-env.sh"
+# shellcheck source=docker/env.sh
+source "$(dirname "$0")/env.sh"
 
 bin="" host_mnt=""
 while [ "$#" -gt 0 ]; do
@@ -56,4 +56,4 @@ docker_say "the job is up ($(($(date +%s) - t0)) s): etcd, init, worker0..2 serv
 echo "  export COMPOSE_PROJECT_NAME=$PTCFS_DOCKER_PROJECT COMPOSE_FILE=$compose_files   # from $PTCFS_ROOT"
 echo "  $(docker_compose_cmd) exec worker0 ls /mnt/ptcfs/model"
 [ "$host_mnt" = 0 ] || echo "  ls docker/mnt/worker0/ptcfs/model   # in the mount namespace of the daemon"
-echo "  bash tools/docker-down.sh [-v]"
+echo "  bash docker/down.sh [-v]"
