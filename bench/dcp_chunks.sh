@@ -32,8 +32,9 @@ at the start).
 in process (\`bench/dcp_chunks.cc\`), one core, median of 5 runs, against the pairwise check it
 replaced (every chunk against every earlier one, one run; "-": not run, quadratic). Layouts of one
 tensor: n row blocks, n column blocks, a square grid, and one whole chunk beside n - 1 empty ones
-(empty chunks store nothing since issue 41). The check sorts the chunks along the dimension where
-their starts differ most and compares only chunks that meet there.
+(empty chunks store nothing since issue 41). The check sweeps the dimensions, the one where the
+chunks' starts differ most first: sorted there, a band of chunks with one interval is checked
+along the next dimension, and chunks of other intervals are compared only where they meet.
 
 $TABLE
 MD

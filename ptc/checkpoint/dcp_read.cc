@@ -138,37 +138,66 @@ void AddBlockChunks(const Tensor& t, const Box& box, size_t file, uint64_t at, s
 
 }  // namespace
 
-// A sweep along the dimension where the chunks' begins differ most: sorted by
-// their begin there, a chunk is compared only with those that start before it
-// ends in that dimension.
+namespace {
+
+// The chunks `chunks[lo, hi)`, which share every dimension of `dims` before
+// position `at`, overlap nowhere: a sweep along dims[at]. Sorted by their
+// interval there, a run of chunks with the same interval (a band of a grid)
+// is checked along the next dimension, and a chunk is compared whole only
+// with those of other intervals that start before it ends (none in a grid,
+// rows or columns: each pass is a sort).
+Status SweepDisjoint(const SavedTensor& t, std::vector<const SavedChunk*>& chunks, size_t lo, size_t hi,
+                     const std::vector<size_t>& dims, size_t at, const std::string& what) {
+  if (hi - lo < 2) return Status::OK();
+  if (at == dims.size()) {  // the same box twice (non-empty)
+    return Bad(what, ChunkName(t, *chunks[lo + 1]) + " overlaps chunk " + chunks[lo]->box.ToString());
+  }
+  const size_t d = dims[at];
+  std::sort(chunks.begin() + static_cast<ptrdiff_t>(lo), chunks.begin() + static_cast<ptrdiff_t>(hi),
+            [d](const SavedChunk* a, const SavedChunk* b) {
+              return std::pair(a->box.begin[d], a->box.end[d]) < std::pair(b->box.begin[d], b->box.end[d]);
+            });
+  for (size_t band = lo; band < hi;) {
+    size_t next = band + 1;
+    while (next < hi && chunks[next]->box.begin[d] == chunks[band]->box.begin[d] &&
+           chunks[next]->box.end[d] == chunks[band]->box.end[d]) {
+      ++next;
+    }
+    PTC_RETURN_IF_ERROR(SweepDisjoint(t, chunks, band, next, dims, at + 1, what));
+    for (size_t i = band; i < next; ++i) {
+      for (size_t j = next; j < hi && chunks[j]->box.begin[d] < chunks[i]->box.end[d]; ++j) {
+        if (Intersect(chunks[i]->box, chunks[j]->box)) {
+          return Bad(what, ChunkName(t, *chunks[j]) + " overlaps chunk " + chunks[i]->box.ToString());
+        }
+      }
+    }
+    band = next;
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+// Sweeps along the dimensions in the order of how much the chunks' begins
+// differ there, most first (SweepDisjoint).
 Status CheckChunksDisjoint(const SavedTensor& t, const std::string& metadata_path) {
   std::vector<const SavedChunk*> chunks;
   for (const SavedChunk& c : t.chunks) {
     if (c.box.volume() > 0) chunks.push_back(&c);
   }
-  if (chunks.size() < 2) return Status::OK();
   const size_t rank = t.shape.size();
-  if (rank == 0) return Bad(metadata_path, ChunkName(t, *chunks[1]) + " overlaps chunk " + chunks[0]->box.ToString());
-  size_t sweep = 0, most = 0;
+  std::vector<std::pair<size_t, size_t>> distinct;  // (distinct begins, dimension)
   for (size_t d = 0; d < rank; ++d) {
     std::vector<Index> begins;
     begins.reserve(chunks.size());
     for (const SavedChunk* c : chunks) begins.push_back(c->box.begin[d]);
     std::sort(begins.begin(), begins.end());
-    const size_t distinct = static_cast<size_t>(std::unique(begins.begin(), begins.end()) - begins.begin());
-    if (distinct > most) most = distinct, sweep = d;
+    distinct.emplace_back(static_cast<size_t>(std::unique(begins.begin(), begins.end()) - begins.begin()), d);
   }
-  std::sort(chunks.begin(), chunks.end(), [sweep](const SavedChunk* a, const SavedChunk* b) {
-    return a->box.begin[sweep] < b->box.begin[sweep];
-  });
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    for (size_t j = i + 1; j < chunks.size() && chunks[j]->box.begin[sweep] < chunks[i]->box.end[sweep]; ++j) {
-      if (Intersect(chunks[i]->box, chunks[j]->box)) {
-        return Bad(metadata_path, ChunkName(t, *chunks[j]) + " overlaps chunk " + chunks[i]->box.ToString());
-      }
-    }
-  }
-  return Status::OK();
+  std::sort(distinct.begin(), distinct.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<size_t> dims;
+  for (const auto& [count, d] : distinct) dims.push_back(d);
+  return SweepDisjoint(t, chunks, 0, chunks.size(), dims, 0, metadata_path);
 }
 
 Result<SavedCheckpoint> ParseMetadata(std::string_view data, const std::string& what) {
