@@ -299,5 +299,22 @@ TEST_F(CliTest, ControlBytesInInputsArePrintedEscaped) {
   EXPECT_EQ(r.second.find('\x07'), std::string::npos) << r.second;
 }
 
+// Issue 41, item 7: a reconfigure the mount refused for its state (EBUSY: a save
+// or change under way) exited 2, the code of a usage error. Only a config the
+// mount finds wrong (EINVAL) exits 2 now; any other refusal exits 1 and says
+// why. The refusal here is the kernel's (a file size limit: EFBIG) on a
+// directory laid out as a mount's control files, which a busy mount cannot be
+// made to give on demand.
+TEST_F(CliTest, ReconfigureRefusedForTheMountsStateExitsOne) {
+  const std::string fake = tmp_ / "fake";
+  fs::create_directories(fake + "/.ptcfs");
+  Spit(fake + "/.ptcfs/status", R"({"state": "serving", "last_error": "a save is running"})");
+  Spit(fake + "/.ptcfs/config", "");
+  auto [code, out] = Sh("trap '' XFSZ; ulimit -f 0; " + std::string(PTCFS_BINARY) + " reconfigure " + fake +
+                        " --to tp=1 2>&1");
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_TRUE(Contains(out, "refused (File too large): a save is running")) << out;
+}
+
 }  // namespace
 }  // namespace ptc
