@@ -1,9 +1,9 @@
 #include "fs/scrub.h"
 
-#include <ctime>
 #include <utility>
 #include <vector>
 
+#include "ptc/base/utc_time.h"
 #include "ptc/store/rank_files.h"
 #include "ptc/store/shard_verify.h"
 
@@ -11,15 +11,6 @@ namespace ptcfs {
 namespace {
 
 constexpr size_t kReadSize = size_t{4} << 20;  // one checksum block a read
-
-std::string UtcNow() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return text;
-}
 
 }  // namespace
 
@@ -86,7 +77,7 @@ void Scrubber::Loop() {
     running_ = false;
     if (whole) {
       ++passes_;
-      last_pass_ = UtcNow();
+      last_pass_ = ptc::UtcNowText();
     }
   }
 }

@@ -36,6 +36,22 @@ ptc::Result<ptc::UniqueFd> OpenRoot(const std::string& root, bool create) {
   return dir;
 }
 
+// The directory holding `rel`'s last name, walked to from the root without
+// following a link (ptc::OpenDirBeneath), and that name, checked: each
+// operation below acts on it with the *at call that follows no link either.
+struct Parent {
+  ptc::UniqueFd dir;
+  std::string name;
+};
+
+ptc::Result<Parent> OpenParent(const std::string& root, const std::string& rel, bool create_root) {
+  PTC_ASSIGN_OR_RETURN(ptc::UniqueFd root_fd, OpenRoot(root, create_root));
+  auto [dir, name] = SplitLast(rel);
+  PTC_RETURN_IF_ERROR(ptc::CheckEntryName(dir.empty() ? root : root + "/" + dir, name));
+  PTC_ASSIGN_OR_RETURN(ptc::UniqueFd parent, ptc::OpenDirBeneath(root_fd.get(), dir, root));
+  return Parent{std::move(parent), std::move(name)};
+}
+
 }  // namespace
 
 ptc::Result<std::string> Staging::Join(const std::string& parent, const std::string& name) {
@@ -45,71 +61,50 @@ ptc::Result<std::string> Staging::Join(const std::string& parent, const std::str
   return parent.empty() ? name : parent + "/" + name;
 }
 
-// Each operation below opens the root, walks to the parent of its last name
-// beneath it (ptc::OpenDirBeneath: no link followed) and acts on that name
-// with the *at call that does not follow one either.
-
 ptc::Status Staging::Mkdir(const std::string& rel) {
-  PTC_ASSIGN_OR_RETURN(ptc::UniqueFd root, OpenRoot(root_, /*create=*/true));
-  const auto [dir, name] = SplitLast(rel);
-  PTC_ASSIGN_OR_RETURN(ptc::UniqueFd parent, ptc::OpenDirBeneath(root.get(), dir, root_));
-  PTC_RETURN_IF_ERROR(ptc::CheckEntryName(Path(dir), name));
-  if (::mkdirat(parent.get(), name.c_str(), 0755) != 0) return ptc::ErrnoError(Path(rel), errno);
+  PTC_ASSIGN_OR_RETURN(const Parent p, OpenParent(root_, rel, /*create_root=*/true));
+  if (::mkdirat(p.dir.get(), p.name.c_str(), 0755) != 0) return ptc::ErrnoError(Path(rel), errno);
   return ptc::Status::OK();
 }
 
 ptc::Result<int> Staging::Open(const std::string& rel, int flags) {
   // Without blocking, regular files only: a FIFO planted in STORE/ingest/
   // would hold staging_mu_ (and every save) in open(2) waiting for a reader.
-  PTC_ASSIGN_OR_RETURN(ptc::UniqueFd root, OpenRoot(root_, /*create=*/false));
-  const auto [dir, name] = SplitLast(rel);
-  PTC_ASSIGN_OR_RETURN(ptc::UniqueFd parent, ptc::OpenDirBeneath(root.get(), dir, root_));
-  PTC_ASSIGN_OR_RETURN(ptc::UniqueFd fd, ptc::OpenRegularFileAt(parent.get(), name, flags, Path(rel)));
+  PTC_ASSIGN_OR_RETURN(const Parent p, OpenParent(root_, rel, /*create_root=*/false));
+  PTC_ASSIGN_OR_RETURN(ptc::UniqueFd fd, ptc::OpenRegularFileAt(p.dir.get(), p.name, flags, Path(rel)));
   return fd.release();
 }
 
 ptc::Result<struct stat> Staging::Stat(const std::string& rel) const {
-  PTC_ASSIGN_OR_RETURN(ptc::UniqueFd root, OpenRoot(root_, /*create=*/false));
+  struct stat st;
   if (rel.empty()) {
-    struct stat st;
+    PTC_ASSIGN_OR_RETURN(const ptc::UniqueFd root, OpenRoot(root_, /*create=*/false));
     if (::fstat(root.get(), &st) != 0) return ptc::ErrnoError(root_, errno);
     return st;
   }
-  const auto [dir, name] = SplitLast(rel);
-  PTC_ASSIGN_OR_RETURN(ptc::UniqueFd parent, ptc::OpenDirBeneath(root.get(), dir, root_));
-  struct stat st;
-  if (::fstatat(parent.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return ptc::ErrnoError(Path(rel), errno);
+  PTC_ASSIGN_OR_RETURN(const Parent p, OpenParent(root_, rel, /*create_root=*/false));
+  if (::fstatat(p.dir.get(), p.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return ptc::ErrnoError(Path(rel), errno);
   return st;
 }
 
 ptc::Status Staging::Rename(const std::string& from, const std::string& to) {
-  PTC_ASSIGN_OR_RETURN(ptc::UniqueFd root, OpenRoot(root_, /*create=*/false));
-  const auto [from_dir, from_name] = SplitLast(from);
-  const auto [to_dir, to_name] = SplitLast(to);
-  PTC_ASSIGN_OR_RETURN(ptc::UniqueFd from_parent, ptc::OpenDirBeneath(root.get(), from_dir, root_));
-  PTC_ASSIGN_OR_RETURN(ptc::UniqueFd to_parent, ptc::OpenDirBeneath(root.get(), to_dir, root_));
-  PTC_RETURN_IF_ERROR(ptc::CheckEntryName(Path(from_dir), from_name));
-  PTC_RETURN_IF_ERROR(ptc::CheckEntryName(Path(to_dir), to_name));
-  if (::renameat(from_parent.get(), from_name.c_str(), to_parent.get(), to_name.c_str()) != 0)
+  PTC_ASSIGN_OR_RETURN(const Parent f, OpenParent(root_, from, /*create_root=*/false));
+  PTC_ASSIGN_OR_RETURN(const Parent t, OpenParent(root_, to, /*create_root=*/false));
+  if (::renameat(f.dir.get(), f.name.c_str(), t.dir.get(), t.name.c_str()) != 0) {
     return ptc::ErrnoError(Path(from), errno);
+  }
   return ptc::Status::OK();
 }
 
 ptc::Status Staging::Unlink(const std::string& rel) {
-  PTC_ASSIGN_OR_RETURN(ptc::UniqueFd root, OpenRoot(root_, /*create=*/false));
-  const auto [dir, name] = SplitLast(rel);
-  PTC_ASSIGN_OR_RETURN(ptc::UniqueFd parent, ptc::OpenDirBeneath(root.get(), dir, root_));
-  PTC_RETURN_IF_ERROR(ptc::CheckEntryName(Path(dir), name));
-  if (::unlinkat(parent.get(), name.c_str(), 0) != 0) return ptc::ErrnoError(Path(rel), errno);
+  PTC_ASSIGN_OR_RETURN(const Parent p, OpenParent(root_, rel, /*create_root=*/false));
+  if (::unlinkat(p.dir.get(), p.name.c_str(), 0) != 0) return ptc::ErrnoError(Path(rel), errno);
   return ptc::Status::OK();
 }
 
 ptc::Status Staging::Rmdir(const std::string& rel) {
-  PTC_ASSIGN_OR_RETURN(ptc::UniqueFd root, OpenRoot(root_, /*create=*/false));
-  const auto [dir, name] = SplitLast(rel);
-  PTC_ASSIGN_OR_RETURN(ptc::UniqueFd parent, ptc::OpenDirBeneath(root.get(), dir, root_));
-  PTC_RETURN_IF_ERROR(ptc::CheckEntryName(Path(dir), name));
-  if (::unlinkat(parent.get(), name.c_str(), AT_REMOVEDIR) != 0) return ptc::ErrnoError(Path(rel), errno);
+  PTC_ASSIGN_OR_RETURN(const Parent p, OpenParent(root_, rel, /*create_root=*/false));
+  if (::unlinkat(p.dir.get(), p.name.c_str(), AT_REMOVEDIR) != 0) return ptc::ErrnoError(Path(rel), errno);
   return ptc::Status::OK();
 }
 
@@ -121,15 +116,10 @@ ptc::Status Staging::Truncate(const std::string& rel, uint64_t size) {
 }
 
 ptc::Status Staging::RemoveTree(const std::string& rel) {
-  ptc::Result<ptc::UniqueFd> root = OpenRoot(root_, /*create=*/false);
-  if (root.status().code() == ptc::Code::kNotFound) return ptc::Status::OK();
-  PTC_RETURN_IF_ERROR(root.status());
-  const auto [dir, name] = SplitLast(rel);
-  ptc::Result<ptc::UniqueFd> parent = ptc::OpenDirBeneath(root->get(), dir, root_);
-  if (parent.status().code() == ptc::Code::kNotFound) return ptc::Status::OK();
-  PTC_RETURN_IF_ERROR(parent.status());
-  PTC_RETURN_IF_ERROR(ptc::CheckEntryName(Path(dir), name));
-  return ptc::RemoveTreeAt(parent->get(), name, Path(rel));
+  ptc::Result<Parent> p = OpenParent(root_, rel, /*create_root=*/false);
+  if (p.status().code() == ptc::Code::kNotFound) return ptc::Status::OK();  // the root or a parent absent
+  PTC_RETURN_IF_ERROR(p.status());
+  return ptc::RemoveTreeAt(p->dir.get(), p->name, Path(rel));
 }
 
 std::vector<std::pair<std::string, bool>> Staging::List(const std::string& rel) const {

@@ -58,6 +58,15 @@ class ClientsTest : public ::testing::Test {
     auto [code, out] = Ptcfs(args);
     ASSERT_EQ(code, 0) << args << "\n" << out;
   }
+  // What the optimizer tests save through torch_dist: seed 9's bf16 llama with Adam, stored at
+  // tp=2, in the local spec's legacy files at tp=2 (legacy9-tp2, what the save reads) and at
+  // tp=1,pp=2 (legacy9-pp2, what a later load is compared with).
+  void MakeSeed9Exports() {
+    Run("synth " + kLlama + " --dtype bf16 --optimizer adam --seed 9 --config tp=2 " + tmp_ / "src9");
+    Run("import " + kLlama + " --config tp=2 " + tmp_ / "src9 " + tmp_ / "store9");
+    Run("export --format megatron --names local --config tp=2 " + tmp_ / "store9 " + tmp_ / "legacy9-tp2");
+    Run("export --format megatron --names local --config tp=1,pp=2 " + tmp_ / "store9 " + tmp_ / "legacy9-pp2");
+  }
   TempDir tmp_;
 };
 
@@ -357,10 +366,7 @@ TEST_F(ClientsTest, MegatronCoreOptimizerLoadsAndSavesTheTorchDistTree) {
   Run("synth " + model + " --config tp=2,pp=2 " + tmp_ / "src");
   Run("import " + kLlama + " --config tp=2,pp=2 " + tmp_ / "src " + tmp_ / "store");
   Run("export --format megatron --names local --config tp=1,pp=2 " + tmp_ / "store " + tmp_ / "legacy-pp2");
-  Run("synth " + model + " --seed 9 --config tp=2 " + tmp_ / "src9");
-  Run("import " + kLlama + " --config tp=2 " + tmp_ / "src9 " + tmp_ / "store9");
-  Run("export --format megatron --names local --config tp=2 " + tmp_ / "store9 " + tmp_ / "legacy9-tp2");
-  Run("export --format megatron --names local --config tp=1,pp=2 " + tmp_ / "store9 " + tmp_ / "legacy9-pp2");
+  ASSERT_NO_FATAL_FAILURE(MakeSeed9Exports());
   Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron --ckpt-format torch_dist");
   const std::string mcore = Python() + Script("mcore_dist.py");
   const std::string tree = m.dir() + "/megatron ";
@@ -390,10 +396,7 @@ TEST_F(ClientsTest, MegatronCoreOptimizerSaveIntoAStoreWithoutOneKeepsItsStep) {
   const std::string model = kLlama + " --dtype bf16";
   Run("synth " + model + " --config tp=2 " + tmp_ / "src");
   Run("import " + kLlama + " --config tp=2 " + tmp_ / "src " + tmp_ / "store");
-  Run("synth " + model + " --optimizer adam --seed 9 --config tp=2 " + tmp_ / "src9");
-  Run("import " + kLlama + " --config tp=2 " + tmp_ / "src9 " + tmp_ / "store9");
-  Run("export --format megatron --names local --config tp=2 " + tmp_ / "store9 " + tmp_ / "legacy9-tp2");
-  Run("export --format megatron --names local --config tp=1,pp=2 " + tmp_ / "store9 " + tmp_ / "legacy9-pp2");
+  ASSERT_NO_FATAL_FAILURE(MakeSeed9Exports());
   {
     Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron --ckpt-format torch_dist");
     const std::string mcore = Python() + Script("mcore_dist.py");

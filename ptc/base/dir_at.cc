@@ -20,12 +20,12 @@ OutputDir::EntryKind KindOf(mode_t mode) {
   return OutputDir::EntryKind::kOther;
 }
 
+}  // namespace
+
 bool IsLinkAt(int dir, const std::string& name) {
   struct stat st;
   return ::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode);
 }
-
-}  // namespace
 
 UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
   if (this != &o) {

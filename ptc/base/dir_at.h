@@ -40,6 +40,9 @@ class UniqueFd {
 // openat(2) of `name` in `dir` with O_CLOEXEC | O_NOFOLLOW added, retried on EINTR; -1 and errno on failure.
 int OpenAtRetry(int dir, const std::string& name, int flags, mode_t mode = 0);
 
+// Whether `name` in the directory open as `dir` is a symbolic link (lstat).
+bool IsLinkAt(int dir, const std::string& name);
+
 // The PermissionDenied error for a link met at `path`: "PATH: a symbolic link (not followed)".
 Status LinkRefusedError(const std::string& path);
 

@@ -112,11 +112,6 @@ Status LinkRefused(const std::string& path) {
   return Status(Code::kPermissionDenied, path + ": a symbolic link (output files are never written through links)");
 }
 
-bool IsLinkAt(int dir, const std::string& name) {
-  struct stat st;
-  return ::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode);
-}
-
 // A directory of an output tree, by descriptor: entries are made with
 // mkdirat/openat relative to it, links never followed (O_NOFOLLOW), files
 // created new (O_EXCL: not a link, a hard link or a FIFO planted there).
@@ -163,7 +158,7 @@ class PosixOutputDir final : public OutputDir {
     const int fd = OpenAtRetry(fd_, name, O_RDONLY | O_DIRECTORY);
     if (fd < 0) {
       const int err = errno;
-      if (IsLinkAt(fd_, name)) return Status(Code::kPermissionDenied, path + ": a symbolic link (not followed)");
+      if (IsLinkAt(fd_, name)) return LinkRefusedError(path);
       if (err == ENOENT) return NotFoundError(path + ": no such directory");
       if (err == ENOTDIR) return FailedPreconditionError(path + ": not a directory");
       return ErrnoError(path + ": open directory", err);

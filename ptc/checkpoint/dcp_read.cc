@@ -355,13 +355,11 @@ Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view
   }
   const bool titan = keys == Keys::kTorchtitan;
   // Tensor entries that are no stored tensor: Adam's steps (SavedOptimizer's),
-  // torchtitan's other states (not carried).
+  // torchtitan's other states (SavedEntries').
   auto passed_over = [&](const std::string& key) {
     const bool step = key.rfind(keys == Keys::kTorch ? "optim.state." : "optimizer.state.", 0) == 0 && key.size() > 5 &&
                       key.compare(key.size() - 5, 5, ".step") == 0;
-    return (step && keys != Keys::kMegatronCore) ||
-           (titan && (key.rfind("train_state.", 0) == 0 || key.rfind("lr_scheduler.", 0) == 0 ||
-                      key.rfind("dataloader.", 0) == 0));
+    return (step && keys != Keys::kMegatronCore) || CarriedTensorKey(key, keys);
   };
 
   // The model: the parameters' dtype, and optimizer state when the save has some.

@@ -187,11 +187,12 @@ Result<std::string> ReadMetadata(Env* env, const std::string& dir);
 // `config`, checking everything (below) and writing nothing. Every key must
 // name a tensor of the model by `keys`' rule (dcp.h; kTorch takes torchtitan's
 // keys too, told by its tok_embeddings.weight: then the fp32 masters are the
-// float32 parameters, and train_state, lr_scheduler and dataloader entries are
-// passed over), but Adam's steps and the param_groups objects, which
-// SavedOptimizer reads (not for a part; never with kMegatronCore, whose
-// common.pt holds them), and other BytesStorageMetadata entries (Megatron-Core's
-// _extra_state objects), which are not read. The parameters must share one
+// float32 parameters, and its train_state, lr_scheduler and dataloader tensors
+// are carried), but Adam's steps and the param_groups objects, which
+// SavedOptimizer reads, and the other entries SavedEntries carries (objects;
+// none of them for a part, whose bytes PartsOptimizer and PartsEntries read;
+// never with kMegatronCore, whose common.pt holds its state and whose
+// _extra_state objects are not read). The parameters must share one
 // dtype, and the optimizer state must be Adam's, whole or absent. Every chunk
 // is checked: the chunks of a tensor tile it exactly, each is a torch.save
 // file of one contiguous tensor of its box's shape and the tensor's dtype,

@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -18,6 +17,7 @@
 
 #include "ptc/base/mutex.h"
 #include "ptc/base/regular_file.h"
+#include "ptc/base/utc_time.h"
 #include "ptc/store/store_layout.h"
 
 namespace ptc {
@@ -70,15 +70,6 @@ std::string CommandLine() {
     if (c == '\0') c = ' ';
   }
   return raw.empty() ? "unknown command" : raw;
-}
-
-std::string Now() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm;
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 std::string Host() {
@@ -165,7 +156,7 @@ Result<StoreLock> StoreLock::Acquire(const std::string& root, const StoreLockOpt
   }
   lock.fd_ = fd;
   const std::string holder = options.holder.empty() ? CommandLine() : options.holder;
-  std::string tail = " (" + holder + ", host " + Host() + ", since " + Now() + ")\n";
+  std::string tail = " (" + holder + ", host " + Host() + ", since " + UtcNowText() + ")\n";
   WriteDescription(lock.fd_, getpid(), tail);
   MutexLock l(&registry_mu);
   Registry().push_back({lock.key_, lock.fd_, std::move(tail), options.follow_fork});
