@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "ptc/checkpoint/dcp_read.h"
+#include "ptc/checkpoint/dcp/read.h"
 
 namespace {
 

@@ -20,13 +20,13 @@
 #include <nlohmann/json.hpp>
 
 #include "fs/participant.h"
-#include "fs/rank_files.h"
-#include "fs/snapshot.h"
 #include "ptc/base/mutex.h"
-#include "ptc/checkpoint/dcp.h"
+#include "ptc/checkpoint/dcp/dcp.h"
 #include "ptc/store/generation_writer.h"
 #include "ptc/store/store.h"
 #include "transform/covering.h"
+#include "view/rank_files.h"
+#include "view/snapshot.h"
 
 namespace ptcfs {
 
@@ -40,7 +40,7 @@ struct CompactionPolicy {
   double max_pieces_per_shard = 8;  // 0: never on this rule
   uint64_t min_piece_bytes = 0;     // 0: never on this rule
   // Write the files the job reads (the layout's safetensors files, megatron/'s
-  // or dcp/'s) whole as rank files (fs/rank_files.h), which the kernel can
+  // or dcp/'s) whole as rank files (view/rank_files.h), which the kernel can
   // then read itself (--passthrough auto).
   bool rank_files = false;
   RankFileOptions rank_file_options;  // their format, and which copies they hold (--rank-file-copies)
@@ -145,7 +145,7 @@ class Controller {
 
   // Commits the PyTorch DCP save in `dir` (a directory of dcp/ that dcp.save
   // wrote, fs/staging.h) as a new generation in the current config, each
-  // chunk a stored piece (ptc/checkpoint/dcp_read.h), and serves it; the data
+  // chunk a stored piece (ptc/checkpoint/dcp/read.h), and serves it; the data
   // position stays. `committed` runs after the commit and before the new
   // generation is served (the staged files are in the store then). Blocks
   // until committed; on any error the current generation stays (also kept as
@@ -256,7 +256,7 @@ class Controller {
   ptc::Status Save(const std::string& staging_root, uint64_t iteration, const std::shared_ptr<const Snapshot>& current)
       EXCLUDES(mu_, collect_mu_);
   // A Megatron-Core torch_dist save (iter_dir holds metadata.json): its DCP
-  // files in Megatron-Core's keys (ptc/checkpoint/dcp_read.h) in the current
+  // files in Megatron-Core's keys (ptc/checkpoint/dcp/read.h) in the current
   // config, its common.pt's args and iteration, committed as Save does.
   ptc::Status SaveTorchDist(const std::string& iter_dir, uint64_t iteration,
                             const std::shared_ptr<const Snapshot>& current) EXCLUDES(mu_, collect_mu_);

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include "fs/controller.h"
-#include "fs/rank_files.h"
 #include "transform/execute.h"
+#include "view/rank_files.h"
 
 namespace ptcfs {
 namespace {

@@ -5,12 +5,12 @@
 #include <set>
 
 #include "fs/controller.h"
-#include "fs/save_parts.h"
-#include "ptc/checkpoint/dcp_entries.h"
-#include "ptc/checkpoint/dcp_read.h"
-#include "ptc/checkpoint/megatron.h"
-#include "ptc/checkpoint/megatron_optimizer.h"
+#include "ptc/checkpoint/dcp/entries.h"
+#include "ptc/checkpoint/dcp/read.h"
+#include "ptc/checkpoint/megatron/megatron.h"
+#include "ptc/checkpoint/megatron/optimizer.h"
 #include "ptc/format/torch_file.h"
+#include "view/save_parts.h"
 
 namespace ptcfs {
 namespace {

@@ -1,14 +1,14 @@
 // Controller::Ingest and ApplySave: a Megatron save through megatron/,
 // committed with its data position as one generation; on one worker, or as
 // a change of a cluster job whose workers each hold some of its rank files
-// (fs/save_parts.h).
+// (view/save_parts.h).
 #include "fs/controller.h"
-#include "fs/save_parts.h"
-#include "ptc/checkpoint/dcp.h"
-#include "ptc/checkpoint/dcp_entries.h"
-#include "ptc/checkpoint/megatron.h"
-#include "ptc/checkpoint/megatron_import.h"
+#include "ptc/checkpoint/dcp/dcp.h"
+#include "ptc/checkpoint/dcp/entries.h"
+#include "ptc/checkpoint/megatron/import.h"
+#include "ptc/checkpoint/megatron/megatron.h"
 #include "ptc/store/model_spec.h"
+#include "view/save_parts.h"
 
 namespace ptcfs {
 
@@ -16,7 +16,8 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
                                const std::shared_ptr<const Snapshot>& current) {
   PTC_ASSIGN_OR_RETURN(
       const MountState before,
-      BeginWriting(MountState::kSaving, "a reconfiguration or save is running; save again once .ptcfs/status says serving"));
+      BeginWriting(MountState::kSaving,
+                   "a reconfiguration or save is running; save again once .ptcfs/status says serving"));
   JobParticipant* job = nullptr;
   {
     ptc::MutexLock lock(&mu_);

@@ -7,9 +7,6 @@
 #include <cstring>
 #include <set>
 
-#include "fs/dcp_file.h"
-#include "fs/hf_file.h"
-#include "fs/megatron_file.h"
 #include "fs/node.h"
 #include "ptc/checkpoint/checkpoint.h"
 #include "ptc/dataset/state.h"
@@ -66,12 +63,11 @@ ptc::Status AsReadError(const ptc::Status& s) {
 
 }  // namespace
 
-Filesystem::Handle::~Handle() {
-  if (fd >= 0) ::close(fd);
-}
-
 Filesystem::Filesystem(const MountOptions& options)
-    : options_(options), passthrough_(options.passthrough), staging_(options.store + "/" + std::string(kStagingDir)) {}
+    : options_(options),
+      views_(MakeViewTrees(options)),
+      passthrough_(options.passthrough),
+      staging_(options.store + "/" + std::string(kStagingDir)) {}
 Filesystem::~Filesystem() {
   if (controller_) {
     // At unmount no file is open: replaced generations kept for open files go now.
@@ -115,12 +111,11 @@ ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& 
       [self](std::shared_ptr<const Snapshot> s) { self->Serve(s); }, [self] { return self->CollectReplaced(); });
   ScrubOptions scrub = options.scrub;
   scrub.enabled = scrub.enabled && options.passthrough;  // only what the kernel reads needs it
-  fs->scrubber_ = std::make_unique<Scrubber>(fs->store_.get(), scrub,
-                                             [self](const std::string& error) {
-                                               self->controller_->RecordError(error);
-                                               ptc::MutexLock lock(&self->mu_);
-                                               self->verbatim_.clear();  // decided again, without the bad file
-                                             });
+  fs->scrubber_ = std::make_unique<Scrubber>(fs->store_.get(), scrub, [self](const std::string& error) {
+    self->controller_->RecordError(error);
+    ptc::MutexLock lock(&self->mu_);
+    self->verbatim_.clear();  // decided again, without the bad file
+  });
   fs->scrubber_->Serve(snap);
   ptc::MutexLock lock(&fs->mu_);
   auto root = std::make_shared<Node>();
@@ -128,10 +123,10 @@ ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& 
   auto meta = std::make_shared<Node>();
   root->children[".ptcfs"] = fs->AddNode(meta);
   auto config_node = std::make_shared<Node>();
-  config_node->kind = Node::kConfig;
+  config_node->what = Node::ConfigFile{};
   meta->children["config"] = fs->AddNode(config_node);
   auto status_node = std::make_shared<Node>();
-  status_node->kind = Node::kStatus;
+  status_node->what = Node::StatusFile{};
   meta->children["status"] = fs->AddNode(status_node);
   fs->snapshot_ = snap;
   fs->announced_ = snap;
@@ -182,35 +177,58 @@ std::string Filesystem::StagedPath(const Node& node) const {
 
 void Filesystem::AddTrees(Node& root, const std::shared_ptr<const Snapshot>& snap) {
   // The replaced trees stay in nodes_ until the kernel forgets them.
-  root.children["model"] = AddNode(BuildModelTree(snap));
+  for (const std::unique_ptr<ViewTree>& view : views_) {
+    const std::string name(view->name());
+    auto files = view->Build(snap);
+    if (!files.ok()) {
+      root.children.erase(name);
+      controller_->RecordError(name + "/: " + files.status().message());
+      continue;
+    }
+    root.children[name] = AddNode(BuildViewTree(*view, snap, std::move(files).value()));
+  }
   if (snap->dataset()) root.children["data"] = AddNode(BuildDataTree(snap));
-  if (options_.megatron) {
-    auto megatron = BuildMegatronTree(snap);
-    if (megatron.ok()) {
-      root.children["megatron"] = AddNode(*megatron);
-    } else {
-      root.children.erase("megatron");
-      controller_->RecordError("megatron/: " + megatron.status().message());
-    }
+}
+
+std::shared_ptr<Node> Filesystem::BuildViewTree(const ViewTree& view, const std::shared_ptr<const Snapshot>& snap,
+                                                std::vector<TreeFile> files) {
+  auto top = NewDir(snap);
+  if (view.saves() != SaveKind::kNone) {
+    top->what = Node::SaveDir{view.saves()};
+    StagedOf(*top) = view.saves() == SaveKind::kDcp ? std::string(kDcpStaging) : "";
   }
-  if (options_.dcp) {
-    auto dcp = BuildDcpTree(snap);
-    if (dcp.ok()) {
-      root.children["dcp"] = AddNode(*dcp);
-    } else {
-      root.children.erase("dcp");
-      controller_->RecordError("dcp/: " + dcp.status().message());
+  std::map<std::string, Node*> dirs{{"", top.get()}};  // by path below the view's directory
+  for (TreeFile& f : files) {
+    const size_t slash = f.path.rfind('/');
+    const std::string parent = slash == std::string::npos ? "" : f.path.substr(0, slash);
+    Node* dir = top.get();
+    size_t at = 0;
+    while (at < parent.size()) {  // each directory of its path, made on first use
+      const size_t end = std::min(parent.find('/', at), parent.size());
+      const std::string path = parent.substr(0, end);
+      auto [it, added] = dirs.emplace(path, nullptr);
+      if (added) {
+        auto d = NewDir(snap);
+        it->second = d.get();
+        dir->children[parent.substr(at, end - at)] = AddNode(std::move(d));
+      }
+      dir = it->second;
+      at = end + 1;
     }
-  }
-  if (options_.hf) {
-    auto hf = BuildHfTree(snap);
-    if (hf.ok()) {
-      root.children["hf"] = AddNode(*hf);
+    auto n = std::make_shared<Node>();
+    if (f.renderer) {
+      n->what = Node::Rendered{std::move(f.renderer), f.kernel_readable};
+    } else if (f.commits_save) {
+      n->what = Node::Latest{std::move(f.literal)};
     } else {
-      root.children.erase("hf");
-      controller_->RecordError("hf/: " + hf.status().message());
+      n->what = Node::Literal{std::move(f.literal)};
     }
+    n->snap = snap;
+    n->size = f.size;
+    dir->children[slash == std::string::npos ? f.path : f.path.substr(slash + 1)] = AddNode(std::move(n));
   }
+  if (top->kind() == Node::kSaveDir) AddStaged(*top, snap);  // saves under way
+  return top;
 }
 
 std::shared_ptr<Node> Filesystem::NewDir(const std::shared_ptr<const Snapshot>& snap) {
@@ -226,11 +244,8 @@ std::shared_ptr<Node> Filesystem::BuildDataTree(const std::shared_ptr<const Snap
   auto add_files = [&](Node& dir, int dp_rank, std::optional<size_t> group) REQUIRES(mu_) {
     for (ptc::ViewFile f : ptc::ViewFiles(state.format)) {
       auto n = std::make_shared<Node>();
-      n->kind = Node::kDataFile;
+      n->what = Node::Data{dp_rank, f, group};
       n->snap = snap;
-      n->tensor = static_cast<size_t>(dp_rank);
-      n->group = group;
-      n->data_file = f;
       dir.children[std::string(ptc::ViewFileName(f))] = AddNode(n);
     }
   };
@@ -251,50 +266,6 @@ std::shared_ptr<Node> Filesystem::BuildDataTree(const std::shared_ptr<const Snap
   return data;
 }
 
-std::shared_ptr<Node> Filesystem::BuildModelTree(const std::shared_ptr<const Snapshot>& snap) {
-  auto model = NewDir(snap);
-  auto file = [&](Node::Kind kind, size_t view, size_t tensor, uint64_t size) REQUIRES(mu_) {
-    auto n = std::make_shared<Node>();
-    n->kind = kind;
-    n->snap = snap;
-    n->view = view;
-    n->tensor = tensor;
-    n->size = size;
-    return AddNode(n);
-  };
-  for (size_t v = 0; v < snap->views().size(); ++v) {
-    const ptc::RankView& view = snap->views()[v];
-    auto dir = NewDir(snap);
-    if (options_.safetensors) {
-      const auto meta = snap->Metadata(view.rank);
-      dir->children["model.safetensors"] = file(Node::kModelFile, v, 0, *SafetensorsFileSize(view.model, meta));
-      if (!view.optim.empty()) {
-        dir->children["optim.safetensors"] = file(Node::kOptimFile, v, 0, *SafetensorsFileSize(view.optim, meta));
-      }
-    }
-    if (options_.npy) {
-      auto tensors = NewDir(snap);
-      std::map<std::string, ptc::DType> dtypes;
-      size_t i = 0;
-      for (const auto* list : {&view.model, &view.optim}) {
-        for (const ptc::LocalTensor& t : *list) {
-          tensors->children[t.name + ".npy"] = file(Node::kNpyFile, v, i++, NpyFileSize(t));
-          dtypes[t.name + ".npy"] = t.dtype;
-        }
-      }
-      auto d = std::make_shared<Node>();
-      d->kind = Node::kLiteralFile;
-      d->snap = snap;  // its time; dropped with the tree
-      d->literal = *ptc::EncodeNpyDTypes(dtypes);
-      d->size = d->literal.size();
-      tensors->children[std::string(ptc::kNpyDTypesFile)] = AddNode(d);
-      dir->children["tensors"] = AddNode(tensors);
-    }
-    model->children[ptc::RankDirName(view.rank)] = AddNode(dir);
-  }
-  return model;
-}
-
 void Filesystem::StartBackground() { scrubber_->Start(); }
 
 void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
@@ -313,7 +284,8 @@ void Filesystem::Serve(std::shared_ptr<const Snapshot> snap) {
     AddTrees(*nodes_.at(kRootInode), snap);
   }
   if (invalidate_) {
-    for (const char* tree : {"model", "data", "megatron", "dcp", "hf"}) invalidate_(kRootInode, tree);
+    for (const std::unique_ptr<ViewTree>& view : views_) invalidate_(kRootInode, std::string(view->name()));
+    invalidate_(kRootInode, "data");
   }
   if (scrubber_) scrubber_->Serve(snap);
   ptc::MutexLock lock(&mu_);
@@ -338,20 +310,21 @@ ptc::Status Filesystem::CollectReplaced() {
 }
 
 ptc::Result<uint64_t> Filesystem::SizeOf(const Node& n) const {
-  if (n.kind == Node::kStagedFile) {
+  if (n.kind() == Node::kStagedFile) {
     PTC_ASSIGN_OR_RETURN(struct stat st, staging_.Stat(StagedPath(n)));
     return static_cast<uint64_t>(st.st_size);
   }
-  if (n.kind != Node::kDataFile) return n.size;
-  PTC_ASSIGN_OR_RETURN(auto view, n.snap->DataView(static_cast<int>(n.tensor), n.group));
-  return view->FileSize(n.data_file);
+  const auto* data = std::get_if<Node::Data>(&n.what);
+  if (data == nullptr) return n.size;
+  PTC_ASSIGN_OR_RETURN(auto view, n.snap->DataView(data->dp_rank, data->group));
+  return view->FileSize(data->file);
 }
 
 struct stat Filesystem::Attr(const Node& n, uint64_t size) const {
   struct stat st = {};
   st.st_ino = n.ino;
-  const bool writable = n.kind == Node::kConfig || n.kind == Node::kLatestFile || n.kind == Node::kStagedFile ||
-                        n.kind == Node::kMegatronDir || n.kind == Node::kDcpDir || n.kind == Node::kStagedDir;
+  const bool writable = n.kind() == Node::kConfig || n.kind() == Node::kLatestFile || n.kind() == Node::kStagedFile ||
+                        n.kind() == Node::kSaveDir || n.kind() == Node::kStagedDir;
   st.st_nlink = n.is_dir() ? 2 : 1;
   st.st_mode = (n.is_dir() ? S_IFDIR | 0555 : S_IFREG | 0444) | (writable ? 0200 : 0);
   st.st_size = static_cast<off_t>(size);
@@ -396,11 +369,10 @@ void Filesystem::Forget(uint64_t ino, uint64_t n) {
 }
 
 double Filesystem::Timeout(const Node& node) {
-  switch (node.kind) {
+  switch (node.kind()) {
     case Node::kConfig:
     case Node::kStatus:
-    case Node::kMegatronDir:
-    case Node::kDcpDir:
+    case Node::kSaveDir:
     case Node::kLatestFile:
     case Node::kStagedDir:
     case Node::kStagedFile:
@@ -414,8 +386,8 @@ ptc::Result<Entry> Filesystem::GetAttr(uint64_t ino) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> node, NodeOf(ino));
   PTC_ASSIGN_OR_RETURN(uint64_t size, SizeOf(*node));
   struct stat st = Attr(*node, size);
-  if (node->kind == Node::kConfig) st.st_size = static_cast<off_t>(Announced()->config().ToString().size() + 1);
-  if (node->kind == Node::kStatus) {
+  if (node->kind() == Node::kConfig) st.st_size = static_cast<off_t>(Announced()->config().ToString().size() + 1);
+  if (node->kind() == Node::kStatus) {
     st.st_size = static_cast<off_t>(controller_->StatusJson(Announced(), PassthroughStatus()).size());
   }
   return Entry{ino, st, Timeout(*node)};
@@ -436,79 +408,63 @@ ptc::Result<std::vector<DirEntry>> Filesystem::ReadDir(uint64_t ino) {
 }
 
 ptc::Result<std::unique_ptr<VirtualFile>> Filesystem::Render(const Node& n) const {
-  const Snapshot& snap = *n.snap;
-  if (n.kind == Node::kDcpFile) return MakeDcpFile(snap.reader(), *n.dcp, n.view, options_.worker);
-  if (n.kind == Node::kHfFile) return MakeHfShardFile(snap.reader(), *n.hf, n.view, options_.worker);
-  const ptc::RankView& view = snap.views()[n.view];
-  const int worker = snap.WorkerOf(view.rank);
-  switch (n.kind) {
-    case Node::kModelFile:
-      return MakeSafetensorsFile(snap.reader(), view.model, snap.Metadata(view.rank), worker);
-    case Node::kOptimFile:
-      return MakeSafetensorsFile(snap.reader(), view.optim, snap.Metadata(view.rank), worker);
-    case Node::kMegatronFile:
-      return RenderMegatron(snap, view, worker);
-    case Node::kNpyFile: {
-      const ptc::LocalTensor& t =
-          n.tensor < view.model.size() ? view.model[n.tensor] : view.optim[n.tensor - view.model.size()];
-      return MakeNpyFile(snap.reader(), t, worker);
-    }
-    default:
-      return ptc::InternalError("not a rendered file");
-  }
+  const auto* rendered = std::get_if<Node::Rendered>(&n.what);
+  if (rendered == nullptr) return ptc::InternalError("not a rendered file");
+  return rendered->renderer->Render();
 }
 
 ptc::Result<OpenReply> Filesystem::Open(uint64_t ino, int flags) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> node, NodeOf(ino));
   if (node->is_dir()) return ptc::Status(ptc::Code::kInvalidArgument, "is a directory");
   const bool writing = (flags & O_ACCMODE) != O_RDONLY;
-  if (node->kind == Node::kStagedFile || node->kind == Node::kLatestFile) {
+  if (node->kind() == Node::kStagedFile || node->kind() == Node::kLatestFile) {
     ptc::MutexLock staging(&staging_mu_);
     return OpenMegatronWritable(node, flags);
   }
-  if (writing && node->kind != Node::kConfig) {
+  if (writing && node->kind() != Node::kConfig) {
     return ptc::Status(ptc::Code::kPermissionDenied, "model files are read-only");
   }
   auto h = std::make_shared<Handle>();
   h->node = node;
   OpenReply reply;
-  if (node->kind == Node::kConfig || node->kind == Node::kStatus) {
+  if (node->kind() == Node::kConfig || node->kind() == Node::kStatus) {
     reply.direct_io = true;  // content changes; never cached
     if (!writing) {
-      std::string text = node->kind == Node::kConfig ? Announced()->config().ToString() + "\n"
+      std::string text = node->kind() == Node::kConfig ? Announced()->config().ToString() + "\n"
                                                      : controller_->StatusJson(Announced(), PassthroughStatus());
       ptc::MutexLock lock(&h->mu);
       h->text = std::move(text);
     }
-  } else if (node->kind == Node::kDataFile) {
-    auto view = node->snap->DataView(static_cast<int>(node->tensor), node->group);
+  } else if (node->kind() == Node::kDataFile) {
+    const auto& data = std::get<Node::Data>(node->what);
+    auto view = node->snap->DataView(data.dp_rank, data.group);
     if (!view.ok()) {
       ptc::Status s = AsReadError(view.status());
       controller_->RecordError(s.message());
       return s;
     }
-    h->data = *view;
+    h->what = Handle::Data{*view};
     reply.keep_cache = true;
-  } else if (node->kind != Node::kLiteralFile) {
+  } else if (node->kind() == Node::kRenderedFile) {
     auto file = Render(*node);
     if (!file.ok()) {
       ptc::Status s = AsReadError(file.status());
       controller_->RecordError(s.message());
       return s;
     }
-    h->file = std::move(file).value();
+    Handle::Rendered rendered{std::move(file).value()};
     reply.keep_cache = true;
-    if (node->kind == Node::kModelFile || node->kind == Node::kOptimFile || node->kind == Node::kMegatronFile ||
-        node->kind == Node::kDcpFile) {
-      if (ptc::Status s = OpenPassthrough(*node, *h->file, &reply); !s.ok()) {
+    if (node->kernel_readable()) {
+      if (ptc::Status s = OpenPassthrough(*node, *rendered.file, &reply); !s.ok()) {
         controller_->RecordError(s.message());
         return s;
       }
-      h->backed = reply.backing_id > 0;
+      rendered.backed = reply.backing_id > 0;
     }
+    h->what = std::move(rendered);
   } else {
     ptc::MutexLock lock(&h->mu);
-    h->text = node->literal;
+    h->text = std::get<Node::Literal>(node->what).text;
     reply.keep_cache = true;
   }
   ptc::MutexLock lock(&mu_);
@@ -520,9 +476,9 @@ ptc::Result<OpenReply> Filesystem::Open(uint64_t ino, int flags) {
 ptc::Result<ReadReply> Filesystem::Read(uint64_t fh, uint64_t offset, size_t size) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Handle> h, HandleOf(fh));
   ReadReply reply;
-  if (h->fd >= 0) {
+  if (h->fd() >= 0) {
     reply.bytes.resize(size);
-    const ssize_t n = ::pread(h->fd, reply.bytes.data(), size, static_cast<off_t>(offset));
+    const ssize_t n = ::pread(h->fd(), reply.bytes.data(), size, static_cast<off_t>(offset));
     if (n < 0) {
       const int err = errno;
       return ptc::ErrnoError(staging_.Path(StagedPath(*h->node)), err);
@@ -530,9 +486,9 @@ ptc::Result<ReadReply> Filesystem::Read(uint64_t fh, uint64_t offset, size_t siz
     reply.bytes.resize(static_cast<size_t>(n));
     return reply;
   }
-  if (h->data) {
+  if (const ptc::RankDataView* data = h->data()) {
     reply.bytes.resize(size);
-    auto n = h->data->Read(h->node->data_file, offset, size, reply.bytes.data());
+    auto n = data->Read(std::get<Node::Data>(h->node->what).file, offset, size, reply.bytes.data());
     if (!n.ok()) {
       ptc::Status s = AsReadError(n.status());
       controller_->RecordError(s.message());
@@ -541,7 +497,8 @@ ptc::Result<ReadReply> Filesystem::Read(uint64_t fh, uint64_t offset, size_t siz
     reply.bytes.resize(*n);
     return reply;
   }
-  if (!h->file) {
+  const VirtualFile* file = h->file();
+  if (file == nullptr) {
     ptc::MutexLock lock(&h->mu);
     if (offset < h->text.size()) {
       const size_t n = std::min<size_t>(size, h->text.size() - offset);
@@ -551,9 +508,9 @@ ptc::Result<ReadReply> Filesystem::Read(uint64_t fh, uint64_t offset, size_t siz
   }
   const Snapshot& snap = *h->node->snap;
   auto check = [&](const ptc::ShardRecord& shard, uint64_t at, uint64_t n) { return snap.Check(shard, at, n); };
-  VirtualFile::FdRange range = h->file->SingleShardRange(offset, size);
+  VirtualFile::FdRange range = file->SingleShardRange(offset, size);
   if (range.fd >= 0) {
-    reply.fd_length = static_cast<size_t>(std::min<uint64_t>(size, h->file->size() - offset));
+    reply.fd_length = static_cast<size_t>(std::min<uint64_t>(size, file->size() - offset));
     if (ptc::Status s = AsReadError(check(*range.shard, range.position - range.shard->offset, reply.fd_length));
         !s.ok()) {
       controller_->RecordError(s.message());
@@ -563,7 +520,7 @@ ptc::Result<ReadReply> Filesystem::Read(uint64_t fh, uint64_t offset, size_t siz
     return reply;
   }
   reply.bytes.resize(size);
-  auto n = h->file->Read(offset, size, reply.bytes.data(), check);
+  auto n = file->Read(offset, size, reply.bytes.data(), check);
   if (!n.ok()) {
     ptc::Status s = AsReadError(n.status());
     controller_->RecordError(s.message());
@@ -575,10 +532,10 @@ ptc::Result<ReadReply> Filesystem::Read(uint64_t fh, uint64_t offset, size_t siz
 
 ptc::Result<size_t> Filesystem::Write(uint64_t fh, const char* data, size_t size, uint64_t offset) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Handle> h, HandleOf(fh));
-  if (h->node->kind == Node::kStagedFile || h->node->kind == Node::kLatestFile) {
+  if (h->node->kind() == Node::kStagedFile || h->node->kind() == Node::kLatestFile) {
     return WriteMegatron(*h, data, size, offset);
   }
-  if (h->node->kind != Node::kConfig) return ptc::Status(ptc::Code::kPermissionDenied, "read-only file");
+  if (h->node->kind() != Node::kConfig) return ptc::Status(ptc::Code::kPermissionDenied, "read-only file");
   std::string request;
   {
     ptc::MutexLock lock(&h->mu);
@@ -598,13 +555,13 @@ ptc::Result<size_t> Filesystem::Write(uint64_t fh, const char* data, size_t size
 
 ptc::Status Filesystem::Truncate(uint64_t ino, uint64_t size) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> node, NodeOf(ino));
-  if (node->kind == Node::kStagedFile) {
+  if (node->kind() == Node::kStagedFile) {
     ptc::MutexLock staging(&staging_mu_);
     const std::string path = StagedPath(*node);
     PTC_RETURN_IF_ERROR(CheckNotSealed(path));
     return staging_.Truncate(path, size);
   }
-  if (node->kind != Node::kConfig && node->kind != Node::kLatestFile) {
+  if (node->kind() != Node::kConfig && node->kind() != Node::kLatestFile) {
     return ptc::Status(ptc::Code::kPermissionDenied, "read-only file");
   }
   return ptc::Status::OK();  // replaced as a whole by the next write
@@ -612,7 +569,7 @@ ptc::Status Filesystem::Truncate(uint64_t ino, uint64_t size) {
 
 ptc::Status Filesystem::ChangeModeOrOwner(uint64_t ino) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> node, NodeOf(ino));
-  if (node->kind == Node::kStagedFile || node->kind == Node::kStagedDir) return ptc::Status::OK();  // ignored
+  if (node->kind() == Node::kStagedFile || node->kind() == Node::kStagedDir) return ptc::Status::OK();  // ignored
   return ptc::Status(ptc::Code::kPermissionDenied, "the mount's files keep their mode and owner");
 }
 
@@ -624,7 +581,7 @@ void Filesystem::Release(uint64_t fh) {
     if (it == handles_.end()) return;
     closed = std::move(it->second);
     handles_.erase(it);
-    if (closed->backed) passthrough_.Release(closed->node->ino);
+    if (closed->backed()) passthrough_.Release(closed->node->ino);
     if (!closed->node->snap || !kept_.count(closed->node->snap->generation())) return;
     const uint64_t g = closed->node->snap->generation();
     for (const auto& [other, h] : handles_) {

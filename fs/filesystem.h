@@ -38,14 +38,11 @@
 #include "fs/controller.h"
 #include "fs/passthrough.h"
 #include "fs/scrub.h"
-#include "fs/snapshot.h"
 #include "fs/staging.h"
-#include "fs/virtual_file.h"
 #include "ptc/base/mutex.h"
-#include "ptc/checkpoint/dcp.h"
-#include "ptc/checkpoint/hf.h"
-#include "ptc/checkpoint/megatron.h"
-#include "ptc/checkpoint/megatron_names.h"
+#include "view/snapshot.h"
+#include "view/view_tree.h"
+#include "view/virtual_file.h"
 
 namespace ptcfs {
 
@@ -56,22 +53,9 @@ constexpr std::string_view kStagingDir = "ingest";
 // name megatron/ does not show and refuses to make).
 constexpr std::string_view kDcpStaging = ".dcp";
 
-struct MountOptions {
+// What the mount shows (ViewOptions: its formats and names) and how it runs.
+struct MountOptions : ViewOptions {
   std::string store;
-  int worker = -1;  // -1: every rank of the config
-  bool safetensors = true;
-  bool npy = true;
-  bool megatron = false;  // megatron/ (Megatron-LM torch files)
-  bool dcp = false;       // dcp/ (PyTorch Distributed Checkpoint, ptc/checkpoint/dcp.h)
-  bool hf = false;        // hf/ (Hugging Face's save_pretrained, ptc/checkpoint/hf.h)
-  uint64_t hf_shard_bytes = ptc::hf::kDefaultShardBytes;  // hf/'s max_shard_size
-  // The name set megatron/ renders (saves may use either).
-  ptc::megatron::NameSet megatron_names = ptc::megatron::NameSet::kTe;
-  // megatron/iter_N/ as Megatron-Core's torch_dist checkpoint instead of the
-  // legacy mp_rank_* tree (--ckpt-format torch_dist).
-  bool megatron_torch_dist = false;
-  // The keys dcp/ names its tensors by (a save into it may use either).
-  ptc::dcp::Keys dcp_keys = ptc::dcp::Keys::kTorch;
   int transform_threads = 2;
   CompactionPolicy compaction;  // when to compact in the background after a reconfigure
   // The Env the store is opened with (a cluster worker's PeerEnv, which reads
@@ -220,28 +204,13 @@ class Filesystem {
   const std::string& StagedOf(const Node& node) const REQUIRES(mu_);
   // A copy of it, for a request that uses it outside mu_.
   std::string StagedPath(const Node& node) const EXCLUDES(mu_);
-  // model/ and data/ (and megatron/) of `snap` under `root`.
+  // Every view's tree (views_) and data/ of `snap` under `root`; a view that
+  // cannot show `snap` is left out, its error recorded (.ptcfs/status).
   void AddTrees(Node& root, const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
-  std::shared_ptr<Node> BuildModelTree(const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
+  // The nodes of `view`'s `files`; a view that takes saves gets what the staging area holds.
+  std::shared_ptr<Node> BuildViewTree(const ViewTree& view, const std::shared_ptr<const Snapshot>& snap,
+                                      std::vector<TreeFile> files) REQUIRES(mu_);
   std::shared_ptr<Node> BuildDataTree(const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
-  // megatron/: latest_checkpointed_iteration.txt, iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt.
-  // \error as Snapshot::megatron and PlanMegatronFile.
-  ptc::Result<std::shared_ptr<Node>> BuildMegatronTree(const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
-  // dcp/: .metadata and the chunk files of the snapshot's generation.
-  // \error as PlanCheckpoint.
-  ptc::Result<std::shared_ptr<Node>> BuildDcpTree(const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
-  // hf/: config.json, the shards and the index of the snapshot's generation.
-  // \error as PlanHf (a schema Hugging Face has no architecture for).
-  ptc::Result<std::shared_ptr<Node>> BuildHfTree(const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
-  // megatron/iter_N/ as Megatron-Core's torch_dist checkpoint: metadata.json,
-  // common.pt and the DCP files in Megatron-Core's keys (ptc/checkpoint/dcp.h).
-  // \error as PlanCheckpoint and McoreCommon.
-  ptc::Result<std::shared_ptr<Node>> BuildTorchDistDir(const std::shared_ptr<const Snapshot>& snap,
-                                                       const ptc::megatron::MegatronState& state) REQUIRES(mu_);
-  // `plan`'s .metadata and chunk files into `dir`.
-  void AddDcpFiles(Node& dir, const std::shared_ptr<const Snapshot>& snap, ptc::dcp::Plan plan) REQUIRES(mu_);
-  // A read-only file of `text`.
-  static std::shared_ptr<Node> LiteralNode(const std::shared_ptr<const Snapshot>& snap, std::string text);
   // Nodes for what the staging area holds under `dir` (recursively).
   void AddStaged(Node& dir, const std::shared_ptr<const Snapshot>& snap) REQUIRES(mu_);
   // Rename of staged entries; `to_parent` receives the staged path of the target directory.
@@ -282,9 +251,6 @@ class Filesystem {
   struct stat Attr(const Node& node, uint64_t size) const;
   static double Timeout(const Node& node);
   ptc::Result<std::unique_ptr<VirtualFile>> Render(const Node& node) const;
-  // Reads the rank's tensors once per (config, rank, iteration) for the CRCs.
-  ptc::Result<std::unique_ptr<VirtualFile>> RenderMegatron(const Snapshot& snap, const ptc::RankView& view,
-                                                           int worker) const EXCLUDES(mu_);
 
   // Whether `node`'s rendered file `file` exists verbatim on disk: then its
   // backing file is registered and `reply` asks for passthrough (the route is
@@ -301,6 +267,7 @@ class Filesystem {
   ptc::Result<std::unique_ptr<ptc::RandomAccessFile>> BackingFile(const Node& node, const VirtualFile& file) const;
 
   MountOptions options_;
+  std::vector<std::unique_ptr<ViewTree>> views_;  // model/ first (MakeViewTrees)
   Passthrough passthrough_;
   // Per model file inode: whether its bytes exist verbatim on disk (decided on
   // first open or status, kept while the inode lives).
@@ -332,8 +299,6 @@ class Filesystem {
   // time of nodes without a snapshot (/, .ptcfs/). Read without mu_ by Attr.
   std::atomic<int64_t> served_sec_{0}, served_nsec_{0};
   uint64_t next_fh_ GUARDED_BY(mu_) = 1;
-  // CRC-32 of the storages of Megatron files, by (config, rank, iteration).
-  mutable std::map<std::tuple<std::string, int, uint64_t>, std::vector<uint32_t>> megatron_crcs_ GUARDED_BY(mu_);
 };
 
 // The errno for a Status at the FUSE boundary (the one mapping).

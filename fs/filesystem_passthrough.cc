@@ -87,11 +87,9 @@ nlohmann::json Filesystem::PassthroughStatus() const {
       for (const auto& [name, ino] : dir.node->children) {
         auto n = nodes_.find(ino);
         if (n == nodes_.end()) continue;
-        const Node::Kind kind = n->second->kind;
-        if (kind == Node::kModelFile || kind == Node::kOptimFile || kind == Node::kMegatronFile ||
-            kind == Node::kDcpFile) {
+        if (n->second->kernel_readable()) {
           files.emplace_back(dir.path + "/" + name, n->second);
-        } else if (kind == Node::kDir && dir.depth > 1) {
+        } else if (n->second->kind() == Node::kDir && dir.depth > 1) {
           todo.push_back({n->second.get(), dir.path + "/" + name, dir.depth - 1});
         }
       }

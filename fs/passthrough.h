@@ -1,5 +1,5 @@
 // FUSE passthrough (Linux >= 6.9): an open file whose bytes exist verbatim in
-// a file on disk (a rank file, fs/rank_files.h) is read by the kernel from that
+// a file on disk (a rank file, view/rank_files.h) is read by the kernel from that
 // backing file itself; no byte crosses /dev/fuse. The daemon registers the
 // backing file (FUSE_DEV_IOC_BACKING_OPEN, which needs CAP_SYS_ADMIN) and
 // answers OPEN with its id (fs/fuse_io.h patches what libfuse 3.14 cannot say).

@@ -24,9 +24,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "fs/snapshot.h"
 #include "ptc/base/mutex.h"
 #include "ptc/store/store.h"
+#include "view/snapshot.h"
 
 namespace ptcfs {
 

@@ -12,13 +12,13 @@
 #include <set>
 #include <string>
 
-#include "ptc/checkpoint/export.h"
 #include "ptc/store/model_spec.h"
 #include "ptc/store/shard_verify.h"
 #include "ptc/store/store_reader.h"
 #include "synth_store.h"
 #include "test_util.h"
 #include "transform/execute.h"
+#include "view/export.h"
 
 namespace ptc::transform {
 namespace {
@@ -212,13 +212,19 @@ TEST(Covering, ReplicasKeepEachSlotsPiecesOnTheNextSlotsWorkers) {
   ExpectStoreHolds(tmp, spec, to, 5);
   if (HasFatalFailure()) return;
   // Without worker 4: its stage is on worker 6 as well, so nothing is missing.
-  auto survive = MakePlan({current.get(), spec, *ParseConfig("tp=1,pp=5,dp=1,per_worker=1,workers=0+1+6+7+8"),
-                           {}, std::set<int>{0, 1, 6, 7, 8}});
+  auto survive = MakePlan({current.get(),
+                           spec,
+                           *ParseConfig("tp=1,pp=5,dp=1,per_worker=1,workers=0+1+6+7+8"),
+                           {},
+                           std::set<int>{0, 1, 6, 7, 8}});
   ASSERT_TRUE(survive.ok()) << survive.status().ToString();
   EXPECT_TRUE(survive->missing.empty());
   // Without workers 4 and 6 (both keepers of slot 2's stage) its tensors are lost.
-  auto lost = MakePlan({current.get(), spec, *ParseConfig("tp=1,pp=5,dp=1,per_worker=1,workers=0+1+7+8+9"),
-                        {}, std::set<int>{0, 1, 7, 8, 9}});
+  auto lost = MakePlan({current.get(),
+                        spec,
+                        *ParseConfig("tp=1,pp=5,dp=1,per_worker=1,workers=0+1+7+8+9"),
+                        {},
+                        std::set<int>{0, 1, 7, 8, 9}});
   ASSERT_TRUE(lost.ok()) << lost.status().ToString();
   ASSERT_FALSE(lost->missing.empty());
   for (const auto& [tensor, box] : lost->missing) EXPECT_TRUE(own[4].count(tensor)) << tensor;
@@ -232,7 +238,7 @@ TEST(Covering, CollectionRemovesAPieceExactlyWhenNothingReferencesIt) {
   ASSERT_TRUE(store.ok());
   ASSERT_TRUE(Transform(**store, *ParseConfig("tp=4,pp=1"), ExecuteOptions()).ok());  // 2: covers 1's pieces
   auto second = (*store)->CurrentSnapshot();
-  ASSERT_TRUE(Compact(**store, ExecuteOptions()).ok());                                 // 3: own pieces
+  ASSERT_TRUE(Compact(**store, ExecuteOptions()).ok());  // 3: own pieces
   auto third = (*store)->CurrentSnapshot();
   ASSERT_TRUE(Transform(**store, *ParseConfig("tp=1,pp=5"), ExecuteOptions()).ok());  // 4: covers 3's
   auto fourth = (*store)->CurrentSnapshot();
@@ -270,7 +276,8 @@ TEST(Covering, DamagedPieceFailsItsReadersAndCompactNotTheCommit) {
   auto r = Transform(**store, *ParseConfig("tp=4,pp=1"), ExecuteOptions());
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->bytes_written, 0u);
-  Status exported = ExportCheckpoint(**store, *ParseConfig("tp=4,pp=1"), tmp / "out", CheckpointFormat::kSafetensors);
+  Status exported =
+      ptcfs::ExportCheckpoint(**store, *ParseConfig("tp=4,pp=1"), tmp / "out", CheckpointFormat::kSafetensors);
   EXPECT_EQ(exported.code(), Code::kCorruption) << exported.ToString();
   EXPECT_NE(exported.message().find(piece.file), std::string::npos) << exported.message();
   EXPECT_FALSE(fs::exists(tmp / "out"));

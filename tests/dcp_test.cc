@@ -1,10 +1,10 @@
-// PyTorch DCP of a generation (ptc/checkpoint/dcp.h, fs/dcp_file.h) without a
+// PyTorch DCP of a generation (ptc/checkpoint/dcp/dcp.h, view/dcp_file.h) without a
 // mount or torch: the chunk boxes tile every tensor where its pieces are cut
 // (replicas once), the keys follow the documented rule, bad manifests are
 // refused naming the tensor, and every chunk of the rendered files is a
 // torch.save file whose tensor equals the global tensor's box read straight
 // from the store. (torch's own dcp.load of the mount: clients_test.)
-#include "ptc/checkpoint/dcp.h"
+#include "ptc/checkpoint/dcp/dcp.h"
 
 #include <gtest/gtest.h>
 
@@ -16,12 +16,13 @@
 #include <random>
 #include <set>
 
-#include "fs/dcp_file.h"
-#include "ptc/checkpoint/dcp_read.h"
+#include "ptc/checkpoint/dcp/read.h"
 #include "ptc/checkpoint/import.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
 #include "ptc/format/torch_file.h"
 #include "test_util.h"
+#include "view/dcp_file.h"
+#include "view/export.h"
 
 namespace ptc::dcp {
 namespace {
@@ -709,7 +710,7 @@ TEST(McoreMetadata, IsCheckedNamingTheFieldAtFault) {
   }
 }
 
-// CheckChunksDisjoint (the sweep, dcp_read.h) says what comparing every pair
+// CheckChunksDisjoint (the sweep, dcp/read.h) says what comparing every pair
 // of chunks says, for random chunkings of small tensors: grids with a cell
 // moved, duplicated or split, and random boxes (seed printed; PTCFS_SEED
 // replays one).

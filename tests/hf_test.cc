@@ -1,12 +1,12 @@
-// Hugging Face's view of a model (ptc/checkpoint/hf.h, ptc/checkpoint/hf_read.h,
-// fs/hf_file.h) without a mount or transformers: the names and cuts (q/k/v per
+// Hugging Face's view of a model (ptc/checkpoint/hf/hf.h, ptc/checkpoint/hf/read.h,
+// view/hf_file.h) without a mount or transformers: the names and cuts (q/k/v per
 // query group, [gate; up]), tied and untied heads, shards and the index, the
 // config both ways, refusals naming the rule, file and tensor; an export
 // imported back bit for bit in another layout, and damaged models (a missing
 // shard, an index naming a tensor twice, a shape the config does not give, a
 // tensor the model lacks) refused with nothing committed.
 // (transformers' from_pretrained and save_pretrained: hf_clients_test.)
-#include "ptc/checkpoint/hf.h"
+#include "ptc/checkpoint/hf/hf.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -16,11 +16,11 @@
 #include <set>
 
 #include "fs/filesystem.h"
-#include "fs/hf_file.h"
 #include "ptc/base/json_fields.h"
-#include "ptc/checkpoint/hf_read.h"
+#include "ptc/checkpoint/hf/read.h"
 #include "ptc/model/schema.h"
 #include "test_util.h"
+#include "view/hf_file.h"
 
 namespace ptc::hf {
 namespace {
@@ -255,9 +255,14 @@ TEST(HfConfig, RefusesWhatTheMappingCannotCarry) {
           "\"multi_query\" is true");
   // Issue 41, item 7: what a GPTBigCode or any config says that the mapping cannot carry was
   // accepted silently: relu, unscaled attention, a dtype torch has not, a model_type not a string.
-  const nlohmann::json bigcode = {{"model_type", "gpt_bigcode"}, {"n_layer", 2},      {"n_embd", 32},
-                                  {"n_head", 4},                 {"vocab_size", 64},  {"n_positions", 16},
-                                  {"multi_query", false},        {"torch_dtype", "bfloat16"}};
+  const nlohmann::json bigcode = {{"model_type", "gpt_bigcode"},
+                                  {"n_layer", 2},
+                                  {"n_embd", 32},
+                                  {"n_head", 4},
+                                  {"vocab_size", 64},
+                                  {"n_positions", 16},
+                                  {"multi_query", false},
+                                  {"torch_dtype", "bfloat16"}};
   ASSERT_TRUE(ModelOfConfig(bigcode, "c").ok());
   auto bigcode_with = [&](const char* key, nlohmann::json v) {
     nlohmann::json b = bigcode;
@@ -395,7 +400,7 @@ TEST_F(HfFilesTest, DamagedModelsAreRefusedNamingTheFileAndTensor) {
 }
 
 TEST_F(HfFilesTest, ShardFilesRenderWithoutAMount) {
-  // The shard files fs/hf_file.h renders are those export wrote (export reads them the same way).
+  // The shard files view/hf_file.h renders are those export wrote (export reads them the same way).
   auto store = Store::Open(Env::Default(), tmp_ / "store");
   ASSERT_TRUE(store.ok());
   auto generation = (*store)->CurrentSnapshot();

@@ -12,9 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "fs/megatron_file.h"
 #include "ptc/checkpoint/checkpoint.h"
-#include "ptc/checkpoint/megatron.h"
+#include "ptc/checkpoint/megatron/megatron.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
 #include "ptc/format/safetensors.h"
 #include "ptc/format/torch_file.h"
@@ -25,6 +24,8 @@
 #include "ptc/store/model_spec.h"
 #include "ptc/store/store.h"
 #include "test_util.h"
+#include "view/export.h"
+#include "view/megatron_file.h"
 
 namespace ptc {
 namespace {
@@ -34,13 +35,12 @@ using namespace ::ptc::testing;  // the helpers of test_util.h
 
 constexpr const char* kDims = "layers=4,hidden=32,heads=4,vocab=128,seq=16";
 
-
 // --- item 3: tensor names --------------------------------------------------
 
 TEST(TensorName, RejectsNamesThatAreNotOneFileName) {
   for (const std::string& bad : {std::string(""), std::string("."), std::string(".."), std::string("../evil"),
-                                std::string("a/b"), std::string("/abs"), std::string("x\x01y"), std::string("x\x7f"),
-                                std::string("nul\0in", 6), std::string(kMaxTensorNameBytes + 1, 'a')}) {
+                                 std::string("a/b"), std::string("/abs"), std::string("x\x01y"), std::string("x\x7f"),
+                                 std::string("nul\0in", 6), std::string(kMaxTensorNameBytes + 1, 'a')}) {
     Status s = ValidateTensorName(bad, "here");
     EXPECT_EQ(s.code(), Code::kInvalidArgument) << EscapeName(bad);
     EXPECT_TRUE(s.message().starts_with("here: tensor name '")) << s.message();

@@ -1,15 +1,14 @@
-// Megatron-Core's `*._extra_state` model entries (ptc/checkpoint/megatron_extra.h):
+// Megatron-Core's `*._extra_state` model entries (ptc/checkpoint/megatron/extra.h):
 // kept per saved tp rank under global names, through the manifest, and rendered
 // back into the model dict of every rank that holds their module, at their place,
 // on the saved grid and on another.
-#include "ptc/checkpoint/megatron_extra.h"
-
 #include <gtest/gtest.h>
 
 #include <map>
 #include <string>
 #include <vector>
 
+#include "ptc/checkpoint/megatron/extra.h"
 #include "test_util.h"
 
 namespace ptc::megatron {
@@ -53,7 +52,8 @@ MegatronState Saved(const ModelSpec& spec) {
     if (view.coords.pp == 1) keys.push_back("output_layer._extra_state");
     for (const std::string& local : keys) {
       const ExtraName name = GlobalExtraName(view, local);
-      ExtraEntry e{view.coords.tp, name.key, name.anchor, BytesIO("tp" + std::to_string(view.coords.tp) + " " + name.key), {}};
+      ExtraEntry e{
+          view.coords.tp, name.key, name.anchor, BytesIO("tp" + std::to_string(view.coords.tp) + " " + name.key), {}};
       if (local == "output_layer._extra_state") {
         pickle::Tensor t;
         t.storage_key = "x";

@@ -1,14 +1,13 @@
-// Megatron-Core's two name sets (ptc/checkpoint/megatron_names.h): the rename of
+// Megatron-Core's two name sets (ptc/checkpoint/megatron/names.h): the rename of
 // the fused norms, the local spec's registration order (against the order read from
 // megatron-core's source, written out here), views in either set, and recognising a
 // file's set.
-#include "ptc/checkpoint/megatron_names.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <set>
 
+#include "ptc/checkpoint/megatron/names.h"
 #include "test_util.h"
 
 namespace ptc::megatron {

@@ -8,8 +8,8 @@
 
 #include <map>
 
-#include "ptc/checkpoint/megatron.h"
-#include "ptc/checkpoint/megatron_optimizer.h"
+#include "ptc/checkpoint/megatron/megatron.h"
+#include "ptc/checkpoint/megatron/optimizer.h"
 #include "ptc/store/model_spec.h"
 #include "test_util.h"
 

@@ -1,17 +1,16 @@
-// The Megatron checkpoint layout (ptc/checkpoint/megatron.h): directory names, where each
+// The Megatron checkpoint layout (ptc/checkpoint/megatron/megatron.h): directory names, where each
 // tensor sits in the state dict, and that the state dict of a rank finds back
 // exactly its view's tensors (model, and optimizer state with and without
 // ZeRO-1), with the kept entries carried and their parallel sizes rewritten.
-#include "ptc/checkpoint/megatron.h"
+#include "ptc/checkpoint/megatron/megatron.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
-
 #include <functional>
 #include <map>
 
-#include "ptc/checkpoint/megatron_optimizer.h"
+#include "ptc/checkpoint/megatron/optimizer.h"
 #include "test_util.h"
 
 namespace ptc::megatron {
@@ -224,7 +223,8 @@ TEST(MegatronOptimizer, RendersMegatronsTwoGroupsWithStepsAndSettings) {
   const RankView view = *LayoutView(spec, config, 0);
   MegatronState kept;
   kept.iteration = 90;
-  for (double lr : {0.1, 0.2}) kept.optimizer.groups.items().push_back(Value::Dict({{Value::Str("lr"), Value::Float(lr)}}));
+  for (double lr : {0.1, 0.2})
+    kept.optimizer.groups.items().push_back(Value::Dict({{Value::Str("lr"), Value::Float(lr)}}));
   // Every parameter but the first has step 77 kept.
   std::vector<std::string> names;
   for (size_t i = 1; i < view.model.size(); ++i) names.push_back(view.model[i].segments[0].tensor);
@@ -261,8 +261,11 @@ TEST(MegatronOptimizer, RendersMegatronsTwoGroupsWithStepsAndSettings) {
   EXPECT_EQ(GroupSettings(*layout, *root->Find("optimizer")), kept.optimizer.groups);
   // Without kept settings: torch Adam's defaults, no weight decay in group 1.
   kept.optimizer.groups = Value::List();
-  const Value defaults = BuildRankState(spec, config, view, kept)->root.Find("optimizer")->Find("optimizer")->Find(
-      "param_groups")->items()[1];
+  const Value defaults = BuildRankState(spec, config, view, kept)
+                             ->root.Find("optimizer")
+                             ->Find("optimizer")
+                             ->Find("param_groups")
+                             ->items()[1];
   EXPECT_EQ(defaults.Find("lr")->as_float(), 1e-3);
   EXPECT_EQ(defaults.Find("wd_mult")->as_float(), 0.0);
 }
@@ -287,8 +290,8 @@ TEST(MegatronOptimizer, ReadsEitherGroupOrderAndOneGroupAndNamesWrongSizes) {
   };
   // The group without weight decay first, named by its wd_mult.
   Value first = Value::Dict({{Value::Str("wd_mult"), Value::Float(0.0)}, {Value::Str("params"), ints(0, none.size())}});
-  Value second =
-      Value::Dict({{Value::Str("wd_mult"), Value::Float(1.0)}, {Value::Str("params"), ints(none.size(), decay.size())}});
+  Value second = Value::Dict(
+      {{Value::Str("wd_mult"), Value::Float(1.0)}, {Value::Str("params"), ints(none.size(), decay.size())}});
   auto layout = ReadOptimizerLayout(view, optimizer(Value::List({first, second})), "f.pt");
   ASSERT_TRUE(layout.ok()) << layout.status().ToString();
   EXPECT_EQ(layout->file_groups, (std::vector<size_t>{1, 0}));
@@ -296,9 +299,9 @@ TEST(MegatronOptimizer, ReadsEitherGroupOrderAndOneGroupAndNamesWrongSizes) {
   EXPECT_EQ(layout->slots[none[2]].key.as_int(), 2);
   EXPECT_EQ(layout->slots[decay[1]].group, 1u);
   EXPECT_EQ(layout->slots[decay[1]].key.as_int(), static_cast<int64_t>(none.size() + 1));
-  EXPECT_EQ(OptimizerPath(*layout, "fp32", decay[1]),
-            (std::vector<Value>{Value::Str("optimizer"), Value::Str("fp32_from_fp16_params"), Value::Int(1),
-                                Value::Int(1)}));
+  EXPECT_EQ(
+      OptimizerPath(*layout, "fp32", decay[1]),
+      (std::vector<Value>{Value::Str("optimizer"), Value::Str("fp32_from_fp16_params"), Value::Int(1), Value::Int(1)}));
   // One group: the model's order.
   layout = ReadOptimizerLayout(
       view, optimizer(Value::List({Value::Dict({{Value::Str("params"), ints(0, view.model.size())}})})), "f.pt");
@@ -308,9 +311,9 @@ TEST(MegatronOptimizer, ReadsEitherGroupOrderAndOneGroupAndNamesWrongSizes) {
   second.Set("params", ints(none.size(), decay.size() - 1));
   layout = ReadOptimizerLayout(view, optimizer(Value::List({first, second})), "f.pt");
   ASSERT_FALSE(layout.ok());
-  EXPECT_NE(layout.status().message().find("f.pt: optimizer/optimizer/param_groups/1/params: " +
-                                           std::to_string(decay.size() - 1) + " parameters, " +
-                                           std::to_string(decay.size()) + " expected"),
+  EXPECT_NE(layout.status().message().find(
+                "f.pt: optimizer/optimizer/param_groups/1/params: " + std::to_string(decay.size() - 1) +
+                " parameters, " + std::to_string(decay.size()) + " expected"),
             std::string::npos)
       << layout.status().message();
   layout = ReadOptimizerLayout(view, optimizer(Value::List({first, second, second})), "f.pt");

@@ -11,9 +11,9 @@
 #include <filesystem>
 #include <string>
 
-#include "fs/save_parts.h"
 #include "mount_util.h"
-#include "ptc/checkpoint/megatron_import.h"
+#include "ptc/checkpoint/megatron/import.h"
+#include "view/save_parts.h"
 
 namespace ptc {
 namespace {
@@ -188,9 +188,10 @@ TEST_F(MegatronTorchTest, ExtraStateInALegacyNestedModelIsRefusedNamingIt) {
 
 TEST_F(MegatronTorchTest, ShardsWithDifferentStepsAreRefused) {
   const std::string src = Make("src", "--tp 2 --pp 1 --optimizer");
-  auto [dc, dout] = Sh("/usr/bin/python3 -c 'import sys, torch; p = sys.argv[1]; d = torch.load(p); "
-                       "d[\"optimizer\"][\"optimizer\"][\"state\"][0][\"step\"] += 1; torch.save(d, p)' " +
-                       src + "/iter_0000100/mp_rank_01/model_optim_rng.pt");
+  auto [dc, dout] =
+      Sh("/usr/bin/python3 -c 'import sys, torch; p = sys.argv[1]; d = torch.load(p); "
+         "d[\"optimizer\"][\"optimizer\"][\"state\"][0][\"step\"] += 1; torch.save(d, p)' " +
+         src + "/iter_0000100/mp_rank_01/model_optim_rng.pt");
   ASSERT_EQ(dc, 0) << dout;
   auto [code, out] = Ptcfs("import --format megatron " + kModel + " " + src + " " + tmp_ / "store");
   EXPECT_NE(code, 0);
@@ -357,7 +358,8 @@ TEST_F(MegatronTorchTest, SaveMovesTheDataPositionWithTheModel) {
   // A position the dataset does not have is refused, naming it; nothing is committed.
   for (const auto& [consumed, needle] : std::vector<std::pair<int, std::string>>{
            {100, "args.consumed_train_samples 100 is not a position of the dataset: a multiple of its global batch 37"},
-           {1001, "args.consumed_train_samples 1001 is not a position of the dataset: a multiple of its global batch"}}) {
+           {1001,
+            "args.consumed_train_samples 1001 is not a position of the dataset: a multiple of its global batch"}}) {
     SCOPED_TRACE(consumed);
     const std::string it = std::to_string(300 + consumed);
     auto [bc, bout] = Sh(Client() + "save " + megatron + " " + tmp_ / ("bad" + it) + " --iteration " + it +

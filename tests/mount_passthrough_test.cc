@@ -26,7 +26,7 @@ using namespace ::ptc::testing;
 
 const std::string kDims = "layers=4,hidden=32,heads=4,vocab=128,seq=16";
 // One rank per worker: no shard is shared between two ranks of a worker, so
-// every rank file holds all its bytes (fs/rank_files.h).
+// every rank file holds all its bytes (view/rank_files.h).
 const std::string kConfig = "tp=2,pp=1,dp=1,per_worker=1";
 
 std::string RankFile(int rank, const char* file) {
@@ -155,7 +155,7 @@ void ExpectAllByKernel(const std::string& mnt, const std::string& src, int world
 
 // Several ranks per worker with tp = 2: replicated norms and biases, and tied
 // embeddings, are stored once per worker; the other ranks' files hold copies
-// of them (fs/rank_files.h), so every file is read by the kernel.
+// of them (view/rank_files.h), so every file is read by the kernel.
 TEST_F(PassthroughTest, RanksSharingPiecesOnAWorkerAllGoThroughTheKernel) {
   const std::string config = "tp=2,pp=2,dp=1,per_worker=2";
   MakeStore(config);

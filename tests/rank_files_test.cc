@@ -1,7 +1,7 @@
 // Which rank files a compaction writes and which copies they hold
-// (fs/rank_files.h), without a store: the pure planner, its copy budget, the
+// (view/rank_files.h), without a store: the pure planner, its copy budget, the
 // option's text, and the check that a generation holds a plan's files.
-#include "fs/rank_files.h"
+#include "view/rank_files.h"
 
 #include <gtest/gtest.h>
 
@@ -10,11 +10,11 @@
 #include <set>
 #include <tuple>
 
-#include "fs/megatron_file.h"
-#include "ptc/checkpoint/dcp.h"
+#include "ptc/checkpoint/dcp/dcp.h"
 #include "ptc/store/model_spec.h"
 #include "test_util.h"
 #include "transform/plan.h"
+#include "view/megatron_file.h"
 
 namespace ptcfs {
 namespace {

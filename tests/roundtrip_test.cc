@@ -4,10 +4,10 @@
 
 #include <filesystem>
 
-#include "ptc/checkpoint/export.h"
 #include "ptc/checkpoint/import.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
 #include "test_util.h"
+#include "view/export.h"
 
 namespace ptc {
 namespace {
@@ -46,7 +46,7 @@ void RunCase(const Case& c, uint64_t seed) {
   ASSERT_TRUE(imported.ok()) << imported.status().ToString();
   auto store = Store::Open(env, tmp / "store");
   ASSERT_TRUE(store.ok()) << store.status().ToString();
-  Status s = ExportCheckpoint(**store, c.to, tmp / "out", CheckpointFormat::kSafetensors);
+  Status s = ptcfs::ExportCheckpoint(**store, c.to, tmp / "out", CheckpointFormat::kSafetensors);
   ASSERT_TRUE(s.ok()) << s.ToString();
   ASSERT_TRUE(WriteSynthCheckpoint(env, ptc::testing::FitLayout(c.spec, c.to), seed, tmp / "ref").ok());
   ExpectSameTree(tmp / "ref", tmp / "out");
@@ -108,7 +108,7 @@ TEST(RoundTrip, ChainOfImportsThroughOneStore) {
     {
       auto store = Store::Open(env, tmp / "store");
       ASSERT_TRUE(store.ok());
-      ASSERT_TRUE(ExportCheckpoint(**store, next, out, CheckpointFormat::kSafetensors).ok());
+      ASSERT_TRUE(ptcfs::ExportCheckpoint(**store, next, out, CheckpointFormat::kSafetensors).ok());
     }
     ASSERT_TRUE(WriteSynthCheckpoint(env, ptc::testing::FitLayout(spec, next), 3, ref).ok());
     ExpectSameTree(ref, out);

@@ -1,7 +1,7 @@
-// Settling a DCP save taken on many workers (fs/save_parts.h): every chunk
+// Settling a DCP save taken on many workers (view/save_parts.h): every chunk
 // file of the metadata on exactly one worker, the torch_dist state from the
 // one part that carries it; anything else refused, naming the file or part.
-#include "fs/save_parts.h"
+#include "view/save_parts.h"
 
 #include <gtest/gtest.h>
 

@@ -7,11 +7,11 @@
 #include <filesystem>
 #include <string>
 
-#include "ptc/checkpoint/export.h"
 #include "ptc/checkpoint/import.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
 #include "ptc/store/store.h"
 #include "test_util.h"
+#include "view/export.h"
 
 namespace ptc::testing {
 
@@ -29,10 +29,11 @@ inline void ExpectStoreHolds(const TempDir& tmp, const ModelSpec& spec, const Pa
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   std::filesystem::remove_all(tmp / "out");
   std::filesystem::remove_all(tmp / "ref");
-  Status s = ExportCheckpoint(**store, config, tmp / "out", CheckpointFormat::kSafetensors);
+  Status s = ptcfs::ExportCheckpoint(**store, config, tmp / "out", CheckpointFormat::kSafetensors);
   ASSERT_TRUE(s.ok()) << s.ToString();
   ASSERT_TRUE(WriteSynthCheckpoint(Env::Default(), ptc::testing::FitLayout(spec, config), seed, tmp / "ref").ok());
-  ASSERT_TRUE(Snapshot(tmp / "out") == Snapshot(tmp / "ref")) << "export of " << config.ToString() << " differs from synth";
+  ASSERT_TRUE(Snapshot(tmp / "out") == Snapshot(tmp / "ref"))
+      << "export of " << config.ToString() << " differs from synth";
 }
 
 }  // namespace ptc::testing

@@ -3,7 +3,7 @@
 // offsets and lengths, sequentially, from two threads at once, and through the
 // zero-copy ranges it offers; every byte must equal the synth checkpoint of
 // that layout.
-#include "fs/virtual_file.h"
+#include "view/virtual_file.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -13,10 +13,10 @@
 #include <random>
 #include <thread>
 
-#include "fs/snapshot.h"
 #include "ptc/checkpoint/import.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
 #include "test_util.h"
+#include "view/snapshot.h"
 
 namespace ptcfs {
 namespace {

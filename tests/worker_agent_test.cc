@@ -29,7 +29,7 @@
 #include "net_util.h"
 #include "ptc/checkpoint/diff.h"
 #include "ptc/checkpoint/import.h"
-#include "ptc/checkpoint/megatron.h"
+#include "ptc/checkpoint/megatron/megatron.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
 #include "test_util.h"
 #include "worker/worker.h"
@@ -117,8 +117,8 @@ class WorkerAgentTest : public ::testing::Test {
     ASSERT_TRUE(
         ptc::WriteSynthCheckpoint(ptc::Env::Default(), ptc::testing::FitLayout(spec_, start), kSeed, tmp_ / "src")
             .ok());
-    auto imported = ptc::ImportCheckpoint(ptc::Env::Default(), tmp_ / "src", tmp_ / "whole", spec_.schema, spec_.dims,
-                                          start);
+    auto imported =
+        ptc::ImportCheckpoint(ptc::Env::Default(), tmp_ / "src", tmp_ / "whole", spec_.schema, spec_.dims, start);
     ASSERT_TRUE(imported.ok()) << imported.status().ToString();
     for (int w = 0; w < kWorkers; ++w) {
       const std::string store = Store(w);
@@ -361,8 +361,8 @@ class WorkerAgentTest : public ::testing::Test {
     return committed.ok() && *committed ? **committed : ptc::cluster::Committed{};
   }
 
-  CompactionPolicy policy_;                // the workers' (set before SetUp)
-  std::atomic<bool> held_[kWorkers] = {};  // worker w holds back its part of a compaction (GateEnv)
+  CompactionPolicy policy_;                   // the workers' (set before SetUp)
+  std::atomic<bool> held_[kWorkers] = {};     // worker w holds back its part of a compaction (GateEnv)
   std::atomic<bool> failing_[kWorkers] = {};  // worker w's part of a compaction fails (GateEnv)
   TempDir tmp_;
   ptc::ModelSpec spec_;
@@ -413,7 +413,7 @@ TEST_F(WorkerAgentTest, AWorkerRejoinsAfterItsLeaseWasLost) {
   const int64_t lease = LeaseOf(2);
   nodes_[2].link->Cut(true);
   ASSERT_TRUE(kv_.ExpireLease(lease));
-  ExpectGeneration({0, 1}, 3);  // the survivors' config
+  ExpectGeneration({0, 1}, 3);                            // the survivors' config
   EXPECT_EQ(nodes_[2].fs->snapshot()->generation(), 2u);  // it serves what it has meanwhile
   nodes_[2].link->Cut(false);
   ASSERT_TRUE(Eventually([&] { return AtGeneration({2}, 3) && Status(2)["cluster"]["member"] == true; }, kLong))
@@ -430,8 +430,8 @@ TEST_F(WorkerAgentTest, AWorkerRejoinsAfterItsLeaseWasLost) {
 TEST_F(WorkerAgentTest, TheStoreAwayAndBack) {
   kv_.SetReachable(false);
   for (int w = 0; w < kWorkers; ++w) {
-    ASSERT_TRUE(Eventually([&] { return Status(w)["last_error"].dump().find("cannot reach etcd") != std::string::npos; },
-                           kLong))
+    ASSERT_TRUE(Eventually(
+        [&] { return Status(w)["last_error"].dump().find("cannot reach etcd") != std::string::npos; }, kLong))
         << Status(w).dump();
   }
   const ptc::Status refused = Reconfigure(0, "tp=2,pp=3,per_worker=2,replicas=2");
@@ -439,8 +439,8 @@ TEST_F(WorkerAgentTest, TheStoreAwayAndBack) {
   EXPECT_NE(refused.message().find("is not a member of job agents now"), std::string::npos) << refused.ToString();
   kv_.SetReachable(true);
   for (int w = 0; w < kWorkers; ++w) {
-    ASSERT_TRUE(Eventually([&] { return Status(w)["last_error"].is_null() && Status(w)["cluster"]["member"] == true; },
-                           kLong))
+    ASSERT_TRUE(
+        Eventually([&] { return Status(w)["last_error"].is_null() && Status(w)["cluster"]["member"] == true; }, kLong))
         << Status(w).dump();
   }
   ASSERT_TRUE(Reconfigure(0, "tp=2,pp=3,per_worker=2,replicas=2").ok());

@@ -5,12 +5,12 @@
 #include <optional>
 #include <string>
 
-#include "fs/rank_files.h"
 #include "ptc/store/store.h"
 #include "tools/cli_numbers.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
 #include "transform/execute.h"
+#include "view/rank_files.h"
 
 namespace ptcfs {
 namespace {

@@ -2,23 +2,22 @@
 #include <memory>
 #include <optional>
 
-#include "fs/dcp_file.h"
-#include "fs/hf_file.h"
-#include "fs/megatron_file.h"
-#include "ptc/checkpoint/export.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
 #include "ptc/store/model_spec.h"
 #include "tools/commands.h"
 #include "tools/path_check.h"
 #include "tools/progress.h"
+#include "view/export.h"
+#include "view/hf_file.h"
+#include "view/megatron_file.h"
 
 namespace ptcfs {
 namespace {
 
 struct ExportArgs {
   std::string format = "safetensors", store, out;
-  std::optional<std::string> config;  // --config: required but for dcp
-  std::optional<std::string> names;   // --names, megatron only
+  std::optional<std::string> config;      // --config: required but for dcp
+  std::optional<std::string> names;       // --names, megatron only
   std::optional<std::string> shard_size;  // --shard-size, hf only
   std::optional<std::string> dcp_names;   // --dcp-names, dcp only
 };
@@ -49,7 +48,7 @@ ptc::Status RunExportMegatron(const ExportArgs& a, const ptc::ParallelConfig& co
                        "--names");
   PTC_ASSIGN_OR_RETURN(uint64_t total, MegatronBytes(layout));
   Progress progress("export", total);
-  return ptc::WriteFreshDirectory(
+  return WriteFreshDirectory(
       env, a.out, [&] { return ExportMegatron(env, *store, generation, layout, a.out, names, progress.fn()); });
 }
 
@@ -66,8 +65,8 @@ ptc::Status RunExportDcp(const ExportArgs& a) {
   Progress progress("export", total);
   const ptc::dcp::Keys keys =
       a.dcp_names.value_or("torch") == "torchtitan" ? ptc::dcp::Keys::kTorchtitan : ptc::dcp::Keys::kTorch;
-  return ptc::WriteFreshDirectory(env, a.out,
-                                  [&] { return ExportDcp(env, *store, generation, a.out, progress.fn(), keys); });
+  return WriteFreshDirectory(env, a.out,
+                             [&] { return ExportDcp(env, *store, generation, a.out, progress.fn(), keys); });
 }
 
 // A Hugging Face model has no parallel config either; its optimizer state is not carried.
@@ -88,8 +87,8 @@ ptc::Status RunExportHf(const ExportArgs& a) {
   uint64_t total = 0;
   for (const ptc::hf::Shard& s : plan.shards) total += s.bytes;
   Progress progress("export", total);
-  return ptc::WriteFreshDirectory(env, a.out,
-                                  [&] { return ExportHf(env, *store, generation, a.out, shard_bytes, progress.fn()); });
+  return WriteFreshDirectory(env, a.out,
+                             [&] { return ExportHf(env, *store, generation, a.out, shard_bytes, progress.fn()); });
 }
 
 ptc::Status RunExport(const ExportArgs& a) {
@@ -121,7 +120,7 @@ ptc::Status RunExport(const ExportArgs& a) {
   PTC_ASSIGN_OR_RETURN(const ptc::ModelLayout layout, ptc::ModelLayout::Make(std::move(spec), config));
   PTC_ASSIGN_OR_RETURN(uint64_t total, ptc::CheckpointBytes(layout));
   Progress progress("export", total);
-  return ptc::ExportCheckpoint(*store, layout, a.out, format, progress.fn());
+  return ExportCheckpoint(*store, layout, a.out, format, progress.fn());
 }
 
 }  // namespace

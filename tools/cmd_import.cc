@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "ptc/checkpoint/dcp_read.h"
-#include "ptc/checkpoint/hf_read.h"
+#include "ptc/checkpoint/dcp/read.h"
+#include "ptc/checkpoint/hf/read.h"
 #include "ptc/checkpoint/import.h"
-#include "ptc/checkpoint/megatron_import.h"
+#include "ptc/checkpoint/megatron/import.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
 #include "tools/commands.h"
 #include "tools/progress.h"

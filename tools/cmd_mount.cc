@@ -21,7 +21,7 @@
 #include "fs/mountinfo.h"
 #include "ptc/base/json_fields.h"
 #include "ptc/base/regular_file.h"
-#include "ptc/checkpoint/hf.h"
+#include "ptc/checkpoint/hf/hf.h"
 #include "tools/cli_numbers.h"
 #include "tools/cluster_mount.h"
 #include "tools/commands.h"
@@ -184,12 +184,14 @@ ptc::Status FuseUnmount(const std::string& mountpoint) {
   close(out[0]);
   if (spawned != 0) return ptc::ErrnoError("umount: running fusermount3 (Debian package fuse3)", spawned);
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return ptc::Status::OK();
   if (said.find("busy") != std::string::npos) {
-    return ptc::FailedPreconditionError(mountpoint + ": busy: a process has a file open there or its working "
-                                        "directory in it (`fuser -vm " + mountpoint + "` lists them); close them and "
+    return ptc::FailedPreconditionError(mountpoint +
+                                        ": busy: a process has a file open there or its working "
+                                        "directory in it (`fuser -vm " +
+                                        mountpoint +
+                                        "` lists them); close them and "
                                         "unmount again");
   }
   if (said.find("not found in") != std::string::npos || said.find("Invalid argument") != std::string::npos) {
@@ -292,6 +294,66 @@ ptc::Status RunReconfigure(const ReconfigureArgs& a) {
   }
 }
 
+// mount's options for a worker of a cluster job (group "Cluster").
+void AddClusterOptions(CLI::App* mount, ClusterArgs* cluster) {
+  mount
+      ->add_option("--cluster", cluster->url,
+                   "etcd://HOST:PORT[,HOST:PORT...]/JOB: this mount is worker --worker of JOB, its state\n"
+                   "agreed through etcd; a reconfigure on any worker's mount changes every worker's\n"
+                   "(docs/cluster.md). A store behind the job (or an empty directory: a new disk) first\n"
+                   "takes the job's committed generation from a live worker. When a worker's lease\n"
+                   "expires the others move onto the survivors (configs with replicas=R lose nothing\n"
+                   "while fewer than R workers are gone). Needs --worker, --listen and --token-file")
+      ->group("Cluster");
+  mount->add_option("--listen", cluster->listen, "HOST:PORT: where this worker serves its shard files to the others")
+      ->group("Cluster");
+  mount->add_option("--token-file", cluster->token_file, "the job's shared token (a file of mode 0600)")
+      ->group("Cluster");
+  mount->add_option("--lease", cluster->lease_seconds, "seconds after which a silent worker has left the job")
+      ->check(CLI::Range(2, 3600))
+      ->group("Cluster");
+  mount
+      ->add_option("--durable", cluster->durable,
+                   "DIR: the job's durable tier, a directory every worker sees at this path (a shared\n"
+                   "file system). The workers copy the job's tensors into it once; a piece that no live\n"
+                   "worker holds any more (more than replicas-1 workers lost) is read from it")
+      ->group("Cluster");
+  mount
+      ->add_option("--change-timeout", cluster->timeout_seconds,
+                   "seconds a reconfigure may take across the workers before it is aborted")
+      ->check(CLI::Range(1, 86400))
+      ->group("Cluster");
+}
+
+void AddReconfigureCommand(CLI::App& app, int* exit_code) {
+  auto r = std::make_shared<ReconfigureArgs>();
+  CLI::App* re = app.add_subcommand(
+      "reconfigure",
+      "Change the parallel config of a mounted store. The new layout is readable at once (served\n"
+      "from the current shards); the store is rewritten in the background and this command waits\n"
+      "for the commit, showing progress (unless --no-wait). A bad config is rejected, nothing changes.");
+  re->footer(
+      "With --step S the dataset position moves too: data/rank-RRRRR/ shows, for the new config,\n"
+      "the samples each rank reads from step S on (consumed = S x global batch), committed with the\n"
+      "new layout. Examples:\n"
+      "  ptcfs reconfigure /mnt/ptc --to tp=4,pp=1\n"
+      "  ptcfs reconfigure /mnt/ptc --to tp=2,pp=2,dp=3 --step 1200");
+  re->add_option("MOUNTPOINT", r->mountpoint, "a ptcfs mount")->required();
+  re->add_option("--to", r->to, "new parallel config, e.g. tp=4,pp=1")->required();
+  re->add_option("--step", r->step, "training steps taken in the epoch: the data position from which ranks read");
+  re->add_option("--epoch", r->epoch, "with --step: the epoch (default: the current one)")->needs("--step");
+  re->add_flag("--no-wait", r->no_wait, "return once the new layout is served");
+  re->callback([r, exit_code] { *exit_code = Report("reconfigure", RunReconfigure(*r)); });
+}
+
+void AddUmountCommand(CLI::App& app, int* exit_code) {
+  auto target = std::make_shared<std::string>();
+  CLI::App* um = app.add_subcommand(
+      "umount", "Unmount a ptcfs mount (fusermount3 -u) and wait until its daemon has exited (its store free).");
+  um->add_option("MOUNTPOINT", *target, "a ptcfs mount")->required();
+  um->callback([target, exit_code] { *exit_code = Report("umount", RunUmount(*target)); });
+}
+
 }  // namespace
 
 void AddMountCommands(CLI::App& app, int* exit_code) {
@@ -362,64 +424,13 @@ void AddMountCommands(CLI::App& app, int* exit_code) {
                    "new generation; a file with a bad block is served by the daemon from then on (its\n"
                    "reads fail that block with EIO) and named in .ptcfs/status \"passthrough\".\"scrub\"")
       ->check(AtLeast(1));
-  mount
-      ->add_option("--scrub-rate", m->scrub_rate,
-                   "MiB a second those checks read at most (default 256; 0: no checks)")
+  mount->add_option("--scrub-rate", m->scrub_rate, "MiB a second those checks read at most (default 256; 0: no checks)")
       ->check(AtLeast(0));
   AddRankFileCopiesOption(mount, &m->rank_file_copies);
-  mount
-      ->add_option("--cluster", m->cluster.url,
-                   "etcd://HOST:PORT[,HOST:PORT...]/JOB: this mount is worker --worker of JOB, its state\n"
-                   "agreed through etcd; a reconfigure on any worker's mount changes every worker's\n"
-                   "(docs/cluster.md). A store behind the job (or an empty directory: a new disk) first\n"
-                   "takes the job's committed generation from a live worker. When a worker's lease\n"
-                   "expires the others move onto the survivors (configs with replicas=R lose nothing\n"
-                   "while fewer than R workers are gone). Needs --worker, --listen and --token-file")
-      ->group("Cluster");
-  mount->add_option("--listen", m->cluster.listen, "HOST:PORT: where this worker serves its shard files to the others")
-      ->group("Cluster");
-  mount->add_option("--token-file", m->cluster.token_file, "the job's shared token (a file of mode 0600)")
-      ->group("Cluster");
-  mount->add_option("--lease", m->cluster.lease_seconds, "seconds after which a silent worker has left the job")
-      ->check(CLI::Range(2, 3600))
-      ->group("Cluster");
-  mount
-      ->add_option("--durable", m->cluster.durable,
-                   "DIR: the job's durable tier, a directory every worker sees at this path (a shared\n"
-                   "file system). The workers copy the job's tensors into it once; a piece that no live\n"
-                   "worker holds any more (more than replicas-1 workers lost) is read from it")
-      ->group("Cluster");
-  mount
-      ->add_option("--change-timeout", m->cluster.timeout_seconds,
-                   "seconds a reconfigure may take across the workers before it is aborted")
-      ->check(CLI::Range(1, 86400))
-      ->group("Cluster");
+  AddClusterOptions(mount, &m->cluster);
   mount->callback([m, exit_code] { *exit_code = Report("mount", RunMount(*m)); });
-
-  auto r = std::make_shared<ReconfigureArgs>();
-  CLI::App* re = app.add_subcommand(
-      "reconfigure",
-      "Change the parallel config of a mounted store. The new layout is readable at once (served\n"
-      "from the current shards); the store is rewritten in the background and this command waits\n"
-      "for the commit, showing progress (unless --no-wait). A bad config is rejected, nothing changes.");
-  re->footer(
-      "With --step S the dataset position moves too: data/rank-RRRRR/ shows, for the new config,\n"
-      "the samples each rank reads from step S on (consumed = S x global batch), committed with the\n"
-      "new layout. Examples:\n"
-      "  ptcfs reconfigure /mnt/ptc --to tp=4,pp=1\n"
-      "  ptcfs reconfigure /mnt/ptc --to tp=2,pp=2,dp=3 --step 1200");
-  re->add_option("MOUNTPOINT", r->mountpoint, "a ptcfs mount")->required();
-  re->add_option("--to", r->to, "new parallel config, e.g. tp=4,pp=1")->required();
-  re->add_option("--step", r->step, "training steps taken in the epoch: the data position from which ranks read");
-  re->add_option("--epoch", r->epoch, "with --step: the epoch (default: the current one)")->needs("--step");
-  re->add_flag("--no-wait", r->no_wait, "return once the new layout is served");
-  re->callback([r, exit_code] { *exit_code = Report("reconfigure", RunReconfigure(*r)); });
-
-  auto target = std::make_shared<std::string>();
-  CLI::App* um = app.add_subcommand(
-      "umount", "Unmount a ptcfs mount (fusermount3 -u) and wait until its daemon has exited (its store free).");
-  um->add_option("MOUNTPOINT", *target, "a ptcfs mount")->required();
-  um->callback([target, exit_code] { *exit_code = Report("umount", RunUmount(*target)); });
+  AddReconfigureCommand(app, exit_code);
+  AddUmountCommand(app, exit_code);
   AddClusterCommand(app, exit_code);
 }
 

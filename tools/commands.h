@@ -12,7 +12,7 @@
 
 namespace ptcfs {
 
-// --names of `export --format megatron` and `mount` (ptc/checkpoint/megatron_names.h).
+// --names of `export --format megatron` and `mount` (ptc/checkpoint/megatron/names.h).
 inline constexpr const char* kMegatronNamesHelp =
     "Megatron-Core's names in the Megatron files, which also give the parameter order that\n"
     "numbers the optimizer state: te (default; with Transformer Engine, each layer's norms are\n"
@@ -22,7 +22,7 @@ inline constexpr const char* kMegatronNamesHelp =
     "these norms (megatron-gpt) read the same either way; saves and imports take either set\n"
     "(docs/megatron_format.md)";
 
-// --dcp-names of `export --format dcp` and `mount` (ptc/checkpoint/dcp.h).
+// --dcp-names of `export --format dcp` and `mount` (ptc/checkpoint/dcp/dcp.h).
 inline constexpr const char* kDcpNamesHelp =
     "the keys of the DCP checkpoint: torch (default: model.P and optim.state.P.K, P the\n"
     "store's (Megatron-Core's) names, as torch flattens {\"model\": ..., \"optim\": ...}) or\n"
@@ -76,7 +76,7 @@ ptc::Result<ptc::StoreLock> LockStore(const std::string& store, bool wait, bool 
 // The --wait flag of a writing command.
 void AddWaitFlag(CLI::App* sub, bool* wait);
 
-// --rank-file-copies of compact and mount (fs/rank_files.h, ParseCopyBudget),
+// --rank-file-copies of compact and mount (view/rank_files.h, ParseCopyBudget),
 // checked as it is parsed (a bad value is a usage error).
 void AddRankFileCopiesOption(CLI::App* sub, std::string* value);
 

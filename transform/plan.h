@@ -42,7 +42,7 @@ struct PlanRequest {
   std::set<int> last_resort = {};
   // Each target one box: a shard of several boxes (a fused tensor's parts)
   // becomes one target per box, each stored as a piece of its own (the
-  // chunks of a DCP rank file, fs/rank_files.h).
+  // chunks of a DCP rank file, view/rank_files.h).
   bool box_targets = false;
 };
 

@@ -83,7 +83,7 @@ bool IsAllowedGlobal(const std::string& module, const std::string& name) {
       "numpy._core.numeric._frombuffer",
       "numpy.ndarray",
       "numpy.dtype",
-      // PyTorch DCP's .metadata (ptc/checkpoint/dcp_read.h), kept opaque
+      // PyTorch DCP's .metadata (ptc/checkpoint/dcp/read.h), kept opaque
       "torch.distributed.checkpoint.metadata.Metadata",
       "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
       "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
@@ -165,8 +165,8 @@ bool IsDottedName(std::string_view text) {
 Status Unpickler::PushGlobal(std::string module, std::string name) {
   module = FixModule(std::move(module));
   if (!IsDottedName(module) || !IsDottedName(name))
-    return InvalidArgumentError("global " + Abbreviate(Printable(module + "." + name)) + " in " + what_ +
-                                " at byte " + std::to_string(op_pos_) + ": not a Python module and class name");
+    return InvalidArgumentError("global " + Abbreviate(Printable(module + "." + name)) + " in " + what_ + " at byte " +
+                                std::to_string(op_pos_) + ": not a Python module and class name");
   if (!IsAllowedGlobal(module, name))
     return InvalidArgumentError("unknown global '" + module + "." + name + "' in " + what_ + " at byte " +
                                 std::to_string(op_pos_) + "; ptcfs loads only checkpoint contents");

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "ptc/checkpoint/dcp_read.h"
+#include "ptc/checkpoint/dcp/read.h"
 
 namespace {
 

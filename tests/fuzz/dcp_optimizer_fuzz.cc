@@ -16,8 +16,8 @@
 #include <string_view>
 #include <vector>
 
-#include "ptc/checkpoint/dcp.h"
-#include "ptc/checkpoint/dcp_read.h"
+#include "ptc/checkpoint/dcp/dcp.h"
+#include "ptc/checkpoint/dcp/read.h"
 #include "ptc/format/torch_file.h"
 
 namespace {

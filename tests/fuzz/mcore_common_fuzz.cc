@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ptc/checkpoint/megatron_optimizer.h"
+#include "ptc/checkpoint/megatron/optimizer.h"
 #include "ptc/format/torch_file.h"
 
 namespace {

@@ -14,10 +14,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "fs/save_parts.h"
 #include "ptc/model/config.h"
 #include "ptc/model/dims.h"
 #include "ptc/model/schema.h"
+#include "view/save_parts.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const nlohmann::json extra = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);

@@ -1,0 +1,157 @@
+// torchtitan's names of a Llama model in a DCP checkpoint (dcp.h, TorchtitanTensors).
+#include <algorithm>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ptc/checkpoint/dcp/dcp.h"
+#include "ptc/checkpoint/hf/hf.h"
+
+namespace ptc::dcp {
+namespace {
+
+// HF's Llama names (hf.h) -> torchtitan's (a layer's without "model.layers.I." / "layers.I.").
+struct Rename {
+  bool layer;
+  std::string_view hf, titan;
+  bool rope = false;  // rows in torchtitan's RoPE order
+};
+constexpr Rename kRenames[] = {
+    {false, "model.embed_tokens.weight", "tok_embeddings.weight"},
+    {false, "model.norm.weight", "norm.weight"},
+    {false, "lm_head.weight", "lm_head.weight"},
+    {true, "self_attn.q_proj.weight", "attention.qkv_linear.wq.weight", true},
+    {true, "self_attn.k_proj.weight", "attention.qkv_linear.wk.weight", true},
+    {true, "self_attn.v_proj.weight", "attention.qkv_linear.wv.weight"},
+    {true, "self_attn.o_proj.weight", "attention.wo.weight"},
+    {true, "mlp.gate_proj.weight", "feed_forward.w1.weight"},
+    {true, "mlp.up_proj.weight", "feed_forward.w3.weight"},
+    {true, "mlp.down_proj.weight", "feed_forward.w2.weight"},
+    {true, "input_layernorm.weight", "attention_norm.weight"},
+    {true, "post_attention_layernorm.weight", "ffn_norm.weight"},
+};
+
+const Rename* Find(const std::string& hf, std::string* titan) {
+  constexpr std::string_view kLayers = "model.layers.";
+  const size_t dot = hf.rfind(kLayers, 0) == 0 ? hf.find('.', kLayers.size()) : std::string::npos;
+  const bool layer = dot != std::string::npos;
+  const std::string prefix = layer ? "layers." + hf.substr(kLayers.size(), dot - kLayers.size() + 1) : "";
+  const std::string_view rest = layer ? std::string_view(hf).substr(dot + 1) : std::string_view(hf);
+  for (const Rename& r : kRenames) {
+    if (r.layer == layer && r.hf == rest) {
+      *titan = prefix + std::string(r.titan);
+      return &r;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+Result<std::vector<Tensor>> TorchtitanTensors(const ModelSpec& spec) {
+  PTC_ASSIGN_OR_RETURN(const hf::Model model, hf::MapModel(spec), "torchtitan names");
+  if (model.arch != hf::Arch::kLlama) {
+    return InvalidArgumentError("schema " + spec.schema.name +
+                                ": torchtitan's names are Llama's (the built-in llama schema); docs/dcp_format.md");
+  }
+  const Index head_dim = spec.dims.head_dim;
+  if (head_dim % 2 != 0) {
+    return InvalidArgumentError("dims " + spec.dims.ToString() + ": torchtitan's RoPE needs an even head_dim");
+  }
+  std::vector<Tensor> params;
+  for (const LocalTensor& hf : model.tensors) {
+    std::string name;
+    const Rename* r = Find(hf.name, &name);
+    if (r == nullptr) return InternalError("no torchtitan name for " + hf.name);
+    // The HF tensor's segments are row blocks of one global tensor, dense in order.
+    Tensor t{hf.segments.front().tensor, name, {name}, hf.dtype, hf.shape};
+    const Index inner = NumElements(hf.shape) / hf.shape[0];
+    for (const Segment& s : hf.segments) {
+      if (s.tensor != t.name || s.layout.offset % inner != 0)
+        return InternalError("HF tensor " + hf.name + " is no row cut");
+      const Index dst = s.layout.offset / inner, rows = s.box.end[0] - s.box.begin[0];
+      if (!r->rope) {
+        t.blocks.push_back(RowBlock{dst, rows, {s.box.begin[0]}});
+        continue;
+      }
+      if (rows % head_dim != 0) return InternalError("HF tensor " + hf.name + " cuts a head");
+      for (Index h = 0; h < rows; h += head_dim) {  // a head: its halves woven
+        const Index src = s.box.begin[0] + h;
+        t.blocks.push_back(RowBlock{dst + h, head_dim, {src, src + head_dim / 2}});
+      }
+    }
+    params.push_back(std::move(t));
+  }
+  std::vector<Tensor> out = params;
+  if (!spec.optimizer) return out;
+  // The optimizer's parameters are the model's but for wq, wk and wv: one fused
+  // wqkv, linear_qkv's rows in its group-major order with q and k heads woven.
+  std::vector<Tensor> optimized;
+  const Index groups = spec.dims.kv_heads, per_group = spec.dims.heads / spec.dims.kv_heads;
+  for (const Tensor& p : params) {
+    const size_t at = p.key.find(".qkv_linear.wq.");
+    if (at == std::string::npos) {
+      if (p.key.find(".qkv_linear.wk.") == std::string::npos && p.key.find(".qkv_linear.wv.") == std::string::npos) {
+        optimized.push_back(p);
+      }
+      continue;
+    }
+    Tensor fused{p.name,
+                 p.key.substr(0, at) + ".qkv_linear.wqkv.weight",
+                 {},
+                 p.dtype,
+                 Shape{(per_group + 2) * groups * head_dim, p.shape[1]}};
+    for (Index g = 0; g < groups; ++g) {
+      const Index base = g * (per_group + 2) * head_dim;
+      for (Index h = 0; h <= per_group; ++h) {  // the group's q heads, then its k head
+        const Index src = base + h * head_dim;
+        fused.blocks.push_back(RowBlock{src, head_dim, {src, src + head_dim / 2}});
+      }
+      const Index v = base + (per_group + 1) * head_dim;
+      fused.blocks.push_back(RowBlock{v, head_dim, {v}});
+    }
+    optimized.push_back(std::move(fused));
+  }
+  {
+    for (const Tensor& p : optimized) {
+      for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+        Tensor s = p;
+        s.name = p.name + "." + kind;
+        s.dtype = DType::kF32;
+        const std::string state = "state." + p.key + "." + kind;
+        s.key = "optimizer." + state;
+        s.path = {"optimizer", state};
+        out.push_back(std::move(s));
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<Segment> ChunkSegments(const Tensor& t, const Box& box) {
+  if (t.blocks.empty()) return {Segment{t.name, box, DenseLayout(box)}};
+  const Layout dense = DenseLayout(box);
+  std::vector<Segment> out;
+  for (const RowBlock& b : t.blocks) {
+    const Index n = static_cast<Index>(b.src.size());
+    const Index first = std::max(box.begin[0], b.dst), last = std::min(box.end[0], b.dst + b.rows);
+    if (first >= last) continue;
+    for (Index j = 0; j < n; ++j) {
+      // Rows dst + k*n + j in [first, last).
+      const auto ceil_div = [](Index a, Index d) { return a <= 0 ? 0 : (a + d - 1) / d; };
+      const Index k0 = ceil_div(first - b.dst - j, n), k1 = ceil_div(last - b.dst - j, n);
+      if (k0 >= k1) continue;
+      Box src = box;
+      src.begin[0] = b.src[static_cast<size_t>(j)] + k0;
+      src.end[0] = b.src[static_cast<size_t>(j)] + k1;
+      Layout layout = dense;
+      layout.offset = (b.dst + k0 * n + j - box.begin[0]) * dense.strides[0];
+      layout.strides[0] *= n;
+      out.push_back(Segment{t.name, std::move(src), std::move(layout)});
+    }
+  }
+  return out;
+}
+
+}  // namespace ptc::dcp

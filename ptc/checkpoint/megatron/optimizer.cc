@@ -1,0 +1,358 @@
+#include "ptc/checkpoint/megatron/optimizer.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "ptc/format/torch_file.h"
+
+namespace ptc::megatron {
+namespace {
+
+using pickle::Value;
+
+// A number of a group's settings (int or float), or nullopt.
+std::optional<double> Number(const Value& group, std::string_view key) {
+  const Value* v = group.Find(key);
+  if (v == nullptr) return std::nullopt;
+  if (v->kind() == pickle::Kind::kFloat) return v->as_float();
+  if (v->kind() == pickle::Kind::kInt) return static_cast<double>(v->as_int());
+  return std::nullopt;
+}
+
+// The file's group without weight decay among two: wd_mult 0, else
+// weight_decay 0 in one group only, else the second (Megatron's order).
+size_t NoDecayGroup(const pickle::Items& groups) {
+  for (const char* key : {"wd_mult", "weight_decay"}) {
+    std::vector<size_t> zero;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (Number(groups[g], key) == 0.0) zero.push_back(g);
+    }
+    if (zero.size() == 1) return zero[0];
+  }
+  return 1;
+}
+
+// Megatron's groups of the rank's parameters: indices into view.model.
+std::array<std::vector<size_t>, 2> MegatronGroups(const RankView& view) {
+  std::array<std::vector<size_t>, 2> groups;
+  for (size_t i = 0; i < view.model.size(); ++i) groups[WithoutWeightDecay(view.model[i]) ? 1 : 0].push_back(i);
+  return groups;
+}
+
+// torch.optim.Adam's defaults, with Megatron's multipliers (group 1: no weight decay).
+Value DefaultSettings(size_t group) {
+  Value d = Value::Dict();
+  d.Set("lr", Value::Float(1e-3));
+  d.Set("betas", Value::Tuple({Value::Float(0.9), Value::Float(0.999)}));
+  d.Set("eps", Value::Float(1e-8));
+  d.Set("weight_decay", Value::Float(0.0));
+  d.Set("amsgrad", Value::Bool(false));
+  d.Set("wd_mult", Value::Float(group == 0 ? 1.0 : 0.0));
+  d.Set("lr_mult", Value::Float(1.0));
+  // Megatron-Core matches a loaded group to its own by these and the two
+  // multipliers (MegatronOptimizer._filter_and_reorder_param_groups).
+  d.Set("is_expert_parallel", Value::Bool(false));
+  d.Set("is_decoupled_lr", Value::Bool(false));
+  return d;
+}
+
+// Group g's settings as rendered: the kept ones of two groups; else the
+// defaults, with the kept ones of a single group over them (but for the
+// weight decay of group 1, which has none).
+Value Settings(const OptimizerMeta& meta, size_t g) {
+  const pickle::Items& kept = meta.groups.items();
+  if (kept.size() == 2 && kept[g].is_dict()) return kept[g];
+  Value out = DefaultSettings(g);
+  if (kept.size() == 1 && kept[0].is_dict()) {
+    for (const auto& [k, v] : kept[0].pairs()) {
+      const bool decay = k.kind() == pickle::Kind::kStr && (k.as_str() == "weight_decay" || k.as_str() == "wd_mult");
+      if (g == 0 || !decay) out.Set(k, v);
+    }
+  }
+  return out;
+}
+
+// A 0-dim float32 tensor of storage `key`.
+Value ScalarTensor(const std::string& key) {
+  pickle::Tensor t;
+  t.storage_key = key;
+  t.dtype = DType::kF32;
+  t.storage_numel = 1;
+  return Value::FromTensor(std::move(t));
+}
+
+// The bytes of a float32 `iteration`: a step of torch Adam.
+std::string IterationStep(uint64_t iteration) {
+  const float f = static_cast<float>(iteration);
+  std::string b(sizeof(f), '\0');
+  std::memcpy(b.data(), &f, sizeof(f));
+  return b;
+}
+
+}  // namespace
+
+bool WithoutWeightDecay(const LocalTensor& param) {
+  return param.shape.size() == 1 || std::string_view(param.name).ends_with(".bias");
+}
+
+Result<OptimizerLayout> ReadOptimizerLayout(const RankView& view, const Value& optimizer, const std::string& what) {
+  const std::string where = what + ": optimizer/optimizer/param_groups";
+  const Value* inner = optimizer.Find("optimizer");
+  const Value* groups = inner == nullptr ? nullptr : inner->Find("param_groups");
+  if (groups == nullptr || !groups->is_sequence()) return InvalidArgumentError(where + ": missing or not a list");
+  const pickle::Items& g = groups->items();
+  OptimizerLayout layout;
+  // members[file group]: the rank's parameters it holds, in order.
+  std::vector<std::vector<size_t>> members;
+  const auto groups_of = MegatronGroups(view);
+  if (g.size() == 1) {
+    members.emplace_back();
+    for (size_t i = 0; i < view.model.size(); ++i) members[0].push_back(i);
+    layout.file_groups = {0};
+  } else if (g.size() == 2) {
+    const size_t no_decay = NoDecayGroup(g);
+    members.resize(2);
+    members[1 - no_decay] = groups_of[0];
+    members[no_decay] = groups_of[1];
+    layout.file_groups = {1 - no_decay, no_decay};
+  } else {
+    return InvalidArgumentError(where + ": " + std::to_string(g.size()) +
+                                " groups (Megatron's two, weight decay and none, or one)");
+  }
+  layout.slots.resize(view.model.size());
+  for (size_t f = 0; f < g.size(); ++f) {
+    const std::string label = where + "/" + std::to_string(f) + "/params";
+    const Value* params = g[f].Find("params");
+    if (params == nullptr || !params->is_sequence()) return InvalidArgumentError(label + ": missing or not a list");
+    if (params->items().size() != members[f].size()) {
+      std::string why = g.size() == 1 ? std::to_string(view.model.size()) + " parameters of the rank"
+                                      : "the rank's " + std::to_string(view.model.size()) + " parameters make " +
+                                            std::to_string(groups_of[0].size()) + " with weight decay and " +
+                                            std::to_string(groups_of[1].size()) +
+                                            " without (Megatron's rule: 1-D parameters and biases have none)";
+      return InvalidArgumentError(label + ": " + std::to_string(params->items().size()) + " parameters, " +
+                                  std::to_string(members[f].size()) + " expected: " + why);
+    }
+    for (size_t j = 0; j < members[f].size(); ++j) {
+      const Value& key = params->items()[j];
+      if (key.kind() != pickle::Kind::kInt) {
+        return InvalidArgumentError(label + "/" + std::to_string(j) + ": a " +
+                                    std::string(pickle::KindName(key.kind())) + ", not an int");
+      }
+      layout.slots[members[f][j]] = {f, j, key};
+    }
+  }
+  return layout;
+}
+
+std::vector<Value> OptimizerPath(const OptimizerLayout& layout, std::string_view kind, size_t i) {
+  const OptimizerLayout::Slot& s = layout.slots[i];
+  if (kind == "fp32") {
+    return {Value::Str("optimizer"), Value::Str("fp32_from_fp16_params"), Value::Int(static_cast<int64_t>(s.group)),
+            Value::Int(static_cast<int64_t>(s.position))};
+  }
+  return {Value::Str("optimizer"), Value::Str("optimizer"), Value::Str("state"), s.key, Value::Str(std::string(kind))};
+}
+
+Value GroupSettings(const OptimizerLayout& layout, const Value& optimizer) {
+  const pickle::Items& groups = optimizer.Find("optimizer")->Find("param_groups")->items();
+  Value out = Value::List();
+  for (size_t f : layout.file_groups) {
+    Value settings = groups[f].is_dict() ? groups[f] : Value::Dict();
+    while (settings.is_dict() && settings.Erase("params")) {}
+    out.items().push_back(std::move(settings));
+  }
+  return out;
+}
+
+void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t iteration,
+                     const std::function<Value(const LocalTensor&)>& add, RankState* out) {
+  std::map<std::string, size_t> param_index;
+  for (size_t i = 0; i < view.model.size(); ++i) param_index[view.model[i].name] = i;
+  // kinds[i]: the optimizer tensors of parameter i by kind.
+  std::vector<std::map<std::string, const LocalTensor*>> kinds(view.model.size());
+  for (const LocalTensor& t : view.optim) {
+    const size_t dot = t.name.rfind('.');
+    kinds[param_index.at(t.name.substr(0, dot))][t.name.substr(dot + 1)] = &t;
+  }
+  std::map<std::string, const StepValue*> step_of;
+  for (const StepValue& s : meta.steps) {
+    for (const std::string& p : s.params) step_of[p] = &s;
+  }
+  const CarriedTensor* default_step = nullptr;
+  auto step = [&](size_t i, int64_t key) -> Value {
+    const std::string storage = "s" + std::to_string(key);
+    const auto it = view.model[i].segments.empty() ? step_of.end() : step_of.find(view.model[i].segments[0].tensor);
+    const CarriedTensor* bytes = nullptr;
+    Value v;
+    if (it != step_of.end()) {
+      v = it->second->value;
+      if (!v.is_tensor()) return v;
+      bytes = &it->second->tensors.at(0);
+    } else {
+      if (default_step == nullptr) {
+        out->own.push_back({"s", DType::kF32, 1, IterationStep(iteration)});
+        default_step = &out->own.back();
+      }
+      v = ScalarTensor(storage);
+      bytes = default_step;
+    }
+    // Each state its own storage: Adam adds to its step in place.
+    v.tensor().storage_key = storage;
+    out->storages.push_back({storage, nullptr, bytes});
+    return v;
+  };
+  Value state = Value::Dict(), param_groups = Value::List(), masters = Value::List();
+  int64_t key = 0;
+  for (const auto& members : MegatronGroups(view)) {
+    Value params = Value::List(), fp32 = Value::List();
+    for (size_t i : members) {
+      Value s = Value::Dict();
+      s.Set("step", step(i, key));
+      for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+        if (const auto k = kinds[i].find(kind); k != kinds[i].end()) s.Set(kind, add(*k->second));
+      }
+      if (const auto k = kinds[i].find("fp32"); k != kinds[i].end()) fp32.items().push_back(add(*k->second));
+      state.pairs().emplace_back(Value::Int(key), std::move(s));  // a fresh key: no Set's scan
+      params.items().push_back(Value::Int(key++));
+    }
+    Value group = Settings(meta, param_groups.items().size());
+    group.Set("params", std::move(params));
+    param_groups.items().push_back(std::move(group));
+    masters.items().push_back(std::move(fp32));
+  }
+  Value inner = Value::Dict();
+  inner.Set("state", std::move(state));
+  inner.Set("param_groups", std::move(param_groups));
+  // Megatron's order: optimizer, grad_scaler (kept), fp32_from_fp16_params.
+  Value optimizer = Value::Dict();
+  optimizer.Set("optimizer", std::move(inner));
+  if (const Value* kept = out->root.Find("optimizer"); kept != nullptr && kept->is_dict()) {
+    for (const auto& [k, v] : kept->pairs()) optimizer.Set(k, v);
+  }
+  optimizer.Set("fp32_from_fp16_params", std::move(masters));
+  out->root.Set("optimizer", std::move(optimizer));
+}
+
+Value RenderedSettings(const OptimizerMeta& meta, size_t g) { return Settings(meta, g); }
+
+StepValue RenderedStep(const OptimizerMeta& meta, const std::string& param, uint64_t iteration) {
+  for (const StepValue& s : meta.steps) {
+    if (std::find(s.params.begin(), s.params.end(), param) != s.params.end()) return s;
+  }
+  return StepValue{{param}, ScalarTensor("s"), {{"s", DType::kF32, 1, IterationStep(iteration)}}};
+}
+
+Result<Value> McoreOptimizerCommon(const MegatronState& state, bool masters, std::vector<CarriedTensor>* storages) {
+  const OptimizerMeta& meta = state.optimizer;
+  if (meta.steps.size() > 1) {
+    return FailedPreconditionError("the Adam step of " + meta.steps[0].params.at(0) + " differs from that of " +
+                                   meta.steps[1].params.at(0) +
+                                   ": Megatron-Core's torch_dist keeps one step for every parameter");
+  }
+  Value step;
+  if (meta.steps.empty()) {
+    storages->push_back({"s", DType::kF32, 1, IterationStep(state.iteration)});
+    step = ScalarTensor("s");
+  } else {
+    step = meta.steps[0].value;
+    if (step.is_tensor()) storages->push_back(meta.steps[0].tensors.at(0));  // key "s"
+  }
+  Value groups = Value::List();
+  for (size_t g = 0; g < 2; ++g) groups.items().push_back(Settings(meta, g));
+  Value inner = Value::Dict();
+  inner.Set("param_groups", std::move(groups));
+  inner.Set("state", Value::Dict({{Value::Str("common_step"), std::move(step)}}));
+  if (!masters) return inner;
+  Value out = Value::Dict();
+  out.Set("optimizer", std::move(inner));
+  const Value* kept = state.carried.is_dict() ? state.carried.Find("optimizer") : nullptr;
+  if (kept != nullptr && kept->is_dict()) {
+    std::set<std::string> used;
+    for (const auto& [k, v] : kept->pairs()) {
+      out.Set(k, v);
+      pickle::ForEachTensor(v, [&](const std::string&, const pickle::Tensor& t) { used.insert(t.storage_key); });
+    }
+    for (const CarriedTensor& c : state.tensors) {
+      if (used.count(c.key) != 0) storages->push_back(c);
+    }
+  }
+  return out;
+}
+
+Result<McoreOptimizerCommonPart> ReadMcoreOptimizerCommon(
+    const Value& optimizer, const std::vector<std::string>& params,
+    const std::function<Result<std::string>(const pickle::Tensor&)>& read, const std::string& what) {
+  if (!optimizer.is_dict()) return InvalidArgumentError(what + ": optimizer: not a dict");
+  const Value* nested = optimizer.Find("optimizer");
+  const bool float16 = nested != nullptr && nested->is_dict();
+  const Value& inner = float16 ? *nested : optimizer;
+  const std::string where = what + (float16 ? ": optimizer/optimizer" : ": optimizer");
+  McoreOptimizerCommonPart out;
+  const Value* groups = inner.Find("param_groups");
+  if (groups == nullptr || !groups->is_sequence() || groups->items().empty() || groups->items().size() > 2) {
+    return InvalidArgumentError(where + "/param_groups: a list of one or two groups expected");
+  }
+  pickle::Items settings = groups->items();
+  for (Value& g : settings) {
+    if (!g.is_dict()) return InvalidArgumentError(where + "/param_groups: a group is not a dict");
+    while (g.Erase("params")) {}  // a pickled dict may repeat a key
+  }
+  if (settings.size() == 2 && NoDecayGroup(settings) == 0) std::swap(settings[0], settings[1]);
+  out.meta.groups = Value::List(std::move(settings));
+  const Value* state = inner.Find("state");
+  const Value* step = state == nullptr ? nullptr : state->Find("common_step");
+  if (step == nullptr) {
+    // Megatron-Core leaves out a step that is 0 (`if step:`): torch Adam's float32 0.
+    out.meta.steps.push_back({params, ScalarTensor("s"), {{"s", DType::kF32, 1, IterationStep(0)}}});
+  } else {
+    StepValue value{params, *step, {}};
+    if (step->is_tensor()) {
+      pickle::Tensor& t = value.value.tensor();
+      if (TensorNumElements(t) != 1) return InvalidArgumentError(where + "/state/common_step: not one number");
+      PTC_ASSIGN_OR_RETURN(std::string bytes, read(t));
+      value.tensors.push_back({"s", t.dtype, 1, std::move(bytes)});
+      PointAtOwnStorage("s", t);
+    } else if (step->kind() != pickle::Kind::kInt && step->kind() != pickle::Kind::kFloat) {
+      return InvalidArgumentError(where + "/state/common_step: a " + std::string(pickle::KindName(step->kind())) +
+                                  ", not a tensor or a number");
+    }
+    out.meta.steps.push_back(std::move(value));
+  }
+  if (!float16) return out;
+  out.kept = Value::Dict();
+  for (const auto& [k, v] : optimizer.pairs()) {
+    if (k.kind() == pickle::Kind::kStr && (k.as_str() == "optimizer" || k.as_str() == "fp32_from_fp16_params")) {
+      continue;
+    }
+    const Value& name = k;  // a structured binding is not captured by the lambda below
+    Value entry = v;
+    Status error;
+    pickle::ForEachTensor(entry, [&](const std::string& path, pickle::Tensor& t) {
+      if (!error.ok()) return;
+      if (TensorNumBytes(t) > kMaxCarriedTensorBytes) {
+        error = InvalidArgumentError(what + ": optimizer/" + name.DebugString() + path + ": a tensor of " +
+                                     std::to_string(TensorNumBytes(t)) + " bytes (at most " +
+                                     std::to_string(kMaxCarriedTensorBytes) + " are kept)");
+        return;
+      }
+      auto bytes = read(t);
+      if (!bytes.ok()) {
+        error = bytes.status();
+        return;
+      }
+      const std::string key = "g" + std::to_string(out.tensors.size());
+      out.tensors.push_back({key, t.dtype, TensorNumElements(t), std::move(bytes).value()});
+      PointAtOwnStorage(key, t);
+    });
+    PTC_RETURN_IF_ERROR(error);
+    out.kept.Set(k, std::move(entry));
+  }
+  if (out.kept.pairs().empty()) out.kept = Value::None();
+  return out;
+}
+
+}  // namespace ptc::megatron

@@ -1,0 +1,178 @@
+#include "view/megatron_file.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "ptc/format/zip_writer.h"
+
+namespace ptcfs {
+namespace {
+
+constexpr size_t kChunk = 1 << 20;
+
+uint64_t TensorBytes(const ptc::LocalTensor& t) { return ptc::NumElements(t.shape) * ptc::DTypeSize(t.dtype); }
+
+// One local tensor alone, as a file of its bytes.
+ptc::Result<std::unique_ptr<VirtualFile>> TensorFile(const ptc::GenerationReader& reader, const ptc::LocalTensor& t,
+                                                     int prefer_worker) {
+  std::vector<Extent> extents;
+  PTC_RETURN_IF_ERROR(AppendTensorExtents(reader, t, 0, prefer_worker, &extents));
+  return std::make_unique<VirtualFile>(std::string(), std::move(extents), TensorBytes(t));
+}
+
+std::vector<ptc::TorchStorageSpec> StorageSpecs(const ptc::megatron::RankState& state) {
+  std::vector<ptc::TorchStorageSpec> specs;
+  for (const auto& s : state.storages) {
+    if (s.tensor != nullptr) {
+      specs.push_back({s.key, s.tensor->dtype, static_cast<uint64_t>(ptc::NumElements(s.tensor->shape)), 0});
+    } else {
+      specs.push_back({s.key, s.carried->dtype, s.carried->numel, 0});
+    }
+  }
+  return specs;
+}
+
+}  // namespace
+
+ptc::Result<MegatronFilePlan> PlanMegatronFile(const ptc::ModelSpec& spec, const ptc::ParallelConfig& config,
+                                               const ptc::RankView& view, const ptc::megatron::MegatronState& state,
+                                               ptc::megatron::NameSet names) {
+  MegatronFilePlan plan;
+  PTC_ASSIGN_OR_RETURN(plan.state, ptc::megatron::BuildRankState(spec, config, view, state, names));
+  PTC_ASSIGN_OR_RETURN(plan.torch, ptc::PlanTorchFile(kMegatronArchive, plan.state.root, StorageSpecs(plan.state)));
+  PTC_ASSIGN_OR_RETURN(ptc::ZipLayout layout, ptc::LayoutTorchFile(plan.torch));
+  plan.size = layout.size;
+  return plan;
+}
+
+ptc::Result<std::vector<uint32_t>> StorageCrcs(const ptc::GenerationReader& reader, const MegatronFilePlan& plan,
+                                               int prefer_worker, const ShardCheck& check) {
+  std::vector<uint32_t> crcs;
+  std::unique_ptr<char[]> buf(new char[kChunk]);
+  for (const auto& storage : plan.state.storages) {
+    if (storage.carried != nullptr) {
+      crcs.push_back(ptc::Crc32(0, storage.carried->bytes.data(), storage.carried->bytes.size()));
+      continue;
+    }
+    PTC_ASSIGN_OR_RETURN(auto file, TensorFile(reader, *storage.tensor, prefer_worker));
+    uint32_t crc = 0;
+    for (uint64_t off = 0; off < file->size();) {
+      PTC_ASSIGN_OR_RETURN(size_t n, file->Read(off, kChunk, buf.get(), check));
+      crc = ptc::Crc32(crc, buf.get(), n);
+      off += n;
+    }
+    crcs.push_back(crc);
+  }
+  return crcs;
+}
+
+ptc::Result<MegatronFileBytes> LayMegatronFile(const MegatronFilePlan& plan, const std::vector<uint32_t>& crcs) {
+  ptc::TorchFilePlan torch = plan.torch;
+  if (crcs.size() != torch.storage_members.size()) return ptc::InternalError("one CRC per storage expected");
+  for (size_t i = 0; i < crcs.size(); ++i) torch.members[torch.storage_members[i]].crc32 = crcs[i];
+  PTC_ASSIGN_OR_RETURN(ptc::ZipLayout layout, ptc::LayoutTorchFile(torch));
+  MegatronFileBytes out;
+  out.size = layout.size;
+  auto add_literal = [&](uint64_t offset, std::string_view bytes) {
+    MegatronFilePart* last = out.parts.empty() ? nullptr : &out.parts.back();
+    if (last != nullptr && last->tensor == nullptr && last->offset + last->literal.size() == offset) {
+      last->literal.append(bytes);
+    } else {
+      out.parts.push_back({offset, std::string(bytes), nullptr});
+    }
+  };
+  for (const ptc::ZipPiece& piece : layout.pieces) {
+    if (piece.size == 0) continue;
+    if (piece.is_literal()) {
+      add_literal(piece.offset, piece.literal);
+      continue;
+    }
+    const size_t member = static_cast<size_t>(piece.member);
+    const int64_t storage = torch.member_storage[member];
+    if (storage < 0) {
+      add_literal(piece.offset, std::string_view(torch.contents[member]).substr(piece.member_offset, piece.size));
+      continue;
+    }
+    const auto& s = plan.state.storages[static_cast<size_t>(storage)];
+    if (s.carried != nullptr) {
+      add_literal(piece.offset, std::string_view(s.carried->bytes).substr(piece.member_offset, piece.size));
+      continue;
+    }
+    if (piece.member_offset != 0 || piece.size != TensorBytes(*s.tensor)) {
+      return ptc::InternalError("a storage member split across zip pieces");
+    }
+    out.parts.push_back({piece.offset, {}, s.tensor});
+  }
+  return out;
+}
+
+ptc::Result<std::unique_ptr<VirtualFile>> MakeMegatronFile(const ptc::GenerationReader& reader,
+                                                           const MegatronFilePlan& plan,
+                                                           const std::vector<uint32_t>& crcs, int prefer_worker) {
+  PTC_ASSIGN_OR_RETURN(MegatronFileBytes bytes, LayMegatronFile(plan, crcs));
+  std::string literal;
+  std::vector<Extent> extents;
+  for (const MegatronFilePart& part : bytes.parts) {
+    if (part.tensor != nullptr) {
+      PTC_RETURN_IF_ERROR(AppendTensorExtents(reader, *part.tensor, part.offset, prefer_worker, &extents));
+      continue;
+    }
+    extents.push_back(Extent{part.offset, part.literal.size(), Extent::kLiteral, literal.size(), nullptr, 0});
+    literal.append(part.literal);
+  }
+  return std::make_unique<VirtualFile>(std::move(literal), std::move(extents), bytes.size);
+}
+
+std::vector<size_t> MegatronRanks(const std::vector<ptc::RankView>& views) {
+  std::map<std::pair<int, int>, size_t> first;  // (pp, tp) -> view of the lowest dp
+  for (size_t i = 0; i < views.size(); ++i) {
+    const ptc::RankCoords& c = views[i].coords;
+    auto [it, inserted] = first.try_emplace({c.pp, c.tp}, i);
+    if (!inserted && views[it->second].coords.dp > c.dp) it->second = i;
+  }
+  std::vector<size_t> out;
+  for (const auto& [key, index] : first) out.push_back(index);
+  std::sort(out.begin(), out.end(), [&](size_t a, size_t b) { return views[a].rank < views[b].rank; });
+  return out;
+}
+
+ptc::Result<std::vector<ptc::RankView>> MegatronTreeViews(const ptc::ModelLayout& layout) {
+  std::vector<ptc::RankView> views;
+  for (int rank = 0; rank < layout.config().world_size(); ++rank) {
+    PTC_ASSIGN_OR_RETURN(ptc::RankView view, layout.View(rank));
+    views.push_back(std::move(view));
+  }
+  std::vector<ptc::RankView> tree;
+  for (size_t v : MegatronRanks(views)) tree.push_back(std::move(views[v]));
+  return tree;
+}
+
+ptc::Status WriteMegatronFile(const ptc::GenerationReader& reader, const MegatronFilePlan& plan, ptc::OutputDir& dir,
+                              const ptc::ProgressFn& progress) {
+  const std::string path = ptc::JoinPath(dir.path(), ptc::megatron::kRankFile);
+  std::vector<std::unique_ptr<VirtualFile>> tensors(plan.state.storages.size());
+  auto read = [&](size_t storage, uint64_t offset, size_t n, void* dst) -> ptc::Status {
+    const auto& s = plan.state.storages[storage];
+    if (s.carried != nullptr) {
+      std::memcpy(dst, s.carried->bytes.data() + offset, n);
+      return ptc::Status::OK();
+    }
+    if (!tensors[storage]) {
+      PTC_ASSIGN_OR_RETURN(tensors[storage], TensorFile(reader, *s.tensor, -1));
+    }
+    PTC_ASSIGN_OR_RETURN(size_t got,
+                         tensors[storage]->Read(offset, n, dst, [](const ptc::ShardRecord&, uint64_t, uint64_t) {
+                           return ptc::Status::OK();  // the reader verifies each shard when it opens it
+                         }));
+    if (got != n) return ptc::InternalError(path + ": short tensor read");
+    if (progress) progress(n);
+    return ptc::Status::OK();
+  };
+  PTC_ASSIGN_OR_RETURN(auto file, dir.NewWritableFile(std::string(ptc::megatron::kRankFile)));
+  PTC_RETURN_IF_ERROR(
+      ptc::WriteTorchFile(*file, kMegatronArchive, plan.state.root, StorageSpecs(plan.state), read, path));
+  return file->Close().WithContext(path);
+}
+
+}  // namespace ptcfs
