@@ -8,6 +8,7 @@
 
 #include "cluster/durable.h"
 #include "cluster/job_state.h"
+#include "cluster/keys.h"
 #include "cluster/recovery.h"
 #include "ptc/store/model_spec.h"
 #include "ptc/store/store_layout.h"
@@ -105,16 +106,12 @@ class AppliedChange final : public AgreedChange {
 constexpr std::string_view kSaveRequest = "save ";
 
 // A DCP save's change carries "dcp-save WORKER PARTS SAVE": its .metadata is
-// in etcd under DcpMetadataPrefix(job, WORKER) (the proposer's), cut into
+// in etcd under DcpMetadataKey(job, WORKER, 0..PARTS-1) (the proposer's), cut into
 // PARTS values of at most kDcpMetadataPart bytes (etcd takes requests of
 // 1.5 MiB by default), SAVE the staging directory (kDcpStaging/NAME).
 constexpr std::string_view kDcpSaveRequest = "dcp-save ";
 constexpr size_t kDcpMetadataPart = 1 << 20;
 constexpr size_t kMaxDcpMetadataParts = 64;
-
-std::string DcpMetadataPrefix(const std::string& job, int worker) {
-  return ptc::cluster::JobPrefix(job) + "dcp-metadata/" + std::to_string(worker) + "/";
-}
 
 struct DcpSaveRequest {
   int worker = 0;
@@ -140,7 +137,7 @@ ptc::Result<std::string> ReadDcpMetadata(const ptc::cluster::KvStore& kv, const 
                                          const DcpSaveRequest& r) {
   std::string metadata;
   for (size_t i = 0; i < r.parts; ++i) {
-    const std::string key = DcpMetadataPrefix(job, r.worker) + std::to_string(i);
+    const std::string key = ptc::cluster::DcpMetadataKey(job, r.worker, i);
     PTC_ASSIGN_OR_RETURN(std::optional<ptc::cluster::KeyValue> kv_part, kv.Get(key));
     if (!kv_part) return ptc::NotFoundError("the DCP save's .metadata: etcd key " + key + " is gone");
     metadata += kv_part->value;
@@ -240,11 +237,12 @@ ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeDcpSave(const std::stri
   }
   // The new metadata is in etcd before the change names it (a save that died before it was done
   // may have left its own: it goes first).
-  const std::string prefix = DcpMetadataPrefix(options_.job, options_.worker);
+  const std::string prefix = ptc::cluster::DcpMetadataPrefix(options_.job, options_.worker);
   PTC_RETURN_IF_ERROR(kv_->DeletePrefix(prefix).status(), "etcd");
   for (size_t i = 0; i < parts; ++i) {
     PTC_RETURN_IF_ERROR(
-        kv_->Put(prefix + std::to_string(i), std::string_view(metadata).substr(i * kDcpMetadataPart, kDcpMetadataPart))
+        kv_->Put(ptc::cluster::DcpMetadataKey(options_.job, options_.worker, i),
+                 std::string_view(metadata).substr(i * kDcpMetadataPart, kDcpMetadataPart))
             .status(),
         "etcd");
   }
