@@ -4,6 +4,7 @@
 //
 //   CommittedKey  {"generation":N,"config":"...","digest":"...","contents":"..."}
 //   ChangeKey     {"id":"...","from":N,"generation":N+1,"request":"...","workers":[...]}
+//                 (request: a ChangeRequest, change_request.h)
 //   PartKey       {"id":"...","part":MANIFEST}  worker W wrote its pieces of G (durable)
 //   AbortedKey    {"id":"...","error":"..."}   the change to G committed nowhere, and why
 //

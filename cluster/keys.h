@@ -1,6 +1,6 @@
 // Every etcd key of a job, built here and nowhere else (docs/cluster.md,
 // "Job state"). Values: job_state.h (committed, change, part, aborted),
-// membership.h (members), worker/agent.cc (a DCP save's .metadata).
+// membership.h (members), change_request.h (a DCP save's .metadata).
 //
 //   /ptcfs/JOB/                        every key of the job starts with it (a watch of the job)
 //   /ptcfs/JOB/members/W               worker W is live (attached to its lease)
