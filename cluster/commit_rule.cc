@@ -18,7 +18,10 @@ FinishDecision DecideFinish(const Change& change, int self, const FinishRound& r
   // A commit removes the change and sets the committed state at once: a
   // change gone without its generation committed was aborted.
   if (!round.change_stands) return {FinishAction::kAborted, ""};
-  if (complete) return {FinishAction::kCommit, ""};
+  if (complete) {
+    if (round.settle_error) return {FinishAction::kAbort, *round.settle_error};
+    return {FinishAction::kCommit, ""};
+  }
   for (int w : change.workers) {
     if (!std::binary_search(round.members.begin(), round.members.end(), w)) {
       return {FinishAction::kAbort, "worker " + std::to_string(w) + " left the job (its lease expired)"};

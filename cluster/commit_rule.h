@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -27,14 +28,18 @@ struct FinishRound {
   std::vector<int> members;  // the live workers, sorted
   bool past_deadline = false;
   std::chrono::milliseconds timeout{0};  // the change's deadline, for the reason an abort gives
+  // Once every part is in: the error the settle of the parts into the new
+  // generation's config gave (Coordinator::Finish's `settle`), which aborts
+  // the change; nullopt when it settled (or parts are still to come).
+  std::optional<std::string> settle_error;
 };
 
 enum class FinishAction {
   kDone,       // committed with these pieces: serve the generation
   kCorrupt,    // committed with other pieces than this worker has: refuse it
   kAborted,    // the change ended without a commit (aborted, withdrawn, or another change's generation committed)
-  kCommit,     // every part is in: commit (compare-and-swap), then look again
-  kAbort,      // abort the change for `reason`
+  kCommit,     // every part is in and settled: commit (compare-and-swap), then look again
+  kAbort,      // abort the change for `reason` (a worker left, the deadline, the settle's error)
   kLookAgain,  // read again at once (a commit came after this round read the parts)
   kWait,       // wait for the job's keys to change (or the poll interval), then look again
 };

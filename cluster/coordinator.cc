@@ -1,7 +1,6 @@
 #include "cluster/coordinator.h"
 
 #include <algorithm>
-#include <charconv>
 #include <map>
 #include <random>
 #include <thread>
@@ -12,8 +11,6 @@
 
 namespace ptc::cluster {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // How often Finish looks at etcd when it cannot watch it.
 constexpr std::chrono::milliseconds kPollWithoutWatch{25};
@@ -144,125 +141,157 @@ Result<std::vector<ShardRecord>> Coordinator::Finish(const Change& change, const
   return others;
 }
 
+// What one look of Finish read, and the settle's outcome once every part is in.
+struct Coordinator::Round {
+  FinishRound observed;            // the commit rule's inputs
+  std::map<int, Part> parts;       // this change's parts published, by worker
+  int64_t revision = 0;            // etcd's revision of the parts read: the wait watches past it
+  int64_t change_revision = 0;     // the change key's, when it stands
+  int64_t committed_revision = 0;  // the committed key's
+  Committed committed;
+  std::string config, digest;  // settled: the new generation's config and the digest of all its pieces
+  Status unsettled;            // the settle's error
+};
+
 Result<std::map<int, Part>> Coordinator::Finish(const Change& change, const SettleFn& settle, const Part& mine,
                                                 const std::vector<ShardRecord>& referenced,
                                                 const std::vector<TensorRecord>& tensors, bool new_contents) const {
-  const std::string& job = options_.job;
-  const std::string change_text = EncodeChange(change);
   // Etcd out of reach (this worker's link cut) is no outcome: the job may
   // commit the part meanwhile (every part was in), and a part this worker gave
   // up is removed from its store. So an IOError is tried again each `poll`
   // until the deadline, when the part is published and while waiting.
   const Clock::time_point deadline = Clock::now() + options_.timeout;
-  auto unreachable = [&](const Status& s) {
-    if (s.code() != Code::kIOError || Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(options_.poll);
-    return true;
-  };
+  PTC_RETURN_IF_ERROR(Publish(change, mine, tensors, deadline));
   for (;;) {
-    TxnRequest txn;
-    txn.compare = {Compare::ValueIs(ChangeKey(job), change_text)};
-    txn.success = {TxnOp::Put(PartKey(job, change.generation, options_.worker), EncodePart(change.id, mine, tensors))};
-    Result<TxnResponse> r = etcd_->Txn(txn);  // the same part again when an answer was lost
-    if (!r.ok() && unreachable(r.status())) continue;
-    PTC_RETURN_IF_ERROR(r.status());
-    // The change gone: aborted, or committed with the part a lost answer
-    // published (the job went on while this worker was cut off). The rounds
-    // below tell the two apart.
-    break;
-  }
-  // One look: every part once committed; nullopt: look again.
-  using Look = std::optional<std::map<int, Part>>;
-  auto look = [&]() -> Result<Look> {
-    // The parts published, by worker.
-    PTC_ASSIGN_OR_RETURN(RangeResponse parts, etcd_->GetPrefix(PartsPrefix(job, change.generation)));
-    std::map<int, Part> by_worker;
-    for (const KeyValue& kv : parts.kvs) {
-      PTC_ASSIGN_OR_RETURN(auto part, DecodePart("etcd key " + kv.key, kv.value));
-      if (part.first != change.id) continue;
-      // A key that names no worker is no part (std::stoi would throw on it).
-      const std::string_view name = std::string_view(kv.key).substr(PartsPrefix(job, change.generation).size());
-      int w = -1;
-      auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), w);
-      if (ec != std::errc() || end != name.data() + name.size() || w < 0) continue;
-      by_worker[w] = std::move(part.second);
-    }
-    FinishRound round;
-    for (const auto& [w, unused] : by_worker) round.parts.insert(w);
-    // The change before the committed state: a commit removes the one and
-    // sets the other at once, so a change gone is a commit seen below, or an abort.
-    PTC_ASSIGN_OR_RETURN(std::optional<KeyValue> change_kv, etcd_->Get(ChangeKey(job)));
-    PTC_ASSIGN_OR_RETURN(std::optional<KeyValue> committed_kv, etcd_->Get(CommittedKey(job)));
-    if (!committed_kv) return FailedPreconditionError("job " + job + ": its committed state vanished");
-    PTC_ASSIGN_OR_RETURN(Committed committed, DecodeCommitted("etcd key " + committed_kv->key, committed_kv->value));
-    PTC_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(*etcd_, job));
-    // The generation's config and digest, once every part is in.
-    std::string config, digest;
-    Status unsettled;
-    if (std::all_of(change.workers.begin(), change.workers.end(), [&](int w) { return by_worker.count(w) > 0; })) {
-      Result<std::string> settled = settle(by_worker);
-      if (settled.ok()) {
-        std::vector<ShardRecord> all = referenced;
-        for (const auto& [w, part] : by_worker) all.insert(all.end(), part.shards.begin(), part.shards.end());
-        config = *std::move(settled);
-        digest = PiecesDigest(config, std::move(all));
-      } else {
-        unsettled = settled.status();
-      }
-    }
-    round.change_stands = change_kv && change_kv->value == change_text;
-    round.committed_generation = committed.generation;
-    round.digest_matches = unsettled.ok() && committed.digest == digest;
-    for (const Member& m : members) round.members.push_back(m.worker);
-    std::sort(round.members.begin(), round.members.end());
-    round.past_deadline = Clock::now() > deadline;
-    round.timeout = options_.timeout;
-    FinishDecision decision = DecideFinish(change, options_.worker, round);
-    if (decision.action == FinishAction::kCommit && !unsettled.ok()) {
-      decision = {FinishAction::kAbort, unsettled.message()};
-    }
-    switch (decision.action) {
-      case FinishAction::kDone:
-        return Look(std::move(by_worker));
-      case FinishAction::kCorrupt:
-        return CorruptionError("job " + job + ": generation " + std::to_string(change.generation) +
-                               " was committed with pieces " + committed.digest + ", this worker has " +
-                               (unsettled.ok() ? digest : "none: " + unsettled.message()));
-      case FinishAction::kAborted:
-        return Aborted(change);
-      case FinishAction::kCommit: {
-        TxnRequest txn;
-        txn.compare = {Compare::ModRevisionIs(ChangeKey(job), change_kv->mod_revision),
-                       Compare::ModRevisionIs(CommittedKey(job), committed_kv->mod_revision)};
-        const std::string contents = new_contents ? digest : committed.contents;
-        txn.success = {TxnOp::Put(CommittedKey(job), EncodeCommitted({change.generation, config, digest, contents})),
-                       TxnOp::Delete(ChangeKey(job)), TxnOp::DeletePrefix(GenerationPrefix(job, change.from))};
-        PTC_RETURN_IF_ERROR(etcd_->Txn(txn).status());
-        return Look();  // committed here or by another worker: the next round sees it
-      }
-      case FinishAction::kAbort:
-        return Abort(change, change_kv->mod_revision, decision.reason);
-      case FinishAction::kLookAgain:
-        return Look();
-      case FinishAction::kWait:
-        break;
-    }
-    // Until etcd holds anything newer than this round read (a part, an
-    // abort, a member gone), at most `poll`; a sleep when the watch fails.
-    const auto wait = std::min<Clock::duration>(options_.poll, deadline - Clock::now());
-    const auto wait_ms = std::max<std::chrono::milliseconds>(
-        std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(wait));
-    if (!etcd_->WaitForChange(JobPrefix(job), parts.revision, wait_ms).ok()) {
-      std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(wait_ms, kPollWithoutWatch));
-    }
-    return Look();
-  };
-  for (;;) {
-    Result<Look> r = look();
-    if (!r.ok() && unreachable(r.status())) continue;
+    Result<std::optional<std::map<int, Part>>> r = Look(change, settle, referenced, new_contents, deadline);
+    if (!r.ok() && Unreachable(r.status(), deadline)) continue;
     PTC_RETURN_IF_ERROR(r.status());
     if (*r) return std::move(**r);
   }
+}
+
+bool Coordinator::Unreachable(const Status& s, Clock::time_point deadline) const {
+  if (s.code() != Code::kIOError || Clock::now() >= deadline) return false;
+  std::this_thread::sleep_for(options_.poll);
+  return true;
+}
+
+Status Coordinator::Publish(const Change& change, const Part& mine, const std::vector<TensorRecord>& tensors,
+                            Clock::time_point deadline) const {
+  const std::string& job = options_.job;
+  for (;;) {
+    TxnRequest txn;
+    txn.compare = {Compare::ValueIs(ChangeKey(job), EncodeChange(change))};
+    txn.success = {TxnOp::Put(PartKey(job, change.generation, options_.worker), EncodePart(change.id, mine, tensors))};
+    Result<TxnResponse> r = etcd_->Txn(txn);  // the same part again when an answer was lost
+    if (!r.ok() && Unreachable(r.status(), deadline)) continue;
+    // The change gone: aborted, or committed with the part a lost answer
+    // published (the job went on while this worker was cut off). The looks
+    // of Finish tell the two apart.
+    return r.status();
+  }
+}
+
+Result<std::optional<std::map<int, Part>>> Coordinator::Look(const Change& change, const SettleFn& settle,
+                                                             const std::vector<ShardRecord>& referenced,
+                                                             bool new_contents, Clock::time_point deadline) const {
+  PTC_ASSIGN_OR_RETURN(Round round, Read(change, settle, referenced, deadline));
+  const FinishDecision decision = DecideFinish(change, options_.worker, round.observed);
+  return Act(change, decision, round, new_contents, deadline);
+}
+
+Result<Coordinator::Round> Coordinator::Read(const Change& change, const SettleFn& settle,
+                                             const std::vector<ShardRecord>& referenced,
+                                             Clock::time_point deadline) const {
+  const std::string& job = options_.job;
+  Round round;
+  PTC_ASSIGN_OR_RETURN(RangeResponse parts, etcd_->GetPrefix(PartsPrefix(job, change.generation)));
+  round.revision = parts.revision;
+  for (const KeyValue& kv : parts.kvs) {
+    PTC_ASSIGN_OR_RETURN(auto part, DecodePart("etcd key " + kv.key, kv.value));
+    const std::optional<int> w = PartKeyWorker(job, change.generation, kv.key);  // a key naming no worker is no part
+    if (part.first != change.id || !w) continue;
+    round.parts[*w] = std::move(part.second);
+    round.observed.parts.insert(*w);
+  }
+  // The change before the committed state: a commit removes the one and
+  // sets the other at once, so a change gone is a commit seen below, or an abort.
+  PTC_ASSIGN_OR_RETURN(std::optional<KeyValue> change_kv, etcd_->Get(ChangeKey(job)));
+  PTC_ASSIGN_OR_RETURN(std::optional<KeyValue> committed_kv, etcd_->Get(CommittedKey(job)));
+  if (!committed_kv) return FailedPreconditionError("job " + job + ": its committed state vanished");
+  PTC_ASSIGN_OR_RETURN(round.committed, DecodeCommitted("etcd key " + committed_kv->key, committed_kv->value));
+  PTC_ASSIGN_OR_RETURN(std::vector<Member> members, ListMembers(*etcd_, job));
+  round.observed.change_stands = change_kv && change_kv->value == EncodeChange(change);
+  round.change_revision = change_kv ? change_kv->mod_revision : 0;
+  round.committed_revision = committed_kv->mod_revision;
+  round.observed.committed_generation = round.committed.generation;
+  for (const Member& m : members) round.observed.members.push_back(m.worker);
+  std::sort(round.observed.members.begin(), round.observed.members.end());
+  round.observed.past_deadline = Clock::now() > deadline;
+  round.observed.timeout = options_.timeout;
+  Settle(change, settle, referenced, round);
+  return round;
+}
+
+void Coordinator::Settle(const Change& change, const SettleFn& settle, const std::vector<ShardRecord>& referenced,
+                         Round& round) const {
+  // The generation's config and digest, once every part is in.
+  if (std::all_of(change.workers.begin(), change.workers.end(), [&](int w) { return round.parts.count(w) > 0; })) {
+    Result<std::string> settled = settle(round.parts);
+    if (settled.ok()) {
+      std::vector<ShardRecord> all = referenced;
+      for (const auto& [w, part] : round.parts) all.insert(all.end(), part.shards.begin(), part.shards.end());
+      round.config = *std::move(settled);
+      round.digest = PiecesDigest(round.config, std::move(all));
+    } else {
+      round.unsettled = settled.status();
+      round.observed.settle_error = round.unsettled.message();
+    }
+  }
+  round.observed.digest_matches = round.unsettled.ok() && round.committed.digest == round.digest;
+}
+
+Result<std::optional<std::map<int, Part>>> Coordinator::Act(const Change& change, const FinishDecision& decision,
+                                                            Round& round, bool new_contents,
+                                                            Clock::time_point deadline) const {
+  using Parts = std::optional<std::map<int, Part>>;
+  const std::string& job = options_.job;
+  switch (decision.action) {
+    case FinishAction::kDone:
+      return Parts(std::move(round.parts));
+    case FinishAction::kCorrupt:
+      return CorruptionError("job " + job + ": generation " + std::to_string(change.generation) +
+                             " was committed with pieces " + round.committed.digest + ", this worker has " +
+                             (round.unsettled.ok() ? round.digest : "none: " + round.unsettled.message()));
+    case FinishAction::kAborted:
+      return Aborted(change);
+    case FinishAction::kCommit: {
+      TxnRequest txn;
+      txn.compare = {Compare::ModRevisionIs(ChangeKey(job), round.change_revision),
+                     Compare::ModRevisionIs(CommittedKey(job), round.committed_revision)};
+      const std::string contents = new_contents ? round.digest : round.committed.contents;
+      txn.success = {
+          TxnOp::Put(CommittedKey(job), EncodeCommitted({change.generation, round.config, round.digest, contents})),
+          TxnOp::Delete(ChangeKey(job)), TxnOp::DeletePrefix(GenerationPrefix(job, change.from))};
+      PTC_RETURN_IF_ERROR(etcd_->Txn(txn).status());
+      return Parts();  // committed here or by another worker: the next look sees it
+    }
+    case FinishAction::kAbort:
+      return Abort(change, round.change_revision, decision.reason);
+    case FinishAction::kLookAgain:
+      return Parts();
+    case FinishAction::kWait:
+      break;
+  }
+  // Until etcd holds anything newer than this look read (a part, an abort,
+  // a member gone), at most `poll`; a sleep when the watch fails.
+  const auto wait = std::min<Clock::duration>(options_.poll, deadline - Clock::now());
+  const auto wait_ms = std::max<std::chrono::milliseconds>(std::chrono::milliseconds(1),
+                                                           std::chrono::duration_cast<std::chrono::milliseconds>(wait));
+  if (!etcd_->WaitForChange(JobPrefix(job), round.revision, wait_ms).ok()) {
+    std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(wait_ms, kPollWithoutWatch));
+  }
+  return Parts();
 }
 
 }  // namespace ptc::cluster

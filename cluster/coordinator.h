@@ -31,6 +31,8 @@
 
 namespace ptc::cluster {
 
+struct FinishDecision;  // commit_rule.h
+
 struct CoordinatorOptions {
   std::string job;
   int worker = 0;
@@ -108,6 +110,30 @@ class Coordinator {
   Status Aborted(const Change& change) const;
 
  private:
+  using Clock = std::chrono::steady_clock;
+  struct Round;  // what one look of Finish read (coordinator.cc)
+
+  // Finish, in steps: this worker's part published while the change stands
+  // (Publish), then looks until the outcome is known, each one reading the
+  // job's keys and settling the parts (Read, Settle), deciding with the
+  // commit rule (DecideFinish, commit_rule.h) and doing what it decided
+  // (Act: commit, abort, return the parts, or wait for a change of the job's
+  // keys). A look returns every part once committed, nullopt to look again.
+  Result<std::optional<std::map<int, Part>>> Look(const Change& change, const SettleFn& settle,
+                                                  const std::vector<ShardRecord>& referenced, bool new_contents,
+                                                  Clock::time_point deadline) const;
+  Status Publish(const Change& change, const Part& mine, const std::vector<TensorRecord>& tensors,
+                 Clock::time_point deadline) const;
+  Result<Round> Read(const Change& change, const SettleFn& settle, const std::vector<ShardRecord>& referenced,
+                     Clock::time_point deadline) const;
+  void Settle(const Change& change, const SettleFn& settle, const std::vector<ShardRecord>& referenced,
+              Round& round) const;
+  Result<std::optional<std::map<int, Part>>> Act(const Change& change, const FinishDecision& decision, Round& round,
+                                                 bool new_contents, Clock::time_point deadline) const;
+  // Whether `s` is etcd out of reach before `deadline`: then sleeps a `poll`
+  // and the caller tries again.
+  bool Unreachable(const Status& s, Clock::time_point deadline) const;
+
   // Aborts `change` (as etcd holds it at `revision`) for `reason`; returns
   // the error Finish reports.
   Status Abort(const Change& change, int64_t revision, const std::string& reason) const;

@@ -19,14 +19,6 @@ Result<nlohmann::json> ParseObject(std::string_view where, std::string_view valu
 
 }  // namespace
 
-std::string JobPrefix(std::string_view job) { return "/ptcfs/" + std::string(job) + "/"; }
-std::string CommittedKey(std::string_view job) { return JobPrefix(job) + "committed"; }
-std::string ChangeKey(std::string_view job) { return JobPrefix(job) + "change"; }
-std::string GenerationPrefix(std::string_view job, uint64_t g) { return JobPrefix(job) + "gen/" + std::to_string(g) + "/"; }
-std::string PartsPrefix(std::string_view job, uint64_t g) { return GenerationPrefix(job, g) + "part/"; }
-std::string PartKey(std::string_view job, uint64_t g, int worker) { return PartsPrefix(job, g) + std::to_string(worker); }
-std::string AbortedKey(std::string_view job, uint64_t g) { return GenerationPrefix(job, g) + "aborted"; }
-
 std::string EncodeCommitted(const Committed& c) {
   return nlohmann::json{{"generation", c.generation}, {"config", c.config}, {"digest", c.digest}, {"contents", c.contents}}
       .dump();

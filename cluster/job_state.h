@@ -1,11 +1,12 @@
 // The job's shared state in etcd (docs/cluster.md, "Job state"): what is
-// committed, the change under way, and each worker's part of it. Keys and
-// their JSON values; pure functions.
+// committed, the change under way, and each worker's part of it. The JSON
+// values of these keys (built in keys.h); pure functions.
 //
-//   /ptcfs/JOB/committed          {"generation":N,"config":"...","digest":"...","contents":"..."}
-//   /ptcfs/JOB/change             {"id":"...","from":N,"generation":N+1,"request":"...","workers":[...]}
-//   /ptcfs/JOB/gen/G/part/W       {"id":"...","part":MANIFEST}  worker W wrote its pieces of G (durable)
-//   /ptcfs/JOB/gen/G/aborted      {"id":"...","error":"..."}   the change to G committed nowhere, and why
+//   CommittedKey  {"generation":N,"config":"...","digest":"...","contents":"..."}
+//   ChangeKey     {"id":"...","from":N,"generation":N+1,"request":"...","workers":[...]}
+//                 (request: a ChangeRequest, change_request.h)
+//   PartKey       {"id":"...","part":MANIFEST}  worker W wrote its pieces of G (durable)
+//   AbortedKey    {"id":"...","error":"..."}   the change to G committed nowhere, and why
 //
 // Thread safety: plain values and pure functions.
 #pragma once
@@ -15,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cluster/keys.h"  // the keys these values are kept under
 #include "ptc/base/status.h"
 #include "ptc/store/manifest.h"
 
@@ -44,15 +46,6 @@ struct Failure {
   std::string id;
   std::string error;
 };
-
-// "/ptcfs/JOB/": every key of the job (its members too) starts with it.
-std::string JobPrefix(std::string_view job);
-std::string CommittedKey(std::string_view job);
-std::string ChangeKey(std::string_view job);
-std::string GenerationPrefix(std::string_view job, uint64_t generation);
-std::string PartsPrefix(std::string_view job, uint64_t generation);
-std::string PartKey(std::string_view job, uint64_t generation, int worker);
-std::string AbortedKey(std::string_view job, uint64_t generation);
 
 std::string EncodeCommitted(const Committed& c);
 std::string EncodeChange(const Change& c);

@@ -47,10 +47,6 @@ Status ValidateJobName(std::string_view job) {
   return Status::OK();
 }
 
-std::string MembersPrefix(std::string_view job) { return "/ptcfs/" + std::string(job) + "/members/"; }
-
-std::string MemberKey(std::string_view job, int worker) { return MembersPrefix(job) + std::to_string(worker); }
-
 std::string EncodeMember(const Member& m) {
   return nlohmann::json{{"worker", m.worker}, {"address", m.address}}.dump();
 }

@@ -1,6 +1,6 @@
 // A job's live workers, kept in etcd by leases (docs/cluster.md):
 //
-//   /ptcfs/JOB/members/W   {"worker": W, "address": "HOST:PORT"}   attached to W's lease
+//   MemberKey(JOB, W)   {"worker": W, "address": "HOST:PORT"}   attached to W's lease (keys.h)
 //
 // A worker daemon joins with a lease of a few seconds and renews it on a
 // thread of its own; when the daemon dies its renewals stop, the lease
@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "cluster/keys.h"  // MembersPrefix, MemberKey
 #include "cluster/kv_store.h"
 #include "ptc/base/mutex.h"
 #include "ptc/base/status.h"
@@ -33,9 +34,6 @@ struct Member {
 
 // \error InvalidArgument naming the job unless it is 1-128 bytes of [A-Za-z0-9._-].
 Status ValidateJobName(std::string_view job);
-// "/ptcfs/JOB/members/" and "/ptcfs/JOB/members/W" (W decimal).
-std::string MembersPrefix(std::string_view job);
-std::string MemberKey(std::string_view job, int worker);
 // {"worker":W,"address":"HOST:PORT"}.
 std::string EncodeMember(const Member& m);
 // \error Corruption naming `where` when the value is not such a record.

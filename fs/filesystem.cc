@@ -553,6 +553,14 @@ ptc::Result<size_t> Filesystem::Write(uint64_t fh, const char* data, size_t size
   return size;
 }
 
+ptc::Status Filesystem::ApplyRelayout(const std::string& request, std::shared_ptr<AgreedChange> change) {
+  return controller_->Apply(request, snapshot(), std::move(change));
+}
+
+ptc::Status Filesystem::ApplyCompaction(bool rank_files, std::shared_ptr<AgreedChange> change) {
+  return controller_->ApplyCompaction(rank_files, snapshot(), std::move(change));
+}
+
 ptc::Status Filesystem::Truncate(uint64_t ino, uint64_t size) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Node> node, NodeOf(ino));
   if (node->kind() == Node::kStagedFile) {

@@ -117,7 +117,7 @@ struct OpenReply {
   int32_t backing_id = 0;  // > 0: the kernel reads the file from this backing file (passthrough)
 };
 
-class Filesystem {
+class Filesystem : public ChangeApplier {
  public:
   // \error as Store::Open (missing or invalid store: names the path),
   //        FailedPrecondition for an empty store, as Snapshot::Create.
@@ -161,16 +161,22 @@ class Filesystem {
   ptc::Status Unlink(uint64_t parent, const std::string& name, bool directory) EXCLUDES(staging_mu_, mu_);
   ptc::Status Flush(uint64_t fh);
   ptc::Status Fsync(uint64_t fh);
+  // The changes a cluster job agreed (ChangeApplier, fs/participant.h).
+  // A change of layout: Controller::Apply over the snapshot served.
+  ptc::Status ApplyRelayout(const std::string& request, std::shared_ptr<AgreedChange> change) override;
+  // A compaction: Controller::ApplyCompaction of the snapshot served.
+  ptc::Status ApplyCompaction(bool rank_files, std::shared_ptr<AgreedChange> change) override;
   // A save of `iteration` that another worker of the cluster job committed
   // its latest file for: this mount's part is the rank files staged here
   // (Controller::ApplySave), removed from the staging area once committed.
-  ptc::Status ApplySave(uint64_t iteration, std::shared_ptr<AgreedChange> change);
+  ptc::Status ApplySave(uint64_t iteration, std::shared_ptr<AgreedChange> change) override;
   // A DCP save (`metadata`) that another worker of the cluster job received
   // the .metadata of, in staging directory `save` (kDcpStaging/NAME): this
   // mount's part is the chunk files written here (Controller::ApplyDcpSave),
   // removed from the staging area once committed.
   // \error InvalidArgument for a `save` that is not kDcpStaging/NAME; as Controller::ApplyDcpSave.
-  ptc::Status ApplyDcpSave(const std::string& save, std::string metadata, std::shared_ptr<AgreedChange> change);
+  ptc::Status ApplyDcpSave(const std::string& save, std::string metadata,
+                           std::shared_ptr<AgreedChange> change) override;
 
   // Starts the mount's own background work (the scrub): in the serving
   // process, after the daemon forked and before the session loop.

@@ -60,6 +60,28 @@ class JobParticipant {
   virtual nlohmann::json StatusPart() const = 0;
 };
 
+// The one door through which every change the job agreed enters this mount:
+// Filesystem implements it, worker/agent.cc applies each change through it,
+// one method per kind of change (cluster/change_request.h). Each does what the
+// Controller method it names says (in the background; `change` publishes this
+// worker's part and awaits the job's commit; on an error change->Failed is
+// called too). Called from the agent's thread.
+class ChangeApplier {
+ public:
+  virtual ~ChangeApplier() = default;
+  // A change of layout (`request`: the text written to .ptcfs/config on the
+  // proposer), over the generation served now (Controller::Apply).
+  virtual ptc::Status ApplyRelayout(const std::string& request, std::shared_ptr<AgreedChange> change) = 0;
+  // A Megatron save of `iteration`: this mount's part is the rank files staged here (Controller::ApplySave).
+  virtual ptc::Status ApplySave(uint64_t iteration, std::shared_ptr<AgreedChange> change) = 0;
+  // A DCP save (`metadata`) in staging directory `save`: this mount's part is
+  // the chunk files written here (Controller::ApplyDcpSave).
+  virtual ptc::Status ApplyDcpSave(const std::string& save, std::string metadata,
+                                   std::shared_ptr<AgreedChange> change) = 0;
+  // A compaction of the generation served now, into rank files or not (Controller::ApplyCompaction).
+  virtual ptc::Status ApplyCompaction(bool rank_files, std::shared_ptr<AgreedChange> change) = 0;
+};
+
 // One change of layout the job agreed, as this worker applies it: it reads
 // only the participants' pieces, writes only its own part (the pieces its new
 // ranks lack) and commits only after BeforeCommit, which returns the other

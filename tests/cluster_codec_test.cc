@@ -1,5 +1,5 @@
 // The pure parts of the cluster layer's etcd client: base64, the gateway's
-// JSON, member records. No etcd needed (cluster_etcd_test runs a real one).
+// JSON, member records, the job's keys. No etcd needed (cluster_etcd_test runs a real one).
 #include <gtest/gtest.h>
 
 #include <random>
@@ -8,6 +8,7 @@
 
 #include "cluster/base64.h"
 #include "cluster/etcd_codec.h"
+#include "cluster/keys.h"
 #include "cluster/membership.h"
 #include "test_util.h"
 
@@ -145,6 +146,26 @@ TEST(MemberRecord, KeysAndValues) {
   EXPECT_EQ(DecodeMember("k", R"({"worker":1})").status().code(), Code::kCorruption);
   EXPECT_TRUE(ValidateJobName("llama-70b_run.3").ok());
   for (const char* bad : {"", "a/b", "..", "a b", "job\n"}) EXPECT_FALSE(ValidateJobName(bad).ok()) << bad;
+}
+
+// Every key of a job, in one place (keys.h).
+TEST(Keys, TheJobsLayout) {
+  EXPECT_EQ(JobPrefix("j"), "/ptcfs/j/");
+  EXPECT_EQ(MembersPrefix("j"), "/ptcfs/j/members/");
+  EXPECT_EQ(MemberKey("j", 3), "/ptcfs/j/members/3");
+  EXPECT_EQ(CommittedKey("j"), "/ptcfs/j/committed");
+  EXPECT_EQ(ChangeKey("j"), "/ptcfs/j/change");
+  EXPECT_EQ(GenerationPrefix("j", 5), "/ptcfs/j/gen/5/");
+  EXPECT_EQ(PartsPrefix("j", 5), "/ptcfs/j/gen/5/part/");
+  EXPECT_EQ(PartKey("j", 5, 2), "/ptcfs/j/gen/5/part/2");
+  EXPECT_EQ(AbortedKey("j", 5), "/ptcfs/j/gen/5/aborted");
+  EXPECT_EQ(DcpMetadataPrefix("j", 1), "/ptcfs/j/dcp-metadata/1/");
+  EXPECT_EQ(DcpMetadataKey("j", 1, 4), "/ptcfs/j/dcp-metadata/1/4");
+  EXPECT_EQ(PartKeyWorker("j", 5, PartKey("j", 5, 12)), 12);
+  for (const char* bad : {"/ptcfs/j/gen/5/part/", "/ptcfs/j/gen/5/part/x", "/ptcfs/j/gen/5/part/-1",
+                          "/ptcfs/j/gen/5/part/1x", "/ptcfs/j/gen/6/part/1", "/ptcfs/j/gen/5/part/99999999999"}) {
+    EXPECT_FALSE(PartKeyWorker("j", 5, bad)) << bad;
+  }
 }
 
 }  // namespace

@@ -146,7 +146,7 @@ TEST(CommitRule, EveryRow) {
   auto round = [](std::set<int> parts, bool stands, uint64_t committed, bool digest, std::vector<int> members,
                   bool late) {
     return FinishRound{std::move(parts), stands, committed, digest, std::move(members), late,
-                       std::chrono::milliseconds(600000)};
+                       std::chrono::milliseconds(600000), std::nullopt};
   };
   struct Row {
     const char* what;
@@ -177,6 +177,50 @@ TEST(CommitRule, EveryRow) {
     const FinishDecision got = DecideFinish(change, 0, row.round);
     EXPECT_EQ(static_cast<int>(got.action), static_cast<int>(row.want.action)) << row.what;
     EXPECT_EQ(got.reason, row.want.reason) << row.what;
+  }
+}
+
+// The settle's outcome is one of the rule's inputs: an error aborts a change
+// whose parts are all in, naming it, where it would commit; elsewhere the
+// rule decides as without it.
+TEST(CommitRule, TheSettlesErrorAbortsInsteadOfACommit) {
+  const Change change{"w0-1", 4, 5, "save 3", {0, 1, 2}};
+  auto round = [](std::set<int> parts, bool stands, uint64_t committed, std::vector<int> members, bool late,
+                  std::optional<std::string> settle_error) {
+    const std::chrono::milliseconds timeout(600000);
+    return FinishRound{std::move(parts), stands, committed, false, std::move(members), late, timeout,
+                       std::move(settle_error)};
+  };
+  struct Row {
+    const char* what;
+    FinishRound round;
+    FinishDecision want;
+  };
+  const std::string unsettled = "the saves disagree on the iteration (3 on worker 0, 4 on worker 1)";
+  const std::vector<Row> rows = {
+      {"every part in, settled",
+       round({0, 1, 2}, true, 4, {0, 1, 2}, false, std::nullopt),
+       {FinishAction::kCommit, ""}},
+      {"every part in, unsettled",
+       round({0, 1, 2}, true, 4, {0, 1, 2}, false, unsettled),
+       {FinishAction::kAbort, unsettled}},
+      {"every part in, unsettled, a worker gone too",
+       round({0, 1, 2}, true, 4, {0, 2}, false, unsettled),
+       {FinishAction::kAbort, unsettled}},
+      {"every part in, unsettled, past the deadline",
+       round({0, 1, 2}, true, 4, {0, 1, 2}, true, unsettled),
+       {FinishAction::kAbort, unsettled}},
+      {"unsettled, but the change is gone",
+       round({0, 1, 2}, false, 4, {0, 1, 2}, false, unsettled),
+       {FinishAction::kAborted, ""}},
+      {"unsettled, committed by another worker",
+       round({0, 1, 2}, false, 5, {0, 1, 2}, false, unsettled),
+       {FinishAction::kCorrupt, ""}},
+  };
+  for (const Row& row : rows) {
+    const FinishDecision got = DecideFinish(change, 0, row.round);
+    EXPECT_EQ(got, row.want) << row.what << ": got action " << static_cast<int>(got.action) << " '" << got.reason
+                             << "'";
   }
 }
 

@@ -1,13 +1,15 @@
 #include "worker/agent.h"
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <variant>
 
+#include "cluster/change_request.h"
 #include "cluster/durable.h"
 #include "cluster/job_state.h"
+#include "cluster/keys.h"
 #include "cluster/recovery.h"
 #include "ptc/store/model_spec.h"
 #include "ptc/store/store_layout.h"
@@ -100,47 +102,12 @@ class AppliedChange final : public AgreedChange {
   std::atomic<uint64_t>* const saved_;
 };
 
-// A save's change carries "save ITERATION" as its request (a change of
-// layout carries the config written to .ptcfs/config).
-constexpr std::string_view kSaveRequest = "save ";
-
-// A DCP save's change carries "dcp-save WORKER PARTS SAVE": its .metadata is
-// in etcd under DcpMetadataPrefix(job, WORKER) (the proposer's), cut into
-// PARTS values of at most kDcpMetadataPart bytes (etcd takes requests of
-// 1.5 MiB by default), SAVE the staging directory (kDcpStaging/NAME).
-constexpr std::string_view kDcpSaveRequest = "dcp-save ";
-constexpr size_t kDcpMetadataPart = 1 << 20;
-constexpr size_t kMaxDcpMetadataParts = 64;
-
-std::string DcpMetadataPrefix(const std::string& job, int worker) {
-  return ptc::cluster::JobPrefix(job) + "dcp-metadata/" + std::to_string(worker) + "/";
-}
-
-struct DcpSaveRequest {
-  int worker = 0;
-  size_t parts = 0;
-  std::string save;
-};
-std::optional<DcpSaveRequest> ParseDcpSave(std::string_view request) {
-  if (!request.starts_with(kDcpSaveRequest)) return std::nullopt;
-  request.remove_prefix(kDcpSaveRequest.size());
-  DcpSaveRequest r;
-  auto [end, ec] = std::from_chars(request.data(), request.data() + request.size(), r.worker);
-  if (ec != std::errc() || end == request.data() + request.size() || *end != ' ') return std::nullopt;
-  request.remove_prefix(end + 1 - request.data());
-  auto [end2, ec2] = std::from_chars(request.data(), request.data() + request.size(), r.parts);
-  if (ec2 != std::errc() || end2 == request.data() + request.size() || *end2 != ' ') return std::nullopt;
-  r.save = std::string(request.substr(end2 + 1 - request.data()));
-  if (r.worker < 0 || r.parts > kMaxDcpMetadataParts || r.save.empty()) return std::nullopt;
-  return r;
-}
-
 // The .metadata of the DCP save `r` from etcd.
 ptc::Result<std::string> ReadDcpMetadata(const ptc::cluster::KvStore& kv, const std::string& job,
-                                         const DcpSaveRequest& r) {
+                                         const ptc::cluster::DcpSaveRequest& r) {
   std::string metadata;
   for (size_t i = 0; i < r.parts; ++i) {
-    const std::string key = DcpMetadataPrefix(job, r.worker) + std::to_string(i);
+    const std::string key = ptc::cluster::DcpMetadataKey(job, r.worker, i);
     PTC_ASSIGN_OR_RETURN(std::optional<ptc::cluster::KeyValue> kv_part, kv.Get(key));
     if (!kv_part) return ptc::NotFoundError("the DCP save's .metadata: etcd key " + key + " is gone");
     metadata += kv_part->value;
@@ -148,31 +115,22 @@ ptc::Result<std::string> ReadDcpMetadata(const ptc::cluster::KvStore& kv, const 
   return metadata;
 }
 
-// A compaction's change carries "compact" (pieces into HDF5 files) or
-// "compact rank-files" (into the layout's rank files) as its request: every
-// worker must write the same kind, as the job's digest covers every piece.
-constexpr std::string_view kCompactRequest = "compact";
-constexpr std::string_view kCompactRankFilesRequest = "compact rank-files";
-
-// Whether `request` is a compaction, and whether into rank files.
-std::optional<bool> CompactionRankFiles(std::string_view request) {
-  if (request == kCompactRequest) return false;
-  if (request == kCompactRankFilesRequest) return true;
-  return std::nullopt;
+// Whether the change's request is a compaction (one whose request is no
+// request at all is not).
+bool IsCompaction(const ptc::cluster::Change& change) {
+  auto request = ptc::cluster::DecodeRequest("change " + change.id, change.request);
+  return request.ok() && std::holds_alternative<ptc::cluster::CompactionRequest>(*request);
 }
+
+// One callable of a lambda per alternative, for std::visit.
+template <typename... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
 
 // How long a proposal waits for a compaction that committed before it could
 // give way to be served by this mount (its commit follows the job's at once).
 constexpr std::chrono::seconds kOvertakeWait{10};
-
-std::optional<uint64_t> SaveIteration(std::string_view request) {
-  if (!request.starts_with(kSaveRequest)) return std::nullopt;
-  request.remove_prefix(kSaveRequest.size());
-  uint64_t iteration = 0;
-  auto [end, ec] = std::from_chars(request.data(), request.data() + request.size(), iteration);
-  if (ec != std::errc() || end != request.data() + request.size()) return std::nullopt;
-  return iteration;
-}
 
 }  // namespace
 
@@ -208,30 +166,35 @@ ptc::Status Agent::Start() {
   return ptc::Status::OK();
 }
 
-ptc::Result<ptc::cluster::Change> Agent::ProposeToJob(const std::string& request, const std::vector<int>& needed,
-                                                      const std::string& again) {
+ptc::Result<ptc::cluster::Change> Agent::ProposeToJob(const ptc::cluster::ChangeRequest& request,
+                                                      const std::vector<int>& needed, const std::string& again) {
   if (!member_) {
     return ptc::FailedPreconditionError("worker " + std::to_string(options_.worker) + " is not a member of job " +
                                         options_.job + " now (etcd out of reach, or it rejoins): " + again +
                                         " once .ptcfs/status shows no error");
   }
-  if (!CompactionRankFiles(request)) OvertakeCompaction(request);
+  PTC_RETURN_IF_ERROR(ptc::cluster::ValidateRequest(request));
+  const std::string text = ptc::cluster::EncodeRequest(request);
+  if (!std::holds_alternative<ptc::cluster::CompactionRequest>(request)) OvertakeCompaction(text);
   PTC_ASSIGN_OR_RETURN(std::vector<ptc::cluster::Member> members, ptc::cluster::ListMembers(*kv_, options_.job));
   std::vector<int> workers;
   for (const ptc::cluster::Member& m : members) workers.push_back(m.worker);
-  return coordinator_->Propose(request, fs_->store().CurrentSnapshot()->generation, workers, needed);
+  return coordinator_->Propose(text, fs_->store().CurrentSnapshot()->generation, workers, needed);
 }
 
 ptc::Status Agent::Propose(const std::string& text, const ptc::ParallelConfig& config) {
   // The request as written to .ptcfs/config, less its line end: it names the change in every worker's messages.
   const std::string request = text.substr(0, text.find_last_not_of(" \t\r\n") + 1);
-  PTC_ASSIGN_OR_RETURN(ptc::cluster::Change change, ProposeToJob(request, config.Workers(), "try again"));
+  PTC_ASSIGN_OR_RETURN(ptc::cluster::Change change,
+                       ProposeToJob(ptc::cluster::RelayoutRequest{request}, config.Workers(), "try again"));
   ptc::MutexLock lock(&proposed_mu_);
   proposed_ = std::move(change);
   return ptc::Status::OK();
 }
 
 ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeDcpSave(const std::string& save, const std::string& metadata) {
+  using ptc::cluster::kDcpMetadataPart;
+  using ptc::cluster::kMaxDcpMetadataParts;
   const size_t parts = (metadata.size() + kDcpMetadataPart - 1) / kDcpMetadataPart;
   if (parts > kMaxDcpMetadataParts) {
     return ptc::InvalidArgumentError(save + "/.metadata: " + std::to_string(metadata.size()) +
@@ -240,17 +203,16 @@ ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeDcpSave(const std::stri
   }
   // The new metadata is in etcd before the change names it (a save that died before it was done
   // may have left its own: it goes first).
-  const std::string prefix = DcpMetadataPrefix(options_.job, options_.worker);
+  const std::string prefix = ptc::cluster::DcpMetadataPrefix(options_.job, options_.worker);
   PTC_RETURN_IF_ERROR(kv_->DeletePrefix(prefix).status(), "etcd");
   for (size_t i = 0; i < parts; ++i) {
-    PTC_RETURN_IF_ERROR(
-        kv_->Put(prefix + std::to_string(i), std::string_view(metadata).substr(i * kDcpMetadataPart, kDcpMetadataPart))
-            .status(),
-        "etcd");
+    PTC_RETURN_IF_ERROR(kv_->Put(ptc::cluster::DcpMetadataKey(options_.job, options_.worker, i),
+                                 std::string_view(metadata).substr(i * kDcpMetadataPart, kDcpMetadataPart))
+                            .status(),
+                        "etcd");
   }
-  const std::string request =
-      std::string(kDcpSaveRequest) + std::to_string(options_.worker) + " " + std::to_string(parts) + " " + save;
-  PTC_ASSIGN_OR_RETURN(ptc::cluster::Change change, ProposeToJob(request, {}, "save again"));
+  PTC_ASSIGN_OR_RETURN(ptc::cluster::Change change,
+                       ProposeToJob(ptc::cluster::DcpSaveRequest{options_.worker, parts, save}, {}, "save again"));
   std::set<int> participants(change.workers.begin(), change.workers.end());
   // Removed once this worker's part is over: committed, every other worker read it before it
   // published its part; aborted, no one needs it.
@@ -264,7 +226,7 @@ ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeDcpSave(const std::stri
 
 ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeSave(uint64_t iteration) {
   PTC_ASSIGN_OR_RETURN(ptc::cluster::Change change,
-                       ProposeToJob(std::string(kSaveRequest) + std::to_string(iteration), {}, "save again"));
+                       ProposeToJob(ptc::cluster::SaveRequest{iteration}, {}, "save again"));
   std::set<int> participants(change.workers.begin(), change.workers.end());
   return std::shared_ptr<AgreedChange>(std::make_shared<AppliedChange>(
       std::move(change), std::move(participants), coordinator_, &fs_->store(), env_, options_, &saved_));
@@ -272,7 +234,7 @@ ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeSave(uint64_t iteration
 
 void Agent::OvertakeCompaction(const std::string& request) {
   auto pending = coordinator_->Pending();
-  if (!pending.ok() || !*pending || !CompactionRankFiles((*pending)->request)) return;
+  if (!pending.ok() || !*pending || !IsCompaction(**pending)) return;
   coordinator_->Withdraw(**pending, std::string(kCompactionGivesWay) + "'" + request + "' asked on worker " +
                                         std::to_string(options_.worker));
   const auto deadline = std::chrono::steady_clock::now() + kOvertakeWait;
@@ -406,12 +368,12 @@ void Agent::Compact(const std::vector<int>& live) {
     return;
   }
   const bool rank_files = fs_->controller().compaction_policy().rank_files;
-  const std::string request(rank_files ? kCompactRankFilesRequest : kCompactRequest);
+  const ptc::cluster::CompactionRequest request{rank_files};
   // Every worker of the config writes its targets: all must take part.
   auto change = ProposeToJob(request, served->config().Workers(), "it is tried again after the next change");
   std::fprintf(stderr, "ptcfs: generation %llu is fragmented past the compaction policy: %s\n",
                static_cast<unsigned long long>(generation),
-               change.ok() ? ("every worker compacts its pieces (" + request + ")").c_str()
+               change.ok() ? ("every worker compacts its pieces (" + ptc::cluster::EncodeRequest(request) + ")").c_str()
                            : change.status().ToString().c_str());
 }
 
@@ -535,21 +497,32 @@ void Agent::Apply(const ptc::cluster::Change& change) {
   applied_ = change.id;
   auto agreed =
       std::make_shared<AppliedChange>(change, participants, coordinator_, &fs_->store(), env_, options_, &saved_);
-  if (const std::optional<uint64_t> save = SaveIteration(change.request)) {
-    (void)fs_->ApplySave(*save, std::move(agreed));
-  } else if (const std::optional<DcpSaveRequest> dcp = ParseDcpSave(change.request)) {
-    auto metadata = ReadDcpMetadata(*kv_, options_.job, *dcp);
-    if (!metadata.ok()) {
-      agreed->Failed(metadata.status());
-      fs_->controller().RecordError("DCP save " + dcp->save + ": " + metadata.status().message());
-      return;
-    }
-    (void)fs_->ApplyDcpSave(dcp->save, std::move(*metadata), std::move(agreed));
-  } else if (const std::optional<bool> rank_files = CompactionRankFiles(change.request)) {
-    (void)fs_->controller().ApplyCompaction(*rank_files, fs_->snapshot(), std::move(agreed));
-  } else {
-    (void)fs_->controller().Apply(change.request, fs_->snapshot(), std::move(agreed));
+  auto request =
+      ptc::cluster::DecodeRequest("the change to generation " + std::to_string(change.generation), change.request);
+  if (!request.ok()) {
+    agreed->Failed(request.status());
+    fs_->controller().RecordError(request.status().message());
+    return;
   }
+  // Every kind enters the mount through its one door (ChangeApplier, fs/participant.h).
+  ChangeApplier& door = *fs_;
+  std::visit(Overloaded{
+                 [&](const ptc::cluster::RelayoutRequest& r) { (void)door.ApplyRelayout(r.config, std::move(agreed)); },
+                 [&](const ptc::cluster::SaveRequest& r) { (void)door.ApplySave(r.iteration, std::move(agreed)); },
+                 [&](const ptc::cluster::DcpSaveRequest& r) {
+                   auto metadata = ReadDcpMetadata(*kv_, options_.job, r);
+                   if (!metadata.ok()) {
+                     agreed->Failed(metadata.status());
+                     fs_->controller().RecordError("DCP save " + r.save + ": " + metadata.status().message());
+                     return;
+                   }
+                   (void)door.ApplyDcpSave(r.save, std::move(*metadata), std::move(agreed));
+                 },
+                 [&](const ptc::cluster::CompactionRequest& r) {
+                   (void)door.ApplyCompaction(r.rank_files, std::move(agreed));
+                 },
+             },
+             *request);
 }
 
 }  // namespace ptcfs::worker

@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cluster/change_request.h"
 #include "cluster/coordinator.h"
 #include "cluster/kv_store.h"
 #include "cluster/membership.h"
@@ -67,8 +68,9 @@ class Agent final : public JobParticipant {
   // Proposes `request` to the live members (`needed`: the workers it must
   // include), from this mount's generation. `again` ends the message when
   // this worker is no member now ("try again", "save again").
-  ptc::Result<ptc::cluster::Change> ProposeToJob(const std::string& request, const std::vector<int>& needed,
-                                                 const std::string& again);
+  // \error InvalidArgument as ValidateRequest; as Coordinator::Propose.
+  ptc::Result<ptc::cluster::Change> ProposeToJob(const ptc::cluster::ChangeRequest& request,
+                                                 const std::vector<int>& needed, const std::string& again);
 
   // The change this mount proposed, until its agent applied it or saw it end.
   std::optional<ptc::cluster::Change> Proposed() EXCLUDES(proposed_mu_);
@@ -153,10 +155,12 @@ class Agent final : public JobParticipant {
   // Report's part and whether this worker is a member now (JobParticipant).
   nlohmann::json StatusPart() const override EXCLUDES(report_mu_);
 
-  // Applies `change` to the mount (Controller::Apply, AppliedChange in
-  // agent.cc) when this worker takes part, its store is at the change's
-  // `from` and it has not applied it yet; while the previous change winds
-  // down, the next look does.
+  // Applies `change` to the mount (its request decoded, ChangeRequest, and
+  // handed to the mount's one door for changes, ChangeApplier, with an
+  // AppliedChange of agent.cc) when this worker takes part, its store is at
+  // the change's `from` and it has not applied it yet; while the previous
+  // change winds down, the next look does. A request that does not decode
+  // fails the change, naming the field at fault.
   void Apply(const ptc::cluster::Change& change);
 
   Filesystem* const fs_;

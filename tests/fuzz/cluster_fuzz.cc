@@ -1,20 +1,60 @@
 // libFuzzer entry point for what a worker daemon parses from the network and
 // from etcd: a peer's HTTP response head, the etcd gateway's JSON answers,
-// member records, the job's state (committed, change, failure, part) and a
-// durable tier's copy (durable.json). None may crash; an accepted change or
-// committed record must round-trip.
+// member records, the job's state (committed, change, failure, part), a
+// change's typed request (change_request.h) and a durable tier's copy
+// (durable.json). None may crash; an accepted change, committed record or
+// request must round-trip, and so must a request made from the input's bytes
+// as a typed value, when valid: decode(encode(x)) == x.
 // Run: ./cluster_fuzz -max_total_time=60 -max_len=4096 tests/fuzz/corpus/cluster_fuzz
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
+#include "cluster/change_request.h"
 #include "cluster/durable.h"
 #include "cluster/etcd_codec.h"
 #include "cluster/http_get.h"
 #include "cluster/job_state.h"
 #include "cluster/membership.h"
 #include "cluster/peer_protocol.h"
+
+namespace {
+
+// A typed request from the input: its first byte picks the kind, the next
+// eight the numbers, the rest the text.
+ptc::cluster::ChangeRequest RequestFrom(std::string_view input) {
+  const uint8_t kind = input.empty() ? 0 : static_cast<uint8_t>(input[0]);
+  uint64_t n = 0;
+  for (size_t i = 1; i < 9 && i < input.size(); ++i) n = (n << 8) | static_cast<uint8_t>(input[i]);
+  const std::string text(input.substr(std::min<size_t>(input.size(), 9)));
+  switch (kind % 4) {
+    case 0:
+      return ptc::cluster::RelayoutRequest{text};
+    case 1:
+      return ptc::cluster::SaveRequest{n};
+    case 2:
+      return ptc::cluster::DcpSaveRequest{static_cast<int>(static_cast<int32_t>(n)), (n >> 32) % 80, text};
+    default:
+      return ptc::cluster::CompactionRequest{(n & 1) != 0};
+  }
+}
+
+void CheckRequests(std::string_view input) {
+  if (auto r = ptc::cluster::DecodeRequest("fuzz", input); r.ok()) {
+    if (!ptc::cluster::ValidateRequest(*r).ok()) __builtin_trap();
+    auto again = ptc::cluster::DecodeRequest("again", ptc::cluster::EncodeRequest(*r));
+    if (!again.ok() || !(*again == *r)) __builtin_trap();
+  }
+  const ptc::cluster::ChangeRequest typed = RequestFrom(input);
+  if (ptc::cluster::ValidateRequest(typed).ok()) {
+    auto back = ptc::cluster::DecodeRequest("typed", ptc::cluster::EncodeRequest(typed));
+    if (!back.ok() || !(*back == typed)) __builtin_trap();
+  }
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);
@@ -35,6 +75,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto again = ptc::cluster::DecodeChange("again", ptc::cluster::EncodeChange(*c));
     if (!again.ok() || !(*again == *c)) __builtin_trap();
   }
+  CheckRequests(input);
   if (auto c = ptc::cluster::DecodeCommitted("fuzz", input); c.ok()) {
     auto again = ptc::cluster::DecodeCommitted("again", ptc::cluster::EncodeCommitted(*c));
     if (!again.ok() || !(*again == *c)) __builtin_trap();

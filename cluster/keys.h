@@ -1,0 +1,40 @@
+// Every etcd key of a job, built here and nowhere else (docs/cluster.md,
+// "Job state"). Values: job_state.h (committed, change, part, aborted),
+// membership.h (members), change_request.h (a DCP save's .metadata).
+//
+//   /ptcfs/JOB/                        every key of the job starts with it (a watch of the job)
+//   /ptcfs/JOB/members/W               worker W is live (attached to its lease)
+//   /ptcfs/JOB/committed               the generation the job committed
+//   /ptcfs/JOB/change                  the change under way
+//   /ptcfs/JOB/gen/G/part/W            worker W wrote its pieces of G (durable)
+//   /ptcfs/JOB/gen/G/aborted           the change to G committed nowhere, and why
+//   /ptcfs/JOB/dcp-metadata/W/I        part I of the .metadata of the DCP save worker W proposed
+//
+// W, G and I are decimal. Thread safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace ptc::cluster {
+
+std::string JobPrefix(std::string_view job);
+std::string MembersPrefix(std::string_view job);
+std::string MemberKey(std::string_view job, int worker);
+std::string CommittedKey(std::string_view job);
+std::string ChangeKey(std::string_view job);
+std::string GenerationPrefix(std::string_view job, uint64_t generation);
+std::string PartsPrefix(std::string_view job, uint64_t generation);
+std::string PartKey(std::string_view job, uint64_t generation, int worker);
+std::string AbortedKey(std::string_view job, uint64_t generation);
+std::string DcpMetadataPrefix(std::string_view job, int worker);
+std::string DcpMetadataKey(std::string_view job, int worker, size_t part);
+
+// The worker W of a key PartsPrefix(job, generation) + W; nullopt for a key
+// under that prefix that names no worker (not decimal, negative, too large).
+std::optional<int> PartKeyWorker(std::string_view job, uint64_t generation, std::string_view key);
+
+}  // namespace ptc::cluster
