@@ -11,6 +11,7 @@ PACKAGES=(
   libcpp-httplib-dev etcd-server etcd-client python3-yaml
 )
 missing=()
+[ "${PTCFS_VENV_ONLY:-0}" = 1 ] && PACKAGES=()  # the venv part alone (the quickstart runs it beside the build)
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
@@ -23,21 +24,32 @@ fi
 # The Python clients people use, from PyPI (tools/requirements-clients.txt: torch 2,
 # safetensors, megatron-core, transformers, numpy) in .venv/ at the repository root, for the tests
 # labelled `clients` and the quickstart. Debian's /usr/bin/python3 clients stay in use too.
-# Quick when already there: the stamp records the requirements the venv was made from.
-# PTCFS_VENV overrides the place; PTCFS_NO_VENV=1 skips this part.
+# Quick when already there: a stamp records the requirements the venv was made from.
+# PTCFS_VENV overrides the place; PTCFS_NO_VENV=1 skips this part; PTCFS_VENV_SET=quickstart
+# installs only what the quickstart imports (tools/requirements-quickstart.txt).
 if [ "${PTCFS_NO_VENV:-0}" != 1 ]; then
   root="$(cd "$(dirname "$0")/.." && pwd)"
   venv="${PTCFS_VENV:-$root/.venv}"
   requirements="$root/tools/requirements-clients.txt"
   no_deps="$root/tools/requirements-no-deps.txt"
+  quick="$root/tools/requirements-quickstart.txt"
   stamp="$venv/ptcfs-requirements.txt"
+  quick_stamp="$venv/ptcfs-quickstart.txt"
+  pip=(-m pip install --disable-pip-version-check --progress-bar off)
   if [ -x "$venv/bin/python" ] && cat "$requirements" "$no_deps" | cmp -s - "$stamp"; then
     echo "ptcfs setup: $venv is up to date"
+  elif [ "${PTCFS_VENV_SET:-all}" = quickstart ] && [ -x "$venv/bin/python" ] && cmp -s "$quick" "$quick_stamp"; then
+    echo "ptcfs setup: $venv has the quickstart's clients"
+  elif [ "${PTCFS_VENV_SET:-all}" = quickstart ]; then
+    echo "ptcfs setup: making $venv with $(grep -v '^#' "$quick" | xargs) from PyPI"
+    [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/python" "${pip[@]}" -r "$quick"
+    cp "$quick" "$quick_stamp"
   else
     echo "ptcfs setup: making $venv with $(grep -v '^#' "$requirements" | xargs) from PyPI (about 5 GB, a minute or more)"
     [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off -r "$requirements"
-    "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off --no-deps -r "$no_deps"
+    "$venv/bin/python" "${pip[@]}" -r "$requirements"
+    "$venv/bin/python" "${pip[@]}" --no-deps -r "$no_deps"
     cat "$requirements" "$no_deps" > "$stamp"
     echo "ptcfs setup: $venv ready ($("$venv/bin/python" -c 'import torch, safetensors; print("torch", torch.__version__, "safetensors", safetensors.__version__)'))"
   fi
