@@ -20,7 +20,12 @@ Result<RankView> ModelLayout::View(int rank) const {
                                 std::to_string(config.world_size()) + " of config " + config.ToString());
   }
   const RankCoords coords = config.CoordsOf(rank);
-  const BodyKey key{coords.tp, coords.pp, config.zero ? coords.dp : 0};
+  const BodyKey key{coords.tp,
+                    coords.pp,
+                    coords.etp,
+                    coords.ep,
+                    config.zero ? ParallelConfig::DenseZeroIndex(coords, config.cp) : 0,
+                    config.zero ? coords.edp : 0};
   std::shared_ptr<const RankView> body;
   {
     MutexLock lock(&shared_->mu);
