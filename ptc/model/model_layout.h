@@ -35,6 +35,11 @@ class ModelLayout {
   // \error InvalidArgument when rank is outside the world, or naming the rule
   //   whose shape formula fails.
   Result<RankView> View(int rank) const;
+  // The tensors of `rank`'s files without a copy: the view body `rank` shares
+  // with the ranks of its body key (below); its `rank` and `coords` are those
+  // of whichever of them was computed first. For loops over every rank.
+  // \error as View.
+  Result<std::shared_ptr<const RankView>> Body(int rank) const;
 
  private:
   // (tp, pp, etp, ep, index in the dp x cp group and edp under ZeRO else 0):

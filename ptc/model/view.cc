@@ -80,9 +80,14 @@ Placement Place(const TensorRule& rule, const Shape& shape, std::string global, 
 Result<std::vector<Placement>> PlaceParameters(const ModelSpec& spec, const ParallelConfig& config,
                                                const RankCoords& coords) {
   std::vector<Placement> out;
+  std::unordered_map<const TensorRule*, Shape> shapes;  // each rule's, evaluated once (a rank holds many experts)
   auto add = [&](const TensorRule& rule, Index global_layer, Index local_layer, Index global_expert = 0,
                  Index local_expert = 0) -> Status {
-    PTC_ASSIGN_OR_RETURN(Shape shape, RuleShape(rule, spec.dims));
+    auto [at, fresh] = shapes.try_emplace(&rule);
+    if (fresh) {
+      PTC_ASSIGN_OR_RETURN(at->second, RuleShape(rule, spec.dims));
+    }
+    const Shape& shape = at->second;
     const int parts = rule.expert ? config.expert_tp() : config.tp;
     const int part_rank = rule.expert ? coords.etp : coords.tp;
     out.push_back(Place(rule, shape, GlobalName(rule, global_layer, global_expert),
@@ -361,8 +366,15 @@ Result<RankView> ComputeCheckedView(const ModelSpec& spec, const ParallelConfig&
   view.rank = rank;
   view.coords = config.CoordsOf(rank);
   PTC_ASSIGN_OR_RETURN(std::vector<Placement> params, PlaceParameters(spec, config, view.coords));
-  for (const Placement& p : params) view.model.push_back(p.local);
-  if (!spec.optimizer) return view;
+  // The optimizer state first: it reads the placements, which then move into view.model.
+  auto take_model = [&] {
+    view.model.reserve(params.size());
+    for (Placement& p : params) view.model.push_back(std::move(p.local));
+  };
+  if (!spec.optimizer) {
+    take_model();
+    return view;
+  }
   if (config.zero) {
     const RankCoords& c = view.coords;
     for (const char* kind : kOptimizerKinds) {
@@ -379,6 +391,7 @@ Result<RankView> ComputeCheckedView(const ModelSpec& spec, const ParallelConfig&
       for (const char* kind : kOptimizerKinds) view.optim.push_back(OptimizerTensor(p.local, kind));
     }
   }
+  take_model();
   return view;
 }
 
