@@ -13,6 +13,7 @@
 #include "synth_store.h"
 #include "test_util.h"
 #include "transform/execute.h"
+#include "transform/layout_manifest.h"
 
 namespace ptc::transform {
 namespace {
@@ -396,6 +397,183 @@ TEST(Transform, FaultAtEveryOperationOfCompact) {
   FaultAtEveryOperation(tmp, 2, [&](Store& store, int n) { return Compact(store, Options(1 + n % 2)); });
   if (HasFatalFailure()) return;
   ExpectStoreHolds(tmp, spec, to, 9);
+}
+
+// Mixture of experts (issue 40): round trips over a matrix of (tp, cp, ep,
+// etp, dp, pp) layouts, and plans for ep and etp changes.
+const std::vector<const char*> kMoeModels = {
+    // layer 0 dense (dense_first=1), 4 experts, shared experts
+    "layers=4,hidden=16,heads=4,kv_heads=2,vocab=32,seq=8,ffn=24,experts=4,moe_ffn=8,shared_ffn=8,dense_first=1",
+    // every other layer MoE (moe_every=2), 8 experts of ffn 4, no shared experts
+    "layers=4,hidden=16,heads=4,kv_heads=2,vocab=32,seq=8,ffn=24,experts=8,moe_ffn=4,moe_every=2",
+};
+
+// (tp, cp, ep, etp, dp, pp) combinations, each with a per_worker that puts
+// ranks on several workers.
+const std::vector<const char*> kMoeConfigs = {
+    "tp=1,pp=1,dp=1",
+    "tp=2,pp=1,dp=2,ep=2,etp=1,per_worker=2",
+    "tp=1,pp=1,dp=4,ep=4,per_worker=2",
+    "tp=2,pp=1,dp=1,cp=2,ep=2,per_worker=3",
+    "tp=2,pp=2,dp=2,ep=4,etp=1,per_worker=4",
+    "tp=1,pp=2,dp=2,cp=2,ep=2,per_worker=2",
+    "tp=2,pp=1,dp=2,ep=1,etp=1,per_worker=1",
+    "tp=1,pp=2,dp=4,ep=2,etp=2,per_worker=3",
+    "tp=2,pp=1,dp=2,cp=2,ep=4,etp=2,per_worker=4",
+};
+
+ParallelConfig MoeConfig(const char* text, bool zero) {
+  ParallelConfig c = *ParseConfig(text);
+  c.zero = zero ? 1 : 0;
+  return c;
+}
+
+// synth at A, transform to B, equals synth at B: a chain through every layout
+// of the matrix (each a step from the one before), for both models, with and
+// without ZeRO-1, covering and compacting.
+TEST(MoeTransform, ChainThroughTheMatrixMatchesSynth) {
+  for (size_t m = 0; m < kMoeModels.size(); ++m) {
+    for (bool zero : {false, true}) {
+      const ModelSpec spec = Spec("llama", kMoeModels[m], m ? DType::kF32 : DType::kBF16, true);
+      TempDir tmp;
+      const uint64_t seed = 40 + m;
+      ParallelConfig from = MoeConfig(kMoeConfigs[0], zero);
+      MakeStore(tmp, spec, from, seed);
+      for (size_t i = 1; i <= kMoeConfigs.size(); ++i) {
+        // Forward through the list, then back to a layout of the middle.
+        const ParallelConfig to = MoeConfig(kMoeConfigs[i < kMoeConfigs.size() ? i : 3], zero);
+        SCOPED_TRACE(std::string(kMoeModels[m]) + ": " + from.ToString() + " -> " + to.ToString());
+        auto store = Store::Open(Env::Default(), tmp / "store");
+        ASSERT_TRUE(store.ok());
+        ExecuteOptions options = Options(1 + i % 2);
+        options.mode = i % 2 ? CommitMode::kCompact : CommitMode::kCovering;
+        auto r = Transform(**store, to, options);
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        ASSERT_TRUE(VerifyGeneration(**store, (*store)->current()).ok());
+        ASSERT_TRUE((*store)->CollectGarbage().ok());
+        ExpectStoreHolds(tmp, spec, to, seed);
+        if (HasFatalFailure()) return;
+        from = to;
+      }
+    }
+  }
+}
+
+// Random pairs from the matrix, each transformed once.
+TEST(MoeTransform, RandomPairsMatchSynth) {
+  std::mt19937_64 rng(TestSeed());
+  for (int iter = 0; iter < 8; ++iter) {
+    const char* dims = kMoeModels[rng() % kMoeModels.size()];
+    const bool zero = rng() % 2;
+    const ModelSpec spec = Spec("llama", dims, DType::kBF16, rng() % 3 != 0);
+    const ParallelConfig from = MoeConfig(kMoeConfigs[rng() % kMoeConfigs.size()], zero && spec.optimizer);
+    const ParallelConfig to = MoeConfig(kMoeConfigs[rng() % kMoeConfigs.size()], zero && spec.optimizer);
+    SCOPED_TRACE(std::string(dims) + (spec.optimizer ? " adam " : " ") + from.ToString() + " -> " + to.ToString());
+    TempDir tmp;
+    MakeStore(tmp, spec, from, iter);
+    auto store = Store::Open(Env::Default(), tmp / "store");
+    ASSERT_TRUE(store.ok());
+    auto r = Transform(**store, to, Options());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ExpectStoreHolds(tmp, spec, to, iter);
+    if (HasFatalFailure()) return;
+    CheckPlanProperties((*store)->current(), spec, MoeConfig(kMoeConfigs[rng() % kMoeConfigs.size()], false),
+                        std::nullopt);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// An ep change moves whole experts and nothing else, and the plan's lower
+// bound (and moved bytes) are exactly the experts whose worker changed; an
+// etp change moves only expert shards. One rank per worker.
+TEST(MoePlan, EpAndEtpChangesMoveExpertsOnlyAndMovedEqualsBound) {
+  const ModelSpec spec = Spec("llama", kMoeModels[0], DType::kBF16, true);
+  struct Case {
+    const char* from;
+    const char* to;
+    bool whole;  // each moved tensor moves whole (etp=1 on both sides)
+  };
+  for (const Case& k : {Case{"tp=1,dp=4,ep=2,per_worker=1", "tp=1,dp=4,ep=4,per_worker=1", true},
+                        Case{"tp=1,dp=4,ep=4,per_worker=1", "tp=1,dp=4,ep=1,per_worker=1", true},
+                        Case{"tp=2,dp=2,ep=2,etp=1,per_worker=1", "tp=2,dp=2,ep=4,etp=1,per_worker=1", true},
+                        Case{"tp=2,dp=2,ep=2,etp=1,per_worker=1", "tp=2,dp=2,ep=2,per_worker=1", false},
+                        Case{"tp=2,dp=2,ep=1,etp=2,per_worker=1", "tp=2,dp=2,ep=1,etp=1,per_worker=1", false},
+                        Case{"tp=1,cp=2,dp=2,ep=2,per_worker=1", "tp=1,cp=2,dp=2,ep=4,per_worker=1", true},
+                        // cp for dp: the weights are replicated over both, the expert grid is the same
+                        Case{"tp=1,cp=2,dp=2,ep=2,per_worker=1", "tp=1,cp=1,dp=4,ep=2,per_worker=1", true},
+                        Case{"tp=2,cp=2,dp=1,ep=2,etp=1,per_worker=2", "tp=2,cp=1,dp=2,ep=4,etp=1,per_worker=2", true}}) {
+    const ParallelConfig from = *ParseConfig(k.from), to = *ParseConfig(k.to);
+    SCOPED_TRACE(std::string(k.from) + " -> " + k.to);
+    TempDir tmp;
+    MakeStore(tmp, spec, from, 3);
+    auto store = Store::Open(Env::Default(), tmp / "store");
+    ASSERT_TRUE(store.ok());
+    const GenerationManifest& source = (*store)->current();
+    CheckPlanProperties(source, spec, to, std::nullopt);  // moved == lower bound, every byte once
+    if (HasFatalFailure()) return;
+    auto plan = MakePlan({&source, spec, to, {}, std::nullopt});
+    ASSERT_TRUE(plan.ok());
+    // Only expert tensors (and their optimizer state) cross workers.
+    std::map<std::string, uint64_t> moved;
+    for (const Copy& c : plan->copies) {
+      const ShardRecord& s = source.shards[c.source];
+      if (s.worker == plan->targets[c.target].worker) continue;
+      EXPECT_NE(s.tensor.find(".mlp.experts.local_experts."), std::string::npos) << s.tensor << " moved";
+      moved[s.tensor] += c.nbytes;
+    }
+    if (!k.whole) continue;
+    // Whole experts: the bound counts, per worker, each expert tensor the
+    // worker newly holds, whole.
+    std::map<std::string, uint64_t> tensor_bytes;
+    for (const TensorRecord& t : source.tensors) {
+      uint64_t n = DTypeSize(t.dtype);
+      for (Index d : t.shape) n *= d;
+      tensor_bytes[t.name] = n;
+    }
+    auto holders = [&](const ParallelConfig& c) {
+      std::map<std::string, std::set<int>> out;
+      const ModelLayout layout = FitLayout(spec, c);
+      for (int rank = 0; rank < c.world_size(); ++rank) {
+        auto view = layout.View(rank);
+        for (const auto* list : {&view->model, &view->optim}) {
+          for (const LocalTensor& t : *list) {
+            for (const Segment& s : t.segments) out[s.tensor].insert(c.WorkerOf(rank));
+          }
+        }
+      }
+      return out;
+    };
+    const auto before = holders(from), after = holders(to);
+    uint64_t expected = 0;
+    for (const auto& [tensor, workers] : after) {
+      for (int w : workers) expected += before.at(tensor).count(w) ? 0 : tensor_bytes[tensor];
+    }
+    EXPECT_EQ(plan->lower_bound, expected);
+    EXPECT_EQ(plan->bytes_moved, expected);
+  }
+}
+
+// The source a store would hold, from the dims alone (ptcfs plan --from),
+// plans as the real store's manifest does.
+TEST(MoePlan, LayoutManifestPlansAsTheStore) {
+  const ModelSpec spec = Spec("llama", kMoeModels[1], DType::kBF16, true);
+  const ParallelConfig from = *ParseConfig("tp=2,pp=2,dp=2,ep=4,etp=1,zero=1,per_worker=2");
+  const ParallelConfig to = *ParseConfig("tp=1,pp=1,dp=4,ep=2,per_worker=2");
+  TempDir tmp;
+  MakeStore(tmp, spec, from, 5);
+  auto store = Store::Open(Env::Default(), tmp / "store");
+  ASSERT_TRUE(store.ok());
+  auto made = LayoutManifest(FitLayout(spec, from));
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  EXPECT_EQ(made->tensors, (*store)->current().tensors);
+  auto real = MakePlan({&(*store)->current(), spec, to, {}, std::nullopt});
+  auto dims = MakePlan({&*made, spec, to, {}, std::nullopt});
+  ASSERT_TRUE(real.ok() && dims.ok());
+  EXPECT_EQ(real->bytes_total, dims->bytes_total);
+  EXPECT_EQ(real->bytes_moved, dims->bytes_moved);
+  EXPECT_EQ(real->lower_bound, dims->lower_bound);
+  EXPECT_EQ(real->bytes_kept, dims->bytes_kept);
+  EXPECT_EQ(real->targets.size(), dims->targets.size());
 }
 
 }  // namespace

@@ -42,9 +42,10 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
                          "configs describes the same global tensors: the reference for import/export checks.");
   sub->add_option("--schema", a->schema, "built-in schema (megatron-gpt, llama) or schema JSON file")->required();
   sub->add_option("--dims", a->dims,
-                  "model dims, e.g. layers=4,hidden=64,heads=4,vocab=1024,seq=128[,ffn=,kv_heads=,head_dim=]")
+                  "model dims, e.g. layers=4,hidden=64,heads=4,vocab=1024,seq=128[,ffn=,kv_heads=,head_dim=]\n"
+                  "[,experts=,moe_ffn=,shared_ffn=,moe_every=,dense_first=] (mixture of experts)")
       ->required();
-  sub->add_option("--config", a->config, "parallel config, e.g. tp=2,pp=2,dp=1[,zero=1][,pp_layers=1+3][,per_worker=8]")
+  sub->add_option("--config", a->config, "parallel config, e.g. tp=2,pp=2,dp=1[,cp=,ep=,etp=][,zero=1][,pp_layers=1+3][,per_worker=8]")
       ->required();
   sub->add_option("--optimizer", a->optimizer, "optimizer state to include")->check(CLI::IsMember({"none", "adam"}));
   sub->add_option("--dtype", a->dtype, "parameter dtype (optimizer state is always f32)")

@@ -12,12 +12,16 @@
 #include "tools/commands.h"
 #include "tools/progress.h"
 #include "transform/execute.h"
+#include "transform/layout_manifest.h"
 
 namespace ptcfs {
 namespace {
 
 struct PlanArgs {
   std::string store, to, alive;
+  // plan --from: the source from the model and a config alone, no store.
+  std::string from, schema, dims, optimizer = "none", dtype = "f32";
+  bool manifest_size = false;
   int workers_per_host = 1;
   int threads = 2;
   bool json = false;
@@ -73,7 +77,7 @@ nlohmann::json PlanJson(const ptc::transform::Plan& p, const ptc::transform::Cov
           {"missing", missing}};
 }
 
-// The store, its current generation and the plan to `--to`.
+// The store (none with --from), its current generation and the plan to `--to`.
 struct Planned {
   std::unique_ptr<ptc::Store> store;
   std::shared_ptr<const ptc::GenerationManifest> source;
@@ -81,23 +85,53 @@ struct Planned {
   ptc::ParallelConfig to;
   ptc::transform::Plan plan;
   ptc::transform::Covering covering;  // what transform commits (CommitMode::kCovering)
-  double seconds = 0;      // planning time
+  double seconds = 0;         // planning time
+  double source_seconds = 0;  // --from: building the source manifest
 };
+
+// --from: the source generation a store of --schema/--dims in config --from
+// would hold (transform/layout_manifest.h), no tensor data.
+ptc::Status SourceFromDims(const PlanArgs& a, Planned* p) {
+  if (!a.store.empty()) return ptc::InvalidArgumentError("give either STORE or --from, not both");
+  if (a.schema.empty() || a.dims.empty()) return ptc::InvalidArgumentError("--from needs --schema and --dims");
+  PTC_ASSIGN_OR_RETURN(const ptc::ParallelConfig from, ptc::ParseConfig(a.from), "--from");
+  PTC_ASSIGN_OR_RETURN(p->spec.schema, ptc::LoadSchema(a.schema));
+  PTC_ASSIGN_OR_RETURN(p->spec.dims, ptc::ParseDims(a.dims));
+  PTC_ASSIGN_OR_RETURN(p->spec.dtype, ptc::ParseDType(a.dtype));
+  p->spec.optimizer = a.optimizer == "adam";
+  const auto start = std::chrono::steady_clock::now();
+  PTC_ASSIGN_OR_RETURN(const ptc::ModelLayout layout, ptc::ModelLayout::Make(p->spec, from), "--from");
+  PTC_ASSIGN_OR_RETURN(ptc::GenerationManifest m, ptc::transform::LayoutManifest(layout));
+  p->source = std::make_shared<const ptc::GenerationManifest>(std::move(m));
+  p->source_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return ptc::Status::OK();
+}
 
 // `write`: a transform, which takes the writer lock before it reads the store.
 ptc::Result<Planned> MakePlanned(const PlanArgs& a, bool write = false) {
   Planned p;
   PTC_ASSIGN_OR_RETURN(p.to, ptc::ParseConfig(a.to), "--to");
   PTC_ASSIGN_OR_RETURN(auto alive, ParseAlive(a.alive));
-  if (write) {
+  if (a.from.empty() && (!a.schema.empty() || !a.dims.empty())) {
+    return ptc::InvalidArgumentError("--schema and --dims describe the source of --from; give --from too");
+  }
+  if (!a.from.empty()) {
+    PTC_RETURN_IF_ERROR(SourceFromDims(a, &p));
+  } else if (a.store.empty()) {
+    return ptc::InvalidArgumentError("give STORE, or --from with --schema and --dims to plan without one");
+  } else if (write) {
     PTC_ASSIGN_OR_RETURN(ptc::StoreLock lock, LockStore(a.store, a.wait));
     PTC_ASSIGN_OR_RETURN(p.store, ptc::Store::OpenLocked(ptc::Env::Default(), a.store, std::move(lock)));
   } else {
     PTC_ASSIGN_OR_RETURN(p.store, ptc::Store::Open(ptc::Env::Default(), a.store));
   }
-  if (!p.store->has_generation()) return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
-  p.source = p.store->CurrentSnapshot();
-  PTC_ASSIGN_OR_RETURN(p.spec, ptc::SpecFromManifest(*p.source), a.store);
+  if (p.store != nullptr) {
+    if (!p.store->has_generation()) {
+      return ptc::FailedPreconditionError(a.store + ": the store holds no generation yet");
+    }
+    p.source = p.store->CurrentSnapshot();
+    PTC_ASSIGN_OR_RETURN(p.spec, ptc::SpecFromManifest(*p.source), a.store);
+  }
   const auto start = std::chrono::steady_clock::now();
   PTC_ASSIGN_OR_RETURN(p.plan, ptc::transform::MakePlan({p.source.get(), p.spec, p.to, {a.workers_per_host}, alive}));
   p.covering = ptc::transform::MakeCovering(p.plan, *p.source, ptc::transform::CommitMode::kCovering);
@@ -113,9 +147,22 @@ ptc::Status RunPlan(const PlanArgs& a) {
   const auto& source = p.source;
   const ptc::transform::Covering& c = p.covering;
   nlohmann::json j = PlanJson(plan, c, source->config, to.ToString());
+  if (!a.from.empty()) {
+    j["source"] = {{"from_dims", true}, {"tensors", source->tensors.size()}, {"shards", source->shards.size()}};
+    if (a.manifest_size) j["source"]["manifest_bytes"] = ptc::EncodeManifest(*source).size();
+  }
   if (a.json) {
     std::printf("%s\n", ptc::JsonText(j, 2).c_str());
   } else {
+    if (!a.from.empty()) {
+      std::printf("source %s of %s, no store: %zu tensors, %zu stored shards (built in %.3f s)\n",
+                  source->config.c_str(), source->dims.c_str(), source->tensors.size(), source->shards.size(),
+                  p.source_seconds);
+      if (a.manifest_size) {
+        std::printf("  manifest       %s (its generation manifest, encoded)\n",
+                    HumanBytes(j["source"]["manifest_bytes"].get<uint64_t>()).c_str());
+      }
+    }
     std::printf("plan %s -> %s (%.3f s)\n", source->config.c_str(), to.ToString().c_str(), secs);
     std::printf("  target shards  %zu (%zu kept as they are)\n", plan.targets.size(), j["kept_shards"].get<size_t>());
     std::printf("  bytes          %s total, %s kept, %s from pieces on-worker, %s moved between workers\n",
@@ -158,12 +205,14 @@ ptc::Status RunTransform(const PlanArgs& a) {
   return ptc::Status::OK();
 }
 
-void AddCommonOptions(CLI::App* sub, PlanArgs* a) {
-  sub->add_option("--to", a->to, "target parallel config, e.g. tp=4,pp=1,dp=2,zero=1")->required();
+void AddCommonOptions(CLI::App* sub, PlanArgs* a, bool store_required = true) {
+  sub->add_option("--to", a->to, "target parallel config, e.g. tp=4,pp=1,dp=2,zero=1 (with experts: ep=, etp=; cp=)")
+      ->required();
   sub->add_option("--alive", a->alive, "comma-separated workers whose shards can be read (default: all)");
   sub->add_option("--workers-per-host", a->workers_per_host, "topology: workers sharing a host (for link classes)")
       ->check(AtLeast(1));
-  sub->add_option("STORE", a->store, "store directory")->required();
+  auto* store = sub->add_option("STORE", a->store, "store directory");
+  if (store_required) store->required();
 }
 
 }  // namespace
@@ -176,7 +225,17 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
                          "anything: bytes kept, copied on-worker and moved between workers, the lower bound (bytes\n"
                          "with no replica on their new worker), the per-worker bottleneck, and regions with no live\n"
                          "copy when --alive excludes workers (exit 1).");
-  AddCommonOptions(sub, a.get());
+  AddCommonOptions(sub, a.get(), /*store_required=*/false);
+  sub->add_option("--from", a->from,
+                  "plan without a store: the source is a store of --schema/--dims compacted in this config\n"
+                  "(metadata only, no tensor data; e.g. a 671B MoE job's plan from its dims)");
+  sub->add_option("--schema", a->schema, "with --from: built-in schema (megatron-gpt, llama) or schema JSON file");
+  sub->add_option("--dims", a->dims, "with --from: model dims, e.g. layers=61,hidden=7168,...,experts=256");
+  sub->add_option("--optimizer", a->optimizer, "with --from: optimizer state in the source")
+      ->check(CLI::IsMember({"none", "adam"}));
+  sub->add_option("--dtype", a->dtype, "with --from: parameter dtype (optimizer state is always f32)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "f64"}));
+  sub->add_flag("--manifest-size", a->manifest_size, "with --from: also encode the source manifest and print its size");
   sub->add_flag("--json", a->json, "machine-readable plan summary (docs/cli.md)");
   sub->callback([a, exit_code] { *exit_code = Report("plan", RunPlan(*a)); });
 }

@@ -191,9 +191,9 @@ Result<std::vector<std::pair<ShardKey, int>>> TargetShardKeys(const ModelLayout&
   };
   std::vector<size_t> slot_begin;  // the first key of each slot in `out`
   for (int rank = 0; rank < config.world_size(); ++rank) {
-    PTC_ASSIGN_OR_RETURN(RankView view, layout.View(rank));
+    PTC_ASSIGN_OR_RETURN(std::shared_ptr<const RankView> view, layout.Body(rank));  // no copy
     if (rank % config.per_worker == 0) slot_begin.push_back(out.size());
-    for (const auto* list : {&view.model, &view.optim}) {
+    for (const auto* list : {&view->model, &view->optim}) {
       for (const LocalTensor& t : *list) {
         for (ShardKey& key : StoredShards(t)) add(std::move(key), config.WorkerOf(rank));
       }

@@ -44,6 +44,13 @@ constexpr std::string_view kMegatronGpt = R"json({
 // parameters with Transformer Engine (the order of named_parameters(), which
 // numbers the optimizer state): Attention.__init__ builds linear_proj before
 // SelfAttention adds linear_qkv, whose fused norm weight TE registers first.
+// With dims experts= the MoE layers (ModelDims::IsMoeLayer) replace the dense
+// MLP by Megatron-Core's MoELayer: pre_mlp_layernorm (a norm of its own, not
+// fused), then the router [experts, hidden], the routed experts (each its own
+// SwiGLU fc1 [gate; up] and fc2 of moe_ffn, split over etp; {e} is the global
+// expert id in global names and the rank's local index in local names) and,
+// with shared_ffn, the shared experts (split over tp like a dense MLP), in the
+// order MoELayer.__init__ builds them. A dense model has none of these.
 constexpr std::string_view kLlama = R"json({
   "name": "llama",
   "tensors": [
@@ -53,10 +60,23 @@ constexpr std::string_view kLlama = R"json({
     {"name": "decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight", "shape": ["hidden"], "pp": "layer"},
     {"name": "decoder.layers.{i}.self_attention.linear_qkv.weight",
      "shape": ["(heads+2*kv_heads)*head_dim", "hidden"], "tp": {"dim": 0, "units": "kv_heads"}, "pp": "layer"},
-    {"name": "decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", "shape": ["hidden"], "pp": "layer"},
+    {"name": "decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", "shape": ["hidden"], "pp": "layer",
+     "layers": "dense"},
     {"name": "decoder.layers.{i}.mlp.linear_fc1.weight",
-     "shape": ["2*ffn", "hidden"], "tp": {"dim": 0, "segments": 2}, "pp": "layer"},
-    {"name": "decoder.layers.{i}.mlp.linear_fc2.weight", "shape": ["hidden", "ffn"], "tp": {"dim": 1}, "pp": "layer"},
+     "shape": ["2*ffn", "hidden"], "tp": {"dim": 0, "segments": 2}, "pp": "layer", "layers": "dense"},
+    {"name": "decoder.layers.{i}.mlp.linear_fc2.weight", "shape": ["hidden", "ffn"], "tp": {"dim": 1}, "pp": "layer",
+     "layers": "dense"},
+    {"name": "decoder.layers.{i}.pre_mlp_layernorm.weight", "shape": ["hidden"], "pp": "layer", "layers": "moe"},
+    {"name": "decoder.layers.{i}.mlp.router.weight", "shape": ["experts", "hidden"], "pp": "layer", "layers": "moe"},
+    {"name": "decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc1.weight",
+     "shape": ["2*moe_ffn", "hidden"], "tp": {"dim": 0, "segments": 2}, "pp": "layer"},
+    {"name": "decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc2.weight",
+     "shape": ["hidden", "moe_ffn"], "tp": {"dim": 1}, "pp": "layer"},
+    {"name": "decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight",
+     "shape": ["2*shared_ffn", "hidden"], "tp": {"dim": 0, "segments": 2}, "pp": "layer", "layers": "moe",
+     "when": "shared_ffn"},
+    {"name": "decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight",
+     "shape": ["hidden", "shared_ffn"], "tp": {"dim": 1}, "pp": "layer", "layers": "moe", "when": "shared_ffn"},
     {"name": "decoder.final_layernorm.weight", "shape": ["hidden"], "pp": "last"},
     {"name": "output_layer.weight", "shape": ["vocab", "hidden"], "tp": {"dim": 0}, "pp": "last"}
   ]

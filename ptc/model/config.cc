@@ -11,9 +11,16 @@ namespace ptc {
 
 RankCoords ParallelConfig::CoordsOf(int rank) const {
   RankCoords c;
-  c.tp = rank % tp;
-  c.dp = (rank / tp) % dp;
-  c.pp = rank / (tp * dp);
+  const int stage = tp * cp * dp;  // ranks of one pipeline stage, in both grids
+  const int s = rank % stage;
+  c.pp = rank / stage;
+  c.tp = s % tp;
+  c.cp = (s / tp) % cp;
+  c.dp = s / (tp * cp);
+  const int etp_size = expert_tp();
+  c.etp = s % etp_size;
+  c.ep = (s / etp_size) % ep;
+  c.edp = s / (etp_size * ep);
   return c;
 }
 
@@ -79,8 +86,19 @@ std::string WorkersText(const ParallelConfig& config) {
   return s;
 }
 
+Status CheckExpertGrid(const ParallelConfig& c) {
+  const int64_t dense = int64_t{c.tp} * c.cp * c.dp, expert = int64_t{c.expert_tp()} * c.ep;
+  if (dense % expert == 0) return Status::OK();
+  return InvalidArgumentError("config " + c.ToString() + ": tp*cp*dp = " + std::to_string(dense) +
+                              " is not a multiple of etp*ep = " + std::to_string(expert) +
+                              " (each pipeline stage's ranks must form the expert grid etp x ep x edp)");
+}
+
 std::string ParallelConfig::ToString() const {
   std::string s = "tp=" + std::to_string(tp) + ",pp=" + std::to_string(pp) + ",dp=" + std::to_string(dp);
+  if (cp != 1) s += ",cp=" + std::to_string(cp);
+  if (ep != 1) s += ",ep=" + std::to_string(ep);
+  if (etp != 0) s += ",etp=" + std::to_string(etp);
   if (zero) s += ",zero=" + std::to_string(zero);
   if (!pp_layers.empty()) s += ",pp_layers=" + PlusList(pp_layers);
   s += ",per_worker=" + std::to_string(per_worker);
@@ -119,10 +137,13 @@ Result<ParallelConfig> ParseConfig(std::string_view text) {
                  : key == "zero"       ? &c.zero
                  : key == "per_worker" ? &c.per_worker
                  : key == "replicas"   ? &c.replicas
+                 : key == "cp"         ? &c.cp
+                 : key == "ep"         ? &c.ep
+                 : key == "etp"        ? &c.etp
                                        : nullptr;
     if (field == nullptr) {
       return InvalidArgumentError("config '" + std::string(text) + "': unknown key '" + key +
-                                  "' (expected tp, pp, dp, zero, pp_layers, per_worker, workers, replicas)");
+                                  "' (expected tp, pp, dp, cp, ep, etp, zero, pp_layers, per_worker, workers, replicas)");
     }
     if (key == "zero") {
       if (value != "0" && value != "1") return err("zero must be 0 or 1");
@@ -137,10 +158,13 @@ Result<ParallelConfig> ParseConfig(std::string_view text) {
     return InvalidArgumentError("config '" + std::string(text) + "': pp_layers lists " +
                                 std::to_string(c.pp_layers.size()) + " stages but pp=" + std::to_string(c.pp));
   }
-  if (const int64_t ranks = int64_t{c.tp} * c.pp * c.dp; ranks > kMaxRanks) {
-    return InvalidArgumentError("config '" + CutForMessage(text) + "': tp*pp*dp = " + std::to_string(ranks) +
-                                " ranks exceeds the limit of " + std::to_string(kMaxRanks) + " ranks");
+  if (const int64_t ranks = int64_t{c.tp} * c.pp * c.dp * c.cp; ranks > kMaxRanks) {
+    return InvalidArgumentError("config '" + CutForMessage(text) + "': " + (c.cp == 1 ? "tp*pp*dp" : "tp*cp*pp*dp") +
+                                " = " + std::to_string(ranks) + " ranks exceeds the limit of " +
+                                std::to_string(kMaxRanks) + " ranks");
   }
+  if (c.etp == c.tp) c.etp = 0;  // the default, written one way
+  PTC_RETURN_IF_ERROR(CheckExpertGrid(c));
   if (!c.workers.empty()) {
     const std::string w = "config '" + std::string(text) + "': workers=" + PlusList(c.workers) + ": ";
     if (static_cast<int64_t>(c.workers.size()) != static_cast<int64_t>(c.num_workers())) {

@@ -1,6 +1,8 @@
 #include "ptc/model/dims.h"
 
 #include <array>
+#include <set>
+#include <string>
 #include <utility>
 
 #include "ptc/base/kv_text.h"
@@ -10,7 +12,7 @@ namespace ptc {
 namespace {
 
 using Field = Index ModelDims::*;
-constexpr std::array<std::pair<std::string_view, Field>, 8> kFields = {{
+constexpr std::array<std::pair<std::string_view, Field>, 13> kFields = {{
     {"layers", &ModelDims::layers},
     {"hidden", &ModelDims::hidden},
     {"heads", &ModelDims::heads},
@@ -19,7 +21,39 @@ constexpr std::array<std::pair<std::string_view, Field>, 8> kFields = {{
     {"ffn", &ModelDims::ffn},
     {"kv_heads", &ModelDims::kv_heads},
     {"head_dim", &ModelDims::head_dim},
+    {"experts", &ModelDims::experts},
+    {"moe_ffn", &ModelDims::moe_ffn},
+    {"shared_ffn", &ModelDims::shared_ffn},
+    {"moe_every", &ModelDims::moe_every},
+    {"dense_first", &ModelDims::dense_first},
 }};
+constexpr size_t kDenseFields = 8;  // the fields before "experts"
+
+bool MayBeZero(std::string_view key) { return key == "experts" || key == "shared_ffn" || key == "dense_first"; }
+
+// The MoE fields' rules, after the dense ones are known.
+Status CheckMoe(const std::string& label, const std::set<std::string>& given, ModelDims& d) {
+  if (d.experts == 0) {
+    for (size_t i = kDenseFields + 1; i < kFields.size(); ++i) {
+      if (given.count(std::string(kFields[i].first))) {
+        return InvalidArgumentError(label + ": " + std::string(kFields[i].first) +
+                                    "= needs experts= (a mixture-of-experts model; experts=0 is dense)");
+      }
+    }
+    return Status::OK();
+  }
+  if (d.experts > kMaxExperts) {
+    return InvalidArgumentError(label + ": experts=" + std::to_string(d.experts) + " exceeds the limit of " +
+                                std::to_string(kMaxExperts) + " experts per layer");
+  }
+  if (!given.count("moe_ffn")) d.moe_ffn = d.ffn;
+  if (d.MoeLayers() == 0) {
+    return InvalidArgumentError(label + ": dense_first=" + std::to_string(d.dense_first) + " and moe_every=" +
+                                std::to_string(d.moe_every) + " leave no MoE layer among layers=" +
+                                std::to_string(d.layers));
+  }
+  return Status::OK();
+}
 
 }  // namespace
 
@@ -30,9 +64,16 @@ std::optional<Index> ModelDims::Lookup(std::string_view name) const {
   return std::nullopt;
 }
 
+Index ModelDims::MoeLayers() const {
+  Index n = 0;
+  for (Index l = 0; l < layers; ++l) n += IsMoeLayer(l);
+  return n;
+}
+
 std::string ModelDims::ToString() const {
   std::string s;
-  for (const auto& [key, field] : kFields) {
+  for (size_t i = 0; i < (experts ? kFields.size() : kDenseFields); ++i) {
+    const auto& [key, field] = kFields[i];
     s += (s.empty() ? "" : ",") + std::string(key) + "=" + std::to_string(this->*field);
   }
   return s;
@@ -41,6 +82,7 @@ std::string ModelDims::ToString() const {
 Result<ModelDims> ParseDims(std::string_view text) {
   const std::string label = "model dims '" + std::string(text) + "'";
   ModelDims d;
+  std::set<std::string> given;
   PTC_ASSIGN_OR_RETURN(auto pairs, SplitKeyValues(text), label);
   for (const auto& [key, value] : pairs) {
     Field field = nullptr;
@@ -49,7 +91,13 @@ Result<ModelDims> ParseDims(std::string_view text) {
     }
     if (field == nullptr) {
       return InvalidArgumentError(label + ": unknown key '" + key +
-                                  "' (expected layers, hidden, heads, vocab, seq, ffn, kv_heads, head_dim)");
+                                  "' (expected layers, hidden, heads, vocab, seq, ffn, kv_heads, head_dim, experts, "
+                                  "moe_ffn, shared_ffn, moe_every, dense_first)");
+    }
+    given.insert(key);
+    if (MayBeZero(key) && value == "0") {
+      d.*field = 0;
+      continue;
     }
     PTC_ASSIGN_OR_RETURN(d.*field, ParsePositiveInt(value), label + ": " + key);
   }
@@ -75,6 +123,7 @@ Result<ModelDims> ParseDims(std::string_view text) {
     }
     d.head_dim = d.hidden / d.heads;
   }
+  PTC_RETURN_IF_ERROR(CheckMoe(label, given, d));
   return d;
 }
 

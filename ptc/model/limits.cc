@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <optional>
 
+#include "ptc/model/rule_layers.h"
+
 namespace ptc {
 namespace {
 
@@ -45,6 +47,8 @@ Result<LayoutSize> CheckModelLimits(const ModelSpec& spec) {
   LayoutSize size;
   for (const TensorRule& rule : spec.schema.rules) {
     if (!rule.tied_to.empty()) continue;  // the same global tensor as its target
+    PTC_ASSIGN_OR_RETURN(const uint64_t count, RuleTensors(rule, spec.dims), m);
+    if (count == 0) continue;  // no tensor for these dims (an MoE rule of a dense model, "when")
     PTC_ASSIGN_OR_RETURN(Shape shape, RuleShape(rule, spec.dims), m);
     uint64_t elems = 1;
     for (Index d : shape) {
@@ -63,9 +67,14 @@ Result<LayoutSize> CheckModelLimits(const ModelSpec& spec) {
                                   Bytes(kMaxTensorBytes) + " per tensor");
     }
     if (bytes > size.largest_tensor) size.largest_tensor = bytes, size.largest_name = rule.name;
-    const uint64_t count = rule.pp == PpPlacement::kLayer ? static_cast<uint64_t>(spec.dims.layers) : 1;
-    size.tensors += count * kinds;                       // <= rules * 2^16: no overflow
-    size.model_bytes += count * elems * per_elem;        // <= 2^14 * 2^40 * 14 per rule, checked below
+    size.tensors += count * kinds;  // count <= 2^14 layers * 2^14 experts: no overflow
+    // count * elems * per_elem could pass 2^64 (2^28 * 2^40 * 14): checked in steps.
+    auto bytes_of_rule = Mul(count, elems);
+    if (bytes_of_rule) bytes_of_rule = Mul(*bytes_of_rule, per_elem);
+    if (!bytes_of_rule || *bytes_of_rule > kMaxModelBytes) {
+      return InvalidArgumentError(m + ": the model's tensors hold more than the limit of " + Bytes(kMaxModelBytes));
+    }
+    size.model_bytes += *bytes_of_rule;
     if (size.model_bytes > kMaxModelBytes) {
       return InvalidArgumentError(m + ": the model's tensors hold more than the limit of " + Bytes(kMaxModelBytes));
     }
@@ -80,21 +89,29 @@ Result<LayoutSize> CheckModelLimits(const ModelSpec& spec) {
 
 Status CheckLayoutLimits(const ModelSpec& spec, const ParallelConfig& config) {
   const std::string c = "config " + CutForMessage(config.ToString());
-  const int64_t ranks = int64_t{config.tp} * config.pp * config.dp;
+  const int64_t ranks = int64_t{config.tp} * config.pp * config.dp * config.cp;
   if (ranks > kMaxRanks) {
-    return InvalidArgumentError(c + ": tp*pp*dp = " + std::to_string(ranks) + " ranks exceeds the limit of " +
-                                std::to_string(kMaxRanks) + " ranks");
+    return InvalidArgumentError(c + ": " + (config.cp == 1 ? "tp*pp*dp" : "tp*cp*pp*dp") + " = " +
+                                std::to_string(ranks) + " ranks exceeds the limit of " + std::to_string(kMaxRanks) +
+                                " ranks");
   }
   PTC_ASSIGN_OR_RETURN(LayoutSize size, CheckModelLimits(spec));
   // The fullest rank: every first- and last-stage placement plus the layers of
-  // the longest stage, with per-parameter optimizer state (ZeRO-1 holds less).
+  // the longest stage (each expert rule with the experts of one ep rank), with
+  // per-parameter optimizer state, or ZeRO-1's flat pieces (3 dense, 3 expert).
   Index stage_layers = config.pp >= 1 ? spec.dims.layers / config.pp : spec.dims.layers;
   for (int n : config.pp_layers) stage_layers = std::max<Index>(stage_layers, n);
   stage_layers = std::min(stage_layers, spec.dims.layers);
-  const uint64_t kinds = spec.optimizer ? 4 : 1;
+  const bool zero = spec.optimizer && config.zero;
+  const uint64_t kinds = spec.optimizer && !zero ? 4 : 1;
+  const uint64_t rank_experts =
+      spec.dims.experts > 0 && config.ep > 0 ? static_cast<uint64_t>(spec.dims.experts / config.ep) : 0;
   uint64_t stage_rules = 0, layer_rules = 0;
-  for (const TensorRule& rule : spec.schema.rules) (rule.pp == PpPlacement::kLayer ? layer_rules : stage_rules) += 1;
-  const uint64_t per_rank = (stage_rules + layer_rules * static_cast<uint64_t>(stage_layers)) * kinds;
+  for (const TensorRule& rule : spec.schema.rules) {
+    if (rule.pp != PpPlacement::kLayer) stage_rules += 1;
+    else layer_rules += rule.expert ? rank_experts : 1;
+  }
+  const uint64_t per_rank = (stage_rules + layer_rules * static_cast<uint64_t>(stage_layers)) * kinds + (zero ? 6 : 0);
   const uint64_t layout = per_rank * static_cast<uint64_t>(ranks);  // <= 2^20 * 2^16
   if (layout > kMaxLayoutTensors) {
     return InvalidArgumentError(c + ": " + std::to_string(ranks) + " ranks x " + std::to_string(per_rank) +

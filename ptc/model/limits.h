@@ -22,6 +22,8 @@ namespace ptc {
 inline constexpr int64_t kMaxRanks = 65536;
 // Layers of a model (dims layers=): each adds a tensor per layer rule.
 inline constexpr Index kMaxLayers = 16384;
+// Routed experts of one MoE layer (dims experts=); each adds a tensor per expert rule.
+inline constexpr Index kMaxExperts = 16384;
 // Global tensors of a model, optimizer state included (4 per parameter with Adam).
 inline constexpr uint64_t kMaxTensors = uint64_t{1} << 20;
 // Bytes of one global tensor (1 TiB); the largest of real models are tens of GiB.

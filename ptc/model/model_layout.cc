@@ -14,13 +14,26 @@ Result<ModelLayout> ModelLayout::Make(ModelSpec spec, ParallelConfig config) {
 }
 
 Result<RankView> ModelLayout::View(int rank) const {
+  PTC_ASSIGN_OR_RETURN(std::shared_ptr<const RankView> body, Body(rank));
+  RankView view = *body;
+  view.rank = rank;
+  view.coords = shared_->config.CoordsOf(rank);
+  return view;
+}
+
+Result<std::shared_ptr<const RankView>> ModelLayout::Body(int rank) const {
   const ParallelConfig& config = shared_->config;
   if (rank < 0 || rank >= config.world_size()) {
     return InvalidArgumentError("rank " + std::to_string(rank) + " is outside world size " +
                                 std::to_string(config.world_size()) + " of config " + config.ToString());
   }
   const RankCoords coords = config.CoordsOf(rank);
-  const BodyKey key{coords.tp, coords.pp, config.zero ? coords.dp : 0};
+  const BodyKey key{coords.tp,
+                    coords.pp,
+                    coords.etp,
+                    coords.ep,
+                    config.zero ? ParallelConfig::DenseZeroIndex(coords, config.cp) : 0,
+                    config.zero ? coords.edp : 0};
   std::shared_ptr<const RankView> body;
   {
     MutexLock lock(&shared_->mu);
@@ -34,10 +47,7 @@ Result<RankView> ModelLayout::View(int rank) const {
     MutexLock lock(&shared_->mu);
     body = shared_->bodies.try_emplace(key, std::make_shared<const RankView>(std::move(computed))).first->second;
   }
-  RankView view = *body;
-  view.rank = rank;
-  view.coords = coords;
-  return view;
+  return body;
 }
 
 }  // namespace ptc

@@ -3,8 +3,9 @@
 // ModelLayout::Make runs ValidateConfig; code that takes a ModelLayout does
 // not check the pair again, and asks it for rank views instead of computing
 // them. Views are kept once computed, one per distinct view body: without
-// ZeRO every dp replica of a (tp, pp) position has the same tensors, so a
-// layout of dp=1000 computes tp*pp bodies, not 1000 times as many.
+// ZeRO every dp (and cp) replica of a (tp, pp) position has the same tensors
+// (with experts: of a (tp, etp, ep, pp) position), so a layout of dp=1000
+// computes tp*pp bodies, not 1000 times as many.
 //
 // A value: copies share the spec, the config and the kept views.
 // Thread-safe.
@@ -34,10 +35,16 @@ class ModelLayout {
   // \error InvalidArgument when rank is outside the world, or naming the rule
   //   whose shape formula fails.
   Result<RankView> View(int rank) const;
+  // The tensors of `rank`'s files without a copy: the view body `rank` shares
+  // with the ranks of its body key (below); its `rank` and `coords` are those
+  // of whichever of them was computed first. For loops over every rank.
+  // \error as View.
+  Result<std::shared_ptr<const RankView>> Body(int rank) const;
 
  private:
-  // (tp, pp, dp under ZeRO else 0): ranks sharing a key share their tensors.
-  using BodyKey = std::tuple<int, int, int>;
+  // (tp, pp, etp, ep, index in the dp x cp group and edp under ZeRO else 0):
+  // ranks sharing a key share their tensors.
+  using BodyKey = std::tuple<int, int, int, int, int, int>;
   struct Shared {
     ModelSpec spec;
     ParallelConfig config;

@@ -32,11 +32,60 @@ Result<std::string> Formula(const json& v, const std::string& where) {
   return InvalidArgumentError(where + ": shape entries must be formulas (strings) or integers");
 }
 
+std::string_view LayerKindName(LayerKind k) {
+  switch (k) {
+    case LayerKind::kAll:
+      return "all";
+    case LayerKind::kDense:
+      return "dense";
+    case LayerKind::kMoe:
+      return "moe";
+  }
+  return "?";
+}
+
+// "layers", "{e}" and "when" of a rule whose name and pp are parsed.
+Status ParseMoeFields(const std::string& where, const json& r, TensorRule* rule) {
+  if (r.contains("layers")) {
+    const json& v = r["layers"];
+    const std::string kind = v.is_string() ? v.get<std::string>() : "";
+    if (kind == "all")
+      rule->layers = LayerKind::kAll;
+    else if (kind == "dense")
+      rule->layers = LayerKind::kDense;
+    else if (kind == "moe")
+      rule->layers = LayerKind::kMoe;
+    else
+      return InvalidArgumentError(where + ": layers must be \"all\", \"dense\" or \"moe\"");
+    if (rule->pp != PpPlacement::kLayer) {
+      return InvalidArgumentError(where + ": \"layers\" needs pp \"layer\"");
+    }
+  }
+  if (const size_t e = rule->name.find("{e}"); e != std::string::npos) {
+    if (rule->name.find("{e}", e + 1) != std::string::npos) {
+      return InvalidArgumentError(where + ": {e} (the expert id) may appear once");
+    }
+    if (rule->pp != PpPlacement::kLayer || rule->layers == LayerKind::kDense) {
+      return InvalidArgumentError(where + ": an expert rule ({e}) is per layer, on the MoE layers (pp \"layer\")");
+    }
+    rule->expert = true;
+    rule->layers = LayerKind::kMoe;
+  }
+  if (r.contains("when")) {
+    if (!r["when"].is_string() || r["when"].get<std::string>().empty()) {
+      return InvalidArgumentError(where + ": when must be a formula (a string) over the dims");
+    }
+    rule->when = r["when"].get<std::string>();
+  }
+  return Status::OK();
+}
+
 Result<TensorRule> ParseRule(const std::string& label, size_t index, const json& r) {
   std::string where = label + ": tensors[" + std::to_string(index) + "]";
   if (!r.is_object()) return InvalidArgumentError(where + ": must be an object");
   for (const auto& [key, _] : r.items()) {
-    if (key != "name" && key != "shape" && key != "tp" && key != "pp" && key != "tied_to") {
+    if (key != "name" && key != "shape" && key != "tp" && key != "pp" && key != "tied_to" && key != "layers" &&
+        key != "when") {
       return InvalidArgumentError(where + ": unknown field '" + key + "'");
     }
   }
@@ -50,6 +99,7 @@ Result<TensorRule> ParseRule(const std::string& label, size_t index, const json&
     // leave room for the layer index and optimizer suffixes.
     std::string expanded = rule.name;
     if (size_t at = expanded.find("{i}"); at != std::string::npos) expanded.replace(at, 3, "0");
+    if (size_t at = expanded.find("{e}"); at != std::string::npos) expanded.replace(at, 3, "0");
     PTC_RETURN_IF_ERROR(ValidateTensorName(expanded, where));
     if (rule.name.size() + 32 > kMaxTensorNameBytes) {
       return InvalidArgumentError(where + ": name is " + std::to_string(rule.name.size()) + " bytes long (at most " +
@@ -84,6 +134,7 @@ Result<TensorRule> ParseRule(const std::string& label, size_t index, const json&
   if (has_i != (rule.pp == PpPlacement::kLayer)) {
     return InvalidArgumentError(where + ": a name contains {i} exactly when pp is \"layer\"");
   }
+  PTC_RETURN_IF_ERROR(ParseMoeFields(where, r, &rule));
   if (r.contains("tp")) {
     const json& tp = r["tp"];
     if (!tp.is_object() || !tp.contains("dim") || !tp["dim"].is_number_integer() || tp["dim"].get<int64_t>() < 0 ||
@@ -130,6 +181,8 @@ json Schema::ToJson() const {
       if (!r.tp.units.empty()) j["tp"]["units"] = r.tp.units;
     }
     if (!r.tied_to.empty()) j["tied_to"] = r.tied_to;
+    if (r.layers != LayerKind::kAll && !r.expert) j["layers"] = LayerKindName(r.layers);
+    if (!r.when.empty()) j["when"] = r.when;
     tensors.push_back(std::move(j));
   }
   return json{{"name", name}, {"tensors", std::move(tensors)}};
@@ -162,6 +215,9 @@ Result<Schema> ParseSchema(std::string_view label_view, const json& doc) {
     }
     if (rule.pp == PpPlacement::kLayer) {
       return InvalidArgumentError(label + ": rule '" + rule.name + "': a tied rule cannot be per layer");
+    }
+    if (!rule.when.empty() || !target->when.empty()) {
+      return InvalidArgumentError(label + ": rule '" + rule.name + "': a tied rule and its target take no \"when\"");
     }
     if (rule.shape.empty()) rule.shape = target->shape;
     if (rule.shape != target->shape) {

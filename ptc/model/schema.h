@@ -13,6 +13,16 @@
 // "tied_to": this placement holds the same global tensor as the named rule
 // (tied embeddings); it is omitted on stages that already hold that tensor.
 //
+// Mixture of experts (docs/schema_format.md):
+//   "layers": "dense" | "moe" (default "all"): a per-layer rule only on the
+//     dense or only on the MoE layers (ModelDims::IsMoeLayer).
+//   "{e}" in the name: an expert rule, one tensor per routed expert of each
+//     MoE layer (global names: the global expert id; local names: the index
+//     among the rank's experts). Its tp split is made over etp, and ep places
+//     whole experts.
+//   "when": a formula over the dims; the rule exists only where it is not 0
+//     ("shared_ffn": the shared experts).
+//
 // Global tensor names use the global layer index for {i}; local names (what a
 // rank's files call the tensor) use the index local to the pipeline stage.
 #pragma once
@@ -28,6 +38,7 @@
 namespace ptc {
 
 enum class PpPlacement { kLayer, kFirst, kLast };
+enum class LayerKind { kAll, kDense, kMoe };
 
 struct TpRule {
   bool split = false;
@@ -42,6 +53,9 @@ struct TensorRule {
   TpRule tp;
   PpPlacement pp = PpPlacement::kLayer;
   std::string tied_to;  // name of another (non-layer) rule, or empty
+  LayerKind layers = LayerKind::kAll;  // with kLayer: which layers hold it
+  bool expert = false;                 // the name has "{e}" (then layers is kMoe)
+  std::string when;                    // formula; empty: always
 };
 
 struct Schema {
@@ -59,8 +73,10 @@ struct Schema {
 // \error InvalidArgument naming the rule: missing or mistyped field, unknown
 //   "pp" value, "{i}" with a non-layer placement or missing with "layer",
 //   tp.dim outside the shape, segments < 1, tied_to naming no non-layer rule,
-//   duplicate rule names, a name that fails ValidateTensorName (with {i} as 0)
-//   or is too long to take a layer index and an optimizer suffix.
+//   duplicate rule names, a name that fails ValidateTensorName (with {i} and
+//   {e} as 0) or is too long to take a layer index and an optimizer suffix,
+//   "layers" other than all/dense/moe or on a non-layer rule, "{e}" twice,
+//   on a non-layer rule or with "layers": "dense", "when" not a formula.
 Result<Schema> ParseSchema(std::string_view label, const nlohmann::json& doc);
 // A built-in name ("megatron-gpt", "llama") or the path of a JSON file.
 // \error NotFound when it is neither; InvalidArgument as ParseSchema.

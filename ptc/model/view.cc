@@ -6,14 +6,18 @@
 
 #include "ptc/model/expr.h"
 #include "ptc/model/limits.h"
+#include "ptc/model/rule_layers.h"
 
 namespace ptc {
 namespace {
 
-std::string Substitute(const std::string& pattern, Index layer) {
+// `pattern` with {i} the layer and {e} the expert.
+std::string Substitute(const std::string& pattern, Index layer, Index expert = 0) {
   std::string s = pattern;
   size_t pos = s.find("{i}");
   if (pos != std::string::npos) s.replace(pos, 3, std::to_string(layer));
+  pos = s.find("{e}");
+  if (pos != std::string::npos) s.replace(pos, 3, std::to_string(expert));
   return s;
 }
 
@@ -21,9 +25,9 @@ VariableLookup DimsLookup(const ModelDims& dims) {
   return [&dims](std::string_view name) { return dims.Lookup(name); };
 }
 
-// The global tensor a rule's placement holds, for global layer `layer`.
-std::string GlobalName(const TensorRule& rule, Index layer) {
-  return rule.tied_to.empty() ? Substitute(rule.name, layer) : rule.tied_to;
+// The global tensor a rule's placement holds, for global layer `layer` (and expert).
+std::string GlobalName(const TensorRule& rule, Index layer, Index expert) {
+  return rule.tied_to.empty() ? Substitute(rule.name, layer, expert) : rule.tied_to;
 }
 
 bool PlacedOn(const TensorRule& rule, int stage, int pp) {
@@ -35,27 +39,31 @@ bool PlacedOn(const TensorRule& rule, int stage, int pp) {
 struct Placement {
   LocalTensor local;
   std::vector<std::vector<Index>> origins;  // local coordinates of each segment's box.begin
+  bool expert = false;                      // an expert's (ZeRO-1 cuts it over edp)
 };
 
+// `rule`'s tensor of `shape` split over `parts` ranks (tp, or etp for an
+// expert), the part of rank `part_rank`.
 Placement Place(const TensorRule& rule, const Shape& shape, std::string global, std::string local_name, DType dtype,
-                const ParallelConfig& config, int tp_rank) {
+                int parts, int part_rank) {
   Placement p;
   p.local.name = std::move(local_name);
   p.local.dtype = dtype;
-  if (!rule.tp.split || config.tp == 1) {
+  p.expert = rule.expert;
+  if (!rule.tp.split || parts == 1) {
     p.local.shape = shape;
     p.local.segments.push_back({global, Box::Full(shape), DenseLayout(Box::Full(shape))});
     p.origins.push_back(std::vector<Index>(shape.size(), 0));
     return p;
   }
   const int d = rule.tp.dim;
-  const Index seg = shape[d] / rule.tp.segments, part = seg / config.tp;
+  const Index seg = shape[d] / rule.tp.segments, part = seg / parts;
   p.local.shape = shape;
   p.local.shape[d] = part * rule.tp.segments;
   const std::vector<Index> strides = RowMajorStrides(p.local.shape);
   for (int k = 0; k < rule.tp.segments; ++k) {
     Box box = Box::Full(shape);
-    box.begin[d] = k * seg + tp_rank * part;
+    box.begin[d] = k * seg + part_rank * part;
     box.end[d] = box.begin[d] + part;
     std::vector<Index> origin(shape.size(), 0);
     origin[d] = k * part;
@@ -66,31 +74,60 @@ Placement Place(const TensorRule& rule, const Shape& shape, std::string global, 
 }
 
 // Placements of the parameters on pipeline stage coords.pp, in module order:
-// first-stage tensors, then each layer, then last-stage tensors.
+// first-stage tensors, then each layer, then last-stage tensors. In a layer,
+// a run of consecutive expert rules is laid out expert by expert (expert 0's
+// fc1, fc2, then expert 1's ...), as Megatron-Core registers them.
 Result<std::vector<Placement>> PlaceParameters(const ModelSpec& spec, const ParallelConfig& config,
                                                const RankCoords& coords) {
   std::vector<Placement> out;
-  auto add = [&](const TensorRule& rule, Index global_layer, Index local_layer) -> Status {
-    PTC_ASSIGN_OR_RETURN(Shape shape, RuleShape(rule, spec.dims));
-    out.push_back(Place(rule, shape, GlobalName(rule, global_layer), Substitute(rule.name, local_layer), spec.dtype,
-                        config, coords.tp));
+  std::unordered_map<const TensorRule*, Shape> shapes;  // each rule's, evaluated once (a rank holds many experts)
+  auto add = [&](const TensorRule& rule, Index global_layer, Index local_layer, Index global_expert = 0,
+                 Index local_expert = 0) -> Status {
+    auto [at, fresh] = shapes.try_emplace(&rule);
+    if (fresh) {
+      PTC_ASSIGN_OR_RETURN(at->second, RuleShape(rule, spec.dims));
+    }
+    const Shape& shape = at->second;
+    const int parts = rule.expert ? config.expert_tp() : config.tp;
+    const int part_rank = rule.expert ? coords.etp : coords.tp;
+    out.push_back(Place(rule, shape, GlobalName(rule, global_layer, global_expert),
+                        Substitute(rule.name, local_layer, local_expert), spec.dtype, parts, part_rank));
     return Status::OK();
   };
+  // The rules that exist for these dims ("when"), in schema order.
+  std::vector<const TensorRule*> rules;
+  for (const TensorRule& rule : spec.schema.rules) {
+    PTC_ASSIGN_OR_RETURN(bool when, RuleWhen(rule, spec.dims));
+    if (when) rules.push_back(&rule);
+  }
   std::unordered_map<std::string_view, const TensorRule*> by_name;  // tied_to targets (ParseSchema checked them)
   for (const TensorRule& rule : spec.schema.rules) by_name.emplace(rule.name, &rule);
   auto add_stage_rules = [&](PpPlacement which) -> Status {
-    for (const TensorRule& rule : spec.schema.rules) {
-      if (rule.pp != which || !PlacedOn(rule, coords.pp, config.pp)) continue;
-      if (!rule.tied_to.empty() && PlacedOn(*by_name.at(rule.tied_to), coords.pp, config.pp)) continue;
-      PTC_RETURN_IF_ERROR(add(rule, 0, 0));
+    for (const TensorRule* rule : rules) {
+      if (rule->pp != which || !PlacedOn(*rule, coords.pp, config.pp)) continue;
+      if (!rule->tied_to.empty() && PlacedOn(*by_name.at(rule->tied_to), coords.pp, config.pp)) continue;
+      PTC_RETURN_IF_ERROR(add(*rule, 0, 0));
     }
     return Status::OK();
   };
   PTC_RETURN_IF_ERROR(add_stage_rules(PpPlacement::kFirst));
   auto [first, count] = StageLayers(config, spec.dims.layers, coords.pp);
+  const auto [first_expert, experts] =
+      spec.dims.experts ? RankExperts(spec.dims, config, coords.ep) : std::pair<Index, Index>{0, 0};
   for (Index i = 0; i < count; ++i) {
-    for (const TensorRule& rule : spec.schema.rules) {
-      if (rule.pp == PpPlacement::kLayer) PTC_RETURN_IF_ERROR(add(rule, first + i, i));
+    for (size_t r = 0; r < rules.size(); ++r) {
+      const TensorRule& rule = *rules[r];
+      if (rule.pp != PpPlacement::kLayer || !RuleOnLayer(rule, spec.dims, first + i)) continue;
+      if (!rule.expert) {
+        PTC_RETURN_IF_ERROR(add(rule, first + i, i));
+        continue;
+      }
+      size_t end = r;  // the run of expert rules [r, end)
+      while (end < rules.size() && rules[end]->expert) ++end;
+      for (Index e = 0; e < experts; ++e) {
+        for (size_t k = r; k < end; ++k) PTC_RETURN_IF_ERROR(add(*rules[k], first + i, i, first_expert + e, e));
+      }
+      r = end - 1;
     }
   }
   PTC_RETURN_IF_ERROR(add_stage_rules(PpPlacement::kLast));
@@ -106,16 +143,20 @@ LocalTensor OptimizerTensor(const LocalTensor& param, const char* kind) {
 }
 
 // ZeRO-1: the rank's piece of the flat buffer that concatenates the local
-// shards of all parameters of its (tp, pp) rank, padded to a multiple of dp.
-LocalTensor ZeroPiece(const std::vector<Placement>& params, const ParallelConfig& config, int dp_rank,
-                      const char* kind) {
+// shards of the rank's dense parameters (or of its experts', `experts`),
+// padded to a multiple of `ranks` (the dp x cp group, or the edp group) and cut
+// into that many pieces; piece `index` is the rank's.
+LocalTensor ZeroPiece(const std::vector<Placement>& params, bool experts, int ranks, int index, const char* kind) {
   Index total = 0;
-  for (const Placement& p : params) total += NumElements(p.local.shape);
-  const Index piece = (total + config.dp - 1) / config.dp;
-  const Index lo = dp_rank * piece, hi = lo + piece;
-  LocalTensor t{std::string("optimizer.") + kind, DType::kF32, Shape{piece}, {}};
+  for (const Placement& p : params) {
+    if (p.expert == experts) total += NumElements(p.local.shape);
+  }
+  const Index piece = (total + ranks - 1) / ranks;
+  const Index lo = index * piece, hi = lo + piece;
+  LocalTensor t{std::string(experts ? "optimizer.experts." : "optimizer.") + kind, DType::kF32, Shape{piece}, {}};
   Index base = 0;
   for (const Placement& p : params) {
+    if (p.expert != experts) continue;
     const Index n = NumElements(p.local.shape);
     const Index a = std::max(lo, base), b = std::min(hi, base + n);
     if (a < b) {
@@ -139,6 +180,37 @@ LocalTensor ZeroPiece(const std::vector<Placement>& params, const ParallelConfig
     base += n;
   }
   return t;
+}
+
+// The rules of experts against the config, each once: ep and etp need a
+// model with experts, experts need expert rules, ep divides experts.
+// (The grid rule is CheckExpertGrid; etp dividing an expert's split dim is
+// ValidateConfig's tp check, made over etp for expert rules.)
+Status ValidateExperts(const ModelSpec& spec, const ParallelConfig& config) {
+  const std::string c = "config " + config.ToString();
+  const Index experts = spec.dims.experts;
+  if (experts == 0) {
+    if (config.ep > 1) {
+      return InvalidArgumentError(c + ": ep=" + std::to_string(config.ep) +
+                                  " needs a mixture-of-experts model (dims experts=), and the model is dense");
+    }
+    if (config.etp != 0) {
+      return InvalidArgumentError(c + ": etp=" + std::to_string(config.etp) +
+                                  " needs a mixture-of-experts model (dims experts=), and the model is dense");
+    }
+    return Status::OK();
+  }
+  const bool has_expert_rule = std::any_of(spec.schema.rules.begin(), spec.schema.rules.end(),
+                                           [](const TensorRule& r) { return r.expert; });
+  if (!has_expert_rule) {
+    return InvalidArgumentError("schema '" + spec.schema.name + "' has no expert rule ({e} in a name) for experts=" +
+                                std::to_string(experts) + " (use a schema with MoE rules, e.g. llama)");
+  }
+  if (experts % config.ep != 0) {
+    return InvalidArgumentError(c + ": ep=" + std::to_string(config.ep) + " does not divide experts=" +
+                                std::to_string(experts) + " (each ep rank holds experts/ep whole experts)");
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -179,22 +251,34 @@ std::pair<Index, Index> StageLayers(const ParallelConfig& config, Index layers, 
 
 Result<std::vector<GlobalTensor>> GlobalTensors(const ModelSpec& spec) {
   std::vector<GlobalTensor> params;
-  auto add = [&](const TensorRule& rule, Index layer) -> Status {
-    PTC_ASSIGN_OR_RETURN(Shape shape, RuleShape(rule, spec.dims));
-    params.push_back({Substitute(rule.name, layer), spec.dtype, shape});
-    return Status::OK();
-  };
+  std::vector<const TensorRule*> rules;  // those whose "when" holds
+  for (const TensorRule& rule : spec.schema.rules) {
+    PTC_ASSIGN_OR_RETURN(bool when, RuleWhen(rule, spec.dims));
+    if (when) rules.push_back(&rule);
+  }
   for (PpPlacement which : {PpPlacement::kFirst, PpPlacement::kLayer, PpPlacement::kLast}) {
     if (which == PpPlacement::kLayer) {
       for (Index l = 0; l < spec.dims.layers; ++l) {
-        for (const TensorRule& rule : spec.schema.rules) {
-          if (rule.pp == which) PTC_RETURN_IF_ERROR(add(rule, l));
+        for (size_t r = 0; r < rules.size(); ++r) {
+          const TensorRule& rule = *rules[r];
+          if (rule.pp != which || !RuleOnLayer(rule, spec.dims, l)) continue;
+          size_t end = r + 1;  // a run of expert rules, laid out expert by expert as the views do
+          while (rule.expert && end < rules.size() && rules[end]->expert) ++end;
+          for (Index e = 0; e < (rule.expert ? spec.dims.experts : 1); ++e) {
+            for (size_t k = r; k < end; ++k) {
+              PTC_ASSIGN_OR_RETURN(Shape shape, RuleShape(*rules[k], spec.dims));
+              params.push_back({Substitute(rules[k]->name, l, e), spec.dtype, shape});
+            }
+          }
+          r = end - 1;
         }
       }
       continue;
     }
-    for (const TensorRule& rule : spec.schema.rules) {
-      if (rule.pp == which && rule.tied_to.empty()) PTC_RETURN_IF_ERROR(add(rule, 0));
+    for (const TensorRule* rule : rules) {
+      if (rule->pp != which || !rule->tied_to.empty()) continue;
+      PTC_ASSIGN_OR_RETURN(Shape shape, RuleShape(*rule, spec.dims));
+      params.push_back({Substitute(rule->name, 0), spec.dtype, shape});
     }
   }
   std::vector<GlobalTensor> out = params;
@@ -208,9 +292,11 @@ Result<std::vector<GlobalTensor>> GlobalTensors(const ModelSpec& spec) {
 
 Status ValidateConfig(const ModelSpec& spec, const ParallelConfig& config) {
   const std::string c = "config " + config.ToString();
-  if (config.tp < 1 || config.pp < 1 || config.dp < 1 || config.per_worker < 1) {
+  if (config.tp < 1 || config.pp < 1 || config.dp < 1 || config.cp < 1 || config.ep < 1 || config.etp < 0 ||
+      config.per_worker < 1) {
     return InvalidArgumentError(c + ": degrees and per_worker must be positive");
   }
+  PTC_RETURN_IF_ERROR(CheckExpertGrid(config));
   PTC_RETURN_IF_ERROR(CheckLayoutLimits(spec, config));  // before anything is built for the config
   if (!config.workers.empty()) {
     std::vector<int> sorted = config.workers;
@@ -238,11 +324,17 @@ Status ValidateConfig(const ModelSpec& spec, const ParallelConfig& config) {
                                   " stage sizes summing to layers=" + std::to_string(spec.dims.layers));
     }
   }
+  PTC_RETURN_IF_ERROR(ValidateExperts(spec, config));
   for (const TensorRule& rule : spec.schema.rules) {
     if (!rule.tp.split) continue;
+    PTC_ASSIGN_OR_RETURN(uint64_t tensors, RuleTensors(rule, spec.dims), c);
+    if (tensors == 0) continue;  // no tensor for these dims (an MoE rule of a dense model, "when")
     PTC_ASSIGN_OR_RETURN(Shape shape, RuleShape(rule, spec.dims));
     const Index size = shape[rule.tp.dim];
     const std::string r = c + ": rule '" + rule.name + "'";
+    // An expert's matrices are split over etp, the rest over tp.
+    const int parts = rule.expert ? config.expert_tp() : config.tp;
+    const std::string axis = rule.expert ? "etp" : "tp";
     if (size % rule.tp.segments != 0) {
       return InvalidArgumentError(r + ": dim " + std::to_string(rule.tp.dim) + " of size " + std::to_string(size) +
                                   " does not split into " + std::to_string(rule.tp.segments) + " segments");
@@ -256,12 +348,12 @@ Status ValidateConfig(const ModelSpec& spec, const ParallelConfig& config) {
                                     " units of '" + rule.tp.units + "'");
       }
     }
-    if (units % config.tp != 0) {
+    if (units % parts != 0) {
       std::string what = !rule.tp.units.empty()  ? rule.tp.units + "=" + std::to_string(units)
                          : rule.tp.segments == 1 ? rule.shape[rule.tp.dim] + "=" + std::to_string(seg)
                                                  : "(" + rule.shape[rule.tp.dim] + ")/" +
                                                        std::to_string(rule.tp.segments) + "=" + std::to_string(seg);
-      return InvalidArgumentError(r + ": tp=" + std::to_string(config.tp) + " does not divide " + what);
+      return InvalidArgumentError(r + ": " + axis + "=" + std::to_string(parts) + " does not divide " + what);
     }
   }
   return Status::OK();
@@ -274,15 +366,32 @@ Result<RankView> ComputeCheckedView(const ModelSpec& spec, const ParallelConfig&
   view.rank = rank;
   view.coords = config.CoordsOf(rank);
   PTC_ASSIGN_OR_RETURN(std::vector<Placement> params, PlaceParameters(spec, config, view.coords));
-  for (const Placement& p : params) view.model.push_back(p.local);
-  if (!spec.optimizer) return view;
+  // The optimizer state first: it reads the placements, which then move into view.model.
+  auto take_model = [&] {
+    view.model.reserve(params.size());
+    for (Placement& p : params) view.model.push_back(std::move(p.local));
+  };
+  if (!spec.optimizer) {
+    take_model();
+    return view;
+  }
   if (config.zero) {
-    for (const char* kind : kOptimizerKinds) view.optim.push_back(ZeroPiece(params, config, view.coords.dp, kind));
+    const RankCoords& c = view.coords;
+    for (const char* kind : kOptimizerKinds) {
+      view.optim.push_back(
+          ZeroPiece(params, false, config.dense_zero_ranks(), ParallelConfig::DenseZeroIndex(c, config.cp), kind));
+    }
+    if (std::any_of(params.begin(), params.end(), [](const Placement& p) { return p.expert; })) {
+      for (const char* kind : kOptimizerKinds) {
+        view.optim.push_back(ZeroPiece(params, true, config.expert_dp(), c.edp, kind));
+      }
+    }
   } else {
     for (const Placement& p : params) {
       for (const char* kind : kOptimizerKinds) view.optim.push_back(OptimizerTensor(p.local, kind));
     }
   }
+  take_model();
   return view;
 }
 

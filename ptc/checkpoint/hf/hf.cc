@@ -10,6 +10,7 @@
 
 #include "ptc/base/json_fields.h"
 #include "ptc/format/pickle.h"
+#include "ptc/model/rule_layers.h"
 
 namespace ptc::hf {
 namespace {
@@ -309,7 +310,8 @@ Result<Model> MapModel(const ModelSpec& spec) {
     if (e.output) output = &e;
   }
   for (const TensorRule& r : schema.rules) {
-    if (!mapped.count(r.name)) {
+    const Result<uint64_t> tensors = RuleTensors(r, spec.dims);  // none: an MoE rule of a dense model
+    if (!mapped.count(r.name) && (!tensors.ok() || *tensors > 0)) {
       return InvalidArgumentError("schema " + schema.name + ": rule " + Quote(r.name) + " has no tensor in " +
                                   info->architecture + " (docs/hf_format.md)");
     }
