@@ -27,6 +27,7 @@
 #include "ptc/model/schema.h"
 #include "ptc/model/view.h"
 #include "ptc/store/manifest.h"
+#include "transform/layout_manifest.h"
 #include "transform/plan.h"
 
 namespace {
@@ -62,15 +63,17 @@ T Check(ptc::Result<T> r, const char* what) {
   return std::move(r).value();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::string schema_name = "llama";
-  std::string dims_text = "layers=80,hidden=8192,heads=64,kv_heads=8,ffn=28672,vocab=128256,seq=8192";
-  std::string from_text = "tp=8,pp=16,dp=8,per_worker=8";
-  std::string to_text = "tp=8,pp=12,dp=8,per_worker=8,pp_layers=7+7+7+7+7+7+7+7+6+6+6+6";
+struct Args {
+  std::string schema = "llama";
+  std::string dims = "layers=80,hidden=8192,heads=64,kv_heads=8,ffn=28672,vocab=128256,seq=8192";
+  std::string from = "tp=8,pp=16,dp=8,per_worker=8";
+  std::string to = "tp=8,pp=12,dp=8,per_worker=8,pp_layers=7+7+7+7+7+7+7+7+6+6+6+6";
   bool optimizer = false;
   int reps = 5;
+};
+
+Args ParseArgs(int argc, char** argv) {
+  Args args;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -80,107 +83,61 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--optimizer")
-      optimizer = true;
-    else if (a == "--reps")
-      reps = std::max(1, std::atoi(next().c_str()));
-    else if (a == "--schema")
-      schema_name = next();
-    else if (a == "--dims")
-      dims_text = next();
-    else if (a == "--from")
-      from_text = next();
-    else if (a == "--to")
-      to_text = next();
-    else {
+    if (a == "--optimizer") {
+      args.optimizer = true;
+    } else if (a == "--reps") {
+      args.reps = std::max(1, std::atoi(next().c_str()));
+    } else if (a == "--schema") {
+      args.schema = next();
+    } else if (a == "--dims") {
+      args.dims = next();
+    } else if (a == "--from") {
+      args.from = next();
+    } else if (a == "--to") {
+      args.to = next();
+    } else {
       std::fprintf(stderr, "usage: plan_bench [--optimizer] [--reps N] [--schema S] [--dims D] [--from C] [--to C]\n");
-      return 2;
+      std::exit(2);
     }
   }
+  return args;
+}
 
-  ptc::ModelSpec spec{Check(ptc::LoadSchema(schema_name), "schema"), Check(ptc::ParseDims(dims_text), "dims"),
-                      ptc::DType::kBF16, optimizer};
-  const ptc::ParallelConfig from = Check(ptc::ParseConfig(from_text), "--from");
-  const ptc::ParallelConfig to = Check(ptc::ParseConfig(to_text), "--to");
-
-  // The source generation: what `ptcfs import` would record, minus the data.
-  const auto t0 = std::chrono::steady_clock::now();
-  ptc::GenerationManifest source;
-  source.generation = 1;
-  source.dims = spec.dims.ToString();
-  source.config = from.ToString();
-  for (auto& g : Check(ptc::GlobalTensors(spec), "tensors")) {
-    source.tensors.push_back({g.name, g.dtype, g.shape});
-  }
-  std::vector<ptc::DType> dtype_of;  // parallel to keys
-  auto keys =
-      Check(ptc::transform::TargetShardKeys(Check(ptc::ModelLayout::Make(spec, from), "layout")), "source shards");
-  {
-    std::vector<std::pair<std::string, ptc::DType>> by_name;
-    for (const auto& t : source.tensors) by_name.emplace_back(t.name, t.dtype);
-    std::sort(by_name.begin(), by_name.end());
-    std::vector<uint64_t> per_worker_files(from.num_workers(), 0);
-    std::vector<uint64_t> per_worker_offset(from.num_workers(), 0);
-    source.shards.reserve(keys.size());
-    for (auto& [key, worker] : keys) {
-      auto it = std::lower_bound(by_name.begin(), by_name.end(), std::make_pair(key.tensor, ptc::DType::kF64));
-      if (it == by_name.end() || it->first != key.tensor) {
-        std::fprintf(stderr, "plan_bench: no global tensor %s\n", key.tensor.c_str());
-        return 1;
-      }
-      uint64_t elems = 0;
-      for (const ptc::Box& b : key.boxes) elems += b.volume();
-      ptc::ShardRecord r;
-      r.tensor = key.tensor;
-      r.boxes = key.boxes;
-      r.worker = worker;
-      char file[96];
-      std::snprintf(file, sizeof file, "gen-000001/worker-%04d/shards-%06llu.h5", worker,
-                    static_cast<unsigned long long>(per_worker_files[worker]++ / 64));
-      r.file = file;
-      r.offset = 4096 + per_worker_offset[worker];
-      r.nbytes = elems * ptc::DTypeSize(it->second);
-      per_worker_offset[worker] += r.nbytes + 2048;
-      r.checksum = 0x9e3779b97f4a7c15ull * (source.shards.size() + 1);
-      source.shards.push_back(std::move(r));
-    }
-  }
-  const auto t1 = std::chrono::steady_clock::now();
-  uint64_t source_bytes = 0;
-  for (const auto& s : source.shards) source_bytes += s.nbytes;
-
-  std::printf("model     %s %s bf16, optimizer %s\n", schema_name.c_str(), spec.dims.ToString().c_str(),
-              optimizer ? "adam (f32 exp_avg, exp_avg_sq, fp32)" : "none");
-  std::printf("from      %s (%d ranks, %d workers): %zu tensors, %zu stored shards, %s\n", from.ToString().c_str(),
-              from.world_size(), from.num_workers(), source.tensors.size(), source.shards.size(),
-              Gib(source_bytes).c_str());
-  std::printf("to        %s (%d ranks, %d workers)\n", to.ToString().c_str(), to.world_size(), to.num_workers());
-  std::printf("manifest  built in %.3f s (not timed below)\n", Seconds(t0, t1));
-
-  // Wall time, and the thread's CPU time (the planner is single-threaded; CPU
-  // time does not grow when other tenants of a shared machine take the core).
-  std::vector<double> times, cpu_times;
+// Wall and thread CPU seconds of each MakePlan (the planner is single-threaded;
+// CPU time does not grow when other tenants of a shared machine take the core).
+struct Timed {
+  std::vector<double> wall, cpu;
   ptc::transform::Plan plan;
+};
+
+Timed TimePlans(const ptc::GenerationManifest& source, const ptc::ModelSpec& spec, const ptc::ParallelConfig& to,
+                int reps) {
+  Timed out;
   for (int r = 0; r < reps; ++r) {
     ptc::transform::PlanRequest req{&source, spec, to, {}, std::nullopt};
-    plan = ptc::transform::Plan();
+    out.plan = ptc::transform::Plan();
     const double c0 = ThreadCpuSeconds();
     const auto a = std::chrono::steady_clock::now();
-    plan = Check(ptc::transform::MakePlan(req), "MakePlan");
+    out.plan = Check(ptc::transform::MakePlan(req), "MakePlan");
     const auto b = std::chrono::steady_clock::now();
-    cpu_times.push_back(ThreadCpuSeconds() - c0);
-    times.push_back(Seconds(a, b));
+    out.cpu.push_back(ThreadCpuSeconds() - c0);
+    out.wall.push_back(Seconds(a, b));
   }
-  std::vector<double> sorted = times, cpu_sorted = cpu_times;
+  return out;
+}
+
+void PrintPlan(const Timed& t, const ptc::GenerationManifest& source, bool optimizer) {
+  std::vector<double> sorted = t.wall, cpu_sorted = t.cpu;
   std::sort(sorted.begin(), sorted.end());
   std::sort(cpu_sorted.begin(), cpu_sorted.end());
   const double median = sorted[sorted.size() / 2];
   const double cpu_median = cpu_sorted[cpu_sorted.size() / 2];
-
+  const ptc::transform::Plan& plan = t.plan;
   size_t kept = 0, same = 0;
-  for (const auto& t : plan.targets) kept += t.kept.has_value(), same += t.same.has_value();
-  std::printf("plan      median %.3f s of %d (min %.3f, max %.3f):", median, reps, sorted.front(), sorted.back());
-  for (double t : times) std::printf(" %.3f", t);
+  for (const auto& target : plan.targets) kept += target.kept.has_value(), same += target.same.has_value();
+  std::printf("plan      median %.3f s of %zu (min %.3f, max %.3f):", median, t.wall.size(), sorted.front(),
+              sorted.back());
+  for (double w : t.wall) std::printf(" %.3f", w);
   std::printf("\n");
   std::printf("plan cpu  median %.3f s (min %.3f, max %.3f)\n", cpu_median, cpu_sorted.front(), cpu_sorted.back());
   std::printf("targets   %zu stored shards (%zu kept, %zu identical on another worker), %zu copies, %zu messages\n",
@@ -192,13 +149,39 @@ int main(int argc, char** argv) {
   std::printf("peak_rss  %ld MiB\n", PeakRssKiB() / 1024);
   // One machine-readable line for bench/transform.sh.
   std::printf(
-      "RESULT optimizer=%d median_s=%.3f min_s=%.3f max_s=%.3f cpu_median_s=%.3f reps=%d source_shards=%zu targets=%zu "
+      "RESULT optimizer=%d median_s=%.3f min_s=%.3f max_s=%.3f cpu_median_s=%.3f reps=%zu source_shards=%zu targets=%zu "
       "kept=%zu copies=%zu messages=%zu bytes_total=%llu bytes_moved=%llu lower_bound=%llu "
       "bottleneck=%llu peak_rss_mib=%ld\n",
-      optimizer ? 1 : 0, median, sorted.front(), sorted.back(), cpu_median, reps, source.shards.size(),
+      optimizer ? 1 : 0, median, sorted.front(), sorted.back(), cpu_median, t.wall.size(), source.shards.size(),
       plan.targets.size(), kept, plan.copies.size(), plan.messages.size(),
       static_cast<unsigned long long>(plan.bytes_total), static_cast<unsigned long long>(plan.bytes_moved),
       static_cast<unsigned long long>(plan.lower_bound), static_cast<unsigned long long>(plan.bottleneck),
       PeakRssKiB() / 1024);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = ParseArgs(argc, argv);
+  ptc::ModelSpec spec{Check(ptc::LoadSchema(args.schema), "schema"), Check(ptc::ParseDims(args.dims), "dims"),
+                      ptc::DType::kBF16, args.optimizer};
+  const ptc::ParallelConfig from = Check(ptc::ParseConfig(args.from), "--from");
+  const ptc::ParallelConfig to = Check(ptc::ParseConfig(args.to), "--to");
+
+  // The source generation: what `ptcfs import` would record, minus the data.
+  const auto t0 = std::chrono::steady_clock::now();
+  const ptc::GenerationManifest source =
+      Check(ptc::transform::LayoutManifest(Check(ptc::ModelLayout::Make(spec, from), "layout")), "source manifest");
+  const auto t1 = std::chrono::steady_clock::now();
+  uint64_t source_bytes = 0;
+  for (const auto& s : source.shards) source_bytes += s.nbytes;
+  std::printf("model     %s %s bf16, optimizer %s\n", args.schema.c_str(), spec.dims.ToString().c_str(),
+              args.optimizer ? "adam (f32 exp_avg, exp_avg_sq, fp32)" : "none");
+  std::printf("from      %s (%d ranks, %d workers): %zu tensors, %zu stored shards, %s\n", from.ToString().c_str(),
+              from.world_size(), from.num_workers(), source.tensors.size(), source.shards.size(),
+              Gib(source_bytes).c_str());
+  std::printf("to        %s (%d ranks, %d workers)\n", to.ToString().c_str(), to.world_size(), to.num_workers());
+  std::printf("manifest  built in %.3f s (not timed below)\n", Seconds(t0, t1));
+  PrintPlan(TimePlans(source, spec, to, args.reps), source, args.optimizer);
   return 0;
 }
