@@ -20,13 +20,14 @@
 #include "fs/participant.h"
 #include "fs/writes/compaction_policy.h"
 #include "fs/writes/mount_status.h"
-#include "fs/writes/torch_dist.h"
 #include "fs/writes/write_context.h"
 #include "ptc/checkpoint/dcp/dcp.h"
 #include "ptc/store/store.h"
 #include "view/snapshot.h"
 
 namespace ptcfs {
+
+struct TorchDistState;  // fs/writes/torch_dist.h
 
 class Controller {
  public:
