@@ -17,9 +17,9 @@
 //                                          (under group-G/ per length group)
 //
 // Thread safety: all methods may be called concurrently, also on one open
-// file. Lock order: the Controller's lock, then staging_mu_, then mu_; mu_ is
-// never held while calling the Controller, sending a reply or notifying the
-// kernel. An open file's own lock (Handle::mu) is never held with another.
+// file. Lock order: the Controller's locks (its WriteContext's), then
+// staging_mu_, then mu_; mu_ is never held while calling the Controller,
+// sending a reply or notifying the kernel. An open file's own lock (Handle::mu) is never held with another.
 #pragma once
 
 #include <sys/stat.h>

@@ -89,6 +89,10 @@ class ChangeApplier {
 class AgreedChange {
  public:
   virtual ~AgreedChange() = default;
+  // Whether this worker's part is the whole change: a mount alone
+  // (fs/writes/local_change.h), which reads and writes the whole store,
+  // publishes nothing and has no job to tell of a failure.
+  virtual bool alone() const { return false; }
   virtual const std::set<int>& participants() const = 0;
   // With this worker's part written (`config`: the new config, canonical):
   // adds the others' pieces to the writer, or fails (nothing is committed,

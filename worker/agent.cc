@@ -127,6 +127,9 @@ template <typename... F>
 struct Overloaded : F... {
   using F::operator()...;
 };
+// clang 14 does not deduce an aggregate's template arguments (C++20 P1816) by itself.
+template <typename... F>
+Overloaded(F...) -> Overloaded<F...>;
 
 // How long a proposal waits for a compaction that committed before it could
 // give way to be served by this mount (its commit follows the job's at once).
