@@ -39,6 +39,10 @@ class Controller {
              std::shared_ptr<ShardChecks> checks, std::shared_ptr<const ptc::DatasetSource> source,
              std::function<void(std::shared_ptr<const Snapshot>)> serve, std::function<ptc::Status()> collect);
   ~Controller();  // waits for a running write
+  // Waits for a running write (a rewrite, a compaction) and cancels a
+  // compaction: after it no write serves a snapshot or reports (the mount's
+  // teardown, before the parts a write reports to go).
+  void Stop() { ctx_.Stop(); }
 
   // Makes this mount one worker of a cluster job (null: alone again): its
   // requests and saves go to the job, the status shows its "cluster" part,

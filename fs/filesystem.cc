@@ -77,6 +77,7 @@ Filesystem::~Filesystem() {
       if (!kept_.empty()) collect_due_ = true;
     }
     controller_->CollectIfIdle();
+    controller_->Stop();  // a rewrite's thread serves through this mount and its scrubber
   }
   scrubber_.reset();  // its thread reads the store and reports to the controller
   controller_.reset();

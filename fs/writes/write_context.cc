@@ -19,7 +19,9 @@ WriteContext::WriteContext(ptc::Store* store, int worker, int threads, Compactio
       serve_(std::move(serve)),
       collect_(std::move(collect)) {}
 
-WriteContext::~WriteContext() {
+WriteContext::~WriteContext() { Stop(); }
+
+void WriteContext::Stop() {
   std::thread t;
   {
     ptc::MutexLock lock(&mu_);

@@ -36,7 +36,10 @@ class WriteContext {
   WriteContext(ptc::Store* store, int worker, int threads, CompactionPolicy compaction,
                std::shared_ptr<ShardChecks> checks, std::shared_ptr<const ptc::DatasetSource> source,
                std::function<void(std::shared_ptr<const Snapshot>)> serve, std::function<ptc::Status()> collect);
-  ~WriteContext();  // cancels a compaction, waits for the background thread
+  ~WriteContext();  // Stop()
+  // Cancels a compaction and waits for the background thread (a rewrite, a
+  // compaction): once it returns no write of this context serves or reports.
+  void Stop() EXCLUDES(mu_);
 
   ptc::Store& store() const { return *store_; }
   int worker() const { return worker_; }
