@@ -57,8 +57,10 @@ class DcpView final : public ViewTree {
     PTC_ASSIGN_OR_RETURN(ptc::dcp::Plan plan, ptc::dcp::PlanCheckpoint(snap->reader().manifest(), keys_));
     std::vector<TreeFile> files;
     const std::string save_name = SaveName(snap->reader().manifest().extra, plan);
-    if (!save_name.empty()) AddDcpFiles(save_name + "/", snap, plan, worker_, &files);
-    AddDcpFiles("", snap, std::move(plan), worker_, &files);
+    std::vector<std::string> dirs;
+    if (!save_name.empty()) dirs.push_back(save_name + "/");
+    dirs.push_back("");
+    AddDcpFiles(dirs, snap, std::move(plan), worker_, &files);
     return files;
   }
 
@@ -69,17 +71,20 @@ class DcpView final : public ViewTree {
 
 }  // namespace
 
-void AddDcpFiles(const std::string& dir, const std::shared_ptr<const Snapshot>& snap, ptc::dcp::Plan plan, int worker,
-                 std::vector<TreeFile>* files) {
+void AddDcpFiles(const std::vector<std::string>& dirs, const std::shared_ptr<const Snapshot>& snap, ptc::dcp::Plan plan,
+                 int worker, std::vector<TreeFile>* files) {
   auto shared = std::make_shared<const ptc::dcp::Plan>(std::move(plan));
-  files->push_back(LiteralFile(dir + ptc::dcp::kMetadataFile, ptc::dcp::EncodeMetadata(*shared)));
-  for (size_t i = 0; i < shared->files.size(); ++i) {
-    TreeFile f;
-    f.path = dir + shared->files[i].name;
-    f.size = shared->files[i].size;
-    f.renderer = std::make_shared<DcpRenderer>(snap, shared, i, worker);
-    f.kernel_readable = true;
-    files->push_back(std::move(f));
+  const std::string metadata = ptc::dcp::EncodeMetadata(*shared);
+  for (const std::string& dir : dirs) {
+    files->push_back(LiteralFile(dir + ptc::dcp::kMetadataFile, metadata));
+    for (size_t i = 0; i < shared->files.size(); ++i) {
+      TreeFile f;
+      f.path = dir + shared->files[i].name;
+      f.size = shared->files[i].size;
+      f.renderer = std::make_shared<DcpRenderer>(snap, shared, i, worker);
+      f.kernel_readable = true;
+      files->push_back(std::move(f));
+    }
   }
 }
 

@@ -164,7 +164,7 @@ class MegatronView final : public ViewTree {
         ptc::dcp::McoreCommon(state.iteration, args, optimizer_common ? &*optimizer_common : nullptr, storages));
     files->push_back(LiteralFile(dir + ptc::dcp::kMcoreMetadataFile, ptc::dcp::McoreMetadataJson()));
     files->push_back(LiteralFile(dir + ptc::dcp::kMcoreCommonFile, std::move(common)));
-    AddDcpFiles(dir, snap, std::move(plan), worker_, files);
+    AddDcpFiles({dir}, snap, std::move(plan), worker_, files);
     return ptc::Status::OK();
   }
 

@@ -90,10 +90,11 @@ std::unique_ptr<ViewTree> MakeHfView(const ViewOptions& options);
 // A literal file of `text`.
 TreeFile LiteralFile(std::string path, std::string text);
 
-// `plan`'s .metadata and chunk files under `dir` ("" or ending in '/'):
-// dcp/'s, and those of a torch_dist directory (view/dcp_view.cc). The
-// chunks prefer the pieces of `worker` (-1: any).
-void AddDcpFiles(const std::string& dir, const std::shared_ptr<const Snapshot>& snap, ptc::dcp::Plan plan, int worker,
-                 std::vector<TreeFile>* files);
+// `plan`'s .metadata and chunk files under each of `dirs` ("" or ending in
+// '/'), one plan and one .metadata text shared by all: dcp/'s (and its save's
+// own directory), and those of a torch_dist directory (view/dcp_view.cc).
+// The chunks prefer the pieces of `worker` (-1: any).
+void AddDcpFiles(const std::vector<std::string>& dirs, const std::shared_ptr<const Snapshot>& snap, ptc::dcp::Plan plan,
+                 int worker, std::vector<TreeFile>* files);
 
 }  // namespace ptcfs
