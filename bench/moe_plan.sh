@@ -53,10 +53,13 @@ import json, sys
 name, plan, size, secs, rss, cpu = (sys.argv[1], json.load(open(sys.argv[2])), json.load(open(sys.argv[3])), sys.argv[4],
                                     int(sys.argv[5]), float(sys.argv[6]))
 gib = lambda n: "%.1f GiB" % (n / 2**30)
-print("| %s | %d | %d | %d | %s | %s | %s | %s | **%.2f s** | %.2f s | **%d MiB** | %.1f MiB |" % (
+src = size["source"]
+etcd = src["etcd"]
+print("| %s | %d | %d | %d | %s | %s | %s | %s | **%.2f s** | %.2f s | **%d MiB** | %.1f MiB | %.1f MiB | %.2f MiB (%d workers) | **%.2f MiB** (%d chunks) |" % (
     name, plan["source"]["tensors"], plan["source"]["shards"], plan["target_shards"], gib(plan["bytes_total"]),
     gib(plan["bytes_moved"]), gib(plan["lower_bound"]), gib(plan["bottleneck"]), float(secs), cpu, rss // 1024,
-    size["source"]["manifest_bytes"] / 2**20))
+    src["manifest_bytes"] / 2**20, src["dcp_metadata_bytes"] / 2**20, etcd["largest_part_bytes"] / 2**20,
+    etcd["parts"], etcd["largest_value_bytes"] / 2**20, etcd["part_chunks"]))
 PY
 }
 
@@ -73,9 +76,12 @@ $(uname -m), load average $LOAD at the start: other builds shared the cores, so 
 bounds). Each plan is the whole \`ptcfs plan --from FROM --to TO --schema llama --dims DIMS --optimizer adam
 --dtype bf16 --json\` process (\`/usr/bin/time -v\`: wall time and CPU time, medians of 3, and the largest peak RSS): the
 source generation built from the dims (every worker's stored shards, made-up files and checksums, no
-tensor data; \`transform/layout_manifest.h\`), then the plan and its covering. Manifest: the source
-generation manifest encoded (\`--manifest-size\`, a run of its own), the size a real store of that
-layout would write per generation.
+tensor data; \`transform/layout_manifest.h\`), then the plan and its covering. Manifest, DCP
+.metadata and etcd values (\`--manifest-size\`, a run of its own): the source generation manifest
+encoded, the size a real store of that layout would write per generation; the \`.metadata\` of its
+\`dcp/\` (torch's keys); a change's values in etcd (docs/cluster.md): the largest worker's part (its
+records) before it is cut, and the largest value written after (parts over 1 MiB go in chunks of
+1 MiB; the change and committed records are a few hundred bytes).
 
 Models (bf16 parameters; Adam: f32 exp_avg, exp_avg_sq and master copy; ZeRO-1):
 
@@ -92,8 +98,8 @@ the expert count: 29,696 (DeepSeek-V3) and 46,080 (Kimi-K2) expert matrices, eac
 Layouts: from DeepSeek-V3's training layout, 2048 ranks \`$DSV3_FROM\` (expert grid: ep=64, edp=2),
 to half the nodes, 1024 ranks \`$DSV3_TO\` (ep=32, edp=4); Kimi-K2 the same pair.
 
-| model | tensors | source shards | target shards | bytes total | moved | lower bound | bottleneck | wall | CPU (user+sys) | peak RSS | manifest |
-|---|---|---|---|---|---|---|---|---|---|---|---|
+| model | tensors | source shards | target shards | bytes total | moved | lower bound | bottleneck | wall | CPU (user+sys) | peak RSS | manifest | DCP .metadata | largest worker part | largest etcd value |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 $ROW_DSV3
 $ROW_KIMI
 

@@ -179,17 +179,25 @@ bool Coordinator::Unreachable(const Status& s, Clock::time_point deadline) const
 Status Coordinator::Publish(const Change& change, const Part& mine, const std::vector<TensorRecord>& tensors,
                             Clock::time_point deadline) const {
   const std::string& job = options_.job;
-  for (;;) {
-    TxnRequest txn;
-    txn.compare = {Compare::ValueIs(ChangeKey(job), EncodeChange(change))};
-    txn.success = {TxnOp::Put(PartKey(job, change.generation, options_.worker), EncodePart(change.id, mine, tensors))};
-    Result<TxnResponse> r = etcd_->Txn(txn);  // the same part again when an answer was lost
-    if (!r.ok() && Unreachable(r.status(), deadline)) continue;
-    // The change gone: aborted, or committed with the part a lost answer
-    // published (the job went on while this worker was cut off). The looks
-    // of Finish tell the two apart.
-    return r.status();
+  const PartValues values = CutPart(change.id, EncodePart(change.id, mine, tensors), options_.max_value_bytes);
+  // Each value while the change stands; the chunks before the head that names them.
+  auto put = [&](const std::string& key, const std::string& value) -> Status {
+    for (;;) {
+      TxnRequest txn;
+      txn.compare = {Compare::ValueIs(ChangeKey(job), EncodeChange(change))};
+      txn.success = {TxnOp::Put(key, value)};
+      Result<TxnResponse> r = etcd_->Txn(txn);  // the same value again when an answer was lost
+      if (!r.ok() && Unreachable(r.status(), deadline)) continue;
+      return r.status();
+    }
+  };
+  for (size_t i = 0; i < values.chunks.size(); ++i) {
+    PTC_RETURN_IF_ERROR(put(PartChunkKey(job, change.generation, options_.worker, i), values.chunks[i]));
   }
+  // The change gone: aborted, or committed with the part a lost answer
+  // published (the job went on while this worker was cut off). The looks
+  // of Finish tell the two apart.
+  return put(PartKey(job, change.generation, options_.worker), values.head);
 }
 
 Result<std::optional<std::map<int, Part>>> Coordinator::Look(const Change& change, const SettleFn& settle,
@@ -205,12 +213,18 @@ Result<Coordinator::Round> Coordinator::Read(const Change& change, const SettleF
                                              Clock::time_point deadline) const {
   const std::string& job = options_.job;
   Round round;
+  // Heads and chunks in one read: a head seen has its chunks.
   PTC_ASSIGN_OR_RETURN(RangeResponse parts, etcd_->GetPrefix(PartsPrefix(job, change.generation)));
   round.revision = parts.revision;
+  std::map<int, std::map<size_t, std::string>> chunks;
+  for (KeyValue& kv : parts.kvs) {
+    if (auto c = PartChunkOf(job, change.generation, kv.key)) chunks[c->first][c->second] = std::move(kv.value);
+  }
   for (const KeyValue& kv : parts.kvs) {
-    PTC_ASSIGN_OR_RETURN(auto part, DecodePart("etcd key " + kv.key, kv.value));
     const std::optional<int> w = PartKeyWorker(job, change.generation, kv.key);  // a key naming no worker is no part
-    if (part.first != change.id || !w) continue;
+    if (!w) continue;
+    PTC_ASSIGN_OR_RETURN(auto part, DecodePart("etcd key " + kv.key, kv.value, chunks[*w]));
+    if (part.first != change.id) continue;
     round.parts[*w] = std::move(part.second);
     round.observed.parts.insert(*w);
   }

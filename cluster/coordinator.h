@@ -40,6 +40,7 @@ struct CoordinatorOptions {
   // soon as anything of the job changes.
   std::chrono::milliseconds poll{1000};
   std::chrono::milliseconds timeout{600000};  // a change not committed by then is aborted
+  size_t max_value_bytes = kMaxEtcdValue;     // a larger part is cut (CutPart)
 };
 
 class Coordinator {

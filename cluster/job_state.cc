@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -39,12 +40,27 @@ std::string EncodePart(std::string_view id, const Part& part, const std::vector<
   GenerationManifest m;
   m.shards = part.shards;
   m.extra = part.extra;
+  std::unordered_set<std::string_view> named;  // (a worker of a large job holds ~1k of ~100k tensors)
+  for (const ShardRecord& s : m.shards) named.insert(s.tensor);
   for (const TensorRecord& t : tensors) {
-    if (std::any_of(m.shards.begin(), m.shards.end(), [&](const ShardRecord& s) { return s.tensor == t.name; })) {
-      m.tensors.push_back(t);
-    }
+    if (named.count(t.name)) m.tensors.push_back(t);
   }
   return nlohmann::json{{"id", std::string(id)}, {"part", nlohmann::json::parse(EncodeManifest(m))}}.dump();
+}
+
+PartValues CutPart(std::string_view id, std::string encoded, size_t max_value) {
+  PartValues out;
+  if (encoded.size() <= max_value) {
+    out.head = std::move(encoded);
+    return out;
+  }
+  for (size_t at = 0; at < encoded.size(); at += max_value) out.chunks.push_back(encoded.substr(at, max_value));
+  out.head = nlohmann::json{{"id", std::string(id)},
+                            {"chunks", out.chunks.size()},
+                            {"bytes", encoded.size()},
+                            {"digest", ChecksumToString(Xxh64(encoded.data(), encoded.size()))}}
+                 .dump();
+  return out;
 }
 
 Result<Committed> DecodeCommitted(std::string_view where, std::string_view value) {
@@ -98,6 +114,34 @@ Result<std::pair<std::string, Part>> DecodePart(std::string_view where, std::str
   PTC_ASSIGN_OR_RETURN(const nlohmann::json* part, f.Get("part"));
   PTC_ASSIGN_OR_RETURN(GenerationManifest m, DecodeManifest(std::string(where) + ": part", part->dump()));
   return std::make_pair(std::move(id), Part{std::move(m.shards), std::move(m.extra)});
+}
+
+Result<std::pair<std::string, Part>> DecodePart(std::string_view where, std::string_view head,
+                                                const std::map<size_t, std::string>& chunks) {
+  PTC_ASSIGN_OR_RETURN(nlohmann::json j, ParseObject(where, head));
+  if (!j.contains("chunks")) return DecodePart(where, head);
+  JsonFields f(j, std::string(where));
+  PTC_ASSIGN_OR_RETURN(std::string id, f.String("id"));
+  PTC_ASSIGN_OR_RETURN(uint64_t count, f.Unsigned("chunks"));
+  PTC_ASSIGN_OR_RETURN(uint64_t bytes, f.Unsigned("bytes"));
+  PTC_ASSIGN_OR_RETURN(std::string digest, f.String("digest"));
+  std::string joined;
+  for (uint64_t i = 0; i < count; ++i) {
+    auto it = chunks.find(i);
+    if (it == chunks.end()) {
+      return CorruptionError(std::string(where) + ": chunk " + std::to_string(i) + " of " + std::to_string(count) +
+                             " is missing");
+    }
+    if (joined.size() + it->second.size() > bytes) break;
+    joined += it->second;
+  }
+  if (joined.size() != bytes || ChecksumToString(Xxh64(joined.data(), joined.size())) != digest) {
+    return CorruptionError(std::string(where) + ": its " + std::to_string(count) + " chunks are not the " +
+                           std::to_string(bytes) + " bytes of digest " + digest + " it names");
+  }
+  PTC_ASSIGN_OR_RETURN(auto part, DecodePart(std::string(where) + " (joined)", joined));
+  if (part.first != id) return CorruptionError(std::string(where) + ": its chunks are of change " + part.first);
+  return part;
 }
 
 std::string PiecesDigest(std::string_view config, std::vector<ShardRecord> shards) {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,12 +55,32 @@ std::string EncodeFailure(const Failure& f);
 // (and `extra` as its extra).
 std::string EncodePart(std::string_view id, const Part& part, const std::vector<TensorRecord>& tensors);
 
+// No value ptcfs puts in etcd is larger (etcd refuses requests over 1.5 MiB
+// by default), whatever the number of tensors.
+inline constexpr size_t kMaxEtcdValue = size_t{1} << 20;
+
+// A part as etcd values: an encoded part (EncodePart) of at most
+// `max_value` bytes is its own head; a larger one is cut into chunks of
+// `max_value` bytes (PartChunkKey 0, 1, ...), written before a head that
+// names their count, size and checksum:
+//   {"id":"...","chunks":N,"bytes":B,"digest":"xxh64 hex"}
+struct PartValues {
+  std::string head;
+  std::vector<std::string> chunks;
+};
+PartValues CutPart(std::string_view id, std::string encoded, size_t max_value = kMaxEtcdValue);
+
 // Each \error is Corruption naming `where` (the etcd key) and the field at fault.
 Result<Committed> DecodeCommitted(std::string_view where, std::string_view value);
 Result<Change> DecodeChange(std::string_view where, std::string_view value);
 Result<Failure> DecodeFailure(std::string_view where, std::string_view value);
 // The part's change id and the part (its shard records validated as a manifest's).
 Result<std::pair<std::string, Part>> DecodePart(std::string_view where, std::string_view value);
+// The same from a head and its chunks (by index; none for a head holding the
+// part itself); Corruption naming `where` and the chunk at fault when one is
+// missing or the chunks are not the bytes the head names.
+Result<std::pair<std::string, Part>> DecodePart(std::string_view where, std::string_view head,
+                                                const std::map<size_t, std::string>& chunks);
 
 // The digest every worker computes of a generation: its config and its
 // pieces, in a canonical order (xxh64 hex). Equal on two workers exactly when

@@ -7,6 +7,7 @@
 //   /ptcfs/JOB/committed               the generation the job committed
 //   /ptcfs/JOB/change                  the change under way
 //   /ptcfs/JOB/gen/G/part/W            worker W wrote its pieces of G (durable)
+//   /ptcfs/JOB/gen/G/part/W/I          part I of worker W's part, when it is cut (job_state.h)
 //   /ptcfs/JOB/gen/G/aborted           the change to G committed nowhere, and why
 //   /ptcfs/JOB/dcp-metadata/W/I        part I of the .metadata of the DCP save worker W proposed
 //
@@ -18,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace ptc::cluster {
 
@@ -29,6 +31,7 @@ std::string ChangeKey(std::string_view job);
 std::string GenerationPrefix(std::string_view job, uint64_t generation);
 std::string PartsPrefix(std::string_view job, uint64_t generation);
 std::string PartKey(std::string_view job, uint64_t generation, int worker);
+std::string PartChunkKey(std::string_view job, uint64_t generation, int worker, size_t chunk);
 std::string AbortedKey(std::string_view job, uint64_t generation);
 std::string DcpMetadataPrefix(std::string_view job, int worker);
 std::string DcpMetadataKey(std::string_view job, int worker, size_t part);
@@ -36,5 +39,8 @@ std::string DcpMetadataKey(std::string_view job, int worker, size_t part);
 // The worker W of a key PartsPrefix(job, generation) + W; nullopt for a key
 // under that prefix that names no worker (not decimal, negative, too large).
 std::optional<int> PartKeyWorker(std::string_view job, uint64_t generation, std::string_view key);
+// The worker and chunk of a key PartChunkKey(job, generation, W, I); nullopt
+// for any other key.
+std::optional<std::pair<int, size_t>> PartChunkOf(std::string_view job, uint64_t generation, std::string_view key);
 
 }  // namespace ptc::cluster

@@ -2,12 +2,14 @@
 // JSON, member records, the job's keys. No etcd needed (cluster_etcd_test runs a real one).
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 
 #include <nlohmann/json.hpp>
 
 #include "cluster/base64.h"
 #include "cluster/etcd_codec.h"
+#include "cluster/job_state.h"
 #include "cluster/keys.h"
 #include "cluster/membership.h"
 #include "test_util.h"
@@ -166,6 +168,44 @@ TEST(Keys, TheJobsLayout) {
                           "/ptcfs/j/gen/5/part/1x", "/ptcfs/j/gen/6/part/1", "/ptcfs/j/gen/5/part/99999999999"}) {
     EXPECT_FALSE(PartKeyWorker("j", 5, bad)) << bad;
   }
+  EXPECT_EQ(PartChunkKey("j", 5, 2, 7), "/ptcfs/j/gen/5/part/2/7");
+  EXPECT_EQ(PartChunkOf("j", 5, PartChunkKey("j", 5, 2, 7)), std::make_pair(2, size_t{7}));
+  EXPECT_FALSE(PartKeyWorker("j", 5, PartChunkKey("j", 5, 2, 7)));  // a chunk is no part
+  for (const char* bad : {"/ptcfs/j/gen/5/part/2", "/ptcfs/j/gen/5/part/2/", "/ptcfs/j/gen/5/part//1",
+                          "/ptcfs/j/gen/5/part/2/x", "/ptcfs/j/gen/5/part/2/1/1", "/ptcfs/j/gen/6/part/2/1"}) {
+    EXPECT_FALSE(PartChunkOf("j", 5, bad)) << bad;
+  }
+}
+
+// A part over the largest value is cut into chunks and joined back; chunks
+// missing, altered or of another change are named.
+TEST(PartValues, CutAndJoined) {
+  const std::string text = EncodePart("c1", Part{}, {});
+  const PartValues whole = CutPart("c1", text, text.size());
+  EXPECT_EQ(whole.head, text);
+  EXPECT_TRUE(whole.chunks.empty());
+  const PartValues cut = CutPart("c1", text, 7);
+  ASSERT_EQ(cut.chunks.size(), (text.size() + 6) / 7);
+  std::map<size_t, std::string> chunks;
+  for (size_t i = 0; i < cut.chunks.size(); ++i) {
+    EXPECT_LE(cut.chunks[i].size(), 7u);
+    chunks[i] = cut.chunks[i];
+  }
+  auto joined = DecodePart("k", cut.head, chunks);
+  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+  EXPECT_EQ(joined->first, "c1");
+  auto missing = chunks;
+  missing.erase(1);
+  EXPECT_NE(DecodePart("k", cut.head, missing).status().message().find("k: chunk 1 of"), std::string::npos);
+  auto altered = chunks;
+  altered[0][0] ^= 1;
+  EXPECT_NE(DecodePart("k", cut.head, altered).status().message().find("chunks are not the"), std::string::npos);
+  // A head of change c1 over the chunks of c2's part.
+  const PartValues other = CutPart("c1", EncodePart("c2", Part{}, {}), 7);
+  std::map<size_t, std::string> other_chunks;
+  for (size_t i = 0; i < other.chunks.size(); ++i) other_chunks[i] = other.chunks[i];
+  EXPECT_NE(DecodePart("k", other.head, other_chunks).status().message().find("its chunks are of change c2"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -298,6 +298,11 @@ TEST_F(Etcd, CoordinatorCommitsWhenAllAreDoneAndAbortsOtherwise) {
   testing::CheckCoordinatorProtocol(*client_, job);
 }
 
+// A part larger than an etcd value may be goes in chunks (job_state.h CutPart).
+TEST_F(Etcd, CoordinatorCutsLargeParts) {
+  testing::CheckCoordinatorCutsLargeParts(*client_, "chunks-" + std::to_string(getpid()));
+}
+
 // A participant that cannot reach etcd while it waits for the commit (its
 // link cut) keeps its part and tries again: the job commits the part
 // meanwhile, and once etcd answers it gets the others' pieces, not an error.

@@ -55,6 +55,7 @@ TEST_F(MemKvTest, LeasesKeepAliveRevokeAndExpire) {
                                                [&](int64_t lease) { EXPECT_TRUE(kv_.ExpireLease(lease)); });
 }
 TEST_F(MemKvTest, CoordinatorProtocol) { testing::CheckCoordinatorProtocol(*client_, "coord"); }
+TEST_F(MemKvTest, CoordinatorCutsLargeParts) { testing::CheckCoordinatorCutsLargeParts(*client_, "cut"); }
 
 TEST_F(MemKvTest, ACutLinkOrAStoreAwayIsAnIOErrorAndLosesNothing) {
   auto other = kv_.Connect();

@@ -186,7 +186,8 @@ struct TestWorkers {
   std::vector<std::unique_ptr<cluster::Coordinator>> workers;
 };
 inline Result<TestWorkers> JoinTestWorkers(const std::vector<const cluster::KvStore*>& links, const std::string& job,
-                                           const GenerationManifest& current, int64_t ttl) {
+                                           const GenerationManifest& current, int64_t ttl,
+                                           size_t max_value = cluster::kMaxEtcdValue) {
   TestWorkers t;
   for (size_t w = 0; w < links.size(); ++w) {
     const int worker = static_cast<int>(w);
@@ -198,6 +199,7 @@ inline Result<TestWorkers> JoinTestWorkers(const std::vector<const cluster::KvSt
     o.worker = worker;
     o.poll = std::chrono::milliseconds(10);
     o.timeout = std::chrono::seconds(20);
+    o.max_value_bytes = max_value;
     t.workers.push_back(std::make_unique<cluster::Coordinator>(links[w], o));
     PTC_RETURN_IF_ERROR(t.workers.back()->Join(current));
   }
@@ -281,6 +283,49 @@ inline void CheckCoordinatorProtocol(const cluster::KvStore& kv, const std::stri
       << gone.status().ToString();
   workers[1]->Withdraw(*orphan, "twice");  // gone already: nothing
   EXPECT_TRUE(workers[0]->Propose("tp=3", 2, {0, 1}, {}).ok());
+}
+
+// Parts larger than a value may be (a worker's pieces of a large job) are
+// cut into chunks, each at most that size, and every worker gets the others'
+// pieces whole.
+inline void CheckCoordinatorCutsLargeParts(const cluster::KvStore& kv, const std::string& job) {
+  GenerationManifest current;
+  current.generation = 1;
+  current.config = "tp=2,pp=1,per_worker=1";
+  current.tensors = {{"t", DType::kF32, {64}}};
+  current.shards = {Piece(0, 0)};
+  constexpr size_t kMaxValue = 700;
+  auto joined = JoinTestWorkers({&kv, &kv}, job, current, 5, kMaxValue);
+  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+  auto& workers = joined->workers;
+  auto change = workers[0]->Propose("tp=2", 1, {0, 1}, {0, 1});
+  ASSERT_TRUE(change.ok()) << change.status().ToString();
+  std::vector<std::vector<ShardRecord>> mine(2);
+  for (int w = 0; w < 2; ++w) {
+    for (int k = 0; k < 12 + 3 * w; ++k) mine[w].push_back(Piece(w, 10 * (w + 1) + k));
+  }
+  std::vector<Result<std::vector<ShardRecord>>> got(2, InternalError("not run"));
+  {
+    std::vector<std::thread> threads;
+    for (int w = 0; w < 2; ++w) {
+      threads.emplace_back([&, w, worker = workers[w].get()] {
+        got[w] = worker->Finish(*change, "tp=2", mine[w], current.shards, current.tensors);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(got[w].ok()) << w << ": " << got[w].status().ToString();
+    EXPECT_EQ(*got[w], mine[1 - w]) << w;
+  }
+  auto values = kv.GetPrefix(cluster::PartsPrefix(job, 2));
+  ASSERT_TRUE(values.ok()) << values.status().ToString();
+  size_t chunks = 0;
+  for (const cluster::KeyValue& v : values->kvs) {
+    EXPECT_LE(v.value.size(), kMaxValue) << v.key;
+    chunks += cluster::PartChunkOf(job, 2, v.key).has_value();
+  }
+  EXPECT_GE(chunks, 4u);  // both parts cut
 }
 
 }  // namespace ptc::testing

@@ -1,11 +1,15 @@
 // ptcfs plan / ptcfs transform: repartition the store for another config.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <memory>
 
 #include <nlohmann/json.hpp>
 
+#include "cluster/job_state.h"
 #include "ptc/base/json_fields.h"
+#include "ptc/checkpoint/dcp/dcp.h"
 #include "ptc/base/kv_text.h"
 #include "ptc/store/model_spec.h"
 #include "tools/cli_numbers.h"
@@ -139,6 +143,34 @@ ptc::Result<Planned> MakePlanned(const PlanArgs& a, bool write = false) {
   return p;
 }
 
+// The etcd values (cluster/job_state.h) of a change of a job whose
+// generation is `m` to `to`, at their size: the change and the committed
+// record, and each worker's part of a generation like `m` (its records), the
+// largest before and after it is cut into values (CutPart).
+nlohmann::json EtcdValueSizes(const ptc::GenerationManifest& m, const ptc::ParallelConfig& to) {
+  namespace cluster = ptc::cluster;
+  const std::string id(32, 'f');  // as long as a change id
+  std::map<int, ptc::Part> parts;
+  for (const ptc::ShardRecord& s : m.shards) parts[s.worker].shards.push_back(s);
+  size_t largest_part = 0, largest_value = 0, chunks = 0;
+  std::vector<int> workers;
+  for (const auto& [w, part] : parts) {
+    workers.push_back(w);
+    std::string text = cluster::EncodePart(id, part, m.tensors);
+    largest_part = std::max(largest_part, text.size());
+    const cluster::PartValues values = cluster::CutPart(id, std::move(text));
+    largest_value = std::max(largest_value, values.head.size());
+    for (const std::string& c : values.chunks) largest_value = std::max(largest_value, c.size());
+    chunks += values.chunks.size();
+  }
+  const size_t change = cluster::EncodeChange({id, m.generation, m.generation + 1, to.ToString(), workers}).size();
+  const size_t committed =
+      cluster::EncodeCommitted({m.generation, m.config, std::string(16, 'f'), std::string(16, 'f')}).size();
+  return {{"change_bytes", change},          {"committed_bytes", committed}, {"parts", parts.size()},
+          {"largest_part_bytes", largest_part}, {"part_chunks", chunks},
+          {"largest_value_bytes", std::max({largest_value, change, committed})}};
+}
+
 ptc::Status RunPlan(const PlanArgs& a) {
   PTC_ASSIGN_OR_RETURN(Planned p, MakePlanned(a));
   const ptc::transform::Plan& plan = p.plan;
@@ -149,7 +181,12 @@ ptc::Status RunPlan(const PlanArgs& a) {
   nlohmann::json j = PlanJson(plan, c, source->config, to.ToString());
   if (!a.from.empty()) {
     j["source"] = {{"from_dims", true}, {"tensors", source->tensors.size()}, {"shards", source->shards.size()}};
-    if (a.manifest_size) j["source"]["manifest_bytes"] = ptc::EncodeManifest(*source).size();
+    if (a.manifest_size) {
+      j["source"]["manifest_bytes"] = ptc::EncodeManifest(*source).size();
+      PTC_ASSIGN_OR_RETURN(const ptc::dcp::Plan dcp, ptc::dcp::PlanCheckpoint(*source), "the DCP plan");
+      j["source"]["dcp_metadata_bytes"] = ptc::dcp::EncodeMetadata(dcp).size();
+      j["source"]["etcd"] = EtcdValueSizes(*source, to);
+    }
   }
   if (a.json) {
     std::printf("%s\n", ptc::JsonText(j, 2).c_str());
@@ -159,8 +196,15 @@ ptc::Status RunPlan(const PlanArgs& a) {
                   source->config.c_str(), source->dims.c_str(), source->tensors.size(), source->shards.size(),
                   p.source_seconds);
       if (a.manifest_size) {
+        const nlohmann::json& etcd = j["source"]["etcd"];
         std::printf("  manifest       %s (its generation manifest, encoded)\n",
                     HumanBytes(j["source"]["manifest_bytes"].get<uint64_t>()).c_str());
+        std::printf("  DCP .metadata  %s (dcp/ of that generation)\n",
+                    HumanBytes(j["source"]["dcp_metadata_bytes"].get<uint64_t>()).c_str());
+        std::printf("  etcd values    largest %s; a worker's part up to %s, %zu chunks for %zu workers\n",
+                    HumanBytes(etcd["largest_value_bytes"].get<uint64_t>()).c_str(),
+                    HumanBytes(etcd["largest_part_bytes"].get<uint64_t>()).c_str(), etcd["part_chunks"].get<size_t>(),
+                    etcd["parts"].get<size_t>());
       }
     }
     std::printf("plan %s -> %s (%.3f s)\n", source->config.c_str(), to.ToString().c_str(), secs);
@@ -235,7 +279,9 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"none", "adam"}));
   sub->add_option("--dtype", a->dtype, "with --from: parameter dtype (optimizer state is always f32)")
       ->check(CLI::IsMember({"f32", "f16", "bf16", "f64"}));
-  sub->add_flag("--manifest-size", a->manifest_size, "with --from: also encode the source manifest and print its size");
+  sub->add_flag("--manifest-size", a->manifest_size,
+                "with --from: also encode the source manifest and the etcd values of a change (each worker's\n"
+                "part, cut into values of at most 1 MiB) and print their sizes");
   sub->add_flag("--json", a->json, "machine-readable plan summary (docs/cli.md)");
   sub->callback([a, exit_code] { *exit_code = Report("plan", RunPlan(*a)); });
 }

@@ -8,7 +8,7 @@ PACKAGES=(
   libhdf5-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libgtest-dev libfuse3-dev fuse3
   python3 python3-numpy python3-h5py python3-venv
   zlib1g-dev python3-torch
-  libcpp-httplib-dev etcd-server etcd-client python3-yaml
+  libcpp-httplib-dev libjemalloc-dev etcd-server etcd-client python3-yaml
 )
 missing=()
 [ "${PTCFS_VENV_ONLY:-0}" = 1 ] && PACKAGES=()  # the venv part alone (the quickstart runs it beside the build)

@@ -1,7 +1,11 @@
 #include "transform/plan.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <numeric>
+#include <string_view>
+#include <tuple>
+#include <unordered_map>
 
 namespace ptc::transform {
 namespace {
@@ -15,47 +19,42 @@ bool Overlaps(const Box& a, const Box& b) {
   return true;
 }
 
-// A shard key by reference into a manifest or a target (no copies: a 70B
-// plan indexes ~90k shards).
-struct KeyView {
-  std::string_view tensor;
-  const std::vector<Box>* boxes;
-  friend bool operator<(const KeyView& a, const KeyView& b) {
-    if (int c = a.tensor.compare(b.tensor); c != 0) return c < 0;
-    return *a.boxes < *b.boxes;
-  }
-};
-
-KeyView ViewOf(const ShardKey& key) { return {key.tensor, &key.boxes}; }
-
-// Source shards by canonical order, indexed for the planner's lookups.
+// Source shards grouped by tensor (numbered as the manifest lists them),
+// each group in canonical order (boxes, worker, file) so that the plan does
+// not depend on the manifest's order, indexed for the planner's lookups: a
+// target's tensor is looked up by name once (a 671B MoE plan indexes ~160k
+// shards of ~120k tensors).
 struct SourceIndex {
+  using Group = std::vector<size_t>;
   const std::vector<ShardRecord>* shards;
-  std::vector<bool> live;
-  std::map<std::string_view, std::vector<size_t>> by_tensor;  // live only, canonical order
-  std::map<std::pair<std::string_view, int>, std::vector<size_t>> by_tensor_worker;  // the same, per worker
-  std::map<std::pair<KeyView, int>, size_t> by_key_worker;
-  std::map<KeyView, std::vector<size_t>> by_key;  // live only, canonical order
+  std::unordered_map<std::string_view, size_t> tensor_id;  // into the manifest's tensors
+  std::vector<Group> by_tensor;                            // live only, canonical order
 
-  SourceIndex(const GenerationManifest& m, const std::optional<std::set<int>>& alive) : shards(&m.shards) {
+  SourceIndex(const GenerationManifest& m, const std::optional<std::set<int>>& alive)
+      : shards(&m.shards), by_tensor(m.tensors.size()) {
     const auto& s = m.shards;
-    std::vector<size_t> order(s.size());
-    std::iota(order.begin(), order.end(), 0);
-    // Canonical order makes the plan independent of the manifest's order.
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return std::tie(s[a].tensor, s[a].boxes, s[a].worker, s[a].file) <
-             std::tie(s[b].tensor, s[b].boxes, s[b].worker, s[b].file);
-    });
-    live.resize(s.size());
-    for (size_t i : order) {
-      live[i] = !alive || alive->count(s[i].worker) > 0;
-      if (!live[i]) continue;
-      const KeyView key{s[i].tensor, &s[i].boxes};
-      by_tensor[s[i].tensor].push_back(i);
-      by_tensor_worker[{s[i].tensor, s[i].worker}].push_back(i);
-      by_key_worker.try_emplace({key, s[i].worker}, i);
-      by_key[key].push_back(i);
+    tensor_id.reserve(m.tensors.size());
+    for (size_t t = 0; t < m.tensors.size(); ++t) tensor_id.emplace(m.tensors[t].name, t);
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (alive && !alive->count(s[i].worker)) continue;
+      if (auto it = tensor_id.find(s[i].tensor); it != tensor_id.end()) by_tensor[it->second].push_back(i);
     }
+    for (Group& g : by_tensor) {
+      std::sort(g.begin(), g.end(), [&](size_t a, size_t b) {
+        return std::tie(s[a].boxes, s[a].worker, s[a].file) < std::tie(s[b].boxes, s[b].worker, s[b].file);
+      });
+    }
+  }
+
+  // The part of `group` (a tensor's sources) holding exactly `boxes`.
+  std::pair<Group::const_iterator, Group::const_iterator> Same(const Group& group,
+                                                               const std::vector<Box>& boxes) const {
+    const auto& s = *shards;
+    auto lo = std::lower_bound(group.begin(), group.end(), boxes,
+                               [&](size_t i, const std::vector<Box>& b) { return s[i].boxes < b; });
+    auto hi = std::upper_bound(lo, group.end(), boxes,
+                               [&](const std::vector<Box>& b, size_t i) { return b < s[i].boxes; });
+    return {lo, hi};
   }
 };
 
@@ -63,25 +62,25 @@ class Planner {
  public:
   Planner(const PlanRequest& req, const SourceIndex& index, Plan* plan) : req_(req), index_(index), plan_(plan) {}
 
-  void PlanTarget(size_t t) {
+  // Target t, of the manifest's tensor `tensor`.
+  void PlanTarget(size_t t, size_t tensor) {
     TargetShard& target = plan_->targets[t];
-    if (auto it = index_.by_key_worker.find({ViewOf(target.key), target.worker}); it != index_.by_key_worker.end()) {
-      target.kept = it->second;
-      plan_->bytes_kept += target.nbytes;
-      return;
+    const std::vector<size_t>& sources = index_.by_tensor[tensor];
+    const auto [same_begin, same_end] = index_.Same(sources, target.key.boxes);
+    for (auto it = same_begin; it != same_end; ++it) {  // (in worker order)
+      if ((*index_.shards)[*it].worker == target.worker) {
+        target.kept = *it;
+        plan_->bytes_kept += target.nbytes;
+        return;
+      }
     }
-    if (auto it = index_.by_key.find(ViewOf(target.key)); it != index_.by_key.end()) target.same = it->second.front();
+    if (same_begin != same_end) target.same = *same_begin;
     const size_t elem = DTypeSize(target.dtype);
-    const std::vector<size_t> none;
-    auto found = index_.by_tensor.find(target.key.tensor);
-    const std::vector<size_t>& sources = found == index_.by_tensor.end() ? none : found->second;
-    auto found_local = index_.by_tensor_worker.find({target.key.tensor, target.worker});
-    const std::vector<size_t>& local = found_local == index_.by_tensor_worker.end() ? none : found_local->second;
     for (const Box& box : target.key.boxes) {
       std::vector<Box> missing = {box};
-      for (size_t s : local) {
+      for (size_t s : sources) {  // the target's own worker's first
         if (missing.empty()) break;
-        Cover(t, s, elem, &missing);
+        if ((*index_.shards)[s].worker == target.worker) Cover(t, s, elem, &missing);
       }
       for (const Box& m : missing) plan_->lower_bound += m.volume() * elem;
       CoverRemote(t, sources, elem, &missing);
@@ -177,22 +176,78 @@ std::vector<std::pair<ShardKey, int>> OneBoxEach(std::vector<std::pair<ShardKey,
   return out;
 }
 
+// Indices into a vector, distinct by what they index: open addressing
+// with linear probing over (hash, index) slots, no allocation per entry
+// (a large job's layout has ~300k stored shards).
+class IndexSet {
+ public:
+  // Adds `index` (of hash `hash`) unless an equal one is there (`equal(j)`).
+  template <typename Equal>
+  bool Insert(size_t index, uint64_t hash, const Equal& equal) {
+    if ((count_ + 1) * 2 > slots_.size()) Grow();
+    for (size_t at = hash & (slots_.size() - 1);; at = (at + 1) & (slots_.size() - 1)) {
+      Slot& slot = slots_[at];
+      if (slot.index == kEmpty) {
+        slot = {hash, index};
+        ++count_;
+        return true;
+      }
+      if (slot.hash == hash && equal(slot.index)) return false;
+    }
+  }
+  void Reserve(size_t n) {
+    while (slots_.size() < 2 * n) Grow();
+  }
+
+ private:
+  static constexpr size_t kEmpty = SIZE_MAX;
+  struct Slot {
+    uint64_t hash = 0;
+    size_t index = kEmpty;
+  };
+  void Grow() {
+    std::vector<Slot> old(std::max<size_t>(64, 2 * slots_.size()));
+    old.swap(slots_);
+    for (const Slot& slot : old) {
+      if (slot.index == kEmpty) continue;
+      size_t at = slot.hash & (slots_.size() - 1);
+      while (slots_[at].index != kEmpty) at = (at + 1) & (slots_.size() - 1);
+      slots_[at] = slot;
+    }
+  }
+  std::vector<Slot> slots_;
+  size_t count_ = 0;
+};
+
+// A hash of a shard key on a worker: the name's and every coordinate's.
+size_t HashOf(const ShardKey& key, int worker) {
+  size_t h = std::hash<std::string_view>{}(key.tensor) ^ static_cast<size_t>(worker) * 0x9e3779b97f4a7c15ull;
+  auto mix = [&h](Index v) { h = (h ^ static_cast<size_t>(v)) * 0xff51afd7ed558ccdull; };
+  for (const Box& b : key.boxes) {
+    for (Index v : b.begin) mix(v);
+    for (Index v : b.end) mix(v);
+  }
+  return h;
+}
+
 }  // namespace
 
 Result<std::vector<std::pair<ShardKey, int>>> TargetShardKeys(const ModelLayout& layout) {
   const ParallelConfig& config = layout.config();
   std::vector<std::pair<ShardKey, int>> out;
-  // The keys each worker holds so far, as indices into `out`.
-  auto less = [&out](size_t a, size_t b) { return out[a].first < out[b].first; };
-  std::map<int, std::set<size_t, decltype(less)>> held;
+  IndexSet held;  // the (key, worker) pairs so far, as indices into `out`
   auto add = [&](ShardKey key, int worker) {
+    const uint64_t hash = HashOf(key, worker);
     out.emplace_back(std::move(key), worker);
-    if (!held.try_emplace(worker, less).first->second.insert(out.size() - 1).second) out.pop_back();
+    const size_t last = out.size() - 1;
+    if (!held.Insert(last, hash, [&](size_t j) { return out[j] == out[last]; })) out.pop_back();
   };
   std::vector<size_t> slot_begin;  // the first key of each slot in `out`
   for (int rank = 0; rank < config.world_size(); ++rank) {
-    PTC_ASSIGN_OR_RETURN(std::shared_ptr<const RankView> view, layout.Body(rank));  // no copy
+    // No copy; under ZeRO-1 every rank's body is its own: none kept.
+    PTC_ASSIGN_OR_RETURN(std::shared_ptr<const RankView> view, layout.Body(rank, /*keep=*/config.zero == 0));
     if (rank % config.per_worker == 0) slot_begin.push_back(out.size());
+    if (rank == config.per_worker) held.Reserve(out.size() * static_cast<size_t>(config.num_workers() * config.replicas));
     for (const auto* list : {&view->model, &view->optim}) {
       for (const LocalTensor& t : *list) {
         for (ShardKey& key : StoredShards(t)) add(std::move(key), config.WorkerOf(rank));
@@ -216,24 +271,27 @@ Result<Plan> MakePlan(const PlanRequest& req) {
   PTC_ASSIGN_OR_RETURN(const ModelLayout target, ModelLayout::Make(req.spec, req.target));
   PTC_ASSIGN_OR_RETURN(auto keys, TargetShardKeys(target));
   if (req.box_targets) keys = OneBoxEach(std::move(keys));
-  std::map<std::string, DType> dtypes;
-  for (const TensorRecord& t : req.source->tensors) dtypes[t.name] = t.dtype;
+  const SourceIndex index(*req.source, req.alive);
   Plan plan;
+  std::vector<size_t> tensors;  // of each target, in the manifest's tensors
+  tensors.reserve(keys.size());
+  plan.targets.reserve(keys.size());
   for (auto& [key, worker] : keys) {
-    auto dt = dtypes.find(key.tensor);
-    if (dt == dtypes.end()) {
+    auto id = index.tensor_id.find(key.tensor);
+    if (id == index.tensor_id.end()) {
       return CorruptionError("generation " + std::to_string(req.source->generation) + " has no tensor '" + key.tensor +
                              "' that the target config needs");
     }
+    const DType dtype = req.source->tensors[id->second].dtype;
     uint64_t elems = 0;
     for (const Box& b : key.boxes) elems += b.volume();
-    TargetShard t{std::move(key), worker, dt->second, elems * DTypeSize(dt->second), {}, {}};
+    TargetShard t{std::move(key), worker, dtype, elems * DTypeSize(dtype), {}, {}};
     plan.bytes_total += t.nbytes;
     plan.targets.push_back(std::move(t));
+    tensors.push_back(id->second);
   }
-  SourceIndex index(*req.source, req.alive);
   Planner planner(req, index, &plan);
-  for (size_t t = 0; t < plan.targets.size(); ++t) planner.PlanTarget(t);
+  for (size_t t = 0; t < plan.targets.size(); ++t) planner.PlanTarget(t, tensors[t]);
   for (const auto& [w, n] : planner.sent) plan.bottleneck = std::max(plan.bottleneck, n);
   for (const auto& [w, n] : planner.received) plan.bottleneck = std::max(plan.bottleneck, n);
   return plan;

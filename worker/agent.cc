@@ -483,6 +483,10 @@ nlohmann::json Agent::StatusPart() const {
     j = report_;
   }
   j["member"] = member_.load();
+  if (env_ != nullptr) {  // what this worker's store read from the other workers, since the mount
+    const ptc::cluster::PeerEnv::Stats pulled = env_->stats();
+    j["pulled"] = {{"requests", pulled.requests}, {"bytes", pulled.bytes}};
+  }
   if (durable_) j["durable"] = durable_->Report();
   return j;
 }

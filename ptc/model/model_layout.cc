@@ -21,7 +21,7 @@ Result<RankView> ModelLayout::View(int rank) const {
   return view;
 }
 
-Result<std::shared_ptr<const RankView>> ModelLayout::Body(int rank) const {
+Result<std::shared_ptr<const RankView>> ModelLayout::Body(int rank, bool keep) const {
   const ParallelConfig& config = shared_->config;
   if (rank < 0 || rank >= config.world_size()) {
     return InvalidArgumentError("rank " + std::to_string(rank) + " is outside world size " +
@@ -44,6 +44,7 @@ Result<std::shared_ptr<const RankView>> ModelLayout::Body(int rank) const {
     // Computed outside the lock (two threads may both compute one body; the
     // first kept wins, and both are equal).
     PTC_ASSIGN_OR_RETURN(RankView computed, internal::ComputeCheckedView(shared_->spec, config, rank));
+    if (!keep) return std::make_shared<const RankView>(std::move(computed));
     MutexLock lock(&shared_->mu);
     body = shared_->bodies.try_emplace(key, std::make_shared<const RankView>(std::move(computed))).first->second;
   }

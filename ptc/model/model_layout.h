@@ -38,8 +38,11 @@ class ModelLayout {
   // The tensors of `rank`'s files without a copy: the view body `rank` shares
   // with the ranks of its body key (below); its `rank` and `coords` are those
   // of whichever of them was computed first. For loops over every rank.
+  // `keep`: the layout keeps a body it computes for the ranks sharing it (a
+  // loop over the ranks of a ZeRO-1 config, whose every rank has a body of
+  // its own, passes false: nothing to share, memory to spare).
   // \error as View.
-  Result<std::shared_ptr<const RankView>> Body(int rank) const;
+  Result<std::shared_ptr<const RankView>> Body(int rank, bool keep = true) const;
 
  private:
   // (tp, pp, etp, ep, index in the dp x cp group and edp under ZeRO else 0):

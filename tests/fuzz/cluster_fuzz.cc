@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 
@@ -69,6 +70,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)ptc::cluster::DecodeMember("fuzz", input);
   (void)ptc::cluster::DecodeFailure("fuzz", input);
   (void)ptc::cluster::DecodePart("fuzz", input);
+  {  // a head (the first line) and its chunks (the rest, cut at each later newline)
+    const size_t eol = input.find('\n');
+    std::map<size_t, std::string> chunks;
+    for (size_t at = eol == std::string_view::npos ? input.size() : eol + 1, i = 0; at < input.size(); ++i) {
+      const size_t end = std::min(input.find('\n', at), input.size());
+      chunks[i] = std::string(input.substr(at, end - at));
+      at = end + 1;
+    }
+    (void)ptc::cluster::DecodePart("fuzz", input.substr(0, eol), chunks);
+  }
   static const std::vector<ptc::TensorRecord> kTensors = {{"layers.0.w", ptc::DType::kBF16, {8, 4}}};
   (void)ptc::cluster::DecodeDurable("fuzz", input, {"job", "c0ffee"}, kTensors);
   if (auto c = ptc::cluster::DecodeChange("fuzz", input); c.ok()) {
