@@ -7,11 +7,12 @@
 #   bash bench/moe_change.sh        (root and /dev/fuse; ~2 GB of store, ~4 GB of disk)
 #
 # The model: llama, 4 MoE layers of 8 experts (moe_ffn 1408), hidden 1024,
-# bf16 with Adam (f32 state), 8 ranks (tp=1, dp=8, one expert per rank at
+# vocab 8192, bf16 with Adam (f32 state): 2.4 GB stored; 8 ranks (tp=1, dp=8, one expert per rank at
 # ep=8, two at ep=4; the dense part replicated). Each round: a fresh copy
 # of the store, `sync; sleep 8`, then in turn (the order alternating): the
 # change (from writing .ptcfs/config until the status says serving the new
-# generation) and `cp -r STORE COPY && sync`. Then the first read of all of
+# generation: committed, the daemon's own fsyncs included) and
+# `cp -r STORE COPY && sync`. Then the first read of all of
 # model/ through a fresh mount of the changed store (daemon path, page cache
 # dropped) against the same read of the store before the change. Medians of
 # RUNS rounds; writes its section of bench/RESULTS.md.
@@ -20,7 +21,7 @@ cd "$(dirname "$0")/.."
 RUNS="${RUNS:-3}"
 ptcfs="${PTCFS:-$PWD/build/tools/ptcfs}"
 work="${PTCFS_BENCH_DIR:-/tmp/ptcfs-bench-moe}"
-dims=layers=4,hidden=1024,heads=16,vocab=32768,seq=1024,experts=8,moe_ffn=1408
+dims=layers=4,hidden=1024,heads=16,vocab=8192,seq=1024,experts=8,moe_ffn=1408
 from=tp=1,pp=1,dp=8,ep=8,per_worker=8
 to=tp=1,pp=1,dp=8,ep=4,per_worker=8
 mnt="$work/mnt"
@@ -44,6 +45,23 @@ serving() {  # MNT CONFIG: whether the mount serves CONFIG, its change done
 sys.exit(0 if s['state'] == 'serving' and s['config'].startswith(sys.argv[2]) else 1)" "$1/.ptcfs/status" "$2"
 }
 
+change() {  # MNT CONFIG -> seconds from writing CONFIG to .ptcfs/config until the mount serves it, committed
+  /usr/bin/python3 - "$1" "$2" <<'PY'
+import json, os, sys, time
+mnt, config = sys.argv[1:3]
+start = time.perf_counter()
+with open(os.path.join(mnt, ".ptcfs/config"), "w") as f:
+    f.write(config + "\n")
+while True:
+    with open(os.path.join(mnt, ".ptcfs/status")) as f:
+        s = json.load(f)
+    if s["state"] == "serving" and s["config"].startswith(config):
+        break
+    time.sleep(0.002)
+print("%.3f" % (time.perf_counter() - start))
+PY
+}
+
 read_model() {  # MNT -> GB/s of the first read of every file of model/, page cache dropped
   sync; echo 3 > /proc/sys/vm/drop_caches
   /usr/bin/python3 bench/mount_read.py 1 $(find "$1/model" -type f | sort)
@@ -59,11 +77,7 @@ for run in $(seq "$RUNS"); do
       $ptcfs mount "$work/changed" "$mnt" --passthrough off
       before+=("$(read_model "$mnt")")
       sync; sleep 8
-      start=$(now)
-      echo $to > "$mnt/.ptcfs/config"
-      until serving "$mnt" $to; do sleep 0.01; done
-      sync
-      change+=("$(since "$start")")
+      change+=("$(change "$mnt" $to)")
       fusermount3 -u "$mnt"
     else
       start=$(now)
@@ -92,10 +106,10 @@ table=$(cat <<TABLE
 \`bash bench/moe_change.sh\` (RUNS=$RUNS) on $(date -u +%F) at $(git rev-parse --short HEAD), $(nproc) cores,
 load average $(cut -d' ' -f1 /proc/loadavg) at the end (other builds shared the machine). llama \`$dims\`,
 bf16 with Adam: $bytes bytes of store. \`$from\` -> \`$to\` under a live mount (one worker): the plan
-moves $(field bytes_moved) bytes between workers and writes nothing it can reference
-(kept $(field bytes_kept), from pieces on the worker $(field bytes_local) of $(field bytes_total)).
-Each round: the change (writing .ptcfs/config until the status serves the new config, then
-\`sync\`) and \`cp -r STORE COPY && sync\` of the same store, in alternating order after
+moves $(field bytes_moved) bytes between workers: it keeps $(field bytes_kept) of $(field bytes_total)
+bytes as they are stored (each expert's pieces, now another rank's) and copies $(field bytes_local).
+Each round: the change (writing .ptcfs/config until the status serves the new config, committed:
+the manifest written and synced by the daemon) and \`cp -r STORE COPY && sync\` of the same store, in alternating order after
 \`sync; sleep 8\`; the first read of all of model/ (daemon path, page cache dropped) through a mount
 of the store before the change and of the changed one. Medians.
 
