@@ -255,7 +255,7 @@ TEST_F(ClientsTest, MegatronCoreMoeModelLoadsItsRankFilesAtEachEpAndSavesAcrossA
   EXPECT_NE(text.find("RUN OK"), std::string::npos) << text;
 }
 
-TEST_F(ClientsTest, MegatronCoreDistCheckpointingLoadsAnMoeTorchDistTreeAtEachEp) {
+TEST_F(ClientsTest, MegatronCoreDistCheckpointingLoadsAndSavesAnMoeTorchDistTreeAtEachEp) {
   // megatron-core's dist_checkpointing.load of megatron/ as torch_dist for the MoE model of
   // mcore_moe.py (the experts stacked over layers and global experts, SequentialMLP's keys),
   // stored at ep=2, loaded at ep=2, at ep=1 and at tp=2: every parameter equals the legacy
@@ -277,6 +277,25 @@ TEST_F(ClientsTest, MegatronCoreDistCheckpointingLoadsAnMoeTorchDistTreeAtEachEp
     EXPECT_EQ(code, 0) << out;
     EXPECT_NE(out.find("DIST-LOAD OK"), std::string::npos) << out;
   }
+  // Megatron-Core's dist_checkpointing.save of other weights (seed 9) at ep=2 (its fc1 chunks
+  // cut in the gate and up halves) commits through the mount (DcpSaveWrite in Megatron-Core's
+  // keys) as one generation, which its load at ep=1 reads back equal to those weights.
+  Run("synth " + model + " --dtype f64 --seed 9 --config tp=1,dp=2,ep=2 " + tmp_ / "src9");
+  Run("import " + model + " --config tp=1,dp=2,ep=2 " + tmp_ / "src9 " + tmp_ / "store9");
+  for (const std::string c : {"tp=1,dp=2,ep=2", "tp=1"}) {
+    Run("export --format megatron --names local --config " + c + " " + tmp_ / "store9 " + tmp_ / ("legacy9-" + c));
+  }
+  const int generation = MountStatus(m.dir())["generation"].get<int>();
+  auto [code, out] = Sh(Python() + Script("mcore_moe.py") + "dist-save " + m.dir() + "/megatron 1 2 1 " +
+                        tmp_ / "legacy9-tp=1,dp=2,ep=2 200 2>&1");
+  ASSERT_EQ(code, 0) << out;
+  const auto status = MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  std::tie(code, out) =
+      Sh(Python() + Script("mcore_moe.py") + "dist-load " + m.dir() + "/megatron 1 1 1 " + tmp_ / "legacy9-tp=1 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("DIST-LOAD OK"), std::string::npos) << out;
 }
 
 TEST_F(ClientsTest, DcpLoadsTheMountInOneTwoAndThreeProcesses) {

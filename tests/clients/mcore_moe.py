@@ -29,6 +29,10 @@ iter_N/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt (_EEE: its expert-parallel rank
                           tracker names: the experts under decoder.layers.mlp.experts.experts.*, stacked
                           over layers and global experts); every parameter must equal, bit for bit, the
                           one the legacy tree LEGACY (the same tp, ep, pp) holds under the same name
+  dist-save DIR TP EP PP LEGACY ITER
+                          TP*EP*PP gloo processes build the model, load LEGACY's rank files (the same
+                          grid) into it and save it with dist_checkpointing.save into DIR/iter_ITER/
+                          (torch_dist), then rank 0 writes DIR/latest_checkpointed_iteration.txt
   merged DIR EP OUT       DIR's rank files at ep=1 (the latest iteration, tp=1, pp=1) hold what the
                           save at ep=EP wrote (OUT/saved-0-0-R.pt): every parameter bit for bit,
                           local expert K of ep rank R as expert R*E/EP+K, and every parameter's
@@ -257,6 +261,33 @@ def dist_loader(rank, world, tp, ep, pp, root, legacy):
     dist.destroy_process_group()
 
 
+def dist_saver(rank, world, tp, ep, pp, root, legacy, iteration):
+    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.cuda.synchronize = lambda *a, **k: None
+    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    import queue
+
+    filesystem_async._results_queue = queue.Queue()  # the save runs synchronously (as mcore_dist.py's)
+    model = build(tp, ep, pp)
+    ranks = (parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank(),
+             parallel_state.get_expert_model_parallel_rank())
+    ref_iteration = int((pathlib.Path(legacy) / "latest_checkpointed_iteration.txt").read_text())
+    ref = torch.load(rank_file(legacy, ref_iteration, *ranks, pp, ep), weights_only=False)["model"]
+    model.load_state_dict({k: v for k, v in ref.items() if not k.endswith("_extra_state")}, strict=False)
+    ckpt = pathlib.Path(root) / f"iter_{iteration:07d}"
+    if rank == 0:
+        ckpt.mkdir()
+    dist.barrier()
+    dist_checkpointing.save(model.sharded_state_dict(), str(ckpt))
+    dist.barrier()
+    if rank == 0:
+        (pathlib.Path(root) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def spawn(target, world, *args):
     os.environ["MASTER_PORT"] = str(31500 + os.getpid() % 2000)
     ctx = torch.multiprocessing.get_context("spawn")
@@ -303,6 +334,9 @@ def main():
     elif cmd == "dist-load":
         root, tp, ep, pp, legacy = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
         spawn(dist_loader, tp * ep * pp, tp, ep, pp, root, legacy)
+    elif cmd == "dist-save":
+        root, tp, ep, pp, legacy = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+        spawn(dist_saver, tp * ep * pp, tp, ep, pp, root, legacy, int(sys.argv[7]))
     elif cmd == "compare":
         a, b = torch.load(sys.argv[2]), torch.load(sys.argv[3])
         assert a.dtype == torch.float64 and a.shape == b.shape, (a.dtype, a.shape, b.shape)
