@@ -4,8 +4,8 @@
 // megatron-core's IndexedDataset, numpy.load(mmap_mode='r'). They run in the
 // venv tools/setup-deps.sh makes (.venv/ at the repository root, or
 // $PTCFS_VENV; tools/requirements-clients.txt); tests/clients/real_clients.py,
-// tests/clients/megatron_ckpt.py and tests/clients/mcore_gpt.py (megatron-core's GPTModel
-// on CPU) hold the client code. Without the venv
+// tests/clients/megatron_ckpt.py, tests/clients/mcore_gpt.py and tests/clients/mcore_moe.py
+// (megatron-core's GPTModel on CPU, dense and with MoE layers) hold the client code. Without the venv
 // the suite skips (77), and fails under CI=true.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -182,6 +182,120 @@ TEST_F(ClientsTest, MegatronCoreGptModelLoadsItsRankFilesAndStepsAdam) {
   EXPECT_EQ(code, 0) << out;
   generation = MountStatus(m.dir())["generation"].get<int>();  // the reconfigure committed one
   save("1 2", "save12", "3", true);
+}
+
+TEST_F(ClientsTest, MegatronCoreMoeModelLoadsItsRankFilesAtEachEpAndSavesAcrossAnEpChange) {
+  // megatron-core's GPTModel with MoE layers (local spec, SequentialMLP, 4 experts, top-2,
+  // a shared expert; float64, gloo on CPU) against the llama schema with experts, in the
+  // local spec's names: at ep=2 each ep rank reads mp_rank_00_00R and its optimizer state
+  // is ChainedOptimizer's [dense, expert-parallel]; at tp=2 and at pp=2 (ep=1) one optimizer.
+  const std::string mcore = Python() + Script("mcore_moe.py");
+  const std::string model =
+      "--schema llama --dims layers=2,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32,experts=4,moe_ffn=32,shared_ffn=32";
+  Run("synth " + model + " --dtype f64 --optimizer adam --config tp=1,dp=2,ep=2 " + tmp_ / "src");
+  Run("import " + model + " --config tp=1,dp=2,ep=2 " + tmp_ / "src " + tmp_ / "store");
+  struct Layout {
+    std::string config, tp, ep, pp;
+  };
+  const Layout layouts[] = {{"tp=1,dp=2,ep=2", "1", "2", "1"},
+                            {"tp=2", "2", "1", "1"},
+                            {"tp=1,pp=2", "1", "1", "2"},
+                            {"tp=1", "1", "1", "1"}};
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(l.config);
+    const std::string tree = tmp_ / ("tree-" + l.config), out = tmp_ / ("out-" + l.config);
+    Run("export --format megatron --names local --config " + l.config + " " + tmp_ / "store " + tree);
+    ASSERT_EQ(Sh("mkdir -p " + out).first, 0);
+    auto [code, text] = Sh(mcore + "run " + tree + " " + l.tp + " " + l.ep + " " + l.pp + " " + out + " 2>&1");
+    EXPECT_EQ(code, 0) << text;
+    EXPECT_NE(text.find("RUN OK"), std::string::npos) << text;
+  }
+  EXPECT_TRUE(std::filesystem::exists(tmp_ / "tree-tp=1,dp=2,ep=2/iter_0000000/mp_rank_00_001/model_optim_rng.pt"));
+  // The same logits in every layout (float64, within 1e-12: the experts' outputs are summed
+  // in another order when tokens travel between ep ranks).
+  for (const std::string c : {"tp=1,dp=2,ep=2", "tp=2", "tp=1,pp=2"}) {
+    auto [code, text] = Sh(mcore + "compare " + tmp_ / ("out-" + c) + "/logits.pt " + tmp_ / "out-tp=1/logits.pt 2>&1");
+    EXPECT_EQ(code, 0) << c << "\n" << text;
+  }
+  // The ep=2 tree imports (`import --format megatron`; it has no args, so --config gives its
+  // grid) and renders again byte for byte, at ep=2 and at ep=1.
+  Run("import --format megatron " + model + " --config tp=1,dp=2,ep=2 " + tmp_ / "tree-tp=1,dp=2,ep=2 " +
+      tmp_ / "reimported");
+  auto [guess, guessed] =
+      Ptcfs("import --format megatron " + model + " " + tmp_ / "tree-tp=1,dp=2,ep=2 " + tmp_ / "guessed");
+  EXPECT_NE(guess, 0);
+  EXPECT_NE(guessed.find("mp_rank_00_000: its second number is the pp rank, or the ep rank"), std::string::npos)
+      << guessed;
+  for (const std::string c : {"tp=1,dp=2,ep=2", "tp=1"}) {
+    Run("export --format megatron --names local --config " + c + " " + tmp_ / "reimported " + tmp_ / ("again-" + c));
+    auto [code, text] = Sh("diff -r " + tmp_ / ("again-" + c) + " " + tmp_ / ("tree-" + c) + " 2>&1");
+    EXPECT_EQ(code, 0) << c << ": " << text;
+  }
+  // A save the model makes at ep=2 (the expert-data-parallel rank 0 of each ep rank writes
+  // mp_rank_00_00R) commits through the mount; at ep=1 the mount then serves it bit for bit
+  // (every parameter, its Adam moments and master; local expert K of ep rank R as expert 2R+K),
+  // and the model loads it there strict and steps.
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron --names local");
+  const std::string megatron = m.dir() + "/megatron";
+  const int generation = MountStatus(m.dir())["generation"].get<int>();
+  ASSERT_EQ(Sh("mkdir -p " + tmp_ / "save-ep2 " + tmp_ / "load-ep1").first, 0);
+  auto [code, text] = Sh(mcore + "run " + megatron + " 1 2 1 " + tmp_ / "save-ep2 --save 5 2>&1");
+  ASSERT_EQ(code, 0) << text;
+  const auto status = MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  Run("reconfigure " + m.dir() + " --to tp=1");
+  WaitServing(m.dir());
+  EXPECT_EQ(Slurp(megatron + "/latest_checkpointed_iteration.txt"), "5");
+  std::tie(code, text) = Sh(mcore + "merged " + megatron + " 2 " + tmp_ / "save-ep2 2>&1");
+  EXPECT_EQ(code, 0) << text;
+  EXPECT_NE(text.find("MERGED OK"), std::string::npos) << text;
+  std::tie(code, text) = Sh(mcore + "run " + megatron + " 1 1 1 " + tmp_ / "load-ep1 2>&1");
+  EXPECT_EQ(code, 0) << text;
+  EXPECT_NE(text.find("RUN OK"), std::string::npos) << text;
+}
+
+TEST_F(ClientsTest, MegatronCoreDistCheckpointingLoadsAndSavesAnMoeTorchDistTreeAtEachEp) {
+  // megatron-core's dist_checkpointing.load of megatron/ as torch_dist for the MoE model of
+  // mcore_moe.py (the experts stacked over layers and global experts, SequentialMLP's keys),
+  // stored at ep=2, loaded at ep=2, at ep=1 and at tp=2: every parameter equals the legacy
+  // render of its grid, bit for bit.
+  const std::string model =
+      "--schema llama --dims layers=2,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32,experts=4,moe_ffn=32,shared_ffn=32";
+  Run("synth " + model + " --dtype f64 --config tp=1,dp=2,ep=2 " + tmp_ / "src");
+  Run("import " + model + " --config tp=1,dp=2,ep=2 " + tmp_ / "src " + tmp_ / "store");
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron --ckpt-format torch_dist");
+  struct Grid {
+    std::string config, args;
+  };
+  for (const Grid& g : {Grid{"tp=1,dp=2,ep=2", "1 2 1"}, Grid{"tp=1", "1 1 1"}, Grid{"tp=2", "2 1 1"}}) {
+    SCOPED_TRACE(g.config);
+    const std::string legacy = tmp_ / ("legacy-" + g.config);
+    Run("export --format megatron --names local --config " + g.config + " " + tmp_ / "store " + legacy);
+    auto [code, out] =
+        Sh(Python() + Script("mcore_moe.py") + "dist-load " + m.dir() + "/megatron " + g.args + " " + legacy + " 2>&1");
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_NE(out.find("DIST-LOAD OK"), std::string::npos) << out;
+  }
+  // Megatron-Core's dist_checkpointing.save of other weights (seed 9) at ep=2 (its fc1 chunks
+  // cut in the gate and up halves) commits through the mount (DcpSaveWrite in Megatron-Core's
+  // keys) as one generation, which its load at ep=1 reads back equal to those weights.
+  Run("synth " + model + " --dtype f64 --seed 9 --config tp=1,dp=2,ep=2 " + tmp_ / "src9");
+  Run("import " + model + " --config tp=1,dp=2,ep=2 " + tmp_ / "src9 " + tmp_ / "store9");
+  for (const std::string c : {"tp=1,dp=2,ep=2", "tp=1"}) {
+    Run("export --format megatron --names local --config " + c + " " + tmp_ / "store9 " + tmp_ / ("legacy9-" + c));
+  }
+  const int generation = MountStatus(m.dir())["generation"].get<int>();
+  auto [code, out] = Sh(Python() + Script("mcore_moe.py") + "dist-save " + m.dir() + "/megatron 1 2 1 " +
+                        tmp_ / "legacy9-tp=1,dp=2,ep=2 200 2>&1");
+  ASSERT_EQ(code, 0) << out;
+  const auto status = MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  std::tie(code, out) =
+      Sh(Python() + Script("mcore_moe.py") + "dist-load " + m.dir() + "/megatron 1 1 1 " + tmp_ / "legacy9-tp=1 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("DIST-LOAD OK"), std::string::npos) << out;
 }
 
 TEST_F(ClientsTest, DcpLoadsTheMountInOneTwoAndThreeProcesses) {

@@ -65,8 +65,7 @@ ptc::Status ExportMegatron(ptc::Env* env, const ptc::Store& store,
                        out->CreateDir(ptc::megatron::IterationDirName(state.iteration)));
   for (const ptc::RankView& view : views) {
     PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan, PlanMegatronFile(layout.spec(), config, view, state, names));
-    PTC_ASSIGN_OR_RETURN(std::unique_ptr<ptc::OutputDir> dir,
-                         iter_dir->CreateDir(ptc::megatron::RankDirName(view.coords.tp, view.coords.pp, config.pp)));
+    PTC_ASSIGN_OR_RETURN(std::unique_ptr<ptc::OutputDir> dir, iter_dir->CreateDir(MegatronRankDir(view, config)));
     PTC_RETURN_IF_ERROR(WriteMegatronFile(reader, plan, *dir, progress));
   }
   return ptc::WriteFileAtomic(*out, std::string(ptc::megatron::kLatestFile), std::to_string(state.iteration));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <tuple>
 
 #include "ptc/format/zip_writer.h"
 
@@ -125,11 +126,14 @@ ptc::Result<std::unique_ptr<VirtualFile>> MakeMegatronFile(const ptc::Generation
 }
 
 std::vector<size_t> MegatronRanks(const std::vector<ptc::RankView>& views) {
-  std::map<std::pair<int, int>, size_t> first;  // (pp, tp) -> view of the lowest dp
+  // (pp, tp, ep) -> view of the lowest expert-data-parallel index (for a
+  // dense model, the lowest dp then cp index)
+  std::map<std::tuple<int, int, int>, size_t> first;
   for (size_t i = 0; i < views.size(); ++i) {
     const ptc::RankCoords& c = views[i].coords;
-    auto [it, inserted] = first.try_emplace({c.pp, c.tp}, i);
-    if (!inserted && views[it->second].coords.dp > c.dp) it->second = i;
+    auto [it, inserted] = first.try_emplace({c.pp, c.tp, c.ep}, i);
+    const ptc::RankCoords& was = views[it->second].coords;
+    if (!inserted && std::tie(was.edp, was.dp, was.cp) > std::tie(c.edp, c.dp, c.cp)) it->second = i;
   }
   std::vector<size_t> out;
   for (const auto& [key, index] : first) out.push_back(index);
@@ -137,7 +141,12 @@ std::vector<size_t> MegatronRanks(const std::vector<ptc::RankView>& views) {
   return out;
 }
 
+std::string MegatronRankDir(const ptc::RankView& view, const ptc::ParallelConfig& config) {
+  return ptc::megatron::RankDirName(view.coords.tp, view.coords.pp, config.pp, view.coords.ep, config.ep);
+}
+
 ptc::Result<std::vector<ptc::RankView>> MegatronTreeViews(const ptc::ModelLayout& layout) {
+  PTC_RETURN_IF_ERROR(ptc::megatron::CheckLegacySave(layout.config()));
   std::vector<ptc::RankView> views;
   for (int rank = 0; rank < layout.config().world_size(); ++rank) {
     PTC_ASSIGN_OR_RETURN(ptc::RankView view, layout.View(rank));

@@ -69,13 +69,17 @@ ptc::Result<std::unique_ptr<VirtualFile>> MakeMegatronFile(const ptc::Generation
                                                            const MegatronFilePlan& plan,
                                                            const std::vector<uint32_t>& crcs, int prefer_worker);
 
-// The ranks a Megatron tree shows among `views`: one per (tp, pp), the one
-// with the lowest dp index (Megatron's data-parallel rank 0 saves and every
-// data-parallel rank loads it). Indices into `views`, in rank order.
+// The ranks a Megatron tree shows among `views`: one per (tp, pp, ep), the
+// one with the lowest expert-data-parallel index (Megatron's expert-data-
+// parallel rank 0 saves; every rank of the same (tp, pp, ep) loads it; for a
+// dense model the data-parallel rank 0). Indices into `views`, in rank order.
 std::vector<size_t> MegatronRanks(const std::vector<ptc::RankView>& views);
 
+// The rank directory of `view` in `config`: mp_rank_TT[_PPP][_EEE].
+std::string MegatronRankDir(const ptc::RankView& view, const ptc::ParallelConfig& config);
+
 // The views of the ranks a Megatron tree of `layout` shows (MegatronRanks), in rank order.
-// \error as ModelLayout::View.
+// \error as CheckLegacySave and ModelLayout::View.
 ptc::Result<std::vector<ptc::RankView>> MegatronTreeViews(const ptc::ModelLayout& layout);
 
 // Writes `plan`'s file (model_optim_rng.pt) into `dir`, reading every

@@ -128,13 +128,13 @@ class MegatronView final : public ViewTree {
       return files;
     }
     const ptc::ParallelConfig& config = snap->config();
+    PTC_RETURN_IF_ERROR(ptc::megatron::CheckLegacySave(config));
     for (size_t v : MegatronRanks(snap->views())) {
       const ptc::RankView& view = snap->views()[v];
       PTC_ASSIGN_OR_RETURN(MegatronFilePlan plan, PlanMegatronFile(snap->spec(), config, view, state, names_),
                            ptc::RankDirName(view.rank));
       TreeFile f;
-      f.path = iter + ptc::megatron::RankDirName(view.coords.tp, view.coords.pp, config.pp) + "/" +
-               std::string(ptc::megatron::kRankFile);
+      f.path = iter + MegatronRankDir(view, config) + "/" + std::string(ptc::megatron::kRankFile);
       f.size = plan.size;
       f.renderer = std::make_shared<MegatronRenderer>(snap, v, names_, crcs_);
       f.kernel_readable = true;

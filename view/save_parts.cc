@@ -38,7 +38,7 @@ ptc::Status DecodeEntries(const nlohmann::json& j, const std::string& what, std:
 
 // What one part says, checked.
 struct PartSays {
-  int tp = 0, pp = 0;
+  int tp = 0, pp = 0, ep = 1;
   ptc::DType dtype = ptc::DType::kF32;
   bool optimizer = false;
   std::vector<ptc::KeptRank> ranks;
@@ -65,6 +65,12 @@ ptc::Result<PartSays> ReadPart(int worker, uint64_t iteration, const nlohmann::j
   }
   says.tp = save->at("tp").get<int>();
   says.pp = save->at("pp").get<int>();
+  if (const auto ep = save->find("ep"); ep != save->end()) {
+    if (!ep->is_number_unsigned() || ep->get<uint64_t>() < 1 || ep->get<uint64_t>() > 1 << 16) {
+      return bad("'ep' is no size");
+    }
+    says.ep = ep->get<int>();
+  }
   const auto dtype = save->find("dtype");
   const auto optimizer = save->find("optimizer");
   if (dtype == save->end() || !dtype->is_string()) return bad("no 'dtype'");
@@ -81,7 +87,8 @@ ptc::Result<PartSays> ReadPart(int worker, uint64_t iteration, const nlohmann::j
 }
 
 std::string Describe(const PartSays& p) {
-  return "tp=" + std::to_string(p.tp) + ", pp=" + std::to_string(p.pp) + ", " + std::string(ptc::DTypeName(p.dtype)) +
+  return "tp=" + std::to_string(p.tp) + ", pp=" + std::to_string(p.pp) +
+         (p.ep > 1 ? ", ep=" + std::to_string(p.ep) : std::string()) + ", " + std::string(ptc::DTypeName(p.dtype)) +
          (p.optimizer ? ", with optimizer state" : ", no optimizer state");
 }
 
@@ -117,15 +124,17 @@ ptc::Result<std::optional<ptc::DatasetState>> SavedDataPosition(const ptc::megat
 }
 
 ptc::Status CheckSavable(const ptc::ParallelConfig& config) {
+  PTC_RETURN_IF_ERROR(ptc::megatron::CheckLegacySave(config));
   if (config.zero != 1) return ptc::Status::OK();
   return ptc::InvalidArgumentError(
       "saves through megatron/ need zero=0: Megatron's model_optim_rng.pt does not hold ZeRO-1 optimizer state");
 }
 
-ptc::ParallelConfig WithGrid(ptc::ParallelConfig config, int tp, int pp) {
+ptc::ParallelConfig WithGrid(ptc::ParallelConfig config, int tp, int pp, int ep) {
   if (pp != config.pp) config.pp_layers.clear();
   config.tp = tp;
   config.pp = pp;
+  config.ep = ep;
   return config;
 }
 
@@ -134,6 +143,7 @@ nlohmann::json SavePartExtra(uint64_t iteration, const ptc::MegatronSavePart& pa
   if (!part.kept.empty()) {
     save["tp"] = static_cast<uint64_t>(part.source.config.tp);
     save["pp"] = static_cast<uint64_t>(part.source.config.pp);
+    if (part.source.config.ep > 1) save["ep"] = static_cast<uint64_t>(part.source.config.ep);
     save["dtype"] = std::string(ptc::DTypeName(part.source.spec.dtype));
     save["optimizer"] = part.source.spec.optimizer;
     for (const ptc::KeptRank& k : part.kept) save["ranks"].push_back(ptc::EncodeKeptRank(k));
@@ -151,8 +161,8 @@ ptc::Result<SettledSave> SettleSave(uint64_t iteration, const ptc::ModelSpec& cu
     if (!s.ranks.empty()) {
       if (first < 0) {
         first = worker;
-      } else if (std::tie(s.tp, s.pp, s.dtype, s.optimizer) !=
-                 std::tie(says[first].tp, says[first].pp, says[first].dtype, says[first].optimizer)) {
+      } else if (std::tie(s.tp, s.pp, s.ep, s.dtype, s.optimizer) !=
+                 std::tie(says[first].tp, says[first].pp, says[first].ep, says[first].dtype, says[first].optimizer)) {
         return ptc::InvalidArgumentError("the rank files of iteration " + std::to_string(iteration) + " on worker " +
                                          std::to_string(first) + " say " + Describe(says[first]) + ", on worker " +
                                          std::to_string(worker) + " " + Describe(s));
@@ -167,21 +177,22 @@ ptc::Result<SettledSave> SettleSave(uint64_t iteration, const ptc::ModelSpec& cu
   }
   const PartSays& grid = says[first];
   // Each rank file once (the lowest worker's, when two hold one: its pieces there are replicas).
-  std::map<std::pair<int, int>, int> holder;
+  std::map<std::tuple<int, int, int>, int> holder;
   std::vector<ptc::KeptRank> ranks;
   for (auto& [worker, s] : says) {
     for (ptc::KeptRank& k : s.ranks) {
-      if (!holder.emplace(std::make_pair(k.tp, k.pp), worker).second) continue;
+      if (!holder.emplace(std::make_tuple(k.tp, k.pp, k.ep), worker).second) continue;
       ranks.push_back(std::move(k));
     }
   }
   for (int pp = 0; pp < grid.pp; ++pp) {
-    for (int tp = 0; tp < grid.tp; ++tp) {
-      if (holder.count({tp, pp}) == 0) {
-        return ptc::InvalidArgumentError(iter_dir + "/" + ptc::megatron::RankDirName(tp, pp, grid.pp) + "/" +
-                                         std::string(ptc::megatron::kRankFile) +
-                                         ": written on no worker (the save's grid is tp=" + std::to_string(grid.tp) +
-                                         ", pp=" + std::to_string(grid.pp) + ")");
+    for (int ep = 0; ep < grid.ep; ++ep) {
+      for (int tp = 0; tp < grid.tp; ++tp) {
+        if (holder.count({tp, pp, ep}) == 0) {
+          return ptc::InvalidArgumentError(iter_dir + "/" + ptc::megatron::RankDirName(tp, pp, grid.pp, ep, grid.ep) +
+                                           "/" + std::string(ptc::megatron::kRankFile) +
+                                           ": written on no worker (the save's grid is " + Describe(grid) + ")");
+        }
       }
     }
   }
@@ -202,9 +213,9 @@ ptc::Result<SettledSave> SettleSave(uint64_t iteration, const ptc::ModelSpec& cu
   PTC_ASSIGN_OR_RETURN(
       ptc::ModelLayout layout,
       ptc::ModelLayout::Make(ptc::ModelSpec{current_spec.schema, current_spec.dims, grid.dtype, grid.optimizer},
-                             WithGrid(current, grid.tp, grid.pp)));
+                             WithGrid(current, grid.tp, grid.pp, grid.ep)));
   PTC_ASSIGN_OR_RETURN(ptc::megatron::MegatronState state,
-                       ptc::FoldRanks(iteration, grid.tp, grid.pp, std::move(ranks)));
+                       ptc::FoldRanks(iteration, grid.tp, grid.pp, std::move(ranks), grid.ep));
   PTC_ASSIGN_OR_RETURN(std::optional<ptc::DatasetState> position, SavedDataPosition(state, iteration, dataset));
   return SettledSave{std::move(layout), std::move(state), std::move(position)};
 }

@@ -37,12 +37,13 @@ ptc::Result<std::optional<ptc::DatasetState>> SavedDataPosition(const ptc::megat
                                                                 const std::optional<ptc::DatasetState>& current);
 
 // Saves through megatron/ need zero=0 (Megatron's model_optim_rng.pt does
-// not hold ZeRO-1 optimizer state).
-// \error InvalidArgument saying so for a config with zero=1.
+// not hold ZeRO-1 optimizer state) and a config Megatron's legacy save can
+// hold (megatron::CheckLegacySave).
+// \error InvalidArgument saying so for a config with zero=1; as CheckLegacySave.
 ptc::Status CheckSavable(const ptc::ParallelConfig& config);
 
-// `config` with a save's grid: its tp and pp (pp_layers dropped when pp changes).
-ptc::ParallelConfig WithGrid(ptc::ParallelConfig config, int tp, int pp);
+// `config` with a save's grid: its tp, pp and ep (pp_layers dropped when pp changes).
+ptc::ParallelConfig WithGrid(ptc::ParallelConfig config, int tp, int pp, int ep);
 
 // What a worker's part of the save of `iteration` says besides its pieces:
 // the rank files it holds (none, some or all of the grid), their grid, dtype

@@ -25,7 +25,7 @@ ptc::Status MegatronSaveWrite::SaveWhole() {
   PTC_ASSIGN_OR_RETURN(std::optional<ptc::DatasetState> dataset,
                        SavedDataPosition(saved, iteration_, current_->dataset()));
   if (dataset) source.extra["dataset"] = ptc::EncodeDatasetState(*dataset);
-  source.config = WithGrid(current_->config(), source.config.tp, source.config.pp);
+  source.config = WithGrid(current_->config(), source.config.tp, source.config.pp, source.config.ep);
   source.adopt_files = true;  // the staged files become the pieces' files: no tensor byte written twice
   PTC_RETURN_IF_ERROR(ptc::ImportInto(&store, source).status());
   PTC_ASSIGN_OR_RETURN(ptc::ModelLayout layout, ptc::ModelLayout::Make(source.spec, source.config));
@@ -52,10 +52,17 @@ ptc::Status MegatronSaveWrite::SavePart(AgreedChange& change) {
   PTC_ASSIGN_OR_RETURN(auto writer, store.BeginGeneration());
   std::vector<ptc::TensorRecord> tensors;
   if (!part.kept.empty()) {
-    part.source.config = WithGrid(config, part.source.config.tp, part.source.config.pp);
+    part.source.config = WithGrid(config, part.source.config.tp, part.source.config.pp, part.source.config.ep);
     part.source.adopt_files = true;  // as alone (SaveWhole)
     std::vector<int> ranks;
-    for (const ptc::KeptRank& k : part.kept) ranks.push_back(part.source.config.RankOf(ptc::RankCoords{k.tp, 0, k.pp}));
+    for (const ptc::KeptRank& k : part.kept) {
+      const std::optional<int> rank = ptc::megatron::LegacySaveRank(part.source.config, k.tp, k.pp, k.ep);
+      if (!rank) {
+        return ptc::InvalidArgumentError(k.file + ": no rank of config " + part.source.config.ToString() +
+                                         " saves this file");
+      }
+      ranks.push_back(*rank);
+    }
     PTC_RETURN_IF_ERROR(ptc::WriteRanks(store.env(), writer.get(), part.source, ranks, ctx_.worker()).status());
     ptc::GenerationManifest described;
     PTC_RETURN_IF_ERROR(ptc::DescribeModel(part.source.spec, part.source.config, &described));

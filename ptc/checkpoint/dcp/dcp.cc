@@ -5,6 +5,7 @@
 #include <optional>
 #include <set>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "ptc/checkpoint/dcp/entries.h"
@@ -117,6 +118,7 @@ std::vector<std::pair<Box, size_t>> DisjointBoxes(const std::vector<Box>& stored
 Shape KeyShape(const Tensor& t) {
   if (t.layer < 0) return t.shape;
   Shape shape = {t.layers};
+  if (t.expert >= 0) shape.push_back(t.experts);
   shape.insert(shape.end(), t.shape.begin(), t.shape.end());
   return shape;
 }
@@ -124,6 +126,10 @@ Shape KeyShape(const Tensor& t) {
 Box KeyBox(const Tensor& t, const Box& box) {
   if (t.layer < 0) return box;
   Box out = box;
+  if (t.expert >= 0) {
+    out.begin.insert(out.begin.begin(), t.expert);
+    out.end.insert(out.end.begin(), t.expert + 1);
+  }
   out.begin.insert(out.begin.begin(), t.layer);
   out.end.insert(out.end.begin(), t.layer + 1);
   return out;
@@ -144,8 +150,34 @@ std::optional<std::pair<std::string, Index>> LayerOf(const std::string& name) {
   return std::make_pair(std::string(kLayers) + name.substr(i + 1), layer);
 }
 
-// The key of `t` (name, dtype and shape set) under `keys`; its path, layer and layers.
-void NameKey(Keys keys, const std::set<std::string>& names, Index layers, Tensor& t) {
+constexpr std::string_view kLocalExperts = "decoder.layers.mlp.experts.local_experts.";
+
+// Megatron-Core's key of a layer tensor's stacked key "decoder.layers.REST":
+// a routed expert's (SequentialMLP's sharded_state_dict: its experts stacked
+// too, "decoder.layers.mlp.experts.experts.X") and its expert; an MoE layer's
+// own norm under the name the local spec maps it to (its
+// sharded_state_dict_keys_map: pre_mlp_layernorm. -> mlp.linear_fc1.layer_norm_),
+// the key of a dense layer's fused norm; else the key itself and -1.
+std::pair<std::string, Index> McoreLayerKey(const std::string& key) {
+  if (key.rfind(kLocalExperts, 0) == 0) {
+    const size_t dot = key.find('.', kLocalExperts.size());
+    Index e = 0;
+    size_t i = kLocalExperts.size();
+    while (i < dot && i < key.size() && key[i] >= '0' && key[i] <= '9' && e < (Index{1} << 40)) {
+      e = e * 10 + (key[i++] - '0');
+    }
+    if (dot != std::string::npos && i == dot && dot > kLocalExperts.size()) {
+      return {"decoder.layers.mlp.experts.experts." + key.substr(dot + 1), e};
+    }
+  }
+  constexpr std::string_view kPreMlp = "decoder.layers.pre_mlp_layernorm.";
+  if (key.rfind(kPreMlp, 0) == 0) return {"decoder.layers.mlp.linear_fc1.layer_norm_" + key.substr(kPreMlp.size()), -1};
+  return {key, -1};
+}
+
+// The key of `t` (name, dtype and shape set) under `keys`; its path, layer and
+// layers (and expert and experts).
+void NameKey(Keys keys, const std::set<std::string>& names, Index layers, Index experts, Tensor& t) {
   const auto state = OptimizerStateOf(t.name, names);
   if (keys == Keys::kTorch) {
     t.path = state ? std::vector<std::string>{"optim", "state", state->first, state->second}
@@ -156,9 +188,14 @@ void NameKey(Keys keys, const std::set<std::string>& names, Index layers, Tensor
   const std::string param = state ? state->first : t.name;
   std::string key = param;
   if (auto layer = LayerOf(param)) {
-    key = layer->first;
+    Index expert = -1;
+    std::tie(key, expert) = McoreLayerKey(layer->first);
     t.layer = layer->second;
     t.layers = layers;
+    if (expert >= 0) {
+      t.expert = expert;
+      t.experts = experts;
+    }
   }
   if (state)
     key = "optimizer.state." + (state->second == "fp32" ? std::string("fp32_param") : state->second) + "." + key;
@@ -168,17 +205,35 @@ void NameKey(Keys keys, const std::set<std::string>& names, Index layers, Tensor
 
 }  // namespace
 
+Status CheckMcoreKeys(const std::vector<TensorRecord>& tensors) {
+  std::set<std::string> names;
+  for (const TensorRecord& t : tensors) names.insert(t.name);
+  for (const TensorRecord& t : tensors) {
+    const auto state = OptimizerStateOf(t.name, names);
+    if (!state || state->first.find(".mlp.experts.local_experts.") == std::string::npos) continue;
+    return FailedPreconditionError(
+        "tensor " + t.name +
+        ": the torch_dist optimizer state of routed experts (Megatron-Core's ChainedOptimizer of the dense and the "
+        "expert-parallel optimizer) is not built; use the legacy tree (--ckpt-format torch), or a store without "
+        "optimizer state");
+  }
+  return Status::OK();
+}
+
 std::vector<Tensor> NameTensors(const std::vector<TensorRecord>& tensors, Keys keys) {
   std::set<std::string> names;
-  Index layers = 0;
+  Index layers = 0, experts = 0;
   for (const TensorRecord& t : tensors) {
     names.insert(t.name);
-    if (auto layer = LayerOf(t.name)) layers = std::max(layers, layer->second + 1);
+    if (auto layer = LayerOf(t.name)) {
+      layers = std::max(layers, layer->second + 1);
+      experts = std::max(experts, McoreLayerKey(layer->first).second + 1);
+    }
   }
   std::vector<Tensor> out;
   for (const TensorRecord& t : tensors) {
     out.push_back(Tensor{t.name, "", {}, t.dtype, t.shape});
-    NameKey(keys, names, layers, out.back());
+    NameKey(keys, names, layers, experts, out.back());
   }
   return out;
 }
@@ -187,6 +242,7 @@ namespace {
 
 // The tensors of `m` named in `keys`.
 Result<std::vector<Tensor>> PlanNames(const GenerationManifest& m, Keys keys) {
+  if (keys == Keys::kMegatronCore) PTC_RETURN_IF_ERROR(CheckMcoreKeys(m.tensors));
   if (keys != Keys::kTorchtitan) return NameTensors(m.tensors, keys);
   PTC_ASSIGN_OR_RETURN(const ModelSpec spec, SpecFromManifest(m));
   return TorchtitanTensors(spec);
@@ -197,18 +253,21 @@ Result<std::vector<Tensor>> PlanNames(const GenerationManifest& m, Keys keys) {
 // \error InvalidArgument naming the tensor or key at fault.
 Result<Index> AddPlanTensors(std::vector<Tensor> named, Plan* plan) {
   Index layers = 0;
-  std::map<std::pair<std::string, Index>, size_t> keys_seen;  // (key, layer) -> tensor
+  std::map<std::tuple<std::string, Index, Index>, size_t> keys_seen;  // (key, layer, expert) -> tensor
+  // A mixture-of-experts model's stacked keys hold the layers of their kind (dense or MoE) only.
+  const bool moe = std::any_of(named.begin(), named.end(), [](const Tensor& t) { return t.expert >= 0; });
   std::map<std::string, size_t> first_of_key;
   std::map<std::string, std::set<Index>> layers_of_key;
   for (Tensor& d : named) {
     layers = std::max(layers, d.layers);
-    if (!keys_seen.emplace(std::make_pair(d.key, d.layer), plan->tensors.size()).second) {
+    if (!keys_seen.emplace(std::make_tuple(d.key, d.layer, d.expert), plan->tensors.size()).second) {
       return InvalidArgumentError("tensor " + d.name + ": DCP key " + d.key + " repeats");
     }
     auto [first, inserted] = first_of_key.try_emplace(d.key, plan->tensors.size());
     if (!inserted) {
       const Tensor& f = plan->tensors[first->second];
-      if (f.dtype != d.dtype || f.shape != d.shape || (f.layer < 0) != (d.layer < 0)) {
+      if (f.dtype != d.dtype || f.shape != d.shape || (f.layer < 0) != (d.layer < 0) ||
+          (f.expert < 0) != (d.expert < 0)) {
         return InvalidArgumentError("tensor " + d.name + " and " + f.name + " share the key " + d.key +
                                     " but differ in dtype or shape");
       }
@@ -217,7 +276,7 @@ Result<Index> AddPlanTensors(std::vector<Tensor> named, Plan* plan) {
     plan->tensors.push_back(std::move(d));
   }
   for (const auto& [key, seen] : layers_of_key) {
-    if (static_cast<Index>(seen.size()) != layers) {
+    if (!moe && static_cast<Index>(seen.size()) != layers) {
       return InvalidArgumentError("DCP key " + key + " has " + std::to_string(seen.size()) + " of the model's " +
                                   std::to_string(layers) + " layers");
     }
@@ -334,6 +393,27 @@ class PlanFiles {
   std::map<std::pair<int, int>, File> files_;  // by (worker, 0 or 1: its first or second file)
 };
 
+// The `_extra_state` objects of a mixture-of-experts model's linears that
+// Megatron-Core's loader asks for: each routed expert's
+// ("decoder.layers.mlp.experts.experts.linear_fc1._extra_state/shard_L.E_LAYERS.EXPERTS")
+// and the shared experts' (".../shard_L_LAYERS"), `none` each.
+void AddMoeObjects(const Plan& plan, const std::string& none, std::vector<Object>* objects) {
+  std::set<std::string> seen;
+  for (const Tensor& t : plan.tensors) {
+    const bool expert = t.expert >= 0;
+    if (t.layer < 0 || t.path.front().rfind("optimizer.", 0) == 0 || !t.key.ends_with(".weight") ||
+        (!expert && t.key.rfind("decoder.layers.mlp.shared_experts.", 0) != 0)) {
+      continue;
+    }
+    const std::string module = t.key.substr(0, t.key.size() - std::string_view(".weight").size());
+    const std::string key = module + "._extra_state/shard_" +
+                            (expert ? std::to_string(t.layer) + "." + std::to_string(t.expert) + "_" +
+                                          std::to_string(t.layers) + "." + std::to_string(t.experts)
+                                    : std::to_string(t.layer) + "_" + std::to_string(t.layers));
+    if (seen.insert(key).second) objects->push_back(Object{key, none});
+  }
+}
+
 // The objects of `m` in `keys` (Megatron-Core's extra states; Adam's steps
 // and groups; the entries the last DCP save carried), in the plan's first
 // file after its tensors.
@@ -349,6 +429,7 @@ Status AddPlanObjects(const GenerationManifest& m, Keys keys, Index layers, Plan
                                  none});
       }
     }
+    AddMoeObjects(*plan, none, &objects);
   }
   const bool optimizer = std::any_of(plan->tensors.begin(), plan->tensors.end(), [](const Tensor& t) {
     return t.path.front() == "optim" || t.path.front() == "optimizer";

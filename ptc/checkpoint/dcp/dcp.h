@@ -76,7 +76,18 @@ struct Tensor {
   // Empty: the key's tensor is the global tensor. Else its rows are these
   // blocks of the global tensor's (in order, tiling them), and `shape` is the key's.
   std::vector<RowBlock> blocks{};
+  // With kMegatronCore, a routed expert's (SequentialMLP's
+  // decoder.layers.mlp.experts.experts.X, stacked over layers and experts):
+  // its expert along the key's second stacked dim; -1: not an expert's.
+  Index expert = -1;
+  Index experts = 0;  // that dim's size
 };
+
+// Whether Megatron-Core's keys (Keys::kMegatronCore) are built for `tensors`:
+// not for the optimizer state of a mixture-of-experts model's routed experts
+// (Megatron-Core's ChainedOptimizer) yet.
+// \error FailedPrecondition naming the first expert tensor's optimizer state.
+Status CheckMcoreKeys(const std::vector<TensorRecord>& tensors);
 
 // `tensors` (a model's global tensors) with their keys under `keys`.
 std::vector<Tensor> NameTensors(const std::vector<TensorRecord>& tensors, Keys keys);

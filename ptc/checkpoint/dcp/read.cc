@@ -403,12 +403,29 @@ Result<std::vector<Tensor>> ModelKeys(const ModelSpec& spec, Keys keys, const st
   PTC_ASSIGN_OR_RETURN(std::vector<GlobalTensor> globals, GlobalTensors(spec));
   std::vector<TensorRecord> records;
   for (const GlobalTensor& g : globals) records.push_back(TensorRecord{g.name, g.dtype, g.shape});
+  if (keys == Keys::kMegatronCore) PTC_RETURN_IF_ERROR(CheckMcoreKeys(records), metadata_path);
   return NameTensors(records, keys);
+}
+
+// The place of a stacked key's tensor among its key's: its layer, or (layer,
+// expert) row-major for a routed expert's (Megatron-Core's).
+size_t StackSlot(const Tensor& t) {
+  return static_cast<size_t>(t.expert >= 0 ? t.layer * t.experts + t.expert : t.layer);
+}
+
+// The first tensor of a key (a mixture-of-experts model's stacked keys have
+// none at the layers of the other kind).
+const Tensor& FrontOf(const std::vector<const Tensor*>& tensors) {
+  for (const Tensor* t : tensors) {
+    if (t != nullptr) return *t;
+  }
+  return *tensors.front();  // MatchKeys puts one in every list
 }
 
 // The model's keys matched with the save's.
 struct KeyMatch {
-  std::map<std::string, std::vector<const Tensor*>> tensors;  // each key's global tensors (one per layer when stacked)
+  // Each key's global tensors (by StackSlot when stacked; null at a slot the key has no tensor).
+  std::map<std::string, std::vector<const Tensor*>> tensors;
   std::vector<std::string> order;                             // the model's
   std::map<std::string, const SavedTensor*> saved;
 };
@@ -422,9 +439,9 @@ Result<KeyMatch> MatchKeys(const std::vector<Tensor>& model, const SavedCheckpoi
   for (const Tensor& t : model) {
     if (m.tensors.count(t.key) == 0) m.order.push_back(t.key);
     auto& list = m.tensors[t.key];
-    if (t.layer >= 0 && static_cast<size_t>(t.layer) >= list.size()) list.resize(static_cast<size_t>(t.layer) + 1);
+    if (t.layer >= 0 && StackSlot(t) >= list.size()) list.resize(StackSlot(t) + 1);
     if (t.layer >= 0) {
-      list[static_cast<size_t>(t.layer)] = &t;
+      list[StackSlot(t)] = &t;
     } else {
       list.push_back(&t);
     }
@@ -439,7 +456,8 @@ Result<KeyMatch> MatchKeys(const std::vector<Tensor>& model, const SavedCheckpoi
     m.saved[t.key] = &t;
   }
   for (const std::string& key : m.order) {
-    const Tensor& front = *m.tensors.at(key).front();
+    const std::vector<const Tensor*>& list = m.tensors.at(key);
+    const Tensor& front = FrontOf(list);
     auto it = m.saved.find(key);
     if (it == m.saved.end()) {
       return Bad(metadata_path, "the checkpoint lacks the model's tensor " + front.name + " (key " + key + ")");
@@ -452,11 +470,12 @@ Result<KeyMatch> MatchKeys(const std::vector<Tensor>& model, const SavedCheckpoi
                                     " " + ShapeToString(shape));
     }
     PTC_RETURN_IF_ERROR(CheckChunksDisjoint(t, metadata_path));
-    Index volume = 0;
+    Index volume = 0, held = 0;  // what the chunks hold, what the model's tensors of the key do
     for (const SavedChunk& c : t.chunks) volume += c.box.volume();
-    if (volume != NumElements(t.shape)) {
+    for (const Tensor* g : list) held += g == nullptr ? 0 : NumElements(g->shape);
+    if (volume != held) {
       return Bad(metadata_path, "key " + t.key + ": the chunks hold " + std::to_string(volume) + " of its " +
-                                    std::to_string(NumElements(t.shape)) + " elements");
+                                    std::to_string(held) + " elements");
     }
   }
   return m;
@@ -515,7 +534,7 @@ Status AddChunk(const SavedTensor& t, const SavedChunk& c, const std::vector<con
   if (storage == nullptr) return Bad(what, "has no storage " + tensor.storage_key);
   const uint64_t at =
       c.offset + storage->member.data_offset + static_cast<uint64_t>(tensor.storage_offset) * DTypeSize(t.dtype);
-  const Tensor& front = *tensors.front();
+  const Tensor& front = FrontOf(tensors);
   if (!front.blocks.empty()) {  // a chunk of a key whose rows are blocks of the global tensor's
     AddBlockChunks(front, c.box, file, at, &source->chunks);
     return Status::OK();
@@ -525,13 +544,24 @@ Status AddChunk(const SavedTensor& t, const SavedChunk& c, const std::vector<con
     source->chunks.push_back(DcpSource::Chunk{front.name, t.dtype, c.box, file, at, size});
     return Status::OK();
   }
-  const Box slice{std::vector<Index>(c.box.begin.begin() + 1, c.box.begin.end()),
-                  std::vector<Index>(c.box.end.begin() + 1, c.box.end.end())};
+  // The stacked dims: the layers, and a routed expert's experts (Megatron-Core's).
+  const size_t stacked = front.expert >= 0 ? 2 : 1;
+  const Box slice{std::vector<Index>(c.box.begin.begin() + stacked, c.box.begin.end()),
+                  std::vector<Index>(c.box.end.begin() + stacked, c.box.end.end())};
   const uint64_t size = static_cast<uint64_t>(slice.volume()) * DTypeSize(t.dtype);
+  const Index e0 = stacked == 2 ? c.box.begin[1] : 0, e1 = stacked == 2 ? c.box.end[1] : 1;
+  uint64_t offset = at;
   for (Index layer = c.box.begin[0]; layer < c.box.end[0]; ++layer) {
-    const Tensor* g = tensors[static_cast<size_t>(layer)];
-    source->chunks.push_back(DcpSource::Chunk{g->name, t.dtype, slice, file,
-                                              at + static_cast<uint64_t>(layer - c.box.begin[0]) * size, size});
+    for (Index e = e0; e < e1; ++e, offset += size) {
+      const size_t slot = static_cast<size_t>(stacked == 2 ? layer * front.experts + e : layer);
+      const Tensor* g = slot < tensors.size() ? tensors[slot] : nullptr;
+      if (g == nullptr) {
+        return Bad(what, "holds layer " + std::to_string(layer) +
+                             (stacked == 2 ? ", expert " + std::to_string(e) : std::string()) +
+                             ", which has no tensor of the key");
+      }
+      source->chunks.push_back(DcpSource::Chunk{g->name, t.dtype, slice, file, offset, size});
+    }
   }
   return Status::OK();
 }

@@ -17,15 +17,36 @@ namespace {
 struct Tree {
   std::string iter_dir;
   uint64_t iteration = 0;
-  int tp = 0, pp = 0;
-  bool with_pp = false;                   // directories named mp_rank_TT_PPP
-  std::set<std::pair<int, int>> present;  // (tp, pp) of the rank directories there
+  int tp = 0, pp = 0, ep = 1;
+  bool with_pp = false;                                         // directories named mp_rank_TT_PPP[_EEE]
+  bool with_ep = false;                                         // directories named mp_rank_TT[_PPP]_EEE
+  std::vector<std::pair<std::string, megatron::RankDir>> dirs;  // the rank directories there, as named
+  std::set<std::tuple<int, int, int>> present;                  // their (tp, pp, ep) (Resolve)
 };
 
-// The rank file of (tp, pp) as the directories name it.
-std::string RankFile(const Tree& t, int tp, int pp) {
-  return JoinPath(JoinPath(t.iter_dir, megatron::RankDirName(tp, pp, t.with_pp ? 2 : 1)),
-                  std::string(megatron::kRankFile));
+std::string DirName(const Tree& t, int tp, int pp, int ep) {
+  return megatron::RankDirName(tp, pp, t.with_pp ? 2 : 1, ep, t.with_ep ? 2 : 1);
+}
+
+// The rank file of (tp, pp, ep) as the directories name it.
+std::string RankFile(const Tree& t, int tp, int pp, int ep) {
+  return JoinPath(JoinPath(t.iter_dir, DirName(t, tp, pp, ep)), std::string(megatron::kRankFile));
+}
+
+// t->present from the directories' names read with t->with_pp and t->with_ep.
+// \error InvalidArgument naming a directory with another count of numbers.
+Status Resolve(Tree* t) {
+  t->present.clear();
+  for (const auto& [name, d] : t->dirs) {
+    const auto at = megatron::ResolveRankDir(d, t->with_pp, t->with_ep);
+    if (!at) {
+      return InvalidArgumentError(JoinPath(t->iter_dir, name) + ": not named as the save's other rank directories (" +
+                                  std::string(t->with_pp ? "with" : "without") + " a pp rank, " +
+                                  std::string(t->with_ep ? "with" : "without") + " an ep rank)");
+    }
+    t->present.insert({(*at)[0], (*at)[1], (*at)[2]});
+  }
+  return Status::OK();
 }
 
 Result<uint64_t> LatestIteration(Env* env, const std::string& dir) {
@@ -55,20 +76,27 @@ Result<Tree> ScanTree(Env* env, const MegatronImportOptions& o) {
   t.iter_dir = JoinPath(o.dir, megatron::IterationDirName(t.iteration));
   if (!env->IsDirectory(t.iter_dir)) return NotFoundError(t.iter_dir + ": missing (no checkpoint of that iteration)");
   PTC_ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(t.iter_dir));
-  std::set<bool> with_pp;
+  std::set<int> numbers;  // in the names
   for (const std::string& name : names) {
     if (!name.starts_with("mp_rank_")) continue;
     PTC_ASSIGN_OR_RETURN(megatron::RankDir d, megatron::ParseRankDirName(name), t.iter_dir);
-    t.present.insert({d.tp_rank, d.pp_rank < 0 ? 0 : d.pp_rank});
-    with_pp.insert(d.pp_rank >= 0);
+    t.dirs.emplace_back(name, d);
+    numbers.insert(1 + (d.pp_rank >= 0) + (d.ep_rank >= 0));
   }
-  if (t.present.empty()) return NotFoundError(t.iter_dir + ": no mp_rank_* directory");
-  if (with_pp.size() > 1) return InvalidArgumentError(t.iter_dir + ": mp_rank_TT and mp_rank_TT_PPP directories mixed");
-  for (const auto& [tp, pp] : t.present) {
+  if (t.dirs.empty()) return NotFoundError(t.iter_dir + ": no mp_rank_* directory");
+  if (numbers.size() > 1) {
+    return InvalidArgumentError(t.iter_dir + ": rank directories of " + std::to_string(*numbers.begin()) + " and " +
+                                std::to_string(*numbers.rbegin()) + " numbers mixed (mp_rank_TT[_PPP][_EEE])");
+  }
+  // Until the args say otherwise, two numbers are tp and pp (an ep rank comes third, or second when pp == 1).
+  t.with_pp = *numbers.begin() >= 2;
+  t.with_ep = *numbers.begin() == 3;
+  PTC_RETURN_IF_ERROR(Resolve(&t));
+  for (const auto& [tp, pp, ep] : t.present) {
     t.tp = std::max(t.tp, tp + 1);
     t.pp = std::max(t.pp, pp + 1);
+    t.ep = std::max(t.ep, ep + 1);
   }
-  t.with_pp = *with_pp.begin();
   return t;
 }
 
@@ -76,43 +104,95 @@ Result<Tree> ScanTree(Env* env, const MegatronImportOptions& o) {
 // says where the grid comes from.
 Status CheckGrid(const Tree& t, const std::string& why) {
   for (int pp = 0; pp < t.pp; ++pp) {
-    for (int tp = 0; tp < t.tp; ++tp) {
-      if (t.present.count({tp, pp}) == 0) {
-        return NotFoundError(JoinPath(t.iter_dir, megatron::RankDirName(tp, pp, t.with_pp ? 2 : 1)) + ": missing (" +
-                             why + ")");
+    for (int ep = 0; ep < t.ep; ++ep) {
+      for (int tp = 0; tp < t.tp; ++tp) {
+        if (t.present.count({tp, pp, ep}) == 0) {
+          return NotFoundError(JoinPath(t.iter_dir, DirName(t, tp, pp, ep)) + ": missing (" + why + ")");
+        }
       }
     }
   }
-  for (const auto& [tp, pp] : t.present) {
-    if (tp >= t.tp || pp >= t.pp) {
-      return InvalidArgumentError(JoinPath(t.iter_dir, megatron::RankDirName(tp, pp, t.with_pp ? 2 : 1)) +
-                                  ": outside the save's grid (" + why + ")");
+  for (const auto& [tp, pp, ep] : t.present) {
+    if (tp >= t.tp || pp >= t.pp || ep >= t.ep) {
+      return InvalidArgumentError(JoinPath(t.iter_dir, DirName(t, tp, pp, ep)) + ": outside the save's grid (" + why +
+                                  ")");
     }
   }
   return Status::OK();
 }
 
-std::string GridText(int tp, int pp) { return "tp=" + std::to_string(tp) + ", pp=" + std::to_string(pp); }
+std::string GridText(int tp, int pp, int ep = 1) {
+  return "tp=" + std::to_string(tp) + ", pp=" + std::to_string(pp) + (ep > 1 ? ", ep=" + std::to_string(ep) : "");
+}
 
-// The grid: tensor_model_parallel_size and pipeline_model_parallel_size of
-// the first rank's args when it has them (a partial save then names the
-// missing rank), else the directories present.
-Status SetGrid(const pickle::Value& first_root, const std::string& first, Tree* t) {
+// The save's grid is tp x pp x ep: the directories' names read so. Megatron
+// names mp_rank_TT_PPP when pp > 1 and appends _EEE when ep > 1; names of
+// two numbers hold the ep rank second when pp == 1 < ep.
+// \error as Resolve.
+Status ApplyGrid(int tp, int pp, int ep, Tree* t) {
+  t->tp = tp;
+  t->pp = pp;
+  t->ep = ep;
+  const bool ep_second = !t->with_ep && t->with_pp && pp == 1 && ep > 1;
+  t->with_ep = t->with_ep || ep_second || ep > 1;
+  t->with_pp = (t->with_pp && !ep_second) || pp > 1;
+  return Resolve(t);
+}
+
+// The grid: tensor_model_parallel_size, pipeline_model_parallel_size and
+// expert_model_parallel_size of the first rank's args when it has them (a
+// partial save then names the missing rank), else `config`'s when given (a
+// tree without args, mp_rank_TT_EEE read as ep ranks when its pp is 1 < ep),
+// else the directories present.
+Status SetGrid(const pickle::Value& first_root, const std::string& first, const std::optional<ParallelConfig>& config,
+               Tree* t) {
   PTC_ASSIGN_OR_RETURN(std::optional<int64_t> tp, megatron::ArgsInt(first_root, "tensor_model_parallel_size", first));
   PTC_ASSIGN_OR_RETURN(std::optional<int64_t> pp, megatron::ArgsInt(first_root, "pipeline_model_parallel_size", first));
-  if (!tp || !pp) return CheckGrid(*t, "the other directories make " + GridText(t->tp, t->pp));
-  if (*tp < 1 || *pp < 1 || *tp > 1 << 16 || *pp > 1 << 16) {
-    return InvalidArgumentError(first + ": args give " + GridText(static_cast<int>(*tp), static_cast<int>(*pp)));
+  PTC_ASSIGN_OR_RETURN(std::optional<int64_t> ep, megatron::ArgsInt(first_root, "expert_model_parallel_size", first));
+  if ((!tp || !pp) && config) {  // no args: the given config's grid (the directories' names read by it)
+    PTC_RETURN_IF_ERROR(ApplyGrid(config->tp, config->pp, config->ep, t));
+    return CheckGrid(*t, "--config " + config->ToString() + " says " + GridText(t->tp, t->pp, t->ep));
   }
-  t->tp = static_cast<int>(*tp);
-  t->pp = static_cast<int>(*pp);
-  t->with_pp = t->with_pp || t->pp > 1;  // Megatron names mp_rank_TT_PPP when pp > 1
-  return CheckGrid(*t, "the args of " + first + " say " + GridText(t->tp, t->pp));
+  if (!tp || !pp) return CheckGrid(*t, "the other directories make " + GridText(t->tp, t->pp, t->ep));
+  const int64_t e = ep.value_or(1);
+  if (*tp < 1 || *pp < 1 || e < 1 || *tp > 1 << 16 || *pp > 1 << 16 || e > 1 << 16) {
+    return InvalidArgumentError(first + ": args give " +
+                                GridText(static_cast<int>(*tp), static_cast<int>(*pp), static_cast<int>(e)));
+  }
+  PTC_RETURN_IF_ERROR(ApplyGrid(static_cast<int>(*tp), static_cast<int>(*pp), static_cast<int>(e), t));
+  return CheckGrid(*t, "the args of " + first + " say " + GridText(t->tp, t->pp, t->ep));
+}
+
+// A mixture-of-experts tree whose directories have two numbers
+// (mp_rank_TT_NNN) and whose first file has no args to say whether NNN is
+// the pp rank or the ep rank (pp = 1 < ep), imported without --config: refused
+// rather than guessed.
+// \error InvalidArgument naming the directory and the way out.
+Status RefuseAmbiguousNames(const pickle::Value& first_root, const std::string& first,
+                            const MegatronImportOptions& o, const Tree& t) {
+  if (o.config || o.dims.experts == 0 || !t.with_pp || t.with_ep) return Status::OK();
+  PTC_ASSIGN_OR_RETURN(std::optional<int64_t> tp, megatron::ArgsInt(first_root, "tensor_model_parallel_size", first));
+  if (tp) return Status::OK();
+  return InvalidArgumentError(JoinPath(t.iter_dir, t.dirs.front().first) +
+                              ": its second number is the pp rank, or the ep rank of a save with pp=1 < ep, and " +
+                              first + " has no args to tell (a mixture-of-experts model): give the save's --config");
+}
+
+// The config a legacy save of grid tp x pp x ep is read in: each ep rank one
+// data-parallel rank (the expert-data-parallel rank 0 of its (tp, pp, ep)).
+ParallelConfig SaveGrid(int tp, int pp, int ep) {
+  ParallelConfig c;
+  c.tp = tp;
+  c.pp = pp;
+  c.dp = ep;
+  c.ep = ep;
+  return c;
 }
 
 // True when `root` holds optimizer state in the layout ptcfs renders.
 bool HasOptimizer(const pickle::Value& root) {
   const pickle::Value* o = root.Find("optimizer");
+  if (o != nullptr && o->is_sequence() && !o->items().empty()) o = &o->items()[0];  // ChainedOptimizer's
   return o != nullptr && o->Find("optimizer") != nullptr && o->Find("fp32_from_fp16_params") != nullptr;
 }
 
@@ -196,13 +276,22 @@ Status KeepExtras(const RankView& view, const RandomAccessFile& file, const Torc
 // per parameter in the view's order (FoldRanks keeps each once).
 Status KeepSteps(const RankView& view, const megatron::OptimizerLayout& layout, const RandomAccessFile& file,
                  const TorchFile& tf, const std::string& what, std::vector<megatron::StepValue>* out) {
-  const pickle::Value* state = tf.root.Find("optimizer")->Find("optimizer")->Find("state");
+  const pickle::Value* optimizer = tf.root.Find("optimizer");
+  std::vector<const pickle::Value*> states;  // of each optimizer (a ChainedOptimizer's two)
+  for (size_t c = 0; c < (layout.chained ? 2 : 1); ++c) {
+    const pickle::Value* one = layout.chained ? &optimizer->items()[c] : optimizer;
+    const pickle::Value* inner = one->Find("optimizer");
+    states.push_back(inner == nullptr ? nullptr : inner->Find("state"));
+  }
   pickle::DictIndex index;  // state holds an entry per parameter
-  for (size_t i = 0; i < view.model.size() && state != nullptr; ++i) {
-    const pickle::Value* entry = index.Find(*state, layout.slots[i].key);
+  for (size_t i = 0; i < view.model.size(); ++i) {
+    const pickle::Value* state = states[layout.chained ? layout.slots[i].chain : 0];
+    const pickle::Value* entry = state == nullptr ? nullptr : index.Find(*state, layout.slots[i].key);
     const pickle::Value* step = entry == nullptr ? nullptr : entry->Find("step");
     if (step == nullptr || view.model[i].segments.empty()) continue;
-    const std::string where = what + ": optimizer/optimizer/state/" + layout.slots[i].key.DebugString() + "/step";
+    const std::string chain = layout.chained ? std::to_string(layout.slots[i].chain) + "/" : "";
+    const std::string where =
+        what + ": optimizer/" + chain + "optimizer/state/" + layout.slots[i].key.DebugString() + "/step";
     megatron::StepValue value{{view.model[i].segments[0].tensor}, *step, {}};
     if (step->is_tensor()) {
       pickle::Tensor& t = value.value.tensor();
@@ -224,20 +313,24 @@ Status KeepSteps(const RankView& view, const megatron::OptimizerLayout& layout, 
 // settings are kept too. `optimizer`: the save holds optimizer state (the
 // first file it was judged by says so).
 Result<KeptRank> KeepRank(const RandomAccessFile& file, const TorchFile& tf, const ModelLayout& layout, int tp, int pp,
-                          const std::string& path) {
+                          int ep, const std::string& path) {
   const ModelSpec& spec = layout.spec();
   const ParallelConfig& config = layout.config();
-  KeptRank k{tp, pp, path, {}};
+  KeptRank k{tp, pp, path, {}, ep};
   megatron::MegatronState& kept = k.kept;
-  if (tp == 0 && pp == 0) {
+  const bool first = tp == 0 && pp == 0 && ep == 0;
+  if (first) {
     kept.carried = megatron::CarriedEntries(tf.root);
     kept.carried.Erase("rng_state");
     PTC_RETURN_IF_ERROR(KeepTensors(file, tf, "c", path, &kept.carried, &kept.tensors));
   }
-  if (tf.root.Find("rng_state") != nullptr) {
+  // The rng_state of ep rank 0's files (kept per (tp, pp); docs/megatron_format.md).
+  if (ep == 0 && tf.root.Find("rng_state") != nullptr) {
     PTC_ASSIGN_OR_RETURN(kept.rng.emplace_back(), KeepRng(file, tf, tp, pp, path));
   }
-  PTC_ASSIGN_OR_RETURN(RankView view, layout.View(config.RankOf(RankCoords{tp, 0, pp})));
+  const std::optional<int> rank = megatron::LegacySaveRank(config, tp, pp, ep);
+  if (!rank) return InvalidArgumentError(path + ": no rank of config " + config.ToString() + " saves this file");
+  PTC_ASSIGN_OR_RETURN(RankView view, layout.View(*rank));
   // The rank's tensors as the file names and numbers them (either of Megatron-Core's name sets).
   PTC_ASSIGN_OR_RETURN(const megatron::NameSet names, megatron::FileNameSet(spec, view, tf.root, path));
   view = megatron::ViewInNameSet(view, names);
@@ -246,7 +339,7 @@ Result<KeptRank> KeepRank(const RandomAccessFile& file, const TorchFile& tf, con
   const pickle::Value* optimizer = tf.root.Find("optimizer");
   if (optimizer == nullptr) return InvalidArgumentError(path + ": optimizer: missing (the first rank's file has one)");
   PTC_ASSIGN_OR_RETURN(megatron::OptimizerLayout groups, megatron::ReadOptimizerLayout(view, *optimizer, path));
-  if (tp == 0 && pp == 0) kept.optimizer.groups = megatron::GroupSettings(groups, *optimizer);
+  if (first) kept.optimizer.groups = megatron::GroupSettings(groups, *optimizer);
   PTC_RETURN_IF_ERROR(KeepSteps(view, groups, file, tf, path, &kept.optimizer.steps));
   return k;
 }
@@ -261,19 +354,21 @@ void NumberExtra(size_t entry, megatron::ExtraEntry* e) {
 
 }  // namespace
 
-Result<megatron::MegatronState> FoldRanks(uint64_t iteration, int tp, int pp, std::vector<KeptRank> ranks) {
-  std::sort(ranks.begin(), ranks.end(),
-            [](const KeptRank& a, const KeptRank& b) { return std::tie(a.pp, a.tp) < std::tie(b.pp, b.tp); });
+Result<megatron::MegatronState> FoldRanks(uint64_t iteration, int tp, int pp, std::vector<KeptRank> ranks, int ep) {
+  // ep rank 0's files first (their rng_state and extra entries are kept), each in (pp, tp) order.
+  auto order = [](const KeptRank& r) { return std::tie(r.ep, r.pp, r.tp); };
+  std::sort(ranks.begin(), ranks.end(), [&](const KeptRank& a, const KeptRank& b) { return order(a) < order(b); });
   for (size_t i = 0; i < ranks.size(); ++i) {
     const KeptRank& r = ranks[i];
-    if (r.tp < 0 || r.pp < 0 || r.tp >= tp || r.pp >= pp ||
-        (i > 0 && r.tp == ranks[i - 1].tp && r.pp == ranks[i - 1].pp)) {
+    if (r.tp < 0 || r.pp < 0 || r.ep < 0 || r.tp >= tp || r.pp >= pp || r.ep >= ep ||
+        (i > 0 && order(r) == order(ranks[i - 1]))) {
       return InvalidArgumentError(r.file + ": rank (" + std::to_string(r.tp) + ", " + std::to_string(r.pp) +
-                                  ") is outside the save's grid (" + GridText(tp, pp) + ") or given twice");
+                                  (ep > 1 ? ", ep " + std::to_string(r.ep) : std::string()) +
+                                  ") is outside the save's grid (" + GridText(tp, pp, ep) + ") or given twice");
     }
   }
-  if (ranks.size() != static_cast<size_t>(tp) * pp) {
-    return InvalidArgumentError("the save's grid (" + GridText(tp, pp) + ") has " + std::to_string(tp * pp) +
+  if (ranks.size() != static_cast<size_t>(tp) * pp * ep) {
+    return InvalidArgumentError("the save's grid (" + GridText(tp, pp, ep) + ") has " + std::to_string(tp * pp * ep) +
                                 " rank files, " + std::to_string(ranks.size()) + " were kept");
   }
   megatron::MegatronState state{iteration, std::move(ranks[0].kept.carried), std::move(ranks[0].kept.tensors)};
@@ -292,7 +387,7 @@ Result<megatron::MegatronState> FoldRanks(uint64_t iteration, int tp, int pp, st
     return a.value == b.value && (a.tensors.empty() || a.tensors[0].bytes == b.tensors[0].bytes);
   };
   for (KeptRank& r : ranks) {
-    if (per_rank_rng) {
+    if (per_rank_rng && r.ep == 0) {
       if (r.kept.rng.empty()) {
         return InvalidArgumentError(r.file + ": rng_state: missing (the first rank's file has one)");
       }
@@ -333,11 +428,13 @@ namespace {
 // shows it: optimizer state or not, and the dtype most of the rank's
 // parameters have (one tensor of another dtype is then blamed by name,
 // FindRankTensors, not every other tensor).
-Result<ModelSpec> SaveSpec(const MegatronImportOptions& o, const ParallelConfig& config, int tp, int pp,
+Result<ModelSpec> SaveSpec(const MegatronImportOptions& o, const ParallelConfig& config, int tp, int pp, int ep,
                            const TorchFile& tf, const std::string& path) {
   ModelSpec spec{o.schema, o.dims, DType::kF32, HasOptimizer(tf.root)};
   PTC_ASSIGN_OR_RETURN(const ModelLayout layout, ModelLayout::Make(spec, config));
-  PTC_ASSIGN_OR_RETURN(RankView view, layout.View(config.RankOf(RankCoords{tp, 0, pp})));
+  const std::optional<int> rank = megatron::LegacySaveRank(config, tp, pp, ep);
+  if (!rank) return InvalidArgumentError(path + ": no rank of config " + config.ToString() + " saves this file");
+  PTC_ASSIGN_OR_RETURN(RankView view, layout.View(*rank));
   if (view.model.empty()) return InvalidArgumentError(path + ": the schema gives this rank no tensor");
   PTC_ASSIGN_OR_RETURN(const megatron::NameSet names, megatron::FileNameSet(spec, view, tf.root, path));
   view = megatron::ViewInNameSet(view, names);
@@ -364,12 +461,12 @@ Result<ModelSpec> SaveSpec(const MegatronImportOptions& o, const ParallelConfig&
 
 // One rank file of the tree, read (not yet CRC-checked: open_rank does that
 // once) and kept (KeepRank).
-Result<KeptRank> ReadAndKeep(Env* env, const Tree& tree, const ModelLayout& layout, int tp, int pp) {
-  const std::string path = RankFile(tree, tp, pp);
+Result<KeptRank> ReadAndKeep(Env* env, const Tree& tree, const ModelLayout& layout, int tp, int pp, int ep) {
+  const std::string path = RankFile(tree, tp, pp, ep);
   if (!env->Exists(path)) return NotFoundError(path + ": missing");
   PTC_ASSIGN_OR_RETURN(auto file, env->OpenRead(path));
   PTC_ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(*file, path));
-  return KeepRank(*file, tf, layout, tp, pp, path);
+  return KeepRank(*file, tf, layout, tp, pp, ep, path);
 }
 
 // source.open_rank and source.rank_file over the tree's files; `verified`:
@@ -377,12 +474,12 @@ Result<KeptRank> ReadAndKeep(Env* env, const Tree& tree, const ModelLayout& layo
 void SetRankFiles(Env* env, const Tree& tree, std::set<std::string> verified, CheckpointSource* source) {
   source->rank_file = [tree, config = source->config](int rank) {
     const RankCoords c = config.CoordsOf(rank);
-    return RankFile(tree, c.tp, c.pp);
+    return RankFile(tree, c.tp, c.pp, c.ep);
   };
   source->open_rank = [env, tree, spec = source->spec, config = source->config,
                        verified = std::make_shared<std::set<std::string>>(std::move(verified))](
                           const RankView& view) -> Result<std::unique_ptr<RankCheckpoint>> {
-    const std::string path = RankFile(tree, view.coords.tp, view.coords.pp);
+    const std::string path = RankFile(tree, view.coords.tp, view.coords.pp, view.coords.ep);
     if (!env->Exists(path)) return NotFoundError(path + ": missing");
     std::vector<std::unique_ptr<RandomAccessFile>> files;
     PTC_ASSIGN_OR_RETURN(files.emplace_back(), env->OpenRead(path));
@@ -411,38 +508,41 @@ Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOp
   PTC_ASSIGN_OR_RETURN(Tree tree, ScanTree(env, o));
   // The first rank's file: the grid (args), the dtype, whether there is
   // optimizer state, the kept entries.
-  const std::string first = RankFile(tree, 0, 0);
-  if (tree.present.count({0, 0}) == 0) {
-    PTC_RETURN_IF_ERROR(CheckGrid(tree, "the other directories make " + GridText(tree.tp, tree.pp)));
+  const std::string first = RankFile(tree, 0, 0, 0);
+  if (tree.present.count({0, 0, 0}) == 0) {
+    PTC_RETURN_IF_ERROR(CheckGrid(tree, "the other directories make " + GridText(tree.tp, tree.pp, tree.ep)));
   }
   if (!env->Exists(first)) return NotFoundError(first + ": missing");
   PTC_ASSIGN_OR_RETURN(auto file, env->OpenRead(first));
   PTC_ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(*file, first));
-  PTC_RETURN_IF_ERROR(SetGrid(tf.root, first, &tree));
+  PTC_RETURN_IF_ERROR(SetGrid(tf.root, first, o.config, &tree));
   CheckpointSource source;
-  source.config.tp = tree.tp;
-  source.config.pp = tree.pp;
+  PTC_RETURN_IF_ERROR(RefuseAmbiguousNames(tf.root, first, o, tree));
+  source.config = SaveGrid(tree.tp, tree.pp, tree.ep);
   if (o.config) {
-    if (o.config->tp != tree.tp || o.config->pp != tree.pp) {
+    if (o.config->tp != tree.tp || o.config->pp != tree.pp || o.config->ep != tree.ep) {
       return InvalidArgumentError("--config " + o.config->ToString() + " disagrees with " + tree.iter_dir + " (" +
-                                  GridText(tree.tp, tree.pp) + ")");
+                                  GridText(tree.tp, tree.pp, tree.ep) + ")");
     }
     source.config = *o.config;
   }
-  PTC_ASSIGN_OR_RETURN(source.spec, SaveSpec(o, source.config, 0, 0, tf, first));
+  PTC_ASSIGN_OR_RETURN(source.spec, SaveSpec(o, source.config, 0, 0, 0, tf, first));
   PTC_ASSIGN_OR_RETURN(const ModelLayout layout, ModelLayout::Make(source.spec, source.config));
   PTC_RETURN_IF_ERROR(VerifyTorchFileCrcs(*file, tf, first));
   std::vector<KeptRank> kept;
   for (int pp = 0; pp < tree.pp; ++pp) {
-    for (int tp = 0; tp < tree.tp; ++tp) {
-      if (tp == 0 && pp == 0) {
-        PTC_ASSIGN_OR_RETURN(kept.emplace_back(), KeepRank(*file, tf, layout, 0, 0, first));
-      } else {
-        PTC_ASSIGN_OR_RETURN(kept.emplace_back(), ReadAndKeep(env, tree, layout, tp, pp));
+    for (int ep = 0; ep < tree.ep; ++ep) {
+      for (int tp = 0; tp < tree.tp; ++tp) {
+        if (tp == 0 && pp == 0 && ep == 0) {
+          PTC_ASSIGN_OR_RETURN(kept.emplace_back(), KeepRank(*file, tf, layout, 0, 0, 0, first));
+        } else {
+          PTC_ASSIGN_OR_RETURN(kept.emplace_back(), ReadAndKeep(env, tree, layout, tp, pp, ep));
+        }
       }
     }
   }
-  PTC_ASSIGN_OR_RETURN(megatron::MegatronState state, FoldRanks(tree.iteration, tree.tp, tree.pp, std::move(kept)));
+  PTC_ASSIGN_OR_RETURN(megatron::MegatronState state,
+                       FoldRanks(tree.iteration, tree.tp, tree.pp, std::move(kept), tree.ep));
   source.extra[std::string(megatron::kManifestKey)] = megatron::EncodeMegatronState(state);
   SetRankFiles(env, tree, {first}, &source);
   return source;
@@ -459,14 +559,13 @@ Result<MegatronSavePart> OpenMegatronSavePart(Env* env, const MegatronImportOpti
   }
   PTC_ASSIGN_OR_RETURN(Tree tree, ScanTree(env, o));
   // The grid: the args of the first file here (every rank's file has them).
-  const auto [tp0, pp0] = *std::min_element(tree.present.begin(), tree.present.end(), [](auto a, auto b) {
-    return std::tie(a.second, a.first) < std::tie(b.second, b.first);
-  });
-  const std::string first = RankFile(tree, tp0, pp0);
+  const std::string first =
+      JoinPath(JoinPath(tree.iter_dir, tree.dirs.front().first), std::string(megatron::kRankFile));
   PTC_ASSIGN_OR_RETURN(auto file, env->OpenRead(first));
   PTC_ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(*file, first));
   PTC_ASSIGN_OR_RETURN(std::optional<int64_t> tp, megatron::ArgsInt(tf.root, "tensor_model_parallel_size", first));
   PTC_ASSIGN_OR_RETURN(std::optional<int64_t> pp, megatron::ArgsInt(tf.root, "pipeline_model_parallel_size", first));
+  PTC_ASSIGN_OR_RETURN(std::optional<int64_t> ep, megatron::ArgsInt(tf.root, "expert_model_parallel_size", first));
   if (!tp || !pp) {
     if (!o.config) {
       return InvalidArgumentError(first +
@@ -475,26 +574,27 @@ Result<MegatronSavePart> OpenMegatronSavePart(Env* env, const MegatronImportOpti
     }
     tp = o.config->tp;
     pp = o.config->pp;
+    ep = o.config->ep;
   }
-  if (*tp < 1 || *pp < 1 || *tp > 1 << 16 || *pp > 1 << 16) {
-    return InvalidArgumentError(first + ": args give " + GridText(static_cast<int>(*tp), static_cast<int>(*pp)));
+  const int64_t e = ep.value_or(1);
+  if (*tp < 1 || *pp < 1 || e < 1 || *tp > 1 << 16 || *pp > 1 << 16 || e > 1 << 16) {
+    return InvalidArgumentError(first + ": args give " +
+                                GridText(static_cast<int>(*tp), static_cast<int>(*pp), static_cast<int>(e)));
   }
-  tree.tp = static_cast<int>(*tp);
-  tree.pp = static_cast<int>(*pp);
-  tree.with_pp = tree.with_pp || tree.pp > 1;
-  for (const auto& [t, p] : tree.present) {
-    if (t >= tree.tp || p >= tree.pp) {
-      return InvalidArgumentError(JoinPath(tree.iter_dir, megatron::RankDirName(t, p, tree.with_pp ? 2 : 1)) +
+  PTC_RETURN_IF_ERROR(ApplyGrid(static_cast<int>(*tp), static_cast<int>(*pp), static_cast<int>(e), &tree));
+  for (const auto& [t, p, x] : tree.present) {
+    if (t >= tree.tp || p >= tree.pp || x >= tree.ep) {
+      return InvalidArgumentError(JoinPath(tree.iter_dir, DirName(tree, t, p, x)) +
                                   ": outside the save's grid (the args of " + first + " say " +
-                                  GridText(tree.tp, tree.pp) + ")");
+                                  GridText(tree.tp, tree.pp, tree.ep) + ")");
     }
   }
-  part.source.config.tp = tree.tp;
-  part.source.config.pp = tree.pp;
-  PTC_ASSIGN_OR_RETURN(part.source.spec, SaveSpec(o, part.source.config, tp0, pp0, tf, first));
+  part.source.config = SaveGrid(tree.tp, tree.pp, tree.ep);
+  const auto [tp0, pp0, ep0] = *megatron::ResolveRankDir(tree.dirs.front().second, tree.with_pp, tree.with_ep);
+  PTC_ASSIGN_OR_RETURN(part.source.spec, SaveSpec(o, part.source.config, tp0, pp0, ep0, tf, first));
   PTC_ASSIGN_OR_RETURN(const ModelLayout layout, ModelLayout::Make(part.source.spec, part.source.config));
-  for (const auto& [t, p] : tree.present) {
-    PTC_ASSIGN_OR_RETURN(part.kept.emplace_back(), ReadAndKeep(env, tree, layout, t, p));
+  for (const auto& [t, p, x] : tree.present) {
+    PTC_ASSIGN_OR_RETURN(part.kept.emplace_back(), ReadAndKeep(env, tree, layout, t, p, x));
   }
   SetRankFiles(env, tree, {}, &part.source);
   return part;
@@ -512,10 +612,12 @@ nlohmann::json EncodeKeptRank(const KeptRank& rank) {
   for (megatron::ExtraEntry& e : one.extra) e.tp = 0;
   if (!one.extra.empty()) one.extra_tp = 1;
   const nlohmann::json extra = {{std::string(megatron::kManifestKey), megatron::EncodeMegatronState(one)}};
-  return {{"tp", static_cast<uint64_t>(rank.tp)},
-          {"pp", static_cast<uint64_t>(rank.pp)},
-          {"file", rank.file},
-          {"kept", extra}};
+  nlohmann::json j = {{"tp", static_cast<uint64_t>(rank.tp)},
+                      {"pp", static_cast<uint64_t>(rank.pp)},
+                      {"file", rank.file},
+                      {"kept", extra}};
+  if (rank.ep != 0) j["ep"] = static_cast<uint64_t>(rank.ep);
+  return j;
 }
 
 Result<KeptRank> DecodeKeptRank(const nlohmann::json& j, const std::string& what) {
@@ -528,6 +630,12 @@ Result<KeptRank> DecodeKeptRank(const nlohmann::json& j, const std::string& what
                 static_cast<int>(j["pp"].get<uint64_t>()),
                 j["file"].get<std::string>(),
                 {}};
+  if (j.contains("ep")) {
+    if (!j["ep"].is_number_unsigned() || j["ep"].get<uint64_t>() > 1 << 16) {
+      return InvalidArgumentError(what + ": ep: expected a rank number");
+    }
+    rank.ep = static_cast<int>(j["ep"].get<uint64_t>());
+  }
   PTC_ASSIGN_OR_RETURN(rank.kept, megatron::LoadMegatronState(j["kept"], what));
   if (rank.kept.rng.size() > 1) return InvalidArgumentError(what + ": more than one rng record");
   for (megatron::RankRng& r : rank.kept.rng) {

@@ -2,10 +2,14 @@
 // (ptc/checkpoint/megatron/megatron.h) as a checkpoint source for ImportFrom.
 //
 // The iteration comes from --iteration or latest_checkpointed_iteration.txt;
-// tp and pp from the first rank's args (tensor_model_parallel_size,
-// pipeline_model_parallel_size), else from the iteration's mp_rank_TT[_PPP]
-// directories (dp = 1: every data-parallel rank loads the same files); every
-// directory of that grid must be there. Each rank file is read with the
+// tp, pp and ep from the first rank's args (tensor_model_parallel_size,
+// pipeline_model_parallel_size, expert_model_parallel_size), else from the
+// iteration's mp_rank_TT[_PPP][_EEE] directories (read in tp, pp, dp = ep,
+// ep: each expert-data-parallel rank 0 saved one file, every rank of its
+// (tp, pp, ep) loads it); every directory of that grid must be there. With
+// ep > 1 the rng_state of ep rank 0's files is kept (rendered for every ep
+// rank of its (tp, pp)); extra entries of every file (an expert's under its
+// global expert id). Each rank file is read with the
 // restricted unpickler, every member's CRC-32 is checked, and every tensor of
 // the rank's view must be found with the schema's dtype and shape, in either
 // of Megatron-Core's name sets (megatron/names.h, recognised per file; with
@@ -34,7 +38,9 @@ struct MegatronImportOptions {
   Schema schema;
   ModelDims dims;
   std::optional<uint64_t> iteration;     // default: latest_checkpointed_iteration.txt
-  std::optional<ParallelConfig> config;  // default: tp, pp of the directories, dp=1; given: must agree
+  // default: tp, pp (and ep) of the args, else of the directories, dp=ep; given: must agree with the args, and
+  // gives the grid of a tree without them
+  std::optional<ParallelConfig> config;
 };
 
 // \error NotFound naming the missing latest file, iteration directory, rank
@@ -57,6 +63,7 @@ struct KeptRank {
   int tp = 0, pp = 0;
   std::string file;  // for messages
   megatron::MegatronState kept;
+  int ep = 0;  // the expert-parallel rank (mp_rank_..._EEE); its rng_state is kept for ep 0 only
 };
 
 // The state a save's ranks make together (extra["megatron"]): rank (0, 0)'s
@@ -66,7 +73,7 @@ struct KeptRank {
 // \error InvalidArgument naming the file: a rank outside the tp x pp grid or
 //        given twice, ranks missing, a rank without the rng_state the first
 //        has, a parameter whose step differs between two ranks.
-Result<megatron::MegatronState> FoldRanks(uint64_t iteration, int tp, int pp, std::vector<KeptRank> ranks);
+Result<megatron::MegatronState> FoldRanks(uint64_t iteration, int tp, int pp, std::vector<KeptRank> ranks, int ep = 1);
 
 // The rank files of one save that one worker holds (a save on many workers,
 // docs/cluster.md): none, some or all of the grid.

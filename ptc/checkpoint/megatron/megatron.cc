@@ -4,6 +4,8 @@
 #include <charconv>
 #include <cstdio>
 #include <map>
+#include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include "ptc/base/hex.h"
@@ -20,7 +22,8 @@ constexpr std::string_view kGptSchema = "megatron-gpt";
 constexpr std::string_view kEncoderPrefix = "language_model.encoder.";
 
 bool ParseDigits(std::string_view text, int* out) {
-  if (text.empty()) return false;
+  // Digits only: from_chars takes a sign ("-01" would read as -1, a missing number).
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string_view::npos) return false;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);
   return ec == std::errc() && end == text.data() + text.size();
 }
@@ -136,28 +139,90 @@ std::string IterationDirName(uint64_t iteration) {
   return buf;
 }
 
-std::string RankDirName(int tp_rank, int pp_rank, int pp) {
-  char buf[40];
+std::string RankDirName(int tp_rank, int pp_rank, int pp, int ep_rank, int ep) {
+  char buf[48];
   if (pp == 1) {
     std::snprintf(buf, sizeof(buf), "mp_rank_%02d", tp_rank);
   } else {
     std::snprintf(buf, sizeof(buf), "mp_rank_%02d_%03d", tp_rank, pp_rank);
   }
-  return buf;
+  std::string name = buf;
+  if (ep > 1) {
+    std::snprintf(buf, sizeof(buf), "_%03d", ep_rank);
+    name += buf;
+  }
+  return name;
 }
 
 Result<RankDir> ParseRankDirName(std::string_view name) {
-  const auto bad =
-      InvalidArgumentError("'" + std::string(name) + "' is not a rank directory (mp_rank_TT or mp_rank_TT_PPP)");
+  const auto bad = InvalidArgumentError("'" + std::string(name) +
+                                        "' is not a rank directory (mp_rank_TT, mp_rank_TT_PPP, mp_rank_TT_EEE or "
+                                        "mp_rank_TT_PPP_EEE)");
   if (!name.starts_with("mp_rank_")) return bad;
   std::string_view rest = name.substr(8);
   RankDir d;
-  const size_t us = rest.find('_');
-  if (!ParseDigits(rest.substr(0, us), &d.tp_rank) || rest.substr(0, us).size() != 2) return bad;
-  if (us != std::string_view::npos && (!ParseDigits(rest.substr(us + 1), &d.pp_rank) || rest.size() - us - 1 != 3)) {
-    return bad;
+  int* const fields[] = {&d.tp_rank, &d.pp_rank, &d.ep_rank};
+  for (size_t f = 0;; ++f) {
+    const size_t us = rest.find('_');
+    const std::string_view part = rest.substr(0, us);
+    if (f == 3 || !ParseDigits(part, fields[f]) || part.size() != (f == 0 ? 2u : 3u)) return bad;
+    if (us == std::string_view::npos) break;
+    rest = rest.substr(us + 1);
   }
   return d;
+}
+
+Status CheckLegacySave(const ParallelConfig& config) {
+  if (config.expert_tp() == config.tp) return Status::OK();  // the first tp*ep ranks of a stage: every file once
+  const std::string c = "config " + config.ToString() + ": Megatron's legacy save (mp_rank_*/model_optim_rng.pt) ";
+  const std::string use = " (etp=" + std::to_string(config.expert_tp()) + " != tp=" + std::to_string(config.tp) +
+                          "; use --ckpt-format torch_dist, or etp=tp)";
+  std::set<std::tuple<int, int, int>> files, dense, experts;  // (pp, tp, ep), (pp, tp), (pp, ep, etp)
+  for (int rank = 0; rank < config.world_size(); ++rank) {
+    const RankCoords r = config.CoordsOf(rank);
+    if (r.edp != 0) continue;
+    if (!files.insert({r.pp, r.tp, r.ep}).second) {
+      return FailedPreconditionError(c + "cannot hold it: two saving ranks write " +
+                                     RankDirName(r.tp, r.pp, config.pp, r.ep, config.ep) + use);
+    }
+    dense.insert({r.pp, r.tp, 0});
+    experts.insert({r.pp, r.ep, r.etp});
+  }
+  for (int pp = 0; pp < config.pp; ++pp) {
+    for (int tp = 0; tp < config.tp; ++tp) {
+      if (dense.count({pp, tp, 0}) == 0) {
+        return FailedPreconditionError(c +
+                                       "cannot hold it: no saving rank (expert-data-parallel rank 0) holds the "
+                                       "dense shard of tp rank " +
+                                       std::to_string(tp) + ", pp rank " + std::to_string(pp) + use);
+      }
+    }
+    for (int ep = 0; ep < config.ep; ++ep) {
+      for (int etp = 0; etp < config.expert_tp(); ++etp) {
+        if (experts.count({pp, ep, etp}) == 0) {
+          return FailedPreconditionError(c + "cannot hold it: no saving rank holds the experts of ep rank " +
+                                         std::to_string(ep) + ", etp rank " + std::to_string(etp) + use);
+        }
+      }
+    }
+  }
+  return Status::OK();
+}
+
+std::optional<int> LegacySaveRank(const ParallelConfig& config, int tp, int pp, int ep) {
+  const int stage = config.world_size() / config.pp;
+  for (int rank = pp * stage; rank < (pp + 1) * stage && rank < config.world_size(); ++rank) {
+    const RankCoords r = config.CoordsOf(rank);
+    if (r.edp == 0 && r.tp == tp && r.ep == ep && r.pp == pp) return rank;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::array<int, 3>> ResolveRankDir(const RankDir& d, bool with_pp, bool with_ep) {
+  const int numbers = 1 + (d.pp_rank >= 0) + (d.ep_rank >= 0);
+  if (numbers != 1 + with_pp + with_ep) return std::nullopt;
+  if (with_pp) return std::array<int, 3>{d.tp_rank, d.pp_rank, with_ep ? d.ep_rank : 0};
+  return std::array<int, 3>{d.tp_rank, 0, with_ep ? d.pp_rank : 0};
 }
 
 std::vector<std::string> ModelKeyPath(std::string_view schema_name, std::string_view local_name) {
@@ -194,10 +259,11 @@ Result<RankState> BuildRankState(const ModelSpec& spec, const ParallelConfig& co
   out.root = carried.is_dict() ? carried : Value::Dict();
   Value& root = out.root;
   if (Value* args = root.Find("args"); args != nullptr && args->kind() == pickle::Kind::kObject) {
-    const std::pair<const char*, int> sizes[] = {{"tensor_model_parallel_size", config.tp},
-                                                 {"pipeline_model_parallel_size", config.pp},
-                                                 {"data_parallel_size", config.dp},
-                                                 {"world_size", config.world_size()}};
+    const std::pair<const char*, int> sizes[] = {
+        {"tensor_model_parallel_size", config.tp}, {"pipeline_model_parallel_size", config.pp},
+        {"data_parallel_size", config.dp},         {"context_parallel_size", config.cp},
+        {"expert_model_parallel_size", config.ep}, {"expert_tensor_parallel_size", config.expert_tp()},
+        {"world_size", config.world_size()}};
     for (const auto& [name, value] : sizes) {
       if (args->GetAttr(name) != nullptr) PTC_RETURN_IF_ERROR(args->SetAttr(name, Value::Int(value)), "args");
     }
@@ -235,7 +301,7 @@ Result<RankState> BuildRankState(const ModelSpec& spec, const ParallelConfig& co
     root.Erase("optimizer");  // the kept grad_scaler alone is no optimizer state
     return out;
   }
-  RenderOptimizer(view, state.optimizer, state.iteration, add, &out);
+  RenderOptimizer(view, state.optimizer, state.iteration, spec.dims.experts > 0 && config.ep > 1, add, &out);
   return out;
 }
 

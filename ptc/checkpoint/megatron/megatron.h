@@ -1,7 +1,7 @@
 // Megatron-LM checkpoints as trees of torch.save files (docs/megatron_format.md):
 //
 //   latest_checkpointed_iteration.txt               ASCII iteration, no newline
-//   iter_0000100/mp_rank_TT[_PPP]/model_optim_rng.pt
+//   iter_0000100/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt   (_PPP when pp > 1, _EEE when ep > 1)
 //
 // This file is the pure part: names, where each local tensor sits in the
 // pickled state dict, and the state dict of one rank. Rendering the bytes is
@@ -27,6 +27,7 @@
 // Thread safety: pure functions.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -50,14 +51,37 @@ inline constexpr std::string_view kRankFile = "model_optim_rng.pt";
 
 std::string IterationDirName(uint64_t iteration);  // "iter_0000100"
 
-// "mp_rank_01" when pp == 1, else "mp_rank_01_002".
-std::string RankDirName(int tp_rank, int pp_rank, int pp);
+// Megatron-LM's get_checkpoint_name: "mp_rank_01" when pp == 1, else
+// "mp_rank_01_002"; with ep > 1 the expert-parallel rank appended, "_003".
+std::string RankDirName(int tp_rank, int pp_rank, int pp, int ep_rank = 0, int ep = 1);
+// The numbers of a rank directory's name, as written: with two numbers
+// (mp_rank_TT_NNN) NNN is in pp_rank, and is the ep rank of a save with
+// pp == 1 and ep > 1 (the save's args tell: ResolveRankDir).
 struct RankDir {
   int tp_rank = 0;
-  int pp_rank = -1;  // -1: the name has no pp part
+  int pp_rank = -1;  // -1: the name has no second number
+  int ep_rank = -1;  // -1: the name has no third number
 };
 // \error InvalidArgument naming the text.
 Result<RankDir> ParseRankDirName(std::string_view name);
+// `d` in a save whose names carry the pp rank (`with_pp`) and the ep rank
+// (`with_ep`): {tp, pp (0 without), ep (0 without)}; nullopt when the name has
+// another count of numbers.
+std::optional<std::array<int, 3>> ResolveRankDir(const RankDir& d, bool with_pp, bool with_ep);
+
+// Whether Megatron-LM's legacy (torch) save can hold `config`: the ranks
+// that save are each (tp, pp, ep)'s expert-data-parallel rank 0, one file
+// mp_rank_TT[_PPP][_EEE] each, which must hold every tp rank's dense shard
+// and every (ep, etp) rank's expert shard of each stage. With etp = tp (the
+// default) they do; with etp != tp they may not (tp=2,etp=1,ep=1 saves tp
+// rank 1's dense shard nowhere), or two such ranks share a file name.
+// \error FailedPrecondition naming the config and the rank or file at fault.
+Status CheckLegacySave(const ParallelConfig& config);
+
+// The rank of `config` that saves (and loads) the legacy file of (tp, pp,
+// ep): the expert-data-parallel rank 0 of those coordinates; nullopt when
+// none has them.
+std::optional<int> LegacySaveRank(const ParallelConfig& config, int tp, int pp, int ep);
 
 // The keys from the state dict's root to a model tensor: {"model", ...}.
 std::vector<std::string> ModelKeyPath(std::string_view schema_name, std::string_view local_name);
@@ -146,7 +170,8 @@ nlohmann::json EncodeMegatronState(const MegatronState& state);
 // tensors (model tensors, then optimizer state), then the carried tensors'
 // storages. The carried entries' `args`
 // get tensor_model_parallel_size, pipeline_model_parallel_size,
-// data_parallel_size and world_size of `config` (those present); 'rng_state'
+// data_parallel_size, context_parallel_size, expert_model_parallel_size,
+// expert_tensor_parallel_size and world_size of `config` (those present); 'rng_state'
 // is the rank's own when kept per rank (RngFor), its tensors' storages last.
 struct RankState {
   struct Storage {

@@ -1,6 +1,7 @@
 #include "ptc/checkpoint/megatron/names.h"
 
 #include <algorithm>
+#include <charconv>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -20,6 +21,28 @@ constexpr FusedNorm kFused[] = {
     {".mlp.linear_fc1.layer_norm_bias", ".pre_mlp_layernorm.bias", ".mlp."},
 };
 
+// A routed expert's tensor in the schema's (SequentialMLP's) names,
+// "P.mlp.experts.local_experts.K.REST": P.mlp.experts., K and REST
+// (linear_fc1.weight, ...). TEGroupedMLP names it "P.mlp.experts.REST" + K.
+struct ExpertParts {
+  std::string_view head;   // up to and with "experts."
+  std::string_view index;  // K
+  std::string_view rest;
+};
+constexpr std::string_view kLocalExperts = ".mlp.experts.local_experts.";
+
+std::optional<ExpertParts> Expert(std::string_view name) {
+  const size_t at = name.find(kLocalExperts);
+  if (at == std::string_view::npos) return std::nullopt;
+  const size_t k = at + kLocalExperts.size(), dot = name.find('.', k);
+  if (dot == std::string_view::npos || dot == k || dot + 1 == name.size()) return std::nullopt;
+  for (size_t c = k; c < dot; ++c) {
+    if (name[c] < '0' || name[c] > '9') return std::nullopt;
+  }
+  return ExpertParts{name.substr(0, at + std::string_view(".mlp.experts.").size()), name.substr(k, dot - k),
+                     name.substr(dot + 1)};
+}
+
 // The fused norm `name` (te names) is, and its layer's prefix P; nullopt for another tensor.
 std::optional<std::pair<const FusedNorm*, std::string_view>> Fused(std::string_view name) {
   for (const FusedNorm& f : kFused) {
@@ -27,6 +50,40 @@ std::optional<std::pair<const FusedNorm*, std::string_view>> Fused(std::string_v
       return std::pair{&f, name.substr(0, name.size() - f.te.size())};
   }
   return std::nullopt;
+}
+
+// TEGroupedMLP's order of a layer's routed experts: each of its linears
+// registers the weight of every local expert (linear_fc1.weight0, weight1,
+// ..., then linear_fc2's), where SequentialMLP registers expert by expert.
+// Each run of one layer's expert tensors is reordered by (the rank of REST in
+// the run, K); everything else keeps its place.
+std::vector<size_t> GroupedExpertOrder(const std::vector<std::string>& order_in) {
+  std::vector<std::tuple<size_t, size_t, size_t>> place(order_in.size());
+  size_t run_start = 0;
+  std::string_view run_head;
+  std::vector<std::string_view> rests;  // of the current run, in first appearance
+  for (size_t i = 0; i < order_in.size(); ++i) {
+    const auto expert = Expert(order_in[i]);
+    if (!expert) {
+      place[i] = {i, 0, 0};
+      run_head = {};
+      continue;
+    }
+    if (expert->head != run_head) {
+      run_head = expert->head;
+      run_start = i;
+      rests.clear();
+    }
+    size_t r = std::find(rests.begin(), rests.end(), expert->rest) - rests.begin();
+    if (r == rests.size()) rests.push_back(expert->rest);
+    size_t k = 0;
+    std::from_chars(expert->index.data(), expert->index.data() + expert->index.size(), k);
+    place[i] = {run_start, 1 + r, k};
+  }
+  std::vector<size_t> out(order_in.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = i;
+  std::stable_sort(out.begin(), out.end(), [&](size_t a, size_t b) { return place[a] < place[b]; });
+  return out;
 }
 
 }  // namespace
@@ -41,15 +98,24 @@ Result<NameSet> ParseNameSet(std::string_view text) {
 std::string_view NameSetName(NameSet names) { return names == NameSet::kTe ? "te" : "local"; }
 
 std::string NameIn(NameSet names, std::string_view name) {
+  if (names == NameSet::kTe) {
+    const auto expert = Expert(name);
+    if (!expert) return std::string(name);
+    return std::string(expert->head) + std::string(expert->rest) + std::string(expert->index);
+  }
   const auto fused = Fused(name);
-  if (names == NameSet::kTe || !fused) return std::string(name);
+  if (!fused) return std::string(name);
   return std::string(fused->second) + std::string(fused->first->local);
+}
+
+bool IsExpertParameter(const LocalTensor& param) {
+  return !param.segments.empty() && Expert(param.segments[0].tensor).has_value();
 }
 
 std::vector<size_t> RegistrationOrder(NameSet names, const std::vector<std::string>& te_order) {
   std::vector<size_t> order(te_order.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  if (names == NameSet::kTe) return order;
+  if (names == NameSet::kTe) return GroupedExpertOrder(te_order);
   // Each tensor's place: its own index; a fused norm's, just before the first
   // tensor of the submodule a local model registers it before (its own place
   // when the view has none), norms of one place in their te order.
@@ -92,16 +158,16 @@ Result<NameSet> RecogniseNameSet(const RankView& view, const std::function<bool(
   std::optional<NameSet> found;
   std::string decided;  // the file's name of the tensor that decided
   for (const LocalTensor& t : view.model) {
-    if (!Fused(t.name)) continue;
-    const std::string local = NameIn(NameSet::kLocal, t.name);
-    const bool in_te = has(t.name), in_local = has(local);
+    const std::string te = NameIn(NameSet::kTe, t.name), local = NameIn(NameSet::kLocal, t.name);
+    if (te == local) continue;  // the same in both sets
+    const bool in_te = has(te), in_local = has(local);
     if (in_te && in_local) {
-      return InvalidArgumentError(where(t.name) + ": also held as " + where(local) +
+      return InvalidArgumentError(where(te) + ": also held as " + where(local) +
                                   " (Transformer Engine's and the local spec's names of one tensor)");
     }
     if (!in_te && !in_local) continue;  // missing: named when the tensors are looked up
     const NameSet set = in_te ? NameSet::kTe : NameSet::kLocal;
-    const std::string name = in_te ? t.name : local;
+    const std::string name = in_te ? te : local;
     if (!found) {
       found = set;
       decided = name;

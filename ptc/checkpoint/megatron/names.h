@@ -17,6 +17,19 @@
 // right before P's first self_attention tensor, P.pre_mlp_layernorm.* right
 // before P's first mlp tensor; everything else keeps the te order.
 //
+// Routed experts (mixture of experts; the schema's names are SequentialMLP's,
+// the local spec's): `te` is Transformer Engine's TEGroupedMLP (moe_grouped_gemm),
+// one grouped linear per matrix holding every local expert K as `weightK`:
+//
+//   te                                         local
+//   P.mlp.experts.linear_fc1.weightK           P.mlp.experts.local_experts.K.linear_fc1.weight
+//   P.mlp.experts.linear_fc2.weightK           P.mlp.experts.local_experts.K.linear_fc2.weight
+//
+// registered linear by linear (fc1 of every expert, then fc2), where
+// SequentialMLP registers expert by expert. K is the rank's local expert
+// index (global expert ep_rank * experts/ep + K). An MoE layer's
+// pre_mlp_layernorm, router and shared experts have one name in both sets.
+//
 // A pure mapping at the format edge: the store keeps one name per tensor (the
 // schema's), a rank file is rendered, and recognised on import, in either set.
 // A schema without TE's fused names (megatron-gpt, a custom schema written in
@@ -43,12 +56,17 @@ enum class NameSet { kTe, kLocal };
 Result<NameSet> ParseNameSet(std::string_view text);
 std::string_view NameSetName(NameSet names);
 
-// The name in `names` of the tensor called `name` in te names (a local or a
-// global name); unchanged when it is no fused norm.
+// The name in `names` of the tensor called `name` in the schema's names (a
+// local or a global name); unchanged when it is no fused norm or routed expert.
 std::string NameIn(NameSet names, std::string_view name);
 
+// Whether a rank's parameter is a routed expert's (its global tensor named
+// "*.mlp.experts.local_experts.K.*"): Megatron-Core gives those to the
+// expert-parallel optimizer (is_expert_parallel, param.allreduce False).
+bool IsExpertParameter(const LocalTensor& param);
+
 // The order in which a model in `names` registers the parameters `te_order`
-// (te names, in te order): indices into te_order.
+// (the schema's names, in its order): indices into te_order.
 std::vector<size_t> RegistrationOrder(NameSet names, const std::vector<std::string>& te_order);
 
 // `view` (te names, the schema's order) as a model in `names` saves it: its

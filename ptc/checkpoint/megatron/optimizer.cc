@@ -35,11 +35,75 @@ size_t NoDecayGroup(const pickle::Items& groups) {
   return 1;
 }
 
-// Megatron's groups of the rank's parameters: indices into view.model.
-std::array<std::vector<size_t>, 2> MegatronGroups(const RankView& view) {
+// Megatron's groups of the parameters `members` (indices into view.model):
+// indices into view.model.
+std::array<std::vector<size_t>, 2> MegatronGroups(const RankView& view, const std::vector<size_t>& members) {
   std::array<std::vector<size_t>, 2> groups;
-  for (size_t i = 0; i < view.model.size(); ++i) groups[WithoutWeightDecay(view.model[i]) ? 1 : 0].push_back(i);
+  for (size_t i : members) groups[WithoutWeightDecay(view.model[i]) ? 1 : 0].push_back(i);
   return groups;
+}
+
+// The rank's parameters of the dense optimizer (`experts` false) or of the
+// expert-parallel one: indices into view.model, in its order.
+std::vector<size_t> Members(const RankView& view, bool experts) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < view.model.size(); ++i) {
+    if (IsExpertParameter(view.model[i]) == experts) out.push_back(i);
+  }
+  return out;
+}
+
+// The param groups of one optimizer `optimizer` (a Float16Optimizer's state
+// dict) over the rank's parameters `all` (indices into view.model), into
+// layout->slots with `chain`; `where` names it.
+Status ReadGroups(const RankView& view, const std::vector<size_t>& all, const Value& optimizer, int chain,
+                  const std::string& where, OptimizerLayout* layout) {
+  const Value* inner = optimizer.Find("optimizer");
+  const Value* groups = inner == nullptr ? nullptr : inner->Find("param_groups");
+  if (groups == nullptr || !groups->is_sequence()) return InvalidArgumentError(where + ": missing or not a list");
+  const pickle::Items& g = groups->items();
+  // members[file group]: the rank's parameters it holds, in order.
+  std::vector<std::vector<size_t>> members;
+  const auto groups_of = MegatronGroups(view, all);
+  std::vector<size_t> file_groups;
+  if (g.size() == 1) {
+    members.push_back(all);
+    file_groups = {0};
+  } else if (g.size() == 2) {
+    const size_t no_decay = NoDecayGroup(g);
+    members.resize(2);
+    members[1 - no_decay] = groups_of[0];
+    members[no_decay] = groups_of[1];
+    file_groups = {1 - no_decay, no_decay};
+  } else {
+    return InvalidArgumentError(where + ": " + std::to_string(g.size()) +
+                                " groups (Megatron's two, weight decay and none, or one)");
+  }
+  if (chain <= 0) layout->file_groups = file_groups;  // the dense optimizer's settings are kept
+  for (size_t f = 0; f < g.size(); ++f) {
+    const std::string label = where + "/" + std::to_string(f) + "/params";
+    const Value* params = g[f].Find("params");
+    if (params == nullptr || !params->is_sequence()) return InvalidArgumentError(label + ": missing or not a list");
+    if (params->items().size() != members[f].size()) {
+      std::string why = g.size() == 1 ? std::to_string(all.size()) + " parameters of the rank"
+                                      : "the rank's " + std::to_string(all.size()) + " parameters make " +
+                                            std::to_string(groups_of[0].size()) + " with weight decay and " +
+                                            std::to_string(groups_of[1].size()) +
+                                            " without (Megatron's rule: 1-D parameters and biases have none)";
+      if (chain >= 0) why += chain == 0 ? " (the dense optimizer's)" : " (the expert-parallel optimizer's)";
+      return InvalidArgumentError(label + ": " + std::to_string(params->items().size()) + " parameters, " +
+                                  std::to_string(members[f].size()) + " expected: " + why);
+    }
+    for (size_t j = 0; j < members[f].size(); ++j) {
+      const Value& key = params->items()[j];
+      if (key.kind() != pickle::Kind::kInt) {
+        return InvalidArgumentError(label + "/" + std::to_string(j) + ": a " +
+                                    std::string(pickle::KindName(key.kind())) + ", not an int");
+      }
+      layout->slots[members[f][j]] = {f, j, key, chain};
+    }
+  }
+  return Status::OK();
 }
 
 // torch.optim.Adam's defaults, with Megatron's multipliers (group 1: no weight decay).
@@ -99,66 +163,45 @@ bool WithoutWeightDecay(const LocalTensor& param) {
 }
 
 Result<OptimizerLayout> ReadOptimizerLayout(const RankView& view, const Value& optimizer, const std::string& what) {
-  const std::string where = what + ": optimizer/optimizer/param_groups";
-  const Value* inner = optimizer.Find("optimizer");
-  const Value* groups = inner == nullptr ? nullptr : inner->Find("param_groups");
-  if (groups == nullptr || !groups->is_sequence()) return InvalidArgumentError(where + ": missing or not a list");
-  const pickle::Items& g = groups->items();
   OptimizerLayout layout;
-  // members[file group]: the rank's parameters it holds, in order.
-  std::vector<std::vector<size_t>> members;
-  const auto groups_of = MegatronGroups(view);
-  if (g.size() == 1) {
-    members.emplace_back();
-    for (size_t i = 0; i < view.model.size(); ++i) members[0].push_back(i);
-    layout.file_groups = {0};
-  } else if (g.size() == 2) {
-    const size_t no_decay = NoDecayGroup(g);
-    members.resize(2);
-    members[1 - no_decay] = groups_of[0];
-    members[no_decay] = groups_of[1];
-    layout.file_groups = {1 - no_decay, no_decay};
-  } else {
-    return InvalidArgumentError(where + ": " + std::to_string(g.size()) +
-                                " groups (Megatron's two, weight decay and none, or one)");
-  }
   layout.slots.resize(view.model.size());
-  for (size_t f = 0; f < g.size(); ++f) {
-    const std::string label = where + "/" + std::to_string(f) + "/params";
-    const Value* params = g[f].Find("params");
-    if (params == nullptr || !params->is_sequence()) return InvalidArgumentError(label + ": missing or not a list");
-    if (params->items().size() != members[f].size()) {
-      std::string why = g.size() == 1 ? std::to_string(view.model.size()) + " parameters of the rank"
-                                      : "the rank's " + std::to_string(view.model.size()) + " parameters make " +
-                                            std::to_string(groups_of[0].size()) + " with weight decay and " +
-                                            std::to_string(groups_of[1].size()) +
-                                            " without (Megatron's rule: 1-D parameters and biases have none)";
-      return InvalidArgumentError(label + ": " + std::to_string(params->items().size()) + " parameters, " +
-                                  std::to_string(members[f].size()) + " expected: " + why);
-    }
-    for (size_t j = 0; j < members[f].size(); ++j) {
-      const Value& key = params->items()[j];
-      if (key.kind() != pickle::Kind::kInt) {
-        return InvalidArgumentError(label + "/" + std::to_string(j) + ": a " +
-                                    std::string(pickle::KindName(key.kind())) + ", not an int");
-      }
-      layout.slots[members[f][j]] = {f, j, key};
-    }
+  if (!optimizer.is_sequence()) {
+    std::vector<size_t> all(view.model.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    PTC_RETURN_IF_ERROR(ReadGroups(view, all, optimizer, -1, what + ": optimizer/optimizer/param_groups", &layout));
+    return layout;
   }
+  // Megatron-Core's ChainedOptimizer: the dense optimizer, then the expert-parallel one.
+  const pickle::Items& chain = optimizer.items();
+  if (chain.size() != 2) {
+    return InvalidArgumentError(what + ": optimizer: a list of " + std::to_string(chain.size()) +
+                                " optimizers; Megatron-Core chains two, the dense and the expert-parallel one "
+                                "(expert parameters with ep > 1)");
+  }
+  for (int c = 0; c < 2; ++c) {
+    PTC_RETURN_IF_ERROR(ReadGroups(view, Members(view, c == 1), chain[c], c,
+                                   what + ": optimizer/" + std::to_string(c) + "/optimizer/param_groups", &layout));
+  }
+  layout.chained = true;
   return layout;
 }
 
 std::vector<Value> OptimizerPath(const OptimizerLayout& layout, std::string_view kind, size_t i) {
   const OptimizerLayout::Slot& s = layout.slots[i];
+  std::vector<Value> path = {Value::Str("optimizer")};
+  if (s.chain >= 0) path.push_back(Value::Int(s.chain));
   if (kind == "fp32") {
-    return {Value::Str("optimizer"), Value::Str("fp32_from_fp16_params"), Value::Int(static_cast<int64_t>(s.group)),
-            Value::Int(static_cast<int64_t>(s.position))};
+    path.insert(path.end(), {Value::Str("fp32_from_fp16_params"), Value::Int(static_cast<int64_t>(s.group)),
+                             Value::Int(static_cast<int64_t>(s.position))});
+  } else {
+    path.insert(path.end(), {Value::Str("optimizer"), Value::Str("state"), s.key, Value::Str(std::string(kind))});
   }
-  return {Value::Str("optimizer"), Value::Str("optimizer"), Value::Str("state"), s.key, Value::Str(std::string(kind))};
+  return path;
 }
 
 Value GroupSettings(const OptimizerLayout& layout, const Value& optimizer) {
-  const pickle::Items& groups = optimizer.Find("optimizer")->Find("param_groups")->items();
+  const Value& dense = layout.chained ? optimizer.items()[0] : optimizer;
+  const pickle::Items& groups = dense.Find("optimizer")->Find("param_groups")->items();
   Value out = Value::List();
   for (size_t f : layout.file_groups) {
     Value settings = groups[f].is_dict() ? groups[f] : Value::Dict();
@@ -168,58 +211,69 @@ Value GroupSettings(const OptimizerLayout& layout, const Value& optimizer) {
   return out;
 }
 
-void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t iteration,
-                     const std::function<Value(const LocalTensor&)>& add, RankState* out) {
-  std::map<std::string, size_t> param_index;
-  for (size_t i = 0; i < view.model.size(); ++i) param_index[view.model[i].name] = i;
-  // kinds[i]: the optimizer tensors of parameter i by kind.
-  std::vector<std::map<std::string, const LocalTensor*>> kinds(view.model.size());
-  for (const LocalTensor& t : view.optim) {
-    const size_t dot = t.name.rfind('.');
-    kinds[param_index.at(t.name.substr(0, dot))][t.name.substr(dot + 1)] = &t;
-  }
+namespace {
+
+// What RenderOptimizer renders one optimizer with.
+struct RenderContext {
+  const RankView& view;
+  const OptimizerMeta& meta;
+  uint64_t iteration;
+  const std::function<Value(const LocalTensor&)>& add;
+  RankState* out;
+  std::vector<std::map<std::string, const LocalTensor*>> kinds;  // parameter i's optimizer tensors by kind
   std::map<std::string, const StepValue*> step_of;
-  for (const StepValue& s : meta.steps) {
-    for (const std::string& p : s.params) step_of[p] = &s;
-  }
   const CarriedTensor* default_step = nullptr;
-  auto step = [&](size_t i, int64_t key) -> Value {
-    const std::string storage = "s" + std::to_string(key);
-    const auto it = view.model[i].segments.empty() ? step_of.end() : step_of.find(view.model[i].segments[0].tensor);
-    const CarriedTensor* bytes = nullptr;
-    Value v;
-    if (it != step_of.end()) {
-      v = it->second->value;
-      if (!v.is_tensor()) return v;
-      bytes = &it->second->tensors.at(0);
-    } else {
-      if (default_step == nullptr) {
-        out->own.push_back({"s", DType::kF32, 1, IterationStep(iteration)});
-        default_step = &out->own.back();
-      }
-      v = ScalarTensor(storage);
-      bytes = default_step;
+};
+
+// The step of parameter i, state `key`, its storage "<prefix><key>".
+Value RenderStep(RenderContext& c, size_t i, int64_t key, const std::string& prefix) {
+  const std::string storage = prefix + std::to_string(key);
+  const LocalTensor& param = c.view.model[i];
+  const auto it = param.segments.empty() ? c.step_of.end() : c.step_of.find(param.segments[0].tensor);
+  const CarriedTensor* bytes = nullptr;
+  Value v;
+  if (it != c.step_of.end()) {
+    v = it->second->value;
+    if (!v.is_tensor()) return v;
+    bytes = &it->second->tensors.at(0);
+  } else {
+    if (c.default_step == nullptr) {
+      c.out->own.push_back({"s", DType::kF32, 1, IterationStep(c.iteration)});
+      c.default_step = &c.out->own.back();
     }
-    // Each state its own storage: Adam adds to its step in place.
-    v.tensor().storage_key = storage;
-    out->storages.push_back({storage, nullptr, bytes});
-    return v;
-  };
+    v = ScalarTensor(storage);
+    bytes = c.default_step;
+  }
+  // Each state its own storage: Adam adds to its step in place.
+  v.tensor().storage_key = storage;
+  c.out->storages.push_back({storage, nullptr, bytes});
+  return v;
+}
+
+// One Float16OptimizerWithFloat16Params state dict over the parameters
+// `members` (indices into view.model): the dense optimizer's two groups, or
+// the expert-parallel one's (`experts`: is_expert_parallel, only its groups
+// that hold parameters, as Megatron-Core makes none for a key no rank has).
+Value RenderOne(RenderContext& c, const std::vector<size_t>& members, bool experts) {
   Value state = Value::Dict(), param_groups = Value::List(), masters = Value::List();
   int64_t key = 0;
-  for (const auto& members : MegatronGroups(view)) {
+  const auto groups = MegatronGroups(c.view, members);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    // The experts' groups that hold parameters (the one with weight decay when none does: a stage without MoE layers).
+    if (experts && groups[g].empty() && (g == 1 || !groups[1].empty())) continue;
     Value params = Value::List(), fp32 = Value::List();
-    for (size_t i : members) {
+    for (size_t i : groups[g]) {
       Value s = Value::Dict();
-      s.Set("step", step(i, key));
+      s.Set("step", RenderStep(c, i, key, experts ? "se" : "s"));
       for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
-        if (const auto k = kinds[i].find(kind); k != kinds[i].end()) s.Set(kind, add(*k->second));
+        if (const auto k = c.kinds[i].find(kind); k != c.kinds[i].end()) s.Set(kind, c.add(*k->second));
       }
-      if (const auto k = kinds[i].find("fp32"); k != kinds[i].end()) fp32.items().push_back(add(*k->second));
+      if (const auto k = c.kinds[i].find("fp32"); k != c.kinds[i].end()) fp32.items().push_back(c.add(*k->second));
       state.pairs().emplace_back(Value::Int(key), std::move(s));  // a fresh key: no Set's scan
       params.items().push_back(Value::Int(key++));
     }
-    Value group = Settings(meta, param_groups.items().size());
+    Value group = Settings(c.meta, g);
+    if (experts) group.Set("is_expert_parallel", Value::Bool(true));
     group.Set("params", std::move(params));
     param_groups.items().push_back(std::move(group));
     masters.items().push_back(std::move(fp32));
@@ -230,11 +284,38 @@ void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t i
   // Megatron's order: optimizer, grad_scaler (kept), fp32_from_fp16_params.
   Value optimizer = Value::Dict();
   optimizer.Set("optimizer", std::move(inner));
-  if (const Value* kept = out->root.Find("optimizer"); kept != nullptr && kept->is_dict()) {
+  if (const Value* kept = c.out->root.Find("optimizer"); kept != nullptr && kept->is_dict()) {
     for (const auto& [k, v] : kept->pairs()) optimizer.Set(k, v);
   }
   optimizer.Set("fp32_from_fp16_params", std::move(masters));
-  out->root.Set("optimizer", std::move(optimizer));
+  return optimizer;
+}
+
+}  // namespace
+
+void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t iteration, bool expert_parallel,
+                     const std::function<Value(const LocalTensor&)>& add, RankState* out) {
+  RenderContext c{view, meta, iteration, add, out, {}, {}, nullptr};
+  std::map<std::string, size_t> param_index;
+  for (size_t i = 0; i < view.model.size(); ++i) param_index[view.model[i].name] = i;
+  c.kinds.resize(view.model.size());
+  for (const LocalTensor& t : view.optim) {
+    const size_t dot = t.name.rfind('.');
+    c.kinds[param_index.at(t.name.substr(0, dot))][t.name.substr(dot + 1)] = &t;
+  }
+  for (const StepValue& s : meta.steps) {
+    for (const std::string& p : s.params) c.step_of[p] = &s;
+  }
+  if (!expert_parallel) {
+    std::vector<size_t> all(view.model.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    out->root.Set("optimizer", RenderOne(c, all, false));
+    return;
+  }
+  // Megatron-Core's ChainedOptimizer over the dense and the expert-parallel optimizer.
+  Value dense = RenderOne(c, Members(view, false), false);
+  Value experts = RenderOne(c, Members(view, true), true);
+  out->root.Set("optimizer", Value::List({std::move(dense), std::move(experts)}));
 }
 
 Value RenderedSettings(const OptimizerMeta& meta, size_t g) { return Settings(meta, g); }

@@ -16,6 +16,19 @@
 // consecutively across groups: group 0 holds 0..a-1, group 1 a..n-1, and
 // 'state' is keyed by those numbers.
 //
+// A model with routed experts at ep > 1 has Megatron-Core's ChainedOptimizer
+// instead (an expert's parameters are expert-parallel, `allreduce` False, only
+// when expert_model_parallel_size > 1: megatron/core/tensor_parallel/layers.py),
+// whose state_dict() is a list of its two optimizers' (megatron/core/optimizer
+// get_megatron_optimizer):
+//
+//   'optimizer': [{... the dense parameters, as above, is_expert_parallel False},
+//                 {... the experts' parameters (IsExpertParameter): their groups only
+//                  (one when every expert parameter is a 2-D weight; one without
+//                  parameters on a stage without MoE layers), is_expert_parallel True}]
+//
+// each numbered from 0 and in the model's named_parameters order.
+//
 // Import reads that layout, and the one-group layout ptcfs rendered before
 // (one group of every parameter in the model's order). Rendering always
 // writes Megatron's two groups.
@@ -45,9 +58,11 @@ struct OptimizerLayout {
     size_t group = 0;     // the file's param group
     size_t position = 0;  // in that group's 'params' (and fp32_from_fp16_params list)
     pickle::Value key;    // the key of its entry in 'state'
+    int chain = -1;       // its optimizer in a ChainedOptimizer's list (0 dense, 1 experts); -1: one optimizer
   };
   std::vector<Slot> slots;          // one per view.model entry
-  std::vector<size_t> file_groups;  // the file's group of Megatron's group g (one entry: a one-group file)
+  std::vector<size_t> file_groups;  // the (dense) file's group of Megatron's group g (one entry: a one-group file)
+  bool chained = false;             // 'optimizer' is [dense, expert-parallel]
 };
 
 // The layout of `optimizer` (the state dict's 'optimizer' entry) for the
@@ -75,10 +90,12 @@ pickle::Value GroupSettings(const OptimizerLayout& layout, const pickle::Value& 
 // state's step comes from meta.steps by the parameter's global name; a
 // parameter without one gets float32 `iteration` (torch Adam counts from
 // it). Each group's settings are meta.groups's, or torch Adam's defaults with
-// Megatron's wd_mult and lr_mult (docs/megatron_format.md).
+// Megatron's wd_mult and lr_mult (docs/megatron_format.md). With
+// `expert_parallel` (a model with experts at ep > 1) Megatron-Core's
+// ChainedOptimizer: the dense parameters' optimizer, then the experts'.
 // REQUIRES: view.optim holds the exp_avg, exp_avg_sq and fp32 of each of
 // view.model's parameters (zero=0).
-void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t iteration,
+void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t iteration, bool expert_parallel,
                      const std::function<pickle::Value(const LocalTensor&)>& add, RankState* out);
 
 // Megatron's group g (0: with weight decay, 1: without) as rendered: the

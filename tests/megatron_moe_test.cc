@@ -1,0 +1,370 @@
+// Mixture of experts in Megatron's formats (docs/megatron_format.md, "Mixture of experts"):
+// the routed experts' names in both of Megatron-Core's name sets and their registration
+// orders (written out here from megatron-core 0.16.1's SequentialMLP and TEGroupedMLP),
+// the rank directories with the expert-parallel rank (Megatron-LM's get_checkpoint_name),
+// which ranks save (the expert-data-parallel rank 0 of each (tp, pp, ep)) and the configs
+// its legacy save cannot hold, and the ChainedOptimizer's state (dense, then expert-parallel
+// parameters, each numbered from 0) rendered and read back.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "ptc/checkpoint/dcp/dcp.h"
+#include "ptc/checkpoint/megatron/megatron.h"
+#include "ptc/checkpoint/megatron/optimizer.h"
+#include "test_util.h"
+
+namespace ptc::megatron {
+namespace {
+
+using pickle::Value;
+using ::ptc::testing::Contains;
+using ::ptc::testing::LayoutView;
+
+// 2 layers, both MoE, 4 experts of ffn 8, a shared expert of ffn 8.
+constexpr const char* kMoeDims =
+    "layers=2,hidden=16,heads=4,kv_heads=2,vocab=32,seq=8,ffn=24,experts=4,moe_ffn=8,shared_ffn=8";
+
+TEST(MegatronMoeNames, ExpertsRenameToTeGroupedMlpAndBack) {
+  const std::string local = "decoder.layers.3.mlp.experts.local_experts.12.linear_fc1.weight";
+  EXPECT_EQ(NameIn(NameSet::kTe, local), "decoder.layers.3.mlp.experts.linear_fc1.weight12");
+  EXPECT_EQ(NameIn(NameSet::kLocal, local), local);
+  EXPECT_EQ(NameIn(NameSet::kTe, "decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.weight"),
+            "decoder.layers.0.mlp.experts.linear_fc2.weight0");
+  // The router, the shared experts and an MoE layer's own norm: one name in both sets.
+  for (const char* same :
+       {"decoder.layers.0.mlp.router.weight", "decoder.layers.0.mlp.shared_experts.linear_fc1.weight",
+        "decoder.layers.0.pre_mlp_layernorm.weight",
+        "decoder.layers.0.mlp.experts.local_experts.x.linear_fc1.weight"}) {
+    EXPECT_EQ(NameIn(NameSet::kTe, same), same);
+    EXPECT_EQ(NameIn(NameSet::kLocal, same), same);
+  }
+}
+
+// One MoE layer as the schema lays it out (SequentialMLP's order: expert by expert), and
+// as TEGroupedMLP registers it (linear_fc1's weight0..weightN-1, then linear_fc2's).
+const std::vector<std::string> kSchemaLayer = {
+    "decoder.layers.0.self_attention.linear_proj.weight",
+    "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight",
+    "decoder.layers.0.self_attention.linear_qkv.weight",
+    "decoder.layers.0.pre_mlp_layernorm.weight",
+    "decoder.layers.0.mlp.router.weight",
+    "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight",
+    "decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.weight",
+    "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight",
+    "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight",
+    "decoder.layers.0.mlp.shared_experts.linear_fc1.weight",
+    "decoder.layers.0.mlp.shared_experts.linear_fc2.weight",
+    "decoder.layers.1.self_attention.linear_proj.weight",
+    "decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight",
+    "decoder.layers.1.mlp.experts.local_experts.0.linear_fc2.weight",
+    "decoder.layers.1.mlp.experts.local_experts.1.linear_fc1.weight",
+    "decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.weight",
+};
+const std::vector<std::string> kTeLayer = {
+    "decoder.layers.0.self_attention.linear_proj.weight",
+    "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight",
+    "decoder.layers.0.self_attention.linear_qkv.weight",
+    "decoder.layers.0.pre_mlp_layernorm.weight",
+    "decoder.layers.0.mlp.router.weight",
+    "decoder.layers.0.mlp.experts.linear_fc1.weight0",
+    "decoder.layers.0.mlp.experts.linear_fc1.weight1",
+    "decoder.layers.0.mlp.experts.linear_fc2.weight0",
+    "decoder.layers.0.mlp.experts.linear_fc2.weight1",
+    "decoder.layers.0.mlp.shared_experts.linear_fc1.weight",
+    "decoder.layers.0.mlp.shared_experts.linear_fc2.weight",
+    "decoder.layers.1.self_attention.linear_proj.weight",
+    "decoder.layers.1.mlp.experts.linear_fc1.weight0",
+    "decoder.layers.1.mlp.experts.linear_fc1.weight1",
+    "decoder.layers.1.mlp.experts.linear_fc2.weight0",
+    "decoder.layers.1.mlp.experts.linear_fc2.weight1",
+};
+// The local spec: input_layernorm first in the layer, the experts as the schema has them.
+const std::vector<std::string> kLocalLayer = {
+    "decoder.layers.0.input_layernorm.weight",
+    "decoder.layers.0.self_attention.linear_proj.weight",
+    "decoder.layers.0.self_attention.linear_qkv.weight",
+    "decoder.layers.0.pre_mlp_layernorm.weight",
+    "decoder.layers.0.mlp.router.weight",
+    "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight",
+    "decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.weight",
+    "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight",
+    "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight",
+    "decoder.layers.0.mlp.shared_experts.linear_fc1.weight",
+    "decoder.layers.0.mlp.shared_experts.linear_fc2.weight",
+    "decoder.layers.1.self_attention.linear_proj.weight",
+    "decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight",
+    "decoder.layers.1.mlp.experts.local_experts.0.linear_fc2.weight",
+    "decoder.layers.1.mlp.experts.local_experts.1.linear_fc1.weight",
+    "decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.weight",
+};
+
+std::vector<std::string> Ordered(NameSet names, const std::vector<std::string>& schema) {
+  std::vector<std::string> out;
+  for (size_t i : RegistrationOrder(names, schema)) out.push_back(NameIn(names, schema[i]));
+  return out;
+}
+
+TEST(MegatronMoeNames, EachSetRegistersItsExpertsInItsOrder) {
+  EXPECT_EQ(Ordered(NameSet::kTe, kSchemaLayer), kTeLayer);
+  EXPECT_EQ(Ordered(NameSet::kLocal, kSchemaLayer), kLocalLayer);
+  // Ten experts: weight10 after weight9 (numbers, not text).
+  std::vector<std::string> ten, want;
+  for (int k = 0; k < 10; ++k) {
+    for (const char* m : {"linear_fc1", "linear_fc2"}) {
+      ten.push_back("d.l.0.mlp.experts.local_experts." + std::to_string(k) + "." + m + ".weight");
+    }
+  }
+  for (const char* m : {"linear_fc1", "linear_fc2"}) {
+    for (int k = 0; k < 10; ++k) want.push_back(std::string("d.l.0.mlp.experts.") + m + ".weight" + std::to_string(k));
+  }
+  EXPECT_EQ(Ordered(NameSet::kTe, ten), want);
+}
+
+TEST(MegatronMoeNames, ViewsOfAnEpRankNameItsLocalExpertsAndRecogniseTheirSet) {
+  const ModelSpec spec = testing::Spec("llama", kMoeDims);
+  const ParallelConfig config = *ParseConfig("tp=1,dp=2,ep=2");
+  const RankView view = *LayoutView(spec, config, 1);  // ep rank 1: global experts 2 and 3
+  const RankView te = ViewInNameSet(view, NameSet::kTe);
+  std::map<std::string, std::string> global_of;  // te name -> global tensor
+  for (const LocalTensor& t : te.model) global_of[t.name] = t.segments[0].tensor;
+  EXPECT_EQ(global_of.at("decoder.layers.1.mlp.experts.linear_fc1.weight0"),
+            "decoder.layers.1.mlp.experts.local_experts.2.linear_fc1.weight");
+  EXPECT_EQ(global_of.at("decoder.layers.1.mlp.experts.linear_fc2.weight1"),
+            "decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.weight");
+  for (const LocalTensor& t : view.model) {
+    EXPECT_EQ(IsExpertParameter(t), t.name.find(".local_experts.") != std::string::npos) << t.name;
+  }
+  auto where = [](const std::string& name) { return "f.pt: model/" + name; };
+  auto recognise = [&](const std::set<std::string>& file) {
+    return RecogniseNameSet(
+        view, [&](const std::string& n) { return file.count(n) > 0; }, where);
+  };
+  std::set<std::string> te_file, local_file, mixed;
+  for (const LocalTensor& t : view.model) {
+    te_file.insert(NameIn(NameSet::kTe, t.name));
+    local_file.insert(NameIn(NameSet::kLocal, t.name));
+    // Transformer Engine's norms with SequentialMLP's expert names (TE's spec without grouped GEMM).
+    mixed.insert(IsExpertParameter(t) ? t.name : NameIn(NameSet::kTe, t.name));
+  }
+  EXPECT_EQ(*recognise(te_file), NameSet::kTe);
+  EXPECT_EQ(*recognise(local_file), NameSet::kLocal);
+  auto m = recognise(mixed);
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(Contains(m.status().message(),
+                       "f.pt: model/decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight: in the local "
+                       "spec's names (local), but f.pt: model/decoder.layers.0.self_attention.linear_qkv."
+                       "layer_norm_weight is in Transformer Engine's names (te)"))
+      << m.status().message();
+}
+
+TEST(MegatronMoeTree, RankDirectoriesCarryTheEpRank) {
+  EXPECT_EQ(RankDirName(1, 0, 1), "mp_rank_01");
+  EXPECT_EQ(RankDirName(1, 0, 1, 0, 1), "mp_rank_01");
+  EXPECT_EQ(RankDirName(1, 0, 1, 3, 4), "mp_rank_01_003");
+  EXPECT_EQ(RankDirName(1, 2, 4, 3, 4), "mp_rank_01_002_003");
+  const RankDir three = *ParseRankDirName("mp_rank_01_002_003");
+  EXPECT_EQ(three.tp_rank, 1);
+  EXPECT_EQ(three.pp_rank, 2);
+  EXPECT_EQ(three.ep_rank, 3);
+  EXPECT_EQ(*ResolveRankDir(three, true, true), (std::array<int, 3>{1, 2, 3}));
+  EXPECT_FALSE(ResolveRankDir(three, true, false));
+  // Two numbers: the pp rank, or the ep rank of a save with pp == 1 < ep.
+  const RankDir two = *ParseRankDirName("mp_rank_01_003");
+  EXPECT_EQ(*ResolveRankDir(two, true, false), (std::array<int, 3>{1, 3, 0}));
+  EXPECT_EQ(*ResolveRankDir(two, false, true), (std::array<int, 3>{1, 0, 3}));
+  EXPECT_FALSE(ResolveRankDir(two, false, false));
+  for (const char* bad : {"mp_rank_01_002_003_004", "mp_rank_01_002_03", "mp_rank_01__003", "mp_rank_01_002_"}) {
+    auto r = ParseRankDirName(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_TRUE(Contains(r.status().message(), "mp_rank_TT_PPP_EEE")) << r.status().message();
+  }
+}
+
+TEST(MegatronMoeTree, TheExpertDataParallelRankZeroOfEachFileSaves) {
+  // tp=2, dp=2, ep=2 (etp = tp): ranks 0..3 of a stage are (tp, dp) = (0,0) (1,0) (0,1) (1,1);
+  // the expert grid puts ep rank r at dp r, so every rank saves a file of its own.
+  const ParallelConfig c = *ParseConfig("tp=2,dp=2,ep=2,pp=2");
+  EXPECT_TRUE(CheckLegacySave(c).ok());
+  EXPECT_EQ(*LegacySaveRank(c, 1, 0, 1), 3);
+  EXPECT_EQ(*LegacySaveRank(c, 0, 1, 0), 4);
+  // dp=4, ep=2: dp ranks 2 and 3 are expert-data-parallel rank 1 (they load, do not save).
+  const ParallelConfig d = *ParseConfig("tp=1,dp=4,ep=2");
+  EXPECT_EQ(*LegacySaveRank(d, 0, 0, 1), 1);
+  EXPECT_FALSE(LegacySaveRank(d, 0, 0, 2));
+  // etp=1 under tp=2 with ep=2: the two saving ranks hold (tp 0, ep 0) and (tp 1, ep 1): enough.
+  EXPECT_TRUE(CheckLegacySave(*ParseConfig("tp=2,ep=2,etp=1")).ok());
+  // etp=1 under tp=2 with ep=1: only rank 0 saves; tp rank 1's dense shard is nowhere.
+  const Status s = CheckLegacySave(*ParseConfig("tp=2,dp=1,etp=1"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), Code::kFailedPrecondition);
+  EXPECT_TRUE(Contains(s.message(), "no saving rank (expert-data-parallel rank 0) holds the dense shard of tp rank 1"))
+      << s.message();
+  EXPECT_TRUE(Contains(s.message(), "etp=1 != tp=2")) << s.message();
+  // etp=2 over tp=1, dp=2: the ranks of etp 0 and 1 both save mp_rank_00.
+  const Status twice = CheckLegacySave(*ParseConfig("tp=1,dp=2,etp=2"));
+  ASSERT_FALSE(twice.ok());
+  EXPECT_TRUE(Contains(twice.message(), "two saving ranks write mp_rank_00")) << twice.message();
+}
+
+// The parameter each state number of optimizer `c` (0 dense, 1 experts) belongs to,
+// by the local tensor in the storage of its exp_avg and fp32 master (which must agree).
+std::vector<std::string> Numbered(const RankState& state, size_t c) {
+  std::map<std::string, std::string> tensor_of;  // storage key -> local tensor name
+  for (const auto& s : state.storages) {
+    if (s.tensor != nullptr) tensor_of[s.key] = s.tensor->name;
+  }
+  const Value& optimizer = state.root.Find("optimizer")->items().at(c);
+  const Value& groups = *optimizer.Find("optimizer")->Find("param_groups");
+  std::map<int64_t, std::string> by_number;
+  for (size_t g = 0; g < groups.items().size(); ++g) {
+    EXPECT_EQ(groups.items()[g].Find("is_expert_parallel")->as_bool(), c == 1);
+    const pickle::Items& params = groups.items()[g].Find("params")->items();
+    for (size_t j = 0; j < params.size(); ++j) {
+      const int64_t k = params[j].as_int();
+      const std::string master =
+          tensor_of.at(optimizer.Find("fp32_from_fp16_params")->items()[g].items()[j].tensor().storage_key);
+      const std::string avg = tensor_of.at(
+          optimizer.Find("optimizer")->Find("state")->Find(Value::Int(k))->Find("exp_avg")->tensor().storage_key);
+      EXPECT_EQ(master.substr(0, master.rfind('.')), avg.substr(0, avg.rfind('.'))) << k;
+      by_number[k] = avg.substr(0, avg.rfind('.'));
+    }
+  }
+  std::vector<std::string> out;
+  for (const auto& [k, name] : by_number) out.push_back(name);
+  return out;
+}
+
+TEST(MegatronMoeOptimizer, ChainsTheDenseAndTheExpertParallelOptimizerAndReadsBack) {
+  const ModelSpec spec = testing::Spec("llama", kMoeDims, DType::kBF16, /*optimizer=*/true);
+  const ParallelConfig config = *ParseConfig("tp=1,dp=2,ep=2");
+  for (NameSet names : {NameSet::kLocal, NameSet::kTe}) {
+    for (int rank = 0; rank < config.world_size(); ++rank) {
+      SCOPED_TRACE(std::string(NameSetName(names)) + " rank " + std::to_string(rank));
+      const RankView view = *LayoutView(spec, config, rank);
+      auto state = BuildRankState(spec, config, view, MegatronState{}, names);
+      ASSERT_TRUE(state.ok()) << state.status().ToString();
+      ASSERT_TRUE(state->root.Find("optimizer")->is_sequence());
+      ASSERT_EQ(state->root.Find("optimizer")->items().size(), 2u);
+      // Each optimizer numbers its parameters from 0: the dense ones with weight decay in the
+      // model's order, then the 1-D ones; the experts' (all 2-D weights) in one group.
+      std::vector<std::string> decay, none, experts;
+      for (const LocalTensor& t : ViewInNameSet(view, names).model) {
+        (IsExpertParameter(t) ? experts : t.shape.size() == 1 ? none : decay).push_back(t.name);
+      }
+      decay.insert(decay.end(), none.begin(), none.end());
+      EXPECT_EQ(Numbered(*state, 0), decay);
+      EXPECT_EQ(Numbered(*state, 1), experts);
+      EXPECT_EQ(experts.size(), 2u * 2 * 2);  // 2 layers x 2 local experts x (fc1, fc2)
+      EXPECT_EQ(state->root.Find("optimizer")->items()[1].Find("optimizer")->Find("param_groups")->items().size(), 1u);
+      // Read back through a pickle round trip: every tensor of the schema's view.
+      auto root = pickle::Unpickle(pickle::Pickle(state->root), "test");
+      ASSERT_TRUE(root.ok());
+      EXPECT_EQ(*FileNameSet(spec, view, *root, "f.pt"), names);
+      auto found = FindRankTensors(spec, config, view, *root, "f.pt");
+      ASSERT_TRUE(found.ok()) << found.status().ToString();
+      std::map<std::string, const LocalTensor*> by_storage;
+      for (const auto& s : state->storages) {
+        if (s.tensor != nullptr) by_storage[s.key] = s.tensor;
+      }
+      size_t i = 0;
+      for (const auto* list : {&view.model, &view.optim}) {
+        for (const LocalTensor& t : *list) {
+          const LocalTensor* stored = by_storage.at((*found)[i++].storage_key);
+          EXPECT_EQ(stored->segments[0].tensor, t.segments[0].tensor) << t.name;
+        }
+      }
+      // The steps: a storage each, the experts' apart from the dense ones'.
+      std::set<std::string> keys;
+      for (const auto& s : state->storages) EXPECT_TRUE(keys.insert(s.key).second) << s.key;
+    }
+  }
+}
+
+TEST(MegatronMoeOptimizer, AtEpOneTheExpertsShareTheDenseOptimizer) {
+  // Megatron-Core's experts are expert-parallel (param.allreduce False) only with ep > 1.
+  const ModelSpec spec = testing::Spec("llama", kMoeDims, DType::kF32, /*optimizer=*/true);
+  const ParallelConfig config = *ParseConfig("tp=2");
+  const RankView view = *LayoutView(spec, config, 1);
+  const RankState state = *BuildRankState(spec, config, view, MegatronState{}, NameSet::kLocal);
+  ASSERT_TRUE(state.root.Find("optimizer")->is_dict());
+  const Value& groups = *state.root.Find("optimizer")->Find("optimizer")->Find("param_groups");
+  ASSERT_EQ(groups.items().size(), 2u);
+  size_t params = 0;
+  for (const Value& g : groups.items()) {
+    EXPECT_FALSE(g.Find("is_expert_parallel")->as_bool());
+    params += g.Find("params")->items().size();
+  }
+  EXPECT_EQ(params, view.model.size());
+  auto root = pickle::Unpickle(pickle::Pickle(state.root), "test");
+  ASSERT_TRUE(root.ok());
+  EXPECT_TRUE(FindRankTensors(spec, config, view, *root, "f.pt").ok());
+}
+
+TEST(MegatronMoeOptimizer, AChainOfAnotherShapeIsRefusedNamingIt) {
+  const ModelSpec spec = testing::Spec("llama", kMoeDims, DType::kF32, /*optimizer=*/true);
+  const ParallelConfig config = *ParseConfig("tp=1,dp=2,ep=2");
+  const RankView view = *LayoutView(spec, config, 0);
+  RankState state = *BuildRankState(spec, config, view, MegatronState{}, NameSet::kLocal);
+  Value one = state.root;
+  one.Find("optimizer")->items().pop_back();
+  auto r = ReadOptimizerLayout(view, *one.Find("optimizer"), "f.pt");
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(Contains(r.status().message(), "f.pt: optimizer: a list of 1 optimizers")) << r.status().message();
+  // The experts' group one parameter short.
+  Value shorter = state.root;
+  shorter.Find("optimizer")
+      ->items()[1]
+      .Find("optimizer")
+      ->Find("param_groups")
+      ->items()[0]
+      .Find("params")
+      ->items()
+      .pop_back();
+  auto s = ReadOptimizerLayout(view, *shorter.Find("optimizer"), "f.pt");
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s.status().message(),
+                       "f.pt: optimizer/1/optimizer/param_groups/0/params: 7 parameters, 8 "
+                       "expected"))
+      << s.status().message();
+  EXPECT_TRUE(Contains(s.status().message(), "(the expert-parallel optimizer's)")) << s.status().message();
+}
+
+TEST(MegatronMoeTorchDist, ExpertsAreStackedOverLayersAndExpertsAsSequentialMlpSavesThem) {
+  // Keys as megatron-core 0.16.1's SequentialMLP.sharded_state_dict and the local spec's
+  // sharded_state_dict_keys_map make them (read from a save of the model of mcore_moe.py).
+  const std::vector<TensorRecord> records = {
+      TensorRecord{"decoder.layers.0.mlp.linear_fc1.layer_norm_weight", DType::kF32, {16}},
+      TensorRecord{"decoder.layers.1.pre_mlp_layernorm.weight", DType::kF32, {16}},
+      TensorRecord{"decoder.layers.1.mlp.router.weight", DType::kF32, {4, 16}},
+      TensorRecord{"decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight", DType::kF32, {16, 16}},
+      TensorRecord{"decoder.layers.1.mlp.shared_experts.linear_fc2.weight", DType::kF32, {16, 8}}};
+  const std::vector<dcp::Tensor> named = dcp::NameTensors(records, dcp::Keys::kMegatronCore);
+  ASSERT_EQ(named.size(), records.size());
+  EXPECT_EQ(named[0].key, "decoder.layers.mlp.linear_fc1.layer_norm_weight");
+  EXPECT_EQ(named[1].key, "decoder.layers.mlp.linear_fc1.layer_norm_weight");  // an MoE layer's norm: the same key
+  EXPECT_EQ(named[1].layer, 1);
+  EXPECT_EQ(named[2].key, "decoder.layers.mlp.router.weight");
+  EXPECT_EQ(named[3].key, "decoder.layers.mlp.experts.experts.linear_fc1.weight");
+  EXPECT_EQ(named[3].layer, 1);
+  EXPECT_EQ(named[3].expert, 3);
+  EXPECT_EQ(dcp::KeyShape(named[3]), (Shape{2, 4, 16, 16}));
+  EXPECT_EQ(dcp::KeyBox(named[3], Box{{8, 0}, {16, 16}}).ToString(), (Box{{1, 3, 8, 0}, {2, 4, 16, 16}}.ToString()));
+  EXPECT_EQ(named[4].key, "decoder.layers.mlp.shared_experts.linear_fc2.weight");
+  EXPECT_EQ(named[4].expert, -1);
+  // The experts' optimizer state (Megatron-Core's ChainedOptimizer) has no torch_dist keys yet: refused.
+  GenerationManifest m;
+  m.tensors = {records[3], TensorRecord{records[3].name + ".exp_avg", DType::kF32, {16, 16}}};
+  auto plan = dcp::PlanCheckpoint(m, dcp::Keys::kMegatronCore);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), Code::kFailedPrecondition);
+  EXPECT_TRUE(Contains(plan.status().message(),
+                       "tensor decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight."
+                       "exp_avg: the torch_dist optimizer state of routed experts"))
+      << plan.status().message();
+  EXPECT_TRUE(dcp::CheckMcoreKeys(records).ok());
+}
+
+}  // namespace
+}  // namespace ptc::megatron
