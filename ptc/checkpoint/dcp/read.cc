@@ -516,7 +516,7 @@ Status AddChunk(const SavedTensor& t, const SavedChunk& c, const std::vector<con
   const uint64_t at =
       c.offset + storage->member.data_offset + static_cast<uint64_t>(tensor.storage_offset) * DTypeSize(t.dtype);
   const Tensor& front = *tensors.front();
-  if (!front.blocks.empty()) {  // a chunk of a key whose rows are blocks of the global tensor's
+  if (!front.blocks.empty() && front.layer < 0) {  // a chunk of a key whose rows are blocks of the global tensor's
     AddBlockChunks(front, c.box, file, at, &source->chunks);
     return Status::OK();
   }
@@ -528,10 +528,14 @@ Status AddChunk(const SavedTensor& t, const SavedChunk& c, const std::vector<con
   const Box slice{std::vector<Index>(c.box.begin.begin() + 1, c.box.begin.end()),
                   std::vector<Index>(c.box.end.begin() + 1, c.box.end.end())};
   const uint64_t size = static_cast<uint64_t>(slice.volume()) * DTypeSize(t.dtype);
-  for (Index layer = c.box.begin[0]; layer < c.box.end[0]; ++layer) {
+  for (Index layer = c.box.begin[0]; layer < c.box.end[0]; ++layer) {  // each slice a contiguous run of the chunk
     const Tensor* g = tensors[static_cast<size_t>(layer)];
-    source->chunks.push_back(DcpSource::Chunk{g->name, t.dtype, slice, file,
-                                              at + static_cast<uint64_t>(layer - c.box.begin[0]) * size, size});
+    const uint64_t run = at + static_cast<uint64_t>(layer - c.box.begin[0]) * size;
+    if (!g->blocks.empty()) {  // torchtitan's experts: each slice rows of its global tensor
+      AddBlockChunks(*g, slice, file, run, &source->chunks);
+      continue;
+    }
+    source->chunks.push_back(DcpSource::Chunk{g->name, t.dtype, slice, file, run, size});
   }
   return Status::OK();
 }
