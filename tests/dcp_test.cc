@@ -545,6 +545,50 @@ TEST(DcpTorchtitan, KeysPermuteQueryAndKeyRowsAndReadBack) {
       << names.status().ToString();
 }
 
+// torch's keys of an MoE store: each expert's tensors under their global names
+// (model.decoder.layers.I.mlp.experts.local_experts.E...), their ZeRO-1 optimizer
+// state cut from the expert flat buffers over edp and the rest over dp: chunks tile
+// every tensor where those pieces cut it, and the export imports back whole at tp=1.
+TEST(DcpMoe, TorchKeysOfExpertsAndTheirZeroShardsReadBack) {
+  TempDir tmp;
+  Env* env = Env::Default();
+  const ModelSpec spec = ::ptc::testing::Spec(
+      "llama", "layers=2,hidden=32,heads=4,kv_heads=2,vocab=64,seq=16,ffn=48,experts=4,moe_ffn=16,dense_first=1",
+      DType::kBF16, /*adam=*/true);
+  const ParallelConfig config = *ParseConfig("tp=2,dp=4,ep=2,zero=1");  // edp = 2
+  ASSERT_TRUE(WriteSynthCheckpoint(env, ::ptc::testing::FitLayout(spec, config), 3, tmp / "src").ok());
+  ASSERT_TRUE(ImportCheckpoint(env, tmp / "src", tmp / "store", spec.schema, spec.dims, config).ok());
+  auto store = std::move(Store::Open(env, tmp / "store")).value();
+  auto generation = store->CurrentSnapshot();
+  auto plan = PlanCheckpoint(*generation);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  std::map<std::string, Index> covered;
+  std::map<std::string, Shape> shapes;
+  for (const Tensor& t : plan->tensors) shapes[t.key] = t.shape;
+  for (const File& f : plan->files) {
+    for (const Chunk& c : f.chunks) {
+      if (c.object < 0) covered[plan->tensors[c.tensor].key] += c.box.volume();
+    }
+  }
+  const std::string fc1 = "decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight";
+  EXPECT_EQ(shapes["model." + fc1], (Shape{32, 32}));
+  EXPECT_EQ(shapes["optim.state." + fc1 + ".exp_avg_sq"], (Shape{32, 32}));
+  EXPECT_EQ(shapes.count("model.decoder.layers.0.mlp.router.weight"), 0u);  // layer 0 dense
+  for (const auto& [key, shape] : shapes) EXPECT_EQ(covered[key], NumElements(shape)) << key;
+  ASSERT_TRUE(ptcfs::ExportDcp(env, *store, generation, tmp / "dcp").ok());
+  auto back = ImportDcp(env, tmp / "dcp", tmp / "copy", spec.schema, spec.dims, *ParseConfig("tp=1"));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  auto copy = std::move(Store::Open(env, tmp / "copy")).value();
+  GenerationReader a(*store, generation, true), b(*copy, copy->CurrentSnapshot(), true);
+  for (const TensorRecord& t : generation->tensors) {
+    const Box full = Box::Full(t.shape);
+    std::string x(static_cast<size_t>(full.volume()) * DTypeSize(t.dtype), '\0'), y = x;
+    ASSERT_TRUE(a.Read(t.name, full, x.data(), full, DenseLayout(full)).ok());
+    ASSERT_TRUE(b.Read(t.name, full, y.data(), full, DenseLayout(full)).ok()) << t.name;
+    EXPECT_TRUE(x == y) << t.name;
+  }
+}
+
 // torchtitan's MoE (its Qwen3's names): each layer's experts one [experts, ...]
 // tensor per weight, w1/w3 the gate/up halves of every expert's linear_fc1,
 // w2 its linear_fc2; expert-parallel pieces (ep=2, etp=2) make chunks cut at
