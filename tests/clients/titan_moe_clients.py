@@ -6,9 +6,10 @@ entries), over torchtitan's Qwen3Model built from a Qwen3-MoE config.json (every
 layer MoE): each layer's experts one [experts, ...] tensor per weight
 (GroupedExperts' w1_EFD, w3_EFD, w2_EDF), the router's gate, q/k norms and the
 persistent expert_bias_E buffer. DTensors are Shard(0) over the processes: for
-the stacked experts that is expert parallelism (a rank its experts, or parts of
-them when the count does not divide); expert_bias_E stays a plain (replicated)
-tensor, as torchtitan keeps its buffers.
+the stacked experts that is expert parallelism (a rank its experts, a chunk
+spanning two when the count does not divide); w1_EFD's are Shard(1), rows cut
+inside every expert; expert_bias_E stays a plain (replicated) tensor, as
+torchtitan keeps its buffers.
 
   titan_moe_clients.py load DCP_DIR HF_DIR --procs N
       dcp.load in N processes, into plain tensors and Shard(0) DTensors, equals
@@ -67,8 +68,12 @@ def model_config(hf_dir):
 
 
 def shard(flat, mesh):
-    """Shard(0) DTensors (the stacked experts: expert parallel), but the buffers, replicated."""
-    return {k: t if k.endswith(BIAS) else distribute_tensor(t, mesh, [Shard(0)]) for k, t in flat.items()}
+    """Shard(0) DTensors (the stacked experts: expert parallel, a chunk spanning experts when
+    their count does not divide), but w1's (and its moments') Shard(1): rows cut anywhere inside
+    every expert's gate half; the buffers replicated."""
+    def placement(key):
+        return Shard(1) if "inner_experts.w1_EFD" in key else Shard(0)
+    return {k: t if k.endswith(BIAS) else distribute_tensor(t, mesh, [placement(k)]) for k, t in flat.items()}
 
 
 # titan_clients' harness over this model (its functions look these up when they run, in
