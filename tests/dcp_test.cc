@@ -16,6 +16,7 @@
 #include <random>
 #include <set>
 
+#include "ptc/checkpoint/dcp/entries.h"
 #include "ptc/checkpoint/dcp/read.h"
 #include "ptc/checkpoint/import.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
@@ -549,6 +550,33 @@ TEST(DcpTorchtitan, KeysPermuteQueryAndKeyRowsAndReadBack) {
 // (model.decoder.layers.I.mlp.experts.local_experts.E...), their ZeRO-1 optimizer
 // state cut from the expert flat buffers over edp and the rest over dp: chunks tile
 // every tensor where those pieces cut it, and the export imports back whole at tp=1.
+// A carried tensor with dims (torchtitan's expert_bias_E) keeps its shape in the
+// manifest; a shape that is no list of sizes, or on an object, is refused naming the key.
+TEST(DcpMoe, CarriedExpertBiasKeepsItsShapeInTheManifest) {
+  const CarriedEntry bias{"layers.1.moe.expert_bias_E", /*scalar=*/true, DType::kF32, "abc", Shape{4}};
+  nlohmann::json extra = nlohmann::json::object();
+  SetSavedEntries({bias}, "step-3", &extra);
+  auto back = EntriesOf(extra, "manifest");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->size(), 1u);
+  EXPECT_EQ(back->front(), bias);
+  EXPECT_TRUE(ExpertBiasKey(bias.key));
+  EXPECT_TRUE(CarriedTensorKey(bias.key, Keys::kTorchtitan));
+  EXPECT_FALSE(CarriedTensorKey(bias.key, Keys::kTorch));
+  EXPECT_FALSE(ExpertBiasKey("layers.1.moe.expert_bias_E.x"));
+  for (const nlohmann::json& shape : {nlohmann::json({-1}), nlohmann::json("4"), nlohmann::json({1.5})}) {
+    nlohmann::json bad = extra;
+    bad[kEntriesKey][0]["shape"] = shape;
+    auto refused = EntriesOf(bad, "manifest");
+    ASSERT_FALSE(refused.ok()) << shape.dump();
+    EXPECT_NE(refused.status().message().find("layers.1.moe.expert_bias_E"), std::string::npos)
+        << refused.status().ToString();
+  }
+  nlohmann::json object = extra;
+  object[kEntriesKey][0].erase("scalar");
+  EXPECT_FALSE(EntriesOf(object, "manifest").ok());
+}
+
 TEST(DcpMoe, TorchKeysOfExpertsAndTheirZeroShardsReadBack) {
   TempDir tmp;
   Env* env = Env::Default();
