@@ -22,11 +22,11 @@ jobs="${JOBS:-1}"
 goal="${GOAL:-10000000}"
 ledger=bench/fuzz_ledger.tsv
 all=(safetensors_fuzz torch_fuzz dcp_fuzz mcore_common_fuzz dcp_optimizer_fuzz text_fuzz manifest_fuzz dataset_fuzz cluster_fuzz
-     save_parts_fuzz megatron_names_fuzz)
+     save_parts_fuzz megatron_names_fuzz hf_config_fuzz)
 read -r -a targets <<<"${TARGETS:-${all[*]}}"
 # The longest input libFuzzer makes; each covers its largest seed.
 declare -A max_len=([safetensors_fuzz]=2048 [torch_fuzz]=4096 [dcp_fuzz]=65536 [mcore_common_fuzz]=4096 [dcp_optimizer_fuzz]=4096 [text_fuzz]=4096 [manifest_fuzz]=4096
-                    [dataset_fuzz]=4096 [cluster_fuzz]=4096 [save_parts_fuzz]=4096 [megatron_names_fuzz]=4096)
+                    [dataset_fuzz]=4096 [cluster_fuzz]=4096 [save_parts_fuzz]=4096 [megatron_names_fuzz]=4096 [hf_config_fuzz]=4096)
 
 [ -f "$ledger" ] || printf 'date\tcommit\ttarget\ttarget_sha\tseconds\tjobs\tmax_len\texecutions\tresult\n' >"$ledger"
 definition() { sha256sum "tests/fuzz/$1.cc" | cut -c1-12; }

@@ -16,6 +16,7 @@
 #include <random>
 #include <set>
 
+#include "ptc/checkpoint/dcp/entries.h"
 #include "ptc/checkpoint/dcp/read.h"
 #include "ptc/checkpoint/import.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
@@ -543,6 +544,189 @@ TEST(DcpTorchtitan, KeysPermuteQueryAndKeyRowsAndReadBack) {
   ASSERT_FALSE(names.ok());
   EXPECT_NE(names.status().message().find("torchtitan's names are Llama's"), std::string::npos)
       << names.status().ToString();
+}
+
+// torch's keys of an MoE store: each expert's tensors under their global names
+// (model.decoder.layers.I.mlp.experts.local_experts.E...), their ZeRO-1 optimizer
+// state cut from the expert flat buffers over edp and the rest over dp: chunks tile
+// every tensor where those pieces cut it, and the export imports back whole at tp=1.
+// A carried tensor with dims (torchtitan's expert_bias_E) keeps its shape in the
+// manifest; a shape that is no list of sizes, or on an object, is refused naming the key.
+TEST(DcpMoe, CarriedExpertBiasKeepsItsShapeInTheManifest) {
+  const CarriedEntry bias{"layers.1.moe.expert_bias_E", /*scalar=*/true, DType::kF32, "abc", Shape{4}};
+  nlohmann::json extra = nlohmann::json::object();
+  SetSavedEntries({bias}, "step-3", &extra);
+  auto back = EntriesOf(extra, "manifest");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->size(), 1u);
+  EXPECT_EQ(back->front(), bias);
+  EXPECT_TRUE(ExpertBiasKey(bias.key));
+  EXPECT_TRUE(CarriedTensorKey(bias.key, Keys::kTorchtitan));
+  EXPECT_FALSE(CarriedTensorKey(bias.key, Keys::kTorch));
+  EXPECT_FALSE(ExpertBiasKey("layers.1.moe.expert_bias_E.x"));
+  for (const nlohmann::json& shape : {nlohmann::json({-1}), nlohmann::json("4"), nlohmann::json({1.5})}) {
+    nlohmann::json bad = extra;
+    bad[kEntriesKey][0]["shape"] = shape;
+    auto refused = EntriesOf(bad, "manifest");
+    ASSERT_FALSE(refused.ok()) << shape.dump();
+    EXPECT_NE(refused.status().message().find("layers.1.moe.expert_bias_E"), std::string::npos)
+        << refused.status().ToString();
+  }
+  nlohmann::json object = extra;
+  object[kEntriesKey][0].erase("scalar");
+  EXPECT_FALSE(EntriesOf(object, "manifest").ok());
+}
+
+TEST(DcpMoe, TorchKeysOfExpertsAndTheirZeroShardsReadBack) {
+  TempDir tmp;
+  Env* env = Env::Default();
+  const ModelSpec spec = ::ptc::testing::Spec(
+      "llama", "layers=2,hidden=32,heads=4,kv_heads=2,vocab=64,seq=16,ffn=48,experts=4,moe_ffn=16,dense_first=1",
+      DType::kBF16, /*adam=*/true);
+  const ParallelConfig config = *ParseConfig("tp=2,dp=4,ep=2,zero=1");  // edp = 2
+  ASSERT_TRUE(WriteSynthCheckpoint(env, ::ptc::testing::FitLayout(spec, config), 3, tmp / "src").ok());
+  ASSERT_TRUE(ImportCheckpoint(env, tmp / "src", tmp / "store", spec.schema, spec.dims, config).ok());
+  auto store = std::move(Store::Open(env, tmp / "store")).value();
+  auto generation = store->CurrentSnapshot();
+  auto plan = PlanCheckpoint(*generation);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  std::map<std::string, Index> covered;
+  std::map<std::string, Shape> shapes;
+  for (const Tensor& t : plan->tensors) shapes[t.key] = t.shape;
+  for (const File& f : plan->files) {
+    for (const Chunk& c : f.chunks) {
+      if (c.object < 0) covered[plan->tensors[c.tensor].key] += c.box.volume();
+    }
+  }
+  const std::string fc1 = "decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight";
+  EXPECT_EQ(shapes["model." + fc1], (Shape{32, 32}));
+  EXPECT_EQ(shapes["optim.state." + fc1 + ".exp_avg_sq"], (Shape{32, 32}));
+  EXPECT_EQ(shapes.count("model.decoder.layers.0.mlp.router.weight"), 0u);  // layer 0 dense
+  for (const auto& [key, shape] : shapes) EXPECT_EQ(covered[key], NumElements(shape)) << key;
+  ASSERT_TRUE(ptcfs::ExportDcp(env, *store, generation, tmp / "dcp").ok());
+  auto back = ImportDcp(env, tmp / "dcp", tmp / "copy", spec.schema, spec.dims, *ParseConfig("tp=1"));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  auto copy = std::move(Store::Open(env, tmp / "copy")).value();
+  GenerationReader a(*store, generation, true), b(*copy, copy->CurrentSnapshot(), true);
+  for (const TensorRecord& t : generation->tensors) {
+    const Box full = Box::Full(t.shape);
+    std::string x(static_cast<size_t>(full.volume()) * DTypeSize(t.dtype), '\0'), y = x;
+    ASSERT_TRUE(a.Read(t.name, full, x.data(), full, DenseLayout(full)).ok());
+    ASSERT_TRUE(b.Read(t.name, full, y.data(), full, DenseLayout(full)).ok()) << t.name;
+    EXPECT_TRUE(x == y) << t.name;
+  }
+}
+
+// torchtitan's MoE (its Qwen3's names): each layer's experts one [experts, ...]
+// tensor per weight, w1/w3 the gate/up halves of every expert's linear_fc1,
+// w2 its linear_fc2; expert-parallel pieces (ep=2, etp=2) make chunks cut at
+// expert and row boundaries; each chunk's rows are read back from the store
+// one by one; the export imports back at tp=1, masters = parameters.
+TEST(DcpTorchtitan, MoeExpertsStackIntoOneTensorPerLayerAndReadBack) {
+  TempDir tmp;
+  Env* env = Env::Default();
+  const Index experts = 4, moe_ffn = 16, hidden = 32;
+  const ModelSpec spec = ::ptc::testing::Spec(
+      "llama", "layers=2,hidden=32,heads=4,kv_heads=2,vocab=64,seq=16,ffn=48,experts=4,moe_ffn=16", DType::kF32,
+      /*adam=*/true);
+  const ParallelConfig config = *ParseConfig("tp=2,dp=2,ep=2");
+  ASSERT_TRUE(WriteSynthCheckpoint(env, ::ptc::testing::FitLayout(spec, config), 3, tmp / "src").ok());
+  ASSERT_TRUE(ImportCheckpoint(env, tmp / "src", tmp / "store", spec.schema, spec.dims, config).ok());
+  auto store = std::move(Store::Open(env, tmp / "store")).value();
+  auto generation = store->CurrentSnapshot();
+  auto plan = PlanCheckpoint(*generation, Keys::kTorchtitan);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const std::string inner = "layers.1.moe.routed_experts.inner_experts.";
+  std::map<std::string, Shape> shapes;
+  for (const Tensor& t : plan->tensors) shapes[t.key] = KeyShape(t);
+  EXPECT_EQ(shapes[inner + "w1_EFD"], (Shape{experts, moe_ffn, hidden}));
+  EXPECT_EQ(shapes[inner + "w3_EFD"], (Shape{experts, moe_ffn, hidden}));
+  EXPECT_EQ(shapes[inner + "w2_EDF"], (Shape{experts, hidden, moe_ffn}));
+  EXPECT_EQ(shapes["layers.0.moe.router.gate.weight"], (Shape{experts, hidden}));
+  EXPECT_EQ(shapes["optimizer.state." + inner + "w3_EFD.exp_avg_sq"], (Shape{experts, moe_ffn, hidden}));
+  EXPECT_EQ(shapes["optimizer.state.layers.0.attention.qkv_linear.wqkv.weight.exp_avg"], (Shape{64, hidden}));
+  EXPECT_EQ(shapes.count("layers.0.feed_forward.w1.weight"), 0u);
+  // Per layer 4 attention + router + 3 stacked + 2 norms; 3 outside; the optimizer's: wqkv for q/k/v.
+  EXPECT_EQ(shapes.size(), 3u + 2u * 10u + 2u * (3u + 2u * 8u));
+  // One step and group settings per stacked key (not per expert), and each layer's expert_bias_E, zeros.
+  std::map<std::string, const Object*> objects;
+  for (const Object& o : plan->objects) objects[o.key] = &o;
+  EXPECT_EQ(objects.count("optimizer.state." + inner + "w1_EFD.step"), 1u);
+  ASSERT_EQ(objects.count("layers.1.moe.expert_bias_E"), 1u);
+  EXPECT_EQ(objects["layers.1.moe.expert_bias_E"]->shape, (Shape{experts}));
+  // Every chunk of a stacked key: element (e, r, c) is expert e's linear_fc1 row r (w1),
+  // moe_ffn + r (w3), or linear_fc2 row r (w2).
+  GenerationReader reader(*store, generation, /*verify=*/true);
+  size_t rows = 0;
+  std::set<Index> cuts;  // where the chunks of w1 are cut along the rows
+  for (size_t f = 0; f < plan->files.size(); ++f) {
+    auto file = ptcfs::MakeDcpFile(reader, *plan, f, -1);
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    std::string bytes((*file)->size(), '\0');
+    ASSERT_TRUE(
+        (*file)
+            ->Read(0, bytes.size(), bytes.data(), [](const ShardRecord&, uint64_t, uint64_t) { return Status::OK(); })
+            .ok());
+    for (const Chunk& c : plan->files[f].chunks) {
+      if (c.object >= 0) continue;
+      const Tensor& t = plan->tensors[c.tensor];
+      if (t.key.find(".inner_experts.") == std::string::npos) continue;
+      const Box key_box = KeyBox(t, c.box);
+      ASSERT_EQ(key_box.rank(), 3u);
+      EXPECT_EQ(key_box.end[0] - key_box.begin[0], 1);  // one expert per stored piece
+      const Index e = key_box.begin[0];
+      const bool w2 = t.key.find("w2_EDF") != std::string::npos, w3 = t.key.find("w3_EFD") != std::string::npos;
+      if (t.key.ends_with("w1_EFD")) cuts.insert(key_box.begin[1]);
+      const size_t at = t.key.find("layers.") + 7;
+      const std::string layer = t.key.substr(at, t.key.find('.', at) - at);
+      const std::string global = "decoder.layers." + layer + ".mlp.experts.local_experts." + std::to_string(e) +
+                                 (w2 ? ".linear_fc2.weight" : ".linear_fc1.weight");
+      EXPECT_TRUE(t.name == global || t.name == global + ".exp_avg" || t.name == global + ".exp_avg_sq") << t.name;
+      const ::ptc::testing::StringFile blob(bytes.substr(c.offset, c.size), t.key);
+      auto tf = ReadTorchFile(blob, t.key);
+      ASSERT_TRUE(tf.ok()) << tf.status().ToString();
+      EXPECT_EQ(tf->root.tensor().shape, key_box.shape());
+      auto got = ReadTensorBytes(blob, *tf, tf->root.tensor(), t.key);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      const Index cols = key_box.end[2] - key_box.begin[2];
+      for (Index r = key_box.begin[1]; r < key_box.end[1]; ++r) {
+        const Index src = w3 ? moe_ffn + r : r;
+        const Box row = B({src, key_box.begin[2]}, {src + 1, key_box.end[2]});
+        std::string want(static_cast<size_t>(cols) * 4, '\0');
+        ASSERT_TRUE(reader.Read(t.name, row, want.data(), row, DenseLayout(row)).ok());
+        EXPECT_EQ(got->substr(static_cast<size_t>((r - key_box.begin[1]) * cols * 4), want.size()), want)
+            << t.key << " expert " << e << " row " << r;
+        ++rows;
+      }
+    }
+  }
+  // 2 layers x 4 experts x (w1 + w3 rows, w2's in two column halves: etp=2 cuts them) of the
+  // parameters and their two moments.
+  EXPECT_EQ(rows, 3u * 2u * experts * (2 * moe_ffn + 2 * hidden));
+  EXPECT_EQ(cuts, (std::set<Index>{0, moe_ffn / 2}));  // etp=2 cut each half in two
+  // Exported and imported at tp=1: the same tensors, masters = parameters.
+  ASSERT_TRUE(ptcfs::ExportDcp(env, *store, generation, tmp / "titan", {}, Keys::kTorchtitan).ok());
+  auto source = OpenDcp(env, tmp / "titan", spec.schema, spec.dims, *ParseConfig("tp=1"));
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  EXPECT_EQ(source->entries.size(), 2u);  // the expert biases, carried
+  auto copy = std::move(Store::Create(env, tmp / "copy")).value();
+  ASSERT_TRUE(WriteDcp(copy.get(), *source, nlohmann::json::object(), "").ok());
+  GenerationReader back(*copy, copy->CurrentSnapshot(), true);
+  for (const TensorRecord& t : generation->tensors) {
+    const bool master = t.name.ends_with(".fp32");
+    const std::string from = master ? t.name.substr(0, t.name.size() - 5) : t.name;
+    const Box full = Box::Full(t.shape);
+    std::string x(static_cast<size_t>(full.volume()) * 4, '\0'), y = x;
+    ASSERT_TRUE(reader.Read(from, full, x.data(), full, DenseLayout(full)).ok());
+    ASSERT_TRUE(back.Read(t.name, full, y.data(), full, DenseLayout(full)).ok()) << t.name;
+    EXPECT_TRUE(x == y) << t.name;
+  }
+  // Rendered again from the copy: the biases are the carried ones, not made anew.
+  auto again = PlanCheckpoint(*copy->CurrentSnapshot(), Keys::kTorchtitan);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  size_t biases = 0;
+  for (const Object& o : again->objects) biases += o.key.ends_with(".moe.expert_bias_E") ? 1 : 0;
+  EXPECT_EQ(biases, 2u);
 }
 
 // Adam's steps and the param groups of a save (SavedOptimizer): torch.save

@@ -28,8 +28,8 @@ std::string Venv() {
   const char* env = std::getenv("PTCFS_VENV");
   return env != nullptr && *env != '\0' ? env : std::string(PTCFS_SOURCE_DIR) + "/.venv";
 }
-std::string Client() {
-  return Venv() + "/bin/python " + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/hf_clients.py ";
+std::string Client(const std::string& script = "hf_clients.py") {
+  return Venv() + "/bin/python " + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/" + script + " ";
 }
 
 class HfClientsTest : public ::testing::Test {
@@ -49,9 +49,9 @@ class HfClientsTest : public ::testing::Test {
     auto [code, out] = Ptcfs(args);
     ASSERT_EQ(code, 0) << args << "\n" << out;
   }
-  // hf_clients.py CMD ARGS; expects "<CMD> OK".
-  void Python(const std::string& cmd, const std::string& args) {
-    auto [code, out] = Sh(Client() + cmd + " " + args + " 2>&1");
+  // hf_clients.py (or `script`) CMD ARGS; expects "<CMD> OK".
+  void Python(const std::string& cmd, const std::string& args, const std::string& script = "hf_clients.py") {
+    auto [code, out] = Sh(Client(script) + cmd + " " + args + " 2>&1");
     EXPECT_EQ(code, 0) << out;
     std::string upper;
     for (char c : cmd) upper.push_back(static_cast<char>(std::toupper(c)));
@@ -118,6 +118,44 @@ TEST_F(HfClientsTest, SavePretrainedImportsAndComesBackByteForByteFromTp2Pp2) {
   }
   Python("same", tmp_ / "llama " + tmp_ / "back-llama " + tmp_ / "tied " + tmp_ / "back-tied " + tmp_ / "gpt " +
                      tmp_ / "back-gpt");
+}
+
+// Mixtral: every layer MoE, 4 experts stored expert-parallel (ep=2, each expert's
+// matrices split over etp=tp=2) with Adam state (not carried); the reference is
+// synth's whole global tensors (tp=1).
+TEST_F(HfClientsTest, MixtralFromPretrainedThroughTheMountOfAnExpertParallelStore) {
+  const std::string dims = "layers=3,hidden=64,heads=4,kv_heads=2,vocab=96,seq=32,ffn=48,experts=4,moe_ffn=48";
+  Run("synth --schema llama --dims " + dims + " --dtype f64 --optimizer adam --config tp=2,dp=2,ep=2 " +
+      tmp_ / "saved");
+  Run("import --schema llama --dims " + dims + " --config tp=2,dp=2,ep=2 " + tmp_ / "saved " + tmp_ / "store");
+  Run("synth --schema llama --dims " + dims + " --dtype f64 --config tp=1 " + tmp_ / "ref");
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format hf --hf-shard-size 200KB");
+  Python("check", m.dir() + "/hf " + tmp_ / "ref --arch mixtral --dims " + dims, "hf_moe_clients.py");
+  EXPECT_TRUE(MountStatus(m.dir())["last_error"].is_null()) << MountStatus(m.dir()).dump();
+}
+
+// Qwen3-MoE (layer 0 dense, q/k norms) and Mixtral as save_pretrained writes them:
+// imported into ep=2 pieces, Qwen3-MoE's read through the mount's hf/ by
+// from_pretrained against the store's own global tensors, both moved to
+// ep=4 (compacted: new pieces) and exported back, byte for byte.
+TEST_F(HfClientsTest, MoeSavePretrainedImportsAndComesBackByteForByteFromExpertParallel) {
+  Python("save", tmp_ / "qwen=qwen3_moe " + tmp_ / "mix=mixtral --dtype f32 --shard-size 100KB", "hf_moe_clients.py");
+  for (const char* m : {"qwen", "mix"})
+    Run("import --format hf --config tp=2,dp=2,ep=2 " + tmp_ / m + " " + tmp_ / ("store-" + std::string(m)));
+  Run("export --config tp=1 " + tmp_ / "store-qwen " + tmp_ / "ref-qwen");
+  {
+    Mount m(tmp_ / "store-qwen", tmp_ / "mnt", "--format hf --hf-shard-size 100KB");
+    const std::string dims =
+        "layers=4,hidden=64,heads=4,kv_heads=2,head_dim=16,vocab=96,seq=32,ffn=96,experts=4,moe_ffn=32,dense_first=1";
+    Python("check", m.dir() + "/hf " + tmp_ / "ref-qwen --arch qwen3_moe --dims " + dims, "hf_moe_clients.py");
+  }
+  for (const char* m : {"qwen", "mix"}) {
+    const std::string store = tmp_ / ("store-" + std::string(m));
+    Run("transform " + store + " --to tp=1,dp=4,ep=4");
+    Run("compact " + store);
+    Run("export --format hf --shard-size 100KB " + store + " " + tmp_ / ("back-" + std::string(m)));
+  }
+  Python("same", tmp_ / "qwen " + tmp_ / "back-qwen " + tmp_ / "mix " + tmp_ / "back-mix");
 }
 
 }  // namespace

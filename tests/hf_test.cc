@@ -149,11 +149,11 @@ TEST(HfMap, RefusalsNameTheRule) {
     EXPECT_TRUE(Contains(m.status().message(), part)) << m.status().ToString();
   };
   ModelSpec spec = Spec("llama", kLlamaDims);
-  // A rule HF's Llama has no tensor for (Qwen's q/k norms, say).
+  // A rule HF's Llama has no tensor for (Qwen2's q/k/v bias, say).
   TensorRule extra = spec.schema.rules[2];
-  extra.name = "decoder.layers.{i}.self_attention.q_layernorm.weight";
+  extra.name = "decoder.layers.{i}.self_attention.linear_qkv.bias";
   spec.schema.rules.push_back(extra);
-  refused(spec, "rule 'decoder.layers.{i}.self_attention.q_layernorm.weight' has no tensor in LlamaForCausalLM");
+  refused(spec, "rule 'decoder.layers.{i}.self_attention.linear_qkv.bias' has no tensor in LlamaForCausalLM");
   // A rule it needs, missing.
   spec = Spec("llama", kLlamaDims);
   std::erase_if(spec.schema.rules, [](const TensorRule& r) { return r.name == "decoder.final_layernorm.weight"; });
@@ -277,6 +277,168 @@ TEST(HfConfig, RefusesWhatTheMappingCannotCarry) {
   EXPECT_TRUE(ModelOfConfig(with("torch_dtype", "float32"), "c").ok());
   EXPECT_TRUE(ModelOfConfig(with("dtype", "auto"), "c").ok());
   refused(with("model_type", nlohmann::json::array({"llama"})), "\"model_type\" is [\"llama\"], not a string");
+}
+
+// Every element of every global tensor of `spec` lands in exactly one HF tensor.
+void ExpectCovered(const Model& m, const ModelSpec& spec) {
+  std::map<std::string, Index> covered;
+  for (const LocalTensor& t : m.tensors) {
+    for (const Segment& s : t.segments) covered[s.tensor] += s.box.volume();
+  }
+  const auto globals = GlobalTensors(spec);
+  ASSERT_TRUE(globals.ok());
+  EXPECT_EQ(covered.size(), globals->size());
+  for (const GlobalTensor& g : *globals) EXPECT_EQ(covered[g.name], NumElements(g.shape)) << g.name;
+}
+
+const std::string kMixtralDims = "layers=2,hidden=32,heads=4,kv_heads=2,vocab=64,seq=16,ffn=24,experts=4,moe_ffn=24";
+
+TEST(HfMoe, MixtralCutsEachExpertsFc1IntoW1AndW3) {
+  const ModelSpec spec = Spec("llama", kMixtralDims);
+  auto m = MapModel(spec);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->arch, Arch::kMixtral);
+  EXPECT_STREQ(ArchName(m->arch), "MixtralForCausalLM");
+  std::vector<std::string> names;
+  for (const LocalTensor& t : m->tensors) names.push_back(t.name);
+  // Per layer: q, k, v, o, the router, 4 experts' w1, w2, w3, two norms.
+  ASSERT_EQ(names.size(), 1 + 2 * (4 + 1 + 4 * 3 + 2) + 2u);
+  EXPECT_EQ(names[5], "model.layers.0.block_sparse_moe.gate.weight");
+  EXPECT_EQ(names[6], "model.layers.0.block_sparse_moe.experts.0.w1.weight");
+  EXPECT_EQ(names[7], "model.layers.0.block_sparse_moe.experts.0.w2.weight");
+  EXPECT_EQ(names[8], "model.layers.0.block_sparse_moe.experts.0.w3.weight");
+  EXPECT_EQ(names[17], "model.layers.0.block_sparse_moe.experts.3.w3.weight");
+  EXPECT_EQ(names[19], "model.layers.0.post_attention_layernorm.weight");
+  const std::string fc1 = "decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight";
+  const LocalTensor* w1 = Find(*m, "model.layers.1.block_sparse_moe.experts.3.w1.weight");
+  const LocalTensor* w3 = Find(*m, "model.layers.1.block_sparse_moe.experts.3.w3.weight");
+  const LocalTensor* w2 = Find(*m, "model.layers.1.block_sparse_moe.experts.3.w2.weight");
+  ASSERT_TRUE(w1 != nullptr && w2 != nullptr && w3 != nullptr);
+  EXPECT_EQ(w1->segments, (std::vector<Segment>{{fc1, Rows(0, 24, 32), DenseLayout(Rows(0, 24, 32))}}));
+  EXPECT_EQ(w3->segments, (std::vector<Segment>{{fc1, Rows(24, 48, 32), DenseLayout(Rows(24, 48, 32), 0)}}));
+  EXPECT_EQ(w3->shape, (Shape{24, 32}));
+  EXPECT_EQ(w2->segments.front().tensor, "decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.weight");
+  EXPECT_EQ(w2->shape, (Shape{32, 24}));
+  EXPECT_EQ(Find(*m, "model.layers.1.block_sparse_moe.gate.weight")->segments.front().tensor,
+            "decoder.layers.1.mlp.router.weight");
+  EXPECT_EQ(Find(*m, "model.layers.1.post_attention_layernorm.weight")->segments.front().tensor,
+            "decoder.layers.1.pre_mlp_layernorm.weight");
+  ExpectCovered(*m, spec);
+
+  // config.json: Mixtral's sizes, and it reads back as the same model.
+  auto plan = PlanExport(spec, kDefaultShardBytes);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const nlohmann::json c = nlohmann::json::parse(plan->config_json);
+  EXPECT_EQ(c["model_type"], "mixtral");
+  EXPECT_EQ(c["num_local_experts"], 4);
+  EXPECT_EQ(c["num_experts_per_tok"], 2);
+  EXPECT_EQ(c["intermediate_size"], 24);
+  auto back = ModelOfConfig(c, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->arch, Arch::kMixtral);
+  EXPECT_EQ(back->dims, spec.dims);
+  EXPECT_EQ(back->schema.ToJson(), spec.schema.ToJson());
+}
+
+// Qwen3-MoE: 4 layers, layer 0 dense (mlp_only_layers), q/k norms.
+nlohmann::json Qwen3MoeConfig() {
+  return {{"model_type", "qwen3_moe"}, {"num_hidden_layers", 4},        {"hidden_size", 32},
+          {"num_attention_heads", 4},  {"num_key_value_heads", 2},      {"head_dim", 16},
+          {"intermediate_size", 48},   {"moe_intermediate_size", 16},   {"num_experts", 4},
+          {"num_experts_per_tok", 2},  {"decoder_sparse_step", 1},      {"mlp_only_layers", {0}},
+          {"vocab_size", 64},          {"max_position_embeddings", 128}};
+}
+
+TEST(HfMoe, Qwen3MoeHasQkNormsAndItsDenseLayersAsMlpOnlyLayers) {
+  auto config = ModelOfConfig(Qwen3MoeConfig(), "config.json");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->arch, Arch::kQwen3Moe);
+  EXPECT_EQ(config->dims.ToString(),
+            "layers=4,hidden=32,heads=4,vocab=64,seq=128,ffn=48,kv_heads=2,head_dim=16,"
+            "experts=4,moe_ffn=16,shared_ffn=0,moe_every=1,dense_first=1");
+  EXPECT_EQ(config->schema.name, "llama-qk");
+  ASSERT_NE(config->schema.Find("decoder.layers.{i}.self_attention.q_layernorm.weight"), nullptr);
+  const ModelSpec spec{config->schema, config->dims, DType::kF32, false};
+  auto m = MapModel(spec);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->arch, Arch::kQwen3Moe);
+  // Layer 0 dense: Llama's MLP; layers 1-3 the gate and experts.
+  EXPECT_NE(Find(*m, "model.layers.0.mlp.gate_proj.weight"), nullptr);
+  EXPECT_EQ(Find(*m, "model.layers.0.mlp.gate.weight"), nullptr);
+  EXPECT_EQ(Find(*m, "model.layers.1.mlp.gate_proj.weight"), nullptr);
+  const LocalTensor* up = Find(*m, "model.layers.3.mlp.experts.2.up_proj.weight");
+  ASSERT_NE(up, nullptr);
+  EXPECT_EQ(up->segments, (std::vector<Segment>{{"decoder.layers.3.mlp.experts.local_experts.2.linear_fc1.weight",
+                                                 Rows(16, 32, 32), DenseLayout(Rows(16, 32, 32), 0)}}));
+  const LocalTensor* q_norm = Find(*m, "model.layers.2.self_attn.q_norm.weight");
+  ASSERT_NE(q_norm, nullptr);
+  EXPECT_EQ(q_norm->shape, (Shape{16}));
+  EXPECT_EQ(q_norm->segments.front().tensor, "decoder.layers.2.self_attention.q_layernorm.weight");
+  EXPECT_EQ(Find(*m, "model.layers.0.post_attention_layernorm.weight")->segments.front().tensor,
+            "decoder.layers.0.mlp.linear_fc1.layer_norm_weight");
+  EXPECT_EQ(Find(*m, "model.layers.1.post_attention_layernorm.weight")->segments.front().tensor,
+            "decoder.layers.1.pre_mlp_layernorm.weight");
+  ExpectCovered(*m, spec);
+  auto plan = PlanExport(spec, kDefaultShardBytes, Qwen3MoeConfig());
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const nlohmann::json c = nlohmann::json::parse(plan->config_json);
+  EXPECT_EQ(c["mlp_only_layers"], nlohmann::json({0}));
+  EXPECT_EQ(c["moe_intermediate_size"], 16);
+  EXPECT_EQ(c["num_experts"], 4);
+  EXPECT_FALSE(c.contains("num_local_experts"));
+  auto back = ModelOfConfig(c, "config.json");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->dims, spec.dims);
+  // Every other layer MoE from layer 2 (moe_every=2,dense_first=2): mlp_only_layers 0, 1, 3.
+  auto every = ModelOfConfig(
+      [] {
+        nlohmann::json j = Qwen3MoeConfig();
+        j["num_hidden_layers"] = 5;
+        j["mlp_only_layers"] = {0, 1, 3};
+        return j;
+      }(),
+      "c");
+  ASSERT_TRUE(every.ok()) << every.status().ToString();
+  EXPECT_EQ(every->dims.moe_every, 2);
+  EXPECT_EQ(every->dims.dense_first, 2);
+}
+
+TEST(HfMoe, RefusalsNameTheFieldOrRule) {
+  auto refused = [](const nlohmann::json& c, const std::string& part) {
+    auto r = ModelOfConfig(c, "cfg.json");
+    ASSERT_FALSE(r.ok()) << part;
+    EXPECT_TRUE(Contains(r.status().message(), part)) << r.status().message();
+    EXPECT_TRUE(Contains(r.status().message(), "cfg.json")) << r.status().message();
+  };
+  auto with = [](const char* key, nlohmann::json value) {
+    nlohmann::json j = Qwen3MoeConfig();
+    j[key] = std::move(value);
+    return j;
+  };
+  refused(with("decoder_sparse_step", 2), "decoder_sparse_step 2");  // layers 1 and 3: not l % k == 0
+  refused(with("mlp_only_layers", {0, 1, 2, 3}), "no MoE layer");
+  refused(with("mlp_only_layers", {7}), "\"mlp_only_layers\" holds 7");
+  refused(with("model_type", "qwen2_moe"), "shared_expert_gate");
+  refused(with("model_type", "deepseek_v3"), "model_type 'deepseek_v3' is not one ptcfs maps");
+  nlohmann::json both = Qwen3MoeConfig();
+  both["num_local_experts"] = 8;
+  refused(both, "\"num_local_experts\" and \"num_experts\" differ");
+
+  auto map_refused = [](const std::string& schema, const std::string& dims, const std::string& part) {
+    auto r = MapModel(Spec(schema, dims));
+    ASSERT_FALSE(r.ok()) << dims;
+    EXPECT_TRUE(Contains(r.status().message(), part)) << r.status().message();
+  };
+  // Mixtral has no dense layer and no shared experts.
+  map_refused("llama", kMixtralDims + ",dense_first=1",
+              "rule 'decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight' has no tensor in MixtralForCausalLM");
+  map_refused("llama", kMixtralDims + ",shared_ffn=8",
+              "rule 'decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight' has no tensor in MixtralForCausalLM");
+  auto qk = QkNormSchema(*LoadSchema("llama"));
+  ASSERT_TRUE(qk.ok()) << qk.status().ToString();
+  auto dense_qk = MapModel(ModelSpec{*qk, *ParseDims(kLlamaDims), DType::kF32, false});
+  ASSERT_FALSE(dense_qk.ok());
+  EXPECT_TRUE(Contains(dense_qk.status().message(), "Qwen3ForCausalLM")) << dense_qk.status().message();
 }
 
 // An exported model on disk, to import or to damage.
@@ -461,9 +623,9 @@ TEST_F(HfFilesTest, TheFilesystemShowsHfAndSaysWhenASchemaHasNone) {
 
   // A schema with a rule HF's Llama has no tensor for: no hf/, and the status says why.
   nlohmann::json schema = LoadSchema("llama")->ToJson();
-  schema["name"] = "llama-qk-norm";
+  schema["name"] = "llama-qkv-bias";
   schema["tensors"].push_back(
-      {{"name", "decoder.layers.{i}.self_attention.q_layernorm.weight"}, {"shape", {"head_dim"}}, {"pp", "layer"}});
+      {{"name", "decoder.layers.{i}.self_attention.linear_qkv.bias"}, {"shape", {"hidden"}}, {"pp", "layer"}});
   Spit(tmp_ / "schema.json", schema.dump());
   const std::string model = "--schema " + tmp_ / "schema.json" + " --dims layers=2,hidden=32,heads=4,vocab=64,seq=16";
   Run("synth " + model + " --config tp=1 " + tmp_ / "qk");
@@ -474,7 +636,7 @@ TEST_F(HfFilesTest, TheFilesystemShowsHfAndSaysWhenASchemaHasNone) {
   EXPECT_FALSE((*other)->Lookup(ptcfs::kRootInode, "hf").ok());
   const nlohmann::json status = nlohmann::json::parse((*other)->controller().StatusJson((*other)->snapshot()));
   EXPECT_TRUE(Contains(status["last_error"].get<std::string>(),
-                       "hf/: schema llama-qk-norm: rule 'decoder.layers.{i}.self_attention.q_layernorm.weight' has "
+                       "hf/: schema llama-qkv-bias: rule 'decoder.layers.{i}.self_attention.linear_qkv.bias' has "
                        "no tensor in LlamaForCausalLM"))
       << status.dump();
   EXPECT_TRUE((*other)->Lookup(ptcfs::kRootInode, "model").ok());

@@ -24,7 +24,9 @@
 
   hf_clients.py same A B [A2 B2 ...]
       Each pair of HF directories holds the same tensors (names, dtypes, shapes,
-      bytes) and the same sizes in config.json. Prints "SAME OK".
+      bytes) and the same sizes in config.json (the experts' too). Prints "SAME OK".
+
+  (Mixtral and Qwen3-MoE: hf_moe_clients.py.)
 """
 
 import argparse
@@ -274,7 +276,8 @@ def same_pair(dir_a, dir_b):
             configs.append(json.load(f))
     for key in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "vocab_size", "max_position_embeddings", "tie_word_embeddings", "rms_norm_eps",
-                "n_embd", "n_head", "n_inner", "n_layer", "n_positions"):
+                "n_embd", "n_head", "n_inner", "n_layer", "n_positions", "num_local_experts", "num_experts",
+                "num_experts_per_tok", "moe_intermediate_size", "mlp_only_layers", "decoder_sparse_step"):
         assert configs[0].get(key) == configs[1].get(key), f"config.json {key}: {configs[0].get(key)} != {configs[1].get(key)}"
     print(f"{dir_a} = {dir_b}: {len(a)} tensors")
 

@@ -267,7 +267,7 @@ Result<Index> AddPlanTensors(std::vector<Tensor> named, Plan* plan) {
     if (!inserted) {
       const Tensor& f = plan->tensors[first->second];
       if (f.dtype != d.dtype || f.shape != d.shape || (f.layer < 0) != (d.layer < 0) ||
-          (f.expert < 0) != (d.expert < 0)) {
+          (f.expert < 0) != (d.expert < 0) || f.layers != d.layers) {
         return InvalidArgumentError("tensor " + d.name + " and " + f.name + " share the key " + d.key +
                                     " but differ in dtype or shape");
       }
@@ -275,10 +275,13 @@ Result<Index> AddPlanTensors(std::vector<Tensor> named, Plan* plan) {
     if (d.layer >= 0) layers_of_key[d.key].insert(d.layer);
     plan->tensors.push_back(std::move(d));
   }
+  // Each stacked slice once (layers, or torchtitan's experts); a mixture-of-experts
+  // model's Megatron-Core keys hold the layers of their kind (dense or MoE) only.
   for (const auto& [key, seen] : layers_of_key) {
-    if (!moe && static_cast<Index>(seen.size()) != layers) {
-      return InvalidArgumentError("DCP key " + key + " has " + std::to_string(seen.size()) + " of the model's " +
-                                  std::to_string(layers) + " layers");
+    const Index stacked = plan->tensors[first_of_key.at(key)].layers;
+    if (!moe && (static_cast<Index>(seen.size()) != stacked || *seen.rbegin() >= stacked)) {
+      return InvalidArgumentError("DCP key " + key + " has " + std::to_string(seen.size()) + " of its " +
+                                  std::to_string(stacked) + " stacked slices (layers or experts)");
     }
   }
   return layers;
@@ -442,6 +445,10 @@ Status AddPlanObjects(const GenerationManifest& m, Keys keys, Index layers, Plan
   if (keys != Keys::kMegatronCore) {  // what the last DCP save held beside the model (dcp/entries.h)
     PTC_ASSIGN_OR_RETURN(const std::vector<CarriedEntry> entries, EntriesOf(m.extra, "the generation's manifest"));
     for (Object& o : EntryObjects(entries)) objects.push_back(std::move(o));
+    if (keys == Keys::kTorchtitan) {  // an MoE layer's expert_bias_E the store never had: zeros
+      PTC_ASSIGN_OR_RETURN(std::vector<Object> biases, ExpertBiasObjects(plan->tensors, entries));
+      for (Object& o : biases) objects.push_back(std::move(o));
+    }
   }
   File& f = plan->files.front();
   for (Object& o : objects) {
@@ -519,18 +526,19 @@ std::string EncodeMetadata(const Plan& plan) {
       if (c.object >= 0) {
         const Object& o = plan.objects[static_cast<size_t>(c.object)];
         const std::string& key = o.key;
-        // A 0-dim tensor: one chunk at offsets (), as DCP writes a plain tensor.
-        const Value empty = TorchSize({});
+        // A tensor: one chunk at offsets (0, ...) of its size (a 0-dim one: ()), as DCP writes a plain tensor.
+        const Value empty = TorchSize(std::vector<Index>(o.shape.size(), 0));
+        const Value size = TorchSize(o.shape);
         objects.emplace_back(
             Value::Str(key),
             o.scalar
                 ? DataObject(kMetadataModule, "TensorStorageMetadata",
-                             Value::Dict({{Value::Str("properties"), Properties(o.dtype, {})},
-                                          {Value::Str("size"), empty},
+                             Value::Dict({{Value::Str("properties"), Properties(o.dtype, o.shape)},
+                                          {Value::Str("size"), size},
                                           {Value::Str("chunks"),
                                            Value::List({DataObject(kMetadataModule, "ChunkStorageMetadata",
                                                                    Value::Dict({{Value::Str("offsets"), empty},
-                                                                                {Value::Str("sizes"), empty}}))})}}))
+                                                                                {Value::Str("sizes"), size}}))})}}))
                 : DataObject(kMetadataModule, "BytesStorageMetadata", Value::Dict()));
         if (!o.path.empty()) object_paths.emplace_back(Value::Str(key), Value::Tuple(o.path));
         storage.emplace_back(

@@ -142,6 +142,7 @@ struct Object {
       false;  // a 0-dim tensor of `dtype` (TensorStorageMetadata), else a pickled object (BytesStorageMetadata)
   DType dtype = DType::kF32;
   pickle::Items path{};  // in the nested state dict (planner_data); empty: none
+  Shape shape{};         // of a scalar tensor with dims: one chunk of it whole (torchtitan's expert_bias_E)
 };
 
 struct File {
@@ -181,9 +182,13 @@ Result<TorchFilePlan> ChunkFile(DType dtype, const Box& box);
 // keys) hold: its name in the keys (optim.state.<name>.exp_avg), its global
 // tensor (whose step it takes) and Megatron's group of it (1: no weight
 // decay, for 1-D parameters and biases).
+// A stacked key (torchtitan's experts of a layer, one [experts, ...] tensor)
+// is one parameter of its slices' global tensors: `global` the first's,
+// `stacked` the others'.
 struct OptimizerParam {
   std::string name, global;
   int group = 0;
+  std::vector<std::string> stacked{};
 };
 std::vector<OptimizerParam> OptimizerParams(const std::vector<Tensor>& tensors, Keys keys);
 

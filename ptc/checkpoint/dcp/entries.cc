@@ -1,6 +1,8 @@
 #include "ptc/checkpoint/dcp/entries.h"
 
+#include <algorithm>
 #include <cstring>
+#include <set>
 #include <string_view>
 #include <utility>
 
@@ -59,8 +61,14 @@ bool CarriedObjectKey(const std::string& key, Keys keys) {
 }
 
 bool CarriedTensorKey(const std::string& key, Keys keys) {
-  return keys == Keys::kTorchtitan &&
-         (StartsWith(key, "train_state.") || StartsWith(key, "lr_scheduler.") || StartsWith(key, "dataloader."));
+  return keys == Keys::kTorchtitan && (StartsWith(key, "train_state.") || StartsWith(key, "lr_scheduler.") ||
+                                       StartsWith(key, "dataloader.") || ExpertBiasKey(key));
+}
+
+bool ExpertBiasKey(const std::string& key) {
+  constexpr std::string_view kSuffix = ".moe.expert_bias_E";
+  return StartsWith(key, "layers.") && key.size() > kSuffix.size() &&
+         key.compare(key.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0;
 }
 
 Result<std::vector<CarriedEntry>> SavedEntries(const SavedCheckpoint& saved, Keys keys, const OpenFileFn& open,
@@ -68,14 +76,16 @@ Result<std::vector<CarriedEntry>> SavedEntries(const SavedCheckpoint& saved, Key
   std::vector<CarriedEntry> out;
   for (const SavedTensor& t : saved.tensors) {
     if (!CarriedTensorKey(t.key, keys)) continue;
-    if (!t.shape.empty() || t.chunks.size() != 1) {
+    const bool whole = t.chunks.size() == 1 && t.chunks.front().box == Box::Full(t.shape);
+    if ((!t.shape.empty() && !ExpertBiasKey(t.key)) || !whole) {
       return Bad(what, "key " + t.key + " is a tensor of " + ShapeToString(t.shape) + " in " +
-                           std::to_string(t.chunks.size()) + " chunks; ptcfs carries one-element (0-dim) tensors " +
-                           "and objects beside the model (docs/dcp_format.md)");
+                           std::to_string(t.chunks.size()) + " chunks; ptcfs carries one-element (0-dim) tensors, " +
+                           "torchtitan's expert_bias_E in one chunk, and objects beside the model " +
+                           "(docs/dcp_format.md)");
     }
     const SavedChunk& c = t.chunks.front();
     PTC_ASSIGN_OR_RETURN(std::string bytes, ReadEntry(open, what, t.key, c.file, c.offset, c.length));
-    out.push_back(CarriedEntry{t.key, /*scalar=*/true, t.dtype, std::move(bytes)});
+    out.push_back(CarriedEntry{t.key, /*scalar=*/true, t.dtype, std::move(bytes), t.shape});
   }
   for (const SavedBytes& b : saved.bytes) {
     if (!CarriedObjectKey(b.key, keys)) continue;
@@ -121,6 +131,7 @@ void SetSavedEntries(const std::vector<CarriedEntry>& entries, const std::string
   for (const CarriedEntry& e : entries) {
     nlohmann::json j = {{"key", e.key}, {"bytes", Hex(e.bytes)}};
     if (e.scalar) j["scalar"] = std::string(DTypeName(e.dtype));
+    if (!e.shape.empty()) j["shape"] = e.shape;
     list.push_back(std::move(j));
   }
   (*extra)[kEntriesKey] = std::move(list);
@@ -151,6 +162,15 @@ Result<std::vector<CarriedEntry>> EntriesOf(const nlohmann::json& extra, const s
       e.scalar = true;
       PTC_ASSIGN_OR_RETURN(e.dtype, ParseDType(j["scalar"].get<std::string>()), where + " " + e.key);
     }
+    if (j.contains("shape")) {
+      const nlohmann::json& shape = j["shape"];
+      const bool dims =
+          e.scalar && shape.is_array() && std::all_of(shape.begin(), shape.end(), [](const auto& d) {
+            return d.is_number_integer() && d.template get<int64_t>() >= 0 && d.template get<int64_t>() <= (1LL << 40);
+          });
+      if (!dims) return Bad(where + " " + e.key, "shape is not a tensor's list of sizes");
+      e.shape = shape.get<Shape>();
+    }
     out.push_back(std::move(e));
   }
   return out;
@@ -166,7 +186,37 @@ std::vector<Object> EntryObjects(const std::vector<CarriedEntry>& entries) {
       if (dot == std::string::npos) break;
       start = dot + 1;
     }
-    out.push_back(Object{e.key, e.bytes, e.scalar, e.dtype, std::move(path)});
+    out.push_back(Object{e.key, e.bytes, e.scalar, e.dtype, std::move(path), e.shape});
+  }
+  return out;
+}
+
+Result<std::vector<Object>> ExpertBiasObjects(const std::vector<Tensor>& tensors,
+                                              const std::vector<CarriedEntry>& carried) {
+  constexpr std::string_view kExperts = ".moe.routed_experts.inner_experts.w1_EFD";
+  std::set<std::string> have;
+  for (const CarriedEntry& e : carried) have.insert(e.key);
+  std::vector<Object> out;
+  for (const Tensor& t : tensors) {
+    if (t.layer != 0 || t.key.size() <= kExperts.size() ||
+        t.key.compare(t.key.size() - kExperts.size(), kExperts.size(), kExperts) != 0) {
+      continue;
+    }
+    const std::string key = t.key.substr(0, t.key.size() - kExperts.size()) + ".moe.expert_bias_E";
+    if (have.count(key) != 0) continue;
+    pickle::Tensor zeros;
+    zeros.storage_key = "0";
+    zeros.dtype = DType::kF32;
+    zeros.shape = {t.layers};
+    zeros.storage_numel = static_cast<uint64_t>(t.layers);
+    zeros.stride = {1};
+    const std::string bytes(static_cast<size_t>(t.layers) * 4, '\0');
+    PTC_ASSIGN_OR_RETURN(
+        std::string saved,
+        TorchSaveBytes(pickle::Value::FromTensor(std::move(zeros)),
+                       {megatron::CarriedTensor{"0", DType::kF32, static_cast<uint64_t>(t.layers), bytes}}));
+    CarriedEntry e{key, /*scalar=*/true, DType::kF32, std::move(saved), Shape{t.layers}};
+    for (Object& o : EntryObjects({e})) out.push_back(std::move(o));
   }
   return out;
 }

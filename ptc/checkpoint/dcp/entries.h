@@ -41,6 +41,15 @@ using OpenFileFn = std::function<Result<const RandomAccessFile*>(const std::stri
 // kMegatronCore (its objects are Megatron-Core's own, common.pt its state).
 bool CarriedObjectKey(const std::string& key, Keys keys);
 bool CarriedTensorKey(const std::string& key, Keys keys);
+// torchtitan's MoE load-balancing bias, a persistent buffer of every MoE
+// layer: layers.L.moe.expert_bias_E, float32 [experts]. Carried as saved; a
+// tree whose store has none renders zeros (its initial value; ExpertBiasObjects).
+bool ExpertBiasKey(const std::string& key);
+
+// The expert_bias_E objects of a kTorchtitan plan's MoE layers that `carried` lacks: zeros.
+// \error as torch.save's planning.
+Result<std::vector<Object>> ExpertBiasObjects(const std::vector<Tensor>& tensors,
+                                              const std::vector<CarriedEntry>& carried);
 
 // The carried entries of `saved`, read through `open`, in the metadata's order.
 // \error InvalidArgument naming the key: a carried tensor that is not one

@@ -2,6 +2,7 @@
 #include "ptc/checkpoint/megatron/optimizer.h"
 
 #include <array>
+#include <map>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -17,14 +18,23 @@ std::vector<OptimizerParam> OptimizerParams(const std::vector<Tensor>& tensors, 
   const std::string prefix = keys == Keys::kTorchtitan ? "optimizer.state." : "optim.state.";
   constexpr std::string_view kSuffix = ".exp_avg";
   std::vector<OptimizerParam> out;
+  std::map<std::string, size_t> stacked;  // name -> index in out
   for (const Tensor& t : tensors) {
     if (t.key.rfind(prefix, 0) != 0 || !std::string_view(t.key).ends_with(kSuffix) ||
         !std::string_view(t.name).ends_with(kSuffix)) {
       continue;
     }
     const std::string global = t.name.substr(0, t.name.size() - kSuffix.size());
-    out.push_back({t.key.substr(prefix.size(), t.key.size() - prefix.size() - kSuffix.size()), global,
-                   megatron::WithoutWeightDecay(LocalTensor{global, t.dtype, t.shape, {}}) ? 1 : 0});
+    std::string name = t.key.substr(prefix.size(), t.key.size() - prefix.size() - kSuffix.size());
+    if (t.layer >= 0) {  // a stacked key's slices: one parameter
+      auto [it, inserted] = stacked.try_emplace(name, out.size());
+      if (!inserted) {
+        out[it->second].stacked.push_back(global);
+        continue;
+      }
+    }
+    out.push_back(
+        {std::move(name), global, megatron::WithoutWeightDecay(LocalTensor{global, t.dtype, t.shape, {}}) ? 1 : 0});
   }
   return out;
 }

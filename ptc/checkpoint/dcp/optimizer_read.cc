@@ -136,11 +136,14 @@ Result<std::vector<megatron::StepValue>> ReadSteps(const SavedCheckpoint& saved,
     if (t.chunks.size() != 1) return Bad(what, "key " + t.key + ": a step is one chunk");
     const SavedChunk& c = t.chunks.front();
     PTC_ASSIGN_OR_RETURN(megatron::StepValue step, entries.Read(t.key, c.file, c.offset, c.length, /*tensor=*/true));
-    const std::string& global = p->first->global;
-    auto [it, inserted] = steps.try_emplace(global, t.key, step);
-    if (!inserted && !Same(it->second.second, step)) {
-      return Bad(what, "key " + t.key + ": its step differs from that of " + it->second.first + " (both " + global +
-                           "'s, which keeps one)");
+    std::vector<std::string> globals = p->first->stacked;  // a stacked key: the step of each slice's
+    globals.push_back(p->first->global);
+    for (const std::string& global : globals) {
+      auto [it, inserted] = steps.try_emplace(global, t.key, step);
+      if (!inserted && !Same(it->second.second, step)) {
+        return Bad(what, "key " + t.key + ": its step differs from that of " + it->second.first + " (both " + global +
+                             "'s, which keeps one)");
+      }
     }
   }
   std::vector<megatron::StepValue> out;

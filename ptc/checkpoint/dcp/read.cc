@@ -535,7 +535,7 @@ Status AddChunk(const SavedTensor& t, const SavedChunk& c, const std::vector<con
   const uint64_t at =
       c.offset + storage->member.data_offset + static_cast<uint64_t>(tensor.storage_offset) * DTypeSize(t.dtype);
   const Tensor& front = FrontOf(tensors);
-  if (!front.blocks.empty()) {  // a chunk of a key whose rows are blocks of the global tensor's
+  if (!front.blocks.empty() && front.layer < 0) {  // a chunk of a key whose rows are blocks of the global tensor's
     AddBlockChunks(front, c.box, file, at, &source->chunks);
     return Status::OK();
   }
@@ -550,7 +550,7 @@ Status AddChunk(const SavedTensor& t, const SavedChunk& c, const std::vector<con
                   std::vector<Index>(c.box.end.begin() + stacked, c.box.end.end())};
   const uint64_t size = static_cast<uint64_t>(slice.volume()) * DTypeSize(t.dtype);
   const Index e0 = stacked == 2 ? c.box.begin[1] : 0, e1 = stacked == 2 ? c.box.end[1] : 1;
-  uint64_t offset = at;
+  uint64_t offset = at;  // each slice a contiguous run of the chunk
   for (Index layer = c.box.begin[0]; layer < c.box.end[0]; ++layer) {
     for (Index e = e0; e < e1; ++e, offset += size) {
       const size_t slot = static_cast<size_t>(stacked == 2 ? layer * front.experts + e : layer);
@@ -559,6 +559,10 @@ Status AddChunk(const SavedTensor& t, const SavedChunk& c, const std::vector<con
         return Bad(what, "holds layer " + std::to_string(layer) +
                              (stacked == 2 ? ", expert " + std::to_string(e) : std::string()) +
                              ", which has no tensor of the key");
+      }
+      if (!g->blocks.empty()) {  // torchtitan's experts: each slice rows of its global tensor
+        AddBlockChunks(*g, slice, file, offset, &source->chunks);
+        continue;
       }
       source->chunks.push_back(DcpSource::Chunk{g->name, t.dtype, slice, file, offset, size});
     }

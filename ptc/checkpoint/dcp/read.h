@@ -100,9 +100,10 @@ struct EntryBytes {
 // saved (dcp/entries.h) and dcp/ shows it again, so that a job resumes whole.
 struct CarriedEntry {
   std::string key;
-  bool scalar = false;        // a 0-dim tensor of `dtype`, else an object
+  bool scalar = false;        // a tensor of `dtype` (0-dim but for `shape`), else an object
   DType dtype = DType::kF32;  // of a scalar
   std::string bytes;          // its torch.save bytes, as the save's file held them
+  Shape shape{};              // of a carried tensor with dims (torchtitan's expert_bias_E), in one chunk
   friend bool operator==(const CarriedEntry&, const CarriedEntry&) = default;
 };
 

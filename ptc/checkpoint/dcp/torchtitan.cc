@@ -1,5 +1,7 @@
 // torchtitan's names of a Llama model in a DCP checkpoint (dcp.h, TorchtitanTensors).
 #include <algorithm>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -32,16 +34,77 @@ constexpr Rename kRenames[] = {
     {true, "post_attention_layernorm.weight", "ffn_norm.weight"},
 };
 
-const Rename* Find(const std::string& hf, std::string* titan) {
+// torchtitan's Qwen3 (Qwen3StateDictAdapter's names), for a mixture of
+// experts: its RoPE is HF's rotate-half (CosSinRoPE), so no row is moved; the
+// experts of a layer are one [experts, ...] tensor each (GroupedExperts).
+constexpr Rename kMoeRenames[] = {
+    {false, "model.embed_tokens.weight", "tok_embeddings.weight"},
+    {false, "model.norm.weight", "norm.weight"},
+    {false, "lm_head.weight", "lm_head.weight"},
+    {true, "self_attn.q_proj.weight", "attention.qkv_linear.wq.weight"},
+    {true, "self_attn.k_proj.weight", "attention.qkv_linear.wk.weight"},
+    {true, "self_attn.v_proj.weight", "attention.qkv_linear.wv.weight"},
+    {true, "self_attn.o_proj.weight", "attention.wo.weight"},
+    {true, "self_attn.q_norm.weight", "attention.q_norm.weight"},
+    {true, "self_attn.k_norm.weight", "attention.k_norm.weight"},
+    {true, "mlp.gate_proj.weight", "feed_forward.w1.weight"},
+    {true, "mlp.up_proj.weight", "feed_forward.w3.weight"},
+    {true, "mlp.down_proj.weight", "feed_forward.w2.weight"},
+    {true, "input_layernorm.weight", "attention_norm.weight"},
+    {true, "post_attention_layernorm.weight", "ffn_norm.weight"},
+    {true, "mlp.gate.weight", "moe.router.gate.weight"},
+    {true, "block_sparse_moe.gate.weight", "moe.router.gate.weight"},
+};
+
+// An expert's HF tensor (its name after "experts.E.") -> torchtitan's stacked key.
+struct ExpertRename {
+  std::string_view hf, titan;
+};
+constexpr ExpertRename kExpertRenames[] = {
+    {"gate_proj.weight", "moe.routed_experts.inner_experts.w1_EFD"},
+    {"up_proj.weight", "moe.routed_experts.inner_experts.w3_EFD"},
+    {"down_proj.weight", "moe.routed_experts.inner_experts.w2_EDF"},
+    {"w1.weight", "moe.routed_experts.inner_experts.w1_EFD"},  // Mixtral's
+    {"w3.weight", "moe.routed_experts.inner_experts.w3_EFD"},
+    {"w2.weight", "moe.routed_experts.inner_experts.w2_EDF"},
+};
+
+// The digits of `s` at `at` and the dot after them: their value, `at` moved past the dot.
+std::optional<Index> Number(const std::string& s, size_t* at) {
+  size_t i = *at;
+  Index n = 0;
+  while (i < s.size() && s[i] >= '0' && s[i] <= '9' && n < (Index{1} << 40)) n = n * 10 + (s[i++] - '0');
+  if (i == *at || i >= s.size() || s[i] != '.') return std::nullopt;
+  *at = i + 1;
+  return n;
+}
+
+// torchtitan's name of HF tensor `hf`; `expert` set (else -1) for an expert's,
+// whose key is its layer's stacked tensor.
+const Rename* Find(const std::string& hf, bool moe, std::string* titan, Index* expert) {
   constexpr std::string_view kLayers = "model.layers.";
-  const size_t dot = hf.rfind(kLayers, 0) == 0 ? hf.find('.', kLayers.size()) : std::string::npos;
-  const bool layer = dot != std::string::npos;
-  const std::string prefix = layer ? "layers." + hf.substr(kLayers.size(), dot - kLayers.size() + 1) : "";
-  const std::string_view rest = layer ? std::string_view(hf).substr(dot + 1) : std::string_view(hf);
-  for (const Rename& r : kRenames) {
-    if (r.layer == layer && r.hf == rest) {
+  *expert = -1;
+  size_t at = kLayers.size();
+  const std::optional<Index> layer = hf.rfind(kLayers, 0) == 0 ? Number(hf, &at) : std::nullopt;
+  const std::string prefix = layer ? "layers." + std::to_string(*layer) + "." : "";
+  const std::string_view rest = layer ? std::string_view(hf).substr(at) : std::string_view(hf);
+  for (const Rename& r : moe ? std::span<const Rename>(kMoeRenames) : std::span<const Rename>(kRenames)) {
+    if (r.layer == layer.has_value() && r.hf == rest) {
       *titan = prefix + std::string(r.titan);
       return &r;
+    }
+  }
+  static constexpr Rename kExpert = {true, "", ""};
+  for (std::string_view experts : {"mlp.experts.", "block_sparse_moe.experts."}) {
+    if (!moe || !layer || rest.substr(0, experts.size()) != experts) continue;
+    size_t e = at + experts.size();
+    const std::optional<Index> id = Number(hf, &e);
+    for (const ExpertRename& r : kExpertRenames) {
+      if (id && std::string_view(hf).substr(e) == r.hf) {
+        *titan = prefix + std::string(r.titan);
+        *expert = *id;
+        return &kExpert;
+      }
     }
   }
   return nullptr;
@@ -51,10 +114,12 @@ const Rename* Find(const std::string& hf, std::string* titan) {
 
 Result<std::vector<Tensor>> TorchtitanTensors(const ModelSpec& spec) {
   PTC_ASSIGN_OR_RETURN(const hf::Model model, hf::MapModel(spec), "torchtitan names");
-  if (model.arch != hf::Arch::kLlama) {
+  if (model.arch == hf::Arch::kGptBigCode) {
     return InvalidArgumentError("schema " + spec.schema.name +
-                                ": torchtitan's names are Llama's (the built-in llama schema); docs/dcp_format.md");
+                                ": torchtitan's names are Llama's or Qwen3's (the built-in llama schema); "
+                                "docs/dcp_format.md");
   }
+  const bool moe = model.arch != hf::Arch::kLlama;
   const Index head_dim = spec.dims.head_dim;
   if (head_dim % 2 != 0) {
     return InvalidArgumentError("dims " + spec.dims.ToString() + ": torchtitan's RoPE needs an even head_dim");
@@ -62,10 +127,15 @@ Result<std::vector<Tensor>> TorchtitanTensors(const ModelSpec& spec) {
   std::vector<Tensor> params;
   for (const LocalTensor& hf : model.tensors) {
     std::string name;
-    const Rename* r = Find(hf.name, &name);
+    Index expert = -1;
+    const Rename* r = Find(hf.name, moe, &name, &expert);
     if (r == nullptr) return InternalError("no torchtitan name for " + hf.name);
     // The HF tensor's segments are row blocks of one global tensor, dense in order.
     Tensor t{hf.segments.front().tensor, name, {name}, hf.dtype, hf.shape};
+    if (expert >= 0) {  // one [experts, ...] key per layer: this expert's slice
+      t.layer = expert;
+      t.layers = spec.dims.experts;
+    }
     const Index inner = NumElements(hf.shape) / hf.shape[0];
     for (const Segment& s : hf.segments) {
       if (s.tensor != t.name || s.layout.offset % inner != 0)
@@ -90,6 +160,26 @@ Result<std::vector<Tensor>> TorchtitanTensors(const ModelSpec& spec) {
   std::vector<Tensor> optimized;
   const Index groups = spec.dims.kv_heads, per_group = spec.dims.heads / spec.dims.kv_heads;
   for (const Tensor& p : params) {
+    if (moe) {  // Qwen3's wqkv: linear_qkv's rows as they are (no RoPE weave)
+      if (p.key.find(".qkv_linear.wk.") != std::string::npos || p.key.find(".qkv_linear.wv.") != std::string::npos) {
+        continue;
+      }
+      const size_t at = p.key.find(".qkv_linear.wq.");
+      if (at == std::string::npos) {
+        optimized.push_back(p);
+        continue;
+      }
+      const Index rows = (per_group + 2) * groups * head_dim;
+      optimized.push_back(Tensor{p.name,
+                                 p.key.substr(0, at) + ".qkv_linear.wqkv.weight",
+                                 {},
+                                 p.dtype,
+                                 Shape{rows, p.shape[1]},
+                                 -1,
+                                 0,
+                                 {RowBlock{0, rows, {0}}}});
+      continue;
+    }
     const size_t at = p.key.find(".qkv_linear.wq.");
     if (at == std::string::npos) {
       if (p.key.find(".qkv_linear.wk.") == std::string::npos && p.key.find(".qkv_linear.wv.") == std::string::npos) {

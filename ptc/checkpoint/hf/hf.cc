@@ -26,7 +26,7 @@ enum class Cut {
 };
 
 struct Entry {
-  const char* hf;    // HF's name; {i}: the layer
+  const char* hf;    // HF's name; {i}: the layer, {e}: the expert
   const char* rule;  // the schema rule it is cut from
   Cut cut;
   std::vector<std::string> shape;  // HF's shape, formulas over the dims
@@ -42,54 +42,76 @@ struct ArchInfo {
   std::vector<Entry> entries;  // HF's state_dict order: first entries, one layer's, last entries
 };
 
+constexpr const char* kQkv = "decoder.layers.{i}.self_attention.linear_qkv.weight";
+constexpr const char* kQNorm = "decoder.layers.{i}.self_attention.q_layernorm.weight";
+constexpr const char* kKNorm = "decoder.layers.{i}.self_attention.k_layernorm.weight";
+constexpr const char* kDenseNorm = "decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight";
+constexpr const char* kDenseFc1 = "decoder.layers.{i}.mlp.linear_fc1.weight";
+constexpr const char* kDenseFc2 = "decoder.layers.{i}.mlp.linear_fc2.weight";
+constexpr const char* kMoeNorm = "decoder.layers.{i}.pre_mlp_layernorm.weight";
+constexpr const char* kRouter = "decoder.layers.{i}.mlp.router.weight";
+constexpr const char* kExpertFc1 = "decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc1.weight";
+constexpr const char* kExpertFc2 = "decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc2.weight";
+
+// Llama and its mixtures of experts (Mixtral, Qwen3-MoE): the same attention
+// and norms, the MLP of each kind of layer under the architecture's names, in
+// the order its modules register them (Mixtral's experts w1, w2, w3 as
+// transformers 4's MixtralBlockSparseTop2MLP; Qwen3-MoE's q/k norms after
+// o_proj, its dense layers' MLP before the MoE block's gate and experts).
+ArchInfo LlamaFamily(Arch arch, const char* architecture, const char* model_type) {
+  std::vector<Entry> e = {
+      {"model.embed_tokens.weight", "embedding.word_embeddings.weight", Cut::kWhole, {"vocab", "hidden"}},
+      {"model.layers.{i}.self_attn.q_proj.weight", kQkv, Cut::kQuery, {"heads*head_dim", "hidden"}},
+      {"model.layers.{i}.self_attn.k_proj.weight", kQkv, Cut::kKey, {"kv_heads*head_dim", "hidden"}},
+      {"model.layers.{i}.self_attn.v_proj.weight", kQkv, Cut::kValue, {"kv_heads*head_dim", "hidden"}},
+      {"model.layers.{i}.self_attn.o_proj.weight",
+       "decoder.layers.{i}.self_attention.linear_proj.weight",
+       Cut::kWhole,
+       {"hidden", "heads*head_dim"}},
+  };
+  if (arch == Arch::kQwen3Moe) {
+    e.push_back({"model.layers.{i}.self_attn.q_norm.weight", kQNorm, Cut::kWhole, {"head_dim"}});
+    e.push_back({"model.layers.{i}.self_attn.k_norm.weight", kKNorm, Cut::kWhole, {"head_dim"}});
+  }
+  if (arch != Arch::kMixtral) {  // the dense layers' MLP (Qwen3-MoE's mlp_only_layers)
+    e.push_back({"model.layers.{i}.mlp.gate_proj.weight", kDenseFc1, Cut::kGate, {"ffn", "hidden"}});
+    e.push_back({"model.layers.{i}.mlp.up_proj.weight", kDenseFc1, Cut::kUp, {"ffn", "hidden"}});
+    e.push_back({"model.layers.{i}.mlp.down_proj.weight", kDenseFc2, Cut::kWhole, {"hidden", "ffn"}});
+  }
+  if (arch == Arch::kMixtral) {
+    e.push_back({"model.layers.{i}.block_sparse_moe.gate.weight", kRouter, Cut::kWhole, {"experts", "hidden"}});
+    e.push_back(
+        {"model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight", kExpertFc1, Cut::kGate, {"moe_ffn", "hidden"}});
+    e.push_back(
+        {"model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight", kExpertFc2, Cut::kWhole, {"hidden", "moe_ffn"}});
+    e.push_back(
+        {"model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight", kExpertFc1, Cut::kUp, {"moe_ffn", "hidden"}});
+  }
+  if (arch == Arch::kQwen3Moe) {
+    e.push_back({"model.layers.{i}.mlp.gate.weight", kRouter, Cut::kWhole, {"experts", "hidden"}});
+    e.push_back({"model.layers.{i}.mlp.experts.{e}.gate_proj.weight", kExpertFc1, Cut::kGate, {"moe_ffn", "hidden"}});
+    e.push_back({"model.layers.{i}.mlp.experts.{e}.up_proj.weight", kExpertFc1, Cut::kUp, {"moe_ffn", "hidden"}});
+    e.push_back({"model.layers.{i}.mlp.experts.{e}.down_proj.weight", kExpertFc2, Cut::kWhole, {"hidden", "moe_ffn"}});
+  }
+  e.push_back({"model.layers.{i}.input_layernorm.weight",
+               "decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight",
+               Cut::kWhole,
+               {"hidden"}});
+  // Megatron-Core's norm before the MLP: fused into a dense layer's linear_fc1, its own in an MoE layer.
+  if (arch != Arch::kMixtral)
+    e.push_back({"model.layers.{i}.post_attention_layernorm.weight", kDenseNorm, Cut::kWhole, {"hidden"}});
+  if (arch != Arch::kLlama)
+    e.push_back({"model.layers.{i}.post_attention_layernorm.weight", kMoeNorm, Cut::kWhole, {"hidden"}});
+  e.push_back({"model.norm.weight", "decoder.final_layernorm.weight", Cut::kWhole, {"hidden"}});
+  e.push_back({"lm_head.weight", "output_layer.weight", Cut::kWhole, {"vocab", "hidden"}, true});
+  return ArchInfo{arch, architecture, model_type, kQkv, "embedding.word_embeddings.weight", std::move(e)};
+}
+
 const std::vector<ArchInfo>& Archs() {
   static const std::vector<ArchInfo> archs = {
-      {Arch::kLlama,
-       "LlamaForCausalLM",
-       "llama",
-       "decoder.layers.{i}.self_attention.linear_qkv.weight",
-       "embedding.word_embeddings.weight",
-       {
-           {"model.embed_tokens.weight", "embedding.word_embeddings.weight", Cut::kWhole, {"vocab", "hidden"}},
-           {"model.layers.{i}.self_attn.q_proj.weight",
-            "decoder.layers.{i}.self_attention.linear_qkv.weight",
-            Cut::kQuery,
-            {"heads*head_dim", "hidden"}},
-           {"model.layers.{i}.self_attn.k_proj.weight",
-            "decoder.layers.{i}.self_attention.linear_qkv.weight",
-            Cut::kKey,
-            {"kv_heads*head_dim", "hidden"}},
-           {"model.layers.{i}.self_attn.v_proj.weight",
-            "decoder.layers.{i}.self_attention.linear_qkv.weight",
-            Cut::kValue,
-            {"kv_heads*head_dim", "hidden"}},
-           {"model.layers.{i}.self_attn.o_proj.weight",
-            "decoder.layers.{i}.self_attention.linear_proj.weight",
-            Cut::kWhole,
-            {"hidden", "heads*head_dim"}},
-           {"model.layers.{i}.mlp.gate_proj.weight",
-            "decoder.layers.{i}.mlp.linear_fc1.weight",
-            Cut::kGate,
-            {"ffn", "hidden"}},
-           {"model.layers.{i}.mlp.up_proj.weight",
-            "decoder.layers.{i}.mlp.linear_fc1.weight",
-            Cut::kUp,
-            {"ffn", "hidden"}},
-           {"model.layers.{i}.mlp.down_proj.weight",
-            "decoder.layers.{i}.mlp.linear_fc2.weight",
-            Cut::kWhole,
-            {"hidden", "ffn"}},
-           {"model.layers.{i}.input_layernorm.weight",
-            "decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight",
-            Cut::kWhole,
-            {"hidden"}},
-           {"model.layers.{i}.post_attention_layernorm.weight",
-            "decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight",
-            Cut::kWhole,
-            {"hidden"}},
-           {"model.norm.weight", "decoder.final_layernorm.weight", Cut::kWhole, {"hidden"}},
-           {"lm_head.weight", "output_layer.weight", Cut::kWhole, {"vocab", "hidden"}, true},
-       }},
+      LlamaFamily(Arch::kLlama, "LlamaForCausalLM", "llama"),
+      LlamaFamily(Arch::kMixtral, "MixtralForCausalLM", "mixtral"),
+      LlamaFamily(Arch::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe"),
       {Arch::kGptBigCode,
        "GPTBigCodeForCausalLM",
        "gpt_bigcode",
@@ -170,9 +192,14 @@ const ArchInfo& InfoOf(Arch arch) {
 
 bool IsLayer(const std::string& pattern) { return pattern.find("{i}") != std::string::npos; }
 
-std::string WithLayer(std::string pattern, Index layer) {
-  const size_t at = pattern.find("{i}");
-  if (at != std::string::npos) pattern.replace(at, 3, std::to_string(layer));
+bool IsExpert(const std::string& pattern) { return pattern.find("{e}") != std::string::npos; }
+
+// `pattern` with its layer ({i}) and expert ({e}).
+std::string Named(std::string pattern, Index layer, Index expert) {
+  for (const auto& [mark, value] : {std::pair<const char*, Index>{"{i}", layer}, {"{e}", expert}}) {
+    const size_t at = pattern.find(mark);
+    if (at != std::string::npos) pattern.replace(at, 3, std::to_string(value));
+  }
   return pattern;
 }
 
@@ -242,6 +269,31 @@ std::string ShardName(size_t i, size_t n) {
 
 uint64_t TensorBytes(const LocalTensor& t) { return static_cast<uint64_t>(NumElements(t.shape)) * DTypeSize(t.dtype); }
 
+// The MoE fields of Mixtral's or Qwen3-MoE's config.json. Both name the
+// experts num_local_experts or num_experts (transformers maps one to the
+// other): the one the kept config has, else the one the hub's models use.
+void SetMoeConfig(Arch arch, const ModelDims& d, nlohmann::json* c) {
+  const bool local = c->contains("num_local_experts") || (arch == Arch::kMixtral && !c->contains("num_experts"));
+  (*c)[local ? "num_local_experts" : "num_experts"] = d.experts;
+  // top-k routing: the kept one when it fits, else transformers' default (at most every expert).
+  const Index default_k = std::min<Index>(arch == Arch::kMixtral ? 2 : 8, d.experts);
+  auto k = c->find("num_experts_per_tok");
+  if (k == c->end() || !k->is_number_integer() || k->get<Index>() < 1 || k->get<Index>() > d.experts) {
+    (*c)["num_experts_per_tok"] = default_k;
+  }
+  if (arch == Arch::kMixtral) {  // every layer MoE: its intermediate_size is the experts'
+    (*c)["intermediate_size"] = d.moe_ffn;
+    return;
+  }
+  (*c)["moe_intermediate_size"] = d.moe_ffn;
+  (*c)["decoder_sparse_step"] = 1;
+  nlohmann::json dense = nlohmann::json::array();
+  for (Index l = 0; l < d.layers; ++l) {
+    if (!d.IsMoeLayer(l)) dense.push_back(l);
+  }
+  (*c)["mlp_only_layers"] = std::move(dense);
+}
+
 nlohmann::json ConfigOf(const Model& model, const ModelSpec& spec, const nlohmann::json& kept) {
   const ModelDims& d = spec.dims;
   nlohmann::json c = kept.is_object() ? kept : nlohmann::json::object();
@@ -251,7 +303,7 @@ nlohmann::json ConfigOf(const Model& model, const ModelSpec& spec, const nlohman
   c["tie_word_embeddings"] = model.tied;
   // transformers 5 writes "dtype", earlier ones (and 5, reading) "torch_dtype".
   c[c.contains("dtype") ? "dtype" : "torch_dtype"] = std::string(pickle::TorchDTypeName(spec.dtype));
-  if (model.arch == Arch::kLlama) {
+  if (model.arch != Arch::kGptBigCode) {
     if (!kept.is_object()) {  // Megatron-Core's defaults (TransformerConfig)
       c["rms_norm_eps"] = 1e-5;
       c["rope_theta"] = 10000.0;
@@ -266,7 +318,8 @@ nlohmann::json ConfigOf(const Model& model, const ModelSpec& spec, const nlohman
     c["max_position_embeddings"] = d.seq;
     c["hidden_act"] = "silu";
     c["attention_bias"] = false;
-    c["mlp_bias"] = false;
+    if (model.arch == Arch::kLlama) c["mlp_bias"] = false;
+    if (model.arch != Arch::kLlama) SetMoeConfig(model.arch, d, &c);
   } else {
     if (!kept.is_object()) {  // Megatron-LM's defaults: the fused bias-GeLU (tanh), LayerNorm eps
       c["activation_function"] = "gelu_pytorch_tanh";
@@ -288,24 +341,38 @@ nlohmann::json ConfigOf(const Model& model, const ModelSpec& spec, const nlohman
 
 }  // namespace
 
-Result<Model> MapModel(const ModelSpec& spec) {
+namespace {
+
+// The architecture `spec` maps to: by the rules only one family has, then
+// (Llama's) by its experts and q/k norms.
+Result<const ArchInfo*> SelectArch(const ModelSpec& spec) {
   const Schema& schema = spec.schema;
-  const ArchInfo* info = nullptr;
-  for (const ArchInfo& a : Archs()) {
-    if (schema.Find(a.key_rule) != nullptr) info = &a;
-  }
-  if (info == nullptr) {
+  if (schema.Find(InfoOf(Arch::kGptBigCode).key_rule) != nullptr) return &InfoOf(Arch::kGptBigCode);
+  if (schema.Find(kQkv) == nullptr) {
     return InvalidArgumentError("schema " + schema.name +
                                 ": Hugging Face has no architecture ptcfs maps it to (it maps Megatron-Core GPT names, "
-                                "the built-in llama, to LlamaForCausalLM and legacy Megatron-LM GPT names, "
-                                "megatron-gpt, to GPTBigCodeForCausalLM; docs/hf_format.md)");
+                                "the built-in llama, to LlamaForCausalLM, MixtralForCausalLM or Qwen3MoeForCausalLM "
+                                "and legacy Megatron-LM GPT names, megatron-gpt, to GPTBigCodeForCausalLM; "
+                                "docs/hf_format.md)");
   }
-  Model model;
-  model.arch = info->arch;
-  // Every rule of the schema must have its HF tensors, every entry its rule.
+  const bool qk_norm = schema.Find(kQNorm) != nullptr || schema.Find(kKNorm) != nullptr;
+  if (spec.dims.experts == 0) {
+    if (!qk_norm) return &InfoOf(Arch::kLlama);
+    return InvalidArgumentError("schema " + schema.name + ": rule " + Quote(kQNorm) +
+                                " without experts would be Qwen3ForCausalLM, which ptcfs does not map "
+                                "(docs/hf_format.md)");
+  }
+  return &InfoOf(qk_norm ? Arch::kQwen3Moe : Arch::kMixtral);
+}
+
+// Every rule of `spec`'s schema has its HF tensors and every entry its rule,
+// placed as the entry is; the output layer tied or not.
+// \error InvalidArgument naming the rule at fault.
+Result<bool> CheckRules(const ModelSpec& spec, const ArchInfo& info) {
+  const Schema& schema = spec.schema;
   std::set<std::string> mapped;
   const Entry* output = nullptr;
-  for (const Entry& e : info->entries) {
+  for (const Entry& e : info.entries) {
     mapped.insert(e.rule);
     if (e.output) output = &e;
   }
@@ -313,40 +380,50 @@ Result<Model> MapModel(const ModelSpec& spec) {
     const Result<uint64_t> tensors = RuleTensors(r, spec.dims);  // none: an MoE rule of a dense model
     if (!mapped.count(r.name) && (!tensors.ok() || *tensors > 0)) {
       return InvalidArgumentError("schema " + schema.name + ": rule " + Quote(r.name) + " has no tensor in " +
-                                  info->architecture + " (docs/hf_format.md)");
+                                  info.architecture + " (docs/hf_format.md)");
     }
   }
   const TensorRule* output_rule = output != nullptr ? schema.Find(output->rule) : nullptr;
-  model.tied = output_rule == nullptr || output_rule->tied_to == info->embedding;
-  if (output_rule != nullptr && !output_rule->tied_to.empty() && !model.tied) {
+  const bool tied = output_rule == nullptr || output_rule->tied_to == info.embedding;
+  if (output_rule != nullptr && !output_rule->tied_to.empty() && !tied) {
     return InvalidArgumentError("schema " + schema.name + ": rule " + Quote(output_rule->name) + " is tied to " +
                                 Quote(output_rule->tied_to) + ", not to the embedding");
   }
-  for (const Entry& e : info->entries) {
+  for (const Entry& e : info.entries) {
     const TensorRule* r = schema.Find(e.rule);
     if (r == nullptr && !e.output) {
-      return InvalidArgumentError(std::string(info->architecture) + " needs rule " + Quote(e.rule) + ", which schema " +
+      return InvalidArgumentError(std::string(info.architecture) + " needs rule " + Quote(e.rule) + ", which schema " +
                                   schema.name + " lacks");
     }
     if (r != nullptr && IsLayer(e.hf) != (r->pp == PpPlacement::kLayer)) {
       return InvalidArgumentError("schema " + schema.name + ": rule " + Quote(r->name) +
                                   (IsLayer(e.hf) ? " is not" : " is") + " one per layer, unlike " + e.hf);
     }
+    if (r != nullptr && IsExpert(e.hf) != r->expert) {
+      return InvalidArgumentError("schema " + schema.name + ": rule " + Quote(r->name) +
+                                  (IsExpert(e.hf) ? " is not" : " is") + " one per expert, unlike " + e.hf);
+    }
   }
   const ModelDims& dims = spec.dims;
-  if (model.arch == Arch::kGptBigCode && (dims.kv_heads != dims.heads || dims.heads * dims.head_dim != dims.hidden)) {
+  if (info.arch == Arch::kGptBigCode && (dims.kv_heads != dims.heads || dims.heads * dims.head_dim != dims.hidden)) {
     return InvalidArgumentError("dims " + dims.ToString() +
                                 ": GPTBigCodeForCausalLM has kv_heads = heads and heads*head_dim = hidden");
   }
+  return tied;
+}
 
+// Adds to `model` the HF tensors of `info`'s entries, in HF's order.
+Status AddTensors(const ModelSpec& spec, const ArchInfo& info, Model* model) {
+  const ModelDims& dims = spec.dims;
   ModelSpec params = spec;
   params.optimizer = false;
   PTC_ASSIGN_OR_RETURN(std::vector<GlobalTensor> globals, GlobalTensors(params));
   std::map<std::string, const GlobalTensor*> by_name;
   for (const GlobalTensor& g : globals) by_name[g.name] = &g;
-  auto add = [&](const Entry& e, Index layer) -> Status {
-    if (e.output && model.tied) return Status::OK();
-    const std::string name = WithLayer(e.hf, layer), global = WithLayer(e.rule, layer);
+  auto add = [&](const Entry& e, Index layer, Index expert) -> Status {
+    if (e.output && model->tied) return Status::OK();
+    if (IsLayer(e.hf) && !RuleOnLayer(*spec.schema.Find(e.rule), dims, layer)) return Status::OK();  // another kind
+    const std::string name = Named(e.hf, layer, expert), global = Named(e.rule, layer, expert);
     auto it = by_name.find(global);
     if (it == by_name.end()) return InternalError("no global tensor " + global);
     PTC_ASSIGN_OR_RETURN(LocalTensor t, CutTensor(name, *it->second, e.cut, dims));
@@ -359,19 +436,44 @@ Result<Model> MapModel(const ModelSpec& spec) {
                                   ShapeToString(t.shape) + ", but the config's " + name + " is " +
                                   ShapeToString(shape));
     }
-    model.tensors.push_back(std::move(t));
+    model->tensors.push_back(std::move(t));
     return Status::OK();
   };
-  const std::vector<Entry>& entries = info->entries;
+  const std::vector<Entry>& entries = info.entries;
   size_t first_layer = 0, last_layer = 0;  // entries [first_layer, last_layer) are per layer
   while (first_layer < entries.size() && !IsLayer(entries[first_layer].hf)) ++first_layer;
   last_layer = first_layer;
   while (last_layer < entries.size() && IsLayer(entries[last_layer].hf)) ++last_layer;
-  for (size_t i = 0; i < first_layer; ++i) PTC_RETURN_IF_ERROR(add(entries[i], 0));
+  for (size_t i = 0; i < first_layer; ++i) PTC_RETURN_IF_ERROR(add(entries[i], 0, 0));
   for (Index layer = 0; layer < dims.layers; ++layer) {
-    for (size_t i = first_layer; i < last_layer; ++i) PTC_RETURN_IF_ERROR(add(entries[i], layer));
+    for (size_t i = first_layer; i < last_layer;) {
+      size_t run = i;  // a run of expert entries: expert by expert
+      while (run < last_layer && IsExpert(entries[run].hf)) ++run;
+      if (run == i) {
+        PTC_RETURN_IF_ERROR(add(entries[i++], layer, 0));
+        continue;
+      }
+      const Index experts = dims.IsMoeLayer(layer) ? dims.experts : 0;
+      for (Index expert = 0; expert < experts; ++expert) {
+        for (size_t j = i; j < run; ++j) PTC_RETURN_IF_ERROR(add(entries[j], layer, expert));
+      }
+      i = run;
+    }
   }
-  for (size_t i = last_layer; i < entries.size(); ++i) PTC_RETURN_IF_ERROR(add(entries[i], 0));
+  for (size_t i = last_layer; i < entries.size(); ++i) PTC_RETURN_IF_ERROR(add(entries[i], 0, 0));
+  return Status::OK();
+}
+
+}  // namespace
+
+const char* ArchName(Arch arch) { return InfoOf(arch).architecture; }
+
+Result<Model> MapModel(const ModelSpec& spec) {
+  PTC_ASSIGN_OR_RETURN(const ArchInfo* info, SelectArch(spec));
+  Model model;
+  model.arch = info->arch;
+  PTC_ASSIGN_OR_RETURN(model.tied, CheckRules(spec, *info));
+  PTC_RETURN_IF_ERROR(AddTensors(spec, *info, &model));
   return model;
 }
 
@@ -440,152 +542,4 @@ Result<uint64_t> ParseShardSize(std::string_view text) {
   if (n > UINT64_MAX / unit->second) return InvalidArgumentError(what + ": too large");
   return n * unit->second;
 }
-
-namespace {
-
-// A positive integer field of a config.json, or `fallback` when absent or null (if given).
-Result<Index> SizeField(const nlohmann::json& c, const char* key, const std::string& what,
-                        std::optional<Index> fallback = std::nullopt) {
-  auto it = c.find(key);
-  if (it == c.end() || it->is_null()) {
-    if (fallback) return *fallback;
-    return InvalidArgumentError(what + ": \"" + key + "\" is missing");
-  }
-  if (!it->is_number_integer() || it->get<int64_t>() <= 0) {
-    return InvalidArgumentError(what + ": \"" + key + "\" must be a positive integer, not " + JsonText(*it));
-  }
-  return it->get<Index>();
-}
-
-Result<bool> BoolField(const nlohmann::json& c, const char* key, bool fallback, const std::string& what) {
-  auto it = c.find(key);
-  if (it == c.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) return InvalidArgumentError(what + ": \"" + key + "\" must be true or false");
-  return it->get<bool>();
-}
-
-Result<ModelDims> Dims(Index layers, Index hidden, Index heads, Index kv_heads, Index head_dim, Index ffn, Index vocab,
-                       Index seq, const std::string& what) {
-  const std::string text = "layers=" + std::to_string(layers) + ",hidden=" + std::to_string(hidden) +
-                           ",heads=" + std::to_string(heads) + ",vocab=" + std::to_string(vocab) +
-                           ",seq=" + std::to_string(seq) + ",ffn=" + std::to_string(ffn) +
-                           ",kv_heads=" + std::to_string(kv_heads) + ",head_dim=" + std::to_string(head_dim);
-  PTC_ASSIGN_OR_RETURN(ModelDims dims, ParseDims(text), what);
-  return dims;
-}
-
-// The dtype a config.json names ("torch_dtype", or "dtype" of transformers 5),
-// when it names one: a torch dtype's name ("bfloat16"), or "auto".
-Status CheckConfigDType(const nlohmann::json& c, const std::string& what) {
-  for (const char* key : {"torch_dtype", "dtype"}) {
-    auto it = c.find(key);
-    if (it == c.end() || it->is_null()) continue;
-    const std::string name = it->is_string() ? it->get<std::string>() : "";
-    // "auto", and torch's own aliases (transformers takes getattr(torch, name)).
-    bool known = name == "auto" || name == "float" || name == "half" || name == "double";
-    for (int t = 0; t < kNumDTypes; ++t) known = known || (!name.empty() && name == pickle::TorchDTypeName(DType(t)));
-    if (!known) {
-      return InvalidArgumentError(what + ": \"" + key + "\" is " + JsonText(*it) +
-                                  ", no torch dtype (\"bfloat16\", \"float32\", ...)");
-    }
-  }
-  return Status::OK();
-}
-
-}  // namespace
-
-Result<ConfigModel> ModelOfConfig(const nlohmann::json& c, const std::string& what) {
-  if (!c.is_object()) return InvalidArgumentError(what + ": not a JSON object");
-  std::string type;
-  if (auto it = c.find("model_type"); it != c.end() && !it->is_null()) {
-    if (!it->is_string()) return InvalidArgumentError(what + ": \"model_type\" is " + JsonText(*it) + ", not a string");
-    type = it->get<std::string>();
-  }
-  PTC_RETURN_IF_ERROR(CheckConfigDType(c, what));
-  if (type.empty()) {
-    if (auto it = c.find("architectures"); it != c.end() && it->is_array() && !it->empty() && (*it)[0].is_string()) {
-      const std::string a = (*it)[0].get<std::string>();
-      if (a == "LlamaForCausalLM") type = "llama";
-      if (a == "GPTBigCodeForCausalLM") type = "gpt_bigcode";
-    }
-  }
-  ConfigModel out;
-  if (type == "llama") {
-    out.arch = Arch::kLlama;
-    PTC_ASSIGN_OR_RETURN(Index layers, SizeField(c, "num_hidden_layers", what));
-    PTC_ASSIGN_OR_RETURN(Index hidden, SizeField(c, "hidden_size", what));
-    PTC_ASSIGN_OR_RETURN(Index heads, SizeField(c, "num_attention_heads", what));
-    PTC_ASSIGN_OR_RETURN(Index kv_heads, SizeField(c, "num_key_value_heads", what, heads));
-    PTC_ASSIGN_OR_RETURN(Index head_dim, SizeField(c, "head_dim", what, heads > 0 ? hidden / heads : 0));
-    PTC_ASSIGN_OR_RETURN(Index ffn, SizeField(c, "intermediate_size", what));
-    PTC_ASSIGN_OR_RETURN(Index vocab, SizeField(c, "vocab_size", what));
-    PTC_ASSIGN_OR_RETURN(Index seq, SizeField(c, "max_position_embeddings", what, 2048));
-    for (const char* bias : {"attention_bias", "mlp_bias"}) {
-      PTC_ASSIGN_OR_RETURN(bool on, BoolField(c, bias, false, what));
-      if (on) {
-        return InvalidArgumentError(what + ": \"" + bias +
-                                    "\" is true; the llama schema has no biases (docs/hf_format.md)");
-      }
-    }
-    if (auto it = c.find("hidden_act"); it != c.end() && !it->is_null() && *it != "silu") {
-      return InvalidArgumentError(what + ": \"hidden_act\" is " + JsonText(*it) +
-                                  "; ptcfs maps Llama's SwiGLU (silu) only");
-    }
-    PTC_ASSIGN_OR_RETURN(bool tied, BoolField(c, "tie_word_embeddings", false, what));
-    PTC_ASSIGN_OR_RETURN(out.dims, Dims(layers, hidden, heads, kv_heads, head_dim, ffn, vocab, seq, what));
-    PTC_ASSIGN_OR_RETURN(out.schema, LoadSchema("llama"));
-    if (tied) {
-      // Megatron-Core's share_embeddings_and_output_weights: the output layer is the embedding.
-      nlohmann::json doc = out.schema.ToJson();
-      doc["name"] = "llama-tied";
-      for (auto& rule : doc["tensors"]) {
-        if (rule["name"] == "output_layer.weight") {
-          rule.erase("shape");
-          rule["tied_to"] = "embedding.word_embeddings.weight";
-        }
-      }
-      PTC_ASSIGN_OR_RETURN(out.schema, ParseSchema("llama-tied", doc));
-    }
-    return out;
-  }
-  if (type == "gpt_bigcode") {
-    out.arch = Arch::kGptBigCode;
-    PTC_ASSIGN_OR_RETURN(Index layers, SizeField(c, "n_layer", what));
-    PTC_ASSIGN_OR_RETURN(Index hidden, SizeField(c, "n_embd", what));
-    PTC_ASSIGN_OR_RETURN(Index heads, SizeField(c, "n_head", what));
-    PTC_ASSIGN_OR_RETURN(Index ffn, SizeField(c, "n_inner", what, 4 * hidden));
-    PTC_ASSIGN_OR_RETURN(Index vocab, SizeField(c, "vocab_size", what));
-    PTC_ASSIGN_OR_RETURN(Index seq, SizeField(c, "n_positions", what));
-    PTC_ASSIGN_OR_RETURN(bool multi_query, BoolField(c, "multi_query", true, what));
-    if (multi_query) {
-      return InvalidArgumentError(what +
-                                  ": \"multi_query\" is true (its default); megatron-gpt has a key and value "
-                                  "per head");
-    }
-    PTC_ASSIGN_OR_RETURN(bool tied, BoolField(c, "tie_word_embeddings", true, what));
-    if (!tied) return InvalidArgumentError(what + ": \"tie_word_embeddings\" is false; megatron-gpt ties its head");
-    PTC_ASSIGN_OR_RETURN(bool scaled, BoolField(c, "scale_attn_weights", true, what));
-    if (!scaled) {
-      return InvalidArgumentError(what +
-                                  ": \"scale_attn_weights\" is false; megatron-gpt scales its attention "
-                                  "scores by 1/sqrt(head_dim)");
-    }
-    if (auto it = c.find("activation_function"); it != c.end() && !it->is_null()) {
-      static constexpr std::string_view kGelus[] = {"gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast"};
-      const bool gelu = it->is_string() &&
-                        std::find(std::begin(kGelus), std::end(kGelus), it->get<std::string>()) != std::end(kGelus);
-      if (!gelu) {
-        return InvalidArgumentError(what + ": \"activation_function\" is " + JsonText(*it) +
-                                    "; megatron-gpt's MLP is a GeLU (gelu, gelu_pytorch_tanh, gelu_new, gelu_fast)");
-      }
-    }
-    if (hidden % heads != 0) return InvalidArgumentError(what + ": n_embd is not a multiple of n_head");
-    PTC_ASSIGN_OR_RETURN(out.dims, Dims(layers, hidden, heads, heads, hidden / heads, ffn, vocab, seq, what));
-    PTC_ASSIGN_OR_RETURN(out.schema, LoadSchema("megatron-gpt"));
-    return out;
-  }
-  return InvalidArgumentError(what + ": model_type " + (type.empty() ? std::string("(none)") : Quote(type)) +
-                              " is not one ptcfs maps (llama, gpt_bigcode; docs/hf_format.md)");
-}
-
 }  // namespace ptc::hf

@@ -12,11 +12,18 @@
 // of linear_fc1. So a rendering reads each box from the pieces that hold it,
 // and an import stores each HF tensor's bytes as one piece of those boxes.
 //
-// Architectures, recognised by the schema's rule names (a schema of one's own
-// with these names maps too):
+// Architectures, recognised by the schema's rule names and the dims (a schema
+// of one's own with these names maps too):
 //   Megatron-Core GPT (the built-in `llama`)      LlamaForCausalLM
+//     with experts=                               MixtralForCausalLM (every layer MoE,
+//                                                 no shared experts)
+//     with experts= and q/k norms                 Qwen3MoeForCausalLM (dense layers
+//     (self_attention.q_layernorm, k_layernorm)   as its mlp_only_layers)
 //   legacy Megatron-LM GPT (`megatron-gpt`)       GPTBigCodeForCausalLM (GPT-2
 //                                                 with Linear layers, q/k/v per head)
+// An expert's HF tensors are cut from its global tensors as a dense MLP's
+// (w1/gate_proj the gate half of linear_fc1, w3/up_proj the up half, w2/
+// down_proj linear_fc2), one per expert as save_pretrained writes them.
 //
 // Thread safety: pure functions.
 #pragma once
@@ -42,7 +49,10 @@ inline constexpr const char* kSingleFile = "model.safetensors";
 // save_pretrained's default max_shard_size ("5GB", decimal).
 inline constexpr uint64_t kDefaultShardBytes = 5'000'000'000;
 
-enum class Arch { kLlama, kGptBigCode };
+enum class Arch { kLlama, kGptBigCode, kMixtral, kQwen3Moe };
+
+// config.json's "architectures" entry of `arch` ("MixtralForCausalLM").
+const char* ArchName(Arch arch);
 
 // The HF tensors of a model, in the order HF's state_dict lists them.
 struct Model {
@@ -53,7 +63,8 @@ struct Model {
 
 // The HF names and cuts of `spec`'s parameters (optimizer state is not carried).
 // \error InvalidArgument naming the rule: a schema with no rule this mapping
-//        recognises; a rule the architecture has no HF tensor for; a rule it
+//        recognises (or q/k norms without experts: Qwen3ForCausalLM is not
+//        mapped); a rule the architecture has no HF tensor for; a rule it
 //        needs that the schema lacks; a global tensor whose shape is not the
 //        one HF's config gives it (or dims HF's architecture cannot express:
 //        GPTBigCode with kv_heads != heads or heads*head_dim != hidden).
@@ -94,14 +105,25 @@ Result<uint64_t> ParseShardSize(std::string_view text);
 
 // The ptcfs model a config.json describes, for an import.
 struct ConfigModel {
-  Schema schema;  // built-in llama (with a tied output layer when tie_word_embeddings) or megatron-gpt
+  // built-in llama (with a tied output layer when tie_word_embeddings; with
+  // Qwen3-MoE's q/k norms, "llama-qk", QkNormSchema) or megatron-gpt
+  Schema schema;
   ModelDims dims;
   Arch arch = Arch::kLlama;
 };
 // \error InvalidArgument naming `what` and the field: an architecture ptcfs
 //        does not map, a missing or non-integer size, a feature the mapping
 //        cannot carry (biases in Llama, an activation other than silu,
-//        GPTBigCode's multi-query or untied head), dims ParseDims refuses.
+//        GPTBigCode's multi-query or untied head; Qwen2-MoE's shared expert
+//        and its gate, MoE layers no moe_every/dense_first gives: Qwen3-MoE's
+//        decoder_sparse_step other than 1, mlp_only_layers not below the
+//        first MoE layer and every k-th after), dims ParseDims refuses.
 Result<ConfigModel> ModelOfConfig(const nlohmann::json& config, const std::string& what);
+
+// `base` (the llama schema, tied or not) with Megatron-Core's q/k norms
+// (self_attention.q_layernorm.weight and k_layernorm.weight, [head_dim] per
+// layer, after linear_qkv as SelfAttention registers them), named NAME-qk.
+// \error InvalidArgument when `base` has no linear_qkv rule.
+Result<Schema> QkNormSchema(const Schema& base);
 
 }  // namespace ptc::hf

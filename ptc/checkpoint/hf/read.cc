@@ -159,7 +159,7 @@ Result<std::vector<HfSource::Piece>> MatchTensors(const Model& model, const Shar
                                                   const std::string& schema, const std::string& dir) {
   std::map<std::string, const LocalTensor*> wanted;
   for (const LocalTensor& t : model.tensors) wanted[t.name] = &t;
-  const std::string arch = model.arch == Arch::kLlama ? "LlamaForCausalLM" : "GPTBigCodeForCausalLM";
+  const std::string arch = ArchName(model.arch);
   for (const auto& [name, f] : shards.found) {
     const std::string where = JoinPath(dir, shards.file_names[f.file]);
     auto it = wanted.find(name);
