@@ -103,7 +103,8 @@ Result<bool> CompleteDurable(Env* env, const GenerationManifest& m, const Durabl
                              const std::string& dir) {
   GenerationManifest copy = m;
   copy.shards.clear();
-  copy.extra = nlohmann::json::object();
+  // The generation's extra (its dataset position) kept beside the copy's identity.
+  copy.extra = m.extra.is_object() ? m.extra : nlohmann::json::object();
   copy.extra["durable"] = {{"job", id.job}, {"contents", id.contents}};
   for (const auto& [w, share] : Shares(m)) {
     const std::string path = JoinPath(dir, ShareName(m.generation, w, ".json"));
