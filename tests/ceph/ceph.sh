@@ -20,6 +20,8 @@ cmd=${1:-}; dir=${2:-}
 [ -n "$cmd" ] && [ -n "$dir" ] || { echo "usage: $0 start|stop|stop-rgw|start-rgw DIR" >&2; exit 2; }
 conf=$dir/ceph.conf
 
+cephc() { ceph -c "$conf" --connect-timeout 10 "$@"; }  # never the CLI's 300 s wait for a monitor
+
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 stop_pid() {  # stop_pid FILE: TERM, then KILL after 10 s
@@ -87,7 +89,7 @@ osd data = $dir/osd
 osd objectstore = bluestore
 bluestore block path = $dir/osd.block
 bluestore block create = true
-bluestore block size = 21474836480
+bluestore block size = 42949672960
 bluestore fsck on mkfs = false
 osd memory target = 1073741824
 bluestore cache autotune = false
@@ -97,20 +99,24 @@ rgw frontends = beast endpoint=127.0.0.1:$rgw_port
 rgw data = $dir/rgw
 rgw enable usage log = false
 rgw thread pool size = 64
+# deleted objects' space back at once (the default waits 2 h), or repeated runs fill the OSD
+rgw gc obj min wait = 0
+rgw gc processor period = 10
+rgw gc processor max time = 10
 CONF
   ceph-authtool --create-keyring "$dir/keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null
   monmaptool --create --add a "v2:127.0.0.1:$mon_port" --fsid "$fsid" "$dir/monmap" >/dev/null
   ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" >/dev/null
   ceph-mon -c "$conf" -i a --pid-file "$dir/run/mon.pid"
-  wait_for "ceph-mon" 30 ceph -c "$conf" mon stat
+  wait_for "ceph-mon" 30 cephc mon stat
   uuid=$(cat /proc/sys/kernel/random/uuid)
-  id=$(ceph -c "$conf" osd new "$uuid")
+  id=$(cephc osd new "$uuid")
   ceph-osd -c "$conf" -i "$id" --mkfs --osd-uuid "$uuid" >/dev/null 2>&1
-  ceph -c "$conf" osd crush add-bucket localhost host >/dev/null 2>&1
-  ceph -c "$conf" osd crush move localhost root=default >/dev/null 2>&1
-  ceph -c "$conf" osd crush add "osd.$id" 1.0 host=localhost >/dev/null 2>&1
+  cephc osd crush add-bucket localhost host >/dev/null 2>&1
+  cephc osd crush move localhost root=default >/dev/null 2>&1
+  cephc osd crush add "osd.$id" 1.0 host=localhost >/dev/null 2>&1
   ceph-osd -c "$conf" -i "$id" --pid-file "$dir/run/osd.pid"
-  wait_for "ceph-osd" 60 bash -c "ceph -c '$conf' osd stat | grep -q '1 up'"
+  wait_for "ceph-osd" 60 bash -c "ceph -c '$conf' --connect-timeout 10 osd stat | grep -q '1 up'"
   start_rgw
   key=ptcfs$(head -c 6 /dev/urandom | od -An -tx1 | tr -d ' \n'); secret=$(head -c 24 /dev/urandom | base64 | tr -d '/+=')
   radosgw-admin -c "$conf" user create --uid ptcfs --display-name ptcfs --access-key "$key" --secret "$secret" >/dev/null
