@@ -66,13 +66,14 @@ std::vector<ShardRecord> DurableShare(const GenerationManifest& m, int worker) {
 }
 
 Status WriteDurableShare(Env* env, const Store& store, const GenerationManifest& m, int worker,
-                         const std::string& dir, const std::atomic<bool>* stop) {
+                         const std::string& dir, const std::atomic<bool>* stop, Env* tier) {
+  if (tier == nullptr) tier = env;
   std::vector<ShardRecord> share = DurableShare(m, worker);
   if (share.empty()) return Status::OK();
   const std::string data = ShareName(m.generation, worker, ".bin");
   const std::string path = JoinPath(dir, data);
-  PTC_RETURN_IF_ERROR(env->CreateDirs(DirName(path)));
-  PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, env->OpenWrite(path));
+  PTC_RETURN_IF_ERROR(tier->CreateDirs(DirName(path)));
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, tier->OpenWrite(path));
   auto buffer = std::make_unique_for_overwrite<char[]>(kCopyChunk);
   uint64_t offset = 0;
   for (ShardRecord& s : share) {
@@ -95,14 +96,15 @@ Status WriteDurableShare(Env* env, const Store& store, const GenerationManifest&
   records.config = m.config;
   records.tensors = m.tensors;
   records.shards = std::move(share);
-  return WriteFileAtomic(env, JoinPath(dir, ShareName(m.generation, worker, ".json")), EncodeManifest(records));
+  return WriteFileAtomic(tier, JoinPath(dir, ShareName(m.generation, worker, ".json")), EncodeManifest(records));
 }
 
 Result<bool> CompleteDurable(Env* env, const GenerationManifest& m, const DurableIdentity& id, int worker,
                              const std::string& dir) {
   GenerationManifest copy = m;
   copy.shards.clear();
-  copy.extra = nlohmann::json::object();
+  // The generation's extra (its dataset position) kept beside the copy's identity.
+  copy.extra = m.extra.is_object() ? m.extra : nlohmann::json::object();
   copy.extra["durable"] = {{"job", id.job}, {"contents", id.contents}};
   for (const auto& [w, share] : Shares(m)) {
     const std::string path = JoinPath(dir, ShareName(m.generation, w, ".json"));

@@ -48,13 +48,14 @@ struct DurableIdentity {
 std::vector<ShardRecord> DurableShare(const GenerationManifest& m, int worker);
 
 // Copies `worker`'s share of `m` (a generation of `store`, read through
-// `env`) into `dir`: the bytes, checked against their records' checksums as
+// `env`) into `dir` of `tier` (null: `env`; an S3Env writes each share as
+// one multipart upload, whole or not at all): the bytes, checked against their records' checksums as
 // they are read, synced; then the share's records. Nothing when the share
 // is empty. `stop` (may be null), asked between chunks, ends the copy.
 // \error as VerifyingShardReader (Corruption naming a bad piece) and the Env
 //        (the file at fault named); FailedPrecondition "cancelled" when stopped.
 Status WriteDurableShare(Env* env, const Store& store, const GenerationManifest& m, int worker,
-                         const std::string& dir, const std::atomic<bool>* stop = nullptr);
+                         const std::string& dir, const std::atomic<bool>* stop = nullptr, Env* tier = nullptr);
 
 // When `dir` holds every worker's share of `m`: writes durable.json, the copy
 // of `m` for `id` (atomically: through a temporary file of `worker`'s own, as

@@ -100,12 +100,13 @@ int PeerEnv::RemoteWorker(const std::string& path) const {
   return worker == options_.self ? -1 : worker;
 }
 
-std::string PeerEnv::LocalPath(const std::string& path) const {
+std::pair<Env*, std::string> PeerEnv::LocalPath(const std::string& path) const {
   if (options_.durable_dir.empty() || !path.starts_with(root_) ||
       !std::string_view(path).substr(root_.size()).starts_with(kDurablePrefix)) {
-    return path;
+    return {local_, path};
   }
-  return JoinPath(options_.durable_dir, std::string_view(path).substr(root_.size() + kDurablePrefix.size()));
+  return {options_.durable_env ? options_.durable_env.get() : local_,
+          JoinPath(options_.durable_dir, std::string_view(path).substr(root_.size() + kDurablePrefix.size()))};
 }
 
 Result<PeerEnv::Target> PeerEnv::Lookup(int worker, const std::string& rel) const {
@@ -139,12 +140,19 @@ Result<PeerEnv::Target> PeerEnv::Lookup(int worker, const std::string& rel) cons
 
 Result<std::unique_ptr<RandomAccessFile>> PeerEnv::OpenRead(const std::string& path) {
   const int worker = RemoteWorker(path);
-  if (worker < 0) return local_->OpenRead(LocalPath(path));
+  if (worker < 0) {
+    auto [env, local] = LocalPath(path);
+    return env->OpenRead(local);
+  }
   PTC_ASSIGN_OR_RETURN(Target target, Lookup(worker, path.substr(root_.size())));
   return std::unique_ptr<RandomAccessFile>(new RemoteFile(this, path, std::move(target)));
 }
 
-bool PeerEnv::Exists(const std::string& path) { return RemoteWorker(path) >= 0 || local_->Exists(LocalPath(path)); }
+bool PeerEnv::Exists(const std::string& path) {
+  if (RemoteWorker(path) >= 0) return true;
+  auto [env, local] = LocalPath(path);
+  return env->Exists(local);
+}
 
 bool PeerEnv::Reachable(const std::string& path) {
   const int worker = RemoteWorker(path);
@@ -155,7 +163,10 @@ bool PeerEnv::Reachable(const std::string& path) {
 
 Result<uint64_t> PeerEnv::FileSize(const std::string& path) {
   const int worker = RemoteWorker(path);
-  if (worker < 0) return local_->FileSize(LocalPath(path));
+  if (worker < 0) {
+    auto [env, local] = LocalPath(path);
+    return env->FileSize(local);
+  }
   PTC_ASSIGN_OR_RETURN(auto file, OpenRead(path));
   return file->Size();
 }

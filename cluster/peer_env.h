@@ -14,7 +14,8 @@
 // reading it in parts, or sweeping a shard in order, fetches it once.
 //
 // A file of the durable tier (the last source of a piece no live worker
-// holds, durable.h) is named ROOT/.durable/REL and read from durable_dir.
+// holds, durable.h) is named ROOT/.durable/REL and read from durable_dir
+// (through durable_env: a bucket's S3Env, or the local Env).
 //
 // Thread safety: all methods may be called concurrently.
 #pragma once
@@ -41,8 +42,9 @@ struct PeerEnvOptions {
   size_t span_blocks = 4;           // blocks fetched at once by a read that misses (4 MiB each)
   size_t cached_spans = 4;          // spans kept (their buffers are reused)
   // The job's durable tier (durable.h): ROOT/.durable/REL is read as
-  // durable_dir/REL. Empty: none.
+  // durable_dir/REL through durable_env (null: the local Env). Empty: none.
   std::string durable_dir;
+  std::shared_ptr<Env> durable_env;
 };
 
 class PeerEnv : public Env {
@@ -106,8 +108,8 @@ class PeerEnv : public Env {
     PeerAddress peer;
     std::vector<ShardRecord> records;
   };
-  // `path` itself, or where the durable tier holds it.
-  std::string LocalPath(const std::string& path) const;
+  // The local Env and `path` itself, or the tier's Env and where it holds it.
+  std::pair<Env*, std::string> LocalPath(const std::string& path) const;
   Result<Target> Lookup(int worker, const std::string& rel) const EXCLUDES(mu_);
   // Copies bytes [skip, skip + n) of block `block` of `record` (as served by
   // `peer`) into dst, from the cache or fetched with the span it begins (and

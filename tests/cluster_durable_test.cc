@@ -10,8 +10,10 @@
 #include <set>
 
 #include "cluster/durable.h"
+#include "cluster/s3/s3_env.h"
 #include "cluster/peer_env.h"
 #include "ptc/store/model_spec.h"
+#include "s3_fake.h"
 #include "synth_store.h"
 #include "test_util.h"
 #include "transform/covering.h"
@@ -226,6 +228,64 @@ TEST_F(DurableTier, APlanReadsTheTierOnlyForWhatNoLiveWorkerHolds) {
   EXPECT_EQ(plan->messages.size(), 2u);
   EXPECT_EQ((plan->messages[{kDurableWorker, 3}]), lost);
   EXPECT_EQ((plan->messages[{0, 3}]), plan->bytes_total - lost);
+}
+
+// On a bucket (an S3Env; here an in-memory one that fails on demand) the
+// copy's manifest is written last: a share whose upload fails leaves no
+// records, no worker completes the copy while a share is missing, and the
+// next try completes it; older generations' objects go once it is.
+TEST_F(DurableTier, OnABucketTheManifestIsWrittenLast) {
+  s3::testing::FakeS3 fake;
+  struct Forward final : s3::Transport {
+    s3::Transport* t;
+    Result<s3::HttpResponse> Send(const s3::HttpRequest& r) override { return t->Send(r); }
+  };
+  auto forward = std::make_unique<Forward>();
+  forward->t = &fake;
+  s3::S3Config c;
+  c.credentials = {"AKID", "SECRET", ""};
+  auto client = std::make_shared<s3::S3Client>(c, std::move(forward),
+                                               s3::RetryPolicy{2, std::chrono::milliseconds(1), std::chrono::milliseconds(1)});
+  auto tier = s3::NewS3Env(client, "bkt", {16 << 10, 2});
+  fake.Set("job/gen-000000/worker-00.bin", "an older copy's share");
+  ASSERT_TRUE(WriteDurableShare(Env::Default(), *store_, *m_, 0, "job", nullptr, tier.get()).ok());
+  fake.Inject({"PUT", "worker-01.bin", 503, 100});
+  Status failed = WriteDurableShare(Env::Default(), *store_, *m_, 1, "job", nullptr, tier.get());
+  EXPECT_EQ(failed.code(), Code::kIOError);
+  EXPECT_NE(failed.message().find("s3://bkt/job/gen-000001/worker-01.bin"), std::string::npos) << failed.ToString();
+  EXPECT_EQ(fake.objects().count("job/gen-000001/worker-01.bin"), 0u);
+  EXPECT_EQ(fake.objects().count("job/gen-000001/worker-01.json"), 0u);
+  EXPECT_EQ(fake.open_uploads(), 0u);
+  auto done = CompleteDurable(tier.get(), *m_, id_, 0, "job");
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_FALSE(*done);
+  EXPECT_EQ(fake.objects().count("job/durable.json"), 0u);
+  EXPECT_EQ(LoadDurable(tier.get(), "job", id_, m_->tensors).status().code(), Code::kNotFound);
+  // The server answers again: the share goes in, and the copy completes.
+  fake.ClearFaults();
+  ASSERT_TRUE(WriteDurableShare(Env::Default(), *store_, *m_, 1, "job", nullptr, tier.get()).ok());
+  done = CompleteDurable(tier.get(), *m_, id_, 1, "job");
+  ASSERT_TRUE(done.ok() && *done) << done.status().ToString();
+  EXPECT_EQ(fake.objects().count("job/durable.json"), 1u);
+  EXPECT_EQ(fake.objects().count("job/gen-000000/worker-00.bin"), 0u);
+  auto pieces = LoadDurable(tier.get(), "job", id_, m_->tensors);
+  ASSERT_TRUE(pieces.ok()) << pieces.status().ToString();
+  // Every piece reads back from the bucket as it is in the store.
+  for (const ShardRecord& s : *pieces) {
+    std::string got(s.nbytes, '\0'), want(s.nbytes, '\0');
+    auto obj = tier->OpenRead(JoinPath("job", s.file.substr(kDurablePrefix.size())));
+    ASSERT_TRUE(obj.ok()) << obj.status().ToString();
+    ASSERT_TRUE((*obj)->Read(s.offset, s.nbytes, got.data()).ok());
+    const ShardRecord* orig = nullptr;
+    for (const ShardRecord& o : m_->shards) {
+      if (o.tensor == s.tensor && o.boxes == s.boxes) orig = &o;
+    }
+    ASSERT_NE(orig, nullptr);
+    auto local = Env::Default()->OpenRead(std::string(tmp_ / "store") + "/" + orig->file);
+    ASSERT_TRUE(local.ok());
+    ASSERT_TRUE((*local)->Read(orig->offset, orig->nbytes, want.data()).ok());
+    EXPECT_EQ(got, want) << s.tensor;
+  }
 }
 
 }  // namespace

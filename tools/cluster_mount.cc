@@ -47,9 +47,7 @@ ptc::Result<std::unique_ptr<worker::Worker>> PrepareClusterWorker(const ClusterA
                                      ": give the address the other workers reach this one at, not a wildcard");
   }
   if (!args.durable.empty()) {
-    // The daemon changes its directory: the tier's path is kept whole.
-    o.durable = std::filesystem::absolute(args.durable).lexically_normal().string();
-    PTC_RETURN_IF_ERROR(ptc::Env::Default()->CreateDirs(o.durable), "--durable");
+    PTC_ASSIGN_OR_RETURN(o.durable, ptc::cluster::OpenDurableLocation(args.durable), "--durable");
   }
   if (args.token_file.empty()) return ptc::InvalidArgumentError("--cluster needs --token-file: the job's shared token");
   PTC_ASSIGN_OR_RETURN(o.token, ptc::cluster::ReadTokenFile(args.token_file));

@@ -81,9 +81,9 @@ ptc::Result<nlohmann::json> Gather(const ClusterStatusArgs& a) {
   // The durable tier's copy, when asked about.
   std::optional<std::vector<ptc::ShardRecord>> durable;
   if (!a.durable.empty()) {
-    auto copy =
-        ptc::cluster::LoadDurable(ptc::Env::Default(), a.durable, {url.job, committed->contents}, manifest.tensors);
-    j["durable"] = {{"dir", a.durable}, {"copy", copy.ok()}};
+    PTC_ASSIGN_OR_RETURN(ptc::cluster::DurableLocation tier, ptc::cluster::OpenDurableLocation(a.durable, /*create=*/false), "--durable");
+    auto copy = ptc::cluster::LoadDurable(tier.get(), tier.dir, {url.job, committed->contents}, manifest.tensors);
+    j["durable"] = {{"dir", tier.name}, {"copy", copy.ok()}};
     if (copy.ok()) {
       durable = std::move(*copy);
     } else {

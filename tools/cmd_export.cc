@@ -2,6 +2,8 @@
 #include <memory>
 #include <optional>
 
+#include "cluster/durable_transfer.h"
+#include "cluster/s3/s3_config.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
 #include "ptc/store/model_spec.h"
 #include "tools/commands.h"
@@ -91,7 +93,23 @@ ptc::Status RunExportHf(const ExportArgs& a) {
                              [&] { return ExportHf(env, *store, generation, a.out, shard_bytes, progress.fn()); });
 }
 
+// OUT an s3://BUCKET/PREFIX (or --format tier): the store's current
+// generation in the durable tier's layout (cluster/durable_transfer.h).
+ptc::Status RunExportTier(const ExportArgs& a) {
+  PTC_ASSIGN_OR_RETURN(auto store, ptc::Store::Open(ptc::Env::Default(), a.store));
+  PTC_ASSIGN_OR_RETURN(ptc::cluster::DurableLocation tier, ptc::cluster::OpenDurableLocation(a.out), "OUT");
+  PTC_ASSIGN_OR_RETURN(ptc::cluster::TransferStats stats, ptc::cluster::ExportToTier(ptc::Env::Default(), *store, tier));
+  std::printf("exported generation %llu of %s to %s: %llu pieces, %s\n",
+              static_cast<unsigned long long>(stats.generation), a.store.c_str(), tier.name.c_str(),
+              static_cast<unsigned long long>(stats.pieces), HumanBytes(stats.bytes).c_str());
+  return ptc::Status::OK();
+}
+
 ptc::Status RunExport(const ExportArgs& a) {
+  if (ptc::cluster::s3::IsS3Url(a.out) || a.format == "tier") {
+    if (a.config) return ptc::InvalidArgumentError("--config: an export to " + a.out + " keeps the store's layout");
+    return RunExportTier(a);
+  }
   PTC_RETURN_IF_ERROR(CheckOutsideStore(a.store, a.out));
   if (a.shard_size && a.format != "hf") {
     return ptc::InvalidArgumentError("--shard-size " + *a.shard_size + ": sizes the shards of --format hf only");
@@ -141,14 +159,16 @@ void AddExportCommand(CLI::App& app, int* exit_code) {
                   "(torch.save files; docs/megatron_format.md); dcp: PyTorch Distributed Checkpoint,\n"
                   ".metadata + __W_0.distcp, loadable at any world size (docs/dcp_format.md); hf: the model\n"
                   "as Hugging Face's save_pretrained writes it, config.json + model-0000K-of-0000N.safetensors\n"
-                  "+ model.safetensors.index.json (no optimizer state; docs/hf_format.md)")
-      ->check(CLI::IsMember({"safetensors", "npy", "megatron", "dcp", "hf"}));
+                  "+ model.safetensors.index.json (no optimizer state; docs/hf_format.md); tier: the store's\n"
+                  "pieces as a cluster's durable tier holds them (durable.json written last; the default\n"
+                  "when OUT_DIR is s3://BUCKET/PREFIX: keys from AWS_* or ~/.aws/credentials; docs/cluster.md)")
+      ->check(CLI::IsMember({"safetensors", "npy", "megatron", "dcp", "hf", "tier"}));
   sub->add_option("--shard-size", a->shard_size,
                   "hf: the largest shard, as save_pretrained's max_shard_size: 5GB (default), 500MB, 2GiB, bytes");
   sub->add_option("--names", a->names, kMegatronNamesHelp)->check(CLI::IsMember({"te", "local"}));
   sub->add_option("--dcp-names", a->dcp_names, kDcpNamesHelp)->check(CLI::IsMember({"torch", "torchtitan"}));
   sub->add_option("STORE", a->store, "store directory")->required();
-  sub->add_option("OUT_DIR", a->out, "directory to write")->required();
+  sub->add_option("OUT_DIR", a->out, "directory to write, or s3://BUCKET/PREFIX")->required();
   sub->callback([a, exit_code] { *exit_code = Report("export", RunExport(*a)); });
 }
 

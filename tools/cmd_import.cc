@@ -10,6 +10,8 @@
 #include "ptc/checkpoint/hf/read.h"
 #include "ptc/checkpoint/import.h"
 #include "ptc/checkpoint/megatron/import.h"
+#include "cluster/durable_transfer.h"
+#include "cluster/s3/s3_config.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
 #include "tools/commands.h"
 #include "tools/progress.h"
@@ -32,7 +34,35 @@ ptc::Result<ptc::CheckpointSource> MegatronSource(ptc::Env* env, const ImportArg
   return ptc::OpenMegatronCheckpoint(env, o);
 }
 
+// SRC an s3://BUCKET/PREFIX (or --format tier): a durable tier's copy
+// (ptcfs export ... s3://, or a cluster's --durable) committed as the
+// store's next generation, every byte checked (cluster/durable_transfer.h).
+ptc::Status RunImportTier(const ImportArgs& a) {
+  if (!a.schema.empty() || !a.dims.empty() || !a.config.empty() || a.iteration) {
+    return ptc::InvalidArgumentError(a.src + ": a tier's copy names its model and layout (no --schema, --dims, "
+                                     "--config or --iteration)");
+  }
+  PTC_ASSIGN_OR_RETURN(ptc::cluster::DurableLocation tier, ptc::cluster::OpenDurableLocation(a.src, false), "SRC");
+  ptc::Env* env = ptc::Env::Default();
+  const bool dir_existed = env->Exists(a.store);
+  PTC_ASSIGN_OR_RETURN(ptc::StoreLock lock, LockStore(a.store, a.wait, /*create_dir=*/true));
+  auto opened = ptc::Store::Open(env, a.store);
+  if (!opened.ok() && opened.status().code() == ptc::Code::kNotFound) opened = ptc::Store::Create(env, a.store);
+  ptc::Result<ptc::cluster::TransferStats> stats =
+      opened.ok() ? ptc::cluster::ImportFromTier(tier, **opened) : ptc::Result<ptc::cluster::TransferStats>(opened.status());
+  if (!stats.ok()) {
+    opened = ptc::Status(ptc::Code::kInternal, "closed");  // the store closed before its directory goes
+    if (!dir_existed) (void)env->RemoveTree(a.store);
+    return stats.status();
+  }
+  std::printf("imported %s into %s: generation %llu, %llu shards, %s\n", tier.name.c_str(), a.store.c_str(),
+              static_cast<unsigned long long>(stats->generation), static_cast<unsigned long long>(stats->pieces),
+              HumanBytes(stats->bytes).c_str());
+  return ptc::Status::OK();
+}
+
 ptc::Status RunImport(const ImportArgs& a) {
+  if (ptc::cluster::s3::IsS3Url(a.src) || a.format == "tier") return RunImportTier(a);
   if (a.format == "hf") {
     // config.json says the model; the tensors become the stored pieces in --config (default tp=1).
     if (!a.schema.empty() || !a.dims.empty()) {
@@ -135,10 +165,12 @@ void AddImportCommand(CLI::App& app, int* exit_code) {
                   "(a PyTorch Distributed Checkpoint directory that dcp.save wrote: each chunk becomes a\n"
                   "stored piece; --config optional, default tp=1; docs/dcp_format.md), or hf (a model\n"
                   "Hugging Face's save_pretrained wrote: config.json gives the schema and dims, each tensor\n"
-                  "becomes a stored piece; --config optional, default tp=1; docs/hf_format.md)")
-      ->check(CLI::IsMember({"safetensors", "megatron", "dcp", "hf"}));
+                  "becomes a stored piece; --config optional, default tp=1; docs/hf_format.md), or tier (a\n"
+                  "durable tier's copy, as `ptcfs export STORE s3://...` or a cluster's --durable wrote it;\n"
+                  "the default for SRC_DIR s3://BUCKET/PREFIX, keys from AWS_* or ~/.aws/credentials)")
+      ->check(CLI::IsMember({"safetensors", "megatron", "dcp", "hf", "tier"}));
   sub->add_option("--iteration", a->iteration, "megatron: the iteration to import (default: the latest)");
-  sub->add_option("SRC_DIR", a->src, "per-rank checkpoint directory")->required();
+  sub->add_option("SRC_DIR", a->src, "per-rank checkpoint directory, or s3://BUCKET/PREFIX")->required();
   sub->add_option("STORE", a->store, "store directory")->required();
   AddWaitFlag(sub, &a->wait);
   sub->callback([a, exit_code] { *exit_code = Report("import", RunImport(*a)); });

@@ -314,9 +314,12 @@ void AddClusterOptions(CLI::App* mount, ClusterArgs* cluster) {
       ->group("Cluster");
   mount
       ->add_option("--durable", cluster->durable,
-                   "DIR: the job's durable tier, a directory every worker sees at this path (a shared\n"
-                   "file system). The workers copy the job's tensors into it once; a piece that no live\n"
-                   "worker holds any more (more than replicas-1 workers lost) is read from it")
+                   "DIR or s3://BUCKET/PREFIX: the job's durable tier, a directory every worker sees at\n"
+                   "this path (a shared file system) or a bucket (endpoint, region and keys from\n"
+                   "AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or\n"
+                   "~/.aws/credentials). The workers copy the job's tensors into it once per contents; a\n"
+                   "piece that no live worker holds any more (more than replicas-1 workers lost) is read\n"
+                   "from it")
       ->group("Cluster");
   mount
       ->add_option("--change-timeout", cluster->timeout_seconds,

@@ -9,6 +9,7 @@ PACKAGES=(
   python3 python3-numpy python3-h5py python3-venv
   zlib1g-dev python3-torch
   libcpp-httplib-dev libjemalloc-dev etcd-server etcd-client python3-yaml
+  libssl-dev curl ceph-mon ceph-osd radosgw ceph-common
 )
 missing=()
 [ "${PTCFS_VENV_ONLY:-0}" = 1 ] && PACKAGES=()  # the venv part alone (the quickstart runs it beside the build)

@@ -6,6 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup-deps.sh
+# The S3 server of the durable tier's tests (radosgw on a single-node Ceph,
+# tests/ceph/ceph.sh, ~20 s): started once for every stage, always stopped.
+ceph_dir=$(mktemp -d /tmp/ptcfs-ceph.XXXXXX)
+trap 'bash tests/ceph/ceph.sh stop "$ceph_dir"' EXIT
+bash tests/ceph/ceph.sh start "$ceph_dir"
+source "$ceph_dir/env"
 for kind in release asan; do
   echo "== build ($kind)"
   bash tools/build.sh "$kind"

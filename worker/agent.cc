@@ -88,7 +88,9 @@ class AppliedChange final : public AgreedChange {
     if (durable_.empty()) return ptc::FailedPreconditionError("the job has no durable tier");
     PTC_ASSIGN_OR_RETURN(std::optional<ptc::cluster::Committed> committed, coordinator_->GetCommitted());
     if (!committed) return ptc::FailedPreconditionError("the job has no committed generation");
-    return ptc::cluster::LoadDurable(env_, durable_, {job_, committed->contents}, store_->CurrentSnapshot()->tensors);
+    // A directory is read through the store's env (local paths), a bucket through its own.
+    ptc::Env* tier = durable_.env ? durable_.env.get() : env_;
+    return ptc::cluster::LoadDurable(tier, durable_.dir, {job_, committed->contents}, store_->CurrentSnapshot()->tensors);
   }
 
  private:
@@ -97,7 +99,8 @@ class AppliedChange final : public AgreedChange {
   const ptc::cluster::Coordinator* const coordinator_;
   const ptc::Store* const store_;
   ptc::Env* const env_;
-  const std::string job_, durable_;
+  const std::string job_;
+  const ptc::cluster::DurableLocation durable_;
   const int options_worker_;
   std::atomic<uint64_t>* const saved_;
 };

@@ -13,6 +13,9 @@ namespace {
 // How often the tier is looked at again while it holds no usable copy and
 // this worker's share is in (another worker's may still be on its way).
 constexpr std::chrono::seconds kLookEvery{5};
+// How long after a failed copy (the tier unreachable: a bucket's server
+// away) the same generation's share is copied again.
+constexpr std::chrono::seconds kRetryAfter{10};
 
 }  // namespace
 
@@ -33,11 +36,16 @@ void DurableKeeper::Look() {
     ptc::MutexLock lock(&mu_);
     known = complete_contents_ == contents;
   }
-  if (known || ptc::cluster::LoadDurable(env_, dir_, {job_, contents}, current->tensors).ok()) {
+  if (known || ptc::cluster::LoadDurable(tier_env(), tier_.dir, {job_, contents}, current->tensors).ok()) {
     Complete(current->generation, contents);
     return;
   }
   next_look_ = now + kLookEvery;
+  if (failed_.exchange(false)) {
+    copied_ = 0;  // the failed copy is made again
+    next_look_ = now + kRetryAfter;
+    return;
+  }
   if (copied_ == current->generation) return;
   copied_ = current->generation;
   if (thread_.joinable()) thread_.join();  // the previous copy, ended
@@ -53,30 +61,32 @@ void DurableKeeper::Complete(uint64_t generation, const std::string& contents) {
 
 nlohmann::json DurableKeeper::Report() const {
   const bool complete = complete_ == fs_->store().CurrentSnapshot()->generation;
-  return {{"dir", dir_}, {"copy", complete ? "complete" : copying_ ? "copying" : "incomplete"}};
+  return {{"dir", tier_.name}, {"copy", complete ? "complete" : copying_ ? "copying" : "incomplete"}};
 }
 
 void DurableKeeper::Copy(std::shared_ptr<const ptc::GenerationManifest> generation, std::string contents) {
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);  // best effort, as a compaction
   const auto t0 = std::chrono::steady_clock::now();
-  ptc::Status s = ptc::cluster::WriteDurableShare(env_, fs_->store(), *generation, worker_, dir_, &stop_);
+  ptc::Status s = ptc::cluster::WriteDurableShare(env_, fs_->store(), *generation, worker_, tier_.dir, &stop_, tier_env());
   ptc::Result<bool> complete =
-      s.ok() ? ptc::cluster::CompleteDurable(env_, *generation, {job_, contents}, worker_, dir_) : s;
+      s.ok() ? ptc::cluster::CompleteDurable(tier_env(), *generation, {job_, contents}, worker_, tier_.dir) : s;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const bool moved_on = fs_->store().CurrentSnapshot()->generation != generation->generation;
   if (!complete.ok() && (stop_ || moved_on)) {
     // Unmounted, or the job moved on (its files may be collected under the
     // copy): the next generation is copied instead.
-    std::fprintf(stderr, "ptcfs: durable tier %s: the copy of generation %llu ended (%s)\n", dir_.c_str(),
+    std::fprintf(stderr, "ptcfs: durable tier %s: the copy of generation %llu ended (%s)\n", tier_.name.c_str(),
                  static_cast<unsigned long long>(generation->generation), stop_ ? "unmounted" : "the job moved on");
   } else if (!complete.ok()) {
-    const std::string error = "durable tier " + dir_ + ": " + complete.status().message();
-    std::fprintf(stderr, "ptcfs: %s\n", error.c_str());
+    const std::string error = "durable tier " + tier_.name + ": " + complete.status().message();
+    std::fprintf(stderr, "ptcfs: %s (tried again in %lld s)\n", error.c_str(),
+                 static_cast<long long>(kRetryAfter.count()));
     fs_->controller().RecordError(error);
+    failed_ = true;
   } else {
     if (*complete) Complete(generation->generation, contents);
     std::fprintf(stderr, "ptcfs: worker %d: its share of generation %llu is in the durable tier %s (%.1f s)%s\n",
-                 worker_, static_cast<unsigned long long>(generation->generation), dir_.c_str(), seconds,
+                 worker_, static_cast<unsigned long long>(generation->generation), tier_.name.c_str(), seconds,
                  *complete ? "; the copy is complete" : "");
   }
   copying_ = false;

@@ -1,8 +1,9 @@
 // One cluster worker's part in keeping the job's durable tier (--durable;
 // docs/cluster.md, "Durable tier"): until the tier holds a copy of the job's
 // contents, the worker copies its share of the committed generation into it
-// (cluster/durable.h), once per generation, and completes the copy when its
-// share is the last. The copy runs on a thread of its own at the lowest CPU
+// (cluster/durable.h), once per generation (again, after a pause, when the
+// copy failed: the tier away), and completes the copy when its share is the
+// last. The copy runs on a thread of its own at the lowest CPU
 // priority: no change or recovery waits for it.
 //
 // Thread safety: Look from one thread (the agent's); the destructor stops a
@@ -18,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cluster/coordinator.h"
+#include "cluster/durable_location.h"
 #include "fs/filesystem.h"
 #include "ptc/base/env.h"
 #include "ptc/base/mutex.h"
@@ -26,11 +28,12 @@ namespace ptcfs::worker {
 
 class DurableKeeper {
  public:
-  // `env`: the store's (shared by the copy's reads and the tier's writes);
-  // `fs` and `coordinator` outlive the keeper.
-  DurableKeeper(std::string dir, std::string job, int worker, ptc::Env* env, Filesystem* fs,
+  // `env`: the store's (the copy's reads; the tier's writes too when it is a
+  // directory; a bucket has an Env of its own); `fs` and `coordinator`
+  // outlive the keeper.
+  DurableKeeper(ptc::cluster::DurableLocation tier, std::string job, int worker, ptc::Env* env, Filesystem* fs,
                 const ptc::cluster::Coordinator* coordinator)
-      : dir_(std::move(dir)), job_(std::move(job)), worker_(worker), env_(env), fs_(fs), coordinator_(coordinator) {}
+      : tier_(std::move(tier)), job_(std::move(job)), worker_(worker), env_(env), fs_(fs), coordinator_(coordinator) {}
   ~DurableKeeper();
 
   // While no change is under way: starts the copy of this worker's share
@@ -38,7 +41,7 @@ class DurableKeeper {
   // the job's committed generation. Errors go to stderr and last_error.
   void Look();
 
-  // .ptcfs/status "cluster"."durable": {"dir", "copy": "complete" (the tier
+  // .ptcfs/status "cluster"."durable": {"dir" (the directory or s3:// url), "copy": "complete" (the tier
   // holds a copy of the served generation's contents), "copying" (this
   // worker's share is being written) or "incomplete"}. Any thread.
   nlohmann::json Report() const;
@@ -46,7 +49,11 @@ class DurableKeeper {
  private:
   void Copy(std::shared_ptr<const ptc::GenerationManifest> generation, std::string contents);
 
-  const std::string dir_, job_;
+  // The tier's Env: the bucket's, or the store's for a directory.
+  ptc::Env* tier_env() const { return tier_.env ? tier_.env.get() : env_; }
+
+  const ptc::cluster::DurableLocation tier_;
+  const std::string job_;
   const int worker_;
   ptc::Env* const env_;
   Filesystem* const fs_;
@@ -62,6 +69,7 @@ class DurableKeeper {
   std::string complete_contents_ GUARDED_BY(mu_);
   std::atomic<uint64_t> complete_{0};
   std::atomic<bool> copying_{false};
+  std::atomic<bool> failed_{false};  // the last copy failed (not stopped): Look makes it again
   std::atomic<bool> stop_{false};
   uint64_t copied_ = 0;  // the last generation whose share was copied (Look's own)
   std::chrono::steady_clock::time_point next_look_;  // Look's own

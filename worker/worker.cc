@@ -25,7 +25,8 @@ ptc::Result<std::unique_ptr<Worker>> Worker::Prepare(WorkerOptions options, std:
   ptc::cluster::PeerEnvOptions env;
   env.self = o.worker;
   env.client.token = o.token;
-  env.durable_dir = o.durable;
+  env.durable_dir = o.durable.dir;
+  env.durable_env = o.durable.env;
   w->env_ = std::make_unique<ptc::cluster::PeerEnv>(o.base != nullptr ? o.base : ptc::Env::Default(), store, env);
   auto opened = ptc::Store::Open(w->env_.get(), store);
   if (!opened.ok() && opened.status().code() == ptc::Code::kNotFound) opened = ptc::Store::Create(w->env_.get(), store);

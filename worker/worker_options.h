@@ -5,6 +5,7 @@
 #include <chrono>
 #include <string>
 
+#include "cluster/durable_location.h"
 #include "cluster/peer_protocol.h"
 #include "ptc/base/env.h"
 
@@ -17,7 +18,7 @@ struct WorkerOptions {
   std::string token;        // the job's shared token
   int lease_seconds = 10;   // a worker silent this long has left the job
   std::chrono::seconds timeout{600};  // a change not committed by then is aborted
-  std::string durable;      // the job's durable tier (an absolute path every worker sees); empty: none
+  ptc::cluster::DurableLocation durable;  // the job's durable tier (a directory every worker sees, or a bucket); empty: none
   ptc::Env* base = nullptr;  // the Env under the store's PeerEnv; null: Env::Default()
 };
 
