@@ -35,7 +35,7 @@ say() { printf '%-34s %s\n' "$1" "$2"; }
 elapsed() { printf '%d:%02d' $(((SECONDS - $1) / 60)) $(((SECONDS - $1) % 60)); }
 
 t=$SECONDS
-run "Debian packages" env PTCFS_NO_VENV=1 bash tools/setup-deps.sh
+run "Debian packages" env PTCFS_NO_VENV=1 PTCFS_PACKAGES=build bash tools/setup-deps.sh  # no test servers
 say "Debian packages" "ready ($(elapsed $t))"
 t=$SECONDS
 PTCFS_VENV_ONLY=1 PTCFS_VENV_SET=quickstart bash tools/setup-deps.sh >"$work/venv.log" 2>&1 &

@@ -8,9 +8,12 @@ PACKAGES=(
   libhdf5-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libgtest-dev libfuse3-dev fuse3
   python3 python3-numpy python3-h5py python3-venv
   zlib1g-dev python3-torch
-  libcpp-httplib-dev libjemalloc-dev etcd-server etcd-client python3-yaml
-  libssl-dev curl ceph-mon ceph-osd radosgw ceph-common
+  libcpp-httplib-dev libjemalloc-dev libssl-dev python3-yaml
 )
+# The tests' servers: etcd for the cluster suites, a single-node Ceph's radosgw (and curl) for
+# the S3 durable tier's. PTCFS_PACKAGES=build (the quickstart) leaves them out.
+TEST_PACKAGES=(etcd-server etcd-client curl ceph-mon ceph-osd radosgw ceph-common)
+[ "${PTCFS_PACKAGES:-all}" = build ] || PACKAGES+=("${TEST_PACKAGES[@]}")
 missing=()
 [ "${PTCFS_VENV_ONLY:-0}" = 1 ] && PACKAGES=()  # the venv part alone (the quickstart runs it beside the build)
 for p in "${PACKAGES[@]}"; do
