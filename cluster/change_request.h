@@ -20,6 +20,7 @@
 #include <string_view>
 #include <variant>
 
+#include "cluster/keys.h"
 #include "ptc/base/status.h"
 
 namespace ptc::cluster {
@@ -40,7 +41,7 @@ struct SaveRequest {
 
 // A .metadata is cut into values of at most kDcpMetadataPart bytes (etcd
 // takes requests of 1.5 MiB by default), at most kMaxDcpMetadataParts of them.
-inline constexpr size_t kDcpMetadataPart = size_t{1} << 20;
+inline constexpr size_t kDcpMetadataPart = kMaxEtcdValue;
 inline constexpr size_t kMaxDcpMetadataParts = 64;
 
 // A DCP save: its .metadata in `parts` values under worker `worker`'s

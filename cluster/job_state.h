@@ -55,10 +55,6 @@ std::string EncodeFailure(const Failure& f);
 // (and `extra` as its extra).
 std::string EncodePart(std::string_view id, const Part& part, const std::vector<TensorRecord>& tensors);
 
-// No value ptcfs puts in etcd is larger (etcd refuses requests over 1.5 MiB
-// by default), whatever the number of tensors.
-inline constexpr size_t kMaxEtcdValue = size_t{1} << 20;
-
 // A part as etcd values: an encoded part (EncodePart) of at most
 // `max_value` bytes is its own head; a larger one is cut into chunks of
 // `max_value` bytes (PartChunkKey 0, 1, ...), written before a head that

@@ -23,6 +23,11 @@
 
 namespace ptc::cluster {
 
+// No value ptcfs puts under these keys is larger (etcd refuses requests over
+// 1.5 MiB by default), whatever the number of tensors: a larger one is cut
+// (a part: job_state.h CutPart; a DCP save's .metadata: change_request.h).
+inline constexpr size_t kMaxEtcdValue = size_t{1} << 20;
+
 std::string JobPrefix(std::string_view job);
 std::string MembersPrefix(std::string_view job);
 std::string MemberKey(std::string_view job, int worker);
