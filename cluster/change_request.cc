@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 
 namespace ptc::cluster {
 namespace {
@@ -49,7 +50,12 @@ class Decoder {
   Result<ChangeRequest> DcpSave(std::string_view rest) const {
     DcpSaveRequest r;
     if (!ParseDecimal(NextField(rest), r.worker)) return Error("worker", "must be a decimal number");
-    if (!ParseDecimal(NextField(rest), r.parts)) return Error("parts", "must be a decimal number");
+    if (!ParseDecimal(NextField(rest), r.bytes)) return Error("bytes", "must be a decimal number");
+    const std::string_view checksum = NextField(rest);
+    auto [end, ec] = std::from_chars(checksum.data(), checksum.data() + checksum.size(), r.checksum, 16);
+    if (checksum.size() != 16 || ec != std::errc() || end != checksum.data() + checksum.size()) {
+      return Error("checksum", "must be 16 hexadecimal digits");
+    }
     r.save = std::string(rest);  // the rest, spaces and all
     return ChangeRequest(std::move(r));
   }
@@ -78,9 +84,9 @@ Status ValidateRequest(const ChangeRequest& request) {
   } else if (const auto* d = std::get_if<DcpSaveRequest>(&request)) {
     if (d->worker < 0)
       return InvalidArgumentError("DCP save request: \"worker\" " + std::to_string(d->worker) + " < 0");
-    if (d->parts > kMaxDcpMetadataParts) {
-      return InvalidArgumentError("DCP save request: \"parts\" " + std::to_string(d->parts) + " > " +
-                                  std::to_string(kMaxDcpMetadataParts));
+    if (d->bytes > kMaxDcpMetadataBytes) {
+      return InvalidArgumentError("DCP save request: \"bytes\" " + std::to_string(d->bytes) + " > " +
+                                  std::to_string(kMaxDcpMetadataBytes));
     }
     if (d->save.empty()) return InvalidArgumentError("DCP save request: \"save\" is empty");
   }
@@ -94,7 +100,10 @@ std::string EncodeRequest(const ChangeRequest& request) {
       return std::string(kSave) + " " + std::to_string(r.iteration);
     }
     std::string operator()(const DcpSaveRequest& r) const {
-      return std::string(kDcpSave) + " " + std::to_string(r.worker) + " " + std::to_string(r.parts) + " " + r.save;
+      char checksum[17];
+      std::snprintf(checksum, sizeof checksum, "%016llx", static_cast<unsigned long long>(r.checksum));
+      return std::string(kDcpSave) + " " + std::to_string(r.worker) + " " + std::to_string(r.bytes) + " " + checksum +
+             " " + r.save;
     }
     std::string operator()(const CompactionRequest& r) const {
       return r.rank_files ? std::string(kCompact) + " " + std::string(kRankFiles) : std::string(kCompact);

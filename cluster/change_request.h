@@ -7,8 +7,10 @@
 //                                 ("tp=4,pp=1" or {"config": ..., "step": S}), every worker
 //                                 applying the same text (Controller::Apply)
 //   save ITERATION                a Megatron save whose latest file was written on the proposer
-//   dcp-save WORKER PARTS SAVE    a DCP save: its .metadata in etcd under DcpMetadataKey(job,
-//                                 WORKER, 0..PARTS-1) (keys.h), SAVE its staging directory
+//   dcp-save WORKER BYTES XXH64 SAVE
+//                                 a DCP save: its .metadata (BYTES long, its xxh64 in 16 hex
+//                                 digits) published by WORKER's PeerServer as SAVE, its staging
+//                                 directory (peer_protocol.h: GET /v1/published?name=SAVE)
 //   compact | compact rank-files  a compaction of the committed generation (into rank files)
 //
 // Thread safety: plain values and pure functions.
@@ -39,17 +41,18 @@ struct SaveRequest {
   friend bool operator==(const SaveRequest&, const SaveRequest&) = default;
 };
 
-// A .metadata is cut into values of at most kDcpMetadataPart bytes (etcd
-// takes requests of 1.5 MiB by default), at most kMaxDcpMetadataParts of them.
-inline constexpr size_t kDcpMetadataPart = kMaxEtcdValue;
-inline constexpr size_t kMaxDcpMetadataParts = 64;
+// The largest .metadata a DCP save may have (DeepSeek-V3's, Adam included, is 164 MiB).
+inline constexpr uint64_t kMaxDcpMetadataBytes = uint64_t{1} << 30;
 
-// A DCP save: its .metadata in `parts` values under worker `worker`'s
-// DcpMetadataPrefix, `save` the staging directory (kDcpStaging/NAME, or a
-// torch_dist iteration of megatron/); every worker adds the chunk files written on it.
+// A DCP save: its .metadata (`bytes`, xxh64 `checksum`) published by worker
+// `worker` as `save`, the staging directory (kDcpStaging/NAME, or a torch_dist
+// iteration of megatron/), from its proposal until the change ends; every worker
+// fetches it from there (not from etcd: it grows with the tensors) and adds the
+// chunk files written on it.
 struct DcpSaveRequest {
   int worker = 0;
-  size_t parts = 0;
+  uint64_t bytes = 0;
+  uint64_t checksum = 0;
   std::string save;
   friend bool operator==(const DcpSaveRequest&, const DcpSaveRequest&) = default;
 };
@@ -65,8 +68,8 @@ using ChangeRequest = std::variant<RelayoutRequest, SaveRequest, DcpSaveRequest,
 
 // Whether `request` can be encoded and decoded back as it is.
 // \error InvalidArgument naming the field at fault: an empty config or one
-//        whose first word names another kind; a DCP save's worker < 0, parts
-//        past kMaxDcpMetadataParts, an empty save.
+//        whose first word names another kind; a DCP save's worker < 0, bytes
+//        past kMaxDcpMetadataBytes, an empty save.
 Status ValidateRequest(const ChangeRequest& request);
 
 // The request's text (above). For a valid `request`,
@@ -75,7 +78,7 @@ std::string EncodeRequest(const ChangeRequest& request);
 
 // The request of a change (`where`: the change, for messages).
 // \error Corruption naming `where`, the text and the field at fault (a save's
-//        "iteration", a DCP save's "worker", "parts" or "save", a
+//        "iteration", a DCP save's "worker", "bytes", "checksum" or "save", a
 //        compaction's "into"), or as ValidateRequest.
 Result<ChangeRequest> DecodeRequest(std::string_view where, std::string_view text);
 

@@ -21,12 +21,6 @@ std::string PartChunkKey(std::string_view job, uint64_t g, int worker, size_t ch
   return PartKey(job, g, worker) + "/" + std::to_string(chunk);
 }
 std::string AbortedKey(std::string_view job, uint64_t g) { return GenerationPrefix(job, g) + "aborted"; }
-std::string DcpMetadataPrefix(std::string_view job, int worker) {
-  return JobPrefix(job) + "dcp-metadata/" + std::to_string(worker) + "/";
-}
-std::string DcpMetadataKey(std::string_view job, int worker, size_t part) {
-  return DcpMetadataPrefix(job, worker) + std::to_string(part);
-}
 
 namespace {
 

@@ -1,6 +1,6 @@
 // Every etcd key of a job, built here and nowhere else (docs/cluster.md,
 // "Job state"). Values: job_state.h (committed, change, part, aborted),
-// membership.h (members), change_request.h (a DCP save's .metadata).
+// membership.h (members).
 //
 //   /ptcfs/JOB/                        every key of the job starts with it (a watch of the job)
 //   /ptcfs/JOB/members/W               worker W is live (attached to its lease)
@@ -9,7 +9,6 @@
 //   /ptcfs/JOB/gen/G/part/W            worker W wrote its pieces of G (durable)
 //   /ptcfs/JOB/gen/G/part/W/I          part I of worker W's part, when it is cut (job_state.h)
 //   /ptcfs/JOB/gen/G/aborted           the change to G committed nowhere, and why
-//   /ptcfs/JOB/dcp-metadata/W/I        part I of the .metadata of the DCP save worker W proposed
 //
 // W, G and I are decimal. Thread safety: pure functions.
 #pragma once
@@ -25,7 +24,8 @@ namespace ptc::cluster {
 
 // No value ptcfs puts under these keys is larger (etcd refuses requests over
 // 1.5 MiB by default), whatever the number of tensors: a larger one is cut
-// (a part: job_state.h CutPart; a DCP save's .metadata: change_request.h).
+// (a part: job_state.h CutPart); what grows past it without bound goes
+// between the workers (a DCP save's .metadata: change_request.h).
 inline constexpr size_t kMaxEtcdValue = size_t{1} << 20;
 
 std::string JobPrefix(std::string_view job);
@@ -38,8 +38,6 @@ std::string PartsPrefix(std::string_view job, uint64_t generation);
 std::string PartKey(std::string_view job, uint64_t generation, int worker);
 std::string PartChunkKey(std::string_view job, uint64_t generation, int worker, size_t chunk);
 std::string AbortedKey(std::string_view job, uint64_t generation);
-std::string DcpMetadataPrefix(std::string_view job, int worker);
-std::string DcpMetadataKey(std::string_view job, int worker, size_t part);
 
 // The worker W of a key PartsPrefix(job, generation) + W; nullopt for a key
 // under that prefix that names no worker (not decimal, negative, too large).

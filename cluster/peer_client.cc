@@ -216,4 +216,41 @@ Result<GenerationManifest> PeerClient::FetchManifest(const PeerAddress& peer, ui
   return m;
 }
 
+Result<std::string> PeerClient::FetchPublished(const PeerAddress& peer, const std::string& name, uint64_t bytes,
+                                               uint64_t checksum) const {
+  const std::string where = "worker " + peer.ToString() + ": published '" + name + "'";
+  HttpGetRequest get{peer,
+                     PublishedTarget(name),
+                     {{"Authorization", BearerHeader(options_.token)}},
+                     Clock::now() + options_.timeout + std::chrono::seconds(bytes >> 23),
+                     options_.stall};
+  int status = 0;
+  std::optional<uint64_t> length;
+  std::string body, reason;
+  uint64_t got = 0;
+  auto on_head = [&](const HttpHead& head) {
+    status = head.status;
+    length = head.content_length;
+    if (status != 200) return HttpBody{};
+    if (length != bytes) return HttpBody{false};
+    body.resize(static_cast<size_t>(bytes));  // received in place
+    return HttpBody{true, body.data(), bytes};
+  };
+  auto on_body = [&](const char* data, size_t len) {
+    got += len;
+    if (status != 200) reason.append(data, std::min(len, 512 - std::min<size_t>(512, reason.size())));
+    return true;
+  };
+  PTC_RETURN_IF_ERROR(HttpGet(get, on_head, on_body), where);
+  if (status != 200) return StatusOfHttp(status, where, reason);
+  if (length != bytes || got != bytes) {
+    return CorruptionError(where + ": " + (length ? std::to_string(*length) : std::string("unknown")) +
+                           " bytes sent, " + std::to_string(bytes) + " expected");
+  }
+  if (Xxh64(body.data(), body.size()) != checksum) {
+    return CorruptionError(where + ": its checksum differs from the one the change names");
+  }
+  return body;
+}
+
 }  // namespace ptc::cluster

@@ -63,6 +63,14 @@ class PeerClient {
   //        decode or is of another generation; IOError as above.
   Result<GenerationManifest> FetchManifest(const PeerAddress& peer, uint64_t generation) const;
 
+  // What `peer` publishes as `name` (GET /v1/published), which must be `bytes`
+  // long with xxh64 `checksum` (the deadline: the timeout, plus a second per 8 MiB).
+  // \error NotFound when the peer publishes nothing of that name; Corruption
+  //        naming the peer and the name when what arrives has another length or
+  //        checksum; PermissionDenied and IOError as above.
+  Result<std::string> FetchPublished(const PeerAddress& peer, const std::string& name, uint64_t bytes,
+                                     uint64_t checksum) const;
+
  private:
   PeerClientOptions options_;
 };

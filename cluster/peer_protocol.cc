@@ -78,6 +78,10 @@ std::string ShardRequestTarget(const ShardRequest& r) {
          "&length=" + std::to_string(r.length);
 }
 
+std::string PublishedTarget(std::string_view name) {
+  return std::string(kPublishedPath) + "?name=" + PercentEncode(name);
+}
+
 Result<ShardRequest> ParseShardRequest(const std::multimap<std::string, std::string>& params) {
   for (const auto& [name, value] : params) {
     if (name != "file" && name != "offset" && name != "length") {

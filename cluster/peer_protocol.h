@@ -23,6 +23,14 @@
 // worker's current or a kept one: how a worker that was away brings its
 // store up to the job's committed generation. 404 for another generation.
 //
+//   GET /v1/published?name=NAME
+//   Authorization: Bearer TOKEN
+//
+// Bytes the worker publishes to the job's others while a change needs them (a
+// DCP save's .metadata, from its proposal until the change ends:
+// PeerServer::Publish), NAME percent-encoded. 404 when nothing of that name is
+// published.
+//
 // Thread safety: plain values and pure functions.
 #pragma once
 
@@ -38,6 +46,7 @@ namespace ptc::cluster {
 
 inline constexpr char kShardPath[] = "/v1/shard";
 inline constexpr char kManifestPath[] = "/v1/manifest";
+inline constexpr char kPublishedPath[] = "/v1/published";
 // The largest N a server accepts by default, and a client asks for at once.
 inline constexpr uint64_t kDefaultMaxRequestBytes = 64 << 20;
 
@@ -63,6 +72,9 @@ struct ShardRequest {
 
 // The request target: kShardPath and the query, `file` percent-encoded.
 std::string ShardRequestTarget(const ShardRequest& r);
+
+// The request target of the bytes published as `name`: kPublishedPath and the query.
+std::string PublishedTarget(std::string_view name);
 
 // The request of decoded query parameters (as the HTTP server parses them).
 // \error InvalidArgument naming the parameter when `file`, `offset` or

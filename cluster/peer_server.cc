@@ -108,6 +108,7 @@ struct PeerServer::Impl {
   httplib::Server::HandlerResponse Authorize(const httplib::Request& req, httplib::Response& res);
   void ServeShard(const httplib::Request& req, httplib::Response& res);
   void ServeManifest(const httplib::Request& req, httplib::Response& res) EXCLUDES(mu);
+  void ServePublished(const httplib::Request& req, httplib::Response& res) EXCLUDES(mu);
   // The generations served now: the store's current one, then the kept ones.
   std::vector<std::shared_ptr<const GenerationManifest>> Generations() EXCLUDES(mu);
   // Their index.
@@ -126,6 +127,7 @@ struct PeerServer::Impl {
   Mutex mu;
   std::vector<std::shared_ptr<const GenerationManifest>> kept GUARDED_BY(mu);
   std::shared_ptr<const ServedFiles> served GUARDED_BY(mu);
+  std::map<std::string, std::shared_ptr<const std::string>> published GUARDED_BY(mu);
 
   Mutex stop_mu;
   bool stopped GUARDED_BY(stop_mu) = false;
@@ -196,6 +198,23 @@ void PeerServer::Impl::ServeManifest(const httplib::Request& req, httplib::Respo
                        std::to_string(all.front() ? all.front()->generation : 0) + ")");
 }
 
+void PeerServer::Impl::ServePublished(const httplib::Request& req, httplib::Response& res) {
+  if (req.params.size() != 1 || !req.has_param("name")) return Refuse(res, 400, "expected ?name=NAME");
+  const std::string name = req.get_param_value("name");
+  std::shared_ptr<const std::string> bytes;
+  {
+    MutexLock lock(&mu);
+    if (auto it = published.find(name); it != published.end()) bytes = it->second;
+  }
+  if (bytes == nullptr) return Refuse(res, 404, "nothing is published as '" + name.substr(0, 256) + "' here");
+  served_count.fetch_add(1, std::memory_order_relaxed);
+  res.status = 200;
+  res.set_content_provider(bytes->size(), "application/octet-stream",
+                           [bytes](size_t offset, size_t length, httplib::DataSink& sink) {
+                             return sink.write(bytes->data() + offset, std::min(length, kStreamChunk));
+                           });
+}
+
 void PeerServer::Impl::ServeShard(const httplib::Request& req, httplib::Response& res) {
   Result<ShardRequest> r = ParseShardRequest(req.params);
   if (!r.ok()) return Refuse(res, 400, r.status().message());
@@ -244,9 +263,11 @@ void PeerServer::Impl::Install() {
       [this](const httplib::Request& req, httplib::Response& res) { return Authorize(req, res); });
   http.Get(kShardPath, [this](const httplib::Request& req, httplib::Response& res) { ServeShard(req, res); });
   http.Get(kManifestPath, [this](const httplib::Request& req, httplib::Response& res) { ServeManifest(req, res); });
+  http.Get(kPublishedPath, [this](const httplib::Request& req, httplib::Response& res) { ServePublished(req, res); });
   http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request&, httplib::Response& res) {
-    if (res.body.empty()) Refuse(res, res.status, "no such endpoint or method (GET " + std::string(kShardPath) + " or " +
-                                                  std::string(kManifestPath) + ")");
+    if (res.body.empty()) Refuse(res, res.status, "no such endpoint or method (GET " + std::string(kShardPath) + ", " +
+                                                  std::string(kManifestPath) + " or " +
+                                                  std::string(kPublishedPath) + ")");
     return httplib::Server::HandlerResponse::Handled;
   }));
   http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
@@ -316,6 +337,22 @@ PeerAddress PeerServer::address() const { return impl_->bound; }
 void PeerServer::SetKeptGenerations(std::vector<std::shared_ptr<const GenerationManifest>> kept) {
   MutexLock lock(&impl_->mu);
   impl_->kept = std::move(kept);
+}
+
+void PeerServer::Publish(const std::string& name, std::shared_ptr<const std::string> bytes) {
+  MutexLock lock(&impl_->mu);
+  impl_->published[name] = std::move(bytes);
+}
+
+void PeerServer::Withdraw(const std::string& name) {
+  MutexLock lock(&impl_->mu);
+  impl_->published.erase(name);
+}
+
+std::shared_ptr<const std::string> PeerServer::Published(const std::string& name) const {
+  MutexLock lock(&impl_->mu);
+  auto it = impl_->published.find(name);
+  return it == impl_->published.end() ? nullptr : it->second;
 }
 
 PeerServerStats PeerServer::stats() const {

@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,6 +77,13 @@ class PeerServer {
   // Also serves these generations (kept for open files, or being pulled);
   // replaces the previous list. The current generation is always served.
   void SetKeptGenerations(std::vector<std::shared_ptr<const GenerationManifest>> kept);
+
+  // Serves `bytes` as `name` (GET kPublishedPath) until Withdraw(name);
+  // replaces what was published under that name.
+  void Publish(const std::string& name, std::shared_ptr<const std::string> bytes);
+  void Withdraw(const std::string& name);
+  // What is published as `name`, or nullptr.
+  std::shared_ptr<const std::string> Published(const std::string& name) const;
 
   PeerServerStats stats() const;
 

@@ -161,8 +161,6 @@ TEST(Keys, TheJobsLayout) {
   EXPECT_EQ(PartsPrefix("j", 5), "/ptcfs/j/gen/5/part/");
   EXPECT_EQ(PartKey("j", 5, 2), "/ptcfs/j/gen/5/part/2");
   EXPECT_EQ(AbortedKey("j", 5), "/ptcfs/j/gen/5/aborted");
-  EXPECT_EQ(DcpMetadataPrefix("j", 1), "/ptcfs/j/dcp-metadata/1/");
-  EXPECT_EQ(DcpMetadataKey("j", 1, 4), "/ptcfs/j/dcp-metadata/1/4");
   EXPECT_EQ(PartKeyWorker("j", 5, PartKey("j", 5, 12)), 12);
   for (const char* bad : {"/ptcfs/j/gen/5/part/", "/ptcfs/j/gen/5/part/x", "/ptcfs/j/gen/5/part/-1",
                           "/ptcfs/j/gen/5/part/1x", "/ptcfs/j/gen/6/part/1", "/ptcfs/j/gen/5/part/99999999999"}) {

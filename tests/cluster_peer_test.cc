@@ -451,6 +451,42 @@ TEST_F(PeerDataPlane, ServesTheManifestOfItsGenerations) {
   EXPECT_EQ(RawGet("/v1/manifest", bearer).first, 400);
 }
 
+// A DCP save's .metadata goes from its proposer to the job's other workers:
+// published under the save's name while the change needs it, fetched whole,
+// checked against the length and checksum the change names.
+TEST_F(PeerDataPlane, PublishedBytesAreServedUntilWithdrawnAndCheckedOnArrival) {
+  std::mt19937_64 rng(ptc::testing::TestSeed());
+  std::string bytes(3 * (1 << 20) + 12345, '\0');  // more than one chunk of the stream
+  for (char& c : bytes) c = static_cast<char>(rng());
+  const uint64_t sum = Xxh64(bytes.data(), bytes.size());
+  const std::string name = ".dcp/step 7&x=1+2%";  // the query's own characters too
+  PeerClient client(ClientOptions());
+  EXPECT_EQ(client.FetchPublished(server_->address(), name, bytes.size(), sum).status().code(), Code::kNotFound);
+  server_->Publish(name, std::make_shared<const std::string>(bytes));
+  ASSERT_NE(server_->Published(name), nullptr);
+  auto got = client.FetchPublished(server_->address(), name, bytes.size(), sum);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(*got == bytes);
+  auto other_sum = client.FetchPublished(server_->address(), name, bytes.size(), sum ^ 1);
+  EXPECT_EQ(other_sum.status().code(), Code::kCorruption);
+  EXPECT_NE(other_sum.status().message().find("published '" + name + "': its checksum differs"), std::string::npos)
+      << other_sum.status().ToString();
+  auto other_length = client.FetchPublished(server_->address(), name, bytes.size() - 1, sum);
+  EXPECT_EQ(other_length.status().code(), Code::kCorruption) << other_length.status().ToString();
+  EXPECT_EQ(PeerClient(ClientOptions("wrong-token-of-32-bytes-abcdefgh"))
+                .FetchPublished(server_->address(), name, bytes.size(), sum)
+                .status()
+                .code(),
+            Code::kPermissionDenied);
+  const std::string bearer = "Bearer " + std::string(kToken);
+  EXPECT_EQ(RawGet("/v1/published", bearer).first, 400);
+  EXPECT_EQ(RawGet("/v1/published?name=a&name=b", bearer).first, 400);
+  EXPECT_EQ(RawGet("/v1/published?name=a", "").first, 401);
+  server_->Withdraw(name);
+  EXPECT_EQ(server_->Published(name), nullptr);
+  EXPECT_EQ(client.FetchPublished(server_->address(), name, bytes.size(), sum).status().code(), Code::kNotFound);
+}
+
 TEST_F(PeerDataPlane, StopIsCleanAndClientsSeeAClearError) {
   const PeerAddress a = server_->address();
   server_->Stop();

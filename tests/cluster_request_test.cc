@@ -21,9 +21,9 @@ TEST(ChangeRequest, EveryKindRoundTrips) {
       SaveRequest{0},
       SaveRequest{1200},
       SaveRequest{UINT64_MAX},
-      DcpSaveRequest{0, 0, ".dcp/step-1"},
-      DcpSaveRequest{7, kMaxDcpMetadataParts, "iter_0000100"},
-      DcpSaveRequest{2, 3, ".dcp/a name with spaces "},
+      DcpSaveRequest{0, 0, 0, ".dcp/step-1"},
+      DcpSaveRequest{7, kMaxDcpMetadataBytes, UINT64_MAX, "iter_0000100"},
+      DcpSaveRequest{2, 171'529'483, 0x0123456789abcdef, ".dcp/a name with spaces "},
       CompactionRequest{false},
       CompactionRequest{true},
   };
@@ -54,7 +54,7 @@ TEST(ChangeRequest, RandomRequestsRoundTrip) {
         r = SaveRequest{rng()};
         break;
       case 2:
-        r = DcpSaveRequest{static_cast<int>(rng() % 100) - 10, rng() % 80, text()};
+        r = DcpSaveRequest{static_cast<int>(rng() % 100) - 10, rng() % (kMaxDcpMetadataBytes + 100), rng(), text()};
         break;
       default:
         r = CompactionRequest{rng() % 2 == 0};
@@ -72,7 +72,7 @@ TEST(ChangeRequest, RandomRequestsRoundTrip) {
 // The texts of the protocol as it was (a request string parsed by prefix).
 TEST(ChangeRequest, TheWireTextIsAsBefore) {
   EXPECT_EQ(EncodeRequest(SaveRequest{42}), "save 42");
-  EXPECT_EQ(EncodeRequest(DcpSaveRequest{1, 2, ".dcp/s"}), "dcp-save 1 2 .dcp/s");
+  EXPECT_EQ(EncodeRequest(DcpSaveRequest{1, 2048, 0xabc, ".dcp/s"}), "dcp-save 1 2048 0000000000000abc .dcp/s");
   EXPECT_EQ(EncodeRequest(CompactionRequest{false}), "compact");
   EXPECT_EQ(EncodeRequest(CompactionRequest{true}), "compact rank-files");
   EXPECT_EQ(EncodeRequest(RelayoutRequest{"tp=2"}), "tp=2");
@@ -92,12 +92,16 @@ TEST(ChangeRequest, MalformedRequestsNameTheField) {
       {"save 99999999999999999999", "\"iteration\""},
       {"dcp-save", "\"worker\""},
       {"dcp-save x 1 s", "\"worker\""},
-      {"dcp-save -1 1 s", "\"worker\""},
-      {"dcp-save 1", "\"parts\""},
-      {"dcp-save 1 x s", "\"parts\""},
-      {"dcp-save 1 65 s", "\"parts\""},
-      {"dcp-save 1 2", "\"save\""},
-      {"dcp-save 1 2 ", "\"save\""},
+      {"dcp-save -1 1 0123456789abcdef s", "\"worker\""},
+      {"dcp-save 1", "\"bytes\""},
+      {"dcp-save 1 x 0123456789abcdef s", "\"bytes\""},
+      {"dcp-save 1 1073741825 0123456789abcdef s", "\"bytes\""},
+      {"dcp-save 1 2 s", "\"checksum\""},
+      {"dcp-save 1 2 123 s", "\"checksum\""},
+      {"dcp-save 1 2 0123456789abcdeg s", "\"checksum\""},
+      {"dcp-save 1 2 0x23456789abcdef s", "\"checksum\""},
+      {"dcp-save 1 2 0123456789abcdef", "\"save\""},
+      {"dcp-save 1 2 0123456789abcdef ", "\"save\""},
       {"compact all", "\"into\""},
       {"compact ", "\"into\""},
       {"", "\"config\""},
@@ -115,9 +119,9 @@ TEST(ChangeRequest, InvalidValuesAreRefusedBeforeTheyAreEncoded) {
   EXPECT_EQ(ValidateRequest(RelayoutRequest{""}).code(), Code::kInvalidArgument);
   EXPECT_EQ(ValidateRequest(RelayoutRequest{"save 3"}).code(), Code::kInvalidArgument);
   EXPECT_EQ(ValidateRequest(RelayoutRequest{"compact"}).code(), Code::kInvalidArgument);
-  EXPECT_EQ(ValidateRequest(DcpSaveRequest{-1, 1, "s"}).code(), Code::kInvalidArgument);
-  EXPECT_EQ(ValidateRequest(DcpSaveRequest{1, kMaxDcpMetadataParts + 1, "s"}).code(), Code::kInvalidArgument);
-  EXPECT_EQ(ValidateRequest(DcpSaveRequest{1, 1, ""}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(ValidateRequest(DcpSaveRequest{-1, 1, 0, "s"}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(ValidateRequest(DcpSaveRequest{1, kMaxDcpMetadataBytes + 1, 0, "s"}).code(), Code::kInvalidArgument);
+  EXPECT_EQ(ValidateRequest(DcpSaveRequest{1, 1, 0, ""}).code(), Code::kInvalidArgument);
 }
 
 }  // namespace

@@ -10,7 +10,9 @@
 #include "cluster/durable.h"
 #include "cluster/job_state.h"
 #include "cluster/keys.h"
+#include "cluster/peer_client.h"
 #include "cluster/recovery.h"
+#include "ptc/base/checksum.h"
 #include "ptc/store/model_spec.h"
 #include "ptc/store/store_layout.h"
 #include "worker/job_report.h"
@@ -105,19 +107,6 @@ class AppliedChange final : public AgreedChange {
   std::atomic<uint64_t>* const saved_;
 };
 
-// The .metadata of the DCP save `r` from etcd.
-ptc::Result<std::string> ReadDcpMetadata(const ptc::cluster::KvStore& kv, const std::string& job,
-                                         const ptc::cluster::DcpSaveRequest& r) {
-  std::string metadata;
-  for (size_t i = 0; i < r.parts; ++i) {
-    const std::string key = ptc::cluster::DcpMetadataKey(job, r.worker, i);
-    PTC_ASSIGN_OR_RETURN(std::optional<ptc::cluster::KeyValue> kv_part, kv.Get(key));
-    if (!kv_part) return ptc::NotFoundError("the DCP save's .metadata: etcd key " + key + " is gone");
-    metadata += kv_part->value;
-  }
-  return metadata;
-}
-
 // Whether the change's request is a compaction (one whose request is no
 // request at all is not).
 bool IsCompaction(const ptc::cluster::Change& change) {
@@ -199,34 +188,29 @@ ptc::Status Agent::Propose(const std::string& text, const ptc::ParallelConfig& c
 }
 
 ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeDcpSave(const std::string& save, const std::string& metadata) {
-  using ptc::cluster::kDcpMetadataPart;
-  using ptc::cluster::kMaxDcpMetadataParts;
-  const size_t parts = (metadata.size() + kDcpMetadataPart - 1) / kDcpMetadataPart;
-  if (parts > kMaxDcpMetadataParts) {
+  ptc::cluster::DcpSaveRequest request{options_.worker, metadata.size(), ptc::Xxh64(metadata.data(), metadata.size()),
+                                       save};
+  if (request.bytes > ptc::cluster::kMaxDcpMetadataBytes) {
     return ptc::InvalidArgumentError(save + "/.metadata: " + std::to_string(metadata.size()) +
                                      " bytes, more than a job carries (" +
-                                     std::to_string(kMaxDcpMetadataParts * kDcpMetadataPart) + ")");
+                                     std::to_string(ptc::cluster::kMaxDcpMetadataBytes) + ")");
   }
-  // The new metadata is in etcd before the change names it (a save that died before it was done
-  // may have left its own: it goes first).
-  const std::string prefix = ptc::cluster::DcpMetadataPrefix(options_.job, options_.worker);
-  PTC_RETURN_IF_ERROR(kv_->DeletePrefix(prefix).status(), "etcd");
-  for (size_t i = 0; i < parts; ++i) {
-    PTC_RETURN_IF_ERROR(kv_->Put(ptc::cluster::DcpMetadataKey(options_.job, options_.worker, i),
-                                 std::string_view(metadata).substr(i * kDcpMetadataPart, kDcpMetadataPart))
-                            .status(),
-                        "etcd");
+  // The other workers fetch the .metadata from this worker's server (it grows with the
+  // tensors: 164 MiB for DeepSeek-V3, too much for etcd), published before the change names it.
+  server_->Publish(save, std::make_shared<const std::string>(metadata));
+  auto change = ProposeToJob(request, {}, "save again");
+  if (!change.ok()) {
+    server_->Withdraw(save);
+    return change.status();
   }
-  PTC_ASSIGN_OR_RETURN(ptc::cluster::Change change,
-                       ProposeToJob(ptc::cluster::DcpSaveRequest{options_.worker, parts, save}, {}, "save again"));
-  std::set<int> participants(change.workers.begin(), change.workers.end());
-  // Removed once this worker's part is over: committed, every other worker read it before it
+  std::set<int> participants(change->workers.begin(), change->workers.end());
+  // Withdrawn once this worker's part is over: committed, every other worker fetched it before it
   // published its part; aborted, no one needs it.
-  return std::shared_ptr<AgreedChange>(new AppliedChange(std::move(change), std::move(participants), coordinator_,
+  return std::shared_ptr<AgreedChange>(new AppliedChange(std::move(*change), std::move(participants), coordinator_,
                                                          &fs_->store(), env_, options_, &saved_),
-                                       [kv = kv_, prefix](AgreedChange* done) {
+                                       [server = server_.get(), save](AgreedChange* done) {
                                          delete done;
-                                         (void)kv->DeletePrefix(prefix);
+                                         server->Withdraw(save);
                                        });
 }
 
@@ -265,6 +249,18 @@ void Agent::Settle(const ptc::cluster::Change& asked, const ptc::Result<std::opt
   if (proposed_ && proposed_->id == asked.id) proposed_.reset();
 }
 
+ptc::Result<std::string> Agent::DcpMetadata(const ptc::cluster::DcpSaveRequest& r) const {
+  if (r.worker == options_.worker) {
+    if (auto mine = server_->Published(r.save)) return *mine;
+    return ptc::NotFoundError("its .metadata is no longer published here (the proposal ended)");
+  }
+  auto peer = peers_.find(r.worker);
+  if (peer == peers_.end()) {
+    return ptc::FailedPreconditionError("its .metadata: worker " + std::to_string(r.worker) + " that proposed it is not live");
+  }
+  return ptc::cluster::PeerClient({.token = options_.token}).FetchPublished(peer->second, r.save, r.bytes, r.checksum);
+}
+
 int64_t Agent::Follow(std::vector<int>* live) {
   int64_t revision = 0;
   auto members = membership_->Members(&revision);
@@ -275,6 +271,7 @@ int64_t Agent::Follow(std::vector<int>* live) {
       if (auto a = ptc::cluster::ParsePeerAddress(m.address); a.ok()) peers[m.worker] = *a;
       if (live != nullptr) live->push_back(m.worker);
     }
+    peers_ = peers;
     env_->SetPeers(std::move(peers));
   }
   auto current = fs_->store().CurrentSnapshot();
@@ -520,7 +517,7 @@ void Agent::Apply(const ptc::cluster::Change& change) {
                  [&](const ptc::cluster::RelayoutRequest& r) { (void)door.ApplyRelayout(r.config, std::move(agreed)); },
                  [&](const ptc::cluster::SaveRequest& r) { (void)door.ApplySave(r.iteration, std::move(agreed)); },
                  [&](const ptc::cluster::DcpSaveRequest& r) {
-                   auto metadata = ReadDcpMetadata(*kv_, options_.job, r);
+                   auto metadata = DcpMetadata(r);
                    if (!metadata.ok()) {
                      agreed->Failed(metadata.status());
                      fs_->controller().RecordError("DCP save " + r.save + ": " + metadata.status().message());

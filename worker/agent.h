@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -162,6 +163,9 @@ class Agent final : public JobParticipant {
   // change winds down, the next look does. A request that does not decode
   // fails the change, naming the field at fault.
   void Apply(const ptc::cluster::Change& change);
+  // The .metadata of the DCP save `r`: published by this worker's server, or
+  // fetched from the proposer's (checked against the request's length and checksum).
+  ptc::Result<std::string> DcpMetadata(const ptc::cluster::DcpSaveRequest& r) const;
 
   Filesystem* const fs_;
   const WorkerOptions options_;
@@ -176,6 +180,7 @@ class Agent final : public JobParticipant {
   std::string away_, noted_;                    // what status says while it rejoins (the loop's own)
   std::vector<std::shared_ptr<const ptc::GenerationManifest>> served_ = {nullptr, nullptr};
   std::string applied_;  // the id of the last change applied (the loop's own)
+  std::map<int, ptc::cluster::PeerAddress> peers_;  // the live members' addresses at the last look (the loop's own)
   ptc::Mutex proposed_mu_;
   std::optional<ptc::cluster::Change> proposed_ GUARDED_BY(proposed_mu_);  // see Settle
   std::set<int> seen_;   // workers seen live since the mount started or rejoined (the loop's own)

@@ -36,7 +36,8 @@ ptc::cluster::ChangeRequest RequestFrom(std::string_view input) {
     case 1:
       return ptc::cluster::SaveRequest{n};
     case 2:
-      return ptc::cluster::DcpSaveRequest{static_cast<int>(static_cast<int32_t>(n)), (n >> 32) % 80, text};
+      return ptc::cluster::DcpSaveRequest{static_cast<int>(static_cast<int32_t>(n)), n >> 32, n * 0x9e3779b97f4a7c15,
+                                          text};
     default:
       return ptc::cluster::CompactionRequest{(n & 1) != 0};
   }
