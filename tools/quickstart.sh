@@ -80,9 +80,9 @@ say "reconfigure tp=2,pp=2 -> tp=4,pp=1" "$(awk -v a="$t0" -v b="$t1" -v c="$t2"
 
 run "list the new layout" ls "$mnt/model"
 run "reference" $ptcfs synth --schema llama --dims $dims --config tp=4,pp=1 --dtype bf16 --optimizer adam "$work/reference-tp4"
-run "numpy: bit for bit" /usr/bin/python3 tests/clients/compare_tensors.py "$mnt/model" "$work/reference-tp4"
+run "numpy: bit for bit" .venv/bin/python tests/clients/compare_tensors.py "$mnt/model" "$work/reference-tp4"
 say "numpy" "every tensor of the 4 new ranks equals a tp=4 reference, bit for bit"
-run "numpy: a shard" /usr/bin/python3 - "$mnt/model" <<'PY'
+run "numpy: a shard" .venv/bin/python - "$mnt/model" <<'PY'
 import json, pathlib, sys
 import numpy as np
 t = pathlib.Path(sys.argv[1]) / "rank-00003" / "tensors"

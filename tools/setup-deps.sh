@@ -3,16 +3,17 @@
 set -euo pipefail
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+# What the build needs, and the quickstart (PTCFS_PACKAGES=build: its job runs the venv's Python).
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config clang
+  build-essential cmake ninja-build pkg-config
   libhdf5-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libgtest-dev libfuse3-dev fuse3
-  python3 python3-numpy python3-h5py python3-venv
-  zlib1g-dev python3-torch
-  libcpp-httplib-dev libjemalloc-dev libssl-dev python3-yaml
+  python3 python3-venv zlib1g-dev libcpp-httplib-dev libjemalloc-dev libssl-dev
 )
-# The tests' servers: etcd for the cluster suites, a single-node Ceph's radosgw (and curl) for
-# the S3 durable tier's. PTCFS_PACKAGES=build (the quickstart) leaves them out.
-TEST_PACKAGES=(etcd-server etcd-client curl ceph-mon ceph-osd radosgw ceph-common)
+# What only the tests need: clang (the ThreadSanitizer build), Debian's Python clients (numpy,
+# h5py, torch, yaml for docker/check.sh), etcd for the cluster suites, a single-node Ceph's
+# radosgw (and curl) for the S3 durable tier's.
+TEST_PACKAGES=(clang python3-numpy python3-h5py python3-torch python3-yaml
+               etcd-server etcd-client curl ceph-mon ceph-osd radosgw ceph-common)
 [ "${PTCFS_PACKAGES:-all}" = build ] || PACKAGES+=("${TEST_PACKAGES[@]}")
 missing=()
 [ "${PTCFS_VENV_ONLY:-0}" = 1 ] && PACKAGES=()  # the venv part alone (the quickstart runs it beside the build)
