@@ -299,6 +299,47 @@ TEST_F(ClientsTest, MegatronCoreDistCheckpointingLoadsAndSavesAnMoeTorchDistTree
   EXPECT_NE(out.find("DIST-LOAD OK"), std::string::npos) << out;
 }
 
+TEST_F(ClientsTest, MegatronCoreChainedOptimizerLoadsAndSavesAnMoeTorchDistTreeAcrossAnEpChange) {
+  // Megatron-Core's own optimizer for the MoE model of mcore_moe.py in bf16 (at ep=2 a
+  // ChainedOptimizer of the dense and the expert-parallel optimizer, its torch_dist keys
+  // chained_0. / chained_1., common.pt's optimizer {0: ..., 1: ...}) through megatron/ as
+  // torch_dist: loaded at ep=2 as Megatron-LM loads it, every parameter, Adam state, step, fp32
+  // master and group setting equals the legacy tree of ep=2 loaded by Megatron's legacy path,
+  // also after one step of both. A save at ep=2 of other state (seed 9, with a step and group
+  // settings of its own) commits through the mount, and after a reconfiguration to ep=1 (one
+  // optimizer, no prefix) Megatron-LM's load reads that state back and steps equal to the
+  // reference.
+  const std::string model =
+      "--schema llama --dims layers=2,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32,experts=4,moe_ffn=32,shared_ffn=32";
+  const std::string mcore = Python() + Script("mcore_moe.py");
+  for (const std::string seed : {"0", "9"}) {
+    Run("synth " + model + " --dtype bf16 --optimizer adam --seed " + seed + " --config tp=1,dp=2,ep=2 " +
+        tmp_ / ("src" + seed));
+    Run("import " + model + " --config tp=1,dp=2,ep=2 " + tmp_ / ("src" + seed) + " " + tmp_ / ("store" + seed));
+    for (const std::string c : {"tp=1,dp=2,ep=2", "tp=1"}) {
+      Run("export --format megatron --names local --config " + c + " " + tmp_ / ("store" + seed) + " " +
+          tmp_ / ("legacy" + seed + "-" + c));
+    }
+  }
+  Mount m(tmp_ / "store0", tmp_ / "mnt", "--format megatron --ckpt-format torch_dist");
+  const std::string megatron = m.dir() + "/megatron ";
+  auto [code, out] = Sh(mcore + "optim-load " + megatron + "1 2 1 " + tmp_ / "legacy0-tp=1,dp=2,ep=2 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("OPTIM-LOAD OK"), std::string::npos) << out;
+  const int generation = MountStatus(m.dir())["generation"].get<int>();
+  std::tie(code, out) = Sh(mcore + "optim-save " + megatron + "1 2 1 " + tmp_ / "legacy9-tp=1,dp=2,ep=2 300 2>&1");
+  ASSERT_EQ(code, 0) << out;
+  const auto status = MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  ASSERT_EQ(WriteConfig(m.dir(), "tp=1"), 0) << MountStatus(m.dir()).dump();
+  WaitServing(m.dir());
+  EXPECT_EQ(Slurp(m.dir() + "/megatron/latest_checkpointed_iteration.txt"), "300");
+  std::tie(code, out) = Sh(mcore + "optim-load " + megatron + "1 1 1 " + tmp_ / "legacy9-tp=1 tweaked 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("OPTIM-LOAD OK"), std::string::npos) << out;
+}
+
 TEST_F(ClientsTest, MoeTrainingThroughTheMountResumesAcrossEpChangesBitwiseEqualToTheUninterruptedRun) {
   // A real training job with experts (train_moe.py: the llama schema with 4 SequentialMLP
   // experts, top-2 routing and a shared expert, bf16 with fp32 masters and Adam) on one mount:
