@@ -5,7 +5,8 @@
 // venv tools/setup-deps.sh makes (.venv/ at the repository root, or
 // $PTCFS_VENV; tools/requirements-clients.txt); tests/clients/real_clients.py,
 // tests/clients/megatron_ckpt.py, tests/clients/mcore_gpt.py and tests/clients/mcore_moe.py
-// (megatron-core's GPTModel on CPU, dense and with MoE layers) hold the client code. Without the venv
+// (megatron-core's GPTModel on CPU, dense and with MoE layers) and tests/clients/train_moe.py (an MoE
+// training job) hold the client code. Without the venv
 // the suite skips (77), and fails under CI=true.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -296,6 +297,101 @@ TEST_F(ClientsTest, MegatronCoreDistCheckpointingLoadsAndSavesAnMoeTorchDistTree
       Sh(Python() + Script("mcore_moe.py") + "dist-load " + m.dir() + "/megatron 1 1 1 " + tmp_ / "legacy9-tp=1 2>&1");
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("DIST-LOAD OK"), std::string::npos) << out;
+}
+
+TEST_F(ClientsTest, MegatronCoreChainedOptimizerLoadsAndSavesAnMoeTorchDistTreeAcrossAnEpChange) {
+  // Megatron-Core's own optimizer for the MoE model of mcore_moe.py in bf16 (at ep=2 a
+  // ChainedOptimizer of the dense and the expert-parallel optimizer, its torch_dist keys
+  // chained_0. / chained_1., common.pt's optimizer {0: ..., 1: ...}) through megatron/ as
+  // torch_dist: loaded at ep=2 as Megatron-LM loads it, every parameter, Adam state, step, fp32
+  // master and group setting equals the legacy tree of ep=2 loaded by Megatron's legacy path,
+  // also after one step of both. A save at ep=2 of other state (seed 9, with a step and group
+  // settings of its own) commits through the mount, and after a reconfiguration to ep=1 (one
+  // optimizer, no prefix) Megatron-LM's load reads that state back and steps equal to the
+  // reference.
+  const std::string model =
+      "--schema llama --dims layers=2,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32,experts=4,moe_ffn=32,shared_ffn=32";
+  const std::string mcore = Python() + Script("mcore_moe.py");
+  for (const std::string seed : {"0", "9"}) {
+    Run("synth " + model + " --dtype bf16 --optimizer adam --seed " + seed + " --config tp=1,dp=2,ep=2 " +
+        tmp_ / ("src" + seed));
+    Run("import " + model + " --config tp=1,dp=2,ep=2 " + tmp_ / ("src" + seed) + " " + tmp_ / ("store" + seed));
+    for (const std::string c : {"tp=1,dp=2,ep=2", "tp=1"}) {
+      Run("export --format megatron --names local --config " + c + " " + tmp_ / ("store" + seed) + " " +
+          tmp_ / ("legacy" + seed + "-" + c));
+    }
+  }
+  Mount m(tmp_ / "store0", tmp_ / "mnt", "--format megatron --ckpt-format torch_dist");
+  const std::string megatron = m.dir() + "/megatron ";
+  auto [code, out] = Sh(mcore + "optim-load " + megatron + "1 2 1 " + tmp_ / "legacy0-tp=1,dp=2,ep=2 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("OPTIM-LOAD OK"), std::string::npos) << out;
+  const int generation = MountStatus(m.dir())["generation"].get<int>();
+  std::tie(code, out) = Sh(mcore + "optim-save " + megatron + "1 2 1 " + tmp_ / "legacy9-tp=1,dp=2,ep=2 300 2>&1");
+  ASSERT_EQ(code, 0) << out;
+  const auto status = MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  ASSERT_EQ(WriteConfig(m.dir(), "tp=1"), 0) << MountStatus(m.dir()).dump();
+  WaitServing(m.dir());
+  EXPECT_EQ(Slurp(m.dir() + "/megatron/latest_checkpointed_iteration.txt"), "300");
+  std::tie(code, out) = Sh(mcore + "optim-load " + megatron + "1 1 1 " + tmp_ / "legacy9-tp=1 tweaked 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("OPTIM-LOAD OK"), std::string::npos) << out;
+}
+
+TEST_F(ClientsTest, MoeTrainingThroughTheMountResumesAcrossEpChangesBitwiseEqualToTheUninterruptedRun) {
+  // A real training job with experts (train_moe.py: the llama schema with 4 SequentialMLP
+  // experts, top-2 routing and a shared expert, bf16 with fp32 masters and Adam) on one mount:
+  // 3 steps at ep=2 (dp=2: each ep rank reads mp_rank_00_00R and its ChainedOptimizer state),
+  // saved through the mount; reconfigured through .ptcfs/config to ep=4 (dp=4, one expert a
+  // rank), 3 steps from that save, saved; then ep=1 (one optimizer), 2 steps, saved. After each
+  // save the mount's tree holds bit for bit the state of the same steps run uninterrupted from
+  // the ep=1 export without the mount (every parameter, fp32 master, moment, Adam's step), its
+  // iteration and data position; every step's loss, batch and per-expert token counts equal the
+  // reference's, and the 8 steps consume the epoch's 60 samples once each.
+  const std::string model = "--schema llama --dims layers=2,hidden=32,heads=4,kv_heads=2,vocab=128,seq=16,experts=4,"
+                            "moe_ffn=32,shared_ffn=32";
+  const std::string train = Python() + Script("train_moe.py");
+  const std::string ref = tmp_ / "ref", log = tmp_ / "steps.jsonl", data = "--samples 60 --batch 8 ";
+  Run("synth " + model + " --dtype bf16 --optimizer adam --config tp=1,dp=2,ep=2 " + tmp_ / "src");
+  Run("import " + model + " --config tp=1,dp=2,ep=2 " + tmp_ / "src " + tmp_ / "store");
+  Run("data synth --samples 60 --min-len 17 --max-len 40 --vocab 128 --seed 3 " + tmp_ / "ds");
+  Run("data import " + tmp_ / "ds " + tmp_ / "store --global-batch 8 --seed 5");
+  Run("export --format megatron --names local --config tp=1 " + tmp_ / "store " + tmp_ / "start");
+  auto [code, out] = Sh(train + "reference " + tmp_ / "start " + tmp_ / "ds " + ref + " " + data +
+                        "--seed 5 --steps 8 --saves 3,6,8 2>&1");
+  ASSERT_EQ(code, 0) << out;
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron --names local");
+  struct Segment {
+    std::string config;  // written to .ptcfs/config first ("": the mounted one)
+    int steps, ep;
+  };
+  int t = 0;
+  for (const Segment& s : {Segment{"", 3, 2}, Segment{"tp=1,dp=4,ep=4", 3, 4}, Segment{"tp=1,dp=2", 2, 1}}) {
+    SCOPED_TRACE("from step " + std::to_string(t) + " at " + s.config);
+    if (!s.config.empty()) {
+      ASSERT_EQ(WriteConfig(m.dir(), s.config), 0) << MountStatus(m.dir()).dump();
+      WaitServing(m.dir());
+    }
+    std::tie(code, out) =
+        Sh(train + "job " + m.dir() + " " + data + "--steps " + std::to_string(s.steps) + " --log " + log + " 2>&1");
+    ASSERT_EQ(code, 0) << out;
+    ASSERT_NE(out.find("JOB OK"), std::string::npos) << out;
+    t += s.steps;
+    const auto status = MountStatus(m.dir());
+    EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+    EXPECT_EQ(status["dataset"]["epoch"], t / 8) << status.dump();
+    EXPECT_EQ(status["dataset"]["step"], t % 8) << status.dump();
+    EXPECT_EQ(Slurp(m.dir() + "/megatron/latest_checkpointed_iteration.txt"), std::to_string(t));
+    std::tie(code, out) =
+        Sh(train + "check " + m.dir() + "/megatron " + ref + " " + std::to_string(t) + " --batch 8 2>&1");
+    EXPECT_EQ(code, 0) << out;
+    EXPECT_NE(out.find("CHECK OK " + std::to_string(t) + " ep " + std::to_string(s.ep)), std::string::npos) << out;
+  }
+  std::tie(code, out) = Sh(train + "steps " + ref + " " + log + " --samples 60 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("STEPS OK 8"), std::string::npos) << out;
 }
 
 TEST_F(ClientsTest, DcpLoadsTheMountInOneTwoAndThreeProcesses) {

@@ -353,17 +353,100 @@ TEST(MegatronMoeTorchDist, ExpertsAreStackedOverLayersAndExpertsAsSequentialMlpS
   EXPECT_EQ(dcp::KeyBox(named[3], Box{{8, 0}, {16, 16}}).ToString(), (Box{{1, 3, 8, 0}, {2, 4, 16, 16}}.ToString()));
   EXPECT_EQ(named[4].key, "decoder.layers.mlp.shared_experts.linear_fc2.weight");
   EXPECT_EQ(named[4].expert, -1);
-  // The experts' optimizer state (Megatron-Core's ChainedOptimizer) has no torch_dist keys yet: refused.
+}
+
+TEST(MegatronMoeTorchDist, TheChainedOptimizersKeysArePrefixedByOptimizerAtEpAboveOne) {
+  // megatron-core 0.16.1's ChainedOptimizer.sharded_state_dict (two optimizers, Megatron-LM's
+  // metadata or none): add_prefix_for_sharding(chained_N.) over each optimizer's
+  // optim_state_to_sharding_state keys; the model's keys have no prefix.
+  const std::vector<TensorRecord> records = {
+      TensorRecord{"decoder.layers.1.mlp.router.weight", DType::kBF16, {4, 16}},
+      TensorRecord{"decoder.layers.1.mlp.router.weight.exp_avg", DType::kF32, {4, 16}},
+      TensorRecord{"decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight", DType::kBF16, {16, 16}},
+      TensorRecord{"decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight.exp_avg_sq", DType::kF32, {16, 16}},
+      TensorRecord{"decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight.fp32", DType::kF32, {16, 16}}};
+  const std::vector<dcp::Tensor> chained = dcp::NameTensors(records, dcp::Keys::kMegatronCore, /*chained=*/true);
+  ASSERT_EQ(chained.size(), records.size());
+  EXPECT_EQ(chained[0].key, "decoder.layers.mlp.router.weight");
+  EXPECT_EQ(chained[1].key, "chained_0.optimizer.state.exp_avg.decoder.layers.mlp.router.weight");
+  EXPECT_EQ(chained[2].key, "decoder.layers.mlp.experts.experts.linear_fc1.weight");
+  EXPECT_EQ(chained[3].key,
+            "chained_1.optimizer.state.exp_avg_sq.decoder.layers.mlp.experts.experts.linear_fc1.weight");
+  EXPECT_EQ(chained[4].key,
+            "chained_1.optimizer.state.fp32_param.decoder.layers.mlp.experts.experts.linear_fc1.weight");
+  EXPECT_EQ(dcp::KeyShape(chained[4]), (Shape{2, 4, 16, 16}));  // stacked as the parameter
+  // At ep = 1 one optimizer: no prefix; a model without experts never has one.
+  const std::vector<dcp::Tensor> one = dcp::NameTensors(records, dcp::Keys::kMegatronCore);
+  EXPECT_EQ(one[3].key, "optimizer.state.exp_avg_sq.decoder.layers.mlp.experts.experts.linear_fc1.weight");
+  const std::vector<TensorRecord> dense = {records[0], records[1]};
+  EXPECT_EQ(dcp::NameTensors(dense, dcp::Keys::kMegatronCore, true)[1].key,
+            "optimizer.state.exp_avg.decoder.layers.mlp.router.weight");
+  EXPECT_EQ(dcp::WithoutChainedPrefix(chained[3].key).first, one[3].key);
+  EXPECT_EQ(dcp::WithoutChainedPrefix(chained[3].key).second, 1);
+  EXPECT_EQ(dcp::WithoutChainedPrefix("chained_2.optimizer.x").second, -1);
+  EXPECT_EQ(dcp::WithoutChainedPrefix("chained_0").second, -1);
+  // The plan of such a store: its extra-state objects are the model's only (none for an optimizer key).
   GenerationManifest m;
-  m.tensors = {records[3], TensorRecord{records[3].name + ".exp_avg", DType::kF32, {16, 16}}};
-  auto plan = dcp::PlanCheckpoint(m, dcp::Keys::kMegatronCore);
-  ASSERT_FALSE(plan.ok());
-  EXPECT_EQ(plan.status().code(), Code::kFailedPrecondition);
-  EXPECT_TRUE(Contains(plan.status().message(),
-                       "tensor decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight."
-                       "exp_avg: the torch_dist optimizer state of routed experts"))
-      << plan.status().message();
-  EXPECT_TRUE(dcp::CheckMcoreKeys(records).ok());
+  m.tensors = {records[2], records[3], records[4]};
+  for (const TensorRecord& t : m.tensors) m.shards.push_back(ShardRecord{t.name, {Box::Full(t.shape)}, 0, "f"});
+  auto plan = dcp::PlanCheckpoint(m, dcp::Keys::kMegatronCore, true);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  for (const dcp::Object& o : plan->objects) {
+    EXPECT_FALSE(Contains(o.key, "optimizer")) << o.key;
+  }
+}
+
+// common.pt's 'optimizer' of ChainedOptimizer's dense and expert-parallel parts, as
+// dist_checkpointing.save leaves them: {0: {...}, 1: {...}} by optimizer index.
+TEST(MegatronMoeTorchDist, TheCommonPartIsTheChainsByIndexAndReadsBackFromTheDenseOne) {
+  MegatronState state;
+  state.iteration = 7;
+  std::vector<CarriedTensor> storages;
+  auto common = McoreOptimizerCommon(state, /*masters=*/true, &storages, /*expert_groups=*/{0});
+  ASSERT_TRUE(common.ok()) << common.status().message();
+  ASSERT_EQ(common->pairs().size(), 2u);
+  EXPECT_EQ(common->pairs()[0].first.as_int(), 0);
+  EXPECT_EQ(common->pairs()[1].first.as_int(), 1);
+  const Value* dense_groups = common->Find(Value::Int(0))->Find("optimizer")->Find("param_groups");
+  const Value* expert_groups = common->Find(Value::Int(1))->Find("optimizer")->Find("param_groups");
+  ASSERT_EQ(dense_groups->items().size(), 2u);
+  ASSERT_EQ(expert_groups->items().size(), 1u);  // the experts' weights: the group with weight decay only
+  EXPECT_FALSE(dense_groups->items()[0].Find("is_expert_parallel")->as_bool());
+  EXPECT_TRUE(expert_groups->items()[0].Find("is_expert_parallel")->as_bool());
+  EXPECT_EQ(expert_groups->items()[0].Find("wd_mult")->DebugString(),
+            dense_groups->items()[0].Find("wd_mult")->DebugString());
+  // Both steps are float32 7 (the iteration), one storage.
+  ASSERT_EQ(storages.size(), 1u);
+  auto read = [&](const pickle::Tensor& t) -> Result<std::string> {
+    for (const CarriedTensor& c : storages) {
+      if (c.key == t.storage_key) return c.bytes;
+    }
+    return NotFoundError(t.storage_key);
+  };
+  const std::vector<std::string> params = {"p"};
+  auto part = ReadMcoreOptimizerCommon(*common, params, read, "common.pt");
+  ASSERT_TRUE(part.ok()) << part.status().message();
+  ASSERT_EQ(part->meta.groups.items().size(), 2u);
+  EXPECT_FALSE(part->meta.groups.items()[0].Find("is_expert_parallel")->as_bool());
+  ASSERT_EQ(part->meta.steps.size(), 1u);
+  EXPECT_EQ(part->meta.steps[0].tensors.at(0).bytes, storages[0].bytes);
+  // Steps that differ, and keys that are no chain, are refused naming the entry.
+  Value differ = *common;
+  differ.Find(Value::Int(1))->Find("optimizer")->Find("state")->Set("common_step", Value::Int(3));
+  auto refused = ReadMcoreOptimizerCommon(differ, params, read, "common.pt");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(Contains(refused.status().message(), "common.pt: optimizer/1: its common_step differs"))
+      << refused.status().message();
+  Value three = *common;
+  three.pairs().emplace_back(Value::Int(2), common->pairs()[1].second);
+  refused = ReadMcoreOptimizerCommon(three, params, read, "common.pt");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(Contains(refused.status().message(), "keys are not 0 and 1")) << refused.status().message();
+  // Without expert groups: one optimizer's part, as before.
+  storages.clear();
+  auto plain = McoreOptimizerCommon(state, true, &storages);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_NE(plain->Find("optimizer"), nullptr);
 }
 
 }  // namespace

@@ -7,10 +7,12 @@
 // commits one.
 #include <map>
 #include <optional>
+#include <set>
 #include <tuple>
 #include <utility>
 
 #include "ptc/base/mutex.h"
+#include "ptc/checkpoint/dcp/dcp.h"
 #include "ptc/checkpoint/megatron/optimizer.h"
 #include "ptc/format/zip_reader.h"
 #include "view/megatron_file.h"
@@ -73,6 +75,18 @@ class CrcCache {
   mutable ptc::Mutex mu_;
   std::map<Key, std::vector<uint32_t>> crcs_ GUARDED_BY(mu_);
 };
+
+// Megatron's groups (0 with weight decay, 1 without) that hold a routed
+// expert's parameter of `plan` (Megatron-Core's torch_dist keys).
+std::vector<size_t> ExpertGroups(const ptc::dcp::Plan& plan) {
+  std::set<size_t> groups;
+  for (const ptc::dcp::Tensor& t : plan.tensors) {
+    if (t.expert < 0 || ptc::dcp::WithoutChainedPrefix(t.key).first.starts_with("optimizer.")) continue;
+    const ptc::LocalTensor param{t.name, t.dtype, t.shape, {}};
+    groups.insert(ptc::megatron::WithoutWeightDecay(param) ? 1 : 0);
+  }
+  return {groups.begin(), groups.end()};
+}
 
 // A rank's model_optim_rng.pt. Its CRCs come from the cache, from a rank
 // file that holds it, or from reading the rank's tensors once.
@@ -149,15 +163,19 @@ class MegatronView final : public ViewTree {
   // \error as PlanCheckpoint and McoreCommon.
   ptc::Status AddTorchDist(const std::shared_ptr<const Snapshot>& snap, const ptc::megatron::MegatronState& state,
                            const std::string& dir, std::vector<TreeFile>* files) const {
+    // A model with routed experts at ep > 1: Megatron-Core's ChainedOptimizer (prefixed keys).
+    const bool chained = snap->spec().dims.experts > 0 && snap->config().ep > 1;
     PTC_ASSIGN_OR_RETURN(ptc::dcp::Plan plan,
-                         ptc::dcp::PlanCheckpoint(snap->reader().manifest(), ptc::dcp::Keys::kMegatronCore));
+                         ptc::dcp::PlanCheckpoint(snap->reader().manifest(), ptc::dcp::Keys::kMegatronCore, chained));
     const ptc::pickle::Value* args = state.carried.is_dict() ? state.carried.Find("args") : nullptr;
     // The optimizer's groups and step, when the store has optimizer state (its
     // fp32 masters make it Float16OptimizerWithFloat16Params' layout).
     std::vector<ptc::megatron::CarriedTensor> storages;
     std::optional<ptc::pickle::Value> optimizer_common;
     if (snap->spec().optimizer) {
-      PTC_ASSIGN_OR_RETURN(optimizer_common, ptc::megatron::McoreOptimizerCommon(state, /*masters=*/true, &storages));
+      PTC_ASSIGN_OR_RETURN(optimizer_common,
+                           ptc::megatron::McoreOptimizerCommon(state, /*masters=*/true, &storages,
+                                                               chained ? ExpertGroups(plan) : std::vector<size_t>{}));
     }
     PTC_ASSIGN_OR_RETURN(
         std::string common,

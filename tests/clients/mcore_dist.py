@@ -163,36 +163,43 @@ def same(a, b):
 
 
 def tweak(optimizer):
-    """A step and settings that neither torch's defaults nor a render from the iteration give."""
-    inner = optimizer.chained_optimizers[0].optimizer
-    for state in inner.state.values():
-        state["step"] = torch.tensor(1234.0)
-    for g, group in enumerate(inner.param_groups):
-        group["lr"] = 2.5e-4
-        group["betas"] = (0.85, 0.97)
-        group["weight_decay"] = 0.05 if g == 0 else 0.0
+    """A step and settings that neither torch's defaults nor a render from the iteration give
+    (in every optimizer of a chain: an expert-parallel group as the dense group of its wd_mult)."""
+    for chained in optimizer.chained_optimizers:
+        inner = chained.optimizer
+        for state in inner.state.values():
+            state["step"] = torch.tensor(1234.0)
+        for group in inner.param_groups:
+            group["lr"] = 2.5e-4
+            group["betas"] = (0.85, 0.97)
+            group["weight_decay"] = 0.05 if group.get("wd_mult", 1.0) != 0.0 else 0.0
 
 
 def optim_differences(model, optimizer, ref_model, ref_optimizer):
-    """What differs between two (model, Megatron optimizer) pairs: parameters, Adam states, masters, groups."""
+    """What differs between two (model, Megatron optimizer) pairs: parameters, Adam states, masters, groups
+    (of every optimizer of a ChainedOptimizer: Megatron-Core's dense and expert-parallel ones)."""
     bad = [f"parameter {n}" for (n, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters())
            if not same(p.detach(), q.detach())]
-    inner, ref = optimizer.chained_optimizers[0], ref_optimizer.chained_optimizers[0]
-    got, want = inner.optimizer.state_dict(), ref.optimizer.state_dict()
-    if sorted(got["state"]) != sorted(want["state"]) or not want["state"]:
-        bad.append(f"state numbering {sorted(got['state'])[:4]} != {sorted(want['state'])[:4]}")
-    for k in want["state"]:
-        for kind in ("exp_avg", "exp_avg_sq", "step"):
-            if not same(got["state"].get(k, {}).get(kind), want["state"][k].get(kind)):
-                bad.append(f"state {k} {kind}")
-    for g, (x, y) in enumerate(zip(got["param_groups"], want["param_groups"])):
-        for key in sorted(set(x) | set(y)):
-            if x.get(key) != y.get(key):
-                bad.append(f"group {g} {key}: {x.get(key)} != {y.get(key)}")
-    for i, (x, y) in enumerate(zip([m for g in inner.fp32_from_float16_groups for m in g],
-                                   [m for g in ref.fp32_from_float16_groups for m in g])):
-        if not same(x.detach(), y.detach()):
-            bad.append(f"fp32 master {i}")
+    chains, refs = optimizer.chained_optimizers, ref_optimizer.chained_optimizers
+    if len(chains) != len(refs):
+        return bad + [f"{len(chains)} chained optimizers, want {len(refs)}"]
+    for c, (inner, ref) in enumerate(zip(chains, refs)):
+        at = f"optimizer {c} " if len(chains) > 1 else ""
+        got, want = inner.optimizer.state_dict(), ref.optimizer.state_dict()
+        if sorted(got["state"]) != sorted(want["state"]) or not want["state"]:
+            bad.append(f"{at}state numbering {sorted(got['state'])[:4]} != {sorted(want['state'])[:4]}")
+        for k in want["state"]:
+            for kind in ("exp_avg", "exp_avg_sq", "step"):
+                if not same(got["state"].get(k, {}).get(kind), want["state"][k].get(kind)):
+                    bad.append(f"{at}state {k} {kind}")
+        for g, (x, y) in enumerate(zip(got["param_groups"], want["param_groups"])):
+            for key in sorted(set(x) | set(y)):
+                if x.get(key) != y.get(key):
+                    bad.append(f"{at}group {g} {key}: {x.get(key)} != {y.get(key)}")
+        for i, (x, y) in enumerate(zip([m for g in inner.fp32_from_float16_groups for m in g],
+                                       [m for g in ref.fp32_from_float16_groups for m in g])):
+            if not same(x.detach(), y.detach()):
+                bad.append(f"{at}fp32 master {i}")
     return bad
 
 

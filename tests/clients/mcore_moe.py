@@ -38,6 +38,19 @@ iter_N/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt (_EEE: its expert-parallel rank
                           local expert K of ep rank R as expert R*E/EP+K, and every parameter's
                           Adam moments and fp32 master (found by Megatron's numbering in each file)
 
+  optim-load DIR TP EP PP LEGACY [tweaked]
+                          as dist-load with Megatron-Core's own optimizer (bf16, mcore_dist.py's:
+                          a ChainedOptimizer of the dense and the expert-parallel optimizer at ep > 1,
+                          their torch_dist keys chained_0. / chained_1.), loaded as Megatron-LM loads
+                          torch_dist (dist_checkpointing.load of the model's and the optimizer's sharded
+                          state dicts, then load_state_dict): every parameter, Adam state, step, fp32
+                          master and group setting equals the same grid's legacy tree LEGACY loaded by
+                          Megatron's legacy path (tweaked: changed by mcore_dist.tweak), and again after
+                          one optimizer step of both with the same gradients
+  optim-save DIR TP EP PP LEGACY ITER
+                          LEGACY's model and optimizer (the same grid) loaded by the legacy path, tweaked,
+                          saved as Megatron-LM saves torch_dist into DIR/iter_ITER/, then the tracker
+
 Shims as mcore_gpt.py's (CPU RNG tracker, current_device "cpu"), and megatron-core's router
 checks Transformer Engine's te_general_gemm, absent here: None.
 Prints "<CMD> OK" and exits 0 on success.
@@ -67,8 +80,9 @@ def build(tp, ep, pp):
     import megatron.core.transformer.attention as attention_mod
     import megatron.core.transformer.moe.moe_utils as moe_utils
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                             expert_model_parallel_size=ep)
+    if not parallel_state.model_parallel_is_initialized():  # a second model of the same grid: its groups
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                                 expert_model_parallel_size=ep)
     torch.cuda.current_device = lambda: "cpu"
     shim = _NoFork()
     tensor_parallel.get_cuda_rng_tracker = lambda *a, **k: shim
@@ -288,6 +302,118 @@ def dist_saver(rank, world, tp, ep, pp, root, legacy, iteration):
     dist.destroy_process_group()
 
 
+def bf16_moe(tp, ep, pp):
+    """The model in bf16 with Megatron-Core's own optimizer (mcore_dist.py's: Float16OptimizerWithFloat16Params
+    over torch AdamW, fp32 masters), a ChainedOptimizer of the dense and the expert-parallel one at ep > 1."""
+    import mcore_dist
+    model = build(tp, ep, pp).to(torch.bfloat16)
+    model.config.bf16 = True
+    return model, mcore_dist.cpu_optimizer(model)
+
+
+def grid_ranks():
+    from megatron.core import parallel_state
+    return (parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank(),
+            parallel_state.get_expert_model_parallel_rank())
+
+
+def legacy_optim_load(model, optimizer, legacy, tp, ep, pp):
+    """Megatron-LM's load of the grid's legacy rank file: the model's state dict, then the optimizer's."""
+    root = pathlib.Path(legacy)
+    iteration = int((root / "latest_checkpointed_iteration.txt").read_text())
+    sd = torch.load(rank_file(root, iteration, *grid_ranks(), pp, ep), weights_only=False)
+    model.load_state_dict({k: v for k, v in sd["model"].items() if not k.endswith("_extra_state")}, strict=False)
+    optimizer.load_state_dict(sd["optimizer"])
+
+
+def dist_optim_state(model, optimizer):
+    """What Megatron-LM saves and loads in torch_dist: the model's and the optimizer's sharded state dicts."""
+    model_sd = model.sharded_state_dict()
+    return model_sd, {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=True)}
+
+
+def step_with_grads(model, optimizer):
+    """One step of Megatron-Core's optimizer with the same gradient of every parameter (a function of its name)."""
+    import zlib
+    for name, p in model.named_parameters():
+        g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+        p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
+    for o in optimizer.chained_optimizers:  # no clipping (its CUDA-only assertion); the norm is still computed
+        o.config.clip_grad = 0.0
+    # Megatron-Core's grad norm makes its buffers on "cuda": on the CPU here.
+    zeros, tensor = torch.zeros, torch.tensor
+    cpu = lambda make: lambda *a, device=None, **k: make(*a, device="cpu" if device == "cuda" else device, **k)  # noqa
+    torch.zeros, torch.tensor = cpu(zeros), cpu(tensor)
+    try:
+        ok, _, _ = optimizer.step()
+    finally:
+        torch.zeros, torch.tensor = zeros, tensor
+    assert ok, "the optimizer step was skipped"
+
+
+def optim_loader(rank, world, tp, ep, pp, root, legacy, out, tweaked):
+    """Megatron-LM's torch_dist load of model and optimizer state from the mount (the iteration the
+    tracker names) against the same grid's legacy tree loaded by its legacy path (tweaked: as a save
+    with tweak() would hold it): equal, bit for bit, before and after one step of both."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.cuda.synchronize = lambda *a, **k: None
+    import mcore_dist
+    from megatron.core import dist_checkpointing
+    model, optimizer = bf16_moe(tp, ep, pp)
+    ref_model, ref_optimizer = bf16_moe(tp, ep, pp)
+    iteration = int((pathlib.Path(root) / "latest_checkpointed_iteration.txt").read_text())
+    model_sd, sharded = dist_optim_state(model, optimizer)
+    loaded = dist_checkpointing.load(sharded, str(pathlib.Path(root) / f"iter_{iteration:07d}"))
+    model.load_state_dict({k: v for k, v in loaded["model"].items() if not k.endswith("_extra_state")}, strict=False)
+    optimizer.load_state_dict(loaded["optimizer"])
+    legacy_optim_load(ref_model, ref_optimizer, legacy, tp, ep, pp)
+    if tweaked:
+        mcore_dist.tweak(ref_optimizer)
+    assert len(optimizer.chained_optimizers) == (2 if ep > 1 else 1), len(optimizer.chained_optimizers)
+    bad = mcore_dist.optim_differences(model, optimizer, ref_model, ref_optimizer)
+    assert not bad, f"rank {rank} {grid_ranks()}: {len(bad)} differ after the load: {bad[:6]}"
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for m, o in ((model, optimizer), (ref_model, ref_optimizer)):
+        step_with_grads(m, o)
+    moved = [n for n, p in model.named_parameters() if not mcore_dist.same(p.detach(), before[n])]
+    assert any(".local_experts." in n for n in moved) and len(moved) > len(before) // 2, f"the step moved {moved[:4]}"
+    bad = mcore_dist.optim_differences(model, optimizer, ref_model, ref_optimizer)
+    assert not bad, f"rank {rank} {grid_ranks()}: {len(bad)} differ after a step: {bad[:6]}"
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def optim_saver(rank, world, tp, ep, pp, root, legacy, iteration):
+    """Model and optimizer loaded from LEGACY by the legacy path, changed by tweak() (mcore_dist.py's:
+    a step and group settings no render has), saved as Megatron-LM saves torch_dist into
+    DIR/iter_ITER/, then the tracker."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.cuda.synchronize = lambda *a, **k: None
+    import queue
+    import mcore_dist
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    filesystem_async._results_queue = queue.Queue()  # the save runs synchronously (as mcore_dist.py's)
+    model, optimizer = bf16_moe(tp, ep, pp)
+    legacy_optim_load(model, optimizer, legacy, tp, ep, pp)
+    mcore_dist.tweak(optimizer)
+    ckpt = pathlib.Path(root) / f"iter_{iteration:07d}"
+    if rank == 0:
+        ckpt.mkdir()
+    dist.barrier()
+    model_sd = model.sharded_state_dict()
+    state = {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd), "iteration": iteration,
+             "checkpoint_version": 3.0}
+    dist_checkpointing.save(state, str(ckpt))
+    dist.barrier()
+    if rank == 0:
+        (pathlib.Path(root) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def spawn(target, world, *args):
     os.environ["MASTER_PORT"] = str(31500 + os.getpid() % 2000)
     ctx = torch.multiprocessing.get_context("spawn")
@@ -337,6 +463,12 @@ def main():
     elif cmd == "dist-save":
         root, tp, ep, pp, legacy = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
         spawn(dist_saver, tp * ep * pp, tp, ep, pp, root, legacy, int(sys.argv[7]))
+    elif cmd == "optim-load":
+        root, tp, ep, pp, legacy = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+        spawn(optim_loader, tp * ep * pp, tp, ep, pp, root, legacy, None, sys.argv[7:] == ["tweaked"])
+    elif cmd == "optim-save":
+        root, tp, ep, pp, legacy = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+        spawn(optim_saver, tp * ep * pp, tp, ep, pp, root, legacy, int(sys.argv[7]))
     elif cmd == "compare":
         a, b = torch.load(sys.argv[2]), torch.load(sys.argv[3])
         assert a.dtype == torch.float64 and a.shape == b.shape, (a.dtype, a.shape, b.shape)

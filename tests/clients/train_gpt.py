@@ -172,10 +172,14 @@ class State:
     def model(self):
         return {k: v.to(torch.bfloat16) for k, v in self.fp32.items()}
 
+    def loss(self, params, tokens):
+        """The loss of the batch under `params` (the model's forward; train_moe.py's is another)."""
+        return forward(params, tokens)
+
     def train(self, tokens):
         """One step on the batch `tokens` ([b, seq + 1]); returns the loss."""
         params = {k: v.clone().requires_grad_() for k, v in self.fp32.items()}
-        loss = forward(params, tokens)
+        loss = self.loss(params, tokens)
         loss.backward()
         self.step += 1
         bc1, bc2 = 1 - BETA1 ** self.step, 1 - BETA2 ** self.step

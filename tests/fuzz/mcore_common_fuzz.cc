@@ -1,9 +1,10 @@
 // libFuzzer entry point for the optimizer entry of a Megatron-Core torch_dist
 // save's common.pt (ptc::megatron::ReadMcoreOptimizerCommon), given as the
 // pickle torch.save wraps (the zip around it is torch_fuzz's): it must never
-// crash; what it accepts has one or two dict groups without 'params' and one
-// step for the parameters, and renders back (McoreOptimizerCommon) and reads
-// back to the same groups and step.
+// crash; what it accepts (one optimizer's part, or a ChainedOptimizer's
+// {0: ..., 1: ...}) has one or two dict groups without 'params' and one step
+// for the parameters, and renders back (McoreOptimizerCommon, also chained)
+// and reads back to the same groups and step.
 // Build: cmake -DPTCFS_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ (tests/fuzz/CMakeLists.txt);
 // run:   ./mcore_common_fuzz -max_total_time=60 -max_len=4096 [corpus dir]
 #include <cstddef>
@@ -43,23 +44,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!g.is_dict() || g.Find("params") != nullptr) __builtin_trap();
   }
   if (part->meta.steps[0].params != params) __builtin_trap();
-  // Rendered and read back: the same groups (two, as rendered) and step.
+  // Rendered and read back: the same groups (two, as rendered) and step; also
+  // as ChainedOptimizer's {0: dense, 1: expert-parallel} (a model with experts at
+  // ep > 1), whose dense part gives them.
   ptc::megatron::MegatronState state;
   state.optimizer = part->meta;
-  std::vector<ptc::megatron::CarriedTensor> storages;
-  auto common = ptc::megatron::McoreOptimizerCommon(state, /*masters=*/true, &storages);
-  if (!common.ok()) __builtin_trap();
-  std::map<std::string, std::string> bytes;
-  for (const auto& c : storages) bytes[c.key] = c.bytes;
-  auto read = [&](const ptc::pickle::Tensor& t) -> ptc::Result<std::string> {
-    const auto it = bytes.find(t.storage_key);
-    if (it == bytes.end()) return ptc::InvalidArgumentError("fuzz: no storage " + t.storage_key);
-    return it->second;
-  };
-  auto back = ptc::megatron::ReadMcoreOptimizerCommon(*common, params, read, "fuzz");
-  if (!back.ok() || back->meta.steps.size() != 1 || !(back->meta.steps[0].value == part->meta.steps[0].value)) {
-    __builtin_trap();
+  for (const std::vector<size_t>& expert_groups : {std::vector<size_t>{}, std::vector<size_t>{0}}) {
+    std::vector<ptc::megatron::CarriedTensor> storages;
+    auto common = ptc::megatron::McoreOptimizerCommon(state, /*masters=*/true, &storages, expert_groups);
+    if (!common.ok()) __builtin_trap();
+    std::map<std::string, std::string> bytes;
+    for (const auto& c : storages) bytes[c.key] = c.bytes;
+    auto read = [&](const ptc::pickle::Tensor& t) -> ptc::Result<std::string> {
+      const auto it = bytes.find(t.storage_key);
+      if (it == bytes.end()) return ptc::InvalidArgumentError("fuzz: no storage " + t.storage_key);
+      return it->second;
+    };
+    auto back = ptc::megatron::ReadMcoreOptimizerCommon(*common, params, read, "fuzz");
+    if (!back.ok() || back->meta.steps.size() != 1 || !(back->meta.steps[0].value == part->meta.steps[0].value)) {
+      __builtin_trap();
+    }
+    if (groups.size() == 2 && back->meta.groups != part->meta.groups) __builtin_trap();
   }
-  if (groups.size() == 2 && back->meta.groups != part->meta.groups) __builtin_trap();
   return 0;
 }

@@ -177,7 +177,7 @@ std::pair<std::string, Index> McoreLayerKey(const std::string& key) {
 
 // The key of `t` (name, dtype and shape set) under `keys`; its path, layer and
 // layers (and expert and experts).
-void NameKey(Keys keys, const std::set<std::string>& names, Index layers, Index experts, Tensor& t) {
+void NameKey(Keys keys, const std::set<std::string>& names, Index layers, Index experts, bool chained, Tensor& t) {
   const auto state = OptimizerStateOf(t.name, names);
   if (keys == Keys::kTorch) {
     t.path = state ? std::vector<std::string>{"optim", "state", state->first, state->second}
@@ -197,30 +197,26 @@ void NameKey(Keys keys, const std::set<std::string>& names, Index layers, Index 
       t.experts = experts;
     }
   }
-  if (state)
+  if (state) {
     key = "optimizer.state." + (state->second == "fp32" ? std::string("fp32_param") : state->second) + "." + key;
+    if (chained) key = std::string(kChainedPrefix) + (t.expert >= 0 ? "1." : "0.") + key;
+  }
   t.key = key;
   t.path = {key};
 }
 
 }  // namespace
 
-Status CheckMcoreKeys(const std::vector<TensorRecord>& tensors) {
-  std::set<std::string> names;
-  for (const TensorRecord& t : tensors) names.insert(t.name);
-  for (const TensorRecord& t : tensors) {
-    const auto state = OptimizerStateOf(t.name, names);
-    if (!state || state->first.find(".mlp.experts.local_experts.") == std::string::npos) continue;
-    return FailedPreconditionError(
-        "tensor " + t.name +
-        ": the torch_dist optimizer state of routed experts (Megatron-Core's ChainedOptimizer of the dense and the "
-        "expert-parallel optimizer) is not built; use the legacy tree (--ckpt-format torch), or a store without "
-        "optimizer state");
-  }
-  return Status::OK();
+std::pair<std::string_view, int> WithoutChainedPrefix(std::string_view key) {
+  if (!key.starts_with(kChainedPrefix)) return {key, -1};
+  const size_t dot = key.find('.', kChainedPrefix.size());
+  const std::string_view n =
+      dot == std::string_view::npos ? "" : key.substr(kChainedPrefix.size(), dot - kChainedPrefix.size());
+  if (n != "0" && n != "1") return {key, -1};
+  return {key.substr(dot + 1), n[0] - '0'};
 }
 
-std::vector<Tensor> NameTensors(const std::vector<TensorRecord>& tensors, Keys keys) {
+std::vector<Tensor> NameTensors(const std::vector<TensorRecord>& tensors, Keys keys, bool chained) {
   std::set<std::string> names;
   Index layers = 0, experts = 0;
   for (const TensorRecord& t : tensors) {
@@ -233,7 +229,7 @@ std::vector<Tensor> NameTensors(const std::vector<TensorRecord>& tensors, Keys k
   std::vector<Tensor> out;
   for (const TensorRecord& t : tensors) {
     out.push_back(Tensor{t.name, "", {}, t.dtype, t.shape});
-    NameKey(keys, names, layers, experts, out.back());
+    NameKey(keys, names, layers, experts, chained && keys == Keys::kMegatronCore && experts > 0, out.back());
   }
   return out;
 }
@@ -241,9 +237,8 @@ std::vector<Tensor> NameTensors(const std::vector<TensorRecord>& tensors, Keys k
 namespace {
 
 // The tensors of `m` named in `keys`.
-Result<std::vector<Tensor>> PlanNames(const GenerationManifest& m, Keys keys) {
-  if (keys == Keys::kMegatronCore) PTC_RETURN_IF_ERROR(CheckMcoreKeys(m.tensors));
-  if (keys != Keys::kTorchtitan) return NameTensors(m.tensors, keys);
+Result<std::vector<Tensor>> PlanNames(const GenerationManifest& m, Keys keys, bool chained) {
+  if (keys != Keys::kTorchtitan) return NameTensors(m.tensors, keys, chained);
   PTC_ASSIGN_OR_RETURN(const ModelSpec spec, SpecFromManifest(m));
   return TorchtitanTensors(spec);
 }
@@ -404,7 +399,7 @@ void AddMoeObjects(const Plan& plan, const std::string& none, std::vector<Object
   std::set<std::string> seen;
   for (const Tensor& t : plan.tensors) {
     const bool expert = t.expert >= 0;
-    if (t.layer < 0 || t.path.front().rfind("optimizer.", 0) == 0 || !t.key.ends_with(".weight") ||
+    if (t.layer < 0 || WithoutChainedPrefix(t.key).first.starts_with("optimizer.") || !t.key.ends_with(".weight") ||
         (!expert && t.key.rfind("decoder.layers.mlp.shared_experts.", 0) != 0)) {
       continue;
     }
@@ -461,10 +456,10 @@ Status AddPlanObjects(const GenerationManifest& m, Keys keys, Index layers, Plan
 
 }  // namespace
 
-Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys) {
+Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys, bool chained) {
   Plan plan;
   plan.keys = keys;
-  PTC_ASSIGN_OR_RETURN(std::vector<Tensor> named, PlanNames(m, keys));
+  PTC_ASSIGN_OR_RETURN(std::vector<Tensor> named, PlanNames(m, keys, chained));
   PTC_ASSIGN_OR_RETURN(const Index layers, AddPlanTensors(std::move(named), &plan));
   PTC_ASSIGN_OR_RETURN(const auto disjoint, DisjointCover(m, plan));
   PlanFiles files;

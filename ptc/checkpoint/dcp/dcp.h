@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -83,14 +84,21 @@ struct Tensor {
   Index experts = 0;  // that dim's size
 };
 
-// Whether Megatron-Core's keys (Keys::kMegatronCore) are built for `tensors`:
-// not for the optimizer state of a mixture-of-experts model's routed experts
-// (Megatron-Core's ChainedOptimizer) yet.
-// \error FailedPrecondition naming the first expert tensor's optimizer state.
-Status CheckMcoreKeys(const std::vector<TensorRecord>& tensors);
+// Megatron-Core's ChainedOptimizer (a model with routed experts at ep > 1:
+// the dense optimizer, then the expert-parallel one) prefixes its optimizers'
+// torch_dist keys (ChainedOptimizer.sharded_state_dict, add_prefix_for_sharding,
+// as Megatron-LM's metadata and a call without metadata make it):
+// chained_0.optimizer.state.K.<P's key> for a dense parameter P,
+// chained_1.optimizer.state.K.<P's key> for a routed expert's.
+inline constexpr std::string_view kChainedPrefix = "chained_";
 
-// `tensors` (a model's global tensors) with their keys under `keys`.
-std::vector<Tensor> NameTensors(const std::vector<TensorRecord>& tensors, Keys keys);
+// `key` without a ChainedOptimizer prefix (chained_N.), and N (-1: none).
+std::pair<std::string_view, int> WithoutChainedPrefix(std::string_view key);
+
+// `tensors` (a model's global tensors) with their keys under `keys`; with
+// `chained` (kMegatronCore, a model with routed experts at ep > 1) the
+// optimizer state's keys prefixed as ChainedOptimizer's (above).
+std::vector<Tensor> NameTensors(const std::vector<TensorRecord>& tensors, Keys keys, bool chained = false);
 
 // torchtitan's Llama (torchtitan 0.3, Llama3StateDictAdapter's names) of a
 // Megatron-Core GPT model (the built-in llama), its Hugging Face tensors
@@ -164,7 +172,8 @@ struct Plan {
 //        disjoint choice of their boxes resolves or leave part of it uncovered,
 //        or when a key repeats; with kMegatronCore when the layers of a key
 //        differ in shape or dtype or one is missing.
-Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys = Keys::kTorch);
+// `chained`: as NameTensors' (the mounted config's ep > 1 for kMegatronCore).
+Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys = Keys::kTorch, bool chained = false);
 
 // Disjoint boxes covering what `stored` covers, each with the index of the
 // stored box it is part of: a box that does not meet an earlier one is kept

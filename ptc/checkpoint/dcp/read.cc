@@ -356,7 +356,8 @@ Keys SavedKeys(const SavedCheckpoint& saved, Keys keys) {
 
 // Tensor entries that are no stored tensor: Adam's steps (SavedOptimizer's),
 // torchtitan's other states (SavedEntries').
-bool PassedOver(const std::string& key, Keys keys) {
+bool PassedOver(const std::string& full_key, Keys keys) {
+  const std::string key(keys == Keys::kMegatronCore ? WithoutChainedPrefix(full_key).first : full_key);
   const bool step = key.rfind(keys == Keys::kTorch ? "optim.state." : "optimizer.state.", 0) == 0 && key.size() > 5 &&
                     key.compare(key.size() - 5, 5, ".step") == 0;
   return (step && keys != Keys::kMegatronCore) || CarriedTensorKey(key, keys);
@@ -374,7 +375,8 @@ Result<ModelSpec> SavedSpec(const SavedCheckpoint& saved, const Schema& schema, 
   std::string a_param;
   for (const SavedTensor& t : saved.tensors) {
     if (PassedOver(t.key, keys)) continue;
-    if (t.key.rfind(OptimizerPrefix(keys), 0) == 0) {
+    const std::string_view key = keys == Keys::kMegatronCore ? WithoutChainedPrefix(t.key).first : t.key;
+    if (key.starts_with(OptimizerPrefix(keys))) {
       spec.optimizer = true;
       continue;
     }
@@ -394,8 +396,16 @@ Result<ModelSpec> SavedSpec(const SavedCheckpoint& saved, const Schema& schema, 
   return spec;
 }
 
-// The model's keys (NameTensors, TorchtitanTensors).
-Result<std::vector<Tensor>> ModelKeys(const ModelSpec& spec, Keys keys, const std::string& metadata_path) {
+// Whether a torch_dist save holds Megatron-Core's ChainedOptimizer's keys (chained_N.optimizer.*).
+bool ChainedSave(const SavedCheckpoint& saved, Keys keys) {
+  return keys == Keys::kMegatronCore &&
+         std::any_of(saved.tensors.begin(), saved.tensors.end(),
+                     [](const SavedTensor& t) { return WithoutChainedPrefix(t.key).second >= 0; });
+}
+
+// The model's keys (NameTensors, TorchtitanTensors); `chained` as NameTensors'.
+Result<std::vector<Tensor>> ModelKeys(const ModelSpec& spec, Keys keys, bool chained,
+                                      const std::string& metadata_path) {
   if (keys == Keys::kTorchtitan) {
     PTC_ASSIGN_OR_RETURN(std::vector<Tensor> model, TorchtitanTensors(spec), metadata_path);
     return model;
@@ -403,8 +413,7 @@ Result<std::vector<Tensor>> ModelKeys(const ModelSpec& spec, Keys keys, const st
   PTC_ASSIGN_OR_RETURN(std::vector<GlobalTensor> globals, GlobalTensors(spec));
   std::vector<TensorRecord> records;
   for (const GlobalTensor& g : globals) records.push_back(TensorRecord{g.name, g.dtype, g.shape});
-  if (keys == Keys::kMegatronCore) PTC_RETURN_IF_ERROR(CheckMcoreKeys(records), metadata_path);
-  return NameTensors(records, keys);
+  return NameTensors(records, keys, chained);
 }
 
 // The place of a stacked key's tensor among its key's: its layer, or (layer,
@@ -653,7 +662,7 @@ Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view
   keys = SavedKeys(saved, keys);
   PTC_ASSIGN_OR_RETURN(const ModelSpec spec, SavedSpec(saved, schema, dims, keys, metadata_path));
   PTC_ASSIGN_OR_RETURN(ModelLayout layout, ModelLayout::Make(spec, config));
-  PTC_ASSIGN_OR_RETURN(std::vector<Tensor> model, ModelKeys(spec, keys, metadata_path));
+  PTC_ASSIGN_OR_RETURN(std::vector<Tensor> model, ModelKeys(spec, keys, ChainedSave(saved, keys), metadata_path));
   PTC_ASSIGN_OR_RETURN(const KeyMatch matched, MatchKeys(model, saved, keys, metadata_path));
 
   DcpSource source{std::move(layout), {}, {}, {}, {}};

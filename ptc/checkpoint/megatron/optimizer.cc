@@ -327,7 +327,8 @@ StepValue RenderedStep(const OptimizerMeta& meta, const std::string& param, uint
   return StepValue{{param}, ScalarTensor("s"), {{"s", DType::kF32, 1, IterationStep(iteration)}}};
 }
 
-Result<Value> McoreOptimizerCommon(const MegatronState& state, bool masters, std::vector<CarriedTensor>* storages) {
+Result<Value> McoreOptimizerCommon(const MegatronState& state, bool masters, std::vector<CarriedTensor>* storages,
+                                   const std::vector<size_t>& expert_groups) {
   const OptimizerMeta& meta = state.optimizer;
   if (meta.steps.size() > 1) {
     return FailedPreconditionError("the Adam step of " + meta.steps[0].params.at(0) + " differs from that of " +
@@ -342,32 +343,92 @@ Result<Value> McoreOptimizerCommon(const MegatronState& state, bool masters, std
     step = meta.steps[0].value;
     if (step.is_tensor()) storages->push_back(meta.steps[0].tensors.at(0));  // key "s"
   }
-  Value groups = Value::List();
-  for (size_t g = 0; g < 2; ++g) groups.items().push_back(Settings(meta, g));
-  Value inner = Value::Dict();
-  inner.Set("param_groups", std::move(groups));
-  inner.Set("state", Value::Dict({{Value::Str("common_step"), std::move(step)}}));
-  if (!masters) return inner;
-  Value out = Value::Dict();
-  out.Set("optimizer", std::move(inner));
   const Value* kept = state.carried.is_dict() ? state.carried.Find("optimizer") : nullptr;
-  if (kept != nullptr && kept->is_dict()) {
+  if (masters && kept != nullptr && kept->is_dict()) {
     std::set<std::string> used;
     for (const auto& [k, v] : kept->pairs()) {
-      out.Set(k, v);
       pickle::ForEachTensor(v, [&](const std::string&, const pickle::Tensor& t) { used.insert(t.storage_key); });
     }
     for (const CarriedTensor& c : state.tensors) {
       if (used.count(c.key) != 0) storages->push_back(c);
     }
   }
-  return out;
+  // One optimizer's part over Megatron's groups `groups` (is_expert_parallel with `experts`).
+  auto part = [&](const std::vector<size_t>& groups, bool experts) {
+    Value settings = Value::List();
+    for (size_t g : groups) {
+      settings.items().push_back(Settings(meta, g));
+      if (experts) settings.items().back().Set("is_expert_parallel", Value::Bool(true));
+    }
+    Value inner = Value::Dict();
+    inner.Set("param_groups", std::move(settings));
+    inner.Set("state", Value::Dict({{Value::Str("common_step"), step}}));
+    if (!masters) return inner;
+    Value out = Value::Dict();
+    out.Set("optimizer", std::move(inner));
+    if (kept != nullptr && kept->is_dict()) {
+      for (const auto& [k, v] : kept->pairs()) out.Set(k, v);
+    }
+    return out;
+  };
+  Value dense = part({0, 1}, false);
+  if (expert_groups.empty()) return dense;
+  return Value::Dict({{Value::Int(0), std::move(dense)}, {Value::Int(1), part(expert_groups, true)}});
 }
 
+namespace {
+
+// The step a common part's (Float16 or FP32 layout) 'state' holds; nullptr when none.
+const Value* CommonStep(const Value& optimizer) {
+  const Value* nested = optimizer.Find("optimizer");
+  const Value& inner = nested != nullptr && nested->is_dict() ? *nested : optimizer;
+  const Value* state = inner.Find("state");
+  return state == nullptr ? nullptr : state->Find("common_step");
+}
+
+// A ChainedOptimizer's part {0: dense, 1: expert-parallel} (int keys): its dense part.
+// \error InvalidArgument naming the entry: keys other than 0 and 1, or two steps that differ.
+Result<const Value*> DensePart(const Value& optimizer,
+                               const std::function<Result<std::string>(const pickle::Tensor&)>& read,
+                               const std::string& what) {
+  const Value* dense = optimizer.Find(Value::Int(0));
+  const Value* experts = optimizer.Find(Value::Int(1));
+  if (dense == nullptr || experts == nullptr || optimizer.pairs().size() != 2 || !dense->is_dict() ||
+      !experts->is_dict()) {
+    return InvalidArgumentError(what +
+                                ": optimizer: a dict by optimizer index whose keys are not 0 and 1 "
+                                "(Megatron-Core's ChainedOptimizer of the dense and the expert-parallel one)");
+  }
+  const Value* a = CommonStep(*dense);
+  const Value* b = CommonStep(*experts);
+  bool same = (a == nullptr) == (b == nullptr);
+  if (same && a != nullptr && a->is_tensor() && b->is_tensor()) {
+    PTC_ASSIGN_OR_RETURN(const std::string x, read(a->tensor()));
+    PTC_ASSIGN_OR_RETURN(const std::string y, read(b->tensor()));
+    same = x == y && a->tensor().dtype == b->tensor().dtype;
+  } else if (same && a != nullptr) {
+    same = !a->is_tensor() && !b->is_tensor() && a->DebugString() == b->DebugString();
+  }
+  if (!same) {
+    return InvalidArgumentError(what +
+                                ": optimizer/1: its common_step differs from optimizer/0's (Megatron-Core's "
+                                "ChainedOptimizer keeps one step)");
+  }
+  return dense;
+}
+
+}  // namespace
+
 Result<McoreOptimizerCommonPart> ReadMcoreOptimizerCommon(
-    const Value& optimizer, const std::vector<std::string>& params,
+    const Value& chained, const std::vector<std::string>& params,
     const std::function<Result<std::string>(const pickle::Tensor&)>& read, const std::string& what) {
-  if (!optimizer.is_dict()) return InvalidArgumentError(what + ": optimizer: not a dict");
+  if (!chained.is_dict()) return InvalidArgumentError(what + ": optimizer: not a dict");
+  const bool by_index = !chained.pairs().empty() && chained.pairs().front().first.kind() == pickle::Kind::kInt;
+  const Value* dense = &chained;
+  if (by_index) {
+    PTC_ASSIGN_OR_RETURN(dense, DensePart(chained, read, what));
+  }
+  const Value& optimizer = *dense;
   const Value* nested = optimizer.Find("optimizer");
   const bool float16 = nested != nullptr && nested->is_dict();
   const Value& inner = float16 ? *nested : optimizer;

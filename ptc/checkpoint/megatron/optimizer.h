@@ -123,12 +123,21 @@ StepValue RenderedStep(const OptimizerMeta& meta, const std::string& param, uint
 // That common part for `state`: the groups as RenderOptimizer writes them;
 // the step that every parameter with one shares, else float32 `iteration`;
 // the kept 'optimizer' entries (grad_scaler). The storages of its tensors go
-// to *storages.
+// to *storages. With `expert_groups` (Megatron's groups, 0 with weight decay
+// and 1 without, that hold a routed expert's parameter; a model with experts
+// at ep > 1) Megatron-Core's ChainedOptimizer's, a dict by optimizer index as
+// its sharded_state_dict leaves it: {0: the dense optimizer's part, 1: the
+// expert-parallel one's}, the latter with those groups only,
+// is_expert_parallel True, the same step (ChainedOptimizer synchronises them)
+// and the same kept entries.
 // \error FailedPrecondition naming two parameters whose steps differ.
 Result<pickle::Value> McoreOptimizerCommon(const MegatronState& state, bool masters,
-                                           std::vector<CarriedTensor>* storages);
+                                           std::vector<CarriedTensor>* storages,
+                                           const std::vector<size_t>& expert_groups = {});
 
-// What a saved common.pt's 'optimizer' entry (either layout) holds: the
+// What a saved common.pt's 'optimizer' entry (either layout, or a
+// ChainedOptimizer's {0: dense, 1: expert-parallel} of them, whose dense part
+// gives the groups: the experts' groups' settings are not kept) holds: the
 // groups (Megatron's order: the one without weight decay second), one step
 // for every name in `params` (float32 0 when the save has no common_step:
 // Megatron-Core leaves out a step of 0), and
@@ -142,7 +151,8 @@ struct McoreOptimizerCommonPart {
 // `read` gives a tensor's bytes; `what` names the file.
 // \error InvalidArgument naming the entry: no list of one or two dict groups,
 //        a step that is not a number or a one-number tensor, a kept tensor
-//        larger than kMaxCarriedTensorBytes.
+//        larger than kMaxCarriedTensorBytes; a chained entry whose keys are
+//        not 0 and 1, or whose two steps differ.
 Result<McoreOptimizerCommonPart> ReadMcoreOptimizerCommon(
     const pickle::Value& optimizer, const std::vector<std::string>& params,
     const std::function<Result<std::string>(const pickle::Tensor&)>& read, const std::string& what);
