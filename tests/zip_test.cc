@@ -75,6 +75,20 @@ TEST(Crc32, KnownValuesAndCombine) {
   }
 }
 
+// The vectorised CRC (libdeflate) on large, unaligned buffers, split anywhere:
+// the values Python's zlib.crc32 gives for the same bytes.
+TEST(Crc32, LargeUnalignedBuffersEqualZlibs) {
+  const size_t n = (3u << 20) + 17;
+  std::string bytes(n + 3, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(((i * 2654435761ull) >> 24) & 0xff);
+  const char* p = bytes.data() + 3;  // off any alignment
+  EXPECT_EQ(Crc32(0, p, n), 0xa4bacc7fu);
+  EXPECT_EQ(Crc32(0, p, 1000000), 0xd3decfd5u);
+  for (size_t cut : {size_t{1}, size_t{15}, size_t{4096}, size_t{1} << 20, n - 1}) {
+    EXPECT_EQ(Crc32(Crc32(0, p, cut), p + cut, n - cut), 0xa4bacc7fu) << cut;
+  }
+}
+
 TEST(PlanZip, LayoutInvariants) {
   std::mt19937_64 rng(TestSeed());
   for (int round = 0; round < 50; ++round) {

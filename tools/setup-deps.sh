@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config clang
   libhdf5-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libgtest-dev libfuse3-dev fuse3
   python3 python3-numpy python3-h5py python3-venv
-  zlib1g-dev python3-torch
+  zlib1g-dev libdeflate-dev python3-torch
   libcpp-httplib-dev libjemalloc-dev libssl-dev python3-yaml
 )
 # The tests' servers: etcd for the cluster suites, a single-node Ceph's radosgw (and curl) for
