@@ -20,7 +20,7 @@ set -euo pipefail
 # GoogleTest or etcd: none of the tests is built). docker/check.sh checks each is there.
 BUILD_PACKAGES=(
   build-essential cmake ninja-build pkg-config
-  libhdf5-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libfuse3-dev zlib1g-dev libcpp-httplib-dev libssl-dev libjemalloc-dev
+  libhdf5-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libfuse3-dev zlib1g-dev libdeflate-dev libcpp-httplib-dev libssl-dev libjemalloc-dev
 )
 
 # Debian 12 packages of the shared libraries build/tools/ptcfs links (`readelf -d`: NEEDED),
@@ -30,7 +30,7 @@ BUILD_PACKAGES=(
 RUNTIME_PACKAGES=(
   libc6 libgcc-s1 libstdc++6
   libfuse3-3 fuse3
-  libhdf5-103-1 libxxhash0 zlib1g libcpp-httplib0.11 libssl3 libjemalloc2
+  libhdf5-103-1 libxxhash0 zlib1g libdeflate0 libcpp-httplib0.11 libssl3 libjemalloc2
 )
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

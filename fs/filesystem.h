@@ -238,10 +238,17 @@ class Filesystem : public ChangeApplier {
   // refuses new writes, truncations and opens for writing there until
   // Unseal(dir) (the save done, committed or not: a refused save may be
   // written again).
-  void Seal(const std::string& dir) EXCLUDES(staging_mu_, mu_);
+  // \error FailedPrecondition (EBUSY) naming a file of `dir` the kernel
+  //        writes (passthrough) that is still open for writing: no save is
+  //        taken that could change after it (nothing sealed then).
+  ptc::Status Seal(const std::string& dir) EXCLUDES(staging_mu_, mu_);
   void Unseal(const std::string& dir) EXCLUDES(staging_mu_, mu_);
   // PermissionDenied naming `path` when it lies under a sealed directory.
   ptc::Status CheckNotSealed(const std::string& path) const REQUIRES(staging_mu_) EXCLUDES(mu_);
+  // The backing id a staged file's open answers with (the kernel then writes
+  // and reads the staged file itself), registered from `fd`; 0 when passthrough
+  // is off or the kernel refuses the file (the daemon serves it: today's path).
+  int32_t StagedBackingId(const Node& node, int fd) EXCLUDES(mu_);
   ptc::Result<size_t> WriteMegatron(Handle& h, const char* data, size_t size, uint64_t offset) EXCLUDES(mu_);
   // The directory `parent` if saves may write in it.
   ptc::Result<std::shared_ptr<Node>> StagingParent(uint64_t parent) EXCLUDES(mu_);
@@ -304,6 +311,8 @@ class Filesystem : public ChangeApplier {
   // time of nodes without a snapshot (/, .ptcfs/). Read without mu_ by Attr.
   std::atomic<int64_t> served_sec_{0}, served_nsec_{0};
   uint64_t next_fh_ GUARDED_BY(mu_) = 1;
+  // Opens of staged files (saves) answered with a backing id, and through the daemon.
+  std::atomic<uint64_t> staged_opens_kernel_{0}, staged_opens_daemon_{0};
 };
 
 // The errno for a Status at the FUSE boundary (the one mapping).

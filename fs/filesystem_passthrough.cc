@@ -123,7 +123,9 @@ nlohmann::json Filesystem::PassthroughStatus() const {
           {"kernel", kernel},
           {"daemon", files.size() - kernel},
           {"open_backing_files", passthrough_.backed()},
-          {"files", by_file}};
+          {"files", by_file},
+          // Opens of the files a save writes (megatron/iter_N/..., dcp/NAME/...): the kernel's or the daemon's.
+          {"save_opens", {{"kernel", staged_opens_kernel_.load()}, {"daemon", staged_opens_daemon_.load()}}}};
 }
 
 }  // namespace ptcfs

@@ -133,7 +133,11 @@ ptc::Result<OpenReply> Filesystem::OpenMegatronWritable(const std::shared_ptr<No
     const std::string path = StagedPath(*node);
     if (Writing(flags)) PTC_RETURN_IF_ERROR(CheckNotSealed(path));
     PTC_ASSIGN_OR_RETURN(const int fd, staging_.Open(path, access));
-    h->what = Handle::Staged{ptc::UniqueFd(fd)};
+    Handle::Staged staged{ptc::UniqueFd(fd), false, Writing(flags)};
+    reply.backing_id = StagedBackingId(*node, fd);
+    staged.backed = reply.backing_id > 0;
+    reply.direct_io = !staged.backed;  // the kernel's writes and reads go to the staged file's own pages
+    h->what = std::move(staged);
   } else if (!Writing(flags)) {
     ptc::MutexLock lock(&h->mu);
     h->text = std::get<Node::Latest>(node->what).text;
@@ -174,6 +178,11 @@ ptc::Result<size_t> Filesystem::WriteMegatron(Handle& h, const char* data, size_
 
 ptc::Status Filesystem::Flush(uint64_t fh) {
   PTC_ASSIGN_OR_RETURN(std::shared_ptr<Handle> h, HandleOf(fh));
+  if (h->node->kind() == Node::kStagedFile) {
+    ptc::MutexLock lock(&h->mu);
+    h->flushed = true;  // closed by its process (Seal takes a save the kernel wrote after this)
+    return ptc::Status::OK();
+  }
   if (h->node->kind() != Node::kLatestFile) return ptc::Status::OK();
   std::string text;  // what was written, read once: a write may run while this commits
   {
@@ -188,7 +197,10 @@ ptc::Status Filesystem::Flush(uint64_t fh) {
     return iteration.status();
   }
   const std::string dir = ptc::megatron::IterationDirName(*iteration);
-  Seal(dir);
+  if (ptc::Status sealed = Seal(dir); !sealed.ok()) {
+    controller_->RecordError(sealed.message());
+    return sealed;  // EBUSY: the save may be taken again once the file is closed
+  }
   ptc::Status s = controller_->Ingest(staging_.root(), *iteration, snapshot());
   // Committed: the staged iteration is in the store now.
   if (s.ok()) s = staging_.RemoveTree(dir);
@@ -209,7 +221,10 @@ ptc::Status Filesystem::ApplyDcpSave(const std::string& save, std::string metada
     change->Failed(bad);
     return bad;
   }
-  Seal(save);
+  if (ptc::Status sealed = Seal(save); !sealed.ok()) {
+    change->Failed(sealed);
+    return sealed;
+  }
   const ptc::Status s = controller_->ApplyDcpSave(
       staging_.Path(save), std::move(metadata), dcp ? ptc::dcp::Keys::kTorch : ptc::dcp::Keys::kMegatronCore,
       snapshot(), std::move(change), [this, save](bool committed) {
@@ -224,7 +239,10 @@ ptc::Status Filesystem::ApplyDcpSave(const std::string& save, std::string metada
 
 ptc::Status Filesystem::ApplySave(uint64_t iteration, std::shared_ptr<AgreedChange> change) {
   const std::string dir = ptc::megatron::IterationDirName(iteration);
-  Seal(dir);
+  if (ptc::Status sealed = Seal(dir); !sealed.ok()) {
+    change->Failed(sealed);
+    return sealed;
+  }
   const ptc::Status s = controller_->ApplySave(
       staging_.root(), iteration, snapshot(), std::move(change), [this, dir, iteration](bool committed) {
         const ptc::Status removed = committed ? staging_.RemoveTree(dir) : ptc::Status::OK();
@@ -238,9 +256,8 @@ ptc::Status Filesystem::ApplySave(uint64_t iteration, std::shared_ptr<AgreedChan
   return s;
 }
 
-void Filesystem::Seal(const std::string& dir) {
+ptc::Status Filesystem::Seal(const std::string& dir) {
   ptc::MutexLock staging(&staging_mu_);
-  sealed_.insert(dir);
   std::vector<std::shared_ptr<Handle>> open;
   {
     ptc::MutexLock lock(&mu_);
@@ -248,10 +265,41 @@ void Filesystem::Seal(const std::string& dir) {
       if (h->fd() >= 0 && StagedOf(*h->node).starts_with(dir + "/")) open.push_back(h);
     }
   }
+  // The kernel writes a backed file without the daemon: nothing can end its
+  // writes, so a save is taken only once every such file was closed.
+  for (const std::shared_ptr<Handle>& h : open) {
+    const auto& staged = std::get<Handle::Staged>(h->what);
+    bool writing = false;
+    if (staged.backed && staged.writable) {
+      ptc::MutexLock lock(&h->mu);
+      writing = !h->flushed;
+    }
+    if (writing) {
+      return ptc::Status(ptc::Code::kFailedPrecondition,
+                         staging_.Path(StagedPath(*h->node)) +
+                             ": still open for writing (the kernel writes it): close it before the save is taken");
+    }
+  }
+  sealed_.insert(dir);
   for (const std::shared_ptr<Handle>& h : open) {
     ptc::MutexLock lock(&h->mu);
     h->sealed = true;
   }
+  return ptc::Status::OK();
+}
+
+int32_t Filesystem::StagedBackingId(const Node& node, int fd) {
+  if (!passthrough_.enabled()) {
+    staged_opens_daemon_++;
+    return 0;
+  }
+  // A failure (the staging area on a file system the kernel cannot stack on)
+  // leaves the file to the daemon, as with passthrough off.
+  ptc::Result<int32_t> id = passthrough_.Acquire(node.ino, fd);
+  if (!id.ok()) controller_->RecordError(staging_.Path(StagedPath(node)) + ": written through the daemon: " +
+                                         id.status().message());
+  (id.ok() ? staged_opens_kernel_ : staged_opens_daemon_)++;
+  return id.ok() ? *id : 0;
 }
 
 void Filesystem::Unseal(const std::string& dir) {
@@ -298,7 +346,11 @@ ptc::Status Filesystem::Rename(uint64_t parent, const std::string& name, uint64_
 
 ptc::Status Filesystem::CommitDcp(const std::string& save) {
   ptc::Status removed;
-  Seal(save);  // in a cluster each worker's chunk files become its pieces: no more writes into them
+  // In a cluster each worker's chunk files become its pieces: no more writes into them.
+  if (ptc::Status sealed = Seal(save); !sealed.ok()) {
+    controller_->RecordError(sealed.message());
+    return sealed;  // EBUSY: the rename is undone, the save may try again
+  }
   ptc::Status s =
       controller_->IngestDcp(staging_.Path(save), save, snapshot(), [&] { removed = staging_.RemoveTree(save); });
   Unseal(save);

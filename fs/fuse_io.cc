@@ -56,14 +56,18 @@ void PatchReply(struct iovec* iov, int count, const Passthrough& pt) {
   if (count != 2 || iov[0].iov_len != sizeof(fuse_abi::OutHeader)) return;
   const auto* out = static_cast<const fuse_abi::OutHeader*>(iov[0].iov_base);
   if (out->error != 0) return;
-  if (iov[1].iov_len == sizeof(fuse_abi::OpenOut)) {
-    // Only OPEN replies carry the mark (OPENDIR's fh is libfuse's 0; ptcfs
-    // has no ioctl, the other 16-byte reply).
-    auto* open = static_cast<fuse_abi::OpenOut*>(iov[1].iov_base);
-    if (!(open->fh & kBackingMark)) return;
-    open->backing_id = static_cast<int32_t>((open->fh >> 32) & 0x7fffffff);
-    open->fh &= 0xffffffffull;
-    open->open_flags = (open->open_flags | fuse_abi::kOpenPassthrough) & fuse_abi::kOpenPassthroughMask;
+  const bool create = iov[1].iov_len == fuse_abi::kEntryOutSize + sizeof(fuse_abi::OpenOut);
+  if (iov[1].iov_len == sizeof(fuse_abi::OpenOut) || create) {
+    // Only OPEN and CREATE replies carry the mark (OPENDIR's fh is libfuse's 0;
+    // ptcfs has no ioctl, the other 16-byte reply; none other has 144 bytes).
+    char* at = static_cast<char*>(iov[1].iov_base) + (create ? fuse_abi::kEntryOutSize : 0);
+    fuse_abi::OpenOut open;
+    std::memcpy(&open, at, sizeof(open));  // libfuse's CREATE buffer is a char array
+    if (!(open.fh & kBackingMark)) return;
+    open.backing_id = static_cast<int32_t>((open.fh >> 32) & 0x7fffffff);
+    open.fh &= 0xffffffffull;
+    open.open_flags = (open.open_flags | fuse_abi::kOpenPassthrough) & fuse_abi::kOpenPassthroughMask;
+    std::memcpy(at, &open, sizeof(open));
     return;
   }
   if (iov[1].iov_len == sizeof(fuse_abi::InitOut) && out->unique == pt.init_unique() && pt.init_enabled()) {

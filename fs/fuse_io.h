@@ -1,8 +1,8 @@
 // The session's I/O with /dev/fuse when passthrough is wanted: libfuse 3.14
-// predates FUSE passthrough, so its INIT and OPEN replies are patched on their
-// way to the kernel (fuse_session_custom_io): INIT gets FUSE_PASSTHROUGH and
-// max_stack_depth; an OPEN reply whose fh carries a backing id (EncodeOpenFh)
-// gets FOPEN_PASSTHROUGH and that id. Splicing stays as libfuse does it.
+// predates FUSE passthrough, so its INIT, OPEN and CREATE replies are patched
+// on their way to the kernel (fuse_session_custom_io): INIT gets
+// FUSE_PASSTHROUGH and max_stack_depth; an OPEN or CREATE reply whose fh
+// carries a backing id (EncodeOpenFh) gets FOPEN_PASSTHROUGH and that id. Splicing stays as libfuse does it.
 #pragma once
 
 #include <sys/uio.h>
@@ -26,7 +26,7 @@ uint64_t EncodeOpenFh(uint64_t handle, int32_t backing_id);
 // is INIT, tells `pt` (Passthrough::OnInit).
 void ObserveRequest(const void* buf, size_t n, Passthrough& pt);
 // A reply about to be written: patches the INIT reply (when `pt` turned
-// passthrough on) and OPEN replies that carry a backing id.
+// passthrough on) and OPEN and CREATE replies that carry a backing id.
 void PatchReply(struct iovec* iov, int count, const Passthrough& pt);
 
 // Installs the custom I/O on a mounted session (its userdata must be a

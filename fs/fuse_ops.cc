@@ -222,7 +222,7 @@ void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t, struc
   }
   const auto& [e, open] = *r;
   struct fuse_entry_param p = EntryParam(e);
-  fi->fh = open.fh;
+  fi->fh = EncodeOpenFh(open.fh, open.backing_id);  // as OpOpen: a save's new file written by the kernel
   fi->direct_io = open.direct_io;
   fuse_reply_create(req, &p, fi);
 }

@@ -104,6 +104,10 @@ struct Filesystem::Handle {
   };
   struct Staged {
     ptc::UniqueFd fd;
+    // Written and read by the kernel in the staged file itself (its backing
+    // id, fs/passthrough.h): no byte comes through the daemon; Passthrough::Release at close.
+    bool backed = false;
+    bool writable = false;  // opened for writing
   };
   std::shared_ptr<Node> node;
   std::variant<Text, Rendered, Data, Staged> what;
@@ -112,7 +116,8 @@ struct Filesystem::Handle {
     const auto* r = std::get_if<Rendered>(&what);
     return r ? r->file.get() : nullptr;
   }
-  bool backed() const {
+  bool backed() const {  // through the kernel: Passthrough::Release at close
+    if (const auto* s = std::get_if<Staged>(&what)) return s->backed;
     const auto* r = std::get_if<Rendered>(&what);
     return r && r->backed;
   }
@@ -128,6 +133,8 @@ struct Filesystem::Handle {
   std::string text GUARDED_BY(mu);                // .ptcfs files, the latest file: content at open / written so far
   bool written GUARDED_BY(mu) = false;            // the latest file: written through this handle since its last flush
   bool sealed GUARDED_BY(mu) = false;             // staged files: its save was taken (Filesystem::Seal)
+  // A staged file the kernel writes: its process closed it (FLUSH) since it was opened.
+  bool flushed GUARDED_BY(mu) = false;
 };
 
 }  // namespace ptcfs

@@ -51,6 +51,8 @@ struct BackingMap {  // fuse_backing_map
   uint32_t flags;
   uint64_t padding;
 };
+// A CREATE reply: fuse_entry_out (7.9+), then fuse_open_out.
+constexpr size_t kEntryOutSize = 128;
 static_assert(sizeof(InHeader) == 40 && sizeof(InitOut) == 64 && sizeof(OpenOut) == 16);
 
 constexpr unsigned long kIocBackingOpen = _IOW(229, 1, BackingMap);  // FUSE_DEV_IOC_BACKING_OPEN

@@ -101,6 +101,34 @@ TEST(FuseIo, PatchReplyMakesAMarkedOpenReplyPassthrough) {
   PatchReply(iov, 1, pt);  // a header alone
 }
 
+// A CREATE reply (a save's new file): fuse_entry_out, then the open reply;
+// the entry is left as it is.
+TEST(FuseIo, PatchReplyMakesAMarkedCreateReplyPassthrough) {
+  Passthrough pt(true);
+  std::vector<char> body(abi::kEntryOutSize + sizeof(abi::OpenOut), '\x5a');
+  abi::OpenOut open = {};
+  open.fh = EncodeOpenFh(11, 3);
+  open.open_flags = 1u << 0;  // FOPEN_DIRECT_IO: kept (the kernel's passthrough overrides it)
+  std::memcpy(body.data() + abi::kEntryOutSize, &open, sizeof(open));
+  abi::OutHeader out = {static_cast<uint32_t>(sizeof(abi::OutHeader) + body.size()), 0, 4};
+  struct iovec iov[2] = {{&out, sizeof(out)}, {body.data(), body.size()}};
+  PatchReply(iov, 2, pt);
+  abi::OpenOut patched;
+  std::memcpy(&patched, body.data() + abi::kEntryOutSize, sizeof(patched));
+  EXPECT_EQ(patched.fh, 11u);
+  EXPECT_EQ(patched.backing_id, 3);
+  EXPECT_EQ(patched.open_flags, abi::kOpenPassthrough | (1u << 0));
+  EXPECT_EQ(std::string(body.data(), abi::kEntryOutSize), std::string(abi::kEntryOutSize, '\x5a'));
+  // Unmarked: untouched.
+  open.fh = 12;
+  std::memcpy(body.data() + abi::kEntryOutSize, &open, sizeof(open));
+  PatchReply(iov, 2, pt);
+  std::memcpy(&patched, body.data() + abi::kEntryOutSize, sizeof(patched));
+  EXPECT_EQ(patched.fh, 12u);
+  EXPECT_EQ(patched.backing_id, 0);
+  EXPECT_EQ(patched.open_flags, 1u << 0);
+}
+
 TEST(FuseIo, ObserveRequestTellsWhetherTheKernelOffersPassthrough) {
   {
     Passthrough pt(true);

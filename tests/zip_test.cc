@@ -6,6 +6,7 @@
 #include <random>
 
 #include "ptc/format/crc32.h"
+#include "ptc/format/crc_ledger.h"
 #include "ptc/format/zip_reader.h"
 #include "ptc/format/zip_writer.h"
 #include "test_util.h"
@@ -72,6 +73,20 @@ TEST(Crc32, KnownValuesAndCombine) {
   EXPECT_EQ(Crc32(Crc(a), b.data(), b.size()), Crc(a + b));
   for (uint64_t n : {0ull, 1ull, 63ull, 4095ull, 4096ull, 4097ull, 100000ull, (1ull << 20) + 3}) {
     EXPECT_EQ(Crc32Zeros(n), Crc(std::string(n, '\0'))) << n;
+  }
+}
+
+// The vectorised CRC (libdeflate) on large, unaligned buffers, split anywhere:
+// the values Python's zlib.crc32 gives for the same bytes.
+TEST(Crc32, LargeUnalignedBuffersEqualZlibs) {
+  const size_t n = (3u << 20) + 17;
+  std::string bytes(n + 3, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(((i * 2654435761ull) >> 24) & 0xff);
+  const char* p = bytes.data() + 3;  // off any alignment
+  EXPECT_EQ(Crc32(0, p, n), 0xa4bacc7fu);
+  EXPECT_EQ(Crc32(0, p, 1000000), 0xd3decfd5u);
+  for (size_t cut : {size_t{1}, size_t{15}, size_t{4096}, size_t{1} << 20, n - 1}) {
+    EXPECT_EQ(Crc32(Crc32(0, p, cut), p + cut, n - cut), 0xa4bacc7fu) << cut;
   }
 }
 
@@ -420,6 +435,57 @@ TEST(VerifyMemberCrc, DetectsAFlippedByte) {
   Status s = VerifyMemberCrc(f, archive->members[1], "crc.zip");
   EXPECT_EQ(s.code(), Code::kCorruption);
   ExpectError(s, {"bad CRC-32 in member 'second' of crc.zip"});
+}
+
+// The ledger's CRCs (a save's commit): ranges handed over while another pass
+// reads them are combined, the rest read from the file; ranges that cross a
+// member or overlap one kept are passed over; a range handed over with other
+// bytes than the file's (what the reader saw) fails the check, naming the member.
+TEST(CrcLedger, CombinesRangesReadElsewhereAndReadsTheRest) {
+  std::mt19937_64 rng(TestSeed());
+  Fixture fx;
+  fx.data = {RandomBytes(rng, 3 << 20), RandomBytes(rng, 5000)};
+  fx.layout = *PlanZip(Members(fx.names, fx.data));
+  fx.bytes = Render(fx.layout, fx.data);
+  TempDir dir;
+  const std::string path = dir / "a.zip";
+  Spit(path, fx.bytes);
+  StringFile f(fx.bytes, path);
+  auto archive = ReadZipDirectory(f, path);
+  ASSERT_TRUE(archive.ok()) << archive.status().ToString();
+  const uint64_t first = fx.layout.data_offsets[0], second = fx.layout.data_offsets[1];
+  auto add = [&](CrcLedger& ledger, uint64_t at, size_t n) { ledger.Add(path, at, fx.bytes.data() + at, n); };
+  {
+    CrcLedger ledger;
+    add(ledger, first, 1000);  // before Expect: not kept
+    ledger.Expect(path, archive->members);
+    add(ledger, first + 1000, 1 << 20);
+    add(ledger, first + 1500, 10);                   // overlaps the range kept
+    add(ledger, first + (2 << 20), 1 << 20);         // ends where the member ends
+    add(ledger, second - 10, 20);                    // crosses into the second member
+    add(ledger, second + 4000, 1000);
+    EXPECT_TRUE(ledger.Verify(Env::Default()).ok());
+  }
+  {
+    CrcLedger ledger;
+    ledger.Expect(path, archive->members);
+    std::string seen = fx.bytes.substr(second + 100, 200);
+    seen[7] ^= 1;  // the reader's bytes differ from what the CRC was recorded for
+    ledger.Add(path, second + 100, seen.data(), seen.size());
+    const Status s = ledger.Verify(Env::Default());
+    EXPECT_EQ(s.code(), Code::kCorruption);
+    ExpectError(s, {"bad CRC-32 in member 'second' of " + path});
+  }
+  {
+    CrcLedger ledger;  // a flipped byte in the file where no range covers it
+    ledger.Expect(path, archive->members);
+    add(ledger, first, 1 << 20);
+    std::string bad = fx.bytes;
+    bad[first + (1 << 20) + 5] ^= 1;
+    Spit(path, bad);
+    const Status s = ledger.Verify(Env::Default());
+    ExpectError(s, {"bad CRC-32 in member 'first' of " + path});
+  }
 }
 
 }  // namespace

@@ -25,6 +25,19 @@ std::string BoxesText(const std::vector<Box>& boxes) {
   return k;
 }
 
+// The file offset of segment `s`'s bytes when they are one run of `at`'s
+// file, in the order a dense read gives them; nullopt otherwise.
+std::optional<uint64_t> OneRun(const FileTensor& at, const Segment& s) {
+  if (s.box.empty()) return std::nullopt;
+  size_t runs = 0;
+  Index first = 0;
+  ForEachRun(s.box, s.box, s.layout, s.box, DenseLayout(s.box), [&](Index src, Index, Index) {
+    if (runs++ == 0) first = src;
+  });
+  if (runs != 1) return std::nullopt;
+  return at.base + static_cast<uint64_t>(first) * at.elem_size;
+}
+
 class Importer {
  public:
   // `holder`: the worker every shard is written on; -1: the worker of its rank.
@@ -61,7 +74,11 @@ class Importer {
         buf_.reset(new unsigned char[n]);
         buf_size_ = n;
       }
-      PTC_RETURN_IF_ERROR(ReadRegion(ckpt.Locate(t, s), s.box, buf_.get(), s.box, DenseLayout(s.box)));
+      const FileTensor at = ckpt.Locate(t, s);
+      PTC_RETURN_IF_ERROR(ReadRegion(at, s.box, buf_.get(), s.box, DenseLayout(s.box)));
+      if (source_.crcs) {  // the CRC of the bytes at hand: the file is not read again for it
+        if (const std::optional<uint64_t> offset = OneRun(at, s)) source_.crcs->Add(at.file->path(), *offset, buf_.get(), n);
+      }
       PTC_RETURN_IF_ERROR(consume(buf_.get(), n));
       result.bytes_read += n;
       if (progress_) progress_(n);
@@ -105,15 +122,9 @@ class Importer {
     if (source_.adopt_files && segments.size() == 1 && !segments[0]->box.empty()) {
       const Segment& s = *segments[0];
       const FileTensor at = ckpt.Locate(t, s);
-      std::vector<std::pair<Index, Index>> runs;  // (element address, count)
-      ForEachRun(s.box, s.box, s.layout, s.box, DenseLayout(s.box),
-                 [&](Index src, Index, Index n) { runs.emplace_back(src, n); });
-      if (runs.size() == 1) {
+      if (const std::optional<uint64_t> offset = OneRun(at, s)) {
         const std::string* name = Adopted(*at.file, worker);
-        if (name) {
-          return writer_->NewShardIn(key.tensor, t.dtype, key.boxes, worker, *name,
-                                     at.base + static_cast<uint64_t>(runs[0].first) * at.elem_size);
-        }
+        if (name) return writer_->NewShardIn(key.tensor, t.dtype, key.boxes, worker, *name, *offset);
       }
     }
     return writer_->NewShard(key.tensor, t.dtype, key.boxes, worker);
@@ -155,6 +166,7 @@ Result<ImportResult> ImportInto(Store* store, const CheckpointSource& source, co
   PTC_ASSIGN_OR_RETURN(auto writer, store->BeginGeneration());
   Importer importer(source, writer.get(), progress);
   for (const RankView& view : views) PTC_RETURN_IF_ERROR(importer.ImportRank(view));
+  if (source.crcs) PTC_RETURN_IF_ERROR(source.crcs->Verify(store->env()));
   GenerationManifest meta;
   // State kept beside the tensors (the dataset position) carries over.
   if (store->has_generation()) meta.extra = store->current().extra;
@@ -206,6 +218,7 @@ Result<ImportResult> WriteRanks(Env* env, GenerationWriter* writer, const Checkp
   PTC_ASSIGN_OR_RETURN(std::vector<RankView> views, CheckedViews(env, source, ranks));
   Importer importer(source, writer, progress, worker);
   for (const RankView& view : views) PTC_RETURN_IF_ERROR(importer.ImportRank(view));
+  if (source.crcs) PTC_RETURN_IF_ERROR(source.crcs->Verify(env));
   return importer.result;
 }
 

@@ -17,6 +17,7 @@
 
 #include "ptc/base/env.h"
 #include "ptc/checkpoint/checkpoint.h"
+#include "ptc/format/crc_ledger.h"
 #include "ptc/store/generation_writer.h"
 #include "ptc/store/store.h"
 
@@ -45,11 +46,17 @@ struct CheckpointSource {
   // lie whole in it at their bytes instead of copying them. A file that cannot
   // be linked is copied from as before.
   bool adopt_files = false;
+  // The zip CRC-32s open_rank left to the import (torch files): the import
+  // hands over each tensor it reads whole (the bytes it hashes anyway) and
+  // checks every member before the generation is committed, reading only
+  // what no tensor covered (ptc/format/crc_ledger.h). Null: open_rank checked them.
+  std::shared_ptr<CrcLedger> crcs;
 };
 
 // Imports `source` into the store at `store_path` (created when absent): every
-// rank is opened (checked) before the store is touched.
-// \error as ValidateConfig and source.open_rank; InvalidArgument when replicas
+// rank is opened (checked) before the store is touched; the CRCs of
+// source.crcs are checked before the generation commits.
+// \error as ValidateConfig, source.open_rank and CrcLedger::Verify; InvalidArgument when replicas
 //        of a tensor disagree; as Store::Create / Store::Open and the GenerationWriter.
 Result<ImportResult> ImportFrom(Env* env, const CheckpointSource& source, const std::string& store_path,
                                 const ProgressFn& progress = {});

@@ -10,7 +10,8 @@
 
 namespace ptc {
 
-// zlib's crc32: the CRC-32 of `n` bytes continuing `crc` (start with 0).
+// zlib's crc32: the CRC-32 of `n` bytes continuing `crc` (start with 0),
+// computed by libdeflate (vectorised).
 uint32_t Crc32(uint32_t crc, const void* data, size_t n);
 // zlib's crc32_combine64: the CRC-32 of A then B from crc(A), crc(B) and |B|.
 uint32_t Crc32Combine(uint32_t crc1, uint32_t crc2, uint64_t len2);

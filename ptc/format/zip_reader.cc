@@ -226,12 +226,14 @@ Status VerifyMemberCrc(const RandomAccessFile& file, const ZipEntry& member, con
     crc = Crc32(crc, buf, take);
     at += take;
   }
-  if (crc != member.crc32) {
-    char msg[64];
-    std::snprintf(msg, sizeof(msg), " (computed %08x, recorded %08x)", crc, member.crc32);
-    return CorruptionError("bad CRC-32 in member " + Quote(member.name) + " of " + what + msg);
-  }
-  return Status::OK();
+  return CheckMemberCrc(member, crc, what);
+}
+
+Status CheckMemberCrc(const ZipEntry& member, uint32_t computed, const std::string& what) {
+  if (computed == member.crc32) return Status::OK();
+  char msg[64];
+  std::snprintf(msg, sizeof(msg), " (computed %08x, recorded %08x)", computed, member.crc32);
+  return CorruptionError("bad CRC-32 in member " + Quote(member.name) + " of " + what + msg);
 }
 
 }  // namespace ptc

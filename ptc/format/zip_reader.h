@@ -63,5 +63,8 @@ Result<ZipArchive> ReadZipDirectory(const RandomAccessFile& file, const std::str
 inline constexpr size_t kCrcChunk = 1 << 20;
 Status VerifyMemberCrc(const RandomAccessFile& file, const ZipEntry& member, const std::string& what,
                        char* buf = nullptr);
+// The CRC-32 `computed` over the member's data against the one recorded.
+// \error Corruption "bad CRC-32 in member X of WHAT (computed, recorded)" when they differ.
+Status CheckMemberCrc(const ZipEntry& member, uint32_t computed, const std::string& what);
 
 }  // namespace ptc

@@ -459,8 +459,8 @@ Result<ModelSpec> SaveSpec(const MegatronImportOptions& o, const ParallelConfig&
   return spec;
 }
 
-// One rank file of the tree, read (not yet CRC-checked: open_rank does that
-// once) and kept (KeepRank).
+// One rank file of the tree, read (not yet CRC-checked: the import does,
+// source.crcs) and kept (KeepRank).
 Result<KeptRank> ReadAndKeep(Env* env, const Tree& tree, const ModelLayout& layout, int tp, int pp, int ep) {
   const std::string path = RankFile(tree, tp, pp, ep);
   if (!env->Exists(path)) return NotFoundError(path + ": missing");
@@ -469,23 +469,23 @@ Result<KeptRank> ReadAndKeep(Env* env, const Tree& tree, const ModelLayout& layo
   return KeepRank(*file, tf, layout, tp, pp, ep, path);
 }
 
-// source.open_rank and source.rank_file over the tree's files; `verified`:
-// the files whose CRCs were checked already (each is checked once).
-void SetRankFiles(Env* env, const Tree& tree, std::set<std::string> verified, CheckpointSource* source) {
+// source.open_rank and source.rank_file over the tree's files; each file's
+// CRCs are left to the import (source.crcs: checked as it reads the tensors).
+void SetRankFiles(Env* env, const Tree& tree, CheckpointSource* source) {
+  source->crcs = std::make_shared<CrcLedger>();
   source->rank_file = [tree, config = source->config](int rank) {
     const RankCoords c = config.CoordsOf(rank);
     return RankFile(tree, c.tp, c.pp, c.ep);
   };
   source->open_rank = [env, tree, spec = source->spec, config = source->config,
-                       verified = std::make_shared<std::set<std::string>>(std::move(verified))](
-                          const RankView& view) -> Result<std::unique_ptr<RankCheckpoint>> {
+                       crcs = source->crcs](const RankView& view) -> Result<std::unique_ptr<RankCheckpoint>> {
     const std::string path = RankFile(tree, view.coords.tp, view.coords.pp, view.coords.ep);
     if (!env->Exists(path)) return NotFoundError(path + ": missing");
     std::vector<std::unique_ptr<RandomAccessFile>> files;
     PTC_ASSIGN_OR_RETURN(files.emplace_back(), env->OpenRead(path));
     const RandomAccessFile& f = *files.back();
     PTC_ASSIGN_OR_RETURN(TorchFile tf, ReadTorchFile(f, path));
-    if (verified->insert(path).second) PTC_RETURN_IF_ERROR(VerifyTorchFileCrcs(f, tf, path));
+    crcs->Expect(path, tf.zip.members);
     PTC_ASSIGN_OR_RETURN(std::vector<pickle::Tensor> found,
                          megatron::FindRankTensors(spec, config, view, tf.root, path));
     std::map<std::string, RankCheckpoint::Location> where;
@@ -528,7 +528,6 @@ Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOp
   }
   PTC_ASSIGN_OR_RETURN(source.spec, SaveSpec(o, source.config, 0, 0, 0, tf, first));
   PTC_ASSIGN_OR_RETURN(const ModelLayout layout, ModelLayout::Make(source.spec, source.config));
-  PTC_RETURN_IF_ERROR(VerifyTorchFileCrcs(*file, tf, first));
   std::vector<KeptRank> kept;
   for (int pp = 0; pp < tree.pp; ++pp) {
     for (int ep = 0; ep < tree.ep; ++ep) {
@@ -544,7 +543,7 @@ Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOp
   PTC_ASSIGN_OR_RETURN(megatron::MegatronState state,
                        FoldRanks(tree.iteration, tree.tp, tree.pp, std::move(kept), tree.ep));
   source.extra[std::string(megatron::kManifestKey)] = megatron::EncodeMegatronState(state);
-  SetRankFiles(env, tree, {first}, &source);
+  SetRankFiles(env, tree, &source);
   return source;
 }
 
@@ -596,7 +595,7 @@ Result<MegatronSavePart> OpenMegatronSavePart(Env* env, const MegatronImportOpti
   for (const auto& [t, p, x] : tree.present) {
     PTC_ASSIGN_OR_RETURN(part.kept.emplace_back(), ReadAndKeep(env, tree, layout, t, p, x));
   }
-  SetRankFiles(env, tree, {}, &part.source);
+  SetRankFiles(env, tree, &part.source);
   return part;
 }
 

@@ -49,8 +49,9 @@ struct MegatronImportOptions {
 //        grid, args sizes that are not ints, a config that disagrees with the
 //        grid, a rank without the rng_state the first has; as ReadTorchFile
 //        for the first rank's file and every rank's (their rng_state).
-//        The source's open_rank fails as ReadTorchFile, VerifyTorchFileCrcs
-//        (Corruption naming the member) and megatron::FindRankTensors.
+//        The source's open_rank fails as ReadTorchFile and
+//        megatron::FindRankTensors; its files' CRCs are source.crcs', which
+//        the import checks (Corruption naming the member) before it commits.
 Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOptions& options);
 
 // What one rank file (tp, pp) of a save holds besides the schema's tensors:
