@@ -39,12 +39,15 @@ Result<std::optional<Change>> Coordinator::Pending() const {
   return std::optional<Change>(std::move(c));
 }
 
-Status Coordinator::Join(const GenerationManifest& current) const {
+Status Coordinator::Join(const GenerationManifest& current, const std::string& contents,
+                         const std::optional<std::string>& replace) const {
   const std::string digest = PiecesDigest(current.config, current.shards);
-  const Committed mine{current.generation, current.config, digest, digest};
+  const Committed mine{current.generation, current.config, digest, contents.empty() ? digest : contents};
   TxnRequest txn;
-  txn.compare = {Compare::Absent(CommittedKey(options_.job))};
+  txn.compare = {replace ? Compare::ValueIs(CommittedKey(options_.job), *replace)
+                         : Compare::Absent(CommittedKey(options_.job))};
   txn.success = {TxnOp::Put(CommittedKey(options_.job), EncodeCommitted(mine))};
+  if (replace) txn.success.push_back(TxnOp::Delete(ChangeKey(options_.job)));
   PTC_ASSIGN_OR_RETURN(TxnResponse r, etcd_->Txn(txn));
   if (r.succeeded) return Status::OK();
   PTC_ASSIGN_OR_RETURN(std::optional<Committed> job, GetCommitted());

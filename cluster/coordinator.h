@@ -53,8 +53,15 @@ class Coordinator {
   // Agrees this worker's store with the job at start-up: when etcd holds no
   // committed state yet, `current` (the store's current generation) becomes
   // it; otherwise the two must be the same generation with the same pieces.
+  // `contents` (Committed::contents) defaults to the generation's digest: a
+  // job's first generation wrote its bytes. A generation restored from the
+  // durable tier (durable_restore.h) names the copy's contents instead, and
+  // `replace`, when given, is the committed value (as etcd holds it) of the
+  // job whose every worker was lost: it is replaced only while it is still
+  // the value, its change (if any) deleted with it.
   // \error FailedPrecondition naming both generations (or digests) when they differ.
-  Status Join(const GenerationManifest& current) const;
+  Status Join(const GenerationManifest& current, const std::string& contents = "",
+              const std::optional<std::string>& replace = std::nullopt) const;
 
   Result<std::optional<Committed>> GetCommitted() const;
   // The change under way, if any.

@@ -6,13 +6,18 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 
 #include "cluster/durable.h"
+#include "cluster/durable_restore.h"
+#include "cluster/job_state.h"
 #include "cluster/s3/s3_env.h"
 #include "cluster/peer_env.h"
 #include "ptc/store/model_spec.h"
+#include "ptc/store/shard_verify.h"
+#include "ptc/store/store_layout.h"
 #include "s3_fake.h"
 #include "synth_store.h"
 #include "test_util.h"
@@ -286,6 +291,93 @@ TEST_F(DurableTier, OnABucketTheManifestIsWrittenLast) {
     ASSERT_TRUE((*local)->Read(orig->offset, orig->nbytes, want.data()).ok());
     EXPECT_EQ(got, want) << s.tensor;
   }
+}
+
+}  // namespace
+}  // namespace ptc::cluster
+
+namespace ptc::cluster {
+namespace {
+
+// A store of worker `w` (empty: a new disk) whose other workers' files count as present.
+struct EmptyWorkerStore {
+  EmptyWorkerStore(const std::filesystem::path& root, int w, const std::string& durable) {
+    PeerEnvOptions o;
+    o.self = w;
+    o.durable_dir = durable;
+    env = std::make_unique<PeerEnv>(Env::Default(), root, o);
+    auto created = Store::Create(env.get(), root);
+    EXPECT_TRUE(created.ok()) << created.status().ToString();
+    if (created.ok()) store = std::move(*created);
+  }
+  std::unique_ptr<PeerEnv> env;
+  std::unique_ptr<Store> store;
+};
+
+// Every worker lost with its disk: each restores its own share of the copy
+// into an empty store, all three commit the same generation (one digest),
+// and together they hold synth's tensors bit for bit.
+TEST_F(DurableTier, EveryWorkerRestoresItsShareIntoAnEmptyStore) {
+  WriteAll();
+  const DurableLocation tier{dir_, nullptr, dir_};
+  auto copy = ReadDurableCopy(tier, id_.job);
+  ASSERT_TRUE(copy.ok()) << copy.status().ToString();
+  EXPECT_EQ(copy->id.contents, id_.contents);
+  EXPECT_FALSE(copy->manifest.extra.contains("durable"));
+  auto restored = RestoredManifest(copy->manifest, 9);
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+  TempDir out;
+  std::set<std::string> digests;
+  for (int w = 0; w < 3; ++w) {
+    EmptyWorkerStore s(out / ("w" + std::to_string(w)), w, dir_);
+    ASSERT_TRUE(s.store);
+    Status done = RestoreShare(tier, copy->manifest, *restored, w, *s.store);
+    ASSERT_TRUE(done.ok()) << done.ToString();
+    auto current = s.store->CurrentSnapshot();
+    EXPECT_EQ(current->generation, 9u);
+    EXPECT_EQ(current->config, m_->config);
+    digests.insert(PiecesDigest(current->config, current->shards));
+    for (const ShardRecord& r : current->shards) {
+      if (r.worker == w) EXPECT_TRUE(VerifyShard(Env::Default(), *s.store, r).ok()) << r.tensor;
+    }
+  }
+  EXPECT_EQ(digests, std::set<std::string>{PiecesDigest(restored->config, restored->shards)});
+  // One store holding the three workers' files reads as synth of the copy's config.
+  std::filesystem::copy(out / "w0", out / "store", std::filesystem::copy_options::recursive);
+  for (int w = 1; w < 3; ++w) {
+    const std::filesystem::path dir = std::filesystem::path("gen-000009") / WorkerDirName(w);
+    const std::filesystem::path from = std::filesystem::path(out / ("w" + std::to_string(w))) / dir;
+    if (std::filesystem::exists(from)) {
+      std::filesystem::copy(from, std::filesystem::path(out / "store") / dir, std::filesystem::copy_options::recursive);
+    }
+  }
+  testing::ExpectStoreHolds(out, spec_, *ParseConfig(m_->config), 7);
+}
+
+// A share altered in the tier is refused naming the tensor; the store keeps no generation.
+TEST_F(DurableTier, AnAlteredShareIsNotRestored) {
+  WriteAll();
+  const DurableLocation tier{dir_, nullptr, dir_};
+  auto copy = ReadDurableCopy(tier, id_.job);
+  ASSERT_TRUE(copy.ok()) << copy.status().ToString();
+  const ShardRecord& first = *std::find_if(copy->manifest.shards.begin(), copy->manifest.shards.end(),
+                                           [](const ShardRecord& s) { return s.worker == 0 && s.nbytes > 0; });
+  {
+    std::fstream f(std::filesystem::path(dir_) / first.file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(first.offset));
+    f.put('\x5a');
+  }
+  auto restored = RestoredManifest(copy->manifest, 9);
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+  TempDir out;
+  EmptyWorkerStore s(out / "w0", 0, dir_);
+  Status done = RestoreShare(tier, copy->manifest, *restored, 0, *s.store);
+  EXPECT_EQ(done.code(), Code::kCorruption) << done.ToString();
+  EXPECT_NE(done.message().find("tensor '" + first.tensor + "'"), std::string::npos) << done.message();
+  EXPECT_NE(done.message().find("altered"), std::string::npos) << done.message();
+  EXPECT_FALSE(s.store->has_generation());
+  // Another job's copy is not restored at all.
+  EXPECT_EQ(ReadDurableCopy(tier, "job-b").status().code(), Code::kFailedPrecondition);
 }
 
 }  // namespace

@@ -27,7 +27,7 @@ DurableKeeper::~DurableKeeper() {
 void DurableKeeper::Look() {
   const auto now = std::chrono::steady_clock::now();
   auto current = fs_->store().CurrentSnapshot();
-  if (complete_ == current->generation || copying_ || now < next_look_) return;
+  if (complete_ == current->generation || busy_ || now < next_look_) return;
   auto job = coordinator_->GetCommitted();
   if (!job.ok() || !*job || current->generation != (*job)->generation) return;
   const std::string& contents = (*job)->contents;
@@ -36,7 +36,7 @@ void DurableKeeper::Look() {
     ptc::MutexLock lock(&mu_);
     known = complete_contents_ == contents;
   }
-  if (known || ptc::cluster::LoadDurable(tier_env(), tier_.dir, {job_, contents}, current->tensors).ok()) {
+  if (known) {
     Complete(current->generation, contents);
     return;
   }
@@ -46,11 +46,21 @@ void DurableKeeper::Look() {
     next_look_ = now + kRetryAfter;
     return;
   }
-  if (copied_ == current->generation) return;
+  const bool copy = copied_ != current->generation;
   copied_ = current->generation;
-  if (thread_.joinable()) thread_.join();  // the previous copy, ended
-  copying_ = true;
-  thread_ = std::thread([this, current, contents = (*job)->contents] { Copy(current, contents); });
+  if (thread_.joinable()) thread_.join();  // the previous round, ended
+  // The tier is looked at on the round's thread too: a bucket's server away
+  // keeps a request for seconds of retries, and the agent's loop must not wait.
+  busy_ = true;
+  thread_ = std::thread([this, current, contents, copy] {
+    if (ptc::cluster::LoadDurable(tier_env(), tier_.dir, {job_, contents}, current->tensors).ok()) {
+      Complete(current->generation, contents);
+    } else if (copy) {
+      copying_ = true;
+      Copy(current, contents);
+    }
+    busy_ = false;
+  });
 }
 
 void DurableKeeper::Complete(uint64_t generation, const std::string& contents) {
@@ -61,7 +71,16 @@ void DurableKeeper::Complete(uint64_t generation, const std::string& contents) {
 
 nlohmann::json DurableKeeper::Report() const {
   const bool complete = complete_ == fs_->store().CurrentSnapshot()->generation;
-  return {{"dir", tier_.name}, {"copy", complete ? "complete" : copying_ ? "copying" : "incomplete"}};
+  std::string error;
+  {
+    ptc::MutexLock lock(&mu_);
+    error = error_;
+  }
+  const char* copy = complete ? "complete" : copying_ ? "copying" : !error.empty() ? "behind" : "incomplete";
+  nlohmann::json j = {{"dir", tier_.name}, {"copy", copy}, {"complete_generation", nullptr}};
+  if (complete_ != 0) j["complete_generation"] = complete_.load();
+  if (!complete && !error.empty()) j["error"] = error;
+  return j;
 }
 
 void DurableKeeper::Copy(std::shared_ptr<const ptc::GenerationManifest> generation, std::string contents) {
@@ -82,8 +101,16 @@ void DurableKeeper::Copy(std::shared_ptr<const ptc::GenerationManifest> generati
     std::fprintf(stderr, "ptcfs: %s (tried again in %lld s)\n", error.c_str(),
                  static_cast<long long>(kRetryAfter.count()));
     fs_->controller().RecordError(error);
+    {
+      ptc::MutexLock lock(&mu_);
+      error_ = error + " (the copy of generation " + std::to_string(generation->generation) + ")";
+    }
     failed_ = true;
   } else {
+    {
+      ptc::MutexLock lock(&mu_);
+      error_.clear();
+    }
     if (*complete) Complete(generation->generation, contents);
     std::fprintf(stderr, "ptcfs: worker %d: its share of generation %llu is in the durable tier %s (%.1f s)%s\n",
                  worker_, static_cast<unsigned long long>(generation->generation), tier_.name.c_str(), seconds,

@@ -36,14 +36,21 @@ class DurableKeeper {
       : tier_(std::move(tier)), job_(std::move(job)), worker_(worker), env_(env), fs_(fs), coordinator_(coordinator) {}
   ~DurableKeeper();
 
-  // While no change is under way: starts the copy of this worker's share
-  // when the tier holds no copy of the job's contents and the store is at
-  // the job's committed generation. Errors go to stderr and last_error.
+  // While no change is under way and the store is at the job's committed
+  // generation, whose contents the tier is not known to hold: starts a round
+  // on the keeper's thread that looks at the tier and, when it holds no copy
+  // of those contents, copies this worker's share (once per generation, again
+  // kRetryAfter after a failure). Errors go to stderr and last_error.
   void Look();
 
-  // .ptcfs/status "cluster"."durable": {"dir" (the directory or s3:// url), "copy": "complete" (the tier
-  // holds a copy of the served generation's contents), "copying" (this
-  // worker's share is being written) or "incomplete"}. Any thread.
+  // .ptcfs/status "cluster"."durable": {"dir" (the directory or s3:// url),
+  // "copy": "complete" (the tier holds a copy of the served generation's
+  // contents), "copying" (this worker's share is being written), "behind"
+  // (the last copy of these contents failed: "error" says why, and it is
+  // made again) or "incomplete" (another worker's share is still to come),
+  // "complete_generation": the last generation the tier was found to hold a
+  // copy of (its contents: an older state after a save; null: none yet)}.
+  // Any thread.
   nlohmann::json Report() const;
 
  private:
@@ -67,7 +74,9 @@ class DurableKeeper {
   // generation found to have those contents.
   mutable ptc::Mutex mu_;
   std::string complete_contents_ GUARDED_BY(mu_);
+  std::string error_ GUARDED_BY(mu_);  // why the last copy failed; empty once one succeeds
   std::atomic<uint64_t> complete_{0};
+  std::atomic<bool> busy_{false};     // a round (a look at the tier, maybe a copy) runs on thread_
   std::atomic<bool> copying_{false};
   std::atomic<bool> failed_{false};  // the last copy failed (not stopped): Look makes it again
   std::atomic<bool> stop_{false};

@@ -6,6 +6,7 @@
 #include "cluster/rejoin.h"
 #include "ptc/store/store.h"
 #include "worker/agent.h"
+#include "worker/tier_restore.h"
 
 namespace ptcfs::worker {
 
@@ -34,6 +35,12 @@ ptc::Result<std::unique_ptr<Worker>> Worker::Prepare(WorkerOptions options, std:
   ptc::Store& s = **opened;
   // A worker that was away while the job moved on takes the committed generation from a peer first.
   PTC_ASSIGN_OR_RETURN(std::optional<ptc::cluster::Committed> job, w->coordinator_->GetCommitted());
+  // Every worker lost (their disks too): the job comes back from its durable tier.
+  PTC_ASSIGN_OR_RETURN(const bool restored, RestoreFromTier(o, *w->kv_, *w->coordinator_, job, s));
+  if (restored) {
+    w->env_->SetManifests({s.CurrentSnapshot()});
+    return w;
+  }
   if (job && !ptc::cluster::AtCommitted(s, *job)) {
     PTC_RETURN_IF_ERROR(ptc::cluster::CatchUp(*w->kv_, o.job, o.worker, *job, ptc::cluster::PeerClient(env.client), s));
     std::fprintf(stderr, "ptcfs: worker %d: the store is now at the job's generation %llu (from a peer)\n", o.worker,

@@ -15,11 +15,25 @@ loopback).
   kill -9 of workers 1 and 2 (replicas=1): worker 0 recovers their stages
      from the bucket (ranged GETs), its ranks equal synth bit for bit
 
+Phase 2, a Megatron job (tests/clients/megatron_ckpt.py's GPT, torch.save in
+each worker's namespace through its mount, `--format megatron`), its own prefix:
+  a save through the mounts: its copy complete in the bucket, and `ptcfs
+     import s3://` of it exported as Megatron equals torch's own files
+  radosgw stopped: two more saves commit, every mount's durable copy says
+     "behind" with the reason; the bucket (the workers kept away from it by
+     the relay) still names the older complete copy alone
+  radosgw back: the newest save's copy completes, the older one is removed
+  a relayout; then every worker stopped, its store wiped, etcd's data wiped:
+     the three start on empty disks, restore the bucket's copy by themselves
+     (equal to torch's files), are reconfigured back and save again
+
 Usage: s3_durable_test.py PTCFS   (root; exit 77 = skipped, never under CI=true)
+       PTCFS_S3_ONLY_MEGATRON=1 runs phase 2 alone (a developer's shortcut)
 """
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -29,8 +43,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, free_port, require, skip_or_fail, start_etcd  # noqa: E402
-from workers import (Model, at_generation, job_token, job_url, kill, remove_tmp, start_workers,  # noqa: E402
-                     status, stop, wait_for, worker_store)
+from workers import (Model, at_generation, job_token, job_url, joined_megatron_tree, kill,  # noqa: E402
+                     reconfigure, remove_tmp, start_workers, status, stop, wait_for, worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
 SCHEMA, DIMS = "llama", "layers=12,hidden=64,heads=8,kv_heads=4,vocab=96,seq=16,ffn=96"
@@ -45,6 +59,7 @@ class Relay:
 
     def __init__(self, host, target):
         self.target = target
+        self.paused = False  # new connections closed at once: the workers cannot reach the server
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, 0))
@@ -58,6 +73,9 @@ class Relay:
                 c, _ = self.sock.accept()
             except OSError:
                 return
+            if self.paused:
+                c.close()
+                continue
             threading.Thread(target=self._serve, args=(c,), daemon=True).start()
 
     def _serve(self, c):
@@ -88,17 +106,22 @@ class Relay:
         self.sock.close()
 
 
-def bucket_listing(prefix):
-    """(keys, common prefixes) directly under PREFIX/ in the bucket (curl's SigV4)."""
+def bucket_get(path):
+    """GET of PATH (a key, or ?query) in the bucket, with curl's SigV4: the body as text."""
     e = os.environ
     r = subprocess.run(["curl", "-sf", "--aws-sigv4", "aws:amz:%s:s3" % e["AWS_REGION"], "-H",
                         "x-amz-content-sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
                         "--user", "%s:%s" % (e["AWS_ACCESS_KEY_ID"], e["AWS_SECRET_ACCESS_KEY"]),
-                        "%s/%s?delimiter=%%2F&list-type=2&prefix=%s%%2F" % (e["AWS_ENDPOINT_URL"], e["PTCFS_S3_BUCKET"],
-                                                                          prefix)],
+                        "%s/%s%s" % (e.get("PTCFS_S3_DIRECT", e["AWS_ENDPOINT_URL"]), e["PTCFS_S3_BUCKET"], path)],
                        check=True, capture_output=True, text=True)
-    keys = re.findall(r"<Key>([^<]*)</Key>", r.stdout)
-    prefixes = re.findall(r"<CommonPrefixes><Prefix>([^<]*)</Prefix></CommonPrefixes>", r.stdout)
+    return r.stdout
+
+
+def bucket_listing(prefix):
+    """(keys, common prefixes) directly under PREFIX/ in the bucket (curl's SigV4)."""
+    listing = bucket_get("?delimiter=%%2F&list-type=2&prefix=%s%%2F" % prefix)
+    keys = re.findall(r"<Key>([^<]*)</Key>", listing)
+    prefixes = re.findall(r"<CommonPrefixes><Prefix>([^<]*)</Prefix></CommonPrefixes>", listing)
     return [k[len(prefix) + 1:] for k in keys], [p[len(prefix) + 1:] for p in prefixes]
 
 
@@ -115,8 +138,175 @@ def ranks_of(config):
     return n
 
 
+MEGA_SCHEMA, MEGA_DIMS = "megatron-gpt", "layers=4,hidden=32,heads=4,vocab=128,seq=16"  # megatron_ckpt.py's model
+CLIENT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "clients", "megatron_ckpt.py")
+TORCH = "/usr/bin/python3"
+MEGA_JOB, MEGA_PORT = "s3mega", 7442
+
+
+def client(ns, w, *args):
+    """megatron_ckpt.py ARGS in worker w's namespace (a rank process of the job)."""
+    r = ns.run(w, [TORCH, CLIENT, *args], capture_output=True, text=True)
+    assert r.returncode == 0, "megatron_ckpt.py %s on worker %d: %s%s" % (args[0], w, r.stdout, r.stderr)
+    return r.stdout
+
+
+class MegatronJob:
+    """The job of phase 2: megatron_ckpt.py's GPT on three workers, saved through their mounts."""
+
+    def __init__(self, ns, etcd, tmp, durable, token):
+        self.ns, self.etcd, self.tmp, self.durable, self.token = ns, etcd, tmp, durable, token
+        self.url = job_url(etcd, MEGA_JOB)
+        self.mnts = [os.path.join(tmp, "mega-mnt%d" % w) for w in range(WORKERS)]
+        self.stores = [os.path.join(tmp, "mega-store%d" % w) for w in range(WORKERS)]
+        self.daemons = []
+
+    def start(self):
+        for m in self.mnts:
+            if os.path.isdir(m):
+                os.rmdir(m)
+        self.daemons = []
+        start_workers(self.ns, PTCFS, self.daemons, self.stores, self.mnts, self.url, self.token, MEGA_PORT, self.tmp,
+                      ["--lease", "2", "--format", "megatron", "--durable", self.durable])
+
+    def save(self, iteration, workers, commit_on):
+        """A training step's save: each worker of `workers` loads its ranks from its mount, doubles every
+        float and torch.saves them through it (and into the mirror, the framework's own copy); the
+        latest file on `commit_on`'s mount commits it. The mirror's path."""
+        mirror = os.path.join(self.tmp, "mega-mirror-%d" % iteration)
+        for w in workers:
+            client(self.ns, w, "save", os.path.join(self.mnts[w], "megatron"), mirror, "--iteration", str(iteration),
+                   "--no-latest")
+        with open(os.path.join(self.mnts[commit_on], "megatron", "latest_checkpointed_iteration.txt"), "w") as f:
+            f.write(str(iteration))
+        return mirror
+
+    def expect(self, generation, mirror, iteration, grid, served, worker_of, tag):
+        """Every worker serves `generation`; the rank files of the mounts (in the `served` grid, rank
+        (t, p) on worker worker_of(t, p)) equal the mirror tree (saved in `grid`) bit for bit."""
+        for w in range(WORKERS):
+            wait_for("worker %d at generation %d" % (w, generation), lambda: at_generation(self.mnts[w], generation),
+                     90, mnts=self.mnts)
+        joined = joined_megatron_tree(os.path.join(self.tmp, "mega-joined-" + tag), self.mnts, iteration, *served,
+                                      worker_of)
+        out = subprocess.run([TORCH, CLIENT, "check", mirror, *map(str, grid), joined, *map(str, served)],
+                             capture_output=True, text=True)
+        assert out.returncode == 0 and "CHECK OK" in out.stdout, out.stdout + out.stderr
+
+    def durable_states(self):
+        return [status(m)["cluster"]["durable"] for m in self.mnts]
+
+    def copy_in_bucket(self, prefix):
+        """(durable.json's extra.durable.contents, the one gen-* prefix) once the bucket holds one copy."""
+        keys, prefixes = bucket_listing(prefix)
+        if keys != ["durable.json"] or len(prefixes) != 1:
+            return None
+        return json.loads(bucket_get("/%s/durable.json" % prefix))["extra"]["durable"]["contents"], prefixes[0]
+
+
+def megatron_phase(ns, etcd, tmp, ceph_dir, relay, token):
+    """Phase 2: a Megatron job saves through its mounts; the server stopped mid-copy; every worker lost."""
+    prefix = "mega-%d-%d" % (os.getpid(), int(time.time()))
+    durable = "s3://%s/%s" % (os.environ["PTCFS_S3_BUCKET"], prefix)
+    src, whole = os.path.join(tmp, "mega-src"), os.path.join(tmp, "mega-whole")
+    out = subprocess.run([TORCH, CLIENT, "make", src, "--tp", "2", "--pp", "2", "--args", "--optimizer"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    first, later = "tp=2,pp=2,per_worker=2", "tp=1,pp=2,per_worker=1,workers=1+2"
+    on_first = lambda t, p: (p * 2 + t) // 2  # noqa: E731
+    on_later = lambda t, p: 1 + p  # noqa: E731
+    subprocess.run([PTCFS, "import", "--format", "megatron", "--schema", MEGA_SCHEMA, "--dims", MEGA_DIMS, "--config",
+                    first, src, whole], check=True, capture_output=True)
+    job = MegatronJob(ns, etcd, tmp, durable, token)
+    for w in range(WORKERS):
+        worker_store(whole, job.stores[w], w)
+    job.start()
+    try:
+        # 3. A Megatron save through the mounts leaves a complete copy that import reads back bit for bit.
+        mirror = job.save(200, [0, 1], 0)
+        job.expect(2, mirror, 200, (2, 2), (2, 2), on_first, "200")
+        contents, gen_dir = wait_for("the save's copy in the bucket", lambda: job.copy_in_bucket(prefix), 90, poll=1,
+                                     mnts=job.mnts)
+        back = os.path.join(tmp, "mega-back")
+        subprocess.run([PTCFS, "import", durable, back], check=True, capture_output=True,
+                       env=dict(os.environ, AWS_ENDPOINT_URL=os.environ["PTCFS_S3_DIRECT"]))
+        exported = os.path.join(tmp, "mega-exported")
+        subprocess.run([PTCFS, "export", "--format", "megatron", "--config", first, back, exported], check=True,
+                       capture_output=True)
+        out = subprocess.run([TORCH, CLIENT, "check", mirror, "2", "2", exported, "2", "2"], capture_output=True,
+                             text=True)
+        assert out.returncode == 0 and "CHECK OK" in out.stdout, out.stdout + out.stderr
+        print("ok   a Megatron save through the mounts: its copy in the bucket (%s), imported back from s3:// "
+              "equal to torch's own files" % gen_dir)
+
+        # 2. radosgw stopped: the save's copy fails, the job saves on, the status says the copy is behind.
+        subprocess.run(["bash", CEPH, "stop-rgw", ceph_dir], check=True)
+        try:
+            mirror = job.save(300, [0, 1], 1)
+            job.expect(3, mirror, 300, (2, 2), (2, 2), on_first, "300")
+            for w in (0, 1):
+                wait_for("worker %d's copy behind" % w, lambda: job.durable_states()[w]["copy"] == "behind", 60,
+                         mnts=job.mnts)
+            d = job.durable_states()[0]
+            assert d["complete_generation"] == 2 and "durable tier " + durable in d["error"], d
+            mirror = job.save(400, [0, 1], 0)
+            job.expect(4, mirror, 400, (2, 2), (2, 2), on_first, "400")
+            print("ok   radosgw stopped: two more saves committed, the copy behind: %s" % d["error"][:160])
+            relay.paused = True  # the workers see no server while the bucket is looked at
+            subprocess.run(["bash", CEPH, "start-rgw", ceph_dir], check=True)
+            assert job.copy_in_bucket(prefix) == (contents, gen_dir), bucket_listing(prefix)
+            print("ok   the bucket still names the older complete copy only (%s)" % gen_dir)
+        finally:
+            relay.paused = False
+            subprocess.run(["bash", CEPH, "start-rgw", ceph_dir], capture_output=True)
+        t0 = time.time()
+        newer = wait_for("the newest save's copy", lambda: (lambda c: c and c[0] != contents and c)(
+            job.copy_in_bucket(prefix)), 90, poll=1, mnts=job.mnts)
+        for w in range(WORKERS):
+            wait_for("worker %d's copy complete" % w, lambda: job.durable_states()[w]["copy"] == "complete", 30,
+                     mnts=job.mnts)
+        print("ok   radosgw back: the copy of generation 4 complete after %.1f s, the older one removed (%s)" %
+              (time.time() - t0, newer[1]))
+
+        # 1. A relayout keeps the copy; then every worker lost, its disk and etcd too.
+        before = status(job.mnts[0])["config"]  # the layout of the copy's day
+        reconfigure(job.mnts[0], later)
+        job.expect(5, mirror, 400, (2, 2), (1, 2), on_later, "400-later")
+        for w in range(WORKERS):
+            wait_for("worker %d's copy complete" % w, lambda: job.durable_states()[w]["copy"] == "complete", 30,
+                     mnts=job.mnts)
+        stop(job.daemons, job.mnts)
+        etcd.kill()
+        shutil.rmtree(os.path.join(tmp, "etcd", "data"))
+        etcd.restart()
+        for store in job.stores:
+            shutil.rmtree(store)
+            os.makedirs(store)
+        t0 = time.time()
+        job.start()
+        restored = status(job.mnts[0])
+        assert restored["config"] == before and restored["generation"] == 5, restored
+        job.expect(5, mirror, 400, (2, 2), (2, 2), on_first, "restored")
+        print("ok   every worker back on an empty disk, etcd empty: generation 5 restored from the bucket alone "
+              "in %.1f s (%s), equal to torch's own files" % (time.time() - t0, restored["config"]))
+        reconfigure(job.mnts[1], later)
+        job.expect(6, mirror, 400, (2, 2), (1, 2), on_later, "restored-later")
+        for w in range(WORKERS):
+            wait_for("worker %d's copy complete" % w, lambda: job.durable_states()[w]["copy"] == "complete", 30,
+                     mnts=job.mnts)
+        mirror = job.save(500, [1, 2], 2)
+        job.expect(7, mirror, 500, (1, 2), (1, 2), on_later, "500")
+        wait_for("the restored job's save in the bucket", lambda: (lambda c: c and c[0] != newer[0] and c)(
+            job.copy_in_bucket(prefix)), 90, poll=1, mnts=job.mnts)
+        print("ok   the restored job reconfigured to %s and saved again; its copy complete in the bucket" % later)
+    finally:
+        stop(job.daemons, job.mnts)
+
+
 def main():
     require(etcd=True)
+    if subprocess.run([TORCH, "-c", "import torch"], capture_output=True).returncode != 0:
+        skip_or_fail("no torch under %s (Debian's python3-torch)" % TORCH)
     if os.geteuid() != 0:
         skip_or_fail("needs root")
     for v in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "PTCFS_S3_BUCKET", "PTCFS_CEPH_DIR"):
@@ -134,6 +324,7 @@ def main():
         with Netns(WORKERS) as ns, start_etcd(os.path.join(tmp, "etcd"), ns.host_addr) as etcd:
             relay = Relay(ns.host_addr, (rgw.group(1), int(rgw.group(2))))
             direct = os.environ["AWS_ENDPOINT_URL"]
+            os.environ["PTCFS_S3_DIRECT"] = direct  # the test's own look at the bucket
             os.environ["AWS_ENDPOINT_URL"] = "http://%s:%d" % (ns.host_addr, relay.port)  # the workers' way in
             first = "tp=2,pp=3,dp=1,per_worker=2"
             ptcfs("synth", "--schema", SCHEMA, "--dims", DIMS, "--config", first, "--optimizer", "adam", "--seed", "7",
@@ -145,6 +336,9 @@ def main():
             token = job_token(os.path.join(tmp, "token"), "token-of-the-s3-durable-test")
             url = job_url(etcd, JOB)
 
+            if os.environ.get("PTCFS_S3_ONLY_MEGATRON"):  # a developer's shortcut to phase 2
+                megatron_phase(ns, etcd, tmp, ceph_dir, relay, token)
+                return
             # The server away while the workers copy: each copy fails, named; the job goes on.
             subprocess.run(["bash", CEPH, "stop-rgw", ceph_dir], check=True)
             rgw_stopped = True
@@ -154,7 +348,10 @@ def main():
             for w in range(WORKERS):
                 wait_for("worker %d's failed copy" % w,
                          lambda: "durable tier " + durable in (status(mnts[w])["last_error"] or ""), 60, mnts=mnts)
-                assert status(mnts[w])["cluster"]["durable"] == {"dir": durable, "copy": "incomplete"}, status(mnts[w])
+                wait_for("worker %d's copy behind" % w,
+                         lambda: status(mnts[w])["cluster"]["durable"]["copy"] == "behind", 30, mnts=mnts)
+                d = status(mnts[w])["cluster"]["durable"]
+                assert d["dir"] == durable and d["complete_generation"] is None and durable in d["error"], d
             print("ok   the server away: every worker's copy failed, named in its status: " +
                   status(mnts[0])["last_error"][:160])
             second = "tp=1,pp=6,dp=1,per_worker=2"
@@ -205,6 +402,9 @@ def main():
             print("ok   workers 1 and 2 killed: worker 0 serves %s after %.1f s" % (alone, time.time() - t0))
             MODEL.expect_ranks(tmp, mnts, alone, [0] * (ranks_of(alone) // 2), "alone")
             print("ok   the stages only workers 1 and 2 held came back from the bucket, bit for bit")
+            stop(daemons, mnts)
+
+            megatron_phase(ns, etcd, tmp, ceph_dir, relay, token)
             relay.close()
     finally:
         if rgw_stopped:
