@@ -126,7 +126,10 @@ struct PeerServer::Impl {
 
   Mutex mu;
   std::vector<std::shared_ptr<const GenerationManifest>> kept GUARDED_BY(mu);
+  std::shared_ptr<const GenerationManifest> part GUARDED_BY(mu);
   std::shared_ptr<const ServedFiles> served GUARDED_BY(mu);
+  std::vector<const GenerationManifest*> served_from GUARDED_BY(mu);
+  std::vector<std::shared_ptr<const GenerationManifest>> served_manifests GUARDED_BY(mu);
   std::map<std::string, std::shared_ptr<const std::string>> published GUARDED_BY(mu);
 
   Mutex stop_mu;
@@ -139,17 +142,24 @@ std::vector<std::shared_ptr<const GenerationManifest>> PeerServer::Impl::Generat
   std::vector<std::shared_ptr<const GenerationManifest>> all = {store->CurrentSnapshot()};
   MutexLock lock(&mu);
   all.insert(all.end(), kept.begin(), kept.end());
+  if (part != nullptr && (all.front() == nullptr || part->generation > all.front()->generation)) all.push_back(part);
   return all;
 }
 
 std::shared_ptr<const ServedFiles> PeerServer::Impl::Served() {
   const std::vector<std::shared_ptr<const GenerationManifest>> all = Generations();
   MutexLock lock(&mu);
-  std::vector<uint64_t> key;
+  // Keyed by the manifests themselves: a generation's number may name another
+  // manifest than before (a part, then the generation committed; an aborted change's).
+  std::vector<const GenerationManifest*> key;
   for (const auto& m : all) {
-    if (m != nullptr) key.push_back(m->generation);
+    if (m != nullptr) key.push_back(m.get());
   }
-  if (served == nullptr || served->generations() != key) served = std::make_shared<const ServedFiles>(all, options.worker);
+  if (served == nullptr || served_from != key) {
+    served = std::make_shared<const ServedFiles>(all, options.worker);
+    served_from = std::move(key);
+    served_manifests = all;  // the key's pointers stay those of live manifests
+  }
   return served;
 }
 
@@ -337,6 +347,11 @@ PeerAddress PeerServer::address() const { return impl_->bound; }
 void PeerServer::SetKeptGenerations(std::vector<std::shared_ptr<const GenerationManifest>> kept) {
   MutexLock lock(&impl_->mu);
   impl_->kept = std::move(kept);
+}
+
+void PeerServer::ServePart(std::shared_ptr<const GenerationManifest> part) {
+  MutexLock lock(&impl_->mu);
+  impl_->part = std::move(part);
 }
 
 void PeerServer::Publish(const std::string& name, std::shared_ptr<const std::string> bytes) {

@@ -78,6 +78,12 @@ class PeerServer {
   // replaces the previous list. The current generation is always served.
   void SetKeptGenerations(std::vector<std::shared_ptr<const GenerationManifest>> kept);
 
+  // Also serves `part`, the pieces this worker wrote for a change of the job
+  // (its part, made durable and published), until the store's current
+  // generation reaches part->generation: a worker that committed the change
+  // before this one did may pull them at once. Replaces the previous part.
+  void ServePart(std::shared_ptr<const GenerationManifest> part);
+
   // Serves `bytes` as `name` (GET kPublishedPath) until Withdraw(name);
   // replaces what was published under that name.
   void Publish(const std::string& name, std::shared_ptr<const std::string> bytes);

@@ -421,6 +421,45 @@ TEST_F(PeerDataPlane, ServesKeptGenerations) {
   EXPECT_EQ(client.ReadShardRange(server_->address(), kept, 0, 10, got.data()).code(), Code::kNotFound);
 }
 
+// The pieces a worker wrote for a change are served from the moment its part
+// is published, before the worker commits the change itself: a peer that
+// committed first pulls them at once. Once the store is at the part's
+// generation the part is not looked at any more, and another part of the same
+// generation (an aborted change's, then the next) replaces it.
+TEST_F(PeerDataPlane, ServesItsPartBeforeItCommits) {
+  const std::string rel = DirName(big_->file) + "/part.bin";
+  const std::string data = testing::Pattern(4, DType::kU8, 3000);
+  testing::Spit(tmp_ / ("store/" + rel), data);
+  ShardHasher hasher;
+  hasher.Update(data.data(), data.size());
+  ShardRecord piece = *big_;
+  piece.file = rel;
+  piece.offset = 0;
+  piece.nbytes = data.size();
+  piece.checksum = hasher.Finish().checksum;
+  piece.block_checksums.clear();
+  const uint64_t g = store_->current().generation;
+  auto part = [&](uint64_t generation, std::vector<ShardRecord> shards) {
+    auto m = std::make_shared<GenerationManifest>();
+    m->generation = generation;
+    m->shards = std::move(shards);
+    return m;
+  };
+  PeerClient client(ClientOptions());
+  std::string got(data.size(), '\0');
+  EXPECT_EQ(client.ReadShardRange(server_->address(), piece, 0, data.size(), got.data()).code(), Code::kNotFound);
+  server_->ServePart(part(g + 1, {}));  // an aborted change's part: nothing of it is asked
+  EXPECT_EQ(client.ReadShardRange(server_->address(), piece, 0, data.size(), got.data()).code(), Code::kNotFound);
+  server_->ServePart(part(g + 1, {piece}));  // the next change, numbered the same
+  Status s = client.ReadShardRange(server_->address(), piece, 0, data.size(), got.data());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(got, data);
+  EXPECT_TRUE(client.ReadShardRange(server_->address(), *big_, 0, 64, got.data()).ok());  // and the current one
+  // A part of the store's own generation or an older one is not served: the store's manifest is.
+  server_->ServePart(part(g, {piece}));
+  EXPECT_EQ(client.ReadShardRange(server_->address(), piece, 0, 10, got.data()).code(), Code::kNotFound);
+}
+
 // A worker that was away takes the job's generation from a peer: the
 // manifest of the current or a kept generation, with the token, nothing else.
 TEST_F(PeerDataPlane, ServesTheManifestOfItsGenerations) {

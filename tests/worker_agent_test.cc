@@ -156,10 +156,11 @@ class WorkerAgentTest : public ::testing::Test {
     auto link = kv_.Connect();
     ptc::cluster::MemKvClient* raw = link.get();
     PTC_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Prepare(o, std::move(link), Store(w)));
-    // Held (held_) or failing (failing_) while its compaction of the job runs.
+    // Held (held_) or failing (failing_) while its compaction of the job runs;
+    // held while it lags (Lagging).
     auto compacting = [this, w] { return Status(w)["compaction"]["state"] == "running"; };
     auto env = std::make_unique<GateEnv>(
-        worker->env(), [this, w, compacting] { return held_[w] && compacting(); },
+        worker->env(), [this, w, compacting] { return (held_[w] && compacting()) || Lagging(w); },
         [this, w, compacting] { return failing_[w] && compacting(); });
     MountOptions m;
     m.store = Store(w);
@@ -361,7 +362,18 @@ class WorkerAgentTest : public ::testing::Test {
     return committed.ok() && *committed ? **committed : ptc::cluster::Committed{};
   }
 
+  // Whether worker w is the lagging one (lagging_) and the job committed
+  // generation lag_at_ while w has not yet: its local commit of it waits.
+  bool Lagging(int w) {
+    if (w != lagging_ || lag_at_ == 0) return false;
+    auto committed = ptc::cluster::Coordinator(admin_.get(), {kJob, -1}).GetCommitted();
+    return committed.ok() && *committed && (*committed)->generation >= lag_at_ &&
+           nodes_[w].fs->snapshot()->generation() < lag_at_;
+  }
+
   CompactionPolicy policy_;                   // the workers' (set before SetUp)
+  std::atomic<int> lagging_{-1};              // the worker Lagging holds back
+  std::atomic<uint64_t> lag_at_{0};           // the generation it is slow to commit (0: none)
   std::atomic<bool> held_[kWorkers] = {};     // worker w holds back its part of a compaction (GateEnv)
   std::atomic<bool> failing_[kWorkers] = {};  // worker w's part of a compaction fails (GateEnv)
   TempDir tmp_;
@@ -594,6 +606,9 @@ TEST_F(WorkerAgentTest, AnAbortedSaveIsNotTakenForTheRecoveryAfterIt) {
 // is back and the job whole again, they say "serving", the failure kept as
 // earlier_error.
 TEST_F(WorkerAgentTest, StatusServesAgainOnceTheJobIsWhole) {
+  // Worker 0 saw worker 2 live first (a worker never seen is not counted lost).
+  ASSERT_TRUE(Eventually([&] { return Status(0)["cluster"]["members"] == nlohmann::json({0, 1, 2}); }, kLong))
+      << Status(0).dump();
   Kill(2);
   ASSERT_TRUE(Eventually([&] { return Status(0)["state"] == "failed"; }, kLong)) << Status(0).dump();
   const std::string failure = Status(0)["last_error"].get<std::string>();
@@ -624,6 +639,41 @@ TEST_F(WorkerAgentTest, ASaveIsCopiedToItsReplicas) {
   ASSERT_FALSE(holders.empty());
   for (const auto& [piece, workers] : holders) EXPECT_EQ(workers.size(), 2u) << piece;
   EXPECT_EQ(ReadFile(2, "megatron/" + std::string(ptc::megatron::kLatestFile)), "1");
+  ExpectRanksEqualSynth();
+}
+
+// A worker slow to commit a save on its own disk while the job goes on: the
+// copy to the replicas right after pulls the pieces that worker wrote for the
+// save, which its peer server serves from the moment its part is published
+// (not only once it committed: a 404 there aborted the copy), and every piece
+// ends on two workers.
+TEST_F(WorkerAgentTest, ThePiecesOfAPeerSlowToCommitAreServedFromItsPart) {
+  ASSERT_TRUE(Reconfigure(0, "tp=2,pp=3,per_worker=2,replicas=2").ok());
+  ExpectGeneration({0, 1, 2}, 2);
+  lagging_ = 2;
+  lag_at_ = 3;  // the save
+  for (int w = 0; w < kWorkers; ++w) ASSERT_NO_FATAL_FAILURE(SaveOwnRanks(w, 1));
+  const ptc::Status saved = CommitSave(1, 1);
+  ASSERT_TRUE(saved.ok()) << saved.ToString();
+  // Workers 0 and 1 committed the save and wrote their parts of the copy (generation 4),
+  // their copies of worker 2's save pulled from it, while worker 2 still commits the save.
+  const bool copied = Eventually(
+      [&] {
+        return admin_->Get(ptc::cluster::PartKey(kJob, 4, 0))->has_value() &&
+               admin_->Get(ptc::cluster::PartKey(kJob, 4, 1))->has_value();
+      },
+      kLong);
+  EXPECT_EQ(nodes_[2].fs->snapshot()->generation(), 2u);
+  lag_at_ = 0;
+  ASSERT_TRUE(copied) << Status(0).dump() << Status(1).dump();
+  ExpectGeneration({0, 1, 2}, 4);
+  std::map<std::string, std::set<int>> holders;  // piece -> the workers holding it
+  for (const ptc::ShardRecord& s : nodes_[0].fs->store().CurrentSnapshot()->shards) {
+    std::string key = s.tensor;
+    for (const ptc::Box& b : s.boxes) key += " " + b.ToString();
+    holders[key].insert(s.worker);
+  }
+  for (const auto& [piece, workers] : holders) EXPECT_EQ(workers.size(), 2u) << piece;
   ExpectRanksEqualSynth();
 }
 

@@ -31,9 +31,12 @@ constexpr std::chrono::milliseconds kPollWithoutWatch{50};
 // its part is published and the commit awaited through the coordinator.
 class AppliedChange final : public AgreedChange {
  public:
-  // `saved` is set to the change's generation once a save commits (Agent::Replicate).
+  // `saved` is set to the change's generation once a save commits (Agent::Replicate);
+  // `server` serves the part this worker writes from its publication on (shared:
+  // a change may still publish while the agent stops).
   AppliedChange(ptc::cluster::Change change, std::set<int> participants, const ptc::cluster::Coordinator* coordinator,
-                const ptc::Store* store, ptc::Env* env, const WorkerOptions& options, std::atomic<uint64_t>* saved)
+                const ptc::Store* store, ptc::Env* env, const WorkerOptions& options, std::atomic<uint64_t>* saved,
+                std::shared_ptr<ptc::cluster::PeerServer> server)
       : change_(std::move(change)),
         participants_(std::move(participants)),
         coordinator_(coordinator),
@@ -42,7 +45,8 @@ class AppliedChange final : public AgreedChange {
         job_(options.job),
         durable_(options.durable),
         options_worker_(options.worker),
-        saved_(saved) {}
+        saved_(saved),
+        server_(std::move(server)) {}
 
   const std::set<int>& participants() const override { return participants_; }
 
@@ -77,6 +81,12 @@ class AppliedChange final : public AgreedChange {
     ptc::Part mine{{}, extra};
     std::vector<ptc::ShardRecord> referenced;
     for (ptc::ShardRecord& s : writer.Shards()) (s.file.starts_with(prefix) ? mine.shards : referenced).push_back(s);
+    // Served from now on: a worker that commits the change before this one
+    // does may pull these pieces for the next change at once.
+    auto served = std::make_shared<ptc::GenerationManifest>();
+    served->generation = writer.generation();
+    served->shards = mine.shards;
+    server_->ServePart(std::move(served));
     PTC_ASSIGN_OR_RETURN(auto parts,
                          coordinator_->Finish(change_, settle, mine, referenced, tensors, /*new_contents=*/save));
     for (auto& [w, part] : parts) {
@@ -105,6 +115,7 @@ class AppliedChange final : public AgreedChange {
   const ptc::cluster::DurableLocation durable_;
   const int options_worker_;
   std::atomic<uint64_t>* const saved_;
+  const std::shared_ptr<ptc::cluster::PeerServer> server_;
 };
 
 // Whether the change's request is a compaction (one whose request is no
@@ -207,8 +218,8 @@ ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeDcpSave(const std::stri
   // Withdrawn once this worker's part is over: committed, every other worker fetched it before it
   // published its part; aborted, no one needs it.
   return std::shared_ptr<AgreedChange>(new AppliedChange(std::move(*change), std::move(participants), coordinator_,
-                                                         &fs_->store(), env_, options_, &saved_),
-                                       [server = server_.get(), save](AgreedChange* done) {
+                                                         &fs_->store(), env_, options_, &saved_, server_),
+                                       [server = server_, save](AgreedChange* done) {
                                          delete done;
                                          server->Withdraw(save);
                                        });
@@ -219,7 +230,7 @@ ptc::Result<std::shared_ptr<AgreedChange>> Agent::ProposeSave(uint64_t iteration
                        ProposeToJob(ptc::cluster::SaveRequest{iteration}, {}, "save again"));
   std::set<int> participants(change.workers.begin(), change.workers.end());
   return std::shared_ptr<AgreedChange>(std::make_shared<AppliedChange>(
-      std::move(change), std::move(participants), coordinator_, &fs_->store(), env_, options_, &saved_));
+      std::move(change), std::move(participants), coordinator_, &fs_->store(), env_, options_, &saved_, server_));
 }
 
 void Agent::OvertakeCompaction(const std::string& request) {
@@ -503,7 +514,7 @@ void Agent::Apply(const ptc::cluster::Change& change) {
   }
   applied_ = change.id;
   auto agreed =
-      std::make_shared<AppliedChange>(change, participants, coordinator_, &fs_->store(), env_, options_, &saved_);
+      std::make_shared<AppliedChange>(change, participants, coordinator_, &fs_->store(), env_, options_, &saved_, server_);
   auto request =
       ptc::cluster::DecodeRequest("the change to generation " + std::to_string(change.generation), change.request);
   if (!request.ok()) {

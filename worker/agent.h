@@ -172,7 +172,7 @@ class Agent final : public JobParticipant {
   const ptc::cluster::KvStore* const kv_;
   const ptc::cluster::Coordinator* const coordinator_;
   ptc::cluster::PeerEnv* const env_;
-  std::unique_ptr<ptc::cluster::PeerServer> server_;
+  std::shared_ptr<ptc::cluster::PeerServer> server_;  // shared with the changes it applies
   std::unique_ptr<ptc::cluster::Membership> membership_;  // replaced when it rejoins (the loop's own after Start)
   bool held_ = true;                            // membership_ may still be renewed (the loop's own)
   std::atomic<bool> member_{true};              // membership_ is renewed and in step with the job
