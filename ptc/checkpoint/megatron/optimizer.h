@@ -62,7 +62,8 @@ struct OptimizerLayout {
   };
   std::vector<Slot> slots;          // one per view.model entry
   std::vector<size_t> file_groups;  // the (dense) file's group of Megatron's group g (one entry: a one-group file)
-  bool chained = false;             // 'optimizer' is [dense, expert-parallel]
+  std::vector<size_t> expert_groups;  // chained: Megatron's group of each of the expert optimizer's file groups
+  bool chained = false;               // 'optimizer' is [dense, expert-parallel]
 };
 
 // The layout of `optimizer` (the state dict's 'optimizer' entry) for the
@@ -84,6 +85,11 @@ std::vector<pickle::Value> OptimizerPath(const OptimizerLayout& layout, std::str
 // without 'params'. REQUIRES: `layout` was read from `optimizer`.
 pickle::Value GroupSettings(const OptimizerLayout& layout, const pickle::Value& optimizer);
 
+// The settings of a chained file's expert-parallel groups (OptimizerMeta::
+// expert_groups: by Megatron's group, None for one it lacks or that holds no
+// parameter); an empty list for one optimizer. REQUIRES: as GroupSettings.
+pickle::Value ExpertGroupSettings(const OptimizerLayout& layout, const pickle::Value& optimizer);
+
 // Sets out->root["optimizer"] to the rank's optimizer state in Megatron's
 // layout (keeping the carried 'optimizer' entries, e.g. 'grad_scaler').
 // `add` makes the tensor value of a local tensor and its storage. Each
@@ -103,6 +109,10 @@ void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t i
 // keys, the kept ones of a single group over them (but for group 1's weight
 // decay). A dict without 'params'.
 pickle::Value RenderedSettings(const OptimizerMeta& meta, size_t g);
+
+// The expert-parallel optimizer's group g as rendered: its kept settings,
+// else RenderedSettings(meta, g) with is_expert_parallel True.
+pickle::Value RenderedExpertSettings(const OptimizerMeta& meta, size_t g);
 
 // The step of parameter `param` (a global name) as rendered: its kept value
 // (a number, or a 0-dim tensor of storage "s" with its bytes), else a float32
@@ -137,7 +147,7 @@ Result<pickle::Value> McoreOptimizerCommon(const MegatronState& state, bool mast
 
 // What a saved common.pt's 'optimizer' entry (either layout, or a
 // ChainedOptimizer's {0: dense, 1: expert-parallel} of them, whose dense part
-// gives the groups: the experts' groups' settings are not kept) holds: the
+// gives the groups and the other its expert_groups, by wd_mult) holds: the
 // groups (Megatron's order: the one without weight decay second), one step
 // for every name in `params` (float32 0 when the save has no common_step:
 // Megatron-Core leaves out a step of 0), and
