@@ -110,10 +110,6 @@ void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t i
 // decay). A dict without 'params'.
 pickle::Value RenderedSettings(const OptimizerMeta& meta, size_t g);
 
-// The expert-parallel optimizer's group g as rendered: its kept settings,
-// else RenderedSettings(meta, g) with is_expert_parallel True.
-pickle::Value RenderedExpertSettings(const OptimizerMeta& meta, size_t g);
-
 // The step of parameter `param` (a global name) as rendered: its kept value
 // (a number, or a 0-dim tensor of storage "s" with its bytes), else a float32
 // tensor of `iteration`.
