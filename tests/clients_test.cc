@@ -303,12 +303,12 @@ TEST_F(ClientsTest, MegatronCoreChainedOptimizerLoadsAndSavesAnMoeTorchDistTreeA
   // Megatron-Core's own optimizer for the MoE model of mcore_moe.py in bf16 (at ep=2 a
   // ChainedOptimizer of the dense and the expert-parallel optimizer, its torch_dist keys
   // chained_0. / chained_1., common.pt's optimizer {0: ..., 1: ...}) through megatron/ as
-  // torch_dist: loaded at ep=2 as Megatron-LM loads it, every parameter, Adam state, step, fp32
-  // master and group setting equals the legacy tree of ep=2 loaded by Megatron's legacy path,
-  // also after one step of both. A save at ep=2 of other state (seed 9, with a step and group
-  // settings of its own) commits through the mount, and after a reconfiguration to ep=1 (one
-  // optimizer, no prefix) Megatron-LM's load reads that state back and steps equal to the
-  // reference.
+  // torch_dist. Its save at ep=2 (the state of the seed-9 store's legacy tree, with a step and
+  // group settings of its own, the experts' lr apart from the dense groups') commits through the
+  // mount; Megatron-LM's load at ep=2 then reads back every parameter, Adam state, step, fp32
+  // master and group setting (the experts' own included) equal to that state (the legacy tree
+  // loaded by Megatron's legacy path, tweaked alike), also after one step of both; and after a
+  // reconfiguration to ep=1 (one optimizer, no prefix) again.
   const std::string model =
       "--schema llama --dims layers=2,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32,experts=4,moe_ffn=32,shared_ffn=32";
   const std::string mcore = Python() + Script("mcore_moe.py");
@@ -316,22 +316,21 @@ TEST_F(ClientsTest, MegatronCoreChainedOptimizerLoadsAndSavesAnMoeTorchDistTreeA
     Run("synth " + model + " --dtype bf16 --optimizer adam --seed " + seed + " --config tp=1,dp=2,ep=2 " +
         tmp_ / ("src" + seed));
     Run("import " + model + " --config tp=1,dp=2,ep=2 " + tmp_ / ("src" + seed) + " " + tmp_ / ("store" + seed));
-    for (const std::string c : {"tp=1,dp=2,ep=2", "tp=1"}) {
-      Run("export --format megatron --names local --config " + c + " " + tmp_ / ("store" + seed) + " " +
-          tmp_ / ("legacy" + seed + "-" + c));
-    }
+  }
+  for (const std::string c : {"tp=1,dp=2,ep=2", "tp=1"}) {
+    Run("export --format megatron --names local --config " + c + " " + tmp_ / "store9 " + tmp_ / ("legacy9-" + c));
   }
   Mount m(tmp_ / "store0", tmp_ / "mnt", "--format megatron --ckpt-format torch_dist");
   const std::string megatron = m.dir() + "/megatron ";
-  auto [code, out] = Sh(mcore + "optim-load " + megatron + "1 2 1 " + tmp_ / "legacy0-tp=1,dp=2,ep=2 2>&1");
-  EXPECT_EQ(code, 0) << out;
-  EXPECT_NE(out.find("OPTIM-LOAD OK"), std::string::npos) << out;
   const int generation = MountStatus(m.dir())["generation"].get<int>();
-  std::tie(code, out) = Sh(mcore + "optim-save " + megatron + "1 2 1 " + tmp_ / "legacy9-tp=1,dp=2,ep=2 300 2>&1");
+  auto [code, out] = Sh(mcore + "optim-save " + megatron + "1 2 1 " + tmp_ / "legacy9-tp=1,dp=2,ep=2 300 2>&1");
   ASSERT_EQ(code, 0) << out;
   const auto status = MountStatus(m.dir());
   EXPECT_EQ(status["generation"], generation + 1) << status.dump();
   EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  std::tie(code, out) = Sh(mcore + "optim-load " + megatron + "1 2 1 " + tmp_ / "legacy9-tp=1,dp=2,ep=2 tweaked 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("OPTIM-LOAD OK"), std::string::npos) << out;
   ASSERT_EQ(WriteConfig(m.dir(), "tp=1"), 0) << MountStatus(m.dir()).dump();
   WaitServing(m.dir());
   EXPECT_EQ(Slurp(m.dir() + "/megatron/latest_checkpointed_iteration.txt"), "300");

@@ -282,6 +282,59 @@ TEST(MegatronMoeOptimizer, ChainsTheDenseAndTheExpertParallelOptimizerAndReadsBa
   }
 }
 
+TEST(MegatronMoeOptimizer, TheExpertGroupsSettingsAreKeptAndRenderedBack) {
+  // A save whose expert-parallel group has settings of its own (here an lr): import keeps them
+  // by Megatron's group (OptimizerMeta::expert_groups), the manifest carries them, and both the
+  // legacy render and torch_dist's common part give them back; the dense groups keep theirs.
+  const ModelSpec spec = testing::Spec("llama", kMoeDims, DType::kBF16, /*optimizer=*/true);
+  const ParallelConfig config = *ParseConfig("tp=1,dp=2,ep=2");
+  const RankView view = *LayoutView(spec, config, 1);
+  RankState saved = *BuildRankState(spec, config, view, MegatronState{}, NameSet::kLocal);
+  Value& expert_group = saved.root.Find("optimizer")->items()[1].Find("optimizer")->Find("param_groups")->items()[0];
+  expert_group.Set("lr", Value::Float(7e-4));
+  const auto layout = ReadOptimizerLayout(view, *saved.root.Find("optimizer"), "f.pt");
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  MegatronState state;
+  state.optimizer.groups = GroupSettings(*layout, *saved.root.Find("optimizer"));
+  state.optimizer.expert_groups = ExpertGroupSettings(*layout, *saved.root.Find("optimizer"));
+  ASSERT_EQ(state.optimizer.expert_groups.items().size(), 2u);
+  EXPECT_TRUE(state.optimizer.expert_groups.items()[1].is_none());  // the experts have no 1-D parameter
+  EXPECT_EQ(state.optimizer.expert_groups.items()[0].Find("params"), nullptr);
+  // Through the manifest.
+  const nlohmann::json extra = {{std::string(kManifestKey), EncodeMegatronState(state)}};
+  auto loaded = LoadMegatronState(extra, "manifest");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ASSERT_TRUE(loaded->optimizer.expert_groups == state.optimizer.expert_groups);
+  auto lr = [](const Value& group) { return group.Find("lr")->as_float(); };
+  // The legacy render: the experts' group with its lr, the dense ones with theirs.
+  const RankState again = *BuildRankState(spec, config, view, *loaded, NameSet::kLocal);
+  const Value& chain = *again.root.Find("optimizer");
+  EXPECT_EQ(lr(chain.items()[1].Find("optimizer")->Find("param_groups")->items()[0]), 7e-4);
+  EXPECT_TRUE(
+      chain.items()[1].Find("optimizer")->Find("param_groups")->items()[0].Find("is_expert_parallel")->as_bool());
+  EXPECT_EQ(lr(chain.items()[0].Find("optimizer")->Find("param_groups")->items()[0]), 1e-3);
+  // torch_dist's common part, and read back from it.
+  std::vector<CarriedTensor> storages;
+  auto common = McoreOptimizerCommon(*loaded, /*masters=*/true, &storages, {0});
+  ASSERT_TRUE(common.ok()) << common.status().ToString();
+  EXPECT_EQ(lr(common->Find(Value::Int(1))->Find("optimizer")->Find("param_groups")->items()[0]), 7e-4);
+  auto read = [&](const pickle::Tensor& t) -> Result<std::string> {
+    for (const CarriedTensor& c : storages) {
+      if (c.key == t.storage_key) return c.bytes;
+    }
+    return NotFoundError(t.storage_key);
+  };
+  auto part = ReadMcoreOptimizerCommon(*common, {"p"}, read, "common.pt");
+  ASSERT_TRUE(part.ok()) << part.status().ToString();
+  EXPECT_TRUE(part->meta.expert_groups == state.optimizer.expert_groups);
+  // A manifest whose expert_groups are no two groups is refused naming the field.
+  nlohmann::json bad = extra;
+  bad[std::string(kManifestKey)]["optimizer"]["expert_groups"] = "8002292e";  // a pickled empty tuple
+  auto refused = LoadMegatronState(bad, "manifest");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(Contains(refused.status().message(), "optimizer.expert_groups")) << refused.status().message();
+}
+
 TEST(MegatronMoeOptimizer, AtEpOneTheExpertsShareTheDenseOptimizer) {
   // Megatron-Core's experts are expert-parallel (param.allreduce False) only with ep > 1.
   const ModelSpec spec = testing::Spec("llama", kMoeDims, DType::kF32, /*optimizer=*/true);

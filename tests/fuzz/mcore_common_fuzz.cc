@@ -4,7 +4,8 @@
 // crash; what it accepts (one optimizer's part, or a ChainedOptimizer's
 // {0: ..., 1: ...}) has one or two dict groups without 'params' and one step
 // for the parameters, and renders back (McoreOptimizerCommon, also chained)
-// and reads back to the same groups and step.
+// and reads back to the same groups and step; kept in the manifest
+// (Encode/LoadMegatronState) it decodes to the same groups, the experts' too.
 // Build: cmake -DPTCFS_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ (tests/fuzz/CMakeLists.txt);
 // run:   ./mcore_common_fuzz -max_total_time=60 -max_len=4096 [corpus dir]
 #include <cstddef>
@@ -14,6 +15,9 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "ptc/checkpoint/megatron/megatron.h"
 #include "ptc/checkpoint/megatron/optimizer.h"
 #include "ptc/format/torch_file.h"
 
@@ -49,6 +53,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // ep > 1), whose dense part gives them.
   ptc::megatron::MegatronState state;
   state.optimizer = part->meta;
+  // Kept in the manifest (extra.megatron.optimizer, a chain's expert_groups included): the same back.
+  const nlohmann::json extra = {{std::string(ptc::megatron::kManifestKey), ptc::megatron::EncodeMegatronState(state)}};
+  auto loaded = ptc::megatron::LoadMegatronState(extra, "fuzz");
+  if (!loaded.ok() || !(loaded->optimizer.groups == state.optimizer.groups) ||
+      !(loaded->optimizer.expert_groups == state.optimizer.expert_groups)) {
+    __builtin_trap();
+  }
   for (const std::vector<size_t>& expert_groups : {std::vector<size_t>{}, std::vector<size_t>{0}}) {
     std::vector<ptc::megatron::CarriedTensor> storages;
     auto common = ptc::megatron::McoreOptimizerCommon(state, /*masters=*/true, &storages, expert_groups);

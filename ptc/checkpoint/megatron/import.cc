@@ -339,7 +339,10 @@ Result<KeptRank> KeepRank(const RandomAccessFile& file, const TorchFile& tf, con
   const pickle::Value* optimizer = tf.root.Find("optimizer");
   if (optimizer == nullptr) return InvalidArgumentError(path + ": optimizer: missing (the first rank's file has one)");
   PTC_ASSIGN_OR_RETURN(megatron::OptimizerLayout groups, megatron::ReadOptimizerLayout(view, *optimizer, path));
-  if (first) kept.optimizer.groups = megatron::GroupSettings(groups, *optimizer);
+  if (first) {
+    kept.optimizer.groups = megatron::GroupSettings(groups, *optimizer);
+    kept.optimizer.expert_groups = megatron::ExpertGroupSettings(groups, *optimizer);
+  }
   PTC_RETURN_IF_ERROR(KeepSteps(view, groups, file, tf, path, &kept.optimizer.steps));
   return k;
 }
@@ -373,6 +376,7 @@ Result<megatron::MegatronState> FoldRanks(uint64_t iteration, int tp, int pp, st
   }
   megatron::MegatronState state{iteration, std::move(ranks[0].kept.carried), std::move(ranks[0].kept.tensors)};
   state.optimizer.groups = std::move(ranks[0].kept.optimizer.groups);
+  state.optimizer.expert_groups = std::move(ranks[0].kept.optimizer.expert_groups);
   const bool per_rank_rng = !ranks[0].kept.rng.empty();
   if (per_rank_rng) {
     state.rng_tp = tp;

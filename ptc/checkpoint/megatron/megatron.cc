@@ -505,7 +505,8 @@ Status DecodeRng(const nlohmann::json& j, const std::string& field, MegatronStat
 }
 
 // extra.megatron.optimizer: {"groups": pickled list of settings dicts,
-// "steps": [{"params": [global names], "value", "tensors"}]}.
+// "steps": [{"params": [global names], "value", "tensors"}], "expert_groups"
+// (absent: none kept): pickled list of two settings dicts or None}.
 Status DecodeOptimizer(const nlohmann::json& j, const std::string& field, OptimizerMeta* meta) {
   if (!j.is_object() || !j.contains("groups") || !j["groups"].is_string() || !j.contains("steps") ||
       !j["steps"].is_array()) {
@@ -515,6 +516,17 @@ Status DecodeOptimizer(const nlohmann::json& j, const std::string& field, Optimi
   PTC_ASSIGN_OR_RETURN(meta->groups, pickle::Unpickle(pickled, field + ".groups"));
   if (meta->groups.kind() != pickle::Kind::kList || meta->groups.items().size() > 2) {
     return InvalidArgumentError(field + ".groups: a list of at most two groups expected");
+  }
+  if (j.contains("expert_groups")) {
+    const std::string label = field + ".expert_groups";
+    if (!j["expert_groups"].is_string()) return InvalidArgumentError(label + ": a string expected");
+    PTC_ASSIGN_OR_RETURN(std::string experts, Unhex(j["expert_groups"].get<std::string>(), label));
+    PTC_ASSIGN_OR_RETURN(meta->expert_groups, pickle::Unpickle(experts, label));
+    const pickle::Value& e = meta->expert_groups;
+    if (e.kind() != pickle::Kind::kList || e.items().size() != 2 ||
+        !std::all_of(e.items().begin(), e.items().end(), [](const Value& g) { return g.is_dict() || g.is_none(); })) {
+      return InvalidArgumentError(label + ": a list of two groups (a settings dict or None) expected");
+    }
   }
   for (const nlohmann::json& s : j["steps"]) {
     const std::string label = field + ".steps[" + std::to_string(meta->steps.size()) + "]";
@@ -576,7 +588,9 @@ nlohmann::json EncodeOptimizer(const OptimizerMeta& meta) {
     steps.push_back(
         {{"params", s.params}, {"value", Hex(pickle::Pickle(s.value))}, {"tensors", EncodeTensors(s.tensors)}});
   }
-  return {{"groups", Hex(pickle::Pickle(meta.groups))}, {"steps", std::move(steps)}};
+  nlohmann::json j = {{"groups", Hex(pickle::Pickle(meta.groups))}, {"steps", std::move(steps)}};
+  if (!meta.expert_groups.items().empty()) j["expert_groups"] = Hex(pickle::Pickle(meta.expert_groups));
+  return j;
 }
 
 }  // namespace
@@ -615,7 +629,8 @@ nlohmann::json EncodeMegatronState(const MegatronState& state) {
   nlohmann::json j = {{"iteration", state.iteration},
                       {"carried", Hex(pickle::Pickle(state.carried))},
                       {"tensors", EncodeTensors(state.tensors)}};
-  if (!state.optimizer.groups.items().empty() || !state.optimizer.steps.empty()) {
+  if (!state.optimizer.groups.items().empty() || !state.optimizer.steps.empty() ||
+      !state.optimizer.expert_groups.items().empty()) {
     j["optimizer"] = EncodeOptimizer(state.optimizer);
   }
   if (state.extra_tp > 0) {

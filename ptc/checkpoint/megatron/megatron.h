@@ -124,6 +124,12 @@ struct StepValue {
 struct OptimizerMeta {
   pickle::Value groups = pickle::Value::List();
   std::vector<StepValue> steps{};
+  // The expert-parallel optimizer's groups (Megatron-Core's ChainedOptimizer's
+  // second, a model with experts at ep > 1): two entries by Megatron's group
+  // (0 with weight decay, 1 without), each a settings dict or None (no such
+  // group, or not kept); an empty list: none kept (they render as the dense
+  // group of the same weight decay, is_expert_parallel True).
+  pickle::Value expert_groups = pickle::Value::List();
 };
 // One `*._extra_state` entry of a saved rank's model dict
 // (ptc/checkpoint/megatron/extra.h): its global key, the global name of the

@@ -80,6 +80,10 @@ Status ReadGroups(const RankView& view, const std::vector<size_t>& all, const Va
                                 " groups (Megatron's two, weight decay and none, or one)");
   }
   if (chain <= 0) layout->file_groups = file_groups;  // the dense optimizer's settings are kept
+  if (chain == 1) {                                   // the expert-parallel one's: Megatron's group of each file group
+    layout->expert_groups = g.size() == 2 ? std::vector<size_t>{1 - NoDecayGroup(g), NoDecayGroup(g)}
+                                          : std::vector<size_t>{groups_of[0].empty() ? size_t{1} : size_t{0}};
+  }
   for (size_t f = 0; f < g.size(); ++f) {
     const std::string label = where + "/" + std::to_string(f) + "/params";
     const Value* params = g[f].Find("params");
@@ -211,7 +215,30 @@ Value GroupSettings(const OptimizerLayout& layout, const Value& optimizer) {
   return out;
 }
 
+Value ExpertGroupSettings(const OptimizerLayout& layout, const Value& optimizer) {
+  if (!layout.chained) return Value::List();
+  const pickle::Items& groups = optimizer.items()[1].Find("optimizer")->Find("param_groups")->items();
+  Value out = Value::List({Value::None(), Value::None()});
+  for (size_t f = 0; f < layout.expert_groups.size() && f < groups.size(); ++f) {
+    const Value* params = groups[f].Find("params");
+    if (!groups[f].is_dict() || params == nullptr || params->items().empty()) continue;
+    Value settings = groups[f];
+    while (settings.Erase("params")) {}
+    out.items()[layout.expert_groups[f]] = std::move(settings);
+  }
+  return out;
+}
+
 namespace {
+
+// The expert-parallel optimizer's group g: kept, else the dense group's, is_expert_parallel.
+Value ExpertSettings(const OptimizerMeta& meta, size_t g) {
+  const pickle::Items& kept = meta.expert_groups.items();
+  if (kept.size() == 2 && kept[g].is_dict()) return kept[g];
+  Value out = Settings(meta, g);
+  out.Set("is_expert_parallel", Value::Bool(true));
+  return out;
+}
 
 // What RenderOptimizer renders one optimizer with.
 struct RenderContext {
@@ -272,8 +299,7 @@ Value RenderOne(RenderContext& c, const std::vector<size_t>& members, bool exper
       state.pairs().emplace_back(Value::Int(key), std::move(s));  // a fresh key: no Set's scan
       params.items().push_back(Value::Int(key++));
     }
-    Value group = Settings(c.meta, g);
-    if (experts) group.Set("is_expert_parallel", Value::Bool(true));
+    Value group = experts ? ExpertSettings(c.meta, g) : Settings(c.meta, g);
     group.Set("params", std::move(params));
     param_groups.items().push_back(std::move(group));
     masters.items().push_back(std::move(fp32));
@@ -356,10 +382,7 @@ Result<Value> McoreOptimizerCommon(const MegatronState& state, bool masters, std
   // One optimizer's part over Megatron's groups `groups` (is_expert_parallel with `experts`).
   auto part = [&](const std::vector<size_t>& groups, bool experts) {
     Value settings = Value::List();
-    for (size_t g : groups) {
-      settings.items().push_back(Settings(meta, g));
-      if (experts) settings.items().back().Set("is_expert_parallel", Value::Bool(true));
-    }
+    for (size_t g : groups) settings.items().push_back(experts ? ExpertSettings(meta, g) : Settings(meta, g));
     Value inner = Value::Dict();
     inner.Set("param_groups", std::move(settings));
     inner.Set("state", Value::Dict({{Value::Str("common_step"), step}}));
@@ -417,6 +440,30 @@ Result<const Value*> DensePart(const Value& optimizer,
   return dense;
 }
 
+// The settings of a ChainedOptimizer's expert-parallel part's groups, by Megatron's group
+// (OptimizerMeta::expert_groups): two groups by their weight decay (NoDecayGroup), one by its
+// wd_mult (0: the group without).
+// \error InvalidArgument naming the entry: no list of one or two dict groups.
+Result<Value> ExpertPartGroups(const Value& experts, const std::string& what) {
+  const Value* nested = experts.Find("optimizer");
+  const Value& inner = nested != nullptr && nested->is_dict() ? *nested : experts;
+  const Value* groups = inner.Find("param_groups");
+  const std::string where = what + ": optimizer/1" + (nested != nullptr ? "/optimizer" : "") + "/param_groups";
+  if (groups == nullptr || !groups->is_sequence() || groups->items().empty() || groups->items().size() > 2 ||
+      !std::all_of(groups->items().begin(), groups->items().end(), [](const Value& g) { return g.is_dict(); })) {
+    return InvalidArgumentError(where + ": a list of one or two dict groups expected");
+  }
+  const pickle::Items& g = groups->items();
+  Value out = Value::List({Value::None(), Value::None()});
+  for (size_t f = 0; f < g.size(); ++f) {
+    const size_t megatron = g.size() == 2 ? (f == NoDecayGroup(g) ? 1 : 0) : (Number(g[f], "wd_mult") == 0.0 ? 1 : 0);
+    Value settings = g[f];
+    while (settings.Erase("params")) {}
+    out.items()[megatron] = std::move(settings);
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<McoreOptimizerCommonPart> ReadMcoreOptimizerCommon(
@@ -434,6 +481,9 @@ Result<McoreOptimizerCommonPart> ReadMcoreOptimizerCommon(
   const Value& inner = float16 ? *nested : optimizer;
   const std::string where = what + (float16 ? ": optimizer/optimizer" : ": optimizer");
   McoreOptimizerCommonPart out;
+  if (by_index) {
+    PTC_ASSIGN_OR_RETURN(out.meta.expert_groups, ExpertPartGroups(*chained.Find(Value::Int(1)), what));
+  }
   const Value* groups = inner.Find("param_groups");
   if (groups == nullptr || !groups->is_sequence() || groups->items().empty() || groups->items().size() > 2) {
     return InvalidArgumentError(where + "/param_groups: a list of one or two groups expected");

@@ -62,7 +62,8 @@ struct OptimizerLayout {
   };
   std::vector<Slot> slots;          // one per view.model entry
   std::vector<size_t> file_groups;  // the (dense) file's group of Megatron's group g (one entry: a one-group file)
-  bool chained = false;             // 'optimizer' is [dense, expert-parallel]
+  std::vector<size_t> expert_groups;  // chained: Megatron's group of each of the expert optimizer's file groups
+  bool chained = false;               // 'optimizer' is [dense, expert-parallel]
 };
 
 // The layout of `optimizer` (the state dict's 'optimizer' entry) for the
@@ -83,6 +84,11 @@ std::vector<pickle::Value> OptimizerPath(const OptimizerLayout& layout, std::str
 // The settings of the file's groups in Megatron's order: a list of dicts
 // without 'params'. REQUIRES: `layout` was read from `optimizer`.
 pickle::Value GroupSettings(const OptimizerLayout& layout, const pickle::Value& optimizer);
+
+// The settings of a chained file's expert-parallel groups (OptimizerMeta::
+// expert_groups: by Megatron's group, None for one it lacks or that holds no
+// parameter); an empty list for one optimizer. REQUIRES: as GroupSettings.
+pickle::Value ExpertGroupSettings(const OptimizerLayout& layout, const pickle::Value& optimizer);
 
 // Sets out->root["optimizer"] to the rank's optimizer state in Megatron's
 // layout (keeping the carried 'optimizer' entries, e.g. 'grad_scaler').
@@ -137,7 +143,7 @@ Result<pickle::Value> McoreOptimizerCommon(const MegatronState& state, bool mast
 
 // What a saved common.pt's 'optimizer' entry (either layout, or a
 // ChainedOptimizer's {0: dense, 1: expert-parallel} of them, whose dense part
-// gives the groups: the experts' groups' settings are not kept) holds: the
+// gives the groups and the other its expert_groups, by wd_mult) holds: the
 // groups (Megatron's order: the one without weight decay second), one step
 // for every name in `params` (float32 0 when the save has no common_step:
 // Megatron-Core leaves out a step of 0), and
