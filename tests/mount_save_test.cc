@@ -175,10 +175,12 @@ TEST_P(MountSaveTest, AFileStillOpenForWritingHoldsTheSaveBack) {
                   "iter_0000400/mp_rank_01/model_optim_rng.pt: still open for writing (the kernel writes it)"),
               std::string::npos)
         << status.dump();
+    EXPECT_TRUE(fs::exists(tmp_ / "store/ingest/iter_0000400/mp_rank_01/model_optim_rng.pt"));  // kept to retry
     ASSERT_EQ(close(fd), 0);
   } else {
     EXPECT_EQ(WriteLatest(m.dir(), 400), 0) << MountStatus(m.dir()).dump();
     EXPECT_EQ(write(fd, "x", 1), -1);  // its save was taken
+    EXPECT_EQ(errno, EACCES);
     close(fd);
   }
   if (kernel()) {
