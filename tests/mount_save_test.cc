@@ -7,7 +7,8 @@
 // partial writes, a second open and (through the kernel) a shared mapping
 // commit exactly what was written, a file still open for writing through the
 // kernel holds the save back (EBUSY, named) until it is closed, and a daemon
-// killed -9 before the latest file leaves the old generation.
+// killed -9 before the latest file leaves the old generation; a daemon that
+// is not root writes the save itself.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -175,10 +176,12 @@ TEST_P(MountSaveTest, AFileStillOpenForWritingHoldsTheSaveBack) {
                   "iter_0000400/mp_rank_01/model_optim_rng.pt: still open for writing (the kernel writes it)"),
               std::string::npos)
         << status.dump();
+    EXPECT_TRUE(fs::exists(tmp_ / "store/ingest/iter_0000400/mp_rank_01/model_optim_rng.pt"));  // kept to retry
     ASSERT_EQ(close(fd), 0);
   } else {
     EXPECT_EQ(WriteLatest(m.dir(), 400), 0) << MountStatus(m.dir()).dump();
     EXPECT_EQ(write(fd, "x", 1), -1);  // its save was taken
+    EXPECT_EQ(errno, EACCES);
     close(fd);
   }
   if (kernel()) {
@@ -223,6 +226,48 @@ TEST_P(MountSaveTest, ACrashBeforeTheLatestFileLeavesTheOldGeneration) {
   EXPECT_EQ(MountStatus(mnt)["generation"], 2);
   ExpectStoredEqualMirror(500);
   Check(tmp_ / "mirror", mnt);
+}
+
+// A daemon that is not root cannot register backing files (CAP_SYS_ADMIN):
+// with --passthrough auto as with off it writes the save's bytes itself, and
+// the save commits as the job wrote it.
+TEST_P(MountSaveTest, ANonRootDaemonWritesTheSaveItself) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to become another user";
+  struct stat dev;
+  ASSERT_EQ(stat("/dev/fuse", &dev), 0);
+  ASSERT_EQ(chmod("/dev/fuse", 0666), 0);  // the daemon runs as nobody (through fusermount3)
+  struct Restore {
+    mode_t mode;
+    ~Restore() { chmod("/dev/fuse", mode); }
+  } restore{dev.st_mode & 07777};
+  const std::string nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups ";
+  fs::create_directories(tmp_ / "mnt");
+  fs::create_directories(tmp_ / "mirror");
+  ASSERT_EQ(Sh("chmod 755 " + tmp_.path() + " && chown -R 65534:65534 " + tmp_ / "store " + tmp_ / "mnt " +
+               tmp_ / "mirror")
+                .first,
+            0);
+  auto [code, out] = Sh(nobody + PTCFS_BINARY + " mount " + MountFlags() + " " + tmp_ / "store " + tmp_ / "mnt");
+  ASSERT_EQ(code, 0) << out;
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { Sh("fusermount3 -u " + dir); }
+  } unmount{tmp_ / "mnt"};
+  const std::string mnt = tmp_ / "mnt";
+  auto [sc, sout] = Sh(nobody + "env HOME=/tmp " + Client("megatron_ckpt.py") + "save " + mnt + "/megatron " +
+                       tmp_ / "mirror --iteration 600");
+  ASSERT_EQ(sc, 0) << sout;
+  auto [c, text] = Sh(nobody + "cat " + mnt + "/.ptcfs/status");
+  ASSERT_EQ(c, 0) << text;
+  const nlohmann::json status = nlohmann::json::parse(text);
+  EXPECT_EQ(status["passthrough"]["state"], kernel() ? "off: registering backing files needs CAP_SYS_ADMIN (the "
+                                                       "daemon is not root)"
+                                                     : "off: --passthrough off")
+      << text;
+  EXPECT_GT(status["passthrough"]["save_opens"]["daemon"].get<int>(), 0) << text;
+  EXPECT_EQ(status["passthrough"]["save_opens"]["kernel"], 0) << text;
+  EXPECT_EQ(status["generation"], 2) << text;
+  ExpectStoredEqualMirror(600);
 }
 
 INSTANTIATE_TEST_SUITE_P(KernelAndDaemon, MountSaveTest, ::testing::Values("auto", "off"),
