@@ -17,11 +17,14 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "cluster/durable.h"
 #include "cluster/durable_location.h"
 #include "ptc/base/status.h"
+#include "ptc/store/generation_writer.h"
 #include "ptc/store/manifest.h"
 #include "ptc/store/store.h"
 
@@ -50,6 +53,23 @@ Result<DurableCopy> ReadDurableCopy(const DurableLocation& tier, const std::stri
 // \error Corruption naming durable.json when a worker's pieces are not in one
 //        object, or overlap.
 Result<GenerationManifest> RestoredManifest(const GenerationManifest& copy, uint64_t generation);
+
+// Each worker's share of `copy` (its pieces, in offset order in the share's object).
+std::map<int, std::vector<const ShardRecord*>> SharesOf(const GenerationManifest& copy);
+
+// One share of the tier's `copy` linked into the generation `writer` builds:
+// its object downloaded whole into the store (ranged GETs of 64 MiB, 4 at
+// once, each streamed into the file where it belongs as it arrives: from a
+// bucket, no buffer beyond the transport's 1 MiB reads), linked as
+// gen-N/worker-WW/`name` of `worker`, each of `pieces` (the share, in offset
+// order) then described there (GenerationWriter::NewShardIn) and its bytes
+// checked against the copy's checksums. The records, for AddShard.
+// \error Corruption naming the object and the tensor whose bytes differ from
+//        the copy's records (altered), or an object of another size than its
+//        pieces end at; as the tier's Env and the writer.
+Result<std::vector<ShardRecord>> LinkShare(const DurableLocation& tier, const GenerationManifest& copy,
+                                           const std::vector<const ShardRecord*>& pieces, Store& store,
+                                           GenerationWriter& writer, int worker, const std::string& name);
 
 // Writes `worker`'s pieces of `restored` (RestoredManifest of `copy`) into
 // `store` (no generation yet, opened with the worker's PeerEnv, so that the
