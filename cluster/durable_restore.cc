@@ -126,6 +126,35 @@ Result<std::vector<ShardRecord>> LinkShare(const DurableLocation& tier, const Ge
   return out;
 }
 
+std::string EncodeJobRecord(const JobRecord& r) {
+  return nlohmann::json{{"job", r.job}, {"generation", r.generation}, {"config", r.config}, {"contents", r.contents}}
+             .dump() + "\n";
+}
+
+namespace {
+
+// kJobRecord of `tier`, when it is of `copy`'s job and contents.
+Result<std::optional<JobRecord>> ReadJobRecord(const DurableLocation& tier, const DurableIdentity& copy) {
+  const std::string path = JoinPath(tier.dir, kJobRecord);
+  const std::string label = tier.name + "/" + std::string(kJobRecord);
+  if (!tier.get()->Exists(path)) return std::optional<JobRecord>();
+  PTC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(tier.get(), path));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return CorruptionError(label + ": not a JSON object");
+  JsonFields f(j, label);
+  JobRecord r;
+  PTC_ASSIGN_OR_RETURN(r.job, f.String("job"));
+  PTC_ASSIGN_OR_RETURN(r.config, f.String("config"));
+  PTC_ASSIGN_OR_RETURN(r.contents, f.String("contents"));
+  const nlohmann::json* g = f.Find("generation");
+  if (g == nullptr || !g->is_number_unsigned()) return CorruptionError(label + ": \"generation\" is not a number");
+  r.generation = g->get<uint64_t>();
+  if (r.job != copy.job || r.contents != copy.contents) return std::optional<JobRecord>();  // of an older copy
+  return std::optional<JobRecord>(std::move(r));
+}
+
+}  // namespace
+
 Result<DurableCopy> ReadDurableCopy(const DurableLocation& tier, const std::string& job) {
   const std::string path = JoinPath(tier.dir, kDurableManifest);
   const std::string label = tier.name + "/" + std::string(kDurableManifest);
@@ -145,6 +174,7 @@ Result<DurableCopy> ReadDurableCopy(const DurableLocation& tier, const std::stri
     return FailedPreconditionError(label + ": a copy of job '" + copy.id.job + "', not of '" + job + "'");
   }
   copy.manifest.extra.erase("durable");
+  PTC_ASSIGN_OR_RETURN(copy.latest, ReadJobRecord(tier, copy.id));
   return copy;
 }
 

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,16 +33,33 @@ namespace ptc::cluster {
 
 // The adopted file holding a worker's pieces of a restored generation.
 inline constexpr std::string_view kRestoredFile = "restored.bin";
+// The tier's record of the job's latest generation whose contents it holds
+// a copy of: {"job": J, "generation": N, "config": C, "contents": K}, written
+// by a worker once it knows the copy serves that generation (a change of
+// layout after the copy makes a newer one), so that a job restored from the
+// bucket alone goes back to its last layout.
+inline constexpr std::string_view kJobRecord = "job.json";
+
+struct JobRecord {
+  std::string job;
+  uint64_t generation = 0;
+  std::string config;
+  std::string contents;
+};
+std::string EncodeJobRecord(const JobRecord& r);
 
 // The tier's copy of job `job`'s tensors, whatever its contents: durable.json
 // decoded, with its identity.
 struct DurableCopy {
   GenerationManifest manifest;  // files relative to the tier; extra without "durable"
   DurableIdentity id;
+  // kJobRecord when the tier holds one of this job and these contents: the
+  // job's latest generation the copy serves.
+  std::optional<JobRecord> latest;
 };
 
 // \error NotFound when the tier holds no complete copy; Corruption as
-//        DecodeManifest or when extra.durable is malformed;
+//        DecodeManifest or when extra.durable or job.json is malformed;
 //        FailedPrecondition when it is another job's copy (both named).
 Result<DurableCopy> ReadDurableCopy(const DurableLocation& tier, const std::string& job);
 
