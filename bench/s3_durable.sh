@@ -2,13 +2,17 @@
 # The durable tier on S3 (issue 44) against plain curl, on a local radosgw
 # (tests/ceph/ceph.sh), sides interleaved, ROUNDS rounds, medians:
 #   upload:   `ptcfs export STORE s3://B/P` (one multipart object per worker's
-#             share: 16 MiB parts, 4 in flight, SHA-256 of each part signed)
+#             share: 16 MiB parts, 4 in flight, UNSIGNED-PAYLOAD, every piece
+#             checked against its checksums as it is read from the store)
 #             vs `curl --aws-sigv4 -T` of the store's shard files, 4 at once
 #             (the same bytes; UNSIGNED-PAYLOAD: curl hashes nothing)
-#   recovery: `ptcfs import s3://B/P STORE2` (8 MiB ranged GETs, 4 in flight,
-#             every byte checked against its checksum, written into a store and
-#             synced) vs a plain curl GET of the same object to a file, synced
-#   peak RSS of each ptcfs side (/usr/bin/time -v).
+#   recovery: `ptcfs import s3://B/P STORE2` (the share's object downloaded
+#             whole: 64 MiB ranged GETs, 4 in flight, streamed into the store's
+#             file, synced, then every byte checked against its checksum as the
+#             pieces are linked into the generation; what a worker on an empty
+#             disk does to restore its share)
+#             vs a plain curl GET of the same object to a file, synced
+#   peak RSS of each ptcfs side (/usr/bin/time -v); the load average at each round's start.
 # Usage: bench/s3_durable.sh PTCFS CEPH_ENV [ROUNDS]   (CEPH_ENV: the env file ceph.sh start wrote)
 set -euo pipefail
 ptcfs=$(realpath "$1"); source "$2"; rounds=${3:-3}
@@ -26,6 +30,7 @@ rss() { awk -F': ' '/Maximum resident/ {printf "%d", $2/1024}' "$1"; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 for r in $(seq "$rounds"); do
   p=bench-$$-$r
+  echo "round $r: load average $(cut -d' ' -f1-3 /proc/loadavg)" >> "$work/loads"
   t0=$(now); /usr/bin/time -v "$ptcfs" export "$work/store" "s3://$PTCFS_S3_BUCKET/$p/ptcfs" >/dev/null 2>"$work/time.up"; t1=$(now)
   echo "$r up ptcfs $(echo "$t1 - $t0" | bc) $(rss "$work/time.up")" >> "$work/results"
   t0=$(now)
@@ -45,7 +50,7 @@ for r in $(seq "$rounds"); do
     | grep -o '<Key>[^<]*</Key>' | sed 's/<[^>]*>//g' | while read -r k; do
       "${c[@]}" -X DELETE -H "x-amz-content-sha256: $sha_empty" "$AWS_ENDPOINT_URL/$PTCFS_S3_BUCKET/$k" -o /dev/null; done
 done
-cat "$work/results"
+cat "$work/loads" "$work/results"
 for dir in up down; do
   p=$(awk -v d=$dir '$2==d && $3=="ptcfs" {print $4}' "$work/results" | median)
   q=$(awk -v d=$dir '$2==d && $3=="curl" {print $4}' "$work/results" | median)

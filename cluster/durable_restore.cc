@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "cluster/s3/s3_env.h"
 #include "ptc/base/json_fields.h"
 #include "ptc/store/generation_writer.h"
 #include "ptc/store/store_layout.h"
@@ -15,21 +16,31 @@ namespace ptc::cluster {
 namespace {
 
 // The download: ranged GETs of kChunk bytes, kStreams at once, each written
-// where it belongs in the local file (memory: kStreams * kChunk).
-constexpr uint64_t kChunk = 8 << 20;
+// where it belongs in the local file as it arrives (from a bucket: no buffer
+// of ours, memory kStreams MiB in the transport; from a directory: through
+// a buffer of kBufferBytes per stream). Long requests: a server that reads
+// ahead (radosgw's window) answers each one at its pace, fewer of them start cold.
+constexpr uint64_t kChunk = 64 << 20;
 constexpr int kStreams = 4;
+constexpr uint64_t kBufferBytes = 4 << 20;
 // Bytes read back per append of a piece to its sink.
 constexpr uint64_t kCheckChunk = 4 << 20;
 
-// Each worker's pieces of `copy`, in offset order.
-std::map<int, std::vector<const ShardRecord*>> PiecesByWorker(const GenerationManifest& copy) {
-  std::map<int, std::vector<const ShardRecord*>> out;
-  for (const ShardRecord& s : copy.shards) out[s.worker].push_back(&s);
-  for (auto& [w, pieces] : out) {
-    std::stable_sort(pieces.begin(), pieces.end(),
-                     [](const ShardRecord* a, const ShardRecord* b) { return a->offset < b->offset; });
+// Bytes [at, at + n) of `in` written at the same offset of `out`.
+Status CopyRange(const RandomAccessFile& in, uint64_t at, uint64_t n, WritableFile& out,
+                 std::unique_ptr<char[]>& buffer) {
+  Status streamed = s3::StreamRange(in, at, n, [&](uint64_t off, const char* data, size_t k) {
+    return out.PWrite(at + off, data, k);
+  });
+  if (streamed.code() != Code::kUnimplemented) return streamed;
+  if (!buffer) buffer = std::make_unique_for_overwrite<char[]>(kBufferBytes);
+  for (uint64_t done = 0; done < n;) {
+    const uint64_t k = std::min(kBufferBytes, n - done);
+    PTC_RETURN_IF_ERROR(in.Read(at + done, k, buffer.get()));
+    PTC_RETURN_IF_ERROR(out.PWrite(at + done, buffer.get(), k));
+    done += k;
   }
-  return out;
+  return Status::OK();
 }
 
 // Downloads `object` of `tier` into the local file `path` (`size` bytes).
@@ -46,11 +57,10 @@ Status Download(Env* tier, const std::string& object, uint64_t size, Env* local,
   std::vector<std::thread> streams;
   for (int t = 0; t < kStreams; ++t) {
     streams.emplace_back([&, t] {
-      auto buffer = std::make_unique_for_overwrite<char[]>(kChunk);
+      std::unique_ptr<char[]> buffer;  // a directory's reads only
       for (uint64_t i; (i = next++) < chunks;) {
-        const uint64_t at = i * kChunk, n = std::min(kChunk, size - at);
-        Status s = in->Read(at, n, buffer.get());
-        if (s.ok()) s = out->PWrite(at, buffer.get(), n);
+        const uint64_t at = i * kChunk;
+        Status s = CopyRange(*in, at, std::min(kChunk, size - at), *out, buffer);
         if (!s.ok()) {
           failed[t] = s;
           next = chunks;  // the others stop at their next chunk
@@ -65,37 +75,82 @@ Status Download(Env* tier, const std::string& object, uint64_t size, Env* local,
   return out->Close();
 }
 
-// The pieces of `worker` written as `restored` says, from the adopted file:
-// each read back, its checksums computed and compared with its record.
-Status AddPieces(const GenerationManifest& restored, int worker, const std::string& object, GenerationWriter& writer,
-                 Env* local, const std::string& path) {
-  PTC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> in, local->OpenRead(path));
+}  // namespace
+
+std::map<int, std::vector<const ShardRecord*>> SharesOf(const GenerationManifest& copy) {
+  std::map<int, std::vector<const ShardRecord*>> out;
+  for (const ShardRecord& s : copy.shards) out[s.worker].push_back(&s);
+  for (auto& [w, pieces] : out) {
+    std::stable_sort(pieces.begin(), pieces.end(),
+                     [](const ShardRecord* a, const ShardRecord* b) { return a->offset < b->offset; });
+  }
+  return out;
+}
+
+Result<std::vector<ShardRecord>> LinkShare(const DurableLocation& tier, const GenerationManifest& copy,
+                                           const std::vector<const ShardRecord*>& pieces, Store& store,
+                                           GenerationWriter& writer, int worker, const std::string& name) {
+  if (pieces.empty()) return std::vector<ShardRecord>{};
+  const ShardRecord& last = *pieces.back();
+  const std::string object = tier.name + "/" + last.file;
+  const std::string part = store.AbsPath(name + ".part");
+  Env* local = store.env();
+  Status s = Download(tier.get(), JoinPath(tier.dir, last.file), last.offset + last.nbytes, local, part);
+  if (s.ok()) s = writer.AdoptFile(part, worker, name);
+  (void)local->Remove(part);  // the generation's link keeps the bytes
+  PTC_RETURN_IF_ERROR(s);
+  PTC_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> in,
+                       local->OpenRead(store.AbsPath(JoinPath(JoinPath(GenerationDirName(writer.generation()),
+                                                                        WorkerDirName(worker)), name))));
   auto buffer = std::make_unique_for_overwrite<char[]>(kCheckChunk);
-  const auto tensors = TensorsByName(restored);
-  for (const ShardRecord& want : restored.shards) {
-    if (want.worker != worker) continue;
-    const auto t = tensors.find(want.tensor);
-    if (t == tensors.end()) return CorruptionError(object + ": piece of unknown tensor '" + want.tensor + "'");
+  const auto tensors = TensorsByName(copy);
+  std::vector<ShardRecord> out;
+  for (const ShardRecord* want : pieces) {
+    const auto t = tensors.find(want->tensor);
+    if (t == tensors.end()) return CorruptionError(object + ": piece of unknown tensor '" + want->tensor + "'");
     PTC_ASSIGN_OR_RETURN(std::unique_ptr<ShardSink> sink,
-                         writer.NewShardIn(want.tensor, t->second->dtype, want.boxes, worker,
-                                           std::string(kRestoredFile), want.offset));
-    for (uint64_t at = 0; at < want.nbytes;) {
-      const uint64_t n = std::min(kCheckChunk, want.nbytes - at);
-      PTC_RETURN_IF_ERROR(in->Read(want.offset + at, n, buffer.get()));
+                         writer.NewShardIn(want->tensor, t->second->dtype, want->boxes, worker, name, want->offset));
+    for (uint64_t at = 0; at < want->nbytes;) {
+      const uint64_t n = std::min(kCheckChunk, want->nbytes - at);
+      PTC_RETURN_IF_ERROR(in->Read(want->offset + at, n, buffer.get()));
       PTC_RETURN_IF_ERROR(sink->Append(buffer.get(), n));
       at += n;
     }
     PTC_ASSIGN_OR_RETURN(ShardRecord got, sink->Finish());
-    if (got != want) {
-      return CorruptionError(object + ": tensor '" + want.tensor + "' at " + std::to_string(want.offset) + "+" +
-                             std::to_string(want.nbytes) +
-                             (got.checksum != want.checksum || got.block_checksums != want.block_checksums
-                                  ? " does not match its checksum in durable.json (altered)"
-                                  : " is not stored where the restored manifest places it (" + got.h5 + ")"));
+    if (got.checksum != want->checksum || got.block_checksums != want->block_checksums) {
+      return CorruptionError(object + ": tensor '" + want->tensor + "' at " + std::to_string(want->offset) + "+" +
+                             std::to_string(want->nbytes) + " does not match its checksum in durable.json (altered)");
     }
-    writer.AddShard(std::move(got));
+    out.push_back(std::move(got));
   }
-  return Status::OK();
+  return out;
+}
+
+std::string EncodeJobRecord(const JobRecord& r) {
+  return nlohmann::json{{"job", r.job}, {"generation", r.generation}, {"config", r.config}, {"contents", r.contents}}
+             .dump() + "\n";
+}
+
+namespace {
+
+// kJobRecord of `tier`, when it is of `copy`'s job and contents.
+Result<std::optional<JobRecord>> ReadJobRecord(const DurableLocation& tier, const DurableIdentity& copy) {
+  const std::string path = JoinPath(tier.dir, kJobRecord);
+  const std::string label = tier.name + "/" + std::string(kJobRecord);
+  if (!tier.get()->Exists(path)) return std::optional<JobRecord>();
+  PTC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(tier.get(), path));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return CorruptionError(label + ": not a JSON object");
+  JsonFields f(j, label);
+  JobRecord r;
+  PTC_ASSIGN_OR_RETURN(r.job, f.String("job"));
+  PTC_ASSIGN_OR_RETURN(r.config, f.String("config"));
+  PTC_ASSIGN_OR_RETURN(r.contents, f.String("contents"));
+  const nlohmann::json* g = f.Find("generation");
+  if (g == nullptr || !g->is_number_unsigned()) return CorruptionError(label + ": \"generation\" is not a number");
+  r.generation = g->get<uint64_t>();
+  if (r.job != copy.job || r.contents != copy.contents) return std::optional<JobRecord>();  // of an older copy
+  return std::optional<JobRecord>(std::move(r));
 }
 
 }  // namespace
@@ -119,6 +174,7 @@ Result<DurableCopy> ReadDurableCopy(const DurableLocation& tier, const std::stri
     return FailedPreconditionError(label + ": a copy of job '" + copy.id.job + "', not of '" + job + "'");
   }
   copy.manifest.extra.erase("durable");
+  PTC_ASSIGN_OR_RETURN(copy.latest, ReadJobRecord(tier, copy.id));
   return copy;
 }
 
@@ -129,7 +185,7 @@ Result<GenerationManifest> RestoredManifest(const GenerationManifest& copy, uint
   out.rank_file_copies.clear();
   out.shards.clear();
   const std::string gen = GenerationDirName(generation);
-  for (const auto& [w, pieces] : PiecesByWorker(copy)) {
+  for (const auto& [w, pieces] : SharesOf(copy)) {
     const std::string dir = JoinPath(gen, WorkerDirName(w));
     std::map<std::string, int> counters;  // stem -> next K, as GenerationWriter counts
     uint64_t end = 0;
@@ -154,20 +210,22 @@ Status RestoreShare(const DurableLocation& tier, const GenerationManifest& copy,
   if (store.has_generation()) {
     return FailedPreconditionError(store.root() + ": holds a generation already: a restore is for an empty store");
   }
-  const auto pieces = PiecesByWorker(copy);
+  const auto pieces = SharesOf(copy);
   const auto mine = pieces.find(worker);
   PTC_ASSIGN_OR_RETURN(std::unique_ptr<GenerationWriter> writer, store.BeginGenerationAt(restored.generation));
   if (mine != pieces.end()) {
-    const ShardRecord& last = *mine->second.back();
-    const std::string object = JoinPath(tier.dir, last.file);
-    const std::string named = tier.name + "/" + last.file;
-    const std::string part = store.AbsPath("restore-" + WorkerDirName(worker) + ".part");
-    Env* local = store.env();
-    Status s = Download(tier.get(), object, last.offset + last.nbytes, local, part);
-    if (s.ok()) s = writer->AdoptFile(part, worker, std::string(kRestoredFile));
-    if (s.ok()) s = AddPieces(restored, worker, named, *writer, local, part);
-    (void)local->Remove(part);  // the generation's link keeps the bytes
-    PTC_RETURN_IF_ERROR(s);
+    PTC_ASSIGN_OR_RETURN(std::vector<ShardRecord> linked,
+                         LinkShare(tier, copy, mine->second, store, *writer, worker, std::string(kRestoredFile)));
+    auto want = restored.shards.begin();
+    for (ShardRecord& got : linked) {
+      want = std::find_if(want, restored.shards.end(), [&](const ShardRecord& r) { return r.worker == worker; });
+      if (want == restored.shards.end() || got != *want) {
+        return InternalError(store.root() + ": tensor '" + got.tensor + "' of worker " + std::to_string(worker) +
+                             " is not stored where the restored manifest places it (" + got.h5 + ")");
+      }
+      ++want;
+      writer->AddShard(std::move(got));
+    }
   }
   for (const ShardRecord& r : restored.shards) {
     if (r.worker != worker) writer->AddShard(r);

@@ -31,10 +31,12 @@ struct TransferStats {
 Result<TransferStats> ExportToTier(Env* env, const Store& store, const DurableLocation& tier);
 
 // Commits the tier's copy as the next generation of `store` (every piece on
-// worker 0).
+// worker 0): each share's object downloaded whole into the store and linked
+// into the generation as gen-N/worker-00/tier-worker-WW.bin, its pieces
+// described there and checked (LinkShare, durable_restore.h).
 // \error NotFound when the tier holds no complete copy; Corruption naming the
 //        tensor and object whose bytes differ from their record, or an object
-//        shorter than its records; as DecodeManifest and the store's writer.
+//        of another size than its records; as DecodeManifest and the store's writer.
 Result<TransferStats> ImportFromTier(const DurableLocation& tier, Store& store);
 
 }  // namespace ptc::cluster

@@ -354,6 +354,32 @@ TEST_F(DurableTier, EveryWorkerRestoresItsShareIntoAnEmptyStore) {
   testing::ExpectStoreHolds(out, spec_, *ParseConfig(m_->config), 7);
 }
 
+// The tier's job record names the job's latest layout of the copy's
+// contents; one of older contents or another job is not the copy's; a
+// malformed one is refused naming it.
+TEST_F(DurableTier, TheJobRecordNamesTheLatestLayoutOfTheCopysContents) {
+  WriteAll();
+  const DurableLocation tier{dir_, nullptr, dir_};
+  auto copy = ReadDurableCopy(tier, id_.job);
+  ASSERT_TRUE(copy.ok()) << copy.status().ToString();
+  EXPECT_FALSE(copy->latest.has_value());
+  const std::string record = JoinPath(dir_, kJobRecord);
+  const JobRecord r{id_.job, 7, "tp=1,pp=2,dp=1,per_worker=2", id_.contents};
+  ASSERT_TRUE(WriteFileAtomic(Env::Default(), record, EncodeJobRecord(r)).ok());
+  copy = ReadDurableCopy(tier, id_.job);
+  ASSERT_TRUE(copy.ok() && copy->latest) << copy.status().ToString();
+  EXPECT_EQ(copy->latest->generation, 7u);
+  EXPECT_EQ(copy->latest->config, r.config);
+  ASSERT_TRUE(WriteFileAtomic(Env::Default(), record, EncodeJobRecord({id_.job, 8, r.config, "older"})).ok());
+  copy = ReadDurableCopy(tier, id_.job);
+  ASSERT_TRUE(copy.ok()) << copy.status().ToString();
+  EXPECT_FALSE(copy->latest.has_value());
+  ASSERT_TRUE(WriteFileAtomic(Env::Default(), record, "{\"job\": 3}").ok());
+  copy = ReadDurableCopy(tier, id_.job);
+  EXPECT_EQ(copy.status().code(), Code::kCorruption) << copy.status().ToString();
+  EXPECT_NE(copy.status().message().find("job.json"), std::string::npos) << copy.status().ToString();
+}
+
 // A share altered in the tier is refused naming the tensor; the store keeps no generation.
 TEST_F(DurableTier, AnAlteredShareIsNotRestored) {
   WriteAll();

@@ -71,6 +71,41 @@ TEST_F(S3ClientTest, NoAnswerIsRetriedToo) {
   EXPECT_EQ(fake_.requests(), 2);
 }
 
+// A range streamed to a sink: every byte given once per request at its
+// offset; a request that got no answer is sent again and gives them again
+// from the start; the sink's error ends the read and it is not called again.
+TEST_F(S3ClientTest, ARangeStreamsToItsSinkAgainFromTheStartOnARetry) {
+  const std::string bytes = Bytes((3 << 20) + 77, 3);
+  fake_.Set("k", bytes);
+  auto c = Client();
+  std::string got(bytes.size() - 10, '\0');
+  int calls = 0;
+  auto sink = [&](uint64_t at, const char* data, size_t n) {
+    ++calls;
+    if (at + n > got.size()) return IOError("past the end");
+    std::copy(data, data + n, got.data() + at);
+    return Status::OK();
+  };
+  ASSERT_TRUE(c->GetRangeTo("bkt", "k", 10, got.size(), sink).ok());
+  EXPECT_EQ(got, bytes.substr(10));
+  EXPECT_EQ(calls, 4);  // 1 MiB pieces
+  fake_.Inject({"GET", "", 0, 1});
+  calls = 0;
+  got.assign(got.size(), '\0');
+  ASSERT_TRUE(c->GetRangeTo("bkt", "k", 10, got.size(), sink).ok());
+  EXPECT_EQ(got, bytes.substr(10));
+  calls = 0;
+  Status s = c->GetRangeTo("bkt", "k", 10, got.size(), [&](uint64_t, const char*, size_t) {
+    ++calls;
+    return IOError("the local disk is full");
+  });
+  EXPECT_EQ(s.message(), "the local disk is full") << s.ToString();
+  EXPECT_EQ(calls, 1);
+  // An object shorter than the range asked.
+  s = c->GetRangeTo("bkt", "k", bytes.size() - 5, 10, sink);
+  EXPECT_EQ(s.code(), Code::kCorruption) << s.ToString();
+}
+
 TEST_F(S3ClientTest, GivesUpAfterTheLastTryNamingTheObjectAndWhy) {
   fake_.Inject({"PUT", "", 503, 100});
   Status s = Client()->Put("bkt", "gen-000001/worker-00.bin", "x");

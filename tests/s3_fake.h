@@ -20,6 +20,7 @@ namespace ptc::cluster::s3::testing {
 
 class FakeS3 final : public Transport {
  public:
+  static constexpr int kSinkStopped = -1;  // Answer's: the request's sink refused the body
   struct Fault {
     std::string method;  // "" any
     std::string target;  // a substring of the target; "" any
@@ -59,7 +60,9 @@ class FakeS3 final : public Transport {
                                               "</Code><Message>injected</Message></Error>"};
       }
     }
-    return Answer(r);
+    HttpResponse a = Answer(r);
+    if (a.status == kSinkStopped) return IOError("fake: the body's sink stopped " + r.method + " " + r.target);
+    return a;
   }
 
  private:
@@ -149,7 +152,14 @@ class FakeS3 final : public Transport {
       bytes = a >= bytes.size() ? "" : bytes.substr(a, b - a + 1);
     }
     HttpResponse out{200, {}, ""};
-    if (r.into != nullptr) {
+    if (r.sink) {  // in pieces of 1 MiB, as the transport gives them
+      if (bytes.size() > r.capacity) return {kSinkStopped, {}, ""};
+      for (size_t at = 0; at < bytes.size(); at += 1 << 20) {
+        const size_t n = std::min<size_t>(1 << 20, bytes.size() - at);
+        if (!r.sink(at, bytes.data() + at, n)) return {kSinkStopped, {}, ""};
+        out.received += n;
+      }
+    } else if (r.into != nullptr) {
       if (bytes.size() > r.capacity) return {200, {}, ""};
       std::copy(bytes.begin(), bytes.end(), r.into);
       out.received = bytes.size();

@@ -153,6 +153,7 @@ class WorkerAgentTest : public ::testing::Test {
     o.token = "agents-token-0123456789";
     o.lease_seconds = 1;
     o.timeout = std::chrono::seconds(30);
+    o.durable = durable_;
     auto link = kv_.Connect();
     ptc::cluster::MemKvClient* raw = link.get();
     PTC_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Prepare(o, std::move(link), Store(w)));
@@ -374,6 +375,7 @@ class WorkerAgentTest : public ::testing::Test {
   CompactionPolicy policy_;                   // the workers' (set before SetUp)
   std::atomic<int> lagging_{-1};              // the worker Lagging holds back
   std::atomic<uint64_t> lag_at_{0};           // the generation it is slow to commit (0: none)
+  ptc::cluster::DurableLocation durable_;     // the workers' durable tier from their next Start; none by default
   std::atomic<bool> held_[kWorkers] = {};     // worker w holds back its part of a compaction (GateEnv)
   std::atomic<bool> failing_[kWorkers] = {};  // worker w's part of a compaction fails (GateEnv)
   TempDir tmp_;
@@ -675,6 +677,46 @@ TEST_F(WorkerAgentTest, ThePiecesOfAPeerSlowToCommitAreServedFromItsPart) {
   }
   for (const auto& [piece, workers] : holders) EXPECT_EQ(workers.size(), 2u) << piece;
   ExpectRanksEqualSynth();
+}
+
+// Every worker lost with its disk, etcd surviving: started again on empty
+// stores, each restores its share of the durable tier's copy (made in the
+// layout of its day) as the generation after the lost one, which replaces it
+// in etcd; the lowest worker then moves the job back to the lost layout.
+TEST_F(WorkerAgentTest, EveryWorkerLostWithItsDiskComesBackFromTheDurableTier) {
+  durable_ = {tmp_ / "tier", nullptr, tmp_ / "tier"};
+  std::filesystem::create_directories(durable_.dir);
+  auto stop_all = [&] {  // all at once, as a power cut: none recovers onto the others first
+    std::vector<int64_t> leases;
+    for (int w = 0; w < kWorkers; ++w) leases.push_back(LeaseOf(w));
+    for (Node& n : nodes_) n.link->Cut(true);
+    for (Node& n : nodes_) n.Stop();
+    for (int64_t lease : leases) EXPECT_TRUE(kv_.ExpireLease(lease));
+  };
+  stop_all();
+  for (int w = 0; w < kWorkers; ++w) ASSERT_TRUE(Start(w).ok()) << w;
+  auto complete = [&] {
+    for (int w = 0; w < kWorkers; ++w) {
+      if (Status(w)["cluster"]["durable"]["copy"] != "complete") return false;
+    }
+    return true;
+  };
+  ASSERT_TRUE(Eventually(complete, kLong)) << Status(0).dump();
+  ASSERT_TRUE(Reconfigure(1, "tp=1,pp=6,per_worker=2").ok());
+  ExpectGeneration({0, 1, 2}, 2);
+  ASSERT_TRUE(Eventually(complete, kLong)) << Status(0).dump();  // the copy serves the new layout too
+  const ptc::cluster::Committed lost = Committed();
+  stop_all();
+  for (int w = 0; w < kWorkers; ++w) {
+    std::filesystem::remove_all(Store(w));
+    std::filesystem::create_directories(Store(w));
+  }
+  for (int w = 0; w < kWorkers; ++w) ASSERT_TRUE(Start(w).ok()) << w;
+  ExpectGeneration({0, 1, 2}, 4);  // 3 restored in the copy's layout, 4 the lost one's again
+  EXPECT_EQ(Committed().config, lost.config);
+  EXPECT_EQ(Committed().contents, lost.contents);  // the tier's copy is still the job's
+  ExpectRanksEqualSynth();
+  EXPECT_TRUE(Eventually(complete, kLong)) << Status(0).dump();
 }
 
 // Workers that compact any generation read from more than one piece per

@@ -308,7 +308,7 @@ void Agent::Loop() {
     if (member && pending.ok() && !*pending && revision > 0) {
       Recover(live);
       NoteWhole(live);
-      if (!Replicate(live)) Compact(live);
+      if (!Resume(live) && !Replicate(live)) Compact(live);
     }
     if (member && pending.ok() && !*pending && durable_) durable_->Look();
     if (revision > 0) Report(live);
@@ -366,6 +366,30 @@ bool Agent::Replicate(const std::vector<int>& live) {
       s.ok() ? ("copying its pieces to their replicas (replicas=" + std::to_string(config->replicas) + ")").c_str()
              : s.ToString().c_str());
   if (!s.ok()) fs_->controller().RecordError("the save's pieces not copied to their replicas: " + s.message());
+  return true;
+}
+
+bool Agent::Resume(const std::vector<int>& live) {
+  if (resume_config_.empty()) return false;
+  if (fs_->store().CurrentSnapshot()->generation != resume_generation_) {  // the job moved on
+    resume_config_.clear();
+    return false;
+  }
+  if (live.empty() || live.front() != options_.worker || fs_->controller().Busy()) return false;
+  auto config = ptc::ParseConfig(resume_config_);
+  if (!config.ok()) {
+    resume_config_.clear();
+    return false;
+  }
+  for (int w : config->Workers()) {
+    if (!std::binary_search(live.begin(), live.end(), w)) return true;  // wait for it: nothing else first
+  }
+  const ptc::Status s = Propose(config->ToString(), *config);
+  std::fprintf(stderr, "ptcfs: generation %llu restored from the durable tier in the copy's layout: %s\n",
+               static_cast<unsigned long long>(resume_generation_),
+               s.ok() ? ("back to the job's last layout, " + config->ToString()).c_str() : s.ToString().c_str());
+  if (!s.ok()) fs_->controller().RecordError("the job's last layout not resumed after a restore: " + s.message());
+  resume_config_.clear();
   return true;
 }
 

@@ -56,6 +56,16 @@ class Agent final : public JobParticipant {
   // \error as PeerServer::Start and Membership::Join.
   ptc::Status Start();
 
+  // Before Start: the store holds `generation`, restored from the durable
+  // tier in the copy's layout (tier_restore.h); the job had moved to
+  // `config` since (the same contents). Once every worker that config needs
+  // is live, the lowest live worker proposes it (Resume); dropped when the
+  // job moves on first.
+  void ResumeLayout(uint64_t generation, std::string config) {
+    resume_generation_ = generation;
+    resume_config_ = std::move(config);
+  }
+
  private:
   // On a FUSE thread, or the agent's (Recover). membership_ is the agent's own: not read here.
   ptc::Status Propose(const std::string& text, const ptc::ParallelConfig& config) override;
@@ -110,6 +120,8 @@ class Agent final : public JobParticipant {
   // same config again: its change copies every piece to its keepers (the
   // plan's targets include them). Once per save. Returns whether it proposed.
   bool Replicate(const std::vector<int>& live);
+  // ResumeLayout's proposal. Returns whether it proposed.
+  bool Resume(const std::vector<int>& live);
 
   // When the committed generation is fragmented past this mount's policy
   // (Controller::CompactionDue), the lowest live worker proposes a compaction
@@ -186,6 +198,8 @@ class Agent final : public JobParticipant {
   std::set<int> seen_;   // workers seen live since the mount started or rejoined (the loop's own)
   std::pair<uint64_t, std::vector<int>> tried_;  // the last recovery proposed (the loop's own)
   std::string recovery_;                         // the id of that change (the loop's own)
+  uint64_t resume_generation_ = 0;  // ResumeLayout's; the agent's thread's after Start
+  std::string resume_config_;
   std::atomic<uint64_t> saved_{0};               // the generation of the last save committed with this worker
   std::pair<uint64_t, std::vector<int>> compact_looked_;  // what Compact measured last (the loop's own)
   bool missing_ = false;  // a worker of the committed config was not live at the last look (the loop's own)

@@ -3,9 +3,11 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "cluster/durable.h"
+#include "cluster/durable_restore.h"
 
 namespace ptcfs::worker {
 namespace {
@@ -36,8 +38,16 @@ void DurableKeeper::Look() {
     ptc::MutexLock lock(&mu_);
     known = complete_contents_ == contents;
   }
-  if (known) {
+  if (known) {  // a change of layout: the copy serves the new generation too
     Complete(current->generation, contents);
+    if (Records(*current)) {
+      if (thread_.joinable()) thread_.join();
+      busy_ = true;
+      thread_ = std::thread([this, current, contents] {
+        RecordJob(*current, contents);
+        busy_ = false;
+      });
+    }
     return;
   }
   next_look_ = now + kLookEvery;
@@ -55,12 +65,32 @@ void DurableKeeper::Look() {
   thread_ = std::thread([this, current, contents, copy] {
     if (ptc::cluster::LoadDurable(tier_env(), tier_.dir, {job_, contents}, current->tensors).ok()) {
       Complete(current->generation, contents);
+      RecordJob(*current, contents);
     } else if (copy) {
       copying_ = true;
       Copy(current, contents);
     }
     busy_ = false;
   });
+}
+
+bool DurableKeeper::Records(const ptc::GenerationManifest& generation) const {
+  int lowest = -1;
+  for (const ptc::ShardRecord& s : generation.shards) lowest = lowest < 0 ? s.worker : std::min(lowest, s.worker);
+  return lowest == worker_;
+}
+
+void DurableKeeper::RecordJob(const ptc::GenerationManifest& generation, const std::string& contents) {
+  if (!Records(generation) || recorded_ == generation.generation) return;
+  const ptc::cluster::JobRecord r{job_, generation.generation, generation.config, contents};
+  ptc::Status s = ptc::WriteFileAtomic(tier_env(), ptc::JoinPath(tier_.dir, ptc::cluster::kJobRecord),
+                                       ptc::cluster::EncodeJobRecord(r));
+  if (s.ok()) {
+    recorded_ = generation.generation;
+  } else {
+    std::fprintf(stderr, "ptcfs: durable tier %s: the job's record of generation %llu not written (%s)\n",
+                 tier_.name.c_str(), static_cast<unsigned long long>(generation.generation), s.ToString().c_str());
+  }
 }
 
 void DurableKeeper::Complete(uint64_t generation, const std::string& contents) {
@@ -111,7 +141,10 @@ void DurableKeeper::Copy(std::shared_ptr<const ptc::GenerationManifest> generati
       ptc::MutexLock lock(&mu_);
       error_.clear();
     }
-    if (*complete) Complete(generation->generation, contents);
+    if (*complete) {
+      Complete(generation->generation, contents);
+      RecordJob(*generation, contents);
+    }
     std::fprintf(stderr, "ptcfs: worker %d: its share of generation %llu is in the durable tier %s (%.1f s)%s\n",
                  worker_, static_cast<unsigned long long>(generation->generation), tier_.name.c_str(), seconds,
                  *complete ? "; the copy is complete" : "");

@@ -55,6 +55,13 @@ class DurableKeeper {
 
  private:
   void Copy(std::shared_ptr<const ptc::GenerationManifest> generation, std::string contents);
+  // Whether this worker writes the tier's job record (durable_restore.h,
+  // kJobRecord) of `generation`: the lowest worker holding a piece of it.
+  bool Records(const ptc::GenerationManifest& generation) const;
+  // Writes the record of `generation`, whose `contents` the tier's copy
+  // holds, once per generation (the round's thread; an error to stderr:
+  // the record is an aid to a restore, the copy stands without it).
+  void RecordJob(const ptc::GenerationManifest& generation, const std::string& contents);
 
   // The tier's Env: the bucket's, or the store's for a directory.
   ptc::Env* tier_env() const { return tier_.env ? tier_.env.get() : env_; }
@@ -76,6 +83,7 @@ class DurableKeeper {
   std::string complete_contents_ GUARDED_BY(mu_);
   std::string error_ GUARDED_BY(mu_);  // why the last copy failed; empty once one succeeds
   std::atomic<uint64_t> complete_{0};
+  std::atomic<uint64_t> recorded_{0};  // the generation of the job record last written
   std::atomic<bool> busy_{false};     // a round (a look at the tier, maybe a copy) runs on thread_
   std::atomic<bool> copying_{false};
   std::atomic<bool> failed_{false};  // the last copy failed (not stopped): Look makes it again

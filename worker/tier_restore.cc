@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "cluster/durable_restore.h"
 #include "cluster/keys.h"
@@ -10,30 +11,36 @@
 
 namespace ptcfs::worker {
 
-ptc::Result<bool> RestoreFromTier(const WorkerOptions& o, const ptc::cluster::KvStore& kv,
+ptc::Result<std::optional<TierRestore>> RestoreFromTier(const WorkerOptions& o, const ptc::cluster::KvStore& kv,
                                   const ptc::cluster::Coordinator& coordinator,
                                   const std::optional<ptc::cluster::Committed>& job, ptc::Store& store) {
   namespace cl = ptc::cluster;
-  if (store.has_generation() || o.durable.empty()) return false;
+  if (store.has_generation() || o.durable.empty()) return std::nullopt;
+  std::string resume;
+  std::vector<cl::Member> live;
+  if (job) {
+    PTC_ASSIGN_OR_RETURN(live, cl::ListMembers(kv, o.job));
+  }
   auto copy = cl::ReadDurableCopy(o.durable, o.job);
-  if (!copy.ok() && copy.status().code() == ptc::Code::kNotFound) return false;
+  // No copy, or the tier away while live workers serve the job: catching up says what is wrong.
+  if (!copy.ok() && (copy.status().code() == ptc::Code::kNotFound || !live.empty())) return std::nullopt;
   PTC_RETURN_IF_ERROR(copy.status());
   uint64_t generation = copy->manifest.generation + 1;
   std::optional<std::string> replace;  // the lost job's committed value
   if (job) {
-    if (job->contents != copy->id.contents) return false;  // an older copy: catching up says why
+    if (job->contents != copy->id.contents) return std::nullopt;  // an older copy: catching up says why
     PTC_ASSIGN_OR_RETURN(ptc::GenerationManifest again, cl::RestoredManifest(copy->manifest, job->generation));
     const bool restored_already =
         again.config == job->config && cl::PiecesDigest(again.config, again.shards) == job->digest;
     if (restored_already) {
       generation = job->generation;
     } else {
-      PTC_ASSIGN_OR_RETURN(std::vector<cl::Member> live, cl::ListMembers(kv, o.job));
-      if (!live.empty()) return false;  // a live worker serves the job: catch up from it
+      if (!live.empty()) return std::nullopt;  // a live worker serves the job: catch up from it
       PTC_ASSIGN_OR_RETURN(std::optional<cl::KeyValue> value, kv.Get(cl::CommittedKey(o.job)));
-      if (!value) return false;
+      if (!value) return std::nullopt;
       replace = value->value;
       generation = job->generation + 1;
+      resume = job->config;
     }
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -49,7 +56,9 @@ ptc::Result<bool> RestoreFromTier(const WorkerOptions& o, const ptc::cluster::Kv
                static_cast<unsigned long long>(bytes),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   PTC_RETURN_IF_ERROR(coordinator.Join(store.current(), copy->id.contents, replace));
-  return true;
+  if (resume.empty() && copy->latest) resume = copy->latest->config;
+  if (resume == restored.config) resume.clear();
+  return TierRestore{generation, resume};
 }
 
 }  // namespace ptcfs::worker

@@ -6,7 +6,9 @@
 // Thread safety: once, before the store is shared.
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <string>
 
 #include "cluster/coordinator.h"
 #include "cluster/job_state.h"
@@ -17,6 +19,14 @@
 
 namespace ptcfs::worker {
 
+// What a restore did.
+struct TierRestore {
+  uint64_t generation = 0;  // restored, in the copy's layout
+  // The layout the job had moved to after the copy (same contents): etcd's
+  // lost committed config, else the tier's job record; empty when the copy's.
+  std::string resume_config;
+};
+
 // When `store` holds no generation, the job has a durable tier holding a copy
 // of it, and no live worker can give the store the job's generation:
 //   - etcd holds nothing of the job (it was lost too): the copy is restored
@@ -26,12 +36,14 @@ namespace ptcfs::worker {
 //   - the job's committed generation, of the copy's contents, has no live
 //     worker left: the copy is restored as committed+1, which replaces it.
 // The store is then joined to the job (Coordinator::Join, the copy's
-// contents kept: the tier's copy serves the restored job). True when it
-// restored and joined; false when the store is to catch up or join as usual.
-// \error as ReadDurableCopy (but NotFound: false), RestoredManifest,
-//        RestoreShare, Coordinator::Join, the KvStore.
-ptc::Result<bool> RestoreFromTier(const WorkerOptions& options, const ptc::cluster::KvStore& kv,
-                                  const ptc::cluster::Coordinator& coordinator,
-                                  const std::optional<ptc::cluster::Committed>& job, ptc::Store& store);
+// contents kept: the tier's copy serves the restored job). Nullopt when the
+// store is to catch up or join as usual.
+// \error as ReadDurableCopy (but NotFound, or any while a worker is live:
+//        nullopt), RestoredManifest, RestoreShare, Coordinator::Join, the KvStore.
+ptc::Result<std::optional<TierRestore>> RestoreFromTier(const WorkerOptions& options,
+                                                        const ptc::cluster::KvStore& kv,
+                                                        const ptc::cluster::Coordinator& coordinator,
+                                                        const std::optional<ptc::cluster::Committed>& job,
+                                                        ptc::Store& store);
 
 }  // namespace ptcfs::worker

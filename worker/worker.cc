@@ -36,8 +36,10 @@ ptc::Result<std::unique_ptr<Worker>> Worker::Prepare(WorkerOptions options, std:
   // A worker that was away while the job moved on takes the committed generation from a peer first.
   PTC_ASSIGN_OR_RETURN(std::optional<ptc::cluster::Committed> job, w->coordinator_->GetCommitted());
   // Every worker lost (their disks too): the job comes back from its durable tier.
-  PTC_ASSIGN_OR_RETURN(const bool restored, RestoreFromTier(o, *w->kv_, *w->coordinator_, job, s));
+  PTC_ASSIGN_OR_RETURN(const std::optional<TierRestore> restored, RestoreFromTier(o, *w->kv_, *w->coordinator_, job, s));
   if (restored) {
+    w->restored_ = restored->generation;
+    w->resume_config_ = restored->resume_config;
     w->env_->SetManifests({s.CurrentSnapshot()});
     return w;
   }
@@ -57,6 +59,7 @@ ptc::Result<std::unique_ptr<Worker>> Worker::Prepare(WorkerOptions options, std:
 
 ptc::Result<std::shared_ptr<void>> Worker::Attach(Filesystem& fs) {
   auto agent = std::make_shared<Agent>(&fs, options_, kv_.get(), coordinator_.get(), env_.get());
+  if (!resume_config_.empty()) agent->ResumeLayout(restored_, resume_config_);
   PTC_RETURN_IF_ERROR(agent->Start());
   return std::shared_ptr<void>(agent);
 }

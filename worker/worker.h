@@ -48,6 +48,8 @@ class Worker {
   const std::unique_ptr<ptc::cluster::KvStore> kv_;
   std::unique_ptr<ptc::cluster::Coordinator> coordinator_;
   std::unique_ptr<ptc::cluster::PeerEnv> env_;
+  uint64_t restored_ = 0;       // the generation restored from the durable tier (tier_restore.h); 0: none
+  std::string resume_config_;   // the layout its agent then moves the job to; empty: none
 };
 
 }  // namespace ptcfs::worker

@@ -23,7 +23,8 @@ class HttpTransport final : public Transport {
     // reads of up to 1 MiB (http_get.h; cpp-httplib reads 4 KiB at a time).
     // (HttpGet names the host as HOST:PORT, as the signature does for a port
     // other than 80.)
-    if (request.method == "GET" && request.into != nullptr && endpoint_.scheme == "http" && endpoint_.port != 80) {
+    if (request.method == "GET" && (request.into != nullptr || request.sink) && endpoint_.scheme == "http" &&
+        endpoint_.port != 80) {
       return Get(request);
     }
     std::unique_ptr<httplib::Client> cli = Take();
@@ -49,6 +50,12 @@ class HttpTransport final : public Transport {
       return true;
     };
     req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      if (request.sink && out.status / 100 == 2) {
+        too_long = out.received + n > request.capacity;
+        if (too_long || !request.sink(out.received, data, n)) return false;
+        out.received += n;
+        return true;
+      }
       if (request.into != nullptr && out.status / 100 == 2) {
         too_long = out.received + n > request.capacity;
         if (too_long) return false;
@@ -103,7 +110,11 @@ class HttpTransport final : public Transport {
           }
           too_long = out.received + n > request.capacity;
           if (too_long) return false;
-          if (data != request.into + out.received) std::copy(data, data + n, request.into + out.received);
+          if (request.sink) {
+            if (!request.sink(out.received, data, n)) return false;
+          } else if (data != request.into + out.received) {
+            std::copy(data, data + n, request.into + out.received);
+          }
           out.received += n;
           return true;
         });

@@ -118,6 +118,7 @@ HttpRequest S3Client::Sign(const Call& call) const {
   r.body = call.body;
   r.into = call.into;
   r.capacity = call.capacity;
+  r.sink = call.sink;
   return r;
 }
 
@@ -150,6 +151,26 @@ Status S3Client::GetRange(const std::string& bucket, const std::string& key, uin
   if (r.received != n) {
     return CorruptionError(Name(bucket, key) + ": bytes " + std::to_string(offset) + "+" + std::to_string(n) +
                            " asked, " + std::to_string(r.received) + " came (the object is shorter)");
+  }
+  return Status::OK();
+}
+
+Status S3Client::GetRangeTo(const std::string& bucket, const std::string& key, uint64_t offset, uint64_t n,
+                            const std::function<Status(uint64_t, const char*, size_t)>& sink) const {
+  if (n == 0) return Status::OK();
+  Call c{"GET", bucket, key, {}, {{"range", "bytes=" + std::to_string(offset) + "-" + std::to_string(offset + n - 1)}}};
+  Status failed;  // the sink's: no retry
+  c.capacity = n;
+  c.sink = [&](uint64_t at, const char* data, size_t k) {
+    if (failed.ok()) failed = sink(at, data, k);
+    return failed.ok();
+  };
+  Result<HttpResponse> r = Send(c);
+  PTC_RETURN_IF_ERROR(failed);
+  PTC_RETURN_IF_ERROR(r.status());
+  if (r->received != n) {
+    return CorruptionError(Name(bucket, key) + ": bytes " + std::to_string(offset) + "+" + std::to_string(n) +
+                           " asked, " + std::to_string(r->received) + " came (the object is shorter)");
   }
   return Status::OK();
 }

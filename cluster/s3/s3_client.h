@@ -41,6 +41,13 @@ class S3Client {
   // Bytes [offset, offset + n) of the object into dst (a ranged GET).
   // \error Corruption when the object is shorter.
   Status GetRange(const std::string& bucket, const std::string& key, uint64_t offset, uint64_t n, char* dst) const;
+  // The same given to `sink` as the bytes arrive, in pieces of at most 1 MiB
+  // (`at`: their offset from `offset`), through no buffer of the caller's; a
+  // request tried again gives them again from the start. `sink`'s error ends
+  // the read.
+  // \error Corruption when the object is shorter; `sink`'s error.
+  Status GetRangeTo(const std::string& bucket, const std::string& key, uint64_t offset, uint64_t n,
+                    const std::function<Status(uint64_t at, const char* data, size_t n)>& sink) const;
   // A whole object of at most kMaxBodyBytes.
   Result<std::string> Get(const std::string& bucket, const std::string& key) const;
   // The object's size; nullopt when there is none.
@@ -74,6 +81,7 @@ class S3Client {
     std::string_view body;
     char* into = nullptr;
     uint64_t capacity = 0;
+    std::function<bool(uint64_t, const char*, size_t)> sink;
   };
   // Signs and sends `call`, retrying transient failures; a 2xx answer, or
   // the error for the last.

@@ -19,6 +19,7 @@
 // Thread safety: as Env.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -31,6 +32,13 @@ struct S3EnvOptions {
   uint64_t part_bytes = 16 << 20;  // at least 5 MiB (S3's least part but the last)
   int parallel = 4;                // parts of one file uploaded at once
 };
+
+// Bytes [offset, offset + n) of `file`, opened by an S3Env, given to `sink`
+// as they arrive (S3Client::GetRangeTo: no buffer of the caller's, so one
+// request can be long).
+// \error Unimplemented for a file of another Env; as GetRangeTo.
+Status StreamRange(const RandomAccessFile& file, uint64_t offset, uint64_t n,
+                   const std::function<Status(uint64_t at, const char* data, size_t n)>& sink);
 
 std::unique_ptr<Env> NewS3Env(std::shared_ptr<const S3Client> client, std::string bucket, S3EnvOptions options = {});
 

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,6 +29,11 @@ struct HttpRequest {
   // `capacity` bytes: more is an error); else into HttpResponse::body.
   char* into = nullptr;
   uint64_t capacity = 0;
+  // Else, when set, a successful answer's body is given to `sink` as it
+  // arrives, in pieces of at most 1 MiB (`at`: their offset in the body;
+  // at most `capacity` bytes), nothing held beside it; false stops the
+  // transfer (an error).
+  std::function<bool(uint64_t at, const char* data, size_t n)> sink;
 };
 
 struct HttpResponse {

@@ -23,9 +23,10 @@ each worker's namespace through its mount, `--format megatron`), its own prefix:
      "behind" with the reason; the bucket (the workers kept away from it by
      the relay) still names the older complete copy alone
   radosgw back: the newest save's copy completes, the older one is removed
-  a relayout; then every worker stopped, its store wiped, etcd's data wiped:
-     the three start on empty disks, restore the bucket's copy by themselves
-     (equal to torch's files), are reconfigured back and save again
+  a relayout (the tier's job record names it); then every worker stopped, its
+     store wiped, etcd's data wiped: the three start on empty disks, restore
+     the bucket's copy by themselves and go back to the last layout (equal to
+     torch's files), and save again
 
 Usage: s3_durable_test.py PTCFS   (root; exit 77 = skipped, never under CI=true)
        PTCFS_S3_ONLY_MEGATRON=1 runs phase 2 alone (a developer's shortcut)
@@ -118,11 +119,12 @@ def bucket_get(path):
 
 
 def bucket_listing(prefix):
-    """(keys, common prefixes) directly under PREFIX/ in the bucket (curl's SigV4)."""
+    """(keys, common prefixes) directly under PREFIX/ in the bucket (curl's SigV4), the tier's
+    job record (job.json: the job's latest generation the copy serves) left out."""
     listing = bucket_get("?delimiter=%%2F&list-type=2&prefix=%s%%2F" % prefix)
     keys = re.findall(r"<Key>([^<]*)</Key>", listing)
     prefixes = re.findall(r"<CommonPrefixes><Prefix>([^<]*)</Prefix></CommonPrefixes>", listing)
-    return [k[len(prefix) + 1:] for k in keys], [p[len(prefix) + 1:] for p in prefixes]
+    return [k[len(prefix) + 1:] for k in keys if k != prefix + "/job.json"], [p[len(prefix) + 1:] for p in prefixes]
 
 
 def copy_complete(url, token, durable):
@@ -225,8 +227,11 @@ def megatron_phase(ns, etcd, tmp, ceph_dir, relay, token):
         # 3. A Megatron save through the mounts leaves a complete copy that import reads back bit for bit.
         mirror = job.save(200, [0, 1], 0)
         job.expect(2, mirror, 200, (2, 2), (2, 2), on_first, "200")
-        contents, gen_dir = wait_for("the save's copy in the bucket", lambda: job.copy_in_bucket(prefix), 90, poll=1,
-                                     mnts=job.mnts)
+        contents, gen_dir = wait_for("the save's copy in the bucket", lambda: (lambda c: c and c[1] == "gen-000002/" and c)(
+            job.copy_in_bucket(prefix)), 90, poll=1, mnts=job.mnts)
+        for w in range(WORKERS):
+            wait_for("worker %d's copy complete" % w, lambda: job.durable_states()[w]["copy"] == "complete", 30,
+                     mnts=job.mnts)
         back = os.path.join(tmp, "mega-back")
         subprocess.run([PTCFS, "import", durable, back], check=True, capture_output=True,
                        env=dict(os.environ, AWS_ENDPOINT_URL=os.environ["PTCFS_S3_DIRECT"]))
@@ -272,6 +277,10 @@ def megatron_phase(ns, etcd, tmp, ceph_dir, relay, token):
         before = status(job.mnts[0])["config"]  # the layout of the copy's day
         reconfigure(job.mnts[0], later)
         job.expect(5, mirror, 400, (2, 2), (1, 2), on_later, "400-later")
+        status_config = status(job.mnts[0])["config"]
+        wait_for("the tier's job record of generation 5", lambda: json.loads(bucket_get("/%s/job.json" % prefix)) == {
+            "job": MEGA_JOB, "generation": 5, "config": status_config, "contents": newer[0]}, 30, poll=0.5,
+            mnts=job.mnts)
         for w in range(WORKERS):
             wait_for("worker %d's copy complete" % w, lambda: job.durable_states()[w]["copy"] == "complete", 30,
                      mnts=job.mnts)
@@ -284,13 +293,16 @@ def megatron_phase(ns, etcd, tmp, ceph_dir, relay, token):
             os.makedirs(store)
         t0 = time.time()
         job.start()
-        restored = status(job.mnts[0])
-        assert restored["config"] == before and restored["generation"] == 5, restored
-        job.expect(5, mirror, 400, (2, 2), (2, 2), on_first, "restored")
-        print("ok   every worker back on an empty disk, etcd empty: generation 5 restored from the bucket alone "
-              "in %.1f s (%s), equal to torch's own files" % (time.time() - t0, restored["config"]))
-        reconfigure(job.mnts[1], later)
+        for w in range(WORKERS):  # each restored the copy's generation 4 as 5, in its layout
+            with open(os.path.join(tmp, "worker%d.log" % w)) as f:
+                assert re.search(r"worker %d: restored generation 5 of job %s from the durable tier %s \(%s, the copy "
+                                 r"of generation 4" % (w, MEGA_JOB, re.escape(durable), re.escape(before)),
+                                 f.read()), "worker %d's log" % w
+        # The job goes back to the layout it had (the tier's job record) on its own: generation 6.
         job.expect(6, mirror, 400, (2, 2), (1, 2), on_later, "restored-later")
+        assert status(job.mnts[0])["config"] == status_config, status(job.mnts[0])
+        print("ok   every worker back on an empty disk, etcd empty: restored from the bucket alone and back in "
+              "its last layout %s after %.1f s, equal to torch's own files" % (status_config, time.time() - t0))
         for w in range(WORKERS):
             wait_for("worker %d's copy complete" % w, lambda: job.durable_states()[w]["copy"] == "complete", 30,
                      mnts=job.mnts)
@@ -298,7 +310,7 @@ def megatron_phase(ns, etcd, tmp, ceph_dir, relay, token):
         job.expect(7, mirror, 500, (1, 2), (1, 2), on_later, "500")
         wait_for("the restored job's save in the bucket", lambda: (lambda c: c and c[0] != newer[0] and c)(
             job.copy_in_bucket(prefix)), 90, poll=1, mnts=job.mnts)
-        print("ok   the restored job reconfigured to %s and saved again; its copy complete in the bucket" % later)
+        print("ok   the restored job saved again; its copy complete in the bucket")
     finally:
         stop(job.daemons, job.mnts)
 
