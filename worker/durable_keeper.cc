@@ -39,15 +39,17 @@ void DurableKeeper::Look() {
     known = complete_contents_ == contents;
   }
   if (known) {  // a change of layout: the copy serves the new generation too
-    Complete(current->generation, contents);
-    if (Records(*current)) {
-      if (thread_.joinable()) thread_.join();
-      busy_ = true;
-      thread_ = std::thread([this, current, contents] {
-        RecordJob(*current, contents);
-        busy_ = false;
-      });
+    if (!Records(*current)) {
+      Complete(current->generation, contents);
+      return;
     }
+    if (thread_.joinable()) thread_.join();
+    busy_ = true;
+    thread_ = std::thread([this, current, contents] {
+      RecordJob(*current, contents);  // first: once the status says complete, the tier's records are
+      Complete(current->generation, contents);
+      busy_ = false;
+    });
     return;
   }
   next_look_ = now + kLookEvery;
@@ -64,8 +66,8 @@ void DurableKeeper::Look() {
   busy_ = true;
   thread_ = std::thread([this, current, contents, copy] {
     if (ptc::cluster::LoadDurable(tier_env(), tier_.dir, {job_, contents}, current->tensors).ok()) {
-      Complete(current->generation, contents);
       RecordJob(*current, contents);
+      Complete(current->generation, contents);
     } else if (copy) {
       copying_ = true;
       Copy(current, contents);
@@ -142,8 +144,8 @@ void DurableKeeper::Copy(std::shared_ptr<const ptc::GenerationManifest> generati
       error_.clear();
     }
     if (*complete) {
-      Complete(generation->generation, contents);
       RecordJob(*generation, contents);
+      Complete(generation->generation, contents);
     }
     std::fprintf(stderr, "ptcfs: worker %d: its share of generation %llu is in the durable tier %s (%.1f s)%s\n",
                  worker_, static_cast<unsigned long long>(generation->generation), tier_.name.c_str(), seconds,
