@@ -170,6 +170,21 @@ class PeerDataPlane : public ::testing::Test {
     return {res->status, res->body};
   }
 
+  // A piece of `data` at `offset` in a new file `name` beside the largest
+  // shard's, which no manifest names yet.
+  ShardRecord NewPiece(const std::string& name, const std::string& data, uint64_t offset) {
+    ShardRecord piece = *big_;
+    piece.file = DirName(big_->file) + "/" + name;
+    testing::Spit(tmp_ / ("store/" + piece.file), std::string(offset, 'h') + data);
+    ShardHasher hasher;
+    hasher.Update(data.data(), data.size());
+    piece.offset = offset;
+    piece.nbytes = data.size();
+    piece.checksum = hasher.Finish().checksum;
+    piece.block_checksums.clear();
+    return piece;
+  }
+
   TempDir tmp_;
   ModelSpec spec_;
   std::unique_ptr<Store> store_;
@@ -393,17 +408,8 @@ TEST_F(PeerDataPlane, ConcurrentClients) {
 
 TEST_F(PeerDataPlane, ServesKeptGenerations) {
   // A piece that only a kept generation (99) names.
-  const std::string rel = DirName(big_->file) + "/kept.bin";
   const std::string data = testing::Pattern(3, DType::kU8, 5000);
-  testing::Spit(tmp_ / ("store/" + rel), std::string(100, 'h') + data);
-  ShardHasher hasher;
-  hasher.Update(data.data(), data.size());
-  ShardRecord kept = *big_;
-  kept.file = rel;
-  kept.offset = 100;
-  kept.nbytes = data.size();
-  kept.checksum = hasher.Finish().checksum;
-  kept.block_checksums.clear();
+  const ShardRecord kept = NewPiece("kept.bin", data, 100);
   auto m = std::make_shared<GenerationManifest>();
   m->generation = 99;
   m->shards = {kept};
@@ -427,17 +433,8 @@ TEST_F(PeerDataPlane, ServesKeptGenerations) {
 // generation the part is not looked at any more, and another part of the same
 // generation (an aborted change's, then the next) replaces it.
 TEST_F(PeerDataPlane, ServesItsPartBeforeItCommits) {
-  const std::string rel = DirName(big_->file) + "/part.bin";
   const std::string data = testing::Pattern(4, DType::kU8, 3000);
-  testing::Spit(tmp_ / ("store/" + rel), data);
-  ShardHasher hasher;
-  hasher.Update(data.data(), data.size());
-  ShardRecord piece = *big_;
-  piece.file = rel;
-  piece.offset = 0;
-  piece.nbytes = data.size();
-  piece.checksum = hasher.Finish().checksum;
-  piece.block_checksums.clear();
+  const ShardRecord piece = NewPiece("part.bin", data, 0);
   const uint64_t g = store_->current().generation;
   auto part = [&](uint64_t generation, std::vector<ShardRecord> shards) {
     auto m = std::make_shared<GenerationManifest>();
