@@ -128,8 +128,7 @@ struct PeerServer::Impl {
   std::vector<std::shared_ptr<const GenerationManifest>> kept GUARDED_BY(mu);
   std::shared_ptr<const GenerationManifest> part GUARDED_BY(mu);
   std::shared_ptr<const ServedFiles> served GUARDED_BY(mu);
-  std::vector<const GenerationManifest*> served_from GUARDED_BY(mu);
-  std::vector<std::shared_ptr<const GenerationManifest>> served_manifests GUARDED_BY(mu);
+  std::vector<std::shared_ptr<const GenerationManifest>> served_from GUARDED_BY(mu);  // what `served` indexes
   std::map<std::string, std::shared_ptr<const std::string>> published GUARDED_BY(mu);
 
   Mutex stop_mu;
@@ -149,16 +148,12 @@ std::vector<std::shared_ptr<const GenerationManifest>> PeerServer::Impl::Generat
 std::shared_ptr<const ServedFiles> PeerServer::Impl::Served() {
   const std::vector<std::shared_ptr<const GenerationManifest>> all = Generations();
   MutexLock lock(&mu);
-  // Keyed by the manifests themselves: a generation's number may name another
-  // manifest than before (a part, then the generation committed; an aborted change's).
-  std::vector<const GenerationManifest*> key;
-  for (const auto& m : all) {
-    if (m != nullptr) key.push_back(m.get());
-  }
-  if (served == nullptr || served_from != key) {
+  // Keyed by the manifests themselves (held, so no address is reused): a generation's
+  // number may name another manifest than before (a part, then the generation
+  // committed; an aborted change's part, then the next's).
+  if (served == nullptr || served_from != all) {
     served = std::make_shared<const ServedFiles>(all, options.worker);
-    served_from = std::move(key);
-    served_manifests = all;  // the key's pointers stay those of live manifests
+    served_from = all;
   }
   return served;
 }
