@@ -227,17 +227,14 @@ def optim_loader(rank, world, port, tp, pp, root, legacy, errors, tweaked):
     dist.destroy_process_group()
 
 
-def optim_saver(rank, world, port, tp, pp, root, legacy, iteration):
-    init(rank, world, port)
-    from megatron.core import dist_checkpointing, parallel_state
+def save_with_optimizer(rank, model, optimizer, root, iteration, make_dir):
+    """Model and optimizer saved as Megatron-LM saves torch_dist: ROOT/iter_ITER/ (made by this
+    rank when make_dir), every rank's shards, then rank 0's tracker."""
+    from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.strategies import filesystem_async
     filesystem_async._results_queue = queue.Queue()  # as in saver
-    model, optimizer = bf16_model(tp, pp)
-    legacy_load(model, optimizer, legacy, parallel_state.get_tensor_model_parallel_rank(),
-                parallel_state.get_pipeline_model_parallel_rank(), pp)
-    tweak(optimizer)
     ckpt = pathlib.Path(root) / f"iter_{iteration:07d}"
-    if rank == 0 or port is None:  # port None: each rank on its own host's mount
+    if make_dir:
         ckpt.mkdir()
     dist.barrier()
     model_sd = model.sharded_state_dict()
@@ -248,6 +245,17 @@ def optim_saver(rank, world, port, tp, pp, root, legacy, iteration):
     if rank == 0:
         (pathlib.Path(root) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
     dist.barrier()
+
+
+def optim_saver(rank, world, port, tp, pp, root, legacy, iteration):
+    init(rank, world, port)
+    from megatron.core import parallel_state
+    model, optimizer = bf16_model(tp, pp)
+    legacy_load(model, optimizer, legacy, parallel_state.get_tensor_model_parallel_rank(),
+                parallel_state.get_pipeline_model_parallel_rank(), pp)
+    tweak(optimizer)
+    # port None: each rank on its own host's mount
+    save_with_optimizer(rank, model, optimizer, root, iteration, make_dir=rank == 0 or port is None)
     dist.destroy_process_group()
 
 

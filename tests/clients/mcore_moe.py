@@ -391,26 +391,11 @@ def optim_saver(rank, world, tp, ep, pp, root, legacy, iteration):
     os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.cuda.synchronize = lambda *a, **k: None
-    import queue
     import mcore_dist
-    from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-    filesystem_async._results_queue = queue.Queue()  # the save runs synchronously (as mcore_dist.py's)
     model, optimizer = bf16_moe(tp, ep, pp)
     legacy_optim_load(model, optimizer, legacy, tp, ep, pp)
     mcore_dist.tweak(optimizer)
-    ckpt = pathlib.Path(root) / f"iter_{iteration:07d}"
-    if rank == 0:
-        ckpt.mkdir()
-    dist.barrier()
-    model_sd = model.sharded_state_dict()
-    state = {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd), "iteration": iteration,
-             "checkpoint_version": 3.0}
-    dist_checkpointing.save(state, str(ckpt))
-    dist.barrier()
-    if rank == 0:
-        (pathlib.Path(root) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
-    dist.barrier()
+    mcore_dist.save_with_optimizer(rank, model, optimizer, root, iteration, make_dir=rank == 0)
     dist.destroy_process_group()
 
 
