@@ -12,11 +12,11 @@ target=()
 [ "$#" -gt 0 ] && target=(--target "$@")
 case "$kind" in
   release) dir=build; flags=(-DCMAKE_BUILD_TYPE=Release) ;;
-  asan) dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPTCFS_SANITIZE=ON) ;;
+  asan) dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPTCFS_SANITIZE=ON -DPTCFS_SHARED_LAYERS=ON) ;;
   tsan)
     dir=build-tsan
     flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPTCFS_TSAN=ON -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
-           -DPTCFS_THREAD_SAFETY=ON)
+           -DPTCFS_THREAD_SAFETY=ON -DPTCFS_SHARED_LAYERS=ON)
     [ "$#" -gt 0 ] || target=(--target ptcfs env_test virtual_file_test transform_test mount_test store_lock_test filesystem_test
             cluster_peer_test cluster_etcd_test cluster_slowloris_test switch_cpu_test worker_agent_test cluster_kv_test)
     ;;

@@ -7,7 +7,7 @@ SUDO=""
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libhdf5-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libgtest-dev libfuse3-dev fuse3
-  python3 python3-venv zlib1g-dev libdeflate-dev libcpp-httplib-dev libjemalloc-dev libssl-dev
+  python3 python3-venv zlib1g-dev libdeflate-dev libcpp-httplib-dev libjemalloc-dev libssl-dev mold
 )
 # What only the tests need: clang (the ThreadSanitizer build), Debian's Python clients (numpy,
 # h5py, torch, yaml for docker/check.sh), etcd for the cluster suites, a single-node Ceph's
