@@ -223,11 +223,11 @@ Status KeepTensors(const RandomAccessFile& file, const TorchFile& tf, const std:
 }
 
 // One rank's 'rng_state' with its tensors' bytes.
-Result<megatron::RankRng> KeepRng(const RandomAccessFile& file, const TorchFile& tf, int tp, int pp,
+Result<megatron::RankRng> KeepRng(const RandomAccessFile& file, const TorchFile& tf, int tp, int pp, int ep,
                                   const std::string& what) {
   const pickle::Value* rng = tf.root.Find("rng_state");
   if (rng == nullptr) return InvalidArgumentError(what + ": rng_state: missing (the first rank's file has one)");
-  megatron::RankRng out{tp, pp, *rng, {}};
+  megatron::RankRng out{tp, pp, ep, *rng, {}};
   PTC_RETURN_IF_ERROR(KeepTensors(file, tf, "r", what + ": rng_state", &out.value, &out.tensors));
   return out;
 }
@@ -324,9 +324,9 @@ Result<KeptRank> KeepRank(const RandomAccessFile& file, const TorchFile& tf, con
     kept.carried.Erase("rng_state");
     PTC_RETURN_IF_ERROR(KeepTensors(file, tf, "c", path, &kept.carried, &kept.tensors));
   }
-  // The rng_state of ep rank 0's files (kept per (tp, pp); docs/megatron_format.md).
-  if (ep == 0 && tf.root.Find("rng_state") != nullptr) {
-    PTC_ASSIGN_OR_RETURN(kept.rng.emplace_back(), KeepRng(file, tf, tp, pp, path));
+  // Every file's rng_state (kept per (tp, pp, ep); docs/megatron_format.md).
+  if (tf.root.Find("rng_state") != nullptr) {
+    PTC_ASSIGN_OR_RETURN(kept.rng.emplace_back(), KeepRng(file, tf, tp, pp, ep, path));
   }
   const std::optional<int> rank = megatron::LegacySaveRank(config, tp, pp, ep);
   if (!rank) return InvalidArgumentError(path + ": no rank of config " + config.ToString() + " saves this file");
@@ -358,7 +358,7 @@ void NumberExtra(size_t entry, megatron::ExtraEntry* e) {
 }  // namespace
 
 Result<megatron::MegatronState> FoldRanks(uint64_t iteration, int tp, int pp, std::vector<KeptRank> ranks, int ep) {
-  // ep rank 0's files first (their rng_state and extra entries are kept), each in (pp, tp) order.
+  // ep rank 0's files first (their extra entries are kept first), each in (pp, tp) order.
   auto order = [](const KeptRank& r) { return std::tie(r.ep, r.pp, r.tp); };
   std::sort(ranks.begin(), ranks.end(), [&](const KeptRank& a, const KeptRank& b) { return order(a) < order(b); });
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -381,6 +381,7 @@ Result<megatron::MegatronState> FoldRanks(uint64_t iteration, int tp, int pp, st
   if (per_rank_rng) {
     state.rng_tp = tp;
     state.rng_pp = pp;
+    state.rng_ep = ep;
   }
   // An extra entry another pp rank of the same tp rank kept under the same
   // global name already is not kept again; a parameter's step is kept once
@@ -391,7 +392,7 @@ Result<megatron::MegatronState> FoldRanks(uint64_t iteration, int tp, int pp, st
     return a.value == b.value && (a.tensors.empty() || a.tensors[0].bytes == b.tensors[0].bytes);
   };
   for (KeptRank& r : ranks) {
-    if (per_rank_rng && r.ep == 0) {
+    if (per_rank_rng) {
       if (r.kept.rng.empty()) {
         return InvalidArgumentError(r.file + ": rng_state: missing (the first rank's file has one)");
       }
@@ -609,8 +610,8 @@ Result<MegatronSavePart> OpenMegatronSavePart(Env* env, const MegatronImportOpti
 nlohmann::json EncodeKeptRank(const KeptRank& rank) {
   megatron::MegatronState one = rank.kept;
   if (!one.rng.empty()) {
-    one.rng[0].tp = one.rng[0].pp = 0;
-    one.rng_tp = one.rng_pp = 1;
+    one.rng[0].tp = one.rng[0].pp = one.rng[0].ep = 0;
+    one.rng_tp = one.rng_pp = one.rng_ep = 1;
   }
   for (megatron::ExtraEntry& e : one.extra) e.tp = 0;
   if (!one.extra.empty()) one.extra_tp = 1;
@@ -644,9 +645,11 @@ Result<KeptRank> DecodeKeptRank(const nlohmann::json& j, const std::string& what
   for (megatron::RankRng& r : rank.kept.rng) {
     r.tp = rank.tp;
     r.pp = rank.pp;
+    r.ep = rank.ep;
   }
   for (megatron::ExtraEntry& e : rank.kept.extra) e.tp = rank.tp;
   rank.kept.rng_tp = rank.kept.rng_pp = rank.kept.extra_tp = 0;
+  rank.kept.rng_ep = 1;
   return rank;
 }
 
