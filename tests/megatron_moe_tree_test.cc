@@ -2,13 +2,17 @@
 // written here with torch's layout, imported (OpenMegatronCheckpoint, and a save's parts through
 // EncodeKeptRank / DecodeKeptRank / FoldRanks as a cluster job settles them) and rendered on
 // other grids: each (tp, pp, ep) rank's own rng_state (megatron-core seeds its expert-parallel
-// rng tracker per ep rank), bit for bit, and the record a rank new to the grid gets.
+// rng tracker per ep rank), bit for bit, and the record a rank new to the grid gets; TEGroupedMLP's
+// `_extra_state` (one per layer, matrix and ep rank) renumbered with its layer across pp changes
+// and given to each ep rank from the saved ep rank that held its first expert.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <tuple>
 
+#include "ptc/checkpoint/megatron/extra.h"
 #include "ptc/checkpoint/megatron/import.h"
 #include "ptc/format/torch_file.h"
 #include "test_util.h"
@@ -68,8 +72,8 @@ std::string Tag(int tp, int pp, int ep) {
   return "tp" + std::to_string(tp) + " pp" + std::to_string(pp) + " ep" + std::to_string(ep);
 }
 
-std::string RankPath(const ParallelConfig& c, int tp, int pp, int ep) {
-  return std::string(kDir) + "/" + IterationDirName(7) + "/" + RankDirName(tp, pp, c.pp, ep, c.ep) + "/" +
+std::string RankPath(const ParallelConfig& c, int tp, int pp, int ep, const std::string& dir = kDir) {
+  return dir + "/" + IterationDirName(7) + "/" + RankDirName(tp, pp, c.pp, ep, c.ep) + "/" +
          std::string(kRankFile);
 }
 
@@ -100,8 +104,13 @@ void WriteRank(Env* env, const std::string& path, const RankState& state) {
   ASSERT_TRUE((*out)->Close().ok());
 }
 
-// Writes the tree of `saved` (each rank file its own rng_state, tagged) into `env`.
-void WriteTree(Env* env, const ModelSpec& spec, const ParallelConfig& saved, NameSet names) {
+// A rank file's root before it is written (the rank's own state dict, its view, its ep rank).
+using EditRoot = std::function<void(const RankState&, int ep, Value* root)>;
+
+// Writes the tree of `saved` into `env` under `dir`: each rank file the state `from` renders, or
+// (without) its own rng_state, tagged; `edit` changes each root first.
+void WriteTree(Env* env, const ModelSpec& spec, const ParallelConfig& saved, NameSet names,
+               const std::string& dir = kDir, const MegatronState* from = nullptr, const EditRoot& edit = {}) {
   for (int pp = 0; pp < saved.pp; ++pp) {
     for (int ep = 0; ep < saved.ep; ++ep) {
       for (int tp = 0; tp < saved.tp; ++tp) {
@@ -110,13 +119,14 @@ void WriteTree(Env* env, const ModelSpec& spec, const ParallelConfig& saved, Nam
         state.carried.Set("args", Args(saved.tp, saved.pp, saved.ep));
         state.rng_tp = state.rng_pp = 1;
         state.rng.push_back(Rng(Tag(tp, pp, ep)));
-        auto rank = BuildRankState(spec, saved, view, state, names);
+        auto rank = BuildRankState(spec, saved, view, from != nullptr ? *from : state, names);
         ASSERT_TRUE(rank.ok()) << rank.status().ToString();
-        WriteRank(env, RankPath(saved, tp, pp, ep), *rank);
+        if (edit) edit(*rank, ep, &rank->root);
+        WriteRank(env, RankPath(saved, tp, pp, ep, dir), *rank);
       }
     }
   }
-  auto latest = env->OpenWrite(std::string(kDir) + "/" + std::string(kLatestFile));
+  auto latest = env->OpenWrite(dir + "/" + std::string(kLatestFile));
   ASSERT_TRUE(latest.ok());
   ASSERT_TRUE((*latest)->Append("7", 1).ok());
   ASSERT_TRUE((*latest)->Close().ok());
@@ -196,6 +206,105 @@ TEST(MegatronMoeTreeRng, EachEpRankKeepsItsOwnRngStateThroughImportAndRenders) {
   ASSERT_FALSE(refused.ok());
   EXPECT_TRUE(testing::Contains(refused.status().message(), "extra.megatron.rng: a 2 x 2 x 2 grid needs"))
       << refused.status().message();
+}
+
+// --- TEGroupedMLP's extra state ------------------------------------------------
+
+// The value a save gives a module's extra state: its global layer, its module, for the grouped
+// linears the saving ep rank (TE's FP8 metadata differs per rank), as TE's io.BytesIO would hold it.
+Value ExtraValue(int layer, const std::string& module, int ep) {
+  return Value::Bytes("layer " + std::to_string(layer) + " " + module + (ep >= 0 ? " ep " + std::to_string(ep) : ""));
+}
+
+// The global layer of the rank's local layer `local` (te names).
+int GlobalLayer(const RankView& view, int local) {
+  const std::string name = "decoder.layers." + std::to_string(local) + ".self_attention.linear_proj.weight";
+  for (const LocalTensor& t : view.model) {
+    if (t.name == name) return std::stoi(t.segments[0].tensor.substr(std::string("decoder.layers.").size()));
+  }
+  return -1;
+}
+
+// Puts the `_extra_state` entries of TEGroupedMLP's linear_fc1 and linear_fc2 (valued by
+// `ep_of_layer`'s saving ep rank) and of linear_proj into the model dict of `root`, right after
+// each module's last tensor, where torch's state_dict() puts them: written out here, not by ptcfs.
+void AddExtras(const RankView& view, const std::function<int(int layer)>& ep_of, Value* root) {
+  Value& model = *root->Find("model");
+  pickle::Pairs out;
+  const auto& pairs = model.pairs();
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    out.push_back(pairs[i]);
+    const std::string& key = pairs[i].first.as_str();
+    const std::string next = i + 1 < pairs.size() ? pairs[i + 1].first.as_str() : "";
+    const auto module = [](const std::string& k) { return k.substr(0, k.rfind('.')); };
+    if (module(key) == module(next) || !key.starts_with("decoder.layers.")) continue;
+    const int local = std::stoi(key.substr(std::string("decoder.layers.").size()));
+    const int layer = GlobalLayer(view, local);
+    for (const char* m : {"mlp.experts.linear_fc1", "mlp.experts.linear_fc2", "self_attention.linear_proj"}) {
+      const std::string mod = "decoder.layers." + std::to_string(local) + "." + m;
+      if (module(key) != mod) continue;
+      const bool grouped = std::string(m).starts_with("mlp.experts");
+      out.emplace_back(Value::Str(mod + "._extra_state"), ExtraValue(layer, m, grouped ? ep_of(layer) : -1));
+    }
+  }
+  model.pairs() = std::move(out);
+}
+
+// The model dict of `state` as "key=value" lines, extra values pickled (bit for bit).
+std::vector<std::string> ModelLines(const Value& root) {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : root.Find("model")->pairs()) {
+    out.push_back(k.as_str() + (IsExtraStateKey(k.as_str()) ? "=" + pickle::Pickle(v) : ""));
+  }
+  return out;
+}
+
+TEST(MegatronMoeTreeExtra, TeGroupedMlpExtraStateFollowsItsLayerAcrossPpAndItsExpertsAcrossEp) {
+  const ModelSpec spec = testing::Spec("llama", kDims, DType::kBF16, /*optimizer=*/false);
+  const std::unique_ptr<Env> env = NewMemEnv();
+  // Each layer's grouped linears as the saving ep rank e had them.
+  auto import = [&](const std::string& dir) {
+    auto source = OpenMegatronCheckpoint(env.get(), {dir, spec.schema, spec.dims, std::nullopt, std::nullopt});
+    EXPECT_TRUE(source.ok()) << source.status().ToString();
+    auto state = LoadMegatronState(source.ok() ? source->extra : nlohmann::json::object(), dir);
+    EXPECT_TRUE(state.ok()) << state.status().ToString();
+    return state.ok() ? *state : MegatronState{};
+  };
+  // Every rank of `target` renders the entries a save at ep=2 made: each layer's own (its local
+  // number on the rank's stage), the grouped linears' of the saved ep rank that held the rank's
+  // first expert (global expert ep*4/ep_target; saved ep rank 2 experts each).
+  auto check = [&](const MegatronState& state, const char* target) {
+    const ParallelConfig config = *ParseConfig(target);
+    for (int pp = 0; pp < config.pp; ++pp) {
+      for (int ep = 0; ep < config.ep; ++ep) {
+        SCOPED_TRACE(std::string(target) + " pp " + std::to_string(pp) + " ep " + std::to_string(ep));
+        const RankView view = *LayoutView(spec, config, *LegacySaveRank(config, 0, pp, ep));
+        auto got = BuildRankState(spec, config, view, state, NameSet::kTe);
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        RankState want = *BuildRankState(spec, config, view, MegatronState{}, NameSet::kTe);
+        const int saved_ep = ep * 4 / config.ep / 2;
+        AddExtras(*want.view, [&](int) { return saved_ep; }, &want.root);
+        EXPECT_EQ(ModelLines(got->root), ModelLines(want.root));
+      }
+    }
+  };
+  // pp=2, ep=2: layers 0-1 on stage 0, 2-3 on stage 1, each saved as local layers 0 and 1.
+  const ParallelConfig pp2 = *ParseConfig("tp=1,pp=2,dp=2,ep=2");
+  WriteTree(env.get(), spec, pp2, NameSet::kTe, "/pp2", nullptr, [&](const RankState& rank, int ep, Value* root) {
+    AddExtras(*rank.view, [&](int) { return ep; }, root);
+  });
+  const MegatronState from_pp2 = import("/pp2");
+  EXPECT_EQ(from_pp2.extra.size(), 4u * 2 * 2 + 4u);  // per layer: fc1 and fc2 of each ep rank, linear_proj once
+  check(from_pp2, "tp=1,pp=2,dp=2,ep=2");
+  check(from_pp2, "tp=1,pp=1,dp=2,ep=2");
+  // Rendered at pp=1, saved so, imported again, rendered at pp=4 (one layer a stage), and at
+  // ep=4 and ep=1.
+  WriteTree(env.get(), spec, *ParseConfig("tp=1,pp=1,dp=2,ep=2"), NameSet::kTe, "/pp1", &from_pp2);
+  const MegatronState from_pp1 = import("/pp1");
+  EXPECT_EQ(EncodeMegatronState(from_pp1)["extra_state"], EncodeMegatronState(from_pp2)["extra_state"]);
+  check(from_pp1, "tp=1,pp=4,dp=2,ep=2");
+  check(from_pp1, "tp=1,pp=4,dp=4,ep=4");
+  check(from_pp1, "tp=1,pp=1,dp=1,ep=1");
 }
 
 }  // namespace

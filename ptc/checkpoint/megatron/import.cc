@@ -383,10 +383,12 @@ Result<megatron::MegatronState> FoldRanks(uint64_t iteration, int tp, int pp, st
     state.rng_pp = pp;
     state.rng_ep = ep;
   }
-  // An extra entry another pp rank of the same tp rank kept under the same
-  // global name already is not kept again; a parameter's step is kept once
-  // (the first of its shards, which the others must equal).
-  std::set<std::pair<int, std::string>> extras_seen;
+  // An extra entry another pp or ep rank of the same tp rank kept under the
+  // same global name and anchor already is not kept again (a grouped
+  // linear's of each ep rank is: its anchor is that rank's first expert); a
+  // parameter's step is kept once (the first of its shards, which the others
+  // must equal).
+  std::set<std::tuple<int, std::string, std::string>> extras_seen;
   std::map<std::string, size_t> step_of;
   auto same = [](const megatron::StepValue& a, const megatron::StepValue& b) {
     return a.value == b.value && (a.tensors.empty() || a.tensors[0].bytes == b.tensors[0].bytes);
@@ -399,7 +401,7 @@ Result<megatron::MegatronState> FoldRanks(uint64_t iteration, int tp, int pp, st
       state.rng.push_back(std::move(r.kept.rng[0]));
     }
     for (megatron::ExtraEntry& e : r.kept.extra) {
-      if (!extras_seen.insert({e.tp, e.key}).second) continue;
+      if (!extras_seen.insert({e.tp, e.key, e.anchor}).second) continue;
       NumberExtra(state.extra.size(), &e);
       state.extra.push_back(std::move(e));
     }
