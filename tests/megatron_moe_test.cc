@@ -356,6 +356,36 @@ TEST(MegatronMoeOptimizer, TheExpertGroupsSettingsAreKeptAndRenderedBack) {
   EXPECT_TRUE(Contains(refused.status().message(), "optimizer.expert_groups")) << refused.status().message();
 }
 
+TEST(MegatronMoeOptimizer, ATorchDistCommonPartFromARankWithoutExpertsKeepsTheirGroupsSettings) {
+  // dist_checkpointing.save writes common.pt from rank 0; with a dense first stage (dense_first)
+  // its ChainedOptimizer's expert part is one group without parameters, whose settings
+  // megatron-core 0.16.1 makes from every rank's group keys (_get_param_groups: params []) and
+  // the scheduler steps like the others': they are the experts' group's, and are kept.
+  Value group = Value::Dict();
+  group.Set("params", Value::List());
+  group.Set("lr", Value::Float(7e-4));
+  group.Set("weight_decay", Value::Float(0.1));
+  group.Set("wd_mult", Value::Float(1.0));
+  group.Set("is_expert_parallel", Value::Bool(true));
+  MegatronState state;
+  state.iteration = 7;
+  std::vector<CarriedTensor> storages;
+  Value common = *McoreOptimizerCommon(state, /*masters=*/true, &storages, {0});
+  common.Find(Value::Int(1))->Find("optimizer")->Find("param_groups")->items() = {group};
+  auto read = [&](const pickle::Tensor& t) -> Result<std::string> {
+    for (const CarriedTensor& c : storages) {
+      if (c.key == t.storage_key) return c.bytes;
+    }
+    return NotFoundError(t.storage_key);
+  };
+  auto part = ReadMcoreOptimizerCommon(common, {"p"}, read, "common.pt");
+  ASSERT_TRUE(part.ok()) << part.status().ToString();
+  ASSERT_EQ(part->meta.expert_groups.items().size(), 2u);
+  EXPECT_EQ(part->meta.expert_groups.items()[0].Find("lr")->as_float(), 7e-4);
+  EXPECT_EQ(part->meta.expert_groups.items()[0].Find("params"), nullptr);
+  EXPECT_TRUE(part->meta.expert_groups.items()[1].is_none());
+}
+
 TEST(MegatronMoeOptimizer, AtEpOneTheExpertsShareTheDenseOptimizer) {
   // Megatron-Core's experts are expert-parallel (param.allreduce False) only with ep > 1.
   const ModelSpec spec = testing::Spec("llama", kMoeDims, DType::kF32, /*optimizer=*/true);

@@ -4,9 +4,11 @@
 // other grids: each (tp, pp, ep) rank's own rng_state (megatron-core seeds its expert-parallel
 // rng tracker per ep rank), bit for bit, and the record a rank new to the grid gets; TEGroupedMLP's
 // `_extra_state` (one per layer, matrix and ep rank) renumbered with its layer across pp changes
-// and given to each ep rank from the saved ep rank that held its first expert.
+// and given to each ep rank from the saved ep rank that held its first expert; the expert-parallel
+// optimizer's group settings kept from a file with experts when the first stage has none.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -14,6 +16,7 @@
 
 #include "ptc/checkpoint/megatron/extra.h"
 #include "ptc/checkpoint/megatron/import.h"
+#include "ptc/checkpoint/megatron/optimizer.h"
 #include "ptc/format/torch_file.h"
 #include "test_util.h"
 
@@ -305,6 +308,52 @@ TEST(MegatronMoeTreeExtra, TeGroupedMlpExtraStateFollowsItsLayerAcrossPpAndItsEx
   check(from_pp1, "tp=1,pp=4,dp=2,ep=2");
   check(from_pp1, "tp=1,pp=4,dp=4,ep=4");
   check(from_pp1, "tp=1,pp=1,dp=1,ep=1");
+}
+
+// --- The expert-parallel optimizer's groups with a dense first stage ---------------
+
+TEST(MegatronMoeTreeOptimizer, TheExpertGroupsSettingsComeFromAFileWithExpertsWhenTheFirstStageHasNone) {
+  // dense_first=2 at pp=2: stage 0 has no MoE layer, its files' expert-parallel optimizer one
+  // group without parameters (megatron-core makes it from the other ranks' group keys); the
+  // files of stage 1 hold the experts and their group's own lr.
+  const ModelSpec spec = testing::Spec("llama", std::string(kDims) + ",dense_first=2", DType::kBF16, true);
+  const ParallelConfig saved = *ParseConfig("tp=1,pp=2,dp=2,ep=2");
+  const std::unique_ptr<Env> env = NewMemEnv();
+  auto lr_of = [](const Value& chain) {
+    return chain.items()[1].Find("optimizer")->Find("param_groups")->items()[0].Find("lr")->as_float();
+  };
+  WriteTree(env.get(), spec, saved, NameSet::kLocal, kDir, nullptr, [&](const RankState& rank, int, Value* root) {
+    const bool experts = std::any_of(rank.view->model.begin(), rank.view->model.end(), IsExpertParameter);
+    ASSERT_EQ(experts, rank.view->coords.pp == 1);
+    Value& group = root->Find("optimizer")->items()[1].Find("optimizer")->Find("param_groups")->items()[0];
+    ASSERT_EQ(group.Find("params")->items().empty(), !experts);
+    group.Set("lr", Value::Float(experts ? 7e-4 : 1e-3));
+  });
+  auto source = OpenMegatronCheckpoint(env.get(), {kDir, spec.schema, spec.dims, std::nullopt, std::nullopt});
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  auto state = LoadMegatronState(source->extra, "import");
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  ASSERT_EQ(state->optimizer.expert_groups.items().size(), 2u);
+  EXPECT_EQ(state->optimizer.expert_groups.items()[0].Find("lr")->as_float(), 7e-4);
+  // The same from the save's parts (a cluster job's: each rank through its JSON).
+  auto part = OpenMegatronSavePart(env.get(), {kDir, spec.schema, spec.dims, 7, saved});
+  ASSERT_TRUE(part.ok()) << part.status().ToString();
+  std::vector<KeptRank> kept;
+  for (const KeptRank& k : part->kept) kept.push_back(*DecodeKeptRank(EncodeKeptRank(k), "part"));
+  auto folded = FoldRanks(7, 1, 2, std::move(kept), 2);
+  ASSERT_TRUE(folded.ok()) << folded.status().ToString();
+  EXPECT_EQ(EncodeMegatronState(*folded), source->extra[std::string(kManifestKey)]);
+  // Every rank renders the experts' lr, the dense stage's empty group too; pp=1 alike.
+  for (const char* target : {"tp=1,pp=2,dp=2,ep=2", "tp=1,pp=1,dp=2,ep=2", "tp=1,pp=4,dp=4,ep=4"}) {
+    const ParallelConfig config = *ParseConfig(target);
+    for (int pp = 0; pp < config.pp; ++pp) {
+      SCOPED_TRACE(std::string(target) + " pp " + std::to_string(pp));
+      const RankView view = *LayoutView(spec, config, *LegacySaveRank(config, 0, pp, 1));
+      auto rank = BuildRankState(spec, config, view, *state, NameSet::kLocal);
+      ASSERT_TRUE(rank.ok()) << rank.status().ToString();
+      EXPECT_EQ(lr_of(*rank->root.Find("optimizer")), 7e-4);
+    }
+  }
 }
 
 }  // namespace

@@ -339,10 +339,9 @@ Result<KeptRank> KeepRank(const RandomAccessFile& file, const TorchFile& tf, con
   const pickle::Value* optimizer = tf.root.Find("optimizer");
   if (optimizer == nullptr) return InvalidArgumentError(path + ": optimizer: missing (the first rank's file has one)");
   PTC_ASSIGN_OR_RETURN(megatron::OptimizerLayout groups, megatron::ReadOptimizerLayout(view, *optimizer, path));
-  if (first) {
-    kept.optimizer.groups = megatron::GroupSettings(groups, *optimizer);
-    kept.optimizer.expert_groups = megatron::ExpertGroupSettings(groups, *optimizer);
-  }
+  if (first) kept.optimizer.groups = megatron::GroupSettings(groups, *optimizer);
+  // Every file's: a stage without MoE layers (dense_first) has none of its own (FoldRanks).
+  kept.optimizer.expert_groups = megatron::ExpertGroupSettings(groups, *optimizer);
   PTC_RETURN_IF_ERROR(KeepSteps(view, groups, file, tf, path, &kept.optimizer.steps));
   return k;
 }
@@ -376,7 +375,19 @@ Result<megatron::MegatronState> FoldRanks(uint64_t iteration, int tp, int pp, st
   }
   megatron::MegatronState state{iteration, std::move(ranks[0].kept.carried), std::move(ranks[0].kept.tensors)};
   state.optimizer.groups = std::move(ranks[0].kept.optimizer.groups);
-  state.optimizer.expert_groups = std::move(ranks[0].kept.optimizer.expert_groups);
+  // Each expert-parallel group's settings from the first file whose experts are in it (the
+  // first stage may have no MoE layer: its expert optimizer's groups hold no parameter).
+  for (const KeptRank& r : ranks) {
+    const pickle::Items& groups = r.kept.optimizer.expert_groups.items();
+    if (groups.size() != 2) continue;
+    if (state.optimizer.expert_groups.items().empty()) {
+      state.optimizer.expert_groups = pickle::Value::List({pickle::Value::None(), pickle::Value::None()});
+    }
+    for (size_t g = 0; g < 2; ++g) {
+      pickle::Value& into = state.optimizer.expert_groups.items()[g];
+      if (into.is_none() && !groups[g].is_none()) into = groups[g];
+    }
+  }
   const bool per_rank_rng = !ranks[0].kept.rng.empty();
   if (per_rank_rng) {
     state.rng_tp = tp;

@@ -56,9 +56,10 @@ Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOp
 
 // What one rank file (tp, pp) of a save holds besides the schema's tensors:
 // its rng_state (kept.rng, none or one record), its `*._extra_state`
-// entries, each parameter's optimizer `step` (one record per parameter); for
+// entries, each parameter's optimizer `step` (one record per parameter), the
+// settings of its expert-parallel optimizer's groups that hold experts; for
 // rank (0, 0) also its other entries (args, ...: kept.carried and
-// kept.tensors) and the optimizer's group settings. The source's extra is
+// kept.tensors) and the (dense) optimizer's group settings. The source's extra is
 // these folded (FoldRanks) over every rank of the grid.
 struct KeptRank {
   int tp = 0, pp = 0;
@@ -70,7 +71,8 @@ struct KeptRank {
 // The state a save's ranks make together (extra["megatron"]): rank (0, 0)'s
 // entries, every (tp, pp, ep) rank's rng_state when the first rank has one, the extra
 // entries (one per tp rank and global name, from the lowest pp rank), every
-// parameter's step once. The same whichever worker held which rank.
+// parameter's step once, each expert-parallel group's settings from the first
+// rank whose experts are in it. The same whichever worker held which rank.
 // \error InvalidArgument naming the file: a rank outside the tp x pp grid or
 //        given twice, ranks missing, a rank without the rng_state the first
 //        has, a parameter whose step differs between two ranks.
