@@ -348,7 +348,9 @@ TEST_F(ClientsTest, MoeTrainingThroughTheMountResumesAcrossEpChangesBitwiseEqual
   // save the mount's tree holds bit for bit the state of the same steps run uninterrupted from
   // the ep=1 export without the mount (every parameter, fp32 master, moment, Adam's step), its
   // iteration and data position; every step's loss, batch and per-expert token counts equal the
-  // reference's, and the 8 steps consume the epoch's 60 samples once each.
+  // reference's, and the 8 steps consume the epoch's 60 samples once each. Each save holds every
+  // ep rank's own rng_state (expert-parallel tracker seeded per ep rank): each rank file renders its
+  // own, and after an ep change a rank restores ep rank (its ep rank mod the saved ep)'s.
   const std::string model = "--schema llama --dims layers=2,hidden=32,heads=4,kv_heads=2,vocab=128,seq=16,experts=4,"
                             "moe_ffn=32,shared_ffn=32";
   const std::string train = Python() + Script("train_moe.py");
@@ -366,7 +368,7 @@ TEST_F(ClientsTest, MoeTrainingThroughTheMountResumesAcrossEpChangesBitwiseEqual
     std::string config;  // written to .ptcfs/config first ("": the mounted one)
     int steps, ep;
   };
-  int t = 0;
+  int t = 0, rng_from = 0;  // each save's rng_state per ep rank: a rank loads ep rank (its own mod rng_from)'s
   for (const Segment& s : {Segment{"", 3, 2}, Segment{"tp=1,dp=4,ep=4", 3, 4}, Segment{"tp=1,dp=2", 2, 1}}) {
     SCOPED_TRACE("from step " + std::to_string(t) + " at " + s.config);
     if (!s.config.empty()) {
@@ -374,7 +376,9 @@ TEST_F(ClientsTest, MoeTrainingThroughTheMountResumesAcrossEpChangesBitwiseEqual
       WaitServing(m.dir());
     }
     std::tie(code, out) =
-        Sh(train + "job " + m.dir() + " " + data + "--steps " + std::to_string(s.steps) + " --log " + log + " 2>&1");
+        Sh(train + "job " + m.dir() + " " + data + "--steps " + std::to_string(s.steps) + " --log " + log +
+           " --rng-from-ep " + std::to_string(rng_from) + " 2>&1");
+    rng_from = s.ep;
     ASSERT_EQ(code, 0) << out;
     ASSERT_NE(out.find("JOB OK"), std::string::npos) << out;
     t += s.steps;
