@@ -260,7 +260,7 @@ TEST_F(ClientsTest, MegatronCoreDistCheckpointingLoadsAndSavesAnMoeTorchDistTree
   // megatron-core's dist_checkpointing.load of megatron/ as torch_dist for the MoE model of
   // mcore_moe.py (the experts stacked over layers and global experts, SequentialMLP's keys),
   // stored at ep=2, loaded at ep=2, at ep=1 and at tp=2: every parameter equals the legacy
-  // render of its grid, bit for bit.
+  // render of its grid, bit for bit; in the TE spec's key of the MoE layers' norm too.
   const std::string model =
       "--schema llama --dims layers=2,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32,experts=4,moe_ffn=32,shared_ffn=32";
   Run("synth " + model + " --dtype f64 --config tp=1,dp=2,ep=2 " + tmp_ / "src");
@@ -295,6 +295,20 @@ TEST_F(ClientsTest, MegatronCoreDistCheckpointingLoadsAndSavesAnMoeTorchDistTree
   EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
   std::tie(code, out) =
       Sh(Python() + Script("mcore_moe.py") + "dist-load " + m.dir() + "/megatron 1 1 1 " + tmp_ / "legacy9-tp=1 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("DIST-LOAD OK"), std::string::npos) << out;
+  // The MoE layers' norm keyed as the TE spec keys it (decoder.layers.pre_mlp_layernorm.weight):
+  // loaded from the mount, and a save in those keys (the first weights again) taken.
+  std::tie(code, out) = Sh(Python() + Script("mcore_moe.py") + "dist-load " + m.dir() + "/megatron 1 1 1 " +
+                           tmp_ / "legacy9-tp=1 --te-norm-keys 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("DIST-LOAD OK"), std::string::npos) << out;
+  std::tie(code, out) = Sh(Python() + Script("mcore_moe.py") + "dist-save " + m.dir() + "/megatron 1 2 1 " +
+                           tmp_ / "legacy-tp=1,dp=2,ep=2 201 --te-norm-keys 2>&1");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_TRUE(MountStatus(m.dir())["last_error"].is_null()) << MountStatus(m.dir()).dump();
+  std::tie(code, out) =
+      Sh(Python() + Script("mcore_moe.py") + "dist-load " + m.dir() + "/megatron 1 1 1 " + tmp_ / "legacy-tp=1 2>&1");
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("DIST-LOAD OK"), std::string::npos) << out;
 }
