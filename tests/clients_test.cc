@@ -260,7 +260,7 @@ TEST_F(ClientsTest, MegatronCoreDistCheckpointingLoadsAndSavesAnMoeTorchDistTree
   // megatron-core's dist_checkpointing.load of megatron/ as torch_dist for the MoE model of
   // mcore_moe.py (the experts stacked over layers and global experts, SequentialMLP's keys),
   // stored at ep=2, loaded at ep=2, at ep=1 and at tp=2: every parameter equals the legacy
-  // render of its grid, bit for bit.
+  // render of its grid, bit for bit; in the TE spec's key of the MoE layers' norm too.
   const std::string model =
       "--schema llama --dims layers=2,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32,experts=4,moe_ffn=32,shared_ffn=32";
   Run("synth " + model + " --dtype f64 --config tp=1,dp=2,ep=2 " + tmp_ / "src");
@@ -295,6 +295,20 @@ TEST_F(ClientsTest, MegatronCoreDistCheckpointingLoadsAndSavesAnMoeTorchDistTree
   EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
   std::tie(code, out) =
       Sh(Python() + Script("mcore_moe.py") + "dist-load " + m.dir() + "/megatron 1 1 1 " + tmp_ / "legacy9-tp=1 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("DIST-LOAD OK"), std::string::npos) << out;
+  // The MoE layers' norm keyed as the TE spec keys it (decoder.layers.pre_mlp_layernorm.weight):
+  // loaded from the mount, and a save in those keys (the first weights again) taken.
+  std::tie(code, out) = Sh(Python() + Script("mcore_moe.py") + "dist-load " + m.dir() + "/megatron 1 1 1 " +
+                           tmp_ / "legacy9-tp=1 --te-norm-keys 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("DIST-LOAD OK"), std::string::npos) << out;
+  std::tie(code, out) = Sh(Python() + Script("mcore_moe.py") + "dist-save " + m.dir() + "/megatron 1 2 1 " +
+                           tmp_ / "legacy-tp=1,dp=2,ep=2 201 --te-norm-keys 2>&1");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_TRUE(MountStatus(m.dir())["last_error"].is_null()) << MountStatus(m.dir()).dump();
+  std::tie(code, out) =
+      Sh(Python() + Script("mcore_moe.py") + "dist-load " + m.dir() + "/megatron 1 1 1 " + tmp_ / "legacy-tp=1 2>&1");
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("DIST-LOAD OK"), std::string::npos) << out;
 }
@@ -348,7 +362,9 @@ TEST_F(ClientsTest, MoeTrainingThroughTheMountResumesAcrossEpChangesBitwiseEqual
   // save the mount's tree holds bit for bit the state of the same steps run uninterrupted from
   // the ep=1 export without the mount (every parameter, fp32 master, moment, Adam's step), its
   // iteration and data position; every step's loss, batch and per-expert token counts equal the
-  // reference's, and the 8 steps consume the epoch's 60 samples once each.
+  // reference's, and the 8 steps consume the epoch's 60 samples once each. Each save holds every
+  // ep rank's own rng_state (expert-parallel tracker seeded per ep rank): each rank file renders its
+  // own, and after an ep change a rank restores ep rank (its ep rank mod the saved ep)'s.
   const std::string model = "--schema llama --dims layers=2,hidden=32,heads=4,kv_heads=2,vocab=128,seq=16,experts=4,"
                             "moe_ffn=32,shared_ffn=32";
   const std::string train = Python() + Script("train_moe.py");
@@ -366,7 +382,7 @@ TEST_F(ClientsTest, MoeTrainingThroughTheMountResumesAcrossEpChangesBitwiseEqual
     std::string config;  // written to .ptcfs/config first ("": the mounted one)
     int steps, ep;
   };
-  int t = 0;
+  int t = 0, rng_from = 0;  // each save's rng_state per ep rank: a rank loads ep rank (its own mod rng_from)'s
   for (const Segment& s : {Segment{"", 3, 2}, Segment{"tp=1,dp=4,ep=4", 3, 4}, Segment{"tp=1,dp=2", 2, 1}}) {
     SCOPED_TRACE("from step " + std::to_string(t) + " at " + s.config);
     if (!s.config.empty()) {
@@ -374,7 +390,9 @@ TEST_F(ClientsTest, MoeTrainingThroughTheMountResumesAcrossEpChangesBitwiseEqual
       WaitServing(m.dir());
     }
     std::tie(code, out) =
-        Sh(train + "job " + m.dir() + " " + data + "--steps " + std::to_string(s.steps) + " --log " + log + " 2>&1");
+        Sh(train + "job " + m.dir() + " " + data + "--steps " + std::to_string(s.steps) + " --log " + log +
+           " --rng-from-ep " + std::to_string(rng_from) + " 2>&1");
+    rng_from = s.ep;
     ASSERT_EQ(code, 0) << out;
     ASSERT_NE(out.find("JOB OK"), std::string::npos) << out;
     t += s.steps;

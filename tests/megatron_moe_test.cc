@@ -11,9 +11,13 @@
 #include <set>
 
 #include "ptc/checkpoint/dcp/dcp.h"
+#include "ptc/checkpoint/dcp/read.h"
+#include "ptc/checkpoint/import.h"
+#include "ptc/checkpoint/synth_checkpoint.h"
 #include "ptc/checkpoint/megatron/megatron.h"
 #include "ptc/checkpoint/megatron/optimizer.h"
 #include "test_util.h"
+#include "view/export.h"
 
 namespace ptc::megatron {
 namespace {
@@ -150,12 +154,29 @@ TEST(MegatronMoeNames, ViewsOfAnEpRankNameItsLocalExpertsAndRecogniseTheirSet) {
   }
   EXPECT_EQ(*recognise(te_file), NameSet::kTe);
   EXPECT_EQ(*recognise(local_file), NameSet::kLocal);
-  auto m = recognise(mixed);
+  EXPECT_EQ(*recognise(mixed), NameSet::kTeSequential);  // megatron-core writes it: the schema's own names
+  // The local spec's norms with TEGroupedMLP's experts: no spec of megatron-core names so.
+  std::set<std::string> local_grouped;
+  for (const LocalTensor& t : view.model) {
+    local_grouped.insert(NameIn(IsExpertParameter(t) ? NameSet::kTe : NameSet::kLocal, t.name));
+  }
+  auto m = recognise(local_grouped);
   ASSERT_FALSE(m.ok());
   EXPECT_TRUE(Contains(m.status().message(),
-                       "f.pt: model/decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight: in the local "
-                       "spec's names (local), but f.pt: model/decoder.layers.0.self_attention.linear_qkv."
-                       "layer_norm_weight is in Transformer Engine's names (te)"))
+                       "f.pt: model/decoder.layers.0.mlp.experts.linear_fc1.weight0: in TEGroupedMLP's expert names, "
+                       "but f.pt: model/decoder.layers.0.input_layernorm.weight is in the local spec's names (local): "
+                       "no spec of megatron-core names so"))
+      << m.status().message();
+  // Experts in both: the second named with the first.
+  std::set<std::string> two_experts = te_file;
+  two_experts.erase("decoder.layers.1.mlp.experts.linear_fc2.weight1");
+  two_experts.insert("decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.weight");
+  m = recognise(two_experts);
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(Contains(m.status().message(),
+                       "f.pt: model/decoder.layers.1.mlp.experts.local_experts.1.linear_fc2.weight: in SequentialMLP's "
+                       "expert names, but f.pt: model/decoder.layers.0.mlp.experts.linear_fc1.weight0 is in "
+                       "TEGroupedMLP's expert names"))
       << m.status().message();
 }
 
@@ -239,7 +260,7 @@ std::vector<std::string> Numbered(const RankState& state, size_t c) {
 TEST(MegatronMoeOptimizer, ChainsTheDenseAndTheExpertParallelOptimizerAndReadsBack) {
   const ModelSpec spec = testing::Spec("llama", kMoeDims, DType::kBF16, /*optimizer=*/true);
   const ParallelConfig config = *ParseConfig("tp=1,dp=2,ep=2");
-  for (NameSet names : {NameSet::kLocal, NameSet::kTe}) {
+  for (NameSet names : {NameSet::kLocal, NameSet::kTe, NameSet::kTeSequential}) {
     for (int rank = 0; rank < config.world_size(); ++rank) {
       SCOPED_TRACE(std::string(NameSetName(names)) + " rank " + std::to_string(rank));
       const RankView view = *LayoutView(spec, config, rank);
@@ -333,6 +354,36 @@ TEST(MegatronMoeOptimizer, TheExpertGroupsSettingsAreKeptAndRenderedBack) {
   auto refused = LoadMegatronState(bad, "manifest");
   ASSERT_FALSE(refused.ok());
   EXPECT_TRUE(Contains(refused.status().message(), "optimizer.expert_groups")) << refused.status().message();
+}
+
+TEST(MegatronMoeOptimizer, ATorchDistCommonPartFromARankWithoutExpertsKeepsTheirGroupsSettings) {
+  // dist_checkpointing.save writes common.pt from rank 0; with a dense first stage (dense_first)
+  // its ChainedOptimizer's expert part is one group without parameters, whose settings
+  // megatron-core 0.16.1 makes from every rank's group keys (_get_param_groups: params []) and
+  // the scheduler steps like the others': they are the experts' group's, and are kept.
+  Value group = Value::Dict();
+  group.Set("params", Value::List());
+  group.Set("lr", Value::Float(7e-4));
+  group.Set("weight_decay", Value::Float(0.1));
+  group.Set("wd_mult", Value::Float(1.0));
+  group.Set("is_expert_parallel", Value::Bool(true));
+  MegatronState state;
+  state.iteration = 7;
+  std::vector<CarriedTensor> storages;
+  Value common = *McoreOptimizerCommon(state, /*masters=*/true, &storages, {0});
+  common.Find(Value::Int(1))->Find("optimizer")->Find("param_groups")->items() = {group};
+  auto read = [&](const pickle::Tensor& t) -> Result<std::string> {
+    for (const CarriedTensor& c : storages) {
+      if (c.key == t.storage_key) return c.bytes;
+    }
+    return NotFoundError(t.storage_key);
+  };
+  auto part = ReadMcoreOptimizerCommon(common, {"p"}, read, "common.pt");
+  ASSERT_TRUE(part.ok()) << part.status().ToString();
+  ASSERT_EQ(part->meta.expert_groups.items().size(), 2u);
+  EXPECT_EQ(part->meta.expert_groups.items()[0].Find("lr")->as_float(), 7e-4);
+  EXPECT_EQ(part->meta.expert_groups.items()[0].Find("params"), nullptr);
+  EXPECT_TRUE(part->meta.expert_groups.items()[1].is_none());
 }
 
 TEST(MegatronMoeOptimizer, AtEpOneTheExpertsShareTheDenseOptimizer) {
@@ -447,6 +498,74 @@ TEST(MegatronMoeTorchDist, TheChainedOptimizersKeysArePrefixedByOptimizerAtEpAbo
   for (const dcp::Object& o : plan->objects) {
     EXPECT_FALSE(Contains(o.key, "optimizer")) << o.key;
   }
+}
+
+// megatron-core 0.16.1's TE spec (get_gpt_layer_with_transformer_engine_spec with experts)
+// makes an MoE layer's pre_mlp_layernorm a TENorm module of its own and maps no key of it, so
+// its torch_dist key is decoder.layers.pre_mlp_layernorm.weight, where the local spec's
+// sharded_state_dict_keys_map names it decoder.layers.mlp.linear_fc1.layer_norm_weight. The
+// mount renders both (each spec's load finds its own); a save in either is taken, and a
+// tree with both (as rendered) reads the local spec's.
+TEST(MegatronMoeTorchDist, AnMoeLayersNormHasTheTeSpecsKeyTooAndSavesInEitherAreTaken) {
+  testing::TempDir tmp;
+  Env* env = Env::Default();
+  const ModelSpec spec = testing::Spec("llama", kMoeDims, DType::kF32, /*optimizer=*/true);
+  const ParallelConfig config = *ParseConfig("tp=1,dp=2,ep=2");
+  ASSERT_TRUE(WriteSynthCheckpoint(env, testing::FitLayout(spec, config), 3, tmp.path() + "/src").ok());
+  ASSERT_TRUE(ImportCheckpoint(env, tmp.path() + "/src", tmp.path() + "/store", spec.schema, spec.dims, config).ok());
+  auto store = std::move(Store::Open(env, tmp.path() + "/store")).value();
+  auto plan = dcp::PlanCheckpoint(*store->CurrentSnapshot(), dcp::Keys::kMegatronCore, /*chained=*/true);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  std::map<std::string, std::set<std::string>> names_of;  // key -> the tensors it renders
+  for (const dcp::Tensor& t : plan->tensors) names_of[t.key].insert(t.name);
+  const std::set<std::string> norms = {"decoder.layers.0.pre_mlp_layernorm.weight",
+                                       "decoder.layers.1.pre_mlp_layernorm.weight"};
+  EXPECT_EQ(names_of["decoder.layers.mlp.linear_fc1.layer_norm_weight"], norms);
+  EXPECT_EQ(names_of["decoder.layers.pre_mlp_layernorm.weight"], norms);
+  EXPECT_EQ(names_of["chained_0.optimizer.state.exp_avg.decoder.layers.pre_mlp_layernorm.weight"].size(), 2u);
+  EXPECT_EQ(names_of.count("decoder.layers.pre_mlp_layernorm.bias"), 0u);
+  EXPECT_EQ(names_of.count("decoder.layers.self_attention.linear_qkv.layer_norm_weight"), 1u);  // no alias
+  // Exported (both keys), read back: the local spec's keys are taken, the TE spec's passed over.
+  ASSERT_TRUE(ptcfs::ExportDcp(env, *store, store->CurrentSnapshot(), tmp.path() + "/both", {},
+                               dcp::Keys::kMegatronCore)
+                  .ok());
+  auto both = dcp::OpenDcp(env, tmp.path() + "/both", spec.schema, spec.dims, config, dcp::Keys::kMegatronCore);
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  // A TE spec's save: the same files, its metadata without the local spec's keys of the norms.
+  dcp::Plan te = *dcp::PlanCheckpoint(*store->CurrentSnapshot(), dcp::Keys::kMegatronCore);  // as ExportDcp's
+  std::vector<int64_t> index(te.tensors.size(), -1);
+  std::vector<dcp::Tensor> kept;
+  for (size_t t = 0; t < te.tensors.size(); ++t) {
+    if (!dcp::TeSpecNormKey(te.tensors[t]).empty()) continue;  // the local spec's key of a norm
+    index[t] = static_cast<int64_t>(kept.size());
+    kept.push_back(te.tensors[t]);
+  }
+  te.tensors = std::move(kept);
+  for (dcp::File& f : te.files) {
+    std::erase_if(f.chunks, [&](const dcp::Chunk& c) { return c.object < 0 && index[c.tensor] < 0; });
+    for (dcp::Chunk& c : f.chunks) {
+      if (c.object < 0) c.tensor = static_cast<size_t>(index[c.tensor]);
+    }
+  }
+  const std::string metadata = dcp::EncodeMetadata(te);
+  EXPECT_FALSE(testing::Contains(metadata, "decoder.layers.mlp.linear_fc1.layer_norm_weight"));
+  auto te_save = dcp::OpenDcpPart(env, tmp.path() + "/both", metadata, spec.schema, spec.dims, config,
+                                  dcp::Keys::kMegatronCore, /*part=*/false);
+  ASSERT_TRUE(te_save.ok()) << te_save.status().ToString();
+  // Both read every tensor, the norms included, as the same bytes (each chunk's, by box).
+  auto bytes = [](const dcp::DcpSource& s) {
+    std::map<std::string, std::map<std::string, std::string>> out;  // tensor -> box -> bytes
+    for (const auto& c : s.chunks) {
+      std::string b(c.size, '\0');
+      EXPECT_TRUE(s.files[c.file]->Read(c.offset, c.size, b.data()).ok());
+      out[c.tensor][c.box.ToString()] = std::move(b);
+    }
+    return out;
+  };
+  const auto from_both = bytes(*both), from_te = bytes(*te_save);
+  EXPECT_EQ(from_both.size(), store->current().tensors.size());
+  EXPECT_TRUE(from_te == from_both);
+  for (const std::string& norm : norms) EXPECT_EQ(from_te.count(norm), 1u) << norm;
 }
 
 // common.pt's 'optimizer' of ChainedOptimizer's dense and expert-parallel parts, as

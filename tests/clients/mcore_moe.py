@@ -23,13 +23,15 @@ iter_N/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt (_EEE: its expert-parallel rank
                           the grid), a copy to OUT/saved-TP-PP-EP.pt, then DIR/latest_checkpointed_iteration.txt
   compare A B             two logits files equal within 1e-12 (the experts' outputs are summed
                           in another order when the tokens travel between ep ranks)
-  dist-load DIR TP EP PP LEGACY
+  dist-load DIR TP EP PP LEGACY [--te-norm-keys]
                           TP*EP*PP gloo processes build the model and load its sharded state dict with
                           megatron.core.dist_checkpointing.load from DIR (torch_dist, the iteration the
                           tracker names: the experts under decoder.layers.mlp.experts.experts.*, stacked
                           over layers and global experts); every parameter must equal, bit for bit, the
-                          one the legacy tree LEGACY (the same tp, ep, pp) holds under the same name
-  dist-save DIR TP EP PP LEGACY ITER
+                          one the legacy tree LEGACY (the same tp, ep, pp) holds under the same name;
+                          --te-norm-keys: the MoE layers' norm keyed as the TE spec keys it
+                          (decoder.layers.pre_mlp_layernorm.weight, te_norm_keys)
+  dist-save DIR TP EP PP LEGACY ITER [--te-norm-keys]
                           TP*EP*PP gloo processes build the model, load LEGACY's rank files (the same
                           grid) into it and save it with dist_checkpointing.save into DIR/iter_ITER/
                           (torch_dist), then rank 0 writes DIR/latest_checkpointed_iteration.txt
@@ -251,7 +253,24 @@ def worker(rank, world, tp, ep, pp, root, out, save):
     dist.destroy_process_group()
 
 
-def dist_loader(rank, world, tp, ep, pp, root, legacy):
+def te_norm_keys(sharded):
+    """The model's sharded state dict keyed as megatron-core's TE spec keys it: an MoE layer's
+    pre_mlp_layernorm is a TENorm module there, which no sharded_state_dict_keys_map renames, so
+    its key is decoder.layers.pre_mlp_layernorm.weight where the local spec's map gives
+    decoder.layers.mlp.linear_fc1.layer_norm_weight (get_gpt_layer_with_transformer_engine_spec;
+    the attention's norm has one key in both)."""
+    import dataclasses
+    fused = "decoder.layers.mlp.linear_fc1.layer_norm_"
+    out = {}
+    for name, v in sharded.items():
+        if ".pre_mlp_layernorm." in name and getattr(v, "key", "").startswith(fused):
+            v = dataclasses.replace(v, key="decoder.layers.pre_mlp_layernorm." + v.key[len(fused):])
+        out[name] = v
+    assert any(getattr(v, "key", "").startswith("decoder.layers.pre_mlp_layernorm.") for v in out.values())
+    return out
+
+
+def dist_loader(rank, world, tp, ep, pp, root, legacy, te=False):
     os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.cuda.synchronize = lambda *a, **k: None
@@ -259,7 +278,8 @@ def dist_loader(rank, world, tp, ep, pp, root, legacy):
 
     model = build(tp, ep, pp)
     iteration = int((pathlib.Path(root) / "latest_checkpointed_iteration.txt").read_text())
-    loaded = dist_checkpointing.load(model.sharded_state_dict(), str(pathlib.Path(root) / f"iter_{iteration:07d}"))
+    sharded = te_norm_keys(model.sharded_state_dict()) if te else model.sharded_state_dict()
+    loaded = dist_checkpointing.load(sharded, str(pathlib.Path(root) / f"iter_{iteration:07d}"))
     model.load_state_dict({k: v for k, v in loaded.items() if not k.endswith("_extra_state")}, strict=False)
     ranks = (parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank(),
              parallel_state.get_expert_model_parallel_rank())
@@ -275,7 +295,7 @@ def dist_loader(rank, world, tp, ep, pp, root, legacy):
     dist.destroy_process_group()
 
 
-def dist_saver(rank, world, tp, ep, pp, root, legacy, iteration):
+def dist_saver(rank, world, tp, ep, pp, root, legacy, iteration, te=False):
     os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.cuda.synchronize = lambda *a, **k: None
@@ -294,7 +314,7 @@ def dist_saver(rank, world, tp, ep, pp, root, legacy, iteration):
     if rank == 0:
         ckpt.mkdir()
     dist.barrier()
-    dist_checkpointing.save(model.sharded_state_dict(), str(ckpt))
+    dist_checkpointing.save(te_norm_keys(model.sharded_state_dict()) if te else model.sharded_state_dict(), str(ckpt))
     dist.barrier()
     if rank == 0:
         (pathlib.Path(root) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
@@ -444,10 +464,10 @@ def main():
         spawn(worker, tp * ep * pp, tp, ep, pp, root, out, save)
     elif cmd == "dist-load":
         root, tp, ep, pp, legacy = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
-        spawn(dist_loader, tp * ep * pp, tp, ep, pp, root, legacy)
+        spawn(dist_loader, tp * ep * pp, tp, ep, pp, root, legacy, "--te-norm-keys" in sys.argv[7:])
     elif cmd == "dist-save":
         root, tp, ep, pp, legacy = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
-        spawn(dist_saver, tp * ep * pp, tp, ep, pp, root, legacy, int(sys.argv[7]))
+        spawn(dist_saver, tp * ep * pp, tp, ep, pp, root, legacy, int(sys.argv[7]), "--te-norm-keys" in sys.argv[8:])
     elif cmd == "optim-load":
         root, tp, ep, pp, legacy = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
         spawn(optim_loader, tp * ep * pp, tp, ep, pp, root, legacy, None, sys.argv[7:] == ["tweaked"])

@@ -26,11 +26,15 @@ per-expert token counts are logged and must equal the uninterrupted run's).
       its rank file of the latest iteration of MOUNT/megatron and its data stream
       MOUNT/data/rank-RRRRR, trains K steps (rank 0 appends each step to LOG), then the
       expert-data-parallel rank 0 of each ep rank saves its file through the mount, with
-      args.consumed_train_samples the new data position, and rank 0 writes the latest file.
+      args.consumed_train_samples the new data position and its own rng_state (the
+      expert-parallel tracker seeded per ep rank, as megatron-core does), and rank 0 writes the
+      latest file. --rng-from-ep E: each rank restores its file's rng_state as Megatron-LM's
+      load does and it must be ep rank (its ep rank mod E)'s of the save (E = 0: none).
   check TREE REF_DIR T --batch B
       TREE (a Megatron tree at any ep) holds exactly the reference's state after T steps: every
       parameter, fp32 master, moment and Adam step bit for bit, the dense tensors the same in
-      every ep rank's file, the iteration and args.consumed_train_samples.
+      every ep rank's file, the iteration and args.consumed_train_samples; each ep rank's file
+      its own rng_state.
   steps REF_DIR LOG --samples N
       Every logged step equals the reference's (loss as a hex float, the batch's sample ids, the
       routing's token counts) and the steps, in order, consume each epoch in the reference's
@@ -209,6 +213,51 @@ def load_tree(root):
     return iteration, ep, files
 
 
+# Each ep rank's rng state, as Megatron-LM's legacy save holds it (get_rng_state: one entry without
+# --data-parallel-random-init) and its load restores it (random.setstate, np.random.set_state,
+# torch.set_rng_state, then get_cuda_rng_tracker().set_states(rng_tracker_states); a CPU job has no
+# cuda_rng_state). The trackers' states are CPU generators seeded as megatron-core's
+# model_parallel_cuda_manual_seed seeds them: the expert-parallel one per ep rank.
+RNG_SEED = 1234
+
+
+def tracker(seed):
+    return torch.Generator().manual_seed(seed).get_state()
+
+
+def rng_state(ep_rank):
+    import random
+    import numpy as np
+    random.seed(RNG_SEED + ep_rank)
+    np.random.seed(RNG_SEED + ep_rank)
+    return [{"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
+             "torch_rng_state": tracker(RNG_SEED + ep_rank),
+             "rng_tracker_states": {"data-parallel-rng": tracker(RNG_SEED),
+                                    "model-parallel-rng": tracker(RNG_SEED + 2718),
+                                    "expert-parallel-rng": tracker(RNG_SEED + 1024 + 100 * ep_rank)}}]
+
+
+def restore_rng(sd, ep_rank, saved_ep, where):
+    """Megatron-LM's load of a file's rng_state (no CUDA here): the state saved by ep rank
+    ep_rank mod saved_ep (0: the file has none), each generator's and tracker's bit for bit."""
+    import random
+    import numpy as np
+    if saved_ep == 0:
+        assert "rng_state" not in sd, where + ": an rng_state no save wrote"
+        return
+    rng = sd["rng_state"][0]
+    want = rng_state(ep_rank % saved_ep)[0]
+    random.setstate(rng["random_rng_state"])
+    np.random.set_state(rng["np_rng_state"])
+    torch.set_rng_state(rng["torch_rng_state"])
+    assert random.getstate() == want["random_rng_state"], where + ": random_rng_state"
+    assert repr(np.random.get_state()) == repr(want["np_rng_state"]), where + ": np_rng_state"
+    assert torch.equal(torch.get_rng_state(), want["torch_rng_state"]), where + ": torch_rng_state"
+    assert sorted(rng["rng_tracker_states"]) == sorted(want["rng_tracker_states"]), where
+    for name, state in want["rng_tracker_states"].items():
+        assert torch.equal(rng["rng_tracker_states"][name], state), "%s: tracker %s" % (where, name)
+
+
 def step_record(t, epoch, loss, ids, counts):
     return {"t": t, "epoch": epoch, "loss": loss.hex(), "ids": ids, "counts": counts}
 
@@ -245,6 +294,7 @@ def rank(me, world, a, cfg, port):
         iteration = int(f.read())
     mine = torch.load(os.path.join(root, "iter_%07d" % iteration, rank_dir(ep_rank, ep), "model_optim_rng.pt"),
                       weights_only=False)
+    restore_rng(mine, ep_rank, a.rng_from_ep, "rank %d (ep rank %d of %d)" % (me, ep_rank, ep))
     gathered = [None] * world
     dist.all_gather_object(gathered, (ep_rank, mine) if me < ep else None)  # one file per ep rank
     state = State.from_files(dict(x for x in gathered if x is not None), ep)
@@ -277,6 +327,7 @@ def rank(me, world, a, cfg, port):
     t += a.steps
     if me < ep:  # Megatron-LM's legacy save: the expert-data-parallel rank 0 of each ep rank writes
         state.write_into(mine, ep_rank, ep)
+        mine["rng_state"] = rng_state(ep_rank)
         mine["iteration"] = t
         mine["args"] = argparse.Namespace(tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
                                           expert_model_parallel_size=ep, data_parallel_size=dp, world_size=world,
@@ -315,6 +366,7 @@ def check(a):
     assert iteration == a.t, "iteration %d, want %d" % (iteration, a.t)
     for r, sd in files.items():
         assert sd["iteration"] == iteration, "ep rank %d: iteration %d" % (r, sd["iteration"])
+        restore_rng(sd, r, ep, "%s: ep rank %d" % (a.tree, r))  # the save's own, per ep rank
         consumed = sd["args"].consumed_train_samples
         assert consumed == a.t * a.batch, "ep rank %d: consumed_train_samples %d" % (r, consumed)
     mc.compare("model", want["model"], got.model())
@@ -357,6 +409,8 @@ def main():
     for name in ("steps", "samples", "batch"):
         j.add_argument("--" + name, type=int, required=True)
     j.add_argument("--log", required=True)
+    j.add_argument("--rng-from-ep", type=int, default=0,
+                   help="the ep of the save the job loads (0: the files have no rng_state)")
     c = sub.add_parser("check")
     c.add_argument("tree")
     c.add_argument("ref")

@@ -216,6 +216,14 @@ std::pair<std::string_view, int> WithoutChainedPrefix(std::string_view key) {
   return {key.substr(dot + 1), n[0] - '0'};
 }
 
+std::string TeSpecNormKey(const Tensor& t) {
+  constexpr std::string_view kFused = "decoder.layers.mlp.linear_fc1.layer_norm_";
+  constexpr std::string_view kOwn = "decoder.layers.pre_mlp_layernorm.";
+  const size_t at = t.key.find(kFused);
+  if (t.layer < 0 || at == std::string::npos || t.name.find(".pre_mlp_layernorm.") == std::string::npos) return "";
+  return t.key.substr(0, at) + std::string(kOwn) + t.key.substr(at + kFused.size());
+}
+
 std::vector<Tensor> NameTensors(const std::vector<TensorRecord>& tensors, Keys keys, bool chained) {
   std::set<std::string> names;
   Index layers = 0, experts = 0;
@@ -461,6 +469,15 @@ Result<Plan> PlanCheckpoint(const GenerationManifest& m, Keys keys, bool chained
   plan.keys = keys;
   PTC_ASSIGN_OR_RETURN(std::vector<Tensor> named, PlanNames(m, keys, chained));
   PTC_ASSIGN_OR_RETURN(const Index layers, AddPlanTensors(std::move(named), &plan));
+  // An MoE layer's norm under the TE spec's key too, so that either spec's load finds it.
+  for (size_t t = 0, n = plan.tensors.size(); t < n && keys == Keys::kMegatronCore; ++t) {
+    std::string key = TeSpecNormKey(plan.tensors[t]);
+    if (key.empty()) continue;
+    Tensor alias = plan.tensors[t];
+    alias.key = key;
+    alias.path = {std::move(key)};
+    plan.tensors.push_back(std::move(alias));
+  }
   PTC_ASSIGN_OR_RETURN(const auto disjoint, DisjointCover(m, plan));
   PlanFiles files;
   for (size_t t = 0; t < plan.tensors.size(); ++t) {

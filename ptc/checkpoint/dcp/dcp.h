@@ -95,6 +95,16 @@ inline constexpr std::string_view kChainedPrefix = "chained_";
 // `key` without a ChainedOptimizer prefix (chained_N.), and N (-1: none).
 std::pair<std::string_view, int> WithoutChainedPrefix(std::string_view key);
 
+// An MoE layer's own norm (decoder.layers.N.pre_mlp_layernorm.*) has two
+// torch_dist keys in megatron-core 0.16.1: the local spec's
+// sharded_state_dict_keys_map names it as a dense layer's fused norm
+// ("decoder.layers.mlp.linear_fc1.layer_norm_weight", NameTensors' key), the
+// TE spec's (get_gpt_layer_with_transformer_engine_spec: a TENorm module of
+// its own, no map) keeps "decoder.layers.pre_mlp_layernorm.weight". The TE
+// spec's key of `t` (the norm, or its optimizer state, named by NameTensors
+// in kMegatronCore); empty for any other tensor.
+std::string TeSpecNormKey(const Tensor& t);
+
 // `tensors` (a model's global tensors) with their keys under `keys`; with
 // `chained` (kMegatronCore, a model with routed experts at ep > 1) the
 // optimizer state's keys prefixed as ChainedOptimizer's (above).

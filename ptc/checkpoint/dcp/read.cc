@@ -416,6 +416,35 @@ Result<std::vector<Tensor>> ModelKeys(const ModelSpec& spec, Keys keys, bool cha
   return NameTensors(records, keys, chained);
 }
 
+// A save of Megatron-Core's TE spec keys an MoE layer's norm as
+// "decoder.layers.pre_mlp_layernorm.*" (TeSpecNormKey): the model's tensors
+// take those keys when the save has them and not the local spec's; a save
+// with both (a torch_dist tree ptcfs rendered) is read by the local spec's,
+// the other passed over (`saved` without them).
+void TakeTeSpecNormKeys(std::vector<Tensor>* model, SavedCheckpoint* saved) {
+  std::set<std::string> keys;
+  for (const SavedTensor& t : saved->tensors) keys.insert(t.key);
+  std::set<std::string> te;
+  bool local = false;
+  for (const Tensor& t : *model) {
+    std::string key = TeSpecNormKey(t);
+    if (key.empty() || keys.count(key) == 0) continue;
+    local = local || keys.count(t.key) != 0;
+    te.insert(std::move(key));
+  }
+  if (te.empty()) return;
+  if (local) {
+    std::erase_if(saved->tensors, [&](const SavedTensor& t) { return te.count(t.key) != 0; });
+    return;
+  }
+  for (Tensor& t : *model) {
+    std::string key = TeSpecNormKey(t);
+    if (key.empty()) continue;
+    t.key = key;
+    t.path = {std::move(key)};
+  }
+}
+
 // The place of a stacked key's tensor among its key's: its layer, or (layer,
 // expert) row-major for a routed expert's (Megatron-Core's).
 size_t StackSlot(const Tensor& t) {
@@ -658,11 +687,12 @@ void AddTorchtitanMasters(const std::vector<Tensor>& model, Keys keys, DcpSource
 Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view metadata, const Schema& schema,
                               const ModelDims& dims, const ParallelConfig& config, Keys keys, bool part) {
   const std::string metadata_path = JoinPath(dir, kMetadataFile);
-  PTC_ASSIGN_OR_RETURN(const SavedCheckpoint saved, ParseMetadata(metadata, metadata_path));
+  PTC_ASSIGN_OR_RETURN(SavedCheckpoint saved, ParseMetadata(metadata, metadata_path));
   keys = SavedKeys(saved, keys);
   PTC_ASSIGN_OR_RETURN(const ModelSpec spec, SavedSpec(saved, schema, dims, keys, metadata_path));
   PTC_ASSIGN_OR_RETURN(ModelLayout layout, ModelLayout::Make(spec, config));
   PTC_ASSIGN_OR_RETURN(std::vector<Tensor> model, ModelKeys(spec, keys, ChainedSave(saved, keys), metadata_path));
+  if (keys == Keys::kMegatronCore) TakeTeSpecNormKeys(&model, &saved);
   PTC_ASSIGN_OR_RETURN(const KeyMatch matched, MatchKeys(model, saved, keys, metadata_path));
 
   DcpSource source{std::move(layout), {}, {}, {}, {}};

@@ -10,6 +10,12 @@
 // leading components with the key (linear_qkv._extra_state: linear_qkv.weight;
 // core_attention._extra_state: a tensor of its layer); a rank renders the
 // entries whose anchor it holds, from the saved tp rank tp mod the saved tp.
+// A module holding several routed experts (TEGroupedMLP's linear_fc1 and
+// linear_fc2, `decoder.layers.N.mlp.experts.linear_fc1._extra_state`: the key
+// names no expert) is kept per saving ep rank, anchored at its first expert,
+// its layer number global (the layer of its tensors: the names' tails differ,
+// `weightK` and `local_experts.K....weight`); a rank renders the one of the
+// saved ep rank that held the rank's first expert of that layer.
 // They are kept in the manifest with the other carried state (megatron.h).
 //
 // Thread safety: pure functions.

@@ -223,11 +223,11 @@ Status KeepTensors(const RandomAccessFile& file, const TorchFile& tf, const std:
 }
 
 // One rank's 'rng_state' with its tensors' bytes.
-Result<megatron::RankRng> KeepRng(const RandomAccessFile& file, const TorchFile& tf, int tp, int pp,
+Result<megatron::RankRng> KeepRng(const RandomAccessFile& file, const TorchFile& tf, int tp, int pp, int ep,
                                   const std::string& what) {
   const pickle::Value* rng = tf.root.Find("rng_state");
   if (rng == nullptr) return InvalidArgumentError(what + ": rng_state: missing (the first rank's file has one)");
-  megatron::RankRng out{tp, pp, *rng, {}};
+  megatron::RankRng out{tp, pp, ep, *rng, {}};
   PTC_RETURN_IF_ERROR(KeepTensors(file, tf, "r", what + ": rng_state", &out.value, &out.tensors));
   return out;
 }
@@ -324,9 +324,9 @@ Result<KeptRank> KeepRank(const RandomAccessFile& file, const TorchFile& tf, con
     kept.carried.Erase("rng_state");
     PTC_RETURN_IF_ERROR(KeepTensors(file, tf, "c", path, &kept.carried, &kept.tensors));
   }
-  // The rng_state of ep rank 0's files (kept per (tp, pp); docs/megatron_format.md).
-  if (ep == 0 && tf.root.Find("rng_state") != nullptr) {
-    PTC_ASSIGN_OR_RETURN(kept.rng.emplace_back(), KeepRng(file, tf, tp, pp, path));
+  // Every file's rng_state (kept per (tp, pp, ep); docs/megatron_format.md).
+  if (tf.root.Find("rng_state") != nullptr) {
+    PTC_ASSIGN_OR_RETURN(kept.rng.emplace_back(), KeepRng(file, tf, tp, pp, ep, path));
   }
   const std::optional<int> rank = megatron::LegacySaveRank(config, tp, pp, ep);
   if (!rank) return InvalidArgumentError(path + ": no rank of config " + config.ToString() + " saves this file");
@@ -339,10 +339,9 @@ Result<KeptRank> KeepRank(const RandomAccessFile& file, const TorchFile& tf, con
   const pickle::Value* optimizer = tf.root.Find("optimizer");
   if (optimizer == nullptr) return InvalidArgumentError(path + ": optimizer: missing (the first rank's file has one)");
   PTC_ASSIGN_OR_RETURN(megatron::OptimizerLayout groups, megatron::ReadOptimizerLayout(view, *optimizer, path));
-  if (first) {
-    kept.optimizer.groups = megatron::GroupSettings(groups, *optimizer);
-    kept.optimizer.expert_groups = megatron::ExpertGroupSettings(groups, *optimizer);
-  }
+  if (first) kept.optimizer.groups = megatron::GroupSettings(groups, *optimizer);
+  // Every file's: a stage without MoE layers (dense_first) has none of its own (FoldRanks).
+  kept.optimizer.expert_groups = megatron::ExpertGroupSettings(groups, *optimizer);
   PTC_RETURN_IF_ERROR(KeepSteps(view, groups, file, tf, path, &kept.optimizer.steps));
   return k;
 }
@@ -358,7 +357,7 @@ void NumberExtra(size_t entry, megatron::ExtraEntry* e) {
 }  // namespace
 
 Result<megatron::MegatronState> FoldRanks(uint64_t iteration, int tp, int pp, std::vector<KeptRank> ranks, int ep) {
-  // ep rank 0's files first (their rng_state and extra entries are kept), each in (pp, tp) order.
+  // ep rank 0's files first (their extra entries are kept first), each in (pp, tp) order.
   auto order = [](const KeptRank& r) { return std::tie(r.ep, r.pp, r.tp); };
   std::sort(ranks.begin(), ranks.end(), [&](const KeptRank& a, const KeptRank& b) { return order(a) < order(b); });
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -376,29 +375,44 @@ Result<megatron::MegatronState> FoldRanks(uint64_t iteration, int tp, int pp, st
   }
   megatron::MegatronState state{iteration, std::move(ranks[0].kept.carried), std::move(ranks[0].kept.tensors)};
   state.optimizer.groups = std::move(ranks[0].kept.optimizer.groups);
-  state.optimizer.expert_groups = std::move(ranks[0].kept.optimizer.expert_groups);
+  // Each expert-parallel group's settings from the first file whose experts are in it (the
+  // first stage may have no MoE layer: its expert optimizer's groups hold no parameter).
+  for (const KeptRank& r : ranks) {
+    const pickle::Items& groups = r.kept.optimizer.expert_groups.items();
+    if (groups.size() != 2) continue;
+    if (state.optimizer.expert_groups.items().empty()) {
+      state.optimizer.expert_groups = pickle::Value::List({pickle::Value::None(), pickle::Value::None()});
+    }
+    for (size_t g = 0; g < 2; ++g) {
+      pickle::Value& into = state.optimizer.expert_groups.items()[g];
+      if (into.is_none() && !groups[g].is_none()) into = groups[g];
+    }
+  }
   const bool per_rank_rng = !ranks[0].kept.rng.empty();
   if (per_rank_rng) {
     state.rng_tp = tp;
     state.rng_pp = pp;
+    state.rng_ep = ep;
   }
-  // An extra entry another pp rank of the same tp rank kept under the same
-  // global name already is not kept again; a parameter's step is kept once
-  // (the first of its shards, which the others must equal).
-  std::set<std::pair<int, std::string>> extras_seen;
+  // An extra entry another pp or ep rank of the same tp rank kept under the
+  // same global name and anchor already is not kept again (a grouped
+  // linear's of each ep rank is: its anchor is that rank's first expert); a
+  // parameter's step is kept once (the first of its shards, which the others
+  // must equal).
+  std::set<std::tuple<int, std::string, std::string>> extras_seen;
   std::map<std::string, size_t> step_of;
   auto same = [](const megatron::StepValue& a, const megatron::StepValue& b) {
     return a.value == b.value && (a.tensors.empty() || a.tensors[0].bytes == b.tensors[0].bytes);
   };
   for (KeptRank& r : ranks) {
-    if (per_rank_rng && r.ep == 0) {
+    if (per_rank_rng) {
       if (r.kept.rng.empty()) {
         return InvalidArgumentError(r.file + ": rng_state: missing (the first rank's file has one)");
       }
       state.rng.push_back(std::move(r.kept.rng[0]));
     }
     for (megatron::ExtraEntry& e : r.kept.extra) {
-      if (!extras_seen.insert({e.tp, e.key}).second) continue;
+      if (!extras_seen.insert({e.tp, e.key, e.anchor}).second) continue;
       NumberExtra(state.extra.size(), &e);
       state.extra.push_back(std::move(e));
     }
@@ -609,8 +623,8 @@ Result<MegatronSavePart> OpenMegatronSavePart(Env* env, const MegatronImportOpti
 nlohmann::json EncodeKeptRank(const KeptRank& rank) {
   megatron::MegatronState one = rank.kept;
   if (!one.rng.empty()) {
-    one.rng[0].tp = one.rng[0].pp = 0;
-    one.rng_tp = one.rng_pp = 1;
+    one.rng[0].tp = one.rng[0].pp = one.rng[0].ep = 0;
+    one.rng_tp = one.rng_pp = one.rng_ep = 1;
   }
   for (megatron::ExtraEntry& e : one.extra) e.tp = 0;
   if (!one.extra.empty()) one.extra_tp = 1;
@@ -644,9 +658,11 @@ Result<KeptRank> DecodeKeptRank(const nlohmann::json& j, const std::string& what
   for (megatron::RankRng& r : rank.kept.rng) {
     r.tp = rank.tp;
     r.pp = rank.pp;
+    r.ep = rank.ep;
   }
   for (megatron::ExtraEntry& e : rank.kept.extra) e.tp = rank.tp;
   rank.kept.rng_tp = rank.kept.rng_pp = rank.kept.extra_tp = 0;
+  rank.kept.rng_ep = 1;
   return rank;
 }
 

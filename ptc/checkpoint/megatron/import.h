@@ -6,9 +6,9 @@
 // pipeline_model_parallel_size, expert_model_parallel_size), else from the
 // iteration's mp_rank_TT[_PPP][_EEE] directories (read in tp, pp, dp = ep,
 // ep: each expert-data-parallel rank 0 saved one file, every rank of its
-// (tp, pp, ep) loads it); every directory of that grid must be there. With
-// ep > 1 the rng_state of ep rank 0's files is kept (rendered for every ep
-// rank of its (tp, pp)); extra entries of every file (an expert's under its
+// (tp, pp, ep) loads it); every directory of that grid must be there. Each
+// file's rng_state is kept per (tp, pp, ep) (the expert-parallel tracker
+// differs per ep rank); extra entries of every file (an expert's under its
 // global expert id). Each rank file is read with the
 // restricted unpickler, every member's CRC-32 is checked, and every tensor of
 // the rank's view must be found with the schema's dtype and shape, in either
@@ -56,21 +56,23 @@ Result<CheckpointSource> OpenMegatronCheckpoint(Env* env, const MegatronImportOp
 
 // What one rank file (tp, pp) of a save holds besides the schema's tensors:
 // its rng_state (kept.rng, none or one record), its `*._extra_state`
-// entries, each parameter's optimizer `step` (one record per parameter); for
+// entries, each parameter's optimizer `step` (one record per parameter), the
+// settings of its expert-parallel optimizer's groups that hold experts; for
 // rank (0, 0) also its other entries (args, ...: kept.carried and
-// kept.tensors) and the optimizer's group settings. The source's extra is
+// kept.tensors) and the (dense) optimizer's group settings. The source's extra is
 // these folded (FoldRanks) over every rank of the grid.
 struct KeptRank {
   int tp = 0, pp = 0;
   std::string file;  // for messages
   megatron::MegatronState kept;
-  int ep = 0;  // the expert-parallel rank (mp_rank_..._EEE); its rng_state is kept for ep 0 only
+  int ep = 0;  // the expert-parallel rank (mp_rank_..._EEE)
 };
 
 // The state a save's ranks make together (extra["megatron"]): rank (0, 0)'s
-// entries, every rank's rng_state when the first rank has one, the extra
+// entries, every (tp, pp, ep) rank's rng_state when the first rank has one, the extra
 // entries (one per tp rank and global name, from the lowest pp rank), every
-// parameter's step once. The same whichever worker held which rank.
+// parameter's step once, each expert-parallel group's settings from the first
+// rank whose experts are in it. The same whichever worker held which rank.
 // \error InvalidArgument naming the file: a rank outside the tp x pp grid or
 //        given twice, ranks missing, a rank without the rng_state the first
 //        has, a parameter whose step differs between two ranks.

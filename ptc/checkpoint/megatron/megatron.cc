@@ -293,7 +293,7 @@ Result<RankState> BuildRankState(const ModelSpec& spec, const ParallelConfig& co
   for (const PlacedExtra& e : extras) {
     for (const CarriedTensor& c : e.entry->tensors) out.storages.push_back({c.key, nullptr, &c});
   }
-  if (const RankRng* rng = RngFor(state, view.coords.tp, view.coords.pp)) {
+  if (const RankRng* rng = RngFor(state, view.coords.tp, view.coords.pp, view.coords.ep)) {
     root.Set("rng_state", rng->value);
     for (const CarriedTensor& c : rng->tensors) out.storages.push_back({c.key, nullptr, &c});
   }
@@ -409,11 +409,11 @@ Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const
   return out;
 }
 
-const RankRng* RngFor(const MegatronState& state, int tp, int pp) {
-  if (state.rng.empty() || state.rng_tp <= 0 || state.rng_pp <= 0) return nullptr;
-  const int want_tp = tp % state.rng_tp, want_pp = pp % state.rng_pp;
+const RankRng* RngFor(const MegatronState& state, int tp, int pp, int ep) {
+  if (state.rng.empty() || state.rng_tp <= 0 || state.rng_pp <= 0 || state.rng_ep <= 0) return nullptr;
+  const int want_tp = tp % state.rng_tp, want_pp = pp % state.rng_pp, want_ep = ep % state.rng_ep;
   for (const RankRng& r : state.rng) {
-    if (r.tp == want_tp && r.pp == want_pp) return &r;
+    if (r.tp == want_tp && r.pp == want_pp && r.ep == want_ep) return &r;
   }
   return nullptr;
 }
@@ -463,8 +463,19 @@ Result<std::vector<CarriedTensor>> DecodeTensors(const nlohmann::json& tensors, 
   return out;
 }
 
-// extra.megatron.rng: {"tp": T, "pp": P, "ranks": [{"tp", "pp", "value", "tensors"}]},
-// one record per (tp, pp) of the grid. `field` names it in messages.
+// An optional unsigned field of `j` below `limit` (`absent` when missing).
+Result<uint64_t> OptionalIndex(const nlohmann::json& j, const char* name, uint64_t absent, uint64_t limit,
+                               const std::string& label) {
+  if (!j.contains(name)) return absent;
+  if (!j[name].is_number_unsigned() || j[name].get<uint64_t>() >= limit) {
+    return InvalidArgumentError(label + "." + name + ": expected a number below " + std::to_string(limit));
+  }
+  return j[name].get<uint64_t>();
+}
+
+// extra.megatron.rng: {"tp": T, "pp": P, "ep": E (absent: 1), "ranks": [{"tp", "pp",
+// "ep" (absent: 0), "value", "tensors"}]}, one record per (tp, pp, ep) of the grid.
+// `field` names it in messages.
 Status DecodeRng(const nlohmann::json& j, const std::string& field, MegatronState* state) {
   const auto bad = [&](const std::string& why) { return InvalidArgumentError(field + ": " + why); };
   if (!j.is_object() || !j.contains("tp") || !j["tp"].is_number_unsigned() || !j.contains("pp") ||
@@ -472,13 +483,15 @@ Status DecodeRng(const nlohmann::json& j, const std::string& field, MegatronStat
     return bad("expected {tp, pp, ranks}");
   }
   const uint64_t tp = j["tp"].get<uint64_t>(), pp = j["pp"].get<uint64_t>();
-  if (tp == 0 || pp == 0 || tp > 1 << 16 || pp > 1 << 16 || j["ranks"].size() != tp * pp) {
-    return bad("a " + std::to_string(tp) + " x " + std::to_string(pp) + " grid needs as many records, not " +
-               std::to_string(j["ranks"].size()));
+  PTC_ASSIGN_OR_RETURN(const uint64_t ep, OptionalIndex(j, "ep", 1, (1 << 16) + 1, field));
+  if (tp == 0 || pp == 0 || ep == 0 || tp > 1 << 16 || pp > 1 << 16 || j["ranks"].size() != tp * pp * ep) {
+    return bad("a " + std::to_string(tp) + " x " + std::to_string(pp) + " x " + std::to_string(ep) +
+               " grid needs as many records, not " + std::to_string(j["ranks"].size()));
   }
   state->rng_tp = static_cast<int>(tp);
   state->rng_pp = static_cast<int>(pp);
-  std::vector<bool> seen(tp * pp, false);
+  state->rng_ep = static_cast<int>(ep);
+  std::vector<bool> seen(tp * pp * ep, false);
   for (const nlohmann::json& r : j["ranks"]) {
     const std::string label = field + ".ranks[" + std::to_string(state->rng.size()) + "]";
     if (!r.is_object() || !r.contains("tp") || !r["tp"].is_number_unsigned() || !r.contains("pp") ||
@@ -486,14 +499,16 @@ Status DecodeRng(const nlohmann::json& j, const std::string& field, MegatronStat
       return InvalidArgumentError(label + ": expected {tp, pp, value, tensors}");
     }
     const uint64_t t = r["tp"].get<uint64_t>(), p = r["pp"].get<uint64_t>();
-    if (t >= tp || p >= pp || seen[p * tp + t]) {
-      return InvalidArgumentError(label + ": rank (" + std::to_string(t) + ", " + std::to_string(p) +
-                                  ") is outside the grid or repeated");
+    PTC_ASSIGN_OR_RETURN(const uint64_t e, OptionalIndex(r, "ep", 0, ep, label));
+    if (t >= tp || p >= pp || seen[(e * pp + p) * tp + t]) {
+      return InvalidArgumentError(label + ": rank (" + std::to_string(t) + ", " + std::to_string(p) + ", ep " +
+                                  std::to_string(e) + ") is outside the grid or repeated");
     }
-    seen[p * tp + t] = true;
+    seen[(e * pp + p) * tp + t] = true;
     RankRng rng;
     rng.tp = static_cast<int>(t);
     rng.pp = static_cast<int>(p);
+    rng.ep = static_cast<int>(e);
     PTC_ASSIGN_OR_RETURN(std::string pickled, Unhex(r["value"].get<std::string>(), label + ".value"));
     PTC_ASSIGN_OR_RETURN(rng.value, pickle::Unpickle(pickled, label + ".value"));
     if (r.contains("tensors")) {
@@ -651,10 +666,12 @@ nlohmann::json EncodeMegatronState(const MegatronState& state) {
                        {"pp", static_cast<uint64_t>(r.pp)},
                        {"value", Hex(pickle::Pickle(r.value))},
                        {"tensors", EncodeTensors(r.tensors)}});
+      if (r.ep != 0) ranks.back()["ep"] = static_cast<uint64_t>(r.ep);
     }
     j["rng"] = {{"tp", static_cast<uint64_t>(state.rng_tp)},
                 {"pp", static_cast<uint64_t>(state.rng_pp)},
                 {"ranks", std::move(ranks)}};
+    if (state.rng_ep > 1) j["rng"]["ep"] = static_cast<uint64_t>(state.rng_ep);
   }
   return j;
 }

@@ -100,11 +100,13 @@ struct CarriedTensor {
 // Points `t` (whose bytes are kept as a CarriedTensor `key`) at the start of
 // that storage of its own, dense.
 void PointAtOwnStorage(const std::string& key, pickle::Tensor& t);
-// The 'rng_state' entry of one (tp, pp) rank of a save, kept per rank (each
-// rank's random streams are its own). Its tensors reference storages "r0",
+// The 'rng_state' entry of one (tp, pp, ep) rank file of a save, kept per
+// rank (each rank's random streams are its own; megatron-core seeds the
+// expert-parallel tracker per ep rank). Its tensors reference storages "r0",
 // "r1", ... (the same keys in every rank's record).
 struct RankRng {
   int tp = 0, pp = 0;
+  int ep = 0;  // the expert-parallel rank of the file (mp_rank_..._EEE); 0 without
   pickle::Value value;
   std::vector<CarriedTensor> tensors{};
 };
@@ -145,10 +147,10 @@ struct MegatronState {
   uint64_t iteration = 0;
   pickle::Value carried;  // a dict, or None for stores not imported from Megatron
   std::vector<CarriedTensor> tensors{};
-  // Per-rank rng states of the save's tp x pp grid (rng_tp * rng_pp records,
-  // any order), or none: then `carried` holds the first rank's (older stores,
-  // saves without rng_state).
-  int rng_tp = 0, rng_pp = 0;
+  // Per-rank rng states of the save's tp x pp x ep grid (rng_tp * rng_pp *
+  // rng_ep records, any order), or none: then `carried` holds the first
+  // rank's (older stores, saves without rng_state).
+  int rng_tp = 0, rng_pp = 0, rng_ep = 1;
   std::vector<RankRng> rng{};
   OptimizerMeta optimizer{};
   // The model dicts' `*._extra_state` entries of a save at tensor parallelism
@@ -157,10 +159,11 @@ struct MegatronState {
   std::vector<ExtraEntry> extra{};
 };
 
-// The record whose rng_state rank (tp, pp) gets: the one of the same
+// The record whose rng_state rank (tp, pp, ep) gets: the one of the same
 // coordinates when the saved grid has them, else (tp mod rng_tp, pp mod
-// rng_pp) (docs/megatron_format.md). nullptr when no per-rank state is kept.
-const RankRng* RngFor(const MegatronState& state, int tp, int pp);
+// rng_pp, ep mod rng_ep) (docs/megatron_format.md). nullptr when no per-rank
+// state is kept.
+const RankRng* RngFor(const MegatronState& state, int tp, int pp, int ep = 0);
 inline constexpr std::string_view kManifestKey = "megatron";
 // Largest tensor kept among the carried entries (they live in the manifest).
 inline constexpr uint64_t kMaxCarriedTensorBytes = 1 << 20;

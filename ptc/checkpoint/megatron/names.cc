@@ -95,9 +95,20 @@ Result<NameSet> ParseNameSet(std::string_view text) {
                               "': te (Megatron-Core with Transformer Engine) or local (its local layer spec)");
 }
 
-std::string_view NameSetName(NameSet names) { return names == NameSet::kTe ? "te" : "local"; }
+std::string_view NameSetName(NameSet names) {
+  switch (names) {
+    case NameSet::kTe:
+      return "te";
+    case NameSet::kLocal:
+      return "local";
+    case NameSet::kTeSequential:
+      break;
+  }
+  return "te-sequential";
+}
 
 std::string NameIn(NameSet names, std::string_view name) {
+  if (names == NameSet::kTeSequential) return std::string(name);
   if (names == NameSet::kTe) {
     const auto expert = Expert(name);
     if (!expert) return std::string(name);
@@ -115,6 +126,7 @@ bool IsExpertParameter(const LocalTensor& param) {
 std::vector<size_t> RegistrationOrder(NameSet names, const std::vector<std::string>& te_order) {
   std::vector<size_t> order(te_order.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (names == NameSet::kTeSequential) return order;
   if (names == NameSet::kTe) return GroupedExpertOrder(te_order);
   // Each tensor's place: its own index; a fused norm's, just before the first
   // tensor of the submodule a local model registers it before (its own place
@@ -155,8 +167,15 @@ RankView ViewInNameSet(const RankView& view, NameSet names, std::vector<size_t>*
 
 Result<NameSet> RecogniseNameSet(const RankView& view, const std::function<bool(const std::string&)>& has,
                                  const std::function<std::string(const std::string&)>& where) {
-  std::optional<NameSet> found;
-  std::string decided;  // the file's name of the tensor that decided
+  // Per kind (0: the fused norms, 1: the routed experts): the set the file names it in (kTe or
+  // kLocal) and the file's name of the tensor that decided.
+  std::optional<NameSet> found[2];
+  std::string decided[2];
+  auto label = [](size_t kind, NameSet s) {
+    if (kind == 1) return std::string(s == NameSet::kTe ? "TEGroupedMLP's expert names" : "SequentialMLP's expert names");
+    return s == NameSet::kTe ? std::string("Transformer Engine's names (te)")
+                             : std::string("the local spec's names (local)");
+  };
   for (const LocalTensor& t : view.model) {
     const std::string te = NameIn(NameSet::kTe, t.name), local = NameIn(NameSet::kLocal, t.name);
     if (te == local) continue;  // the same in both sets
@@ -166,21 +185,25 @@ Result<NameSet> RecogniseNameSet(const RankView& view, const std::function<bool(
                                   " (Transformer Engine's and the local spec's names of one tensor)");
     }
     if (!in_te && !in_local) continue;  // missing: named when the tensors are looked up
+    const size_t kind = Expert(t.name) ? 1 : 0;
     const NameSet set = in_te ? NameSet::kTe : NameSet::kLocal;
     const std::string name = in_te ? te : local;
-    if (!found) {
-      found = set;
-      decided = name;
-    } else if (*found != set) {
-      auto label = [](NameSet s) {
-        return s == NameSet::kTe ? std::string("Transformer Engine's names (te)")
-                                 : std::string("the local spec's names (local)");
-      };
-      return InvalidArgumentError(where(name) + ": in " + label(set) + ", but " + where(decided) + " is in " +
-                                  label(*found) + ": a file holds one name set (docs/megatron_format.md)");
+    if (!found[kind]) {
+      found[kind] = set;
+      decided[kind] = name;
+    } else if (*found[kind] != set) {
+      return InvalidArgumentError(where(name) + ": in " + label(kind, set) + ", but " + where(decided[kind]) +
+                                  " is in " + label(kind, *found[kind]) +
+                                  ": a file holds one name set (docs/megatron_format.md)");
     }
   }
-  return found.value_or(NameSet::kTe);
+  const NameSet norms = found[0].value_or(found[1].value_or(NameSet::kTe));
+  const NameSet experts = found[1].value_or(norms);
+  if (norms == experts) return norms;
+  if (norms == NameSet::kTe) return NameSet::kTeSequential;  // TE's spec without grouped GEMM
+  return InvalidArgumentError(where(decided[1]) + ": in " + label(1, experts) + ", but " + where(decided[0]) +
+                              " is in " + label(0, norms) +
+                              ": no spec of megatron-core names so (docs/megatron_format.md, Mixture of experts)");
 }
 
 }  // namespace ptc::megatron

@@ -49,7 +49,12 @@
 
 namespace ptc::megatron {
 
-enum class NameSet { kTe, kLocal };
+// kTeSequential: Transformer Engine's spec without grouped GEMM
+// (get_gpt_layer_with_transformer_engine_spec, moe_grouped_gemm off: its
+// fused norms, SequentialMLP's experts of TE linears), which is the schema's
+// own names and order; recognised in files (imports and saves), not a
+// rendering choice (--names is te or local).
+enum class NameSet { kTe, kLocal, kTeSequential };
 
 // "te" or "local".
 // \error InvalidArgument naming the text and the two names.
@@ -77,10 +82,14 @@ RankView ViewInNameSet(const RankView& view, NameSet names, std::vector<size_t>*
 
 // The name set of a rank file: `has(name)` says whether the file holds a model
 // tensor of that local name. The first fused norm of `view` (te names) that
-// the file holds in one set decides; te when it holds none in either.
+// the file holds in one set decides the norms', the first routed expert the
+// experts' (TEGroupedMLP's or SequentialMLP's): te norms with grouped experts
+// are kTe, local ones with sequential experts kLocal, te norms with sequential
+// experts kTeSequential; te when it holds neither kind in either.
 // `where(name)` names a local name's place in the file in messages.
 // \error InvalidArgument naming the first tensor in the other set (or in both)
-//        and the tensor that decided.
+//        and the tensor that decided; local norms with grouped experts (no
+//        spec of megatron-core names so).
 Result<NameSet> RecogniseNameSet(const RankView& view, const std::function<bool(const std::string&)>& has,
                                  const std::function<std::string(const std::string&)>& where);
 
