@@ -578,6 +578,85 @@ TEST_F(ClientsTest, TorchtitanQwen3MoeLoadsAndSavesTheMountsDcpExpertParallel) {
   EXPECT_NE(out.find("tensors differ"), std::string::npos) << out;
 }
 
+// torchtitan's own MoE with shared experts (its Qwen3 MoE blocks given its FeedForward
+// as MoE.shared_experts: layers.I.moe.shared_experts.w1/w2/w3; q/k norms), every layer
+// MoE, 4 experts, the store synth's in tp=2,dp=2,ep=2 with Adam's state. The reference is
+// the store's own tensors under torch's keys (export --format dcp), cut into torchtitan's
+// by the client itself (tests/clients/titan_shared_clients.py).
+TEST_F(ClientsTest, TorchtitanSharedExpertsLoadAndSaveTheMountsDcp) {
+  auto [code, schema] = Ptcfs("schema llama");
+  ASSERT_EQ(code, 0) << schema;
+  nlohmann::json doc = nlohmann::json::parse(schema), rules = nlohmann::json::array();
+  for (const auto& rule : doc["tensors"]) {  // Megatron-Core's q/k norms after linear_qkv
+    rules.push_back(rule);
+    if (rule["name"] != "decoder.layers.{i}.self_attention.linear_qkv.weight") continue;
+    for (const char* n : {"q_layernorm", "k_layernorm"}) {
+      rules.push_back({{"name", std::string("decoder.layers.{i}.self_attention.") + n + ".weight"},
+                       {"shape", {"head_dim"}},
+                       {"pp", "layer"}});
+    }
+  }
+  doc["name"] = "llama-qk";
+  doc["tensors"] = rules;
+  Spit(tmp_ / "llama-qk.json", doc.dump());
+  const std::string dims =
+      "layers=2,hidden=32,heads=4,kv_heads=2,head_dim=8,vocab=64,seq=32,ffn=48,experts=4,moe_ffn=16,shared_ffn=24";
+  const std::string model = "--schema " + tmp_ / "llama-qk.json --dims " + dims;
+  Run("synth " + model + " --dtype f32 --optimizer adam --config tp=2,dp=2,ep=2 " + tmp_ / "src");
+  Run("import " + model + " --config tp=2,dp=2,ep=2 " + tmp_ / "src " + tmp_ / "store");
+  Run("export --format dcp " + tmp_ / "store " + tmp_ / "torch");
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format dcp --dcp-names torchtitan");
+  const std::string titan = Python() + Script("titan_shared_clients.py");
+  const std::string dcp = m.dir() + "/dcp ";
+  for (const char* procs : {"1", "2"}) {
+    std::tie(code, schema) = Sh(titan + "load " + dcp + dims + " " + tmp_ / "torch --procs " + procs + " 2>&1");
+    EXPECT_EQ(code, 0) << schema;
+    EXPECT_NE(schema.find("LOAD OK"), std::string::npos) << schema;
+  }
+  // Its save from 2 processes (the shared experts' rows cut 12/12, Adam's moments, steps,
+  // groups) commits, and the store's tensors under torch's keys, cut by the client, are the
+  // saved values bit for bit (another seed's are not). Reading back after a move of the
+  // experts is TorchtitanQwen3MoeLoadsAndSavesTheMountsDcpExpertParallel's.
+  std::string out;
+  const int generation = MountStatus(m.dir())["generation"].get<int>();
+  std::tie(code, out) = Sh(titan + "save " + m.dir() + "/dcp/step-3 5 " + dims + " --procs 2 2>&1");
+  ASSERT_EQ(code, 0) << out;
+  const auto status = MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  Run("export --format dcp " + tmp_ / "store " + tmp_ / "torch5");
+  std::tie(code, out) = Sh(titan + "torch " + tmp_ / "torch5 5 " + dims + " 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("TORCH OK"), std::string::npos) << out;
+  std::tie(code, out) = Sh(titan + "torch " + tmp_ / "torch5 6 " + dims + " 2>&1");
+  EXPECT_NE(code, 0) << out;
+}
+
+// A Mixtral-shaped store (no q/k norms, no shared experts) in torchtitan's names: its Qwen3
+// MoE built without qk_norm (make_gqa_config's default) loads it and saves into it.
+TEST_F(ClientsTest, TorchtitanMixtralShapedMoeLoadsAndSavesTheMountsDcp) {
+  const std::string dims =
+      "layers=2,hidden=32,heads=4,kv_heads=2,head_dim=8,vocab=64,seq=32,ffn=48,experts=4,moe_ffn=16";
+  Run("synth --schema llama --dims " + dims + " --dtype f32 --optimizer adam --config tp=2,dp=2,ep=2 " + tmp_ / "src");
+  Run("import --schema llama --dims " + dims + " --config tp=2,dp=2,ep=2 " + tmp_ / "src " + tmp_ / "store");
+  Run("export --format dcp " + tmp_ / "store " + tmp_ / "torch");
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format dcp --dcp-names torchtitan");
+  const std::string titan = Python() + Script("titan_shared_clients.py");
+  auto [code, out] = Sh(titan + "load " + m.dir() + "/dcp " + dims + " " + tmp_ / "torch --no-qk-norm --procs 2 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("LOAD OK"), std::string::npos) << out;
+  const int generation = MountStatus(m.dir())["generation"].get<int>();
+  std::tie(code, out) = Sh(titan + "save " + m.dir() + "/dcp/step-3 5 " + dims + " --no-qk-norm --procs 2 2>&1");
+  ASSERT_EQ(code, 0) << out;
+  const auto status = MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  Run("export --format dcp " + tmp_ / "store " + tmp_ / "torch5");
+  std::tie(code, out) = Sh(titan + "torch " + tmp_ / "torch5 5 " + dims + " --no-qk-norm 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("TORCH OK"), std::string::npos) << out;
+}
+
 TEST_F(ClientsTest, MegatronCoreDistCheckpointingLoadsTheTorchDistTree) {
   // megatron-core's dist_checkpointing.load (GPTModel, local spec, float64, gloo on CPU) of
   // megatron/ as torch_dist, at two grids other than the stored one: every parameter equals

@@ -18,6 +18,7 @@
 
 #include "ptc/checkpoint/dcp/entries.h"
 #include "ptc/checkpoint/dcp/read.h"
+#include "ptc/checkpoint/hf/hf.h"
 #include "ptc/checkpoint/import.h"
 #include "ptc/checkpoint/synth_checkpoint.h"
 #include "ptc/format/torch_file.h"
@@ -727,6 +728,100 @@ TEST(DcpTorchtitan, MoeExpertsStackIntoOneTensorPerLayerAndReadBack) {
   size_t biases = 0;
   for (const Object& o : again->objects) biases += o.key.ends_with(".moe.expert_bias_E") ? 1 : 0;
   EXPECT_EQ(biases, 2u);
+}
+
+// torchtitan's shared experts (MoE.shared_experts, a FeedForward): w1/w3 the gate/up
+// halves of shared_experts.linear_fc1, w2 its linear_fc2, plain [rows, cols] keys;
+// in tp=2 pieces (each rank [gate_r; up_r]) every chunk's rows read back from the store
+// row by row, the export imports back into the same tensors; a gated store
+// (Qwen2-MoE's shared_experts.gate_weight) is refused naming the rule.
+TEST(DcpTorchtitan, SharedExpertsAreItsMoeSharedExpertsAndReadBack) {
+  TempDir tmp;
+  Env* env = Env::Default();
+  const Index shared = 24, hidden = 32;
+  const std::string dims =
+      "layers=2,hidden=32,heads=4,kv_heads=2,vocab=64,seq=16,ffn=48,experts=4,moe_ffn=16,shared_ffn=24";
+  const ModelSpec spec = ::ptc::testing::Spec("llama", dims, DType::kF32, /*adam=*/true);
+  const ParallelConfig config = *ParseConfig("tp=2,dp=2,ep=2");
+  ASSERT_TRUE(WriteSynthCheckpoint(env, ::ptc::testing::FitLayout(spec, config), 3, tmp / "src").ok());
+  ASSERT_TRUE(ImportCheckpoint(env, tmp / "src", tmp / "store", spec.schema, spec.dims, config).ok());
+  auto store = std::move(Store::Open(env, tmp / "store")).value();
+  auto generation = store->CurrentSnapshot();
+  auto plan = PlanCheckpoint(*generation, Keys::kTorchtitan);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  std::map<std::string, Shape> shapes;
+  for (const Tensor& t : plan->tensors) shapes[t.key] = KeyShape(t);
+  for (const char* layer : {"layers.0.", "layers.1."}) {
+    const std::string p = std::string(layer) + "moe.shared_experts.";
+    EXPECT_EQ(shapes[p + "w1.weight"], (Shape{shared, hidden}));
+    EXPECT_EQ(shapes[p + "w3.weight"], (Shape{shared, hidden}));
+    EXPECT_EQ(shapes[p + "w2.weight"], (Shape{hidden, shared}));
+    EXPECT_EQ(shapes["optimizer.state." + p + "w1.weight.exp_avg"], (Shape{shared, hidden}));
+    EXPECT_EQ(shapes["optimizer.state." + p + "w2.weight.exp_avg_sq"], (Shape{hidden, shared}));
+  }
+  GenerationReader reader(*store, generation, /*verify=*/true);
+  size_t rows = 0;
+  for (size_t f = 0; f < plan->files.size(); ++f) {
+    auto file = ptcfs::MakeDcpFile(reader, *plan, f, -1);
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    std::string bytes((*file)->size(), '\0');
+    ASSERT_TRUE(
+        (*file)
+            ->Read(0, bytes.size(), bytes.data(), [](const ShardRecord&, uint64_t, uint64_t) { return Status::OK(); })
+            .ok());
+    for (const Chunk& c : plan->files[f].chunks) {
+      if (c.object >= 0) continue;
+      const Tensor& t = plan->tensors[c.tensor];
+      if (t.key.find(".shared_experts.") == std::string::npos) continue;
+      const Box key_box = KeyBox(t, c.box);
+      const bool w2 = t.key.find(".w2.") != std::string::npos, w3 = t.key.find(".w3.") != std::string::npos;
+      const std::string global = t.key.substr(t.key.find("layers."), t.key.find(".moe.") - t.key.find("layers."));
+      EXPECT_TRUE(t.name.starts_with("decoder." + global + ".mlp.shared_experts." +
+                                     (w2 ? "linear_fc2.weight" : "linear_fc1.weight")))
+          << t.key << " " << t.name;
+      const ::ptc::testing::StringFile blob(bytes.substr(c.offset, c.size), t.key);
+      auto tf = ReadTorchFile(blob, t.key);
+      ASSERT_TRUE(tf.ok()) << tf.status().ToString();
+      auto got = ReadTensorBytes(blob, *tf, tf->root.tensor(), t.key);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      const Index cols = key_box.end[1] - key_box.begin[1];
+      for (Index r = key_box.begin[0]; r < key_box.end[0]; ++r) {
+        const Index src = w3 ? shared + r : r;
+        const Box row = B({src, key_box.begin[1]}, {src + 1, key_box.end[1]});
+        std::string want(static_cast<size_t>(cols) * 4, '\0');
+        ASSERT_TRUE(reader.Read(t.name, row, want.data(), row, DenseLayout(row)).ok());
+        EXPECT_EQ(got->substr(static_cast<size_t>((r - key_box.begin[0]) * cols * 4), want.size()), want)
+            << t.key << " row " << r;
+        ++rows;
+      }
+    }
+  }
+  // 2 layers x (w1 + w3 rows, w2's rows in two column halves: tp=2 cuts linear_fc2's columns) x 3
+  // (the parameter and its two moments).
+  EXPECT_EQ(rows, 2u * 3u * (2 * shared + 2 * hidden));
+  ASSERT_TRUE(ptcfs::ExportDcp(env, *store, generation, tmp / "titan", {}, Keys::kTorchtitan).ok());
+  auto source = OpenDcp(env, tmp / "titan", spec.schema, spec.dims, *ParseConfig("tp=1"));
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  auto copy = std::move(Store::Create(env, tmp / "copy")).value();
+  ASSERT_TRUE(WriteDcp(copy.get(), *source, nlohmann::json::object(), "").ok());
+  GenerationReader back(*copy, copy->CurrentSnapshot(), true);
+  for (const TensorRecord& t : generation->tensors) {
+    const bool master = t.name.ends_with(".fp32");
+    const std::string from = master ? t.name.substr(0, t.name.size() - 5) : t.name;
+    const Box full = Box::Full(t.shape);
+    std::string x(static_cast<size_t>(full.volume()) * 4, '\0'), y = x;
+    ASSERT_TRUE(reader.Read(from, full, x.data(), full, DenseLayout(full)).ok());
+    ASSERT_TRUE(back.Read(t.name, full, y.data(), full, DenseLayout(full)).ok()) << t.name;
+    EXPECT_TRUE(x == y) << t.name;
+  }
+  // The shared experts' sigmoid gate (Qwen2-MoE's) has no torchtitan name.
+  auto gated = hf::SharedGateSchema(spec.schema);
+  ASSERT_TRUE(gated.ok()) << gated.status().ToString();
+  auto refused = TorchtitanTensors(ModelSpec{*gated, spec.dims, DType::kF32, false});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("rule 'decoder.layers.{i}.mlp.shared_experts.gate_weight'"),
+            std::string::npos)
+      << refused.status().message();
 }
 
 // Adam's steps and the param groups of a save (SavedOptimizer): torch.save

@@ -158,5 +158,30 @@ TEST_F(HfClientsTest, MoeSavePretrainedImportsAndComesBackByteForByteFromExpertP
   Python("same", tmp_ / "qwen " + tmp_ / "back-qwen " + tmp_ / "mix " + tmp_ / "back-mix");
 }
 
+// Qwen2-MoE (layer 0 dense, a shared expert and its sigmoid gate, no q/k/v biases) as
+// save_pretrained writes it: imported into ep=2 pieces (the gate whole on every tp rank,
+// the shared expert split over tp as a dense MLP), read through the mount's hf/ by
+// from_pretrained against the store's own global tensors (the logits of the client's own
+// cut exactly, the Megatron-Core forward with SharedExpertMLP's gate within 1e-4), moved
+// to ep=4, compacted and exported back, byte for byte.
+TEST_F(HfClientsTest, Qwen2MoeSharedExpertFromPretrainedAndBackByteForByte) {
+  Python("save", tmp_ / "qwen2=qwen2_moe --dtype f32 --shard-size 100KB", "hf_moe_clients.py");
+  const std::string store = tmp_ / "store";
+  Run("import --format hf --config tp=2,dp=2,ep=2 " + tmp_ / "qwen2 " + store);
+  Run("export --config tp=1 " + store + " " + tmp_ / "ref");
+  {
+    Mount m(store, tmp_ / "mnt", "--format hf --hf-shard-size 100KB");
+    const std::string dims =
+        "layers=4,hidden=64,heads=4,kv_heads=2,head_dim=16,vocab=96,seq=32,ffn=96,experts=4,moe_ffn=32,"
+        "shared_ffn=40,dense_first=1";
+    Python("check", m.dir() + "/hf " + tmp_ / "ref --arch qwen2_moe --dims " + dims, "hf_moe_clients.py");
+    EXPECT_TRUE(MountStatus(m.dir())["last_error"].is_null()) << MountStatus(m.dir()).dump();
+  }
+  Run("transform " + store + " --to tp=1,dp=4,ep=4");
+  Run("compact " + store);
+  Run("export --format hf --shard-size 100KB " + store + " " + tmp_ / "back");
+  Python("same", tmp_ / "qwen2 " + tmp_ / "back");
+}
+
 }  // namespace
 }  // namespace ptc

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -403,6 +404,131 @@ TEST(HfMoe, Qwen3MoeHasQkNormsAndItsDenseLayersAsMlpOnlyLayers) {
   EXPECT_EQ(every->dims.dense_first, 2);
 }
 
+// Qwen2-MoE: layer 0 dense, a shared expert of 40 and its sigmoid gate on every MoE layer.
+nlohmann::json Qwen2MoeConfig() {
+  nlohmann::json c = Qwen3MoeConfig();
+  c["model_type"] = "qwen2_moe";
+  c["shared_expert_intermediate_size"] = 40;
+  c["qkv_bias"] = false;
+  return c;
+}
+
+TEST(HfMoe, Qwen2MoeHasTheSharedExpertAndItsGate) {
+  auto config = ModelOfConfig(Qwen2MoeConfig(), "config.json");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->arch, Arch::kQwen2Moe);
+  EXPECT_EQ(config->dims.ToString(),
+            "layers=4,hidden=32,heads=4,vocab=64,seq=128,ffn=48,kv_heads=2,head_dim=16,"
+            "experts=4,moe_ffn=16,shared_ffn=40,moe_every=1,dense_first=1");
+  EXPECT_EQ(config->schema.name, "llama-sg");
+  const TensorRule* gate = config->schema.Find("decoder.layers.{i}.mlp.shared_experts.gate_weight");
+  ASSERT_NE(gate, nullptr);
+  EXPECT_EQ(gate->shape, (std::vector<std::string>{"1", "hidden"}));
+  const ModelSpec spec{config->schema, config->dims, DType::kF32, false};
+  auto m = MapModel(spec);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->arch, Arch::kQwen2Moe);
+  EXPECT_STREQ(ArchName(m->arch), "Qwen2MoeForCausalLM");
+  std::vector<std::string> names;
+  for (const LocalTensor& t : m->tensors) names.push_back(t.name);
+  // Layer 1 (MoE): q, k, v, o, the router, 4 experts' gate/up/down, the shared expert's three, its gate, two norms.
+  const auto at = std::find(names.begin(), names.end(), "model.layers.1.mlp.gate.weight") - names.begin();
+  ASSERT_LT(at + 18, static_cast<ptrdiff_t>(names.size()));
+  EXPECT_EQ(names[at + 12], "model.layers.1.mlp.experts.3.down_proj.weight");
+  EXPECT_EQ(names[at + 13], "model.layers.1.mlp.shared_expert.gate_proj.weight");
+  EXPECT_EQ(names[at + 14], "model.layers.1.mlp.shared_expert.up_proj.weight");
+  EXPECT_EQ(names[at + 15], "model.layers.1.mlp.shared_expert.down_proj.weight");
+  EXPECT_EQ(names[at + 16], "model.layers.1.mlp.shared_expert_gate.weight");
+  EXPECT_EQ(names[at + 17], "model.layers.1.input_layernorm.weight");
+  EXPECT_EQ(Find(*m, "model.layers.0.mlp.shared_expert.gate_proj.weight"), nullptr);  // layer 0 dense
+  const std::string fc1 = "decoder.layers.2.mlp.shared_experts.linear_fc1.weight";
+  const LocalTensor* up = Find(*m, "model.layers.2.mlp.shared_expert.up_proj.weight");
+  ASSERT_NE(up, nullptr);
+  EXPECT_EQ(up->segments, (std::vector<Segment>{{fc1, Rows(40, 80, 32), DenseLayout(Rows(40, 80, 32), 0)}}));
+  EXPECT_EQ(Find(*m, "model.layers.2.mlp.shared_expert.gate_proj.weight")->segments,
+            (std::vector<Segment>{{fc1, Rows(0, 40, 32), DenseLayout(Rows(0, 40, 32), 0)}}));
+  EXPECT_EQ(Find(*m, "model.layers.2.mlp.shared_expert.down_proj.weight")->shape, (Shape{32, 40}));
+  const LocalTensor* sg = Find(*m, "model.layers.3.mlp.shared_expert_gate.weight");
+  ASSERT_NE(sg, nullptr);
+  EXPECT_EQ(sg->shape, (Shape{1, 32}));
+  EXPECT_EQ(sg->segments.front().tensor, "decoder.layers.3.mlp.shared_experts.gate_weight");
+  ExpectCovered(*m, spec);
+  // config.json: Qwen2-MoE's fields, and it reads back as the same model (with or without the kept config).
+  for (const nlohmann::json& kept : {Qwen2MoeConfig(), nlohmann::json()}) {
+    auto plan = PlanExport(spec, kDefaultShardBytes, kept);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    const nlohmann::json c = nlohmann::json::parse(plan->config_json);
+    EXPECT_EQ(c["model_type"], "qwen2_moe");
+    EXPECT_EQ(c["architectures"], nlohmann::json({"Qwen2MoeForCausalLM"}));
+    EXPECT_EQ(c["shared_expert_intermediate_size"], 40);
+    EXPECT_EQ(c["moe_intermediate_size"], 16);
+    EXPECT_EQ(c["intermediate_size"], 48);
+    EXPECT_EQ(c["qkv_bias"], false);
+    EXPECT_FALSE(c.contains("attention_bias"));
+    EXPECT_EQ(c["mlp_only_layers"], nlohmann::json({0}));
+    EXPECT_EQ(c["num_experts_per_tok"], kept.is_null() ? 4 : 2);
+    auto back = ModelOfConfig(c, "config.json");
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->arch, Arch::kQwen2Moe);
+    EXPECT_EQ(back->dims, spec.dims);
+    EXPECT_EQ(back->schema.ToJson(), spec.schema.ToJson());
+  }
+  // Named by its architectures entry alone.
+  nlohmann::json by_arch = Qwen2MoeConfig();
+  by_arch.erase("model_type");
+  by_arch["architectures"] = {"Qwen2MoeForCausalLM"};
+  auto named = ModelOfConfig(by_arch, "config.json");
+  ASSERT_TRUE(named.ok()) << named.status().ToString();
+  EXPECT_EQ(named->arch, Arch::kQwen2Moe);
+}
+
+TEST(HfMoe, SharedExpertsRefusalsNameTheFieldOrRule) {
+  auto refused = [](const char* key, const nlohmann::json& value, const std::string& part) {
+    nlohmann::json c = Qwen2MoeConfig();
+    if (value.is_null()) {
+      c.erase(key);
+    } else {
+      c[key] = value;
+    }
+    auto r = ModelOfConfig(c, "cfg.json");
+    ASSERT_FALSE(r.ok()) << part;
+    EXPECT_TRUE(Contains(r.status().message(), part)) << r.status().message();
+    EXPECT_TRUE(Contains(r.status().message(), "cfg.json")) << r.status().message();
+  };
+  refused("qkv_bias", nullptr, "\"qkv_bias\" is true (Qwen2-MoE's default)");
+  refused("qkv_bias", true, "the llama schema has no q/k/v biases");
+  refused("use_sliding_window", true, "\"use_sliding_window\" is true");
+  refused("shared_expert_intermediate_size", 0, "\"shared_expert_intermediate_size\" must be a positive integer");
+  refused("decoder_sparse_step", 2, "decoder_sparse_step 2");
+  // Shared experts without a gate have no HF architecture here (Qwen3-MoE has none, DeepSeek-V3's attention is MLA).
+  auto qk = QkNormSchema(*LoadSchema("llama"));
+  ASSERT_TRUE(qk.ok()) << qk.status().ToString();
+  auto ungated = MapModel(ModelSpec{*qk, *ParseDims(kMixtralDims + ",shared_ffn=8"), DType::kF32, false});
+  ASSERT_FALSE(ungated.ok());
+  EXPECT_TRUE(Contains(ungated.status().message(),
+                       "rule 'decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight' has no tensor in "
+                       "Qwen3MoeForCausalLM"))
+      << ungated.status().message();
+  // The gate with q/k norms: Qwen2-MoE has none.
+  auto both = SharedGateSchema(*qk);
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  auto qk_gated = MapModel(ModelSpec{*both, *ParseDims(kMixtralDims + ",shared_ffn=8"), DType::kF32, false});
+  ASSERT_FALSE(qk_gated.ok());
+  EXPECT_TRUE(Contains(qk_gated.status().message(),
+                       "rule 'decoder.layers.{i}.self_attention.q_layernorm.weight' has no tensor in "
+                       "Qwen2MoeForCausalLM"))
+      << qk_gated.status().message();
+  // For torchtitan (MapOptions), ungated shared experts map under DeepSeek-V3's names.
+  auto titan = MapModel(ModelSpec{*qk, *ParseDims(kMixtralDims + ",shared_ffn=8"), DType::kF32, false},
+                        {.ungated_shared_experts = true});
+  ASSERT_TRUE(titan.ok()) << titan.status().ToString();
+  EXPECT_NE(Find(*titan, "model.layers.1.mlp.shared_experts.down_proj.weight"), nullptr);
+  auto no_fc2 = SharedGateSchema(*ParseSchema("x", nlohmann::json::parse(R"({"name": "x", "tensors": [
+      {"name": "w", "shape": ["hidden"], "pp": "first"}]})")));
+  ASSERT_FALSE(no_fc2.ok());
+  EXPECT_TRUE(Contains(no_fc2.status().message(), "shared_experts.linear_fc2.weight")) << no_fc2.status().message();
+}
+
 TEST(HfMoe, RefusalsNameTheFieldOrRule) {
   auto refused = [](const nlohmann::json& c, const std::string& part) {
     auto r = ModelOfConfig(c, "cfg.json");
@@ -418,7 +544,7 @@ TEST(HfMoe, RefusalsNameTheFieldOrRule) {
   refused(with("decoder_sparse_step", 2), "decoder_sparse_step 2");  // layers 1 and 3: not l % k == 0
   refused(with("mlp_only_layers", {0, 1, 2, 3}), "no MoE layer");
   refused(with("mlp_only_layers", {7}), "\"mlp_only_layers\" holds 7");
-  refused(with("model_type", "qwen2_moe"), "shared_expert_gate");
+  refused(with("model_type", "qwen2_moe"), "\"qkv_bias\" is true (Qwen2-MoE's default)");
   refused(with("model_type", "deepseek_v3"), "model_type 'deepseek_v3' is not one ptcfs maps");
   nlohmann::json both = Qwen3MoeConfig();
   both["num_local_experts"] = 8;

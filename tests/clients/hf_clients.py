@@ -277,7 +277,8 @@ def same_pair(dir_a, dir_b):
     for key in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "vocab_size", "max_position_embeddings", "tie_word_embeddings", "rms_norm_eps",
                 "n_embd", "n_head", "n_inner", "n_layer", "n_positions", "num_local_experts", "num_experts",
-                "num_experts_per_tok", "moe_intermediate_size", "mlp_only_layers", "decoder_sparse_step"):
+                "num_experts_per_tok", "moe_intermediate_size", "mlp_only_layers", "decoder_sparse_step",
+                "shared_expert_intermediate_size", "qkv_bias"):
         assert configs[0].get(key) == configs[1].get(key), f"config.json {key}: {configs[0].get(key)} != {configs[1].get(key)}"
     print(f"{dir_a} = {dir_b}: {len(a)} tensors")
 

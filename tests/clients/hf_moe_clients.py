@@ -1,6 +1,6 @@
-"""transformers' mixtures of experts (Mixtral, Qwen3-MoE) against a ptcfs hf/ tree (docs/hf_format.md).
+"""transformers' mixtures of experts (Mixtral, Qwen3-MoE, Qwen2-MoE) against a ptcfs hf/ tree (docs/hf_format.md).
 
-  hf_moe_clients.py check HF_DIR REF_DIR --arch mixtral|qwen3_moe --dims layers=..,experts=..,...
+  hf_moe_clients.py check HF_DIR REF_DIR --arch mixtral|qwen3_moe|qwen2_moe --dims layers=..,experts=..,...
       REF_DIR/rank-00000/model.safetensors holds the model's global tensors in
       Megatron-Core's names (`ptcfs synth --config tp=1`, or `ptcfs export
       --config tp=1`). Checks, in float64:
@@ -10,17 +10,22 @@
         - every HF tensor equals, bit for bit, the one this script cuts from the
           global tensors itself (an expert's w1/gate_proj and w3/up_proj the
           halves of its linear_fc1, w2/down_proj its linear_fc2, the router
-          the gate, q/k norms Megatron-Core's q_layernorm/k_layernorm);
+          the gate, q/k norms Megatron-Core's q_layernorm/k_layernorm, Qwen2-MoE's
+          shared_expert the halves of shared_experts.linear_fc1 and its
+          shared_expert_gate Megatron-Core's shared_experts.gate_weight);
         - transformers' from_pretrained(HF_DIR) gives the logits of the same
           class built from those independently cut weights, exactly, and those
           of a plain float64 forward of the Megatron-Core MoE model written here
           (top-k routing on the router's softmax, renormalised; each expert a
-          SwiGLU MLP) within 1e-4.
+          SwiGLU MLP; the shared experts' SwiGLU times the sigmoid of their gate,
+          as Megatron-Core's SharedExpertMLP with moe_shared_expert_gate) within 1e-4.
       Prints "CHECK OK".
 
-  hf_moe_clients.py save OUT=mixtral|qwen3_moe|qwen3_moe_all ... [--dtype f32|bf16] [--shard-size 100KB]
+  hf_moe_clients.py save OUT=mixtral|qwen3_moe|qwen3_moe_all|qwen2_moe ... [--dtype f32|bf16] [--shard-size 100KB]
       For each, a tiny model (MixtralForCausalLM, every layer MoE; or
-      Qwen3MoeForCausalLM with layer 0 dense, or none: _all, q/k norms) of random weights
+      Qwen3MoeForCausalLM with layer 0 dense, or none: _all, q/k norms; or
+      Qwen2MoeForCausalLM with layer 0 dense, a shared expert and its gate, no
+      q/k/v biases) of random weights
       (seeded) saved by transformers' own save_pretrained. Prints "SAVE OK".
 
   (hf_clients.py same compares two HF directories byte for byte.)
@@ -92,6 +97,11 @@ def moe_from_globals(g, d, arch, tied):
             out[f"{h}{block}.experts.{e}.{w1}.weight"] = gate
             out[f"{h}{block}.experts.{e}.{w3}.weight"] = up
             out[f"{h}{block}.experts.{e}.{w2}.weight"] = g[x + "linear_fc2.weight"]
+        if arch == "qwen2_moe":
+            gate, up = g[p + "mlp.shared_experts.linear_fc1.weight"].chunk(2, dim=0)
+            out[h + "mlp.shared_expert.gate_proj.weight"], out[h + "mlp.shared_expert.up_proj.weight"] = gate, up
+            out[h + "mlp.shared_expert.down_proj.weight"] = g[p + "mlp.shared_experts.linear_fc2.weight"]
+            out[h + "mlp.shared_expert_gate.weight"] = g[p + "mlp.shared_experts.gate_weight"]
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -142,6 +152,10 @@ def moe_reference(g, d, tokens, eps, theta, tied, top_k, qk_norm):
         for e in range(d["experts"]):
             x_e = f"{p}mlp.experts.local_experts.{e}."
             x = x + weights[..., e:e + 1] * swiglu(h, g[x_e + "linear_fc1.weight"], g[x_e + "linear_fc2.weight"])
+        if p + "mlp.shared_experts.linear_fc1.weight" in g:  # SharedExpertMLP: sigmoid(h @ gate_weight^T) * MLP(h)
+            sh = p + "mlp.shared_experts."
+            gate = torch.sigmoid(h @ g[sh + "gate_weight"].T)
+            x = x + gate * swiglu(h, g[sh + "linear_fc1.weight"], g[sh + "linear_fc2.weight"])
     x = rms(x, g["decoder.final_layernorm.weight"])
     return x @ g["embedding.word_embeddings.weight" if tied else "output_layer.weight"].T
 
@@ -158,6 +172,9 @@ def check_config(config, d, arch):
         sizes["moe_intermediate_size"] = "moe_ffn"
         dense = [i for i in range(d["layers"]) if not is_moe(d, i)]
         assert config["mlp_only_layers"] == dense and config.get("decoder_sparse_step", 1) == 1, config
+    if arch == "qwen2_moe":
+        sizes["shared_expert_intermediate_size"] = "shared_ffn"
+        assert config["qkv_bias"] is False, "the llama schema has no q/k/v biases"
     experts = config.get("num_local_experts", config.get("num_experts"))
     assert experts == d["experts"], f"config.json has {experts} experts, dims {d['experts']}"
     for key, dim in sizes.items():
@@ -179,11 +196,12 @@ def check(args):
     for name, t in want.items():
         assert got[name].dtype == t.dtype and torch.equal(got[name], t), f"{name} differs from the cut of the globals"
 
-    cls = {"mixtral": transformers.MixtralForCausalLM, "qwen3_moe": transformers.Qwen3MoeForCausalLM}[args.arch]
+    cls = {"mixtral": transformers.MixtralForCausalLM, "qwen3_moe": transformers.Qwen3MoeForCausalLM,
+           "qwen2_moe": transformers.Qwen2MoeForCausalLM}[args.arch]
     tokens = torch.randint(0, d["vocab"], (2, min(16, d["seq"])), generator=TOKENS)
     # float64: the experts computed one by one (transformers 5's grouped_mm takes no doubles).
     loaded = cls.from_pretrained(args.hf_dir, dtype=torch.float64, experts_implementation="eager").eval()
-    if args.arch == "qwen3_moe":
+    if args.arch != "mixtral":
         assert loaded.config.norm_topk_prob, "the reference renormalises the top-k weights"
     # The same class from the independently cut weights, written by safetensors beside the config:
     # transformers' own conversion fuses the experts of both alike.
@@ -217,6 +235,12 @@ def save(args):
             config = transformers.MixtralConfig(intermediate_size=48, num_hidden_layers=3, num_local_experts=4,
                                                 rms_norm_eps=1e-5, **common)
             model = transformers.MixtralForCausalLM(config)
+        elif kind == "qwen2_moe":
+            config = transformers.Qwen2MoeConfig(intermediate_size=96, moe_intermediate_size=32,
+                                                 shared_expert_intermediate_size=40, num_hidden_layers=4,
+                                                 num_experts=4, mlp_only_layers=[0], decoder_sparse_step=1,
+                                                 norm_topk_prob=True, qkv_bias=False, **common)
+            model = transformers.Qwen2MoeForCausalLM(config)
         else:
             config = transformers.Qwen3MoeConfig(intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4,
                                                  head_dim=16, num_experts=4,
@@ -239,10 +263,10 @@ def main():
     p = sub.add_parser("check")
     p.add_argument("hf_dir")
     p.add_argument("ref_dir")
-    p.add_argument("--arch", choices=("mixtral", "qwen3_moe"), required=True)
+    p.add_argument("--arch", choices=("mixtral", "qwen3_moe", "qwen2_moe"), required=True)
     p.add_argument("--dims", required=True)
     p = sub.add_parser("save")
-    p.add_argument("models", nargs="+", help="OUT=mixtral|qwen3_moe|qwen3_moe_all")
+    p.add_argument("models", nargs="+", help="OUT=mixtral|qwen3_moe|qwen3_moe_all|qwen2_moe")
     p.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
     p.add_argument("--shard-size", default="100KB")
     args = parser.parse_args()

@@ -125,8 +125,12 @@ std::vector<Tensor> NameTensors(const std::vector<TensorRecord>& tensors, Keys k
 // wv, which are one fused layers.I.attention.qkv_linear.wqkv.weight (its
 // fuse_qkv default): linear_qkv's rows, group-major, q and k heads woven. The
 // fp32 masters have no key (torchtitan's parameters are its masters).
+// With experts, torchtitan's Qwen3 MoE names (docs/dcp_format.md): each
+// layer's experts stacked [experts, ...], the shared experts its
+// moe.shared_experts.{w1,w2,w3}.weight (hf::MapOptions).
 // \error InvalidArgument naming the schema when it has no Llama names
-//        (hf::MapModel's errors), or an odd head_dim.
+//        (hf::MapModel's errors), naming the shared experts' gate rule
+//        (torchtitan's shared experts have none), or an odd head_dim.
 Result<std::vector<Tensor>> TorchtitanTensors(const ModelSpec& spec);
 
 // The key's shape, and where a box of the global tensor is in it.

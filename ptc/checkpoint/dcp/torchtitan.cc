@@ -54,6 +54,10 @@ constexpr Rename kMoeRenames[] = {
     {true, "post_attention_layernorm.weight", "ffn_norm.weight"},
     {true, "mlp.gate.weight", "moe.router.gate.weight"},
     {true, "block_sparse_moe.gate.weight", "moe.router.gate.weight"},
+    // The shared experts (hf::MapOptions' names): MoE.shared_experts, a FeedForward.
+    {true, "mlp.shared_experts.gate_proj.weight", "moe.shared_experts.w1.weight"},
+    {true, "mlp.shared_experts.up_proj.weight", "moe.shared_experts.w3.weight"},
+    {true, "mlp.shared_experts.down_proj.weight", "moe.shared_experts.w2.weight"},
 };
 
 // An expert's HF tensor (its name after "experts.E.") -> torchtitan's stacked key.
@@ -113,11 +117,17 @@ const Rename* Find(const std::string& hf, bool moe, std::string* titan, Index* e
 }  // namespace
 
 Result<std::vector<Tensor>> TorchtitanTensors(const ModelSpec& spec) {
-  PTC_ASSIGN_OR_RETURN(const hf::Model model, hf::MapModel(spec), "torchtitan names");
+  PTC_ASSIGN_OR_RETURN(const hf::Model model, hf::MapModel(spec, {.ungated_shared_experts = true}), "torchtitan names");
   if (model.arch == hf::Arch::kGptBigCode) {
     return InvalidArgumentError("schema " + spec.schema.name +
                                 ": torchtitan's names are Llama's or Qwen3's (the built-in llama schema); "
                                 "docs/dcp_format.md");
+  }
+  if (model.arch == hf::Arch::kQwen2Moe) {
+    return InvalidArgumentError("schema " + spec.schema.name +
+                                ": rule 'decoder.layers.{i}.mlp.shared_experts.gate_weight' (the shared experts' "
+                                "sigmoid gate) has no torchtitan name: torchtitan 0.3's MoE.shared_experts is an "
+                                "ungated FeedForward; docs/dcp_format.md");
   }
   const bool moe = model.arch != hf::Arch::kLlama;
   const Index head_dim = spec.dims.head_dim;

@@ -123,26 +123,51 @@ Result<std::string> QwenMoeLayers(const nlohmann::json& c, Index layers, const s
   return ",dense_first=" + std::to_string(first) + ",moe_every=" + std::to_string(every);
 }
 
-// The MoE dims of a Mixtral or Qwen3-MoE config.json (HF's defaults where absent).
+// The MoE dims of a Mixtral, Qwen3-MoE or Qwen2-MoE config.json (HF's defaults where absent).
 Result<std::string> MoeDims(const nlohmann::json& c, const std::string& type, Index layers, Index ffn,
                             const std::string& what) {
-  const bool mixtral = type == "mixtral";
-  PTC_ASSIGN_OR_RETURN(Index experts, ExpertsField(c, mixtral ? 8 : 128, what));
+  const bool mixtral = type == "mixtral", qwen2 = type == "qwen2_moe";
+  PTC_ASSIGN_OR_RETURN(Index experts, ExpertsField(c, mixtral ? 8 : qwen2 ? 60 : 128, what));
   Index moe_ffn = ffn;
   if (!mixtral) {
-    PTC_ASSIGN_OR_RETURN(moe_ffn, SizeField(c, "moe_intermediate_size", what, 768));
+    PTC_ASSIGN_OR_RETURN(moe_ffn, SizeField(c, "moe_intermediate_size", what, qwen2 ? 1408 : 768));
   }
   std::string placed;
   if (!mixtral) {
     PTC_ASSIGN_OR_RETURN(placed, QwenMoeLayers(c, layers, what));
   }
+  if (qwen2) {  // every MoE layer has the shared expert (Qwen2MoeSparseMoeBlock)
+    PTC_ASSIGN_OR_RETURN(Index shared, SizeField(c, "shared_expert_intermediate_size", what, 5632));
+    placed += ",shared_ffn=" + std::to_string(shared);
+  }
   return ",experts=" + std::to_string(experts) + ",moe_ffn=" + std::to_string(moe_ffn) + placed;
 }
 
-// Llama, Mixtral and Qwen3-MoE: the built-in llama (tied, with q/k norms as the config says).
+// What Qwen2-MoE's config switches on that the llama schema cannot carry:
+// q/k/v biases (qkv_bias, true by default) and a sliding window.
+Status CheckQwen2Moe(const nlohmann::json& c, const std::string& what) {
+  PTC_ASSIGN_OR_RETURN(bool qkv_bias, BoolField(c, "qkv_bias", true, what));
+  if (qkv_bias) {
+    return InvalidArgumentError(what +
+                                ": \"qkv_bias\" is true (Qwen2-MoE's default); the llama schema has no q/k/v "
+                                "biases (docs/hf_format.md)");
+  }
+  PTC_ASSIGN_OR_RETURN(bool window, BoolField(c, "use_sliding_window", false, what));
+  if (window) {
+    return InvalidArgumentError(what + ": \"use_sliding_window\" is true; ptcfs maps full attention only");
+  }
+  return Status::OK();
+}
+
+// Llama, Mixtral, Qwen3-MoE and Qwen2-MoE: the built-in llama (tied, with q/k
+// norms or the shared experts' gate as the config says).
 Result<ConfigModel> LlamaFamilyOfConfig(const nlohmann::json& c, const std::string& type, const std::string& what) {
   ConfigModel out;
-  out.arch = type == "llama" ? Arch::kLlama : type == "mixtral" ? Arch::kMixtral : Arch::kQwen3Moe;
+  out.arch = type == "llama"       ? Arch::kLlama
+             : type == "mixtral"   ? Arch::kMixtral
+             : type == "qwen2_moe" ? Arch::kQwen2Moe
+                                   : Arch::kQwen3Moe;
+  if (out.arch == Arch::kQwen2Moe) PTC_RETURN_IF_ERROR(CheckQwen2Moe(c, what));
   PTC_ASSIGN_OR_RETURN(Index layers, SizeField(c, "num_hidden_layers", what));
   PTC_ASSIGN_OR_RETURN(Index hidden, SizeField(c, "hidden_size", what));
   PTC_ASSIGN_OR_RETURN(Index heads, SizeField(c, "num_attention_heads", what));
@@ -184,31 +209,56 @@ Result<ConfigModel> LlamaFamilyOfConfig(const nlohmann::json& c, const std::stri
   if (out.arch == Arch::kQwen3Moe) {
     PTC_ASSIGN_OR_RETURN(out.schema, QkNormSchema(out.schema));
   }
+  if (out.arch == Arch::kQwen2Moe) {
+    PTC_ASSIGN_OR_RETURN(out.schema, SharedGateSchema(out.schema));
+  }
   return out;
 }
 
 }  // namespace
 
-Result<Schema> QkNormSchema(const Schema& base) {
-  constexpr const char* kQkv = "decoder.layers.{i}.self_attention.linear_qkv.weight";
+namespace {
+
+// `base` with `added` rules after rule `after`, named NAME + `suffix`.
+// \error InvalidArgument naming `after` when `base` has no such rule (`what`: what would follow it).
+Result<Schema> WithRulesAfter(const Schema& base, const char* after, const std::vector<nlohmann::json>& added,
+                              const char* suffix, const char* what) {
   nlohmann::json doc = base.ToJson();
-  const std::string name = base.name + "-qk";
+  const std::string name = base.name + suffix;
   doc["name"] = name;
   nlohmann::json rules = nlohmann::json::array();
   bool found = false;
   for (auto& rule : doc["tensors"]) {
     rules.push_back(rule);
-    if (rule["name"] != kQkv) continue;
+    if (rule["name"] != after) continue;
     found = true;
-    for (const char* norm : {"q_layernorm", "k_layernorm"}) {
-      rules.push_back({{"name", std::string("decoder.layers.{i}.self_attention.") + norm + ".weight"},
-                       {"shape", {"head_dim"}},
-                       {"pp", "layer"}});
-    }
+    for (const nlohmann::json& r : added) rules.push_back(r);
   }
-  if (!found) return InvalidArgumentError("schema " + base.name + " has no rule " + kQkv + " for q/k norms to follow");
+  if (!found)
+    return InvalidArgumentError("schema " + base.name + " has no rule " + after + " for " + what + " to follow");
   doc["tensors"] = std::move(rules);
   return ParseSchema(name, doc);
+}
+
+}  // namespace
+
+Result<Schema> QkNormSchema(const Schema& base) {
+  std::vector<nlohmann::json> norms;
+  for (const char* norm : {"q_layernorm", "k_layernorm"}) {
+    norms.push_back({{"name", std::string("decoder.layers.{i}.self_attention.") + norm + ".weight"},
+                     {"shape", {"head_dim"}},
+                     {"pp", "layer"}});
+  }
+  return WithRulesAfter(base, "decoder.layers.{i}.self_attention.linear_qkv.weight", norms, "-qk", "q/k norms");
+}
+
+Result<Schema> SharedGateSchema(const Schema& base) {
+  const nlohmann::json gate = {{"name", "decoder.layers.{i}.mlp.shared_experts.gate_weight"},
+                               {"shape", {"1", "hidden"}},
+                               {"pp", "layer"},
+                               {"layers", "moe"},
+                               {"when", "shared_ffn"}};
+  return WithRulesAfter(base, "decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight", {gate}, "-sg", "a gate");
 }
 
 Result<ConfigModel> ModelOfConfig(const nlohmann::json& c, const std::string& what) {
@@ -225,15 +275,13 @@ Result<ConfigModel> ModelOfConfig(const nlohmann::json& c, const std::string& wh
       if (a == "LlamaForCausalLM") type = "llama";
       if (a == "MixtralForCausalLM") type = "mixtral";
       if (a == "Qwen3MoeForCausalLM") type = "qwen3_moe";
+      if (a == "Qwen2MoeForCausalLM") type = "qwen2_moe";
       if (a == "GPTBigCodeForCausalLM") type = "gpt_bigcode";
     }
   }
   ConfigModel out;
-  if (type == "llama" || type == "mixtral" || type == "qwen3_moe") return LlamaFamilyOfConfig(c, type, what);
-  if (type == "qwen2_moe") {
-    return InvalidArgumentError(what +
-                                ": model_type 'qwen2_moe': its shared expert and the sigmoid gate on it "
-                                "(shared_expert_gate) have no counterpart in ptcfs's llama schema (docs/hf_format.md)");
+  if (type == "llama" || type == "mixtral" || type == "qwen3_moe" || type == "qwen2_moe") {
+    return LlamaFamilyOfConfig(c, type, what);
   }
   if (type == "gpt_bigcode") {
     out.arch = Arch::kGptBigCode;
@@ -271,8 +319,9 @@ Result<ConfigModel> ModelOfConfig(const nlohmann::json& c, const std::string& wh
     PTC_ASSIGN_OR_RETURN(out.schema, LoadSchema("megatron-gpt"));
     return out;
   }
-  return InvalidArgumentError(what + ": model_type " + (type.empty() ? std::string("(none)") : Quote(type)) +
-                              " is not one ptcfs maps (llama, mixtral, qwen3_moe, gpt_bigcode; docs/hf_format.md)");
+  return InvalidArgumentError(
+      what + ": model_type " + (type.empty() ? std::string("(none)") : Quote(type)) +
+      " is not one ptcfs maps (llama, mixtral, qwen3_moe, qwen2_moe, gpt_bigcode; docs/hf_format.md)");
 }
 
 }  // namespace ptc::hf

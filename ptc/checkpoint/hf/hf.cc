@@ -52,13 +52,22 @@ constexpr const char* kMoeNorm = "decoder.layers.{i}.pre_mlp_layernorm.weight";
 constexpr const char* kRouter = "decoder.layers.{i}.mlp.router.weight";
 constexpr const char* kExpertFc1 = "decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc1.weight";
 constexpr const char* kExpertFc2 = "decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc2.weight";
+constexpr const char* kSharedFc1 = "decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight";
+constexpr const char* kSharedFc2 = "decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight";
+constexpr const char* kSharedGate = "decoder.layers.{i}.mlp.shared_experts.gate_weight";
+
+// A MoE layer's shared experts: none, DeepSeek-V3's names without a gate
+// (MapOptions), or Qwen2-MoE's shared_expert and its sigmoid gate.
+enum class Shared { kNone, kUngated, kQwen2 };
 
 // Llama and its mixtures of experts (Mixtral, Qwen3-MoE): the same attention
 // and norms, the MLP of each kind of layer under the architecture's names, in
 // the order its modules register them (Mixtral's experts w1, w2, w3 as
 // transformers 4's MixtralBlockSparseTop2MLP; Qwen3-MoE's q/k norms after
-// o_proj, its dense layers' MLP before the MoE block's gate and experts).
-ArchInfo LlamaFamily(Arch arch, const char* architecture, const char* model_type) {
+// o_proj, its dense layers' MLP before the MoE block's gate and experts; the
+// shared experts after the routed ones, as Qwen2MoeSparseMoeBlock and
+// DeepseekV3MoE register them).
+ArchInfo LlamaFamily(Arch arch, const char* architecture, const char* model_type, Shared shared = Shared::kNone) {
   std::vector<Entry> e = {
       {"model.embed_tokens.weight", "embedding.word_embeddings.weight", Cut::kWhole, {"vocab", "hidden"}},
       {"model.layers.{i}.self_attn.q_proj.weight", kQkv, Cut::kQuery, {"heads*head_dim", "hidden"}},
@@ -87,11 +96,25 @@ ArchInfo LlamaFamily(Arch arch, const char* architecture, const char* model_type
     e.push_back(
         {"model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight", kExpertFc1, Cut::kUp, {"moe_ffn", "hidden"}});
   }
-  if (arch == Arch::kQwen3Moe) {
+  if (arch == Arch::kQwen3Moe || arch == Arch::kQwen2Moe) {
     e.push_back({"model.layers.{i}.mlp.gate.weight", kRouter, Cut::kWhole, {"experts", "hidden"}});
     e.push_back({"model.layers.{i}.mlp.experts.{e}.gate_proj.weight", kExpertFc1, Cut::kGate, {"moe_ffn", "hidden"}});
     e.push_back({"model.layers.{i}.mlp.experts.{e}.up_proj.weight", kExpertFc1, Cut::kUp, {"moe_ffn", "hidden"}});
     e.push_back({"model.layers.{i}.mlp.experts.{e}.down_proj.weight", kExpertFc2, Cut::kWhole, {"hidden", "moe_ffn"}});
+  }
+  if (shared != Shared::kNone) {
+    const bool qwen2 = shared == Shared::kQwen2;
+    const char* gate = qwen2 ? "model.layers.{i}.mlp.shared_expert.gate_proj.weight"
+                             : "model.layers.{i}.mlp.shared_experts.gate_proj.weight";
+    const char* up = qwen2 ? "model.layers.{i}.mlp.shared_expert.up_proj.weight"
+                           : "model.layers.{i}.mlp.shared_experts.up_proj.weight";
+    const char* down = qwen2 ? "model.layers.{i}.mlp.shared_expert.down_proj.weight"
+                             : "model.layers.{i}.mlp.shared_experts.down_proj.weight";
+    e.push_back({gate, kSharedFc1, Cut::kGate, {"shared_ffn", "hidden"}});
+    e.push_back({up, kSharedFc1, Cut::kUp, {"shared_ffn", "hidden"}});
+    e.push_back({down, kSharedFc2, Cut::kWhole, {"hidden", "shared_ffn"}});
+    if (qwen2)
+      e.push_back({"model.layers.{i}.mlp.shared_expert_gate.weight", kSharedGate, Cut::kWhole, {"1", "hidden"}});
   }
   e.push_back({"model.layers.{i}.input_layernorm.weight",
                "decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight",
@@ -112,6 +135,7 @@ const std::vector<ArchInfo>& Archs() {
       LlamaFamily(Arch::kLlama, "LlamaForCausalLM", "llama"),
       LlamaFamily(Arch::kMixtral, "MixtralForCausalLM", "mixtral"),
       LlamaFamily(Arch::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe"),
+      LlamaFamily(Arch::kQwen2Moe, "Qwen2MoeForCausalLM", "qwen2_moe", Shared::kQwen2),
       {Arch::kGptBigCode,
        "GPTBigCodeForCausalLM",
        "gpt_bigcode",
@@ -276,7 +300,7 @@ void SetMoeConfig(Arch arch, const ModelDims& d, nlohmann::json* c) {
   const bool local = c->contains("num_local_experts") || (arch == Arch::kMixtral && !c->contains("num_experts"));
   (*c)[local ? "num_local_experts" : "num_experts"] = d.experts;
   // top-k routing: the kept one when it fits, else transformers' default (at most every expert).
-  const Index default_k = std::min<Index>(arch == Arch::kMixtral ? 2 : 8, d.experts);
+  const Index default_k = std::min<Index>(arch == Arch::kMixtral ? 2 : arch == Arch::kQwen2Moe ? 4 : 8, d.experts);
   auto k = c->find("num_experts_per_tok");
   if (k == c->end() || !k->is_number_integer() || k->get<Index>() < 1 || k->get<Index>() > d.experts) {
     (*c)["num_experts_per_tok"] = default_k;
@@ -292,6 +316,7 @@ void SetMoeConfig(Arch arch, const ModelDims& d, nlohmann::json* c) {
     if (!d.IsMoeLayer(l)) dense.push_back(l);
   }
   (*c)["mlp_only_layers"] = std::move(dense);
+  if (arch == Arch::kQwen2Moe) (*c)["shared_expert_intermediate_size"] = d.shared_ffn;
 }
 
 nlohmann::json ConfigOf(const Model& model, const ModelSpec& spec, const nlohmann::json& kept) {
@@ -317,7 +342,8 @@ nlohmann::json ConfigOf(const Model& model, const ModelSpec& spec, const nlohman
     c["vocab_size"] = d.vocab;
     c["max_position_embeddings"] = d.seq;
     c["hidden_act"] = "silu";
-    c["attention_bias"] = false;
+    // Qwen2-MoE's q/k/v biases are one switch (qkv_bias, on by default); the others' attention_bias.
+    c[model.arch == Arch::kQwen2Moe ? "qkv_bias" : "attention_bias"] = false;
     if (model.arch == Arch::kLlama) c["mlp_bias"] = false;
     if (model.arch != Arch::kLlama) SetMoeConfig(model.arch, d, &c);
   } else {
@@ -344,18 +370,22 @@ nlohmann::json ConfigOf(const Model& model, const ModelSpec& spec, const nlohman
 namespace {
 
 // The architecture `spec` maps to: by the rules only one family has, then
-// (Llama's) by its experts and q/k norms.
+// (Llama's) by its experts, shared experts' gate and q/k norms.
 Result<const ArchInfo*> SelectArch(const ModelSpec& spec) {
   const Schema& schema = spec.schema;
   if (schema.Find(InfoOf(Arch::kGptBigCode).key_rule) != nullptr) return &InfoOf(Arch::kGptBigCode);
   if (schema.Find(kQkv) == nullptr) {
     return InvalidArgumentError("schema " + schema.name +
                                 ": Hugging Face has no architecture ptcfs maps it to (it maps Megatron-Core GPT names, "
-                                "the built-in llama, to LlamaForCausalLM, MixtralForCausalLM or Qwen3MoeForCausalLM "
+                                "the built-in llama, to LlamaForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM or "
+                                "Qwen2MoeForCausalLM "
                                 "and legacy Megatron-LM GPT names, megatron-gpt, to GPTBigCodeForCausalLM; "
                                 "docs/hf_format.md)");
   }
   const bool qk_norm = schema.Find(kQNorm) != nullptr || schema.Find(kKNorm) != nullptr;
+  if (spec.dims.experts > 0 && spec.dims.shared_ffn > 0 && schema.Find(kSharedGate) != nullptr) {
+    return &InfoOf(Arch::kQwen2Moe);
+  }
   if (spec.dims.experts == 0) {
     if (!qk_norm) return &InfoOf(Arch::kLlama);
     return InvalidArgumentError("schema " + schema.name + ": rule " + Quote(kQNorm) +
@@ -468,12 +498,17 @@ Status AddTensors(const ModelSpec& spec, const ArchInfo& info, Model* model) {
 
 const char* ArchName(Arch arch) { return InfoOf(arch).architecture; }
 
-Result<Model> MapModel(const ModelSpec& spec) {
-  PTC_ASSIGN_OR_RETURN(const ArchInfo* info, SelectArch(spec));
+Result<Model> MapModel(const ModelSpec& spec, const MapOptions& options) {
+  PTC_ASSIGN_OR_RETURN(const ArchInfo* selected, SelectArch(spec));
+  ArchInfo info = *selected;
+  if (options.ungated_shared_experts && (info.arch == Arch::kMixtral || info.arch == Arch::kQwen3Moe) &&
+      spec.dims.shared_ffn > 0 && spec.schema.Find(kSharedFc1) != nullptr) {
+    info = LlamaFamily(info.arch, info.architecture, info.model_type, Shared::kUngated);
+  }
   Model model;
-  model.arch = info->arch;
-  PTC_ASSIGN_OR_RETURN(model.tied, CheckRules(spec, *info));
-  PTC_RETURN_IF_ERROR(AddTensors(spec, *info, &model));
+  model.arch = info.arch;
+  PTC_ASSIGN_OR_RETURN(model.tied, CheckRules(spec, info));
+  PTC_RETURN_IF_ERROR(AddTensors(spec, info, &model));
   return model;
 }
 

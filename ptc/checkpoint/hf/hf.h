@@ -19,6 +19,9 @@
 //                                                 no shared experts)
 //     with experts= and q/k norms                 Qwen3MoeForCausalLM (dense layers
 //     (self_attention.q_layernorm, k_layernorm)   as its mlp_only_layers)
+//     with experts=, shared_ffn= and the shared   Qwen2MoeForCausalLM (its shared_expert
+//     experts' gate (mlp.shared_experts.          and shared_expert_gate; dense layers
+//     gate_weight, SharedGateSchema)              as its mlp_only_layers)
 //   legacy Megatron-LM GPT (`megatron-gpt`)       GPTBigCodeForCausalLM (GPT-2
 //                                                 with Linear layers, q/k/v per head)
 // An expert's HF tensors are cut from its global tensors as a dense MLP's
@@ -49,7 +52,7 @@ inline constexpr const char* kSingleFile = "model.safetensors";
 // save_pretrained's default max_shard_size ("5GB", decimal).
 inline constexpr uint64_t kDefaultShardBytes = 5'000'000'000;
 
-enum class Arch { kLlama, kGptBigCode, kMixtral, kQwen3Moe };
+enum class Arch { kLlama, kGptBigCode, kMixtral, kQwen3Moe, kQwen2Moe };
 
 // config.json's "architectures" entry of `arch` ("MixtralForCausalLM").
 const char* ArchName(Arch arch);
@@ -61,6 +64,16 @@ struct Model {
   bool tied = false;                 // the output layer is the input embedding (no lm_head.weight)
 };
 
+// What MapModel maps beyond Hugging Face's own architectures.
+struct MapOptions {
+  // Shared experts without a gate (Megatron-Core's mlp.shared_experts.linear_fc1/
+  // linear_fc2 and no gate_weight) in a Mixtral or Qwen3-MoE, under DeepSeek-V3's
+  // HF names (mlp.shared_experts.{gate,up,down}_proj.weight after the routed
+  // experts): torchtitan's MoE has them (dcp.h, TorchtitanTensors); HF's Mixtral
+  // and Qwen3-MoE do not, so an export refuses them.
+  bool ungated_shared_experts = false;
+};
+
 // The HF names and cuts of `spec`'s parameters (optimizer state is not carried).
 // \error InvalidArgument naming the rule: a schema with no rule this mapping
 //        recognises (or q/k norms without experts: Qwen3ForCausalLM is not
@@ -68,7 +81,7 @@ struct Model {
 //        needs that the schema lacks; a global tensor whose shape is not the
 //        one HF's config gives it (or dims HF's architecture cannot express:
 //        GPTBigCode with kv_heads != heads or heads*head_dim != hidden).
-Result<Model> MapModel(const ModelSpec& spec);
+Result<Model> MapModel(const ModelSpec& spec, const MapOptions& options = {});
 
 struct Shard {
   std::string file;             // "model-00001-of-00003.safetensors", or kSingleFile
@@ -106,7 +119,8 @@ Result<uint64_t> ParseShardSize(std::string_view text);
 // The ptcfs model a config.json describes, for an import.
 struct ConfigModel {
   // built-in llama (with a tied output layer when tie_word_embeddings; with
-  // Qwen3-MoE's q/k norms, "llama-qk", QkNormSchema) or megatron-gpt
+  // Qwen3-MoE's q/k norms, "llama-qk", QkNormSchema; with Qwen2-MoE's shared
+  // expert gate, "llama-sg", SharedGateSchema) or megatron-gpt
   Schema schema;
   ModelDims dims;
   Arch arch = Arch::kLlama;
@@ -114,10 +128,11 @@ struct ConfigModel {
 // \error InvalidArgument naming `what` and the field: an architecture ptcfs
 //        does not map, a missing or non-integer size, a feature the mapping
 //        cannot carry (biases in Llama, an activation other than silu,
-//        GPTBigCode's multi-query or untied head; Qwen2-MoE's shared expert
-//        and its gate, MoE layers no moe_every/dense_first gives: Qwen3-MoE's
-//        decoder_sparse_step other than 1, mlp_only_layers not below the
-//        first MoE layer and every k-th after), dims ParseDims refuses.
+//        GPTBigCode's multi-query or untied head; Qwen2-MoE's qkv_bias (its
+//        default) or sliding window; MoE layers no moe_every/dense_first
+//        gives: Qwen2/3-MoE's decoder_sparse_step other than 1, mlp_only_layers
+//        not below the first MoE layer and every k-th after), dims ParseDims
+//        refuses.
 Result<ConfigModel> ModelOfConfig(const nlohmann::json& config, const std::string& what);
 
 // `base` (the llama schema, tied or not) with Megatron-Core's q/k norms
@@ -125,5 +140,13 @@ Result<ConfigModel> ModelOfConfig(const nlohmann::json& config, const std::strin
 // layer, after linear_qkv as SelfAttention registers them), named NAME-qk.
 // \error InvalidArgument when `base` has no linear_qkv rule.
 Result<Schema> QkNormSchema(const Schema& base);
+
+// `base` (the llama schema, tied or not) with the shared experts' sigmoid gate
+// as Megatron-Core's SharedExpertMLP registers it with moe_shared_expert_gate:
+// decoder.layers.{i}.mlp.shared_experts.gate_weight [1, hidden] per MoE layer,
+// whole on every tp rank, after shared_experts.linear_fc2 (when shared_ffn),
+// named NAME-sg. Qwen2-MoE's shared_expert_gate.weight is this tensor.
+// \error InvalidArgument when `base` has no shared_experts.linear_fc2 rule.
+Result<Schema> SharedGateSchema(const Schema& base);
 
 }  // namespace ptc::hf
