@@ -71,7 +71,8 @@ class MegatronCrcTest : public ::testing::Test {
       auto plan = PlanMegatronFile(spec_, layout.config(), view, {}, ptc::megatron::NameSet::kTe);
       EXPECT_TRUE(plan.ok()) << plan.status().ToString();
       for (const auto& s : plan->state.storages) {
-        if (s.tensor != nullptr) out.storage_bytes += ptc::NumElements(s.tensor->shape) * ptc::DTypeSize(s.tensor->dtype);
+        if (s.tensor != nullptr)
+          out.storage_bytes += ptc::NumElements(s.tensor->shape) * ptc::DTypeSize(s.tensor->dtype);
       }
       auto crcs = StorageCrcs(reader, *plan, -1, count);
       EXPECT_TRUE(crcs.ok()) << crcs.status().ToString();
@@ -93,9 +94,8 @@ class MegatronCrcTest : public ::testing::Test {
     auto file = MakeMegatronFile(reader, plan, crcs, -1);
     ASSERT_TRUE(file.ok()) << file.status().ToString();
     std::string served((*file)->size(), '\0');
-    auto n = (*file)->Read(0, served.size(), served.data(), [](const ptc::ShardRecord&, uint64_t, uint64_t) {
-      return ptc::Status::OK();
-    });
+    auto n = (*file)->Read(0, served.size(), served.data(),
+                           [](const ptc::ShardRecord&, uint64_t, uint64_t) { return ptc::Status::OK(); });
     ASSERT_TRUE(n.ok()) << n.status().ToString();
     EXPECT_TRUE(served == written) << name << ": the served file differs from the written one";
     std::filesystem::remove_all(dir);

@@ -28,7 +28,8 @@ ptc::Result<uint32_t> ReadCrc(const VirtualFile& file, uint64_t offset, uint64_t
                               std::vector<char>& buf) {
   uint32_t crc = 0;
   for (const uint64_t end = offset + n; offset < end;) {
-    PTC_ASSIGN_OR_RETURN(size_t got, file.Read(offset, std::min<uint64_t>(buf.size(), end - offset), buf.data(), check));
+    PTC_ASSIGN_OR_RETURN(size_t got,
+                         file.Read(offset, std::min<uint64_t>(buf.size(), end - offset), buf.data(), check));
     if (got == 0) return ptc::InternalError("short read of a tensor for its CRC-32");
     crc = ptc::Crc32(crc, buf.data(), got);
     offset += got;
@@ -45,8 +46,9 @@ ptc::Result<uint32_t> ExtentCrc(const VirtualFile& file, const Extent& e, const 
                                 std::vector<char>& buf) {
   if (e.kind == Extent::kZero) return ptc::Crc32Zeros(e.end() - e.offset);
   const ptc::ShardRecord* shard = e.shard;
-  if (e.kind != Extent::kShard || e.count != 1 || shard == nullptr || shard->block_crc32s.size() != ptc::BlockCount(*shard) ||
-      e.file_offset < shard->offset || e.file_offset - shard->offset + e.length > shard->nbytes) {
+  if (e.kind != Extent::kShard || e.count != 1 || shard == nullptr ||
+      shard->block_crc32s.size() != ptc::BlockCount(*shard) || e.file_offset < shard->offset ||
+      e.file_offset - shard->offset + e.length > shard->nbytes) {
     return ReadCrc(file, e.offset, e.end() - e.offset, check, buf);
   }
   const uint64_t begin = e.file_offset - shard->offset;  // in the shard
