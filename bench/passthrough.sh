@@ -75,7 +75,7 @@ if [ ! -f "$WORK/store/manifest.json" ]; then
 fi
 case $FORMAT in
   safetensors) pattern='rank-*.safetensors'; mounted='model/rank-*/*.safetensors'; third=st_mmap.py ;;
-  megatron) pattern='rank-*.model_optim_rng.pt'; mounted='megatron/iter_*/mp_rank_*/model_optim_rng.pt'; third=tl_mmap.py ;;
+  megatron) pattern='rank-*.model_optim_rng.pt'; mounted='megatron/iter_*/mp_rank_*/model_optim_rng.pt'; third=tl_mmap ;;
   *) die "FORMAT=$FORMAT: expected safetensors or megatron" ;;
 esac
 mapfile -t direct < <(find "$WORK/store" -name "$pattern" | sort)
@@ -134,28 +134,11 @@ for path in sys.argv[1:]:
             n += t.numel() * t.element_size()
 print(f"{n / (time.perf_counter() - start) / 1e9:.3f}")
 PYEOF
-cat > "$WORK/tl_mmap.py" <<'PYEOF'
-import sys, time, torch
-def tensors(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, dict):
-        for v in x.values(): yield from tensors(v)
-    elif isinstance(x, (list, tuple)):
-        for v in x: yield from tensors(v)
-buf = torch.empty(0, dtype=torch.uint8)
-start = time.perf_counter(); n = 0
-for path in sys.argv[1:]:
-    sd = torch.load(path, mmap=True, weights_only=False, map_location="cpu")  # maps the file; bytes read on touch
-    for t in tensors(sd):
-        b = t.contiguous().reshape(-1).view(torch.uint8)
-        if b.numel() > buf.numel(): buf = torch.empty(b.numel(), dtype=torch.uint8)
-        buf[: b.numel()].copy_(b)
-        n += b.numel()
-print(f"{n / (time.perf_counter() - start) / 1e9:.3f}")
-PYEOF
 
 read_gbs() { python3 "$ROOT/bench/mount_read.py" 1 "$@"; }
+third() {  # the third column's GB/s of the files given
+  if [ "$third" = tl_mmap ]; then "$PY" "$ROOT/bench/torch_load_mmap.py" "$@"; else "$PY" "$WORK/$third" "$@"; fi
+}
 results="$WORK/results.txt"; : > "$results"
 methods=(kernel daemon direct hp)
 for round in $(seq 1 "$REPS"); do
@@ -168,7 +151,7 @@ for round in $(seq 1 "$REPS"); do
         sync; sleep "$SETTLE"
         echo "$round direct first $(read_gbs "${direct[@]}")" >> "$results"
         echo "$round direct reread $(read_gbs "${direct[@]}")" >> "$results"
-        echo "$round direct st_mmap $("$PY" "$WORK/$third" "${direct[@]}")" >> "$results"
+        echo "$round direct st_mmap $(third "${direct[@]}")" >> "$results"
         continue ;;
       hp)
         [ -n "$PASSTHROUGH_HP" ] || continue
@@ -185,7 +168,7 @@ for round in $(seq 1 "$REPS"); do
     sync; sleep "$SETTLE"
     echo "$round $method first $(read_gbs "${files[@]}")" >> "$results"
     echo "$round $method reread $(read_gbs "${files[@]}")" >> "$results"
-    echo "$round $method st_mmap $("$PY" "$WORK/$third" "${files[@]}")" >> "$results"
+    echo "$round $method st_mmap $(third "${files[@]}")" >> "$results"
     if [ $method = kernel ]; then
       python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print('  passthrough:', s['passthrough']['state'], s['passthrough']['kernel'], 'files by the kernel,', s['passthrough']['daemon'], 'by the daemon')" "$WORK/mnt-$method/.ptcfs/status"
     fi

@@ -26,11 +26,18 @@ constexpr unsigned kMaxIo = 512 * 1024;
 // max_readahead of the INIT reply), and a FUSE mount's bdi starts at 128 KiB:
 // a sequential first read then waits on one 128 KiB request after another,
 // and on each 4 MiB checksum block verified on the way. 4 MiB keeps up to
-// eight 512 KiB requests in flight: below the default congestion threshold
-// (9 background requests; past it the kernel skips asynchronous readahead,
-// and a larger window made first reads slower). The window grows to this
-// only on sequential reads.
+// eight 512 KiB requests of one reader in flight (a larger window made one
+// reader's first reads slower). The window grows to this only on sequential
+// reads.
 constexpr unsigned kReadahead = 4 << 20;
+
+// The kernel keeps at most max_background asynchronous requests (readahead)
+// in flight per mount and stops reading ahead past congestion_threshold of
+// them; its defaults (12 and 9) are one reader's window at most, so
+// concurrent readers (a rank's loader each) waited on synchronous reads
+// instead. Eight readers' windows of eight requests fit under these.
+constexpr unsigned kMaxBackground = 96;
+constexpr unsigned kCongestionThreshold = 72;
 
 Filesystem* Fs(fuse_req_t req) { return static_cast<Filesystem*>(fuse_req_userdata(req)); }
 
@@ -69,6 +76,8 @@ void OpInit(void* userdata, struct fuse_conn_info* conn) {
   conn->max_write = kMaxIo;          // also sets max_pages, hence the largest read
   conn->max_read = kMaxIo;           // must match the max_read mount option
   conn->max_readahead = kReadahead;  // with SetMountReadahead
+  conn->max_background = kMaxBackground;
+  conn->congestion_threshold = kCongestionThreshold;
   if (conn->capable & FUSE_CAP_SPLICE_WRITE) conn->want |= FUSE_CAP_SPLICE_WRITE;
   if (conn->capable & FUSE_CAP_SPLICE_MOVE) conn->want |= FUSE_CAP_SPLICE_MOVE;
   conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;  // invalidation is explicit

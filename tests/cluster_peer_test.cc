@@ -182,6 +182,7 @@ class PeerDataPlane : public ::testing::Test {
     piece.nbytes = data.size();
     piece.checksum = hasher.Finish().checksum;
     piece.block_checksums.clear();
+    piece.block_crc32s.clear();
     return piece;
   }
 

@@ -8,6 +8,8 @@
 #include <functional>
 #include <random>
 
+#include <zlib.h>
+
 #include "ptc/base/checksum.h"
 #include "ptc/store/rank_files.h"
 
@@ -55,6 +57,8 @@ GenerationManifest Sample() {
                       4 * (2 * 1048576 + 25),
                       CombineBlockChecksums(blocks),
                       blocks});
+  m.shards.back().block_crc32s = {0xdeadbeef, 0, 0x12345678};
+  m.shards[0].block_crc32s = {0xcafe0001};
   m.extra = {{"dataset", {{"epoch", 1}, {"consumed", 1000}}}};
   // A rank file holding copies of two pieces of worker 0.
   m.rank_file_copies.push_back(
@@ -106,6 +110,28 @@ TEST(Checksum, ShardBlocks) {
     EXPECT_EQ(d.checksum, Xxh64(words.data(), words.size()));
     EXPECT_EQ(d.checksum, CombineBlockChecksums(d.blocks));
   }
+  // The block CRC-32s: zip's CRC of each block, one for a shard of at most one block (or none).
+  for (uint64_t n : {uint64_t{0}, uint64_t{1000}, kChecksumBlockBytes, 2 * kChecksumBlockBytes + 12345}) {
+    std::string data(n, '\0');
+    for (char& c : data) c = static_cast<char>(rng());
+    ShardHasher h;
+    BlockCrcs alone;
+    for (size_t pos = 0; pos < n;) {
+      const size_t take = std::min<size_t>(n - pos, rng() % (3 << 20) + 1);
+      h.Update(data.data() + pos, take);
+      alone.Update(data.data() + pos, take);
+      pos += take;
+    }
+    const std::vector<uint32_t> crcs = h.Finish().crc32s;
+    ASSERT_EQ(crcs.size(), std::max<uint64_t>(1, (n + kChecksumBlockBytes - 1) / kChecksumBlockBytes)) << n;
+    EXPECT_EQ(alone.Finish(), crcs);
+    for (size_t b = 0; b < crcs.size(); ++b) {
+      const uint64_t at = b * kChecksumBlockBytes;
+      EXPECT_EQ(crcs[b], crc32(0, reinterpret_cast<const Bytef*>(data.data() + at),
+                               static_cast<uInt>(std::min<uint64_t>(kChecksumBlockBytes, n - at))))
+          << b;
+    }
+  }
   EXPECT_EQ(BlockChecksumsToString({1, 0xfedcba9876543210ULL}), "0000000000000001fedcba9876543210");
   EXPECT_EQ(*ParseBlockChecksums("0000000000000001FEDCBA9876543210"),
             (std::vector<uint64_t>{1, 0xfedcba9876543210ULL}));
@@ -136,6 +162,14 @@ TEST(Manifest, RoundTripIsExactAndStable) {
   EXPECT_EQ(text.find("\"format\""), text.find('"'));  // fixed key order: format first
   EXPECT_NE(text.find("\"checksum\": \"xxh64:0123456789abcdef\""), std::string::npos) << text;
   EXPECT_NE(text.find("\"parent\": 2"), std::string::npos);
+  EXPECT_NE(text.find("\"crc32s\": \"deadbeef0000000012345678\""), std::string::npos) << text;
+  // A manifest without block CRC-32s (every older one) decodes without them.
+  for (ShardRecord& s : m.shards) s.block_crc32s.clear();
+  text = EncodeManifest(m);
+  EXPECT_EQ(text.find("crc32s"), std::string::npos);
+  back = DecodeManifest("m.json", text);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, m);
 
   // A manifest without copies (every older one) has no "rank_file_copies" and decodes.
   m.rank_file_copies.clear();
@@ -209,6 +243,13 @@ TEST(Manifest, ValidationMessagesNameTheFault) {
        "shard 5 (tensor 'big'): block checksum 2"},
       {"blocks type", [](json& j) { j["shards"][5]["block_checksums"] = json::array(); },
        "\"block_checksums\" must be a string"},
+      {"crc count", [](json& j) { j["shards"][5]["crc32s"] = std::string(16, '0'); },
+       "shard 5: tensor 'big' shape [2097177]: 2 block CRC-32s for 3 checksum blocks"},
+      {"crc hex", [](json& j) { j["shards"][0]["crc32s"] = "0000000g"; },
+       "shard 0 (tensor 'layers.0.w'): block CRC-32 0 '0000000g' is not 8 hex digits"},
+      {"crc length", [](json& j) { j["shards"][0]["crc32s"] = "000000000"; },
+       "block CRC-32s of 9 characters (expected 8 hex digits per block)"},
+      {"crc type", [](json& j) { j["shards"][0]["crc32s"] = 5; }, "\"crc32s\" must be a string"},
       {"missing offset", [](json& j) { j["shards"][4].erase("offset"); },
        "shard 4 (tensor 'f8'): \"offset\" is missing"},
       {"float offset", [](json& j) { j["shards"][4]["offset"] = 1.5; }, "\"offset\" must be a non-negative integer"},

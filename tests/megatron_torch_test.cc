@@ -13,6 +13,7 @@
 
 #include "mount_util.h"
 #include "ptc/checkpoint/megatron/import.h"
+#include "ptc/store/store.h"
 #include "view/save_parts.h"
 
 namespace ptc {
@@ -288,6 +289,11 @@ TEST_F(MegatronTorchTest, SaveThroughTheMountThenReadAnotherConfig) {
   status = testing::MountStatus(m.dir());
   EXPECT_EQ(status["generation"], 2) << status.dump();
   EXPECT_EQ(testing::Slurp(megatron + "/latest_checkpointed_iteration.txt"), "200");
+  {  // its pieces recorded their block CRC-32s: a rank file's zip CRCs are composed, not read
+    auto store = Store::Open(Env::Default(), tmp_ / "store");
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    for (const ShardRecord& s : (*store)->current().shards) EXPECT_EQ(s.block_crc32s.size(), BlockCount(s)) << s.file;
+  }
   Check(tmp_ / "saved", "2 2", megatron, "2 2");
   auto [rc, rout] = Ptcfs("reconfigure " + m.dir() + " --to tp=1,pp=4");
   ASSERT_EQ(rc, 0) << rout;

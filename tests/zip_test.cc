@@ -5,7 +5,7 @@
 #include <cstring>
 #include <random>
 
-#include "ptc/format/crc32.h"
+#include "ptc/base/crc32.h"
 #include "ptc/format/crc_ledger.h"
 #include "ptc/format/zip_reader.h"
 #include "ptc/format/zip_writer.h"

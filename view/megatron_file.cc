@@ -5,6 +5,7 @@
 #include <map>
 #include <tuple>
 
+#include "ptc/base/crc32.h"
 #include "ptc/format/zip_writer.h"
 
 namespace ptcfs {
@@ -20,6 +21,52 @@ ptc::Result<std::unique_ptr<VirtualFile>> TensorFile(const ptc::GenerationReader
   std::vector<Extent> extents;
   PTC_RETURN_IF_ERROR(AppendTensorExtents(reader, t, 0, prefer_worker, &extents));
   return std::make_unique<VirtualFile>(std::string(), std::move(extents), TensorBytes(t));
+}
+
+// The CRC-32 of bytes [offset, offset + n) of `file`, read (through `check`) into `buf`.
+ptc::Result<uint32_t> ReadCrc(const VirtualFile& file, uint64_t offset, uint64_t n, const ShardCheck& check,
+                              std::vector<char>& buf) {
+  uint32_t crc = 0;
+  for (const uint64_t end = offset + n; offset < end;) {
+    PTC_ASSIGN_OR_RETURN(size_t got,
+                         file.Read(offset, std::min<uint64_t>(buf.size(), end - offset), buf.data(), check));
+    if (got == 0) return ptc::InternalError("short read of a tensor for its CRC-32");
+    crc = ptc::Crc32(crc, buf.data(), got);
+    offset += got;
+  }
+  return crc;
+}
+
+// The CRC-32 of extent `e` of `file` (a tensor's bytes): a run of one shard
+// that recorded its block CRC-32s is composed from those of the blocks it
+// covers whole, reading only the bytes of blocks it covers in part; zeros
+// are computed; anything else (a strided run, a shard without block CRCs) is
+// read.
+ptc::Result<uint32_t> ExtentCrc(const VirtualFile& file, const Extent& e, const ShardCheck& check,
+                                std::vector<char>& buf) {
+  if (e.kind == Extent::kZero) return ptc::Crc32Zeros(e.end() - e.offset);
+  const ptc::ShardRecord* shard = e.shard;
+  if (e.kind != Extent::kShard || e.count != 1 || shard == nullptr ||
+      shard->block_crc32s.size() != ptc::BlockCount(*shard) || e.file_offset < shard->offset ||
+      e.file_offset - shard->offset + e.length > shard->nbytes) {
+    return ReadCrc(file, e.offset, e.end() - e.offset, check, buf);
+  }
+  const uint64_t begin = e.file_offset - shard->offset;  // in the shard
+  const uint64_t end = begin + e.length;
+  uint32_t crc = 0;
+  for (uint64_t pos = begin; pos < end;) {
+    const size_t block = ptc::BlockOf(*shard, pos);
+    const uint64_t stop = std::min(end, ptc::BlockEnd(*shard, block));
+    uint32_t part;
+    if (pos == ptc::BlockBegin(*shard, block) && stop == ptc::BlockEnd(*shard, block)) {
+      part = shard->block_crc32s[block];
+    } else {
+      PTC_ASSIGN_OR_RETURN(part, ReadCrc(file, e.offset + (pos - begin), stop - pos, check, buf));
+    }
+    crc = ptc::Crc32Combine(crc, part, stop - pos);
+    pos = stop;
+  }
+  return crc;
 }
 
 std::vector<ptc::TorchStorageSpec> StorageSpecs(const ptc::megatron::RankState& state) {
@@ -50,18 +97,19 @@ ptc::Result<MegatronFilePlan> PlanMegatronFile(const ptc::ModelSpec& spec, const
 ptc::Result<std::vector<uint32_t>> StorageCrcs(const ptc::GenerationReader& reader, const MegatronFilePlan& plan,
                                                int prefer_worker, const ShardCheck& check) {
   std::vector<uint32_t> crcs;
-  std::unique_ptr<char[]> buf(new char[kChunk]);
+  std::vector<char> buf(kChunk);
   for (const auto& storage : plan.state.storages) {
     if (storage.carried != nullptr) {
       crcs.push_back(ptc::Crc32(0, storage.carried->bytes.data(), storage.carried->bytes.size()));
       continue;
     }
-    PTC_ASSIGN_OR_RETURN(auto file, TensorFile(reader, *storage.tensor, prefer_worker));
+    std::vector<Extent> extents;
+    PTC_RETURN_IF_ERROR(AppendTensorExtents(reader, *storage.tensor, 0, prefer_worker, &extents));
+    const VirtualFile file(std::string(), extents, TensorBytes(*storage.tensor));
     uint32_t crc = 0;
-    for (uint64_t off = 0; off < file->size();) {
-      PTC_ASSIGN_OR_RETURN(size_t n, file->Read(off, kChunk, buf.get(), check));
-      crc = ptc::Crc32(crc, buf.get(), n);
-      off += n;
+    for (const Extent& e : extents) {
+      PTC_ASSIGN_OR_RETURN(const uint32_t part, ExtentCrc(file, e, check, buf));
+      crc = ptc::Crc32Combine(crc, part, e.end() - e.offset);
     }
     crcs.push_back(crc);
   }

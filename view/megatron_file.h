@@ -4,11 +4,14 @@
 // A rank's model_optim_rng.pt is a stored zip (ptc/format/torch_file.h) whose storage
 // members are the rank's local tensors. Its size and every offset follow from
 // the view alone, so `stat` is exact at once. The zip headers also hold each
-// member's CRC-32, which needs the bytes: MakeMegatronFile reads the rank's
-// tensors once to compute them (about the cost of one read of the file), and
-// the file is then served like a safetensors file, literal pieces plus shard
-// extents. The mount keeps the CRCs per snapshot and rank, so only the first
-// open of a file pays for them.
+// member's CRC-32: StorageCrcs composes a storage's from the block CRC-32s
+// its pieces recorded when they were written (ShardRecord::block_crc32s,
+// Crc32Combine), reading only the bytes of a block a storage covers in part
+// (a row slice of a piece after a tensor-parallel change, not aligned to a
+// block) and those it cannot compose (a column slice: a strided run; a
+// piece of an older manifest without them). The file is then served like a
+// safetensors file, literal pieces plus shard extents. The mount keeps the
+// CRCs per snapshot and rank, so only the first open of a file computes them.
 //
 // Thread safety: pure functions, and reads of the store.
 #pragma once
@@ -41,8 +44,9 @@ ptc::Result<MegatronFilePlan> PlanMegatronFile(const ptc::ModelSpec& spec, const
                                                const ptc::RankView& view, const ptc::megatron::MegatronState& state,
                                                ptc::megatron::NameSet names);
 
-// The CRC-32 of each storage of `plan`, reading the tensors from the store
-// (every shard passes `check` first).
+// The CRC-32 of each storage of `plan`, composed from the pieces' block
+// CRC-32s where they cover it, else reading the tensors from the store (every
+// shard range read passes `check` first; nothing else is read).
 // \error as `check`, GenerationReader::Cover / File and the reads.
 ptc::Result<std::vector<uint32_t>> StorageCrcs(const ptc::GenerationReader& reader, const MegatronFilePlan& plan,
                                                int prefer_worker, const ShardCheck& check);

@@ -1,5 +1,7 @@
 #include "ptc/base/checksum.h"
 
+#include "ptc/base/crc32.h"
+
 #include <xxhash.h>
 
 #include <algorithm>
@@ -50,7 +52,28 @@ Status BlockHasher::Update(const void* data, size_t n, const BlockDone& done) {
   return Status::OK();
 }
 
+void BlockCrcs::Update(const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(n, kChecksumBlockBytes - pos_ % kChecksumBlockBytes));
+    crc_ = Crc32(crc_, p, take);
+    pos_ += take;
+    p += take;
+    n -= take;
+    if (pos_ % kChecksumBlockBytes == 0) {
+      done_.push_back(crc_);
+      crc_ = 0;
+    }
+  }
+}
+
+std::vector<uint32_t> BlockCrcs::Finish() {
+  if (pos_ % kChecksumBlockBytes != 0 || done_.empty()) done_.push_back(crc_);
+  return std::move(done_);
+}
+
 void ShardHasher::Update(const void* data, size_t n) {
+  crcs_.Update(data, n);
   (void)hasher_.Update(data, n, [this](size_t, uint64_t digest) {
     blocks_.push_back(digest);
     return Status::OK();
@@ -60,6 +83,7 @@ void ShardHasher::Update(const void* data, size_t n) {
 ShardDigest ShardHasher::Finish() {
   if (hasher_.InBlock() || blocks_.empty()) blocks_.push_back(hasher_.PartialDigest());
   ShardDigest d;
+  d.crc32s = crcs_.Finish();
   if (blocks_.size() == 1) {
     d.checksum = blocks_[0];  // one block: the checksum of the bytes, no block list
     return d;
@@ -127,6 +151,34 @@ Result<std::vector<uint64_t>> ParseBlockChecksums(std::string_view text) {
     }
   }
   return blocks;
+}
+
+std::string BlockCrc32sToString(const std::vector<uint32_t>& crcs) {
+  std::string out;
+  out.reserve(8 * crcs.size());
+  char buf[12];
+  for (uint32_t c : crcs) {
+    std::snprintf(buf, sizeof buf, "%08x", static_cast<unsigned>(c));
+    out += buf;
+  }
+  return out;
+}
+
+Result<std::vector<uint32_t>> ParseBlockCrc32s(std::string_view text) {
+  if (text.size() % 8 != 0) {
+    return InvalidArgumentError("block CRC-32s of " + std::to_string(text.size()) +
+                                " characters (expected 8 hex digits per block)");
+  }
+  std::vector<uint32_t> crcs(text.size() / 8);
+  for (size_t i = 0; i < crcs.size(); ++i) {
+    uint64_t value = 0;
+    if (!ParseHex16(text.substr(8 * i, 8), &value)) {
+      return InvalidArgumentError("block CRC-32 " + std::to_string(i) + " '" + std::string(text.substr(8 * i, 8)) +
+                                  "' is not 8 hex digits");
+    }
+    crcs[i] = static_cast<uint32_t>(value);
+  }
+  return crcs;
 }
 
 }  // namespace ptc

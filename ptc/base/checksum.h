@@ -54,6 +54,8 @@ uint64_t CombineBlockChecksums(const std::vector<uint64_t>& blocks);
 struct ShardDigest {
   uint64_t checksum = 0;
   std::vector<uint64_t> blocks;  // empty for a shard of at most one block
+  // The CRC-32 (zip's, crc32.h) of each block, one at least (ShardRecord::block_crc32s).
+  std::vector<uint32_t> crc32s{};
 };
 
 // Hashes a stream's bytes block by block: blocks of kChecksumBlockBytes from
@@ -87,7 +89,24 @@ class BlockHasher {
   const uint64_t size_;
 };
 
-// Hashes a shard's bytes in order, block by block. Used by one thread at a time.
+// The CRC-32 of each kChecksumBlockBytes block of a stream (the last one
+// shorter; one block, of nothing, for an empty stream), so that a zip writer
+// composes the CRC of any run of whole blocks without reading it
+// (Crc32Combine). Used by one thread at a time.
+class BlockCrcs {
+ public:
+  void Update(const void* data, size_t n);
+  // The CRCs of every block so far (the object is spent).
+  std::vector<uint32_t> Finish();
+
+ private:
+  uint64_t pos_ = 0;
+  uint32_t crc_ = 0;             // of the current block's bytes
+  std::vector<uint32_t> done_;  // of the blocks completed
+};
+
+// Hashes a shard's bytes in order, block by block: xxh64 and CRC-32 of
+// each. Used by one thread at a time.
 class ShardHasher {
  public:
   void Update(const void* data, size_t n);
@@ -97,6 +116,7 @@ class ShardHasher {
  private:
   BlockHasher hasher_;
   std::vector<uint64_t> blocks_;  // digests of the blocks completed
+  BlockCrcs crcs_;
 };
 
 // "xxh64:%016x".
@@ -110,5 +130,11 @@ std::string BlockChecksumsToString(const std::vector<uint64_t>& blocks);
 // Inverse of BlockChecksumsToString.
 // \error InvalidArgument when the length is not a multiple of 16 or a digit is not hex.
 Result<std::vector<uint64_t>> ParseBlockChecksums(std::string_view text);
+
+// Block CRC-32s as one string of 8 lower-case hex digits each.
+std::string BlockCrc32sToString(const std::vector<uint32_t>& crcs);
+// Inverse of BlockCrc32sToString.
+// \error InvalidArgument when the length is not a multiple of 8 or a digit is not hex.
+Result<std::vector<uint32_t>> ParseBlockCrc32s(std::string_view text);
 
 }  // namespace ptc

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <memory>
 
-#include "ptc/format/crc32.h"
+#include "ptc/base/crc32.h"
 
 namespace ptc {
 

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "ptc/format/crc32.h"
+#include "ptc/base/crc32.h"
 
 namespace ptc {
 namespace {

@@ -9,7 +9,7 @@
 #include <set>
 #include <string_view>
 
-#include "ptc/format/crc32.h"
+#include "ptc/base/crc32.h"
 #include "ptc/format/little_endian.h"
 #include "ptc/format/zip_records.h"
 

@@ -25,7 +25,7 @@
 
 #include "ptc/base/env.h"
 #include "ptc/base/status.h"
-#include "ptc/format/crc32.h"  // ZipMember::crc32 is a Crc32 of the member's data
+#include "ptc/base/crc32.h"  // ZipMember::crc32 is a Crc32 of the member's data
 
 namespace ptc {
 

@@ -41,7 +41,11 @@ Status ShardSink::Append(const void* data, size_t n) {
   }
   if (file_) PTC_RETURN_IF_ERROR(file_->PWrite(record_.offset + written_, data, n));
   for (CopyTarget& c : copies_) PTC_RETURN_IF_ERROR(c.file->PWrite(c.offset + written_, data, n));
-  if (!adopted_) hash_.Update(data, n);
+  if (!adopted_) {
+    hash_.Update(data, n);
+  } else if (adopted_->crc32s.empty()) {
+    adopted_crcs_.Update(data, n);  // a source recorded before block CRC-32s
+  }
   written_ += n;
   return Status::OK();
 }
@@ -53,7 +57,7 @@ Status ShardSink::AdoptChecksums(const ShardRecord& source) {
                                    std::to_string(source.nbytes) + " bytes) for a shard of " +
                                    std::to_string(record_.nbytes));
   }
-  adopted_ = ShardDigest{source.checksum, source.block_checksums};
+  adopted_ = ShardDigest{source.checksum, source.block_checksums, source.block_crc32s};
   return Status::OK();
 }
 
@@ -72,6 +76,7 @@ Result<ShardRecord> ShardSink::Finish() {
   ShardDigest digest = adopted_ ? std::move(*adopted_) : hash_.Finish();
   record_.checksum = digest.checksum;
   record_.block_checksums = std::move(digest.blocks);
+  record_.block_crc32s = digest.crc32s.empty() ? adopted_crcs_.Finish() : std::move(digest.crc32s);
   return record_;
 }
 

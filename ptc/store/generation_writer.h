@@ -24,7 +24,8 @@
 
 namespace ptc {
 
-// Writes one new shard file's bytes sequentially, computing the checksum.
+// Writes one new shard file's bytes sequentially, computing the checksums
+// (xxh64 and CRC-32 per block).
 // Used by one thread at a time.
 class ShardSink {
  public:
@@ -34,7 +35,8 @@ class ShardSink {
   // The bytes to be appended are those of `source`, in order, each checked
   // against its checksums as it was read (a verbatim copy of a shard with the
   // same tensor, boxes and dtype): the record takes its checksums and Append
-  // does not hash again. Before the first Append.
+  // does not hash again (only the block CRC-32s, when `source` has none).
+  // Before the first Append.
   // \error FailedPrecondition when bytes were appended already or the sizes differ.
   Status AdoptChecksums(const ShardRecord& source);
   // Checks that exactly nbytes were written, closes the file (made durable by Commit; its
@@ -58,6 +60,7 @@ class ShardSink {
   std::vector<CopyTarget> copies_;  // each Append is written to each of them too
   ShardHasher hash_;
   std::optional<ShardDigest> adopted_;  // AdoptChecksums: no hashing
+  BlockCrcs adopted_crcs_;              // AdoptChecksums of a source without block CRC-32s
   uint64_t written_ = 0;
   bool finished_ = false;
 };

@@ -47,6 +47,7 @@ ordered_json ShardToJson(const ShardRecord& s) {
   j["checksum"] = ChecksumToString(s.checksum);
   if (!s.block_checksums.empty()) j["block_checksums"] = BlockChecksumsToString(s.block_checksums);
   if (!s.h5.empty()) j["h5"] = s.h5;
+  if (!s.block_crc32s.empty()) j["crc32s"] = BlockCrc32sToString(s.block_crc32s);
   return j;
 }
 
@@ -146,6 +147,12 @@ Result<ShardRecord> DecodeShard(const json& j, const std::string& where) {
   if (const json* h5 = g.Find("h5")) {
     if (!h5->is_string() || h5->get<std::string>().empty()) return g.Error("h5", "must be a non-empty string");
     s.h5 = h5->get<std::string>();
+  }
+  if (const json* crcs = g.Find("crc32s")) {
+    if (!crcs->is_string()) return g.Error("crc32s", "must be a string");
+    Result<std::vector<uint32_t>> parsed = ParseBlockCrc32s(crcs->get<std::string>());
+    if (!parsed.ok()) return CorruptionError(at + ": " + parsed.status().message());
+    s.block_crc32s = std::move(parsed).value();
   }
   return s;
 }
@@ -355,6 +362,10 @@ Status ValidateShard(const ShardRecord& s, const TensorRecord& t) {
   }
   if (!s.h5.empty() && !IsSafeRelativePath(s.h5)) {
     return InvalidArgumentError(at + ": h5 '" + s.h5 + "' must be a relative path without '.', '..' or empty parts");
+  }
+  if (!s.block_crc32s.empty() && s.block_crc32s.size() != BlockCount(s)) {
+    return InvalidArgumentError(at + ": " + std::to_string(s.block_crc32s.size()) + " block CRC-32s for " +
+                                std::to_string(BlockCount(s)) + " checksum blocks");
   }
   return Status::OK();
 }

@@ -44,6 +44,11 @@ struct ShardRecord {
   // by a compaction, docs/store_format.md "Rank files") and `h5` the HDF5 file
   // describing them as external storage at `offset` of `file`.
   std::string h5{};
+  // The CRC-32 (zip's) of each checksum block (BlockCount of them), recorded
+  // as the bytes were written, so that a torch file's zip records are
+  // composed (Crc32Combine) instead of read (view/megatron_file.h). Empty:
+  // not recorded (manifests before them, pieces copied from such records).
+  std::vector<uint32_t> block_crc32s{};
   friend bool operator==(const ShardRecord&, const ShardRecord&) = default;
 };
 

@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "ptc/checkpoint/dcp/entries.h"
-#include "ptc/format/crc32.h"
+#include "ptc/base/crc32.h"
 #include "ptc/format/pickle.h"
 #include "ptc/model/view.h"
 #include "ptc/store/model_spec.h"

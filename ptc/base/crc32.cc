@@ -1,4 +1,4 @@
-#include "ptc/format/crc32.h"
+#include "ptc/base/crc32.h"
 
 #include <libdeflate.h>
 #include <zlib.h>
