@@ -42,6 +42,18 @@ ShardRecord Piece(const std::string& tensor, std::vector<Box> boxes, int worker)
   return s;
 }
 
+// Every byte of the plan's file `f` as the mount serves it.
+Result<std::string> DcpFileBytes(const GenerationReader& reader, const Plan& plan, size_t f) {
+  auto file = ptcfs::MakeDcpFile(reader, plan, f, -1);
+  if (!file.ok()) return file.status();
+  std::string bytes((*file)->size(), '\0');
+  auto n =
+      (*file)->Read(0, bytes.size(), bytes.data(), [](const ShardRecord&, uint64_t, uint64_t) { return Status::OK(); });
+  if (!n.ok()) return n.status();
+  if (*n != bytes.size()) return CorruptionError("short read of file " + std::to_string(f));
+  return bytes;
+}
+
 TEST(DcpBoxes, DisjointPiecesStayWholeReplicasDropOverlapsSplit) {
   const Box left = B({0, 0}, {4, 8}), right = B({4, 0}, {8, 8});
   auto out = DisjointBoxes({left, right, left, right});  // two workers with the same pieces
@@ -171,12 +183,9 @@ TEST(DcpFile, EveryChunkIsATorchFileOfItsBox) {
   std::set<std::string> keys;
   size_t chunks = 0;
   for (size_t i = 0; i < plan->files.size(); ++i) {
-    auto file = ptcfs::MakeDcpFile(reader, *plan, i, -1);
-    ASSERT_TRUE(file.ok()) << file.status().ToString();
-    std::string bytes((*file)->size(), '\0');
-    auto n = (*file)->Read(0, bytes.size(), bytes.data(),
-                           [](const ShardRecord&, uint64_t, uint64_t) { return Status::OK(); });
-    ASSERT_TRUE(n.ok() && *n == bytes.size());
+    auto read = DcpFileBytes(reader, *plan, i);
+    ASSERT_TRUE(read.ok()) << read.status().ToString();
+    const std::string& bytes = *read;
     for (const Chunk& c : plan->files[i].chunks) {
       if (c.object >= 0) continue;  // the optimizer's step and groups (DcpOptimizer)
       const Tensor& t = plan->tensors[c.tensor];
@@ -469,13 +478,9 @@ TEST(DcpTorchtitan, KeysPermuteQueryAndKeyRowsAndReadBack) {
   size_t checked = 0;
   std::set<std::string> parts;  // files holding chunks
   for (size_t f = 0; f < plan->files.size(); ++f) {
-    auto file = ptcfs::MakeDcpFile(reader, *plan, f, -1);
-    ASSERT_TRUE(file.ok()) << file.status().ToString();
-    std::string bytes((*file)->size(), '\0');
-    ASSERT_TRUE(
-        (*file)
-            ->Read(0, bytes.size(), bytes.data(), [](const ShardRecord&, uint64_t, uint64_t) { return Status::OK(); })
-            .ok());
+    auto read = DcpFileBytes(reader, *plan, f);
+    ASSERT_TRUE(read.ok()) << read.status().ToString();
+    const std::string& bytes = *read;
     for (const Chunk& c : plan->files[f].chunks) {
       if (c.object >= 0) continue;
       const Tensor& t = plan->tensors[c.tensor];
@@ -661,13 +666,9 @@ TEST(DcpTorchtitan, MoeExpertsStackIntoOneTensorPerLayerAndReadBack) {
   size_t rows = 0;
   std::set<Index> cuts;  // where the chunks of w1 are cut along the rows
   for (size_t f = 0; f < plan->files.size(); ++f) {
-    auto file = ptcfs::MakeDcpFile(reader, *plan, f, -1);
-    ASSERT_TRUE(file.ok()) << file.status().ToString();
-    std::string bytes((*file)->size(), '\0');
-    ASSERT_TRUE(
-        (*file)
-            ->Read(0, bytes.size(), bytes.data(), [](const ShardRecord&, uint64_t, uint64_t) { return Status::OK(); })
-            .ok());
+    auto read = DcpFileBytes(reader, *plan, f);
+    ASSERT_TRUE(read.ok()) << read.status().ToString();
+    const std::string& bytes = *read;
     for (const Chunk& c : plan->files[f].chunks) {
       if (c.object >= 0) continue;
       const Tensor& t = plan->tensors[c.tensor];
@@ -762,13 +763,9 @@ TEST(DcpTorchtitan, SharedExpertsAreItsMoeSharedExpertsAndReadBack) {
   GenerationReader reader(*store, generation, /*verify=*/true);
   size_t rows = 0;
   for (size_t f = 0; f < plan->files.size(); ++f) {
-    auto file = ptcfs::MakeDcpFile(reader, *plan, f, -1);
-    ASSERT_TRUE(file.ok()) << file.status().ToString();
-    std::string bytes((*file)->size(), '\0');
-    ASSERT_TRUE(
-        (*file)
-            ->Read(0, bytes.size(), bytes.data(), [](const ShardRecord&, uint64_t, uint64_t) { return Status::OK(); })
-            .ok());
+    auto read = DcpFileBytes(reader, *plan, f);
+    ASSERT_TRUE(read.ok()) << read.status().ToString();
+    const std::string& bytes = *read;
     for (const Chunk& c : plan->files[f].chunks) {
       if (c.object >= 0) continue;
       const Tensor& t = plan->tensors[c.tensor];
