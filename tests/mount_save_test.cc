@@ -254,7 +254,12 @@ TEST_P(MountSaveTest, ANonRootDaemonWritesTheSaveItself) {
     ~Unmount() { Sh("fusermount3 -u " + dir); }
   } unmount{tmp_ / "mnt"};
   const std::string mnt = tmp_ / "mnt";
-  auto [sc, sout] = Sh(nobody + "env HOME=/tmp " + Client("megatron_ckpt.py") + "save " + mnt + "/megatron " +
+  // The client from a copy nobody can read: the checkout may sit under a directory only root may
+  // enter (a clone in /root, or bench/newcomer.sh's mktemp -d).
+  const std::string script = tmp_ / "megatron_ckpt.py";
+  fs::copy_file(std::string(PTCFS_SOURCE_DIR) + "/tests/clients/megatron_ckpt.py", script);
+  fs::permissions(script, fs::perms::owner_read | fs::perms::group_read | fs::perms::others_read);
+  auto [sc, sout] = Sh(nobody + "env HOME=/tmp /usr/bin/python3 " + script + " save " + mnt + "/megatron " +
                        tmp_ / "mirror --iteration 600");
   ASSERT_EQ(sc, 0) << sout;
   auto [c, text] = Sh(nobody + "cat " + mnt + "/.ptcfs/status");
