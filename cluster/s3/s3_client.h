@@ -76,12 +76,12 @@ class S3Client {
   struct Call {
     std::string method;
     std::string bucket, key;
-    std::vector<std::pair<std::string, std::string>> query;
-    std::vector<std::pair<std::string, std::string>> headers;
-    std::string_view body;
+    std::vector<std::pair<std::string, std::string>> query{};
+    std::vector<std::pair<std::string, std::string>> headers{};
+    std::string_view body{};
     char* into = nullptr;
     uint64_t capacity = 0;
-    std::function<bool(uint64_t, const char*, size_t)> sink;
+    std::function<bool(uint64_t, const char*, size_t)> sink{};
   };
   // Signs and sends `call`, retrying transient failures; a 2xx answer, or
   // the error for the last.
