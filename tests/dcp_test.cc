@@ -54,6 +54,22 @@ Result<std::string> DcpFileBytes(const GenerationReader& reader, const Plan& pla
   return bytes;
 }
 
+// Each of `tensors` reads the same from `a` and `b`. With `masters_from_parameters`, `b`'s
+// fp32 master `X.fp32` equals `a`'s parameter `X` (a torchtitan export imported again: it saves
+// no masters, so the import makes them of the parameters).
+void ExpectSameTensors(const GenerationReader& a, const GenerationReader& b, const std::vector<TensorRecord>& tensors,
+                       bool masters_from_parameters = false) {
+  for (const TensorRecord& t : tensors) {
+    const bool master = masters_from_parameters && t.name.ends_with(".fp32");
+    const std::string from = master ? t.name.substr(0, t.name.size() - 5) : t.name;
+    const Box full = Box::Full(t.shape);
+    std::string x(static_cast<size_t>(full.volume()) * DTypeSize(t.dtype), '\0'), y = x;
+    ASSERT_TRUE(a.Read(from, full, x.data(), full, DenseLayout(full)).ok()) << from;
+    ASSERT_TRUE(b.Read(t.name, full, y.data(), full, DenseLayout(full)).ok()) << t.name;
+    EXPECT_TRUE(x == y) << t.name;
+  }
+}
+
 TEST(DcpBoxes, DisjointPiecesStayWholeReplicasDropOverlapsSplit) {
   const Box left = B({0, 0}, {4, 8}), right = B({4, 0}, {8, 8});
   auto out = DisjointBoxes({left, right, left, right});  // two workers with the same pieces
@@ -306,13 +322,7 @@ class DcpImport : public ::testing::Test {
   // Every tensor of store_ reads back the same from `copy`.
   void ExpectSameTensors(const Store& copy) {
     GenerationReader a(*store_, store_->CurrentSnapshot(), true), b(copy, copy.CurrentSnapshot(), true);
-    for (const TensorRecord& t : store_->current().tensors) {
-      const Box full = Box::Full(t.shape);
-      std::string x(static_cast<size_t>(full.volume()) * DTypeSize(t.dtype), '\0'), y = x;
-      ASSERT_TRUE(a.Read(t.name, full, x.data(), full, DenseLayout(full)).ok());
-      ASSERT_TRUE(b.Read(t.name, full, y.data(), full, DenseLayout(full)).ok()) << t.name;
-      EXPECT_TRUE(x == y) << t.name;
-    }
+    ::ptc::dcp::ExpectSameTensors(a, b, store_->current().tensors);
   }
   TempDir tmp_;
   ModelSpec spec_;
@@ -714,15 +724,7 @@ TEST(DcpTorchtitan, MoeExpertsStackIntoOneTensorPerLayerAndReadBack) {
   auto copy = std::move(Store::Create(env, tmp / "copy")).value();
   ASSERT_TRUE(WriteDcp(copy.get(), *source, nlohmann::json::object(), "").ok());
   GenerationReader back(*copy, copy->CurrentSnapshot(), true);
-  for (const TensorRecord& t : generation->tensors) {
-    const bool master = t.name.ends_with(".fp32");
-    const std::string from = master ? t.name.substr(0, t.name.size() - 5) : t.name;
-    const Box full = Box::Full(t.shape);
-    std::string x(static_cast<size_t>(full.volume()) * 4, '\0'), y = x;
-    ASSERT_TRUE(reader.Read(from, full, x.data(), full, DenseLayout(full)).ok());
-    ASSERT_TRUE(back.Read(t.name, full, y.data(), full, DenseLayout(full)).ok()) << t.name;
-    EXPECT_TRUE(x == y) << t.name;
-  }
+  ExpectSameTensors(reader, back, generation->tensors, /*masters_from_parameters=*/true);
   // Rendered again from the copy: the biases are the carried ones, not made anew.
   auto again = PlanCheckpoint(*copy->CurrentSnapshot(), Keys::kTorchtitan);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
@@ -802,15 +804,7 @@ TEST(DcpTorchtitan, SharedExpertsAreItsMoeSharedExpertsAndReadBack) {
   auto copy = std::move(Store::Create(env, tmp / "copy")).value();
   ASSERT_TRUE(WriteDcp(copy.get(), *source, nlohmann::json::object(), "").ok());
   GenerationReader back(*copy, copy->CurrentSnapshot(), true);
-  for (const TensorRecord& t : generation->tensors) {
-    const bool master = t.name.ends_with(".fp32");
-    const std::string from = master ? t.name.substr(0, t.name.size() - 5) : t.name;
-    const Box full = Box::Full(t.shape);
-    std::string x(static_cast<size_t>(full.volume()) * 4, '\0'), y = x;
-    ASSERT_TRUE(reader.Read(from, full, x.data(), full, DenseLayout(full)).ok());
-    ASSERT_TRUE(back.Read(t.name, full, y.data(), full, DenseLayout(full)).ok()) << t.name;
-    EXPECT_TRUE(x == y) << t.name;
-  }
+  ExpectSameTensors(reader, back, generation->tensors, /*masters_from_parameters=*/true);
   // The shared experts' sigmoid gate (Qwen2-MoE's) has no torchtitan name.
   auto gated = hf::SharedGateSchema(spec.schema);
   ASSERT_TRUE(gated.ok()) << gated.status().ToString();
