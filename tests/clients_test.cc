@@ -17,6 +17,7 @@
 #include <string>
 
 #include "mount_util.h"
+#include "venv_util.h"
 
 namespace ptc {
 namespace {
@@ -26,10 +27,6 @@ using namespace ::ptc::testing;  // the helpers of test_util.h
 const std::string kLlama = "--schema llama --dims layers=4,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32";
 const std::string kGpt = "--schema megatron-gpt --dims layers=4,hidden=32,heads=4,vocab=128,seq=16";
 
-std::string Venv() {
-  const char* env = std::getenv("PTCFS_VENV");
-  return env != nullptr && *env != '\0' ? env : std::string(PTCFS_SOURCE_DIR) + "/.venv";
-}
 std::string Python() { return Venv() + "/bin/python "; }
 std::string Script(const std::string& name) { return std::string(PTCFS_SOURCE_DIR) + "/tests/clients/" + name + " "; }
 
@@ -47,13 +44,7 @@ class ClientsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     RequireFuse();
-    auto [code, out] = Sh(Python() + "-c 'import torch, safetensors, numpy, megatron.core' 2>&1 | tail -3");
-    if (code != 0 || access((Venv() + "/bin/python").c_str(), X_OK) != 0) {
-      std::printf("%s: no venv with torch, safetensors, numpy and megatron-core at %s (make it with "
-                  "tools/setup-deps.sh): %s\n",
-                  InCi() ? "FAIL" : "SKIP", Venv().c_str(), out.c_str());
-      std::exit(InCi() ? 1 : 77);
-    }
+    RequireVenv("'torch', 'safetensors', 'numpy', 'megatron.core', 'torchtitan'");
   }
   void Run(const std::string& args) {
     auto [code, out] = Ptcfs(args);

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "mount_util.h"
+#include "venv_util.h"
 
 namespace ptc {
 namespace {
@@ -24,10 +25,6 @@ const std::string kLlama = "--schema llama --dims " + kLlamaDims;
 const std::string kGptDims = "layers=4,hidden=32,heads=4,vocab=96,seq=16";
 const std::string kGpt = "--schema megatron-gpt --dims " + kGptDims;
 
-std::string Venv() {
-  const char* env = std::getenv("PTCFS_VENV");
-  return env != nullptr && *env != '\0' ? env : std::string(PTCFS_SOURCE_DIR) + "/.venv";
-}
 std::string Client(const std::string& script = "hf_clients.py") {
   return Venv() + "/bin/python " + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/" + script + " ";
 }
@@ -36,14 +33,7 @@ class HfClientsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     RequireFuse();
-    auto [code, out] = Sh(Venv() + "/bin/python -c 'import torch, safetensors, transformers' 2>&1 | tail -3");
-    if (code != 0 || access((Venv() + "/bin/python").c_str(), X_OK) != 0) {
-      std::printf(
-          "%s: no venv with torch, safetensors and transformers at %s (make it with "
-          "tools/setup-deps.sh): %s\n",
-          InCi() ? "FAIL" : "SKIP", Venv().c_str(), out.c_str());
-      std::exit(InCi() ? 1 : 77);
-    }
+    RequireVenv("'torch', 'safetensors', 'transformers'");
   }
   void Run(const std::string& args) {
     auto [code, out] = Ptcfs(args);

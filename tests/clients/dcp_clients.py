@@ -30,7 +30,6 @@ optim.state.P.{exp_avg,exp_avg_sq,fp32} for its optimizer state.
 
 import argparse
 import os
-import socket
 import sys
 import tempfile
 import traceback
@@ -42,6 +41,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
+import ranks  # noqa: E402 (how the gloo ranks start: forked)
 
 
 def reference(ref_dir):
@@ -143,8 +143,7 @@ def saver(rank, world, port, out_dir, ref_dir):
 
 
 def save(args):
-    mp.start_processes(saver, args=(args.procs, free_port(), args.dcp_dir, args.ref_dir), nprocs=args.procs,
-                       start_method="spawn")
+    ranks.start(saver, (args.procs, ranks.free_port(), args.dcp_dir, args.ref_dir), args.procs)
     print(f"SAVE OK: {len(reference(args.ref_dir))} tensors from {args.procs} processes")
     return 0
 
@@ -156,19 +155,11 @@ def save_rank(args):
     return 0
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def load(args):
-    ctx = mp.get_context("spawn")
-    errors = ctx.SimpleQueue()
+    errors = ranks.queue()
     failed, checked, died = [], set(), None
     try:
-        mp.start_processes(worker, args=(args.procs, free_port(), args.dcp_dir, args.ref_dir, errors),
-                           nprocs=args.procs, start_method="spawn")
+        ranks.start(worker, (args.procs, ranks.free_port(), args.dcp_dir, args.ref_dir, errors), args.procs)
     except mp.ProcessExitedException as e:
         died = str(e)
     while not errors.empty():

@@ -47,7 +47,6 @@ on the CPU, and a parameter's `type()` reads as its CUDA type (`torch.cuda.BFloa
 import os
 import pathlib
 import queue
-import socket
 import sys
 import warnings
 
@@ -55,10 +54,10 @@ warnings.filterwarnings("ignore")
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import mcore_gpt  # noqa: E402
+import ranks  # noqa: E402 (how the gloo ranks start: forked)
 
 
 def latest(root):
@@ -259,12 +258,6 @@ def optim_saver(rank, world, port, tp, pp, root, legacy, iteration):
     dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main():
     if sys.argv[1] == "optim-save-rank":
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -275,16 +268,15 @@ def main():
     assert cmd in ("load", "save", "optim-load", "optim-save"), __doc__
     if cmd in ("save", "optim-save"):
         fn = saver if cmd == "save" else optim_saver
-        mp.start_processes(fn, args=(tp * pp, free_port(), tp, pp, root, legacy, int(sys.argv[6])), nprocs=tp * pp,
-                           start_method="spawn")
+        ranks.start(fn, (tp * pp, ranks.free_port(), tp, pp, root, legacy, int(sys.argv[6])), tp * pp,
+                    preload=ranks.MEGATRON)
         print(f"{cmd.upper()} OK: tp={tp} pp={pp}")
         return 0
-    ctx = mp.get_context("spawn")
-    errors = ctx.SimpleQueue()
-    args = (tp * pp, free_port(), tp, pp, root, legacy, errors)
+    errors = ranks.queue()
+    args = (tp * pp, ranks.free_port(), tp, pp, root, legacy, errors)
     if cmd == "optim-load":
         args += (sys.argv[6:] == ["tweaked"],)
-    mp.start_processes(worker if cmd == "load" else optim_loader, args=args, nprocs=tp * pp, start_method="spawn")
+    ranks.start(worker if cmd == "load" else optim_loader, args, tp * pp, preload=ranks.MEGATRON)
     failed = []
     while not errors.empty():
         failed.append(errors.get())

@@ -44,6 +44,7 @@ warnings.filterwarnings("ignore")
 
 import torch
 import torch.distributed as dist
+import ranks  # noqa: E402 (how the gloo ranks start: forked)
 
 DIMS = dict(layers=4, hidden=64, heads=4, kv_heads=2, vocab=256, seq=32)
 FFN = 4 * DIMS["hidden"]
@@ -226,14 +227,7 @@ def main():
         flags = sys.argv[6:]
         save = int(flags[flags.index("--save") + 1]) if "--save" in flags else None
         strict = int(flags[flags.index("--strict") + 1]) if "--strict" in flags else 0
-        os.environ["MASTER_PORT"] = str(29500 + os.getpid() % 2000)
-        ctx = torch.multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=worker, args=(r, tp * pp, tp, pp, root, out, save, strict)) for r in range(tp * pp)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join()
-        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+        ranks.run(worker, tp * pp, tp, pp, root, out, save, strict, preload=ranks.MEGATRON)
     elif cmd == "compare":
         a, b = torch.load(sys.argv[2]), torch.load(sys.argv[3])
         assert a.dtype == torch.float64 and a.shape == b.shape, (a.dtype, a.shape, b.shape)

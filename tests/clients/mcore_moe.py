@@ -69,6 +69,7 @@ import torch
 import torch.distributed as dist
 
 from mcore_gpt import _NoFork, same_value  # noqa: E402 (the shim and the comparison, shared)
+import ranks  # noqa: E402 (how the gloo ranks start: forked)
 
 DIMS = dict(layers=2, hidden=64, heads=4, kv_heads=2, vocab=256, seq=32, experts=4, moe_ffn=32, shared_ffn=32)
 TOKENS = 16
@@ -419,17 +420,6 @@ def optim_saver(rank, world, tp, ep, pp, root, legacy, iteration):
     dist.destroy_process_group()
 
 
-def spawn(target, world, *args):
-    os.environ["MASTER_PORT"] = str(31500 + os.getpid() % 2000)
-    ctx = torch.multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=target, args=(r, world) + args) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-
-
 def merged(root, ep, out):
     """The ep=1 tree at DIR holds the ep=EP save's tensors bit for bit."""
     iteration = int((pathlib.Path(root) / "latest_checkpointed_iteration.txt").read_text())
@@ -461,19 +451,22 @@ def main():
         root, tp, ep, pp, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
         flags = sys.argv[7:]
         save = int(flags[flags.index("--save") + 1]) if "--save" in flags else None
-        spawn(worker, tp * ep * pp, tp, ep, pp, root, out, save)
+        ranks.run(worker, tp * ep * pp, tp, ep, pp, root, out, save, preload=ranks.MEGATRON)
     elif cmd == "dist-load":
         root, tp, ep, pp, legacy = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
-        spawn(dist_loader, tp * ep * pp, tp, ep, pp, root, legacy, "--te-norm-keys" in sys.argv[7:])
+        ranks.run(dist_loader, tp * ep * pp, tp, ep, pp, root, legacy, "--te-norm-keys" in sys.argv[7:],
+                  preload=ranks.MEGATRON)
     elif cmd == "dist-save":
         root, tp, ep, pp, legacy = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
-        spawn(dist_saver, tp * ep * pp, tp, ep, pp, root, legacy, int(sys.argv[7]), "--te-norm-keys" in sys.argv[8:])
+        ranks.run(dist_saver, tp * ep * pp, tp, ep, pp, root, legacy, int(sys.argv[7]), "--te-norm-keys" in sys.argv[8:],
+                  preload=ranks.MEGATRON)
     elif cmd == "optim-load":
         root, tp, ep, pp, legacy = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
-        spawn(optim_loader, tp * ep * pp, tp, ep, pp, root, legacy, None, sys.argv[7:] == ["tweaked"])
+        ranks.run(optim_loader, tp * ep * pp, tp, ep, pp, root, legacy, None, sys.argv[7:] == ["tweaked"],
+                  preload=ranks.MEGATRON)
     elif cmd == "optim-save":
         root, tp, ep, pp, legacy = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
-        spawn(optim_saver, tp * ep * pp, tp, ep, pp, root, legacy, int(sys.argv[7]))
+        ranks.run(optim_saver, tp * ep * pp, tp, ep, pp, root, legacy, int(sys.argv[7]), preload=ranks.MEGATRON)
     elif cmd == "compare":
         a, b = torch.load(sys.argv[2]), torch.load(sys.argv[3])
         assert a.dtype == torch.float64 and a.shape == b.shape, (a.dtype, a.shape, b.shape)

@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import pickle
-import socket
 import sys
 import tempfile
 import traceback
@@ -45,7 +44,6 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
@@ -59,6 +57,7 @@ from torchtitan.models.common.attention import FusedQKVLinear
 from torchtitan.models.common.rope import ComplexRoPE
 from torchtitan.models.llama3 import Llama3Model, _build_llama3_layers
 from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+import ranks  # noqa: E402 (how the gloo ranks start: forked)
 
 
 def model_config(hf_dir):
@@ -215,12 +214,9 @@ def run(rank, world, port, fn, errors):
 
 
 def spawn(procs, fn):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    errors = mp.get_context("spawn").SimpleQueue()
+    errors = ranks.queue()
     try:
-        mp.spawn(run, args=(procs, port, fn, errors), nprocs=procs)
+        ranks.start(run, (procs, ranks.free_port(), fn, errors), procs)
     except Exception:
         while not errors.empty():
             rank, text = errors.get()

@@ -77,7 +77,7 @@ def shard(flat, mesh):
 
 
 # titan_clients' harness over this model (its functions look these up when they run, in
-# every process: spawn imports this module, which patches them, to unpickle its callables).
+# every rank: forked after this module patched them).
 tc.model_config = model_config
 tc.shard = shard
 

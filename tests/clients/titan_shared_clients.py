@@ -89,7 +89,7 @@ def shard(flat, mesh):
     return {k: t if k.endswith(BIAS) else distribute_tensor(t, mesh, [Shard(0)]) for k, t in flat.items()}
 
 
-# titan_clients' harness over this model (spawn imports this module in every process).
+# titan_clients' harness over this model (the ranks are forked after it patched them).
 tc.model_config = model_config
 tc.shard = shard
 

@@ -56,6 +56,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_ckpt as mc  # noqa: E402
 import train_gpt as tg  # noqa: E402  (the epoch order, the data streams, Adam's step)
+import ranks  # noqa: E402 (how the gloo ranks start: forked)
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, VOCAB, EXPERTS, TOPK = 2, 32, 4, 2, 128, 4, 2
 HEAD_DIM = HIDDEN // HEADS
@@ -348,14 +349,7 @@ def job(a):
         cfg = tg.parse_config(f.read())
     assert cfg["tp"] == cfg["pp"] == 1, "train_moe.py runs tp=1, pp=1: %s" % cfg
     world = cfg["dp"]
-    ctx = torch.multiprocessing.get_context("spawn")
-    port = 33500 + os.getpid() % 2000
-    procs = [ctx.Process(target=rank, args=(r, world, a, cfg, port)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    ranks.start(rank, (world, a, cfg, ranks.free_port()), world)
     print("JOB OK", world)
 
 
