@@ -27,7 +27,7 @@ using namespace ::ptc::testing;  // the helpers of test_util.h
 const std::string kLlama = "--schema llama --dims layers=4,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32";
 const std::string kGpt = "--schema megatron-gpt --dims layers=4,hidden=32,heads=4,vocab=128,seq=16";
 
-std::string Python() { return Venv() + "/bin/python "; }
+std::string Python() { return ClientPython(); }
 std::string Script(const std::string& name) { return std::string(PTCFS_SOURCE_DIR) + "/tests/clients/" + name + " "; }
 
 // real_clients.py CMD ARGS with the venv's python; expects "<CMD> OK".

@@ -26,7 +26,7 @@ const std::string kGptDims = "layers=4,hidden=32,heads=4,vocab=96,seq=16";
 const std::string kGpt = "--schema megatron-gpt --dims " + kGptDims;
 
 std::string Client(const std::string& script = "hf_clients.py") {
-  return Venv() + "/bin/python " + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/" + script + " ";
+  return ClientPython() + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/" + script + " ";
 }
 
 class HfClientsTest : public ::testing::Test {

@@ -17,6 +17,14 @@ inline std::string Venv() {
   return env != nullptr && *env != '\0' ? env : std::string(PTCFS_SOURCE_DIR) + "/.venv";
 }
 
+// The command line that runs a client script with the venv's Python: through
+// tests/clients/zygote.py, a fork of a server that has imported torch,
+// megatron-core, torchtitan and transformers once (what each client process
+// imported again, ~8 s of CPU). Followed by the script and its arguments.
+inline std::string ClientPython() {
+  return "/usr/bin/python3 -S " + std::string(PTCFS_SOURCE_DIR) + "/tests/clients/zygote.py " + Venv() + "/bin/python ";
+}
+
 // Exits the test binary with 77 (skipped; under CI a failure) unless the venv's
 // python finds every module of MODULES (a Python list, e.g. "'torch', 'numpy'").
 // The modules are found, not imported: importing megatron-core takes seconds of
