@@ -12,7 +12,8 @@ fresh fork: nothing of one run is seen by the next. The server is shared by
 every concurrent caller of the same PYTHON and zygote.py, serves each
 connection in a fork of its own, and exits after a minute without callers.
 
-The caller's environment and working directory are the run's. Its output comes
+The caller's environment, working directory and network namespace are the run's
+(the cluster tests run clients in namespaces of their own). Its output comes
 back when the script has exited (a lingering grandchild's later output is
 dropped); if the caller goes away (a ctest timeout), the run's process group is
 killed. Where the server cannot start, the script runs as a plain process.
@@ -62,7 +63,9 @@ PRELOAD = tuple(filter(None, os.environ.get("PTCFS_ZYGOTE_PRELOAD", ",".join(CLI
 
 
 def socket_path(python):
-    key = hashlib.sha256(f"{os.path.realpath(python)}\0{os.path.realpath(__file__)}".encode()).hexdigest()[:16]
+    # The interpreter's path as given, not its realpath: a venv's python is a link to the base
+    # interpreter, and the venv is the link's directory.
+    key = hashlib.sha256(f"{os.path.abspath(python)}\0{os.path.realpath(__file__)}".encode()).hexdigest()[:16]
     return os.path.join(tempfile.gettempdir(), f"ptcfs-zygote-{os.getuid()}-{key}")
 
 
@@ -132,8 +135,22 @@ def call(python, argv):
 
 # --- the server's side -------------------------------------------------------
 
-def run_script(request, out_fd):
-    """In the run's process: the caller's environment, cwd and argv; the script as __main__."""
+def enter_net_namespace(pid):
+    """Into the network namespace of process PID (a caller run by nsenter --net in a cluster test)."""
+    import ctypes
+
+    theirs, ours = f"/proc/{pid}/ns/net", "/proc/self/ns/net"
+    if os.stat(theirs).st_ino == os.stat(ours).st_ino:
+        return
+    fd = os.open(theirs, os.O_RDONLY)
+    if ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+        raise OSError(ctypes.get_errno(), f"setns into {theirs}")
+    os.close(fd)
+
+
+def run_script(request, out_fd, caller_pid):
+    """In the run's process: the caller's network namespace, environment, cwd and argv; the
+    script as __main__."""
     import runpy
     import traceback
 
@@ -150,6 +167,7 @@ def run_script(request, out_fd):
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     code = 0
     try:
+        enter_net_namespace(caller_pid)
         runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -168,11 +186,13 @@ def serve_one(conn):
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     (length,) = struct.unpack("!Q", recv_exact(conn, 8))
     request = json.loads(recv_exact(conn, length))
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    caller_pid, _, _ = struct.unpack("3i", creds)
     with tempfile.TemporaryFile() as out:
         pid = os.fork()
         if pid == 0:
             conn.close()
-            run_script(request, out.fileno())
+            run_script(request, out.fileno(), caller_pid)
         status = None
         while status is None:
             done, st = os.waitpid(pid, os.WNOHANG)

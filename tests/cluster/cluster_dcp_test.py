@@ -38,12 +38,13 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, skip_or_fail, start_etcd  # noqa: E402
-from workers import (Model, at_generation, job_token, job_url, reconfigure, remove_tmp, start_workers,  # noqa: E402
-                     status, stop, wait_for, worker_store)
+from workers import (Model, at_generation, client_python, job_token, job_url, reconfigure, remove_tmp,  # noqa: E402
+                     start_workers, status, stop, wait_for, worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_PYTHON = os.path.join(os.environ.get("PTCFS_VENV", os.path.join(ROOT, ".venv")), "bin", "python")
+CLIENT_PYTHON = client_python(VENV_PYTHON)
 CLIENT = os.path.join(ROOT, "tests", "clients", "dcp_clients.py")
 MCORE = os.path.join(ROOT, "tests", "clients", "mcore_dist.py")
 # The model of tests/clients/mcore_gpt.py (Megatron-Core's GPTModel builds it), in bf16.
@@ -55,7 +56,7 @@ WORKERS, PORT, JOB = 2, 7451, "dcp"
 def expect_loads(ns, mnts, ref, tag):
     """dcp.load in two processes on each worker, from its own mount, equals the reference."""
     for w in range(WORKERS):
-        r = ns.run(w, [VENV_PYTHON, CLIENT, "load", os.path.join(mnts[w], "dcp"), ref, "--procs", "2"],
+        r = ns.run(w, [*CLIENT_PYTHON, CLIENT, "load", os.path.join(mnts[w], "dcp"), ref, "--procs", "2"],
                    capture_output=True, text=True, timeout=300)
         assert r.returncode == 0 and "LOAD OK" in r.stdout, "worker %d (%s): %s%s" % (w, tag, r.stdout, r.stderr)
     names = sorted(os.listdir(os.path.join(mnts[0], "dcp")))
@@ -81,7 +82,7 @@ def save_ranks(ns, mnts, name, ref, lose_rank_1_file=False):
     # Losing rank 1's file: it saves into another directory of its mount, so no worker holds
     # __1_0.distcp where rank 0's .metadata says.
     dirs = [name, name + "-elsewhere" if lose_rank_1_file else name]
-    argv = lambda w: [VENV_PYTHON, CLIENT, "save-rank", os.path.join(mnts[w], "dcp", dirs[w]), ref]  # noqa: E731
+    argv = lambda w: [*CLIENT_PYTHON, CLIENT, "save-rank", os.path.join(mnts[w], "dcp", dirs[w]), ref]  # noqa: E731
     procs = [ns.popen(w, argv(w), env=dict(env, RANK=str(w)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                       text=True) for w in range(WORKERS)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
@@ -100,7 +101,7 @@ def torch_dist_save(ns, mnts, legacy, iteration):
     before = status(mnts[0])["generation"]
     env = dict(os.environ, WORLD_SIZE=str(WORKERS), MASTER_ADDR=ns.addr(0), MASTER_PORT=str(PORT + 41),
                GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
-    procs = [ns.popen(w, [VENV_PYTHON, MCORE, "optim-save-rank", os.path.join(mnts[w], "megatron"), legacy,
+    procs = [ns.popen(w, [*CLIENT_PYTHON, MCORE, "optim-save-rank", os.path.join(mnts[w], "megatron"), legacy,
                           str(iteration)], env=dict(env, RANK=str(w)), stdout=subprocess.PIPE,
                       stderr=subprocess.STDOUT, text=True) for w in range(WORKERS)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
@@ -165,7 +166,7 @@ def main():
             expect_loads(ns, mnts, saved, "the saved tensors")
             # Its Adam steps and param groups, from whichever rank's file held them, on both workers.
             for w in range(WORKERS):
-                r = ns.run(w, [VENV_PYTHON, CLIENT, "optim", os.path.join(mnts[w], "dcp"), "42", "1e-4"],
+                r = ns.run(w, [*CLIENT_PYTHON, CLIENT, "optim", os.path.join(mnts[w], "dcp"), "42", "1e-4"],
                            capture_output=True, text=True, timeout=300)
                 assert r.returncode == 0 and "OPTIM OK" in r.stdout, "worker %d: %s%s" % (w, r.stdout, r.stderr)
             print("ok   the save's steps and param groups on both workers: " + r.stdout.strip())
@@ -203,7 +204,7 @@ def main():
                       os.path.join(tmp, "other-store"), legacy[config])
             torch_dist_save(ns, mnts, legacy["tp=2"], 500)
             expect_loads(ns, mnts, os.path.join(tmp, "ref9"), "Megatron-Core's torch_dist save's tensors")
-            r = ns.run(1, [VENV_PYTHON, MCORE, "optim-load", os.path.join(mnts[1], "megatron"), "1", "2",
+            r = ns.run(1, [*CLIENT_PYTHON, MCORE, "optim-load", os.path.join(mnts[1], "megatron"), "1", "2",
                            legacy["tp=1,pp=2"], "tweaked"], capture_output=True, text=True, timeout=300)
             assert r.returncode == 0 and "OPTIM-LOAD OK" in r.stdout, "optim-load on worker 1: %s%s" % (r.stdout, r.stderr)
             print("ok   Megatron-Core's optimizer loads the saved step and settings from worker 1's mount at tp=1,pp=2")

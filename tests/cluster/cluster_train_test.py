@@ -37,13 +37,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from netns import Netns, require, skip_or_fail, start_etcd  # noqa: E402
-from workers import (Model, job_token, job_url, joined_megatron_tree, kill, reconfigure, remove_tmp,  # noqa: E402
-                     start_worker, start_workers, status, stop, wait_for, worker_store)
+from workers import (Model, client_python, job_token, job_url, joined_megatron_tree, kill, reconfigure,  # noqa: E402
+                     remove_tmp, start_worker, start_workers, status, stop, wait_for, worker_store)
 
 PTCFS = os.path.abspath(sys.argv[1])
 SCHEMA, DIMS = "megatron-gpt", "layers=4,hidden=32,heads=4,vocab=128,seq=16"  # train_gpt.py's model
 CLIENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "clients")
 TORCH = "/usr/bin/python3"
+CLIENT = client_python(TORCH)  # a client script's run: a fork of a Python that imported torch once
 MODEL = Model(PTCFS, SCHEMA, DIMS)
 ptcfs = MODEL.run
 WORKERS, PORT, JOB = 3, 7431, "train"
@@ -97,7 +98,7 @@ class Job:
         procs = []
         for r, w in enumerate(where):
             out = open(os.path.join(self.tmp, "rank%d-%d.log" % (r, self.segments)), "w")
-            argv = [TORCH, os.path.join(CLIENTS, "train_gpt.py"), "rank", self.mnts[w], "--steps", str(steps),
+            argv = [*CLIENT, os.path.join(CLIENTS, "train_gpt.py"), "rank", self.mnts[w], "--steps", str(steps),
                     "--samples", str(SAMPLES), "--batch", str(BATCH), "--log", log]
             procs.append(self.ns.popen(w, argv + (["--hold", hold] if hold else []), env=dict(env, RANK=str(r)),
                                        stdout=out, stderr=subprocess.STDOUT))
@@ -158,7 +159,7 @@ class Job:
         # Each rank file from the worker of its dp-0 rank (Megatron's rank order: tp, dp, pp).
         tree = joined_megatron_tree(os.path.join(self.tmp, "joined-%d" % t), self.mnts, iteration, tp, pp,
                                     lambda r, p: where[p * tp * dp + r])
-        out = subprocess.run([TORCH, os.path.join(CLIENTS, "train_gpt.py"), "check", tree, str(tp), str(pp),
+        out = subprocess.run([*CLIENT, os.path.join(CLIENTS, "train_gpt.py"), "check", tree, str(tp), str(pp),
                               os.path.join(self.tmp, "ref"), str(t), "--batch", str(BATCH)],
                              capture_output=True, text=True)
         assert out.returncode == 0 and "CHECK OK" in out.stdout, out.stdout + out.stderr
@@ -245,7 +246,7 @@ def main():
     try:
         with Netns(WORKERS) as ns, start_etcd(os.path.join(tmp, "etcd"), ns.host_addr) as etcd:
             src, ds = os.path.join(tmp, "src"), os.path.join(tmp, "ds")
-            out = subprocess.run([TORCH, os.path.join(CLIENTS, "megatron_ckpt.py"), "make", src, "--tp", "2", "--pp",
+            out = subprocess.run([*CLIENT, os.path.join(CLIENTS, "megatron_ckpt.py"), "make", src, "--tp", "2", "--pp",
                                   "1", "--args", "--optimizer", "--iteration", str(FIRST_ITERATION)],
                                  capture_output=True, text=True)
             assert out.returncode == 0, out.stdout + out.stderr
@@ -255,7 +256,7 @@ def main():
             ptcfs("data", "synth", "--samples", str(SAMPLES), "--min-len", "17", "--max-len", "40", "--vocab", "128",
                   "--seed", "3", ds)
             ptcfs("data", "import", ds, whole, "--global-batch", str(BATCH), "--seed", str(SEED))
-            out = subprocess.run([TORCH, os.path.join(CLIENTS, "train_gpt.py"), "reference", src, ds,
+            out = subprocess.run([*CLIENT, os.path.join(CLIENTS, "train_gpt.py"), "reference", src, ds,
                                   os.path.join(tmp, "ref"), "--samples", str(SAMPLES), "--batch", str(BATCH), "--seed",
                                   str(SEED), "--steps", str(STEPS), "--saves", ",".join(map(str, SAVES))],
                                  capture_output=True, text=True)

@@ -12,6 +12,15 @@ import subprocess
 import sys
 import time
 
+ZYGOTE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "clients", "zygote.py")
+
+
+def client_python(python):
+    """The argv prefix that runs a client script with PYTHON in a fork of a server that imported
+    torch (and the rest of the clients' libraries) once: tests/clients/zygote.py. The run takes
+    the caller's network namespace, environment and working directory."""
+    return ["/usr/bin/python3", "-S", ZYGOTE, python]
+
 
 class Model:
     """The model a cluster test runs (`ptcfs synth` of `schema` and `dims`,
