@@ -57,6 +57,7 @@ CLIENT_MODULES = (
     "transformers.models.mixtral.modeling_mixtral",
     "transformers.models.qwen2_moe.modeling_qwen2_moe",
     "transformers.models.qwen3_moe.modeling_qwen3_moe",
+    "transformers.models.deepseek_v3.modeling_deepseek_v3",
     "megatron.core.datasets.indexed_dataset",
 )
 PRELOAD = tuple(filter(None, os.environ.get("PTCFS_ZYGOTE_PRELOAD", ",".join(CLIENT_MODULES)).split(",")))
