@@ -194,8 +194,9 @@ std::vector<Object> EntryObjects(const std::vector<CarriedEntry>& entries) {
 Result<std::vector<Object>> ExpertBiasObjects(const std::vector<Tensor>& tensors,
                                               const std::vector<CarriedEntry>& carried) {
   constexpr std::string_view kExperts = ".moe.routed_experts.inner_experts.w1_EFD";
-  std::set<std::string> have;
+  std::set<std::string> have;  // carried, or a tensor of the model (DeepSeek-V3's router bias, hf::ExpertBiasSchema)
   for (const CarriedEntry& e : carried) have.insert(e.key);
+  for (const Tensor& t : tensors) have.insert(t.key);
   std::vector<Object> out;
   for (const Tensor& t : tensors) {
     if (t.layer != 0 || t.key.size() <= kExperts.size() ||

@@ -44,9 +44,12 @@ bool CarriedTensorKey(const std::string& key, Keys keys);
 // torchtitan's MoE load-balancing bias, a persistent buffer of every MoE
 // layer: layers.L.moe.expert_bias_E, float32 [experts]. Carried as saved; a
 // tree whose store has none renders zeros (its initial value; ExpertBiasObjects).
+// A store whose schema has the router's bias (hf::ExpertBiasSchema, DeepSeek-V3)
+// keeps it as that tensor, under this key (TorchtitanTensors), not carried.
 bool ExpertBiasKey(const std::string& key);
 
-// The expert_bias_E objects of a kTorchtitan plan's MoE layers that `carried` lacks: zeros.
+// The expert_bias_E objects of a kTorchtitan plan's MoE layers that neither
+// `carried` nor the plan's tensors have: zeros.
 // \error as torch.save's planning.
 Result<std::vector<Object>> ExpertBiasObjects(const std::vector<Tensor>& tensors,
                                               const std::vector<CarriedEntry>& carried);

@@ -708,6 +708,10 @@ Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view
     };
     PTC_ASSIGN_OR_RETURN(source.optimizer, SavedOptimizer(saved, model, keys, open, metadata_path));
     PTC_ASSIGN_OR_RETURN(source.entries, SavedEntries(saved, keys, open, metadata_path));
+    // A key the model has is its tensor, not carried (expert_bias_E of a schema with the router's bias).
+    std::set<std::string> model_keys;
+    for (const Tensor& t : model) model_keys.insert(t.key);
+    std::erase_if(source.entries, [&](const CarriedEntry& e) { return model_keys.count(e.key) != 0; });
   }
   if (keys == Keys::kTorchtitan && spec.optimizer) AddTorchtitanMasters(model, keys, &source);
   return source;
