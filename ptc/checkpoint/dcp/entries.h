@@ -54,11 +54,14 @@ bool ExpertBiasKey(const std::string& key);
 Result<std::vector<Object>> ExpertBiasObjects(const std::vector<Tensor>& tensors,
                                               const std::vector<CarriedEntry>& carried);
 
-// The carried entries of `saved`, read through `open`, in the metadata's order.
+// The carried entries of `saved`, read through `open`, in the metadata's order;
+// a key of `model` is the model's tensor, not carried (expert_bias_E of a
+// schema with the router's bias).
 // \error InvalidArgument naming the key: a carried tensor that is not one
 //        0-dim chunk, an entry without a storage record, one larger than
 //        kMaxEntryBytes or past its file's end; as `open`.
-Result<std::vector<CarriedEntry>> SavedEntries(const SavedCheckpoint& saved, Keys keys, const OpenFileFn& open,
+Result<std::vector<CarriedEntry>> SavedEntries(const SavedCheckpoint& saved, const std::vector<Tensor>& model,
+                                               Keys keys, const OpenFileFn& open,
                                                const std::string& what);
 
 // The files of a save taken on many workers, served from the bytes the parts
