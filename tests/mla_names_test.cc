@@ -190,5 +190,35 @@ TEST(MlaMegatron, LocalNamesInRegistrationOrder) {
   EXPECT_TRUE(megatron::CheckNameSetSplits(megatron::NameSet::kTe, 2, *split).ok());
 }
 
+// Megatron's legacy tree of an MLA model with experts through the tool: exported in TE's names
+// at tp=2 (the up projections cut by heads) and in the local spec's at tp=1, each imported back
+// into the same global tensors; the local spec's names at tp=2 are refused naming the tensor.
+TEST(MlaMegatron, LegacyTreesExportAndImportBack) {
+  TempDir tmp;
+  const std::string dims = "--schema llama --dims " + Golden().at("dims").get<std::string>();
+  const std::string grid = "tp=2,pp=1,dp=2,ep=2";
+  auto run = [](const std::string& args) {
+    auto [code, out] = Ptcfs(args);
+    EXPECT_EQ(code, 0) << args << "\n" << out;
+    return out;
+  };
+  run("synth " + dims + " --optimizer adam --config " + grid + " " + tmp / "src");
+  run("import " + dims + " --config " + grid + " " + tmp / "src " + tmp / "store");
+  run("export --config tp=1 " + tmp / "store " + tmp / "want");
+  run("export --format megatron --config " + grid + " " + tmp / "store " + tmp / "te");
+  run("export --format megatron --names local --config tp=1 " + tmp / "store " + tmp / "local");
+  run("import --format megatron " + dims + " --config " + grid + " " + tmp / "te " + tmp / "from-te");
+  run("import --format megatron " + dims + " " + tmp / "local " + tmp / "from-local");
+  for (const char* back : {"from-te", "from-local"}) {
+    run("export --config tp=1 " + tmp / back + " " + tmp / (std::string(back) + "-out"));
+    const std::string out = run("diff " + tmp / "want " + tmp / (std::string(back) + "-out") + " " + dims +
+                                " --config-a tp=1 --config-b tp=1");
+    EXPECT_TRUE(Contains(out, "bit-identical")) << back << ": " << out;
+  }
+  auto [code, out] = Ptcfs("export --format megatron --names local --config " + grid + " " + tmp / "store " + tmp / "no");
+  EXPECT_NE(code, 0);
+  EXPECT_TRUE(Contains(out, "linear_q_down_proj.weight: the local spec's MLASelfAttention splits it over tp=2")) << out;
+}
+
 }  // namespace
 }  // namespace ptc
