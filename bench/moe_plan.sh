@@ -22,11 +22,10 @@ PTCFS=${PTCFS:-$BUILD/tools/ptcfs}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-# Attention is MLA in both models; it is modelled as llama attention (GQA with
-# kv_heads = heads) with the models' hidden size and heads: about the same
-# parameters per layer, and the point here is the expert count.
-DSV3="layers=61,hidden=7168,heads=128,head_dim=56,vocab=129280,seq=4096,ffn=18432,experts=256,moe_ffn=2048,shared_ffn=2048,dense_first=3"
-KIMI="layers=61,hidden=7168,heads=64,head_dim=112,vocab=163840,seq=4096,ffn=18432,experts=384,moe_ffn=2048,shared_ffn=2048,dense_first=1"
+# Both models' attention is multi-head latent attention (MLA), as their configs give it:
+# q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128.
+DSV3="layers=61,hidden=7168,heads=128,vocab=129280,seq=4096,ffn=18432,q_lora=1536,kv_lora=512,qk_nope=128,qk_rope=64,v_head=128,experts=256,moe_ffn=2048,shared_ffn=2048,dense_first=3"
+KIMI="layers=61,hidden=7168,heads=64,vocab=163840,seq=4096,ffn=18432,q_lora=1536,kv_lora=512,qk_nope=128,qk_rope=64,v_head=128,experts=384,moe_ffn=2048,shared_ffn=2048,dense_first=1"
 # DeepSeek-V3's training layout (2048 ranks: pp=16, ep=64, ZeRO-1 over dp=128), shrunk to
 # half the nodes (1024 ranks: pp=8, ep=32); Kimi-K2 likewise from ep=64 (edp 2) to ep=32.
 DSV3_FROM="tp=1,pp=16,dp=128,ep=64,zero=1,pp_layers=3+4+4+4+4+4+4+4+4+4+4+4+4+4+3+3,per_worker=8"
@@ -86,14 +85,16 @@ records) before it is cut, and the largest value written after (parts over 1 MiB
 Models (bf16 parameters; Adam: f32 exp_avg, exp_avg_sq and master copy; ZeRO-1):
 
 - DeepSeek-V3-sized: \`$DSV3\`: 61 layers, the first 3 dense (ffn 18432), 58 MoE layers of 256 routed
-  experts (moe_ffn 2048) + 1 shared, vocab 129280: 672 B parameters.
+  experts (moe_ffn 2048) + 1 shared, vocab 129280: 671.0 B parameters (DeepSeek-V3's 671 B without its MTP module).
 - Kimi-K2-sized: \`$KIMI\`: 61 layers, the first dense, 60 MoE layers of 384 experts + 1 shared,
-  vocab 163840: 1.04 T parameters.
+  vocab 163840: 1.03 T parameters.
 
-Both models' attention is MLA (low-rank compressed q and kv with decoupled RoPE heads); here it is
-the llama schema's attention (\`linear_qkv\` \`[(heads+2*kv_heads)*head_dim, hidden]\` and
-\`linear_proj\`, about the same bytes per layer: 3 x 7168 x 7168 and 7168 x 7168), since the point is
-the expert count: 29,696 (DeepSeek-V3) and 46,080 (Kimi-K2) expert matrices, each with its Adam state.
+Both models' attention is multi-head latent attention, the llama schema's MLA rules (dims \`q_lora\`,
+\`kv_lora\`, \`qk_nope\`, \`qk_rope\`, \`v_head\`; Megatron-Core's names): per layer \`input_layernorm\`,
+\`linear_proj\` \`[7168, heads*128]\`, \`linear_q_down_proj\` \`[1536, 7168]\`, \`linear_q_up_proj\`
+\`[heads*192, 1536]\` and its norm, \`linear_kv_down_proj\` \`[576, 7168]\`, \`linear_kv_up_proj\` \`[heads*256, 512]\`
+and its norm: 8 tensors where llama's attention has 3. The point is still the expert count: 29,696
+(DeepSeek-V3) and 46,080 (Kimi-K2) expert matrices, each with its Adam state.
 
 Layouts: from DeepSeek-V3's training layout, 2048 ranks \`$DSV3_FROM\` (expert grid: ep=64, edp=2),
 to half the nodes, 1024 ranks \`$DSV3_TO\` (ep=32, edp=4); Kimi-K2 the same pair.

@@ -17,6 +17,8 @@
 #include <string>
 
 #include "mount_util.h"
+#include "ptc/base/env.h"
+#include "ptc/format/safetensors.h"
 #include "venv_util.h"
 
 namespace ptc {
@@ -567,6 +569,47 @@ TEST_F(ClientsTest, TorchtitanQwen3MoeLoadsAndSavesTheMountsDcpExpertParallel) {
   std::tie(code, out) = Sh(titan + "same " + dcp + "6 " + tmp_ / "hf --procs 1 2>&1");
   EXPECT_NE(code, 0) << out;
   EXPECT_NE(out.find("tensors differ"), std::string::npos) << out;
+}
+
+// DeepSeek-V3's multi-head latent attention (tests/clients/titan_mla_clients.py, float32):
+// transformers' DeepseekV3ForCausalLM (q compressed, a dense first layer, 4 experts and a shared
+// one, random router biases) save_pretrained, imported at tp=2,dp=2,ep=2 (the up projections cut
+// by heads), exported back byte for byte; torchtitan's DeepSeekV3Model loads dcp/ in its names at
+// 1 and 2 processes equal to its own adapter's from_hf of the HF files, and gives transformers'
+// logits from hf/; its dcp.save from 2 processes commits and reads back bit for bit, hf/ then
+// holding the saved values (the bias as e_score_correction_bias).
+TEST_F(ClientsTest, DeepseekMlaTorchtitanAndTransformersShareTheMount) {
+  const std::string client = Python() + Script("titan_mla_clients.py");
+  auto [code, out] = Sh(client + "hf " + tmp_ / "hf 7 2>&1");
+  ASSERT_EQ(code, 0) << out;
+  Run("import --format hf --config tp=2,dp=2,ep=2 " + tmp_ / "hf " + tmp_ / "store");
+  Run("export --format hf " + tmp_ / "store " + tmp_ / "back");
+  {  // every tensor of save_pretrained's file, its dtype, shape and bytes (the order of the files' own)
+    const std::string a = Slurp(tmp_ / "hf/model.safetensors"), b = Slurp(tmp_ / "back/model.safetensors");
+    auto ha = ReadSafetensorsHeader(Env::Default(), tmp_ / "hf/model.safetensors");
+    auto hb = ReadSafetensorsHeader(Env::Default(), tmp_ / "back/model.safetensors");
+    ASSERT_TRUE(ha.ok() && hb.ok());
+    ASSERT_EQ(ha->tensors.size(), hb->tensors.size());
+    for (const SafetensorsEntry& e : ha->tensors) {
+      const SafetensorsEntry* f = hb->Find(e.name);
+      ASSERT_NE(f, nullptr) << e.name;
+      EXPECT_TRUE(e.dtype == f->dtype && e.shape == f->shape && a.substr(e.offset, e.nbytes) == b.substr(f->offset, f->nbytes))
+          << e.name;
+    }
+  }
+  EXPECT_EQ(nlohmann::json::parse(Slurp(tmp_ / "back/config.json")),
+            nlohmann::json::parse(Slurp(tmp_ / "hf/config.json")));
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format all --dcp-names torchtitan");
+  std::tie(code, out) = Sh(client + "load " + m.dir() + "/dcp " + tmp_ / "hf " + m.dir() + "/hf --procs 1,2 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("LOAD OK"), std::string::npos) << out;
+  const int generation = MountStatus(m.dir())["generation"].get<int>();
+  std::tie(code, out) = Sh(client + "save " + m.dir() + "/dcp/step-3 5 " + tmp_ / "hf " + m.dir() + "/hf --procs 2 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("SAVE OK"), std::string::npos) << out;
+  const auto status = MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
 }
 
 // torchtitan's own MoE with shared experts (its Qwen3 MoE blocks given its FeedForward

@@ -733,6 +733,41 @@ TEST(DcpTorchtitan, MoeExpertsStackIntoOneTensorPerLayerAndReadBack) {
   EXPECT_EQ(biases, 2u);
 }
 
+// torchtitan's DeepSeek-V3 (MLA) of a store with the router's bias (hf::ExpertBiasSchema, what
+// an HF DeepseekV3 import makes): the attention's keys whole, the bias the tensor of
+// moe.expert_bias_E (no zeros made for it, nothing carried), the export imports back bit for bit.
+TEST(DcpTorchtitan, DeepseekMlaKeysAndTheRouterBiasAsATensorReadBack) {
+  TempDir tmp;
+  Env* env = Env::Default();
+  ModelSpec spec = ::ptc::testing::Spec("llama",
+                                        "layers=2,hidden=16,heads=4,vocab=32,seq=8,ffn=24,q_lora=8,kv_lora=6,qk_nope=4,"
+                                        "qk_rope=2,v_head=6,experts=4,moe_ffn=8,shared_ffn=8,dense_first=1");
+  spec.schema = *hf::ExpertBiasSchema(spec.schema);
+  const ParallelConfig config = *ParseConfig("tp=2,dp=2,ep=2");
+  ASSERT_TRUE(WriteSynthCheckpoint(env, ::ptc::testing::FitLayout(spec, config), 3, tmp / "src").ok());
+  ASSERT_TRUE(ImportCheckpoint(env, tmp / "src", tmp / "store", spec.schema, spec.dims, config).ok());
+  auto store = std::move(Store::Open(env, tmp / "store")).value();
+  auto generation = store->CurrentSnapshot();
+  auto plan = PlanCheckpoint(*generation, Keys::kTorchtitan);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  std::map<std::string, std::string> names;
+  for (const Tensor& t : plan->tensors) names[t.key] = t.name;
+  EXPECT_EQ(names["layers.1.attention.wkv_b.weight"], "decoder.layers.1.self_attention.linear_kv_up_proj.weight");
+  EXPECT_EQ(names["layers.0.attention.q_norm.weight"],
+            "decoder.layers.0.self_attention.linear_q_up_proj.layer_norm_weight");
+  EXPECT_EQ(names["layers.1.moe.expert_bias_E"], "decoder.layers.1.mlp.router.expert_bias");
+  EXPECT_EQ(names.count("layers.0.moe.expert_bias_E"), 0u);  // layer 0 is dense
+  for (const Object& o : plan->objects) EXPECT_FALSE(o.key.ends_with("expert_bias_E")) << o.key;
+  ASSERT_TRUE(ptcfs::ExportDcp(env, *store, generation, tmp / "titan", {}, Keys::kTorchtitan).ok());
+  auto source = OpenDcp(env, tmp / "titan", spec.schema, spec.dims, *ParseConfig("tp=1"));
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  EXPECT_TRUE(source->entries.empty());  // the bias is the model's tensor, not carried
+  auto copy = std::move(Store::Create(env, tmp / "copy")).value();
+  ASSERT_TRUE(WriteDcp(copy.get(), *source, nlohmann::json::object(), "").ok());
+  GenerationReader a(*store, generation, true), b(*copy, copy->CurrentSnapshot(), true);
+  ExpectSameTensors(a, b, generation->tensors);
+}
+
 // torchtitan's shared experts (MoE.shared_experts, a FeedForward): w1/w3 the gate/up
 // halves of shared_experts.linear_fc1, w2 its linear_fc2, plain [rows, cols] keys;
 // in tp=2 pieces (each rank [gate_r; up_r]) every chunk's rows read back from the store

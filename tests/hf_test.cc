@@ -545,7 +545,7 @@ TEST(HfMoe, RefusalsNameTheFieldOrRule) {
   refused(with("mlp_only_layers", {0, 1, 2, 3}), "no MoE layer");
   refused(with("mlp_only_layers", {7}), "\"mlp_only_layers\" holds 7");
   refused(with("model_type", "qwen2_moe"), "\"qkv_bias\" is true (Qwen2-MoE's default)");
-  refused(with("model_type", "deepseek_v3"), "model_type 'deepseek_v3' is not one ptcfs maps");
+  refused(with("model_type", "deepseek_v2"), "model_type 'deepseek_v2' is not one ptcfs maps");
   nlohmann::json both = Qwen3MoeConfig();
   both["num_local_experts"] = 8;
   refused(both, "\"num_local_experts\" and \"num_experts\" differ");

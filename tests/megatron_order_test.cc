@@ -185,9 +185,13 @@ TEST(MegatronOrder, AnotherOrderOrMixedNamesAreRefusedNamingTheTensor) {
 TEST(MegatronOrder, AStoreOfAnOlderSchemaOrderRendersInThatOrder) {
   ModelSpec older = testing::Spec("llama", kDims, DType::kF32, /*optimizer=*/true);
   auto& rules = older.schema.rules;  // before: linear_qkv's norm, linear_qkv, then linear_proj
-  ASSERT_EQ(rules[1].name, "decoder.layers.{i}.self_attention.linear_proj.weight");
-  std::rotate(rules.begin() + 1, rules.begin() + 2, rules.begin() + 4);
-  ASSERT_EQ(rules[3].name, "decoder.layers.{i}.self_attention.linear_proj.weight");
+  const auto proj = std::find_if(rules.begin(), rules.end(), [](const TensorRule& r) {
+    return r.name == "decoder.layers.{i}.self_attention.linear_proj.weight";
+  });
+  ASSERT_TRUE(proj != rules.end() && proj + 2 < rules.end());
+  ASSERT_EQ((proj + 2)->name, "decoder.layers.{i}.self_attention.linear_qkv.weight");
+  std::rotate(proj, proj + 1, proj + 3);
+  ASSERT_EQ((proj + 2)->name, "decoder.layers.{i}.self_attention.linear_proj.weight");
   GenerationManifest m;
   m.generation = 3;
   ASSERT_TRUE(DescribeModel(older, *ParseConfig("tp=2"), &m).ok());

@@ -483,6 +483,38 @@ TEST(MoeTransform, RandomPairsMatchSynth) {
   }
 }
 
+// An MLA model (DeepSeek-V3's attention, q compressed or not, with experts):
+// synth at A, transform to B, equals synth at B through tp, pp, ep and ZeRO-1
+// changes (the up projections cut by heads, the down projections whole).
+TEST(MlaTransform, ChainMatchesSynth) {
+  for (const char* dims :
+       {"layers=3,hidden=16,heads=4,vocab=32,seq=8,ffn=24,q_lora=8,kv_lora=6,qk_nope=4,qk_rope=2,v_head=6,"
+        "experts=4,moe_ffn=8,shared_ffn=8,dense_first=1",
+        "layers=2,hidden=16,heads=4,vocab=32,seq=8,ffn=24,kv_lora=6,qk_nope=4,qk_rope=2"}) {
+    const ModelSpec spec = Spec("llama", dims, DType::kBF16, true);
+    const bool moe = spec.dims.experts > 0;
+    TempDir tmp;
+    ParallelConfig from = MoeConfig("tp=1,pp=1,dp=1", false);
+    MakeStore(tmp, spec, from, 61);
+    for (const char* text : {moe ? "tp=2,pp=2,dp=1,pp_layers=1+2,per_worker=2" : "tp=2,pp=2,dp=1,per_worker=2",
+                             "tp=4,pp=1,dp=2,zero=1,per_worker=4",
+                             moe ? "tp=2,pp=1,dp=2,ep=4,etp=1,zero=1,per_worker=2" : "tp=2,pp=1,dp=2,zero=1",
+                             moe ? "tp=1,pp=2,dp=1,pp_layers=2+1" : "tp=1,pp=2,dp=1"}) {
+      const ParallelConfig to = *ParseConfig(text);
+      SCOPED_TRACE(std::string(dims) + ": " + from.ToString() + " -> " + to.ToString());
+      auto store = Store::Open(Env::Default(), tmp / "store");
+      ASSERT_TRUE(store.ok());
+      CheckPlanProperties((*store)->current(), spec, to, std::nullopt);
+      if (HasFatalFailure()) return;
+      auto r = Transform(**store, to, Options());
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      ExpectStoreHolds(tmp, spec, to, 61);
+      if (HasFatalFailure()) return;
+      from = to;
+    }
+  }
+}
+
 // An ep change moves whole experts and nothing else, and the plan's lower
 // bound (and moved bytes) are exactly the experts whose worker changed; an
 // etp change moves only expert shards. One rank per worker.

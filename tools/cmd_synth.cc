@@ -43,7 +43,8 @@ void AddSynthCommand(CLI::App& app, int* exit_code) {
   sub->add_option("--schema", a->schema, "built-in schema (megatron-gpt, llama) or schema JSON file")->required();
   sub->add_option("--dims", a->dims,
                   "model dims, e.g. layers=4,hidden=64,heads=4,vocab=1024,seq=128[,ffn=,kv_heads=,head_dim=]\n"
-                  "[,experts=,moe_ffn=,shared_ffn=,moe_every=,dense_first=] (mixture of experts)")
+                  "[,experts=,moe_ffn=,shared_ffn=,moe_every=,dense_first=] (mixture of experts)\n"
+                  "[,kv_lora=,q_lora=,qk_nope=,qk_rope=,v_head=] (multi-head latent attention)")
       ->required();
   sub->add_option("--config", a->config, "parallel config, e.g. tp=2,pp=2,dp=1[,cp=,ep=,etp=][,zero=1][,pp_layers=1+3][,per_worker=8]")
       ->required();

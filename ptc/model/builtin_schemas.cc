@@ -51,15 +51,44 @@ constexpr std::string_view kMegatronGpt = R"json({
 // expert id in global names and the rank's local index in local names) and,
 // with shared_ffn, the shared experts (split over tp like a dense MLP), in the
 // order MoELayer.__init__ builds them. A dense model has none of these.
+// With dims kv_lora= the attention is Megatron-Core's MLASelfAttention under
+// its Transformer Engine spec with qk_layernorm (DeepSeek-V3's): a norm of its
+// own before it (TENorm input_layernorm), linear_proj (built first, by
+// MultiLatentAttention), then linear_q_proj (q_lora=0) or linear_q_down_proj
+// and linear_q_up_proj (its fused norm, the q norm, registered first),
+// linear_kv_down_proj and linear_kv_up_proj (its fused kv norm first). The
+// down projections and norms are whole on every tp rank (TELinear
+// "duplicated"); the up projections, q_proj and linear_proj are split by
+// heads. Without kv_lora these rules have no tensor and linear_qkv's have.
 constexpr std::string_view kLlama = R"json({
   "name": "llama",
   "tensors": [
     {"name": "embedding.word_embeddings.weight", "shape": ["vocab", "hidden"], "tp": {"dim": 0}, "pp": "first"},
+    {"name": "decoder.layers.{i}.input_layernorm.weight", "shape": ["hidden"], "pp": "layer", "when": "kv_lora"},
     {"name": "decoder.layers.{i}.self_attention.linear_proj.weight",
-     "shape": ["hidden", "heads*head_dim"], "tp": {"dim": 1, "units": "heads"}, "pp": "layer"},
-    {"name": "decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight", "shape": ["hidden"], "pp": "layer"},
+     "shape": ["hidden", "heads*v_head"], "tp": {"dim": 1, "units": "heads"}, "pp": "layer"},
+    {"name": "decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight", "shape": ["hidden"], "pp": "layer",
+     "when": "!kv_lora"},
     {"name": "decoder.layers.{i}.self_attention.linear_qkv.weight",
-     "shape": ["(heads+2*kv_heads)*head_dim", "hidden"], "tp": {"dim": 0, "units": "kv_heads"}, "pp": "layer"},
+     "shape": ["(heads+2*kv_heads)*head_dim", "hidden"], "tp": {"dim": 0, "units": "kv_heads"}, "pp": "layer",
+     "when": "!kv_lora"},
+    {"name": "decoder.layers.{i}.self_attention.linear_q_proj.weight",
+     "shape": ["heads*(qk_nope+qk_rope)", "hidden"], "tp": {"dim": 0, "units": "heads"}, "pp": "layer",
+     "when": "kv_lora*!q_lora"},
+    {"name": "decoder.layers.{i}.self_attention.linear_q_down_proj.weight", "shape": ["q_lora", "hidden"],
+     "pp": "layer", "when": "q_lora"},
+    {"name": "decoder.layers.{i}.self_attention.linear_q_up_proj.layer_norm_weight", "shape": ["q_lora"],
+     "pp": "layer", "when": "q_lora"},
+    {"name": "decoder.layers.{i}.self_attention.linear_q_up_proj.weight",
+     "shape": ["heads*(qk_nope+qk_rope)", "q_lora"], "tp": {"dim": 0, "units": "heads"}, "pp": "layer",
+     "when": "q_lora"},
+    {"name": "decoder.layers.{i}.self_attention.linear_kv_down_proj.weight", "shape": ["kv_lora+qk_rope", "hidden"],
+     "pp": "layer", "when": "kv_lora"},
+    {"name": "decoder.layers.{i}.self_attention.linear_kv_up_proj.layer_norm_weight", "shape": ["kv_lora"],
+     "pp": "layer", "when": "kv_lora"},
+    {"name": "decoder.layers.{i}.self_attention.linear_kv_up_proj.weight",
+     "shape": ["heads*(qk_nope+v_head)", "kv_lora"], "tp": {"dim": 0, "units": "heads"}, "pp": "layer",
+     "when": "kv_lora"},
     {"name": "decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight", "shape": ["hidden"], "pp": "layer",
      "layers": "dense"},
     {"name": "decoder.layers.{i}.mlp.linear_fc1.weight",

@@ -63,6 +63,12 @@ class Parser {
     Skip();
     if (pos_ >= text_.size()) return Error("unexpected end");
     char c = text_[pos_];
+    if (c == '!') {  // 1 where the atom is 0, else 0 ("when": "!kv_lora")
+      ++pos_;
+      PTC_ASSIGN_OR_RETURN(Index v, Atom());
+      --depth_;
+      return Index{v == 0};
+    }
     if (c == '(') {
       ++pos_;
       PTC_ASSIGN_OR_RETURN(Index v, Sum());

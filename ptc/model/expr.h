@@ -1,6 +1,7 @@
 // Integer shape formulas in schemas: "3*hidden", "(heads+2*kv_heads)*head_dim".
 // Grammar: sum := product (('+'|'-') product)*; product := atom (('*'|'/') atom)*;
-// atom := integer | identifier | '(' sum ')'. Division must be exact.
+// atom := integer | identifier | '(' sum ')' | '!' atom (1 where the atom is 0,
+// else 0: "kv_lora*!q_lora"). Division must be exact.
 #pragma once
 
 #include <functional>

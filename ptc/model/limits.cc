@@ -108,6 +108,7 @@ Status CheckLayoutLimits(const ModelSpec& spec, const ParallelConfig& config) {
       spec.dims.experts > 0 && config.ep > 0 ? static_cast<uint64_t>(spec.dims.experts / config.ep) : 0;
   uint64_t stage_rules = 0, layer_rules = 0;
   for (const TensorRule& rule : spec.schema.rules) {
+    if (const Result<bool> when = RuleWhen(rule, spec.dims); when.ok() && !*when) continue;  // no tensor (MLA's, ...)
     if (rule.pp != PpPlacement::kLayer) stage_rules += 1;
     else layer_rules += rule.expert ? rank_experts : 1;
   }

@@ -2,7 +2,8 @@
 // it must never crash, and a model it accepts must map (MapModel) and be
 // written back (PlanExport's config.json) as a config that reads as the same
 // model: its schema and dims (Llama, Mixtral, Qwen3-MoE's experts and dense
-// layers, Qwen2-MoE's shared expert and its gate, GPTBigCode).
+// layers, Qwen2-MoE's shared expert and its gate, DeepSeek-V3's MLA dims and router bias,
+// GPTBigCode).
 // Run: ./hf_config_fuzz -max_total_time=60 -max_len=4096 tests/fuzz/corpus/hf_config_fuzz
 #include <cstddef>
 #include <cstdint>

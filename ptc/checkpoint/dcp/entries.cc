@@ -71,11 +71,13 @@ bool ExpertBiasKey(const std::string& key) {
          key.compare(key.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0;
 }
 
-Result<std::vector<CarriedEntry>> SavedEntries(const SavedCheckpoint& saved, Keys keys, const OpenFileFn& open,
-                                               const std::string& what) {
+Result<std::vector<CarriedEntry>> SavedEntries(const SavedCheckpoint& saved, const std::vector<Tensor>& model,
+                                               Keys keys, const OpenFileFn& open, const std::string& what) {
+  std::set<std::string> model_keys;
+  for (const Tensor& t : model) model_keys.insert(t.key);
   std::vector<CarriedEntry> out;
   for (const SavedTensor& t : saved.tensors) {
-    if (!CarriedTensorKey(t.key, keys)) continue;
+    if (!CarriedTensorKey(t.key, keys) || model_keys.count(t.key) != 0) continue;
     const bool whole = t.chunks.size() == 1 && t.chunks.front().box == Box::Full(t.shape);
     if ((!t.shape.empty() && !ExpertBiasKey(t.key)) || !whole) {
       return Bad(what, "key " + t.key + " is a tensor of " + ShapeToString(t.shape) + " in " +
@@ -120,7 +122,7 @@ Result<std::vector<CarriedEntry>> PartsEntries(const OptimizerPart& part, const 
                                                const std::string& what) {
   PTC_ASSIGN_OR_RETURN(const EntriesFiles files, EntriesFiles::Make(entries, what));
   return SavedEntries(
-      *part.saved, part.keys, [&](const std::string& f) { return files.Open(f); }, what);
+      *part.saved, part.model, part.keys, [&](const std::string& f) { return files.Open(f); }, what);
 }
 
 void SetSavedEntries(const std::vector<CarriedEntry>& entries, const std::string& save, nlohmann::json* extra) {
@@ -194,8 +196,9 @@ std::vector<Object> EntryObjects(const std::vector<CarriedEntry>& entries) {
 Result<std::vector<Object>> ExpertBiasObjects(const std::vector<Tensor>& tensors,
                                               const std::vector<CarriedEntry>& carried) {
   constexpr std::string_view kExperts = ".moe.routed_experts.inner_experts.w1_EFD";
-  std::set<std::string> have;
+  std::set<std::string> have;  // carried, or a tensor of the model (DeepSeek-V3's router bias, hf::ExpertBiasSchema)
   for (const CarriedEntry& e : carried) have.insert(e.key);
+  for (const Tensor& t : tensors) have.insert(t.key);
   std::vector<Object> out;
   for (const Tensor& t : tensors) {
     if (t.layer != 0 || t.key.size() <= kExperts.size() ||

@@ -44,18 +44,24 @@ bool CarriedTensorKey(const std::string& key, Keys keys);
 // torchtitan's MoE load-balancing bias, a persistent buffer of every MoE
 // layer: layers.L.moe.expert_bias_E, float32 [experts]. Carried as saved; a
 // tree whose store has none renders zeros (its initial value; ExpertBiasObjects).
+// A store whose schema has the router's bias (hf::ExpertBiasSchema, DeepSeek-V3)
+// keeps it as that tensor, under this key (TorchtitanTensors), not carried.
 bool ExpertBiasKey(const std::string& key);
 
-// The expert_bias_E objects of a kTorchtitan plan's MoE layers that `carried` lacks: zeros.
+// The expert_bias_E objects of a kTorchtitan plan's MoE layers that neither
+// `carried` nor the plan's tensors have: zeros.
 // \error as torch.save's planning.
 Result<std::vector<Object>> ExpertBiasObjects(const std::vector<Tensor>& tensors,
                                               const std::vector<CarriedEntry>& carried);
 
-// The carried entries of `saved`, read through `open`, in the metadata's order.
+// The carried entries of `saved`, read through `open`, in the metadata's order;
+// a key of `model` is the model's tensor, not carried (expert_bias_E of a
+// schema with the router's bias).
 // \error InvalidArgument naming the key: a carried tensor that is not one
 //        0-dim chunk, an entry without a storage record, one larger than
 //        kMaxEntryBytes or past its file's end; as `open`.
-Result<std::vector<CarriedEntry>> SavedEntries(const SavedCheckpoint& saved, Keys keys, const OpenFileFn& open,
+Result<std::vector<CarriedEntry>> SavedEntries(const SavedCheckpoint& saved, const std::vector<Tensor>& model,
+                                               Keys keys, const OpenFileFn& open,
                                                const std::string& what);
 
 // The files of a save taken on many workers, served from the bytes the parts

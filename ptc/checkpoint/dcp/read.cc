@@ -650,8 +650,10 @@ Status ReadOptimizerPart(const SavedCheckpoint& saved, std::vector<Tensor> model
     optimizer.entries.push_back(EntryBytes{file, f.Size(), offset, std::move(bytes)});
     return Status::OK();
   };
+  std::set<std::string> model_keys;  // a key of the model is its tensor, not carried
+  for (const Tensor& t : model) model_keys.insert(t.key);
   for (const SavedTensor& t : saved.tensors) {
-    if (!OptimizerEntryKey(t.key) && !CarriedTensorKey(t.key, keys)) continue;
+    if (!OptimizerEntryKey(t.key) && (!CarriedTensorKey(t.key, keys) || model_keys.count(t.key) != 0)) continue;
     for (const SavedChunk& c : t.chunks) PTC_RETURN_IF_ERROR(carry(t.key, c.file, c.offset, c.length));
   }
   for (const SavedBytes& b : saved.bytes) {
@@ -707,7 +709,7 @@ Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view
       return source.files[index].get();
     };
     PTC_ASSIGN_OR_RETURN(source.optimizer, SavedOptimizer(saved, model, keys, open, metadata_path));
-    PTC_ASSIGN_OR_RETURN(source.entries, SavedEntries(saved, keys, open, metadata_path));
+    PTC_ASSIGN_OR_RETURN(source.entries, SavedEntries(saved, model, keys, open, metadata_path));
   }
   if (keys == Keys::kTorchtitan && spec.optimizer) AddTorchtitanMasters(model, keys, &source);
   return source;

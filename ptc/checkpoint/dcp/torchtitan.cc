@@ -1,4 +1,4 @@
-// torchtitan's names of a Llama model in a DCP checkpoint (dcp.h, TorchtitanTensors).
+// torchtitan's names of a Llama, Qwen3 MoE or DeepSeek-V3 model in a DCP checkpoint (dcp.h, TorchtitanTensors).
 #include <algorithm>
 #include <optional>
 #include <span>
@@ -60,6 +60,33 @@ constexpr Rename kMoeRenames[] = {
     {true, "mlp.shared_experts.down_proj.weight", "moe.shared_experts.w2.weight"},
 };
 
+// torchtitan's DeepSeek-V3 (DeepSeekV3StateDictAdapter's names): multi-head
+// latent attention, rows as HF's (both keep DeepSeek's rope pairs), and the
+// MoE of kMoeRenames with the router's bias as the MoE's expert_bias_E.
+constexpr Rename kMlaRenames[] = {
+    {false, "model.embed_tokens.weight", "tok_embeddings.weight"},
+    {false, "model.norm.weight", "norm.weight"},
+    {false, "lm_head.weight", "lm_head.weight"},
+    {true, "self_attn.q_proj.weight", "attention.wq.weight"},
+    {true, "self_attn.q_a_proj.weight", "attention.wq_a.weight"},
+    {true, "self_attn.q_a_layernorm.weight", "attention.q_norm.weight"},
+    {true, "self_attn.q_b_proj.weight", "attention.wq_b.weight"},
+    {true, "self_attn.kv_a_proj_with_mqa.weight", "attention.wkv_a.weight"},
+    {true, "self_attn.kv_a_layernorm.weight", "attention.kv_norm.weight"},
+    {true, "self_attn.kv_b_proj.weight", "attention.wkv_b.weight"},
+    {true, "self_attn.o_proj.weight", "attention.wo.weight"},
+    {true, "mlp.gate_proj.weight", "feed_forward.w1.weight"},
+    {true, "mlp.up_proj.weight", "feed_forward.w3.weight"},
+    {true, "mlp.down_proj.weight", "feed_forward.w2.weight"},
+    {true, "input_layernorm.weight", "attention_norm.weight"},
+    {true, "post_attention_layernorm.weight", "ffn_norm.weight"},
+    {true, "mlp.gate.weight", "moe.router.gate.weight"},
+    {true, "mlp.gate.e_score_correction_bias", "moe.expert_bias_E"},
+    {true, "mlp.shared_experts.gate_proj.weight", "moe.shared_experts.w1.weight"},
+    {true, "mlp.shared_experts.up_proj.weight", "moe.shared_experts.w3.weight"},
+    {true, "mlp.shared_experts.down_proj.weight", "moe.shared_experts.w2.weight"},
+};
+
 // An expert's HF tensor (its name after "experts.E.") -> torchtitan's stacked key.
 struct ExpertRename {
   std::string_view hf, titan;
@@ -83,16 +110,17 @@ std::optional<Index> Number(const std::string& s, size_t* at) {
   return n;
 }
 
-// torchtitan's name of HF tensor `hf`; `expert` set (else -1) for an expert's,
-// whose key is its layer's stacked tensor.
-const Rename* Find(const std::string& hf, bool moe, std::string* titan, Index* expert) {
+// torchtitan's name of HF tensor `hf` by `renames`; `expert` set (else -1) for
+// an expert's (`moe`), whose key is its layer's stacked tensor.
+const Rename* Find(const std::string& hf, std::span<const Rename> renames, bool moe, std::string* titan,
+                   Index* expert) {
   constexpr std::string_view kLayers = "model.layers.";
   *expert = -1;
   size_t at = kLayers.size();
   const std::optional<Index> layer = hf.rfind(kLayers, 0) == 0 ? Number(hf, &at) : std::nullopt;
   const std::string prefix = layer ? "layers." + std::to_string(*layer) + "." : "";
   const std::string_view rest = layer ? std::string_view(hf).substr(at) : std::string_view(hf);
-  for (const Rename& r : moe ? std::span<const Rename>(kMoeRenames) : std::span<const Rename>(kRenames)) {
+  for (const Rename& r : renames) {
     if (r.layer == layer.has_value() && r.hf == rest) {
       *titan = prefix + std::string(r.titan);
       return &r;
@@ -117,7 +145,9 @@ const Rename* Find(const std::string& hf, bool moe, std::string* titan, Index* e
 }  // namespace
 
 Result<std::vector<Tensor>> TorchtitanTensors(const ModelSpec& spec) {
-  PTC_ASSIGN_OR_RETURN(const hf::Model model, hf::MapModel(spec, {.ungated_shared_experts = true}), "torchtitan names");
+  PTC_ASSIGN_OR_RETURN(const hf::Model model,
+                       hf::MapModel(spec, {.ungated_shared_experts = true, .expert_bias_optional = true}),
+                       "torchtitan names");
   if (model.arch == hf::Arch::kGptBigCode) {
     return InvalidArgumentError("schema " + spec.schema.name +
                                 ": torchtitan's names are Llama's or Qwen3's (the built-in llama schema); "
@@ -130,6 +160,9 @@ Result<std::vector<Tensor>> TorchtitanTensors(const ModelSpec& spec) {
                                 "ungated FeedForward; docs/dcp_format.md");
   }
   const bool moe = model.arch != hf::Arch::kLlama;
+  const std::span<const Rename> renames = model.arch == hf::Arch::kDeepseekV3 ? std::span<const Rename>(kMlaRenames)
+                                          : moe ? std::span<const Rename>(kMoeRenames)
+                                                : std::span<const Rename>(kRenames);
   const Index head_dim = spec.dims.head_dim;
   if (head_dim % 2 != 0) {
     return InvalidArgumentError("dims " + spec.dims.ToString() + ": torchtitan's RoPE needs an even head_dim");
@@ -138,7 +171,7 @@ Result<std::vector<Tensor>> TorchtitanTensors(const ModelSpec& spec) {
   for (const LocalTensor& hf : model.tensors) {
     std::string name;
     Index expert = -1;
-    const Rename* r = Find(hf.name, moe, &name, &expert);
+    const Rename* r = Find(hf.name, renames, moe, &name, &expert);
     if (r == nullptr) return InternalError("no torchtitan name for " + hf.name);
     // The HF tensor's segments are row blocks of one global tensor, dense in order.
     Tensor t{hf.segments.front().tensor, name, {name}, hf.dtype, hf.shape};

@@ -159,6 +159,22 @@ Status CheckQwen2Moe(const nlohmann::json& c, const std::string& what) {
   return Status::OK();
 }
 
+// The built-in llama, with its output layer tied to the embedding when `tied`
+// (Megatron-Core's share_embeddings_and_output_weights), named llama-tied.
+Result<Schema> LlamaSchema(bool tied) {
+  PTC_ASSIGN_OR_RETURN(Schema llama, LoadSchema("llama"));
+  if (!tied) return llama;
+  nlohmann::json doc = llama.ToJson();
+  doc["name"] = "llama-tied";
+  for (auto& rule : doc["tensors"]) {
+    if (rule["name"] == "output_layer.weight") {
+      rule.erase("shape");
+      rule["tied_to"] = "embedding.word_embeddings.weight";
+    }
+  }
+  return ParseSchema("llama-tied", doc);
+}
+
 // Llama, Mixtral, Qwen3-MoE and Qwen2-MoE: the built-in llama (tied, with q/k
 // norms or the shared experts' gate as the config says).
 Result<ConfigModel> LlamaFamilyOfConfig(const nlohmann::json& c, const std::string& type, const std::string& what) {
@@ -193,25 +209,83 @@ Result<ConfigModel> LlamaFamilyOfConfig(const nlohmann::json& c, const std::stri
   }
   PTC_ASSIGN_OR_RETURN(bool tied, BoolField(c, "tie_word_embeddings", false, what));
   PTC_ASSIGN_OR_RETURN(out.dims, Dims(layers, hidden, heads, kv_heads, head_dim, ffn, vocab, seq, what, moe));
-  PTC_ASSIGN_OR_RETURN(out.schema, LoadSchema("llama"));
-  if (tied) {
-    // Megatron-Core's share_embeddings_and_output_weights: the output layer is the embedding.
-    nlohmann::json doc = out.schema.ToJson();
-    doc["name"] = "llama-tied";
-    for (auto& rule : doc["tensors"]) {
-      if (rule["name"] == "output_layer.weight") {
-        rule.erase("shape");
-        rule["tied_to"] = "embedding.word_embeddings.weight";
-      }
-    }
-    PTC_ASSIGN_OR_RETURN(out.schema, ParseSchema("llama-tied", doc));
-  }
+  PTC_ASSIGN_OR_RETURN(out.schema, LlamaSchema(tied));
   if (out.arch == Arch::kQwen3Moe) {
     PTC_ASSIGN_OR_RETURN(out.schema, QkNormSchema(out.schema));
   }
   if (out.arch == Arch::kQwen2Moe) {
     PTC_ASSIGN_OR_RETURN(out.schema, SharedGateSchema(out.schema));
   }
+  return out;
+}
+
+// A size field of DeepseekV3Config that may be 0, or null for 0 (q_lora_rank:
+// no q compression; first_k_dense_replace: no dense layer).
+Result<Index> SizeOrZero(const nlohmann::json& c, const char* key, Index fallback, const std::string& what) {
+  if (auto it = c.find(key); it != c.end() && (it->is_null() || (it->is_number_integer() && *it == 0))) return Index{0};
+  return SizeField(c, key, what, fallback);
+}
+
+// What DeepseekV3Config switches on that ptcfs cannot carry.
+Status CheckDeepseek(const nlohmann::json& c, const std::string& what) {
+  PTC_ASSIGN_OR_RETURN(bool bias, BoolField(c, "attention_bias", false, what));
+  if (bias) return InvalidArgumentError(what + ": \"attention_bias\" is true; the llama schema has no biases");
+  PTC_ASSIGN_OR_RETURN(bool interleave, BoolField(c, "rope_interleave", true, what));
+  if (!interleave) {
+    return InvalidArgumentError(what +
+                                ": \"rope_interleave\" is false; ptcfs keeps DeepSeek-V3's rope rows in its own "
+                                "pair order, which HF reads with rope_interleave true (its default; docs/hf_format.md)");
+  }
+  if (auto it = c.find("hidden_act"); it != c.end() && !it->is_null() && *it != "silu") {
+    return InvalidArgumentError(what + ": \"hidden_act\" is " + JsonText(*it) + "; ptcfs maps SwiGLU (silu) only");
+  }
+  return Status::OK();
+}
+
+// DeepSeek-V3 (DeepseekV3Config, its defaults where a field is absent): the
+// built-in llama with MLA dims and the router's expert bias (ExpertBiasSchema).
+Result<ConfigModel> DeepseekOfConfig(const nlohmann::json& c, const std::string& what) {
+  PTC_RETURN_IF_ERROR(CheckDeepseek(c, what));
+  ConfigModel out;
+  out.arch = Arch::kDeepseekV3;
+  PTC_ASSIGN_OR_RETURN(Index layers, SizeField(c, "num_hidden_layers", what, 61));
+  PTC_ASSIGN_OR_RETURN(Index hidden, SizeField(c, "hidden_size", what, 7168));
+  PTC_ASSIGN_OR_RETURN(Index heads, SizeField(c, "num_attention_heads", what, 128));
+  PTC_ASSIGN_OR_RETURN(Index kv_heads, SizeField(c, "num_key_value_heads", what, heads));
+  if (kv_heads != heads) {
+    return InvalidArgumentError(what + ": \"num_key_value_heads\" " + std::to_string(kv_heads) +
+                                " differs from \"num_attention_heads\" " + std::to_string(heads) +
+                                ": every head of multi-head latent attention has its own k and v");
+  }
+  std::string dims = "layers=" + std::to_string(layers) + ",hidden=" + std::to_string(hidden) +
+                     ",heads=" + std::to_string(heads);
+  const struct {
+    const char* key;
+    const char* dim;
+    Index fallback;
+  } kFieldsOf[] = {{"vocab_size", "vocab", 129280},        {"max_position_embeddings", "seq", 4096},
+                   {"intermediate_size", "ffn", 18432},    {"q_lora_rank", "q_lora", 1536},
+                   {"kv_lora_rank", "kv_lora", 512},       {"qk_nope_head_dim", "qk_nope", 128},
+                   {"qk_rope_head_dim", "qk_rope", 64},    {"v_head_dim", "v_head", 128},
+                   {"n_routed_experts", "experts", 256},   {"moe_intermediate_size", "moe_ffn", 2048},
+                   {"first_k_dense_replace", "dense_first", 3}};
+  Index moe_ffn = 0;
+  for (const auto& f : kFieldsOf) {
+    const bool zero_ok = std::string_view(f.key) == "q_lora_rank" || std::string_view(f.key) == "first_k_dense_replace";
+    PTC_ASSIGN_OR_RETURN(Index v, zero_ok ? SizeOrZero(c, f.key, f.fallback, what) : SizeField(c, f.key, what, f.fallback));
+    dims += std::string(",") + f.dim + "=" + std::to_string(v);
+    if (std::string_view(f.dim) == "moe_ffn") moe_ffn = v;
+  }
+  PTC_ASSIGN_OR_RETURN(Index shared, SizeField(c, "n_shared_experts", what, 1));
+  Index shared_ffn = 0;
+  if (__builtin_mul_overflow(shared, moe_ffn, &shared_ffn)) {
+    return InvalidArgumentError(what + ": n_shared_experts * moe_intermediate_size overflows");
+  }
+  dims += ",shared_ffn=" + std::to_string(shared_ffn);
+  PTC_ASSIGN_OR_RETURN(out.dims, ParseDims(dims), what);
+  PTC_ASSIGN_OR_RETURN(bool tied, BoolField(c, "tie_word_embeddings", false, what));
+  PTC_ASSIGN_OR_RETURN(Schema llama, LlamaSchema(tied));
+  PTC_ASSIGN_OR_RETURN(out.schema, ExpertBiasSchema(llama));
   return out;
 }
 
@@ -261,6 +335,14 @@ Result<Schema> SharedGateSchema(const Schema& base) {
   return WithRulesAfter(base, "decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight", {gate}, "-sg", "a gate");
 }
 
+Result<Schema> ExpertBiasSchema(const Schema& base) {
+  const nlohmann::json bias = {{"name", "decoder.layers.{i}.mlp.router.expert_bias"},
+                               {"shape", {"experts"}},
+                               {"pp", "layer"},
+                               {"layers", "moe"}};
+  return WithRulesAfter(base, "decoder.layers.{i}.mlp.router.weight", {bias}, "-eb", "an expert bias");
+}
+
 Result<ConfigModel> ModelOfConfig(const nlohmann::json& c, const std::string& what) {
   if (!c.is_object()) return InvalidArgumentError(what + ": not a JSON object");
   std::string type;
@@ -277,12 +359,14 @@ Result<ConfigModel> ModelOfConfig(const nlohmann::json& c, const std::string& wh
       if (a == "Qwen3MoeForCausalLM") type = "qwen3_moe";
       if (a == "Qwen2MoeForCausalLM") type = "qwen2_moe";
       if (a == "GPTBigCodeForCausalLM") type = "gpt_bigcode";
+      if (a == "DeepseekV3ForCausalLM") type = "deepseek_v3";
     }
   }
   ConfigModel out;
   if (type == "llama" || type == "mixtral" || type == "qwen3_moe" || type == "qwen2_moe") {
     return LlamaFamilyOfConfig(c, type, what);
   }
+  if (type == "deepseek_v3") return DeepseekOfConfig(c, what);
   if (type == "gpt_bigcode") {
     out.arch = Arch::kGptBigCode;
     PTC_ASSIGN_OR_RETURN(Index layers, SizeField(c, "n_layer", what));
@@ -321,7 +405,7 @@ Result<ConfigModel> ModelOfConfig(const nlohmann::json& c, const std::string& wh
   }
   return InvalidArgumentError(
       what + ": model_type " + (type.empty() ? std::string("(none)") : Quote(type)) +
-      " is not one ptcfs maps (llama, mixtral, qwen3_moe, qwen2_moe, gpt_bigcode; docs/hf_format.md)");
+      " is not one ptcfs maps (llama, mixtral, qwen3_moe, qwen2_moe, deepseek_v3, gpt_bigcode; docs/hf_format.md)");
 }
 
 }  // namespace ptc::hf

@@ -55,6 +55,9 @@ constexpr const char* kExpertFc2 = "decoder.layers.{i}.mlp.experts.local_experts
 constexpr const char* kSharedFc1 = "decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight";
 constexpr const char* kSharedFc2 = "decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight";
 constexpr const char* kSharedGate = "decoder.layers.{i}.mlp.shared_experts.gate_weight";
+constexpr const char* kExpertBias = "decoder.layers.{i}.mlp.router.expert_bias";
+constexpr const char* kMlaNorm = "decoder.layers.{i}.input_layernorm.weight";
+constexpr const char* kKvDown = "decoder.layers.{i}.self_attention.linear_kv_down_proj.weight";
 
 // A MoE layer's shared experts: none, DeepSeek-V3's names without a gate
 // (MapOptions), or Qwen2-MoE's shared_expert and its sigmoid gate.
@@ -130,12 +133,60 @@ ArchInfo LlamaFamily(Arch arch, const char* architecture, const char* model_type
   return ArchInfo{arch, architecture, model_type, kQkv, "embedding.word_embeddings.weight", std::move(e)};
 }
 
+// DeepSeek-V3 (transformers' DeepseekV3ForCausalLM): multi-head latent
+// attention, in the order DeepseekV3Attention registers it (q_proj or q_a_proj,
+// q_a_layernorm, q_b_proj; kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj;
+// o_proj: each the whole Megatron-Core tensor, rows as they are: HF's
+// rope_interleave takes DeepSeek's pair order, which ptcfs keeps), the dense
+// layers' MLP, then DeepseekV3MoE's experts (one tensor per expert as
+// save_pretrained writes them), gate (the router and, with `expert_bias`, its
+// e_score_correction_bias) and shared_experts. A rule whose "when" does not
+// hold (q_proj with q_lora, q_a_proj without) has no tensor.
+ArchInfo DeepseekV3(bool expert_bias) {
+#define PTC_MLA "decoder.layers.{i}.self_attention."
+  constexpr const char *q = PTC_MLA "linear_q_proj.weight", *q_down = PTC_MLA "linear_q_down_proj.weight",
+                       *q_norm = PTC_MLA "linear_q_up_proj.layer_norm_weight", *q_up = PTC_MLA "linear_q_up_proj.weight",
+                       *kv_norm = PTC_MLA "linear_kv_up_proj.layer_norm_weight",
+                       *kv_up = PTC_MLA "linear_kv_up_proj.weight", *proj = PTC_MLA "linear_proj.weight";
+#undef PTC_MLA
+  std::vector<Entry> e = {
+      {"model.embed_tokens.weight", "embedding.word_embeddings.weight", Cut::kWhole, {"vocab", "hidden"}},
+      {"model.layers.{i}.self_attn.q_proj.weight", q, Cut::kWhole, {"heads*(qk_nope+qk_rope)", "hidden"}},
+      {"model.layers.{i}.self_attn.q_a_proj.weight", q_down, Cut::kWhole, {"q_lora", "hidden"}},
+      {"model.layers.{i}.self_attn.q_a_layernorm.weight", q_norm, Cut::kWhole, {"q_lora"}},
+      {"model.layers.{i}.self_attn.q_b_proj.weight", q_up, Cut::kWhole, {"heads*(qk_nope+qk_rope)", "q_lora"}},
+      {"model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight", kKvDown, Cut::kWhole, {"kv_lora+qk_rope", "hidden"}},
+      {"model.layers.{i}.self_attn.kv_a_layernorm.weight", kv_norm, Cut::kWhole, {"kv_lora"}},
+      {"model.layers.{i}.self_attn.kv_b_proj.weight", kv_up, Cut::kWhole, {"heads*(qk_nope+v_head)", "kv_lora"}},
+      {"model.layers.{i}.self_attn.o_proj.weight", proj, Cut::kWhole, {"hidden", "heads*v_head"}},
+      {"model.layers.{i}.mlp.gate_proj.weight", kDenseFc1, Cut::kGate, {"ffn", "hidden"}},
+      {"model.layers.{i}.mlp.up_proj.weight", kDenseFc1, Cut::kUp, {"ffn", "hidden"}},
+      {"model.layers.{i}.mlp.down_proj.weight", kDenseFc2, Cut::kWhole, {"hidden", "ffn"}},
+      {"model.layers.{i}.mlp.experts.{e}.gate_proj.weight", kExpertFc1, Cut::kGate, {"moe_ffn", "hidden"}},
+      {"model.layers.{i}.mlp.experts.{e}.up_proj.weight", kExpertFc1, Cut::kUp, {"moe_ffn", "hidden"}},
+      {"model.layers.{i}.mlp.experts.{e}.down_proj.weight", kExpertFc2, Cut::kWhole, {"hidden", "moe_ffn"}},
+      {"model.layers.{i}.mlp.gate.weight", kRouter, Cut::kWhole, {"experts", "hidden"}},
+  };
+  if (expert_bias) e.push_back({"model.layers.{i}.mlp.gate.e_score_correction_bias", kExpertBias, Cut::kWhole, {"experts"}});
+  e.push_back({"model.layers.{i}.mlp.shared_experts.gate_proj.weight", kSharedFc1, Cut::kGate, {"shared_ffn", "hidden"}});
+  e.push_back({"model.layers.{i}.mlp.shared_experts.up_proj.weight", kSharedFc1, Cut::kUp, {"shared_ffn", "hidden"}});
+  e.push_back({"model.layers.{i}.mlp.shared_experts.down_proj.weight", kSharedFc2, Cut::kWhole, {"hidden", "shared_ffn"}});
+  e.push_back({"model.layers.{i}.input_layernorm.weight", kMlaNorm, Cut::kWhole, {"hidden"}});
+  e.push_back({"model.layers.{i}.post_attention_layernorm.weight", kDenseNorm, Cut::kWhole, {"hidden"}});
+  e.push_back({"model.layers.{i}.post_attention_layernorm.weight", kMoeNorm, Cut::kWhole, {"hidden"}});
+  e.push_back({"model.norm.weight", "decoder.final_layernorm.weight", Cut::kWhole, {"hidden"}});
+  e.push_back({"lm_head.weight", "output_layer.weight", Cut::kWhole, {"vocab", "hidden"}, true});
+  return ArchInfo{Arch::kDeepseekV3, "DeepseekV3ForCausalLM", "deepseek_v3", kKvDown,
+                  "embedding.word_embeddings.weight", std::move(e)};
+}
+
 const std::vector<ArchInfo>& Archs() {
   static const std::vector<ArchInfo> archs = {
       LlamaFamily(Arch::kLlama, "LlamaForCausalLM", "llama"),
       LlamaFamily(Arch::kMixtral, "MixtralForCausalLM", "mixtral"),
       LlamaFamily(Arch::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe"),
       LlamaFamily(Arch::kQwen2Moe, "Qwen2MoeForCausalLM", "qwen2_moe", Shared::kQwen2),
+      DeepseekV3(true),
       {Arch::kGptBigCode,
        "GPTBigCodeForCausalLM",
        "gpt_bigcode",
@@ -319,6 +370,35 @@ void SetMoeConfig(Arch arch, const ModelDims& d, nlohmann::json* c) {
   if (arch == Arch::kQwen2Moe) (*c)["shared_expert_intermediate_size"] = d.shared_ffn;
 }
 
+// The fields of DeepseekV3Config beyond Llama's: MLA's ranks and head dims,
+// the experts, the dense first layers; its group-limited routing kept where it
+// fits the experts, else one group (its defaults, 8 groups of which 4, fit 256).
+void SetDeepseekConfig(const ModelDims& d, nlohmann::json* c) {
+  (*c)["q_lora_rank"] = d.q_lora ? nlohmann::json(d.q_lora) : nlohmann::json(nullptr);
+  (*c)["kv_lora_rank"] = d.kv_lora;
+  (*c)["qk_nope_head_dim"] = d.qk_nope;
+  (*c)["qk_rope_head_dim"] = d.qk_rope;
+  (*c)["v_head_dim"] = d.v_head;
+  (*c)["rope_interleave"] = true;
+  (*c)["n_routed_experts"] = d.experts;
+  (*c)["moe_intermediate_size"] = d.moe_ffn;
+  (*c)["n_shared_experts"] = d.shared_ffn / d.moe_ffn;  // CheckDeepseekDims: a multiple
+  (*c)["first_k_dense_replace"] = d.dense_first;
+  auto int_in = [c](const char* key, Index lo, Index hi) {
+    auto it = c->find(key);
+    return it != c->end() && it->is_number_integer() && it->get<Index>() >= lo && it->get<Index>() <= hi;
+  };
+  if (!int_in("num_experts_per_tok", 1, d.experts)) (*c)["num_experts_per_tok"] = std::min<Index>(8, d.experts);
+  const Index k = (*c)["num_experts_per_tok"].get<Index>();
+  const bool groups_fit = int_in("n_group", 1, d.experts) && d.experts % (*c)["n_group"].get<Index>() == 0 &&
+                          int_in("topk_group", 1, (*c)["n_group"].get<Index>()) &&
+                          (*c)["topk_group"].get<Index>() * (d.experts / (*c)["n_group"].get<Index>()) >= k;
+  if (!groups_fit) {
+    (*c)["n_group"] = 1;
+    (*c)["topk_group"] = 1;
+  }
+}
+
 nlohmann::json ConfigOf(const Model& model, const ModelSpec& spec, const nlohmann::json& kept) {
   const ModelDims& d = spec.dims;
   nlohmann::json c = kept.is_object() ? kept : nlohmann::json::object();
@@ -345,7 +425,11 @@ nlohmann::json ConfigOf(const Model& model, const ModelSpec& spec, const nlohman
     // Qwen2-MoE's q/k/v biases are one switch (qkv_bias, on by default); the others' attention_bias.
     c[model.arch == Arch::kQwen2Moe ? "qkv_bias" : "attention_bias"] = false;
     if (model.arch == Arch::kLlama) c["mlp_bias"] = false;
-    if (model.arch != Arch::kLlama) SetMoeConfig(model.arch, d, &c);
+    if (model.arch == Arch::kDeepseekV3) {
+      SetDeepseekConfig(d, &c);
+    } else if (model.arch != Arch::kLlama) {
+      SetMoeConfig(model.arch, d, &c);
+    }
   } else {
     if (!kept.is_object()) {  // Megatron-LM's defaults: the fused bias-GeLU (tanh), LayerNorm eps
       c["activation_function"] = "gelu_pytorch_tanh";
@@ -369,11 +453,37 @@ nlohmann::json ConfigOf(const Model& model, const ModelSpec& spec, const nlohman
 
 namespace {
 
+// What DeepseekV3Config can say of the dims: every layer from
+// first_k_dense_replace MoE, with n_shared_experts shared experts of
+// moe_intermediate_size each.
+// \error InvalidArgument naming the dims key.
+Status CheckDeepseekDims(const ModelDims& d) {
+  const std::string what = "dims " + d.ToString() + ": DeepseekV3ForCausalLM ";
+  if (d.experts == 0) {
+    return InvalidArgumentError(what + "has MoE layers (experts=): a dense model with multi-head latent attention "
+                                       "has no Hugging Face architecture ptcfs maps");
+  }
+  if (d.moe_every != 1) {
+    return InvalidArgumentError(what + "has every layer from first_k_dense_replace MoE, not moe_every=" +
+                                std::to_string(d.moe_every));
+  }
+  if (d.shared_ffn == 0 || d.shared_ffn % d.moe_ffn != 0) {
+    return InvalidArgumentError(what + "has n_shared_experts shared experts of moe_intermediate_size: shared_ffn=" +
+                                std::to_string(d.shared_ffn) + " is no positive multiple of moe_ffn=" +
+                                std::to_string(d.moe_ffn));
+  }
+  return Status::OK();
+}
+
 // The architecture `spec` maps to: by the rules only one family has, then
 // (Llama's) by its experts, shared experts' gate and q/k norms.
 Result<const ArchInfo*> SelectArch(const ModelSpec& spec) {
   const Schema& schema = spec.schema;
   if (schema.Find(InfoOf(Arch::kGptBigCode).key_rule) != nullptr) return &InfoOf(Arch::kGptBigCode);
+  if (spec.dims.IsMla() && schema.Find(kKvDown) != nullptr) {
+    PTC_RETURN_IF_ERROR(CheckDeepseekDims(spec.dims));
+    return &InfoOf(Arch::kDeepseekV3);
+  }
   if (schema.Find(kQkv) == nullptr) {
     return InvalidArgumentError("schema " + schema.name +
                                 ": Hugging Face has no architecture ptcfs maps it to (it maps Megatron-Core GPT names, "
@@ -452,6 +562,10 @@ Status AddTensors(const ModelSpec& spec, const ArchInfo& info, Model* model) {
   for (const GlobalTensor& g : globals) by_name[g.name] = &g;
   auto add = [&](const Entry& e, Index layer, Index expert) -> Status {
     if (e.output && model->tied) return Status::OK();
+    if (const TensorRule* rule = spec.schema.Find(e.rule); rule != nullptr) {
+      PTC_ASSIGN_OR_RETURN(bool when, RuleWhen(*rule, dims));
+      if (!when) return Status::OK();  // MLA's q_proj with q_lora, its q_a_proj without
+    }
     if (IsLayer(e.hf) && !RuleOnLayer(*spec.schema.Find(e.rule), dims, layer)) return Status::OK();  // another kind
     const std::string name = Named(e.hf, layer, expert), global = Named(e.rule, layer, expert);
     auto it = by_name.find(global);
@@ -504,6 +618,9 @@ Result<Model> MapModel(const ModelSpec& spec, const MapOptions& options) {
   if (options.ungated_shared_experts && (info.arch == Arch::kMixtral || info.arch == Arch::kQwen3Moe) &&
       spec.dims.shared_ffn > 0 && spec.schema.Find(kSharedFc1) != nullptr) {
     info = LlamaFamily(info.arch, info.architecture, info.model_type, Shared::kUngated);
+  }
+  if (options.expert_bias_optional && info.arch == Arch::kDeepseekV3 && spec.schema.Find(kExpertBias) == nullptr) {
+    info = DeepseekV3(false);
   }
   Model model;
   model.arch = info.arch;

@@ -22,6 +22,9 @@
 //     with experts=, shared_ffn= and the shared   Qwen2MoeForCausalLM (its shared_expert
 //     experts' gate (mlp.shared_experts.          and shared_expert_gate; dense layers
 //     gate_weight, SharedGateSchema)              as its mlp_only_layers)
+//     with kv_lora= (MLA), experts= and shared_ffn= DeepseekV3ForCausalLM (its router's
+//     and the router's expert_bias                e_score_correction_bias; dense layers
+//     (ExpertBiasSchema)                          below first_k_dense_replace)
 //   legacy Megatron-LM GPT (`megatron-gpt`)       GPTBigCodeForCausalLM (GPT-2
 //                                                 with Linear layers, q/k/v per head)
 // An expert's HF tensors are cut from its global tensors as a dense MLP's
@@ -52,7 +55,7 @@ inline constexpr const char* kSingleFile = "model.safetensors";
 // save_pretrained's default max_shard_size ("5GB", decimal).
 inline constexpr uint64_t kDefaultShardBytes = 5'000'000'000;
 
-enum class Arch { kLlama, kGptBigCode, kMixtral, kQwen3Moe, kQwen2Moe };
+enum class Arch { kLlama, kGptBigCode, kMixtral, kQwen3Moe, kQwen2Moe, kDeepseekV3 };
 
 // config.json's "architectures" entry of `arch` ("MixtralForCausalLM").
 const char* ArchName(Arch arch);
@@ -72,6 +75,10 @@ struct MapOptions {
   // experts): torchtitan's MoE has them (dcp.h, TorchtitanTensors); HF's Mixtral
   // and Qwen3-MoE do not, so an export refuses them.
   bool ungated_shared_experts = false;
+  // DeepSeek-V3's router without its e_score_correction_bias (a schema without
+  // ExpertBiasSchema's rule): torchtitan's expert_bias_E is then carried as
+  // saved (dcp.h), where HF's DeepseekV3 needs the tensor.
+  bool expert_bias_optional = false;
 };
 
 // The HF names and cuts of `spec`'s parameters (optimizer state is not carried).
@@ -148,5 +155,17 @@ Result<Schema> QkNormSchema(const Schema& base);
 // named NAME-sg. Qwen2-MoE's shared_expert_gate.weight is this tensor.
 // \error InvalidArgument when `base` has no shared_experts.linear_fc2 rule.
 Result<Schema> SharedGateSchema(const Schema& base);
+
+// `base` (the llama schema, tied or not) with the router's expert bias
+// (DeepSeek-V3's auxiliary-loss-free load balancing) as Megatron-Core's
+// TopKRouter registers it with moe_router_enable_expert_bias:
+// decoder.layers.{i}.mlp.router.expert_bias [experts] per MoE layer, whole on
+// every tp rank, after mlp.router.weight, named NAME-eb. HF's DeepseekV3
+// mlp.gate.e_score_correction_bias and torchtitan's moe.expert_bias_E are
+// this tensor. (A buffer in all three, which keep no optimizer state for it;
+// ptcfs's schema has no such mark yet, so a store of this schema with
+// --optimizer adam has Adam state for it: docs/hf_format.md.)
+// \error InvalidArgument when `base` has no mlp.router.weight rule.
+Result<Schema> ExpertBiasSchema(const Schema& base);
 
 }  // namespace ptc::hf

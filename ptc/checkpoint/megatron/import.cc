@@ -333,6 +333,7 @@ Result<KeptRank> KeepRank(const RandomAccessFile& file, const TorchFile& tf, con
   PTC_ASSIGN_OR_RETURN(RankView view, layout.View(*rank));
   // The rank's tensors as the file names and numbers them (either of Megatron-Core's name sets).
   PTC_ASSIGN_OR_RETURN(const megatron::NameSet names, megatron::FileNameSet(spec, view, tf.root, path));
+  PTC_RETURN_IF_ERROR(megatron::CheckNameSetSplits(names, config.tp, view), path);
   view = megatron::ViewInNameSet(view, names);
   PTC_RETURN_IF_ERROR(KeepExtras(view, file, tf, path, &kept.extra));
   if (!spec.optimizer || config.zero == 1) return k;
@@ -455,6 +456,7 @@ Result<ModelSpec> SaveSpec(const MegatronImportOptions& o, const ParallelConfig&
   PTC_ASSIGN_OR_RETURN(RankView view, layout.View(*rank));
   if (view.model.empty()) return InvalidArgumentError(path + ": the schema gives this rank no tensor");
   PTC_ASSIGN_OR_RETURN(const megatron::NameSet names, megatron::FileNameSet(spec, view, tf.root, path));
+  PTC_RETURN_IF_ERROR(megatron::CheckNameSetSplits(names, config.tp, view), path);
   view = megatron::ViewInNameSet(view, names);
   std::map<DType, size_t> votes;
   pickle::DictIndex index;

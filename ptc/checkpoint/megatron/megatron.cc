@@ -253,6 +253,7 @@ Result<RankState> BuildRankState(const ModelSpec& spec, const ParallelConfig& co
     return InvalidArgumentError("kept checkpoint entries are a " + std::string(pickle::KindName(carried.kind())) +
                                 ", not a dict");
   }
+  PTC_RETURN_IF_ERROR(CheckNameSetSplits(names, config.tp, schema_view));
   RankState out;
   out.view = std::make_shared<const RankView>(ViewInNameSet(schema_view, names));
   const RankView& view = *out.view;
@@ -355,6 +356,7 @@ Result<std::vector<pickle::Tensor>> FindRankTensors(const ModelSpec& spec, const
                                                     const RankView& schema_view, const pickle::Value& root,
                                                     const std::string& what) {
   PTC_ASSIGN_OR_RETURN(const NameSet names, FileNameSet(spec, schema_view, root, what));
+  PTC_RETURN_IF_ERROR(CheckNameSetSplits(names, config.tp, schema_view), what);
   std::vector<size_t> from;  // the file's parameter i is schema_view.model[from[i]]
   const RankView view = ViewInNameSet(schema_view, names, &from);
   std::vector<pickle::Tensor> out;

@@ -10,15 +10,22 @@ namespace ptc::megatron {
 namespace {
 
 // A fused norm of te names: its suffix there, its suffix in local names, and
-// the submodule of its layer it is registered before in local names.
+// the submodule of its layer it is registered before in local names (else,
+// when the layer has none of that, `or_before`).
 struct FusedNorm {
-  std::string_view te, local, before;
+  std::string_view te, local, before, or_before = {};
 };
 constexpr FusedNorm kFused[] = {
     {".self_attention.linear_qkv.layer_norm_weight", ".input_layernorm.weight", ".self_attention."},
     {".self_attention.linear_qkv.layer_norm_bias", ".input_layernorm.bias", ".self_attention."},
     {".mlp.linear_fc1.layer_norm_weight", ".pre_mlp_layernorm.weight", ".mlp."},
     {".mlp.linear_fc1.layer_norm_bias", ".pre_mlp_layernorm.bias", ".mlp."},
+    // MLA (MLASelfAttention): the q and kv norms, built after every linear of the attention,
+    // so before the MLP's norm (an MoE layer's own) or the MLP (a dense layer's, fused in te).
+    {".self_attention.linear_q_up_proj.layer_norm_weight", ".self_attention.q_layernorm.weight",
+     ".pre_mlp_layernorm.", ".mlp."},
+    {".self_attention.linear_kv_up_proj.layer_norm_weight", ".self_attention.kv_layernorm.weight",
+     ".pre_mlp_layernorm.", ".mlp."},
 };
 
 // A routed expert's tensor in the schema's (SequentialMLP's) names,
@@ -136,16 +143,32 @@ std::vector<size_t> RegistrationOrder(NameSet names, const std::vector<std::stri
     place[i] = {i, 1, i};
     const auto fused = Fused(te_order[i]);
     if (!fused) continue;
-    const std::string head = std::string(fused->second) + std::string(fused->first->before);
-    for (size_t j = 0; j < te_order.size(); ++j) {
-      if (te_order[j].starts_with(head)) {
-        place[i] = {j, 0, i};
-        break;
-      }
+    for (std::string_view before : {fused->first->before, fused->first->or_before}) {
+      if (before.empty()) break;
+      const std::string head = std::string(fused->second) + std::string(before);
+      const auto j = std::find_if(te_order.begin(), te_order.end(),
+                                  [&head](const std::string& name) { return name.starts_with(head); });
+      if (j == te_order.end()) continue;
+      place[i] = {static_cast<size_t>(j - te_order.begin()), 0, i};
+      break;
     }
   }
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return place[a] < place[b]; });
   return order;
+}
+
+Status CheckNameSetSplits(NameSet names, int tp, const RankView& view) {
+  if (names != NameSet::kLocal || tp == 1) return Status::OK();
+  for (const LocalTensor& t : view.model) {
+    if (t.name.ends_with(".self_attention.linear_q_down_proj.weight") ||
+        t.name.ends_with(".self_attention.linear_kv_down_proj.weight")) {
+      return InvalidArgumentError(
+          "tensor " + t.name + ": the local spec's MLASelfAttention splits it over tp=" + std::to_string(tp) +
+          " (ColumnParallelLinear) where Transformer Engine's keeps it whole; ptcfs has MLA's local names at tp=1 "
+          "only (docs/megatron_format.md)");
+    }
+  }
+  return Status::OK();
 }
 
 RankView ViewInNameSet(const RankView& view, NameSet names, std::vector<size_t>* from) {

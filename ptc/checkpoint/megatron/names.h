@@ -9,13 +9,19 @@
 //   P.self_attention.linear_qkv.layer_norm_bias     P.input_layernorm.bias
 //   P.mlp.linear_fc1.layer_norm_weight              P.pre_mlp_layernorm.weight
 //   P.mlp.linear_fc1.layer_norm_bias                P.pre_mlp_layernorm.bias
+//   P.self_attention.linear_q_up_proj.layer_norm_weight   P.self_attention.q_layernorm.weight   (MLA)
+//   P.self_attention.linear_kv_up_proj.layer_norm_weight  P.self_attention.kv_layernorm.weight  (MLA)
 //
 // The order differs too, and it numbers the optimizer state: TransformerLayer
 // registers input_layernorm before self_attention and pre_mlp_layernorm before
 // mlp, where TE registers each norm inside its linear (after linear_proj for
 // linear_qkv's). So a local model's named_parameters() put P.input_layernorm.*
 // right before P's first self_attention tensor, P.pre_mlp_layernorm.* right
-// before P's first mlp tensor; everything else keeps the te order.
+// before P's first mlp tensor; MLA's q and kv norms (MLASelfAttention builds
+// them after its linears) right before P.pre_mlp_layernorm.* or, in a dense
+// layer, its mlp; everything else keeps the te order. (The local spec's MLA
+// also splits its down projections over tp, ColumnParallelLinear, where TE's
+// keeps them whole: MLA's local names are rendered at tp=1 only.)
 //
 // Routed experts (mixture of experts; the schema's names are SequentialMLP's,
 // the local spec's): `te` is Transformer Engine's TEGroupedMLP (moe_grouped_gemm),
@@ -73,6 +79,13 @@ bool IsExpertParameter(const LocalTensor& param);
 // The order in which a model in `names` registers the parameters `te_order`
 // (the schema's names, in its order): indices into te_order.
 std::vector<size_t> RegistrationOrder(NameSet names, const std::vector<std::string>& te_order);
+
+// The local spec's MLA cuts its down projections over tp (ColumnParallelLinear,
+// gather_output off) where Transformer Engine's keeps them whole (TELinear,
+// "duplicated"): the store's rules are TE's, so MLA in local names is rendered
+// and read at tp=1 only.
+// \error InvalidArgument naming the tensor, for kLocal with tp > 1 and an MLA down projection.
+Status CheckNameSetSplits(NameSet names, int tp, const RankView& view);
 
 // `view` (te names, the schema's order) as a model in `names` saves it: its
 // model tensors renamed and in that model's order, its optimizer state
