@@ -119,9 +119,22 @@ TEST(DpReshardable, RefusesWhatItDoesNotRenderNamingTheRule) {
   Result<DpReshardable> dist = PlanDpReshardable(FitLayout(moe, *ParseConfig("tp=1,dp=2,ep=2,zero=1")),
                                                  NameSet::kLocal, state);
   ASSERT_FALSE(dist.ok());
-  EXPECT_NE(dist.status().message().find("mlp.experts.local_experts.0.linear_fc1.weight: a routed expert's state"),
+  EXPECT_NE(dist.status().message().find("mlp.experts.local_experts.0.linear_fc1.weight: at ep > 1 a routed expert"),
             std::string::npos)
       << dist.status().ToString();
+  // At ep = 1 the experts are ordinary parameters of the one buffer, SequentialMLP's order.
+  dist = PlanDpReshardable(FitLayout(moe, *ParseConfig("tp=1,dp=2,zero=1")), NameSet::kLocal, state);
+  ASSERT_TRUE(dist.ok()) << dist.status().ToString();
+  ASSERT_EQ(dist->tensors.size(), 3u);
+  const std::string fc1 = "decoder.layers.3.mlp.experts.local_experts.3.linear_fc1.weight.exp_avg";
+  const std::string fc2 = "decoder.layers.3.mlp.experts.local_experts.3.linear_fc2.weight.exp_avg";
+  Index at1 = -1, at2 = -1;
+  for (const Segment& s : dist->tensors[1].segments) {
+    if (s.tensor == fc1) at1 = s.layout.offset;
+    if (s.tensor == fc2) at2 = s.layout.offset;
+  }
+  // Reversed registration: the last expert's fc2 just before its fc1 (64 x 32 elements).
+  EXPECT_EQ(at1, at2 + 64 * 32) << at1 << " " << at2;
   const ModelSpec dense = Spec("llama", kDims, DType::kBF16, true);
   state.optimizer.steps = {StepValue{{"output_layer.weight"}, Value::Float(3)},
                            StepValue{{"embedding.word_embeddings.weight"}, Value::Float(4)}};

@@ -40,6 +40,7 @@
                           there; rank 0 writes the tracker). Prints "OPTIM-SAVE-RANK OK".
 
   distopt-load DIR TP PP DP LEGACY [ITER]
+  distopt-load-moe DIR TP PP DP LEGACY
                           Megatron-Core's DistributedOptimizer (--use-distributed-optimizer: the bf16
                           model in DDP with fp32 gradient buffers, one bucket) of TP*PP*DP gloo ranks
                           loads DIR's dp_reshardable form as Megatron-LM does (its metadata:
@@ -51,6 +52,8 @@
                           "DISTOPT-LOAD OK". With ITER: then saves model and optimizer as Megatron-LM
                           does (dp_reshardable) into DIR/iter_ITER/ and writes the tracker, whose
                           close must fail (ptcfs does not take that form): prints "DISTOPT-SAVE REFUSED".
+                          distopt-load-moe: the same with mcore_moe.py's model at ep = 1 (its routed
+                          experts ordinary parameters of the one buffer).
 
 CPU shims as mcore_gpt.py's, torch.cuda.synchronize is a no-op, and the save's results queue
 is in-process (below, saver). Megatron-Core's mixed-precision optimizer is CUDA-only in two
@@ -357,10 +360,27 @@ def distopt_refused_save(rank, model, optimizer, root, iteration, errors):
             pass
 
 
-def distopt_loader(rank, world, port, tp, pp, root, legacy, errors, save_iter):
+def distopt_builders(moe):
+    """The bf16 model and optimizer of a grid, and the legacy path's load into them: mcore_gpt.py's
+    model, or mcore_moe.py's at ep = 1."""
+    if not moe:
+        return bf16_model, lambda m, o, legacy, tp, pp: legacy_load(
+            m, o, legacy, parallel_state_ranks()[0], parallel_state_ranks()[1], pp)
+    import mcore_moe
+    return (lambda tp, pp: mcore_moe.bf16_moe(tp, 1, pp),
+            lambda m, o, legacy, tp, pp: mcore_moe.legacy_optim_load(m, o, legacy, tp, 1, pp))
+
+
+def parallel_state_ranks():
+    from megatron.core import parallel_state
+    return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank()
+
+
+def distopt_loader(rank, world, port, tp, pp, root, legacy, errors, save_iter, moe=False):
     init(rank, world, port)
     from megatron.core import dist_checkpointing, parallel_state
-    model, _ = bf16_model(tp, pp)
+    make_model, load_legacy = distopt_builders(moe)
+    model, _ = make_model(tp, pp)
     ddp, optimizer = dist_optimizer(model)
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
@@ -375,8 +395,8 @@ def distopt_loader(rank, world, port, tp, pp, root, legacy, errors, save_iter):
     model.load_state_dict({k: v for k, v in loaded["model"].items() if not k.endswith("_extra_state")}, strict=False)
     optimizer.load_state_dict(loaded["optimizer"])
     parallel_state.destroy_model_parallel()
-    ref_model, ref_optimizer = bf16_model(tp, pp)
-    legacy_load(ref_model, ref_optimizer, legacy, tp_rank, pp_rank, pp)
+    ref_model, ref_optimizer = make_model(tp, pp)
+    load_legacy(ref_model, ref_optimizer, legacy, tp, pp)
     bad = dist_differences(model, optimizer, ref_model, ref_optimizer)
     if not bad:
         import mcore_moe
@@ -402,9 +422,9 @@ def main():
         optim_saver(rank, world, None, world, 1, sys.argv[2], sys.argv[3], int(sys.argv[4]))
         print(f"OPTIM-SAVE-RANK OK: rank {rank} of {world}")
         return 0
-    if sys.argv[1] == "distopt-load":
+    if sys.argv[1] in ("distopt-load", "distopt-load-moe"):
         return distopt_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6],
-                            int(sys.argv[7]) if len(sys.argv) > 7 else None)
+                            int(sys.argv[7]) if len(sys.argv) > 7 else None, sys.argv[1].endswith("-moe"))
     cmd, root, tp, pp, legacy = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     assert cmd in ("load", "save", "optim-load", "optim-save"), __doc__
     if cmd in ("save", "optim-save"):
@@ -429,11 +449,11 @@ def main():
     return 0
 
 
-def distopt_main(root, tp, pp, dp, legacy, save_iter):
+def distopt_main(root, tp, pp, dp, legacy, save_iter, moe):
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
     world = tp * pp * dp
-    mp.start_processes(distopt_loader, args=(world, free_port(), tp, pp, root, legacy, errors, save_iter),
+    mp.start_processes(distopt_loader, args=(world, free_port(), tp, pp, root, legacy, errors, save_iter, moe),
                        nprocs=world, start_method="spawn")
     failed = []
     while not errors.empty():

@@ -68,10 +68,12 @@ Result<std::vector<LocalTensor>> DomainParams(const ModelLayout& layout, NameSet
   std::vector<LocalTensor> params;
   for (size_t i : RegistrationOrder(names, te_order)) params.push_back(view.model[i]);
   for (const LocalTensor& p : params) {
-    if (IsExpertParameter(p)) {
+    // At ep = 1 a routed expert is an ordinary parameter (Megatron-Core's param.allreduce is
+    // False only with expert parallelism); at ep > 1 it is in the expert-parallel buffers.
+    if (IsExpertParameter(p) && layout.config().ep > 1) {
       return FailedPreconditionError(p.name +
-                                     ": a routed expert's state is in the expert-parallel optimizer's buffers, "
-                                     "whose dp_reshardable form ptcfs does not render yet (zero=1 with experts)");
+                                     ": at ep > 1 a routed expert's state is in the expert-parallel optimizer's "
+                                     "buffers, whose dp_reshardable form ptcfs does not render yet");
     }
     if (p.dtype != params.front().dtype || TorchName(p.dtype).empty()) {
       return FailedPreconditionError(p.name + ": dtype " + std::string(DTypeName(p.dtype)) + " beside " +

@@ -43,8 +43,9 @@ struct DpReshardable {
 };
 
 // That form for `layout` (zero=1, optimizer state) and `state`'s groups and step.
-// \error FailedPrecondition naming the rule: a model with routed experts (their
-//        expert-parallel buffers are not rendered yet), embeddings tied across
+// \error FailedPrecondition naming the rule: routed experts at ep > 1 (their
+//        expert-parallel buffers are not rendered yet; at ep = 1 they are
+//        ordinary parameters of the one buffer), embeddings tied across
 //        pipeline stages (Megatron's shared_embedding buckets), a domain whose
 //        parameters differ in dtype, a bucket some dp rank would hold no
 //        parameter of (megatron-core cannot save or load it: "empty bucket");
