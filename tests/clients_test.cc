@@ -767,18 +767,26 @@ TEST_F(ClientsTest, MegatronCoreDistributedOptimizerLoadsTheDpReshardableTreeAtT
       << status.dump();
 }
 
-// The same with mcore_moe.py's MoE model at ep = 1 (its routed experts ordinary parameters of
-// the one buffer, in SequentialMLP's order), tp=1, dp=2.
-TEST_F(ClientsTest, MegatronCoreDistributedOptimizerLoadsAnMoeDpReshardableTreeAtEpOne) {
+// The same with mcore_moe.py's MoE model: at tp=1,dp=2 (ep = 1: its routed experts ordinary
+// parameters of the one buffer, in SequentialMLP's order) and, the mount reconfigured, at
+// tp=1,dp=4,ep=2 (Megatron-Core's ChainedOptimizer: the dense DistributedOptimizer over dp=4,
+// the experts' over edp=2, compared with the legacy path's ChainedOptimizer optimizer by optimizer).
+TEST_F(ClientsTest, MegatronCoreDistributedOptimizerLoadsAnMoeDpReshardableTreeAtEpOneAndTwo) {
   const std::string model =
       "--schema llama --dims layers=2,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32,experts=4,moe_ffn=32,shared_ffn=32";
   Run("synth " + model + " --dtype bf16 --optimizer adam --config tp=1 " + tmp_ / "src");
   Run("import " + model + " --config tp=1 " + tmp_ / "src " + tmp_ / "store");
   Run("export --format megatron --names local --config tp=1 " + tmp_ / "store " + tmp_ / "legacy");
+  Run("export --format megatron --names local --config tp=1,dp=2,ep=2 " + tmp_ / "store " + tmp_ / "legacy-ep2");
   Run("transform --to tp=1,dp=2,zero=1 " + tmp_ / "store");
   Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron --ckpt-format torch_dist --names local");
-  auto [code, out] = Sh(Python() + Script("mcore_dist.py") + "distopt-load-moe " + m.dir() + "/megatron 1 1 2 " +
-                        tmp_ / "legacy 2>&1");
+  const std::string load = Python() + Script("mcore_dist.py") + "distopt-load-moe " + m.dir() + "/megatron ";
+  auto [code, out] = Sh(load + "1 1 2 " + tmp_ / "legacy 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("DISTOPT-LOAD OK"), std::string::npos) << out;
+  ASSERT_EQ(WriteConfig(m.dir(), "tp=1,dp=4,ep=2,zero=1"), 0);
+  WaitServing(m.dir());
+  std::tie(code, out) = Sh(load + "1 1 4 " + tmp_ / "legacy-ep2 2 2>&1");
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("DISTOPT-LOAD OK"), std::string::npos) << out;
 }

@@ -40,7 +40,7 @@
                           there; rank 0 writes the tracker). Prints "OPTIM-SAVE-RANK OK".
 
   distopt-load DIR TP PP DP LEGACY [ITER]
-  distopt-load-moe DIR TP PP DP LEGACY
+  distopt-load-moe DIR TP PP DP LEGACY [EP]
                           Megatron-Core's DistributedOptimizer (--use-distributed-optimizer: the bf16
                           model in DDP with fp32 gradient buffers, one bucket) of TP*PP*DP gloo ranks
                           loads DIR's dp_reshardable form as Megatron-LM does (its metadata:
@@ -52,8 +52,10 @@
                           "DISTOPT-LOAD OK". With ITER: then saves model and optimizer as Megatron-LM
                           does (dp_reshardable) into DIR/iter_ITER/ and writes the tracker, whose
                           close must fail (ptcfs does not take that form): prints "DISTOPT-SAVE REFUSED".
-                          distopt-load-moe: the same with mcore_moe.py's model at ep = 1 (its routed
-                          experts ordinary parameters of the one buffer).
+                          distopt-load-moe: the same with mcore_moe.py's model at ep EP (default 1: its
+                          routed experts ordinary parameters of the one buffer; at ep > 1 Megatron-Core's
+                          ChainedOptimizer of the dense and the expert-parallel DistributedOptimizer, the
+                          experts' buffers cut over edp, compared optimizer by optimizer).
 
 CPU shims as mcore_gpt.py's, torch.cuda.synchronize is a no-op, and the save's results queue
 is in-process (below, saver). Megatron-Core's mixed-precision optimizer is CUDA-only in two
@@ -300,12 +302,10 @@ DIST_METADATA = {"distrib_optim_sharding_type": "dp_reshardable", "singleton_loc
                  "chained_optim_avoid_prefix": True}  # Megatron-LM 0.16's get_sharded_sd_metadata
 
 
-def dist_differences(model, optimizer, ref_model, ref_optimizer):
-    """What differs between a DistributedOptimizer's shard of the state and the same range of a
-    non-distributed optimizer's (masters, moments, steps, group settings), and between the models."""
-    bad = [f"parameter {n}" for (n, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters())
-           if not same(p.detach(), q.detach())]
-    dist_opt, ref = optimizer.chained_optimizers[0], ref_optimizer.chained_optimizers[0]
+def dist_shard_differences(model, ref_model, dist_opt, ref):
+    """What differs between one DistributedOptimizer's shard of the state and the same range of the
+    matching non-distributed optimizer's (masters, moments, steps, group settings)."""
+    bad = []
     ref_index = {p: (g, i) for g, group in enumerate(ref.float16_groups) for i, p in enumerate(group)}
     names = {p: n for n, p in model.named_parameters()}
     ref_params = dict(ref_model.named_parameters())
@@ -338,6 +338,18 @@ def dist_differences(model, optimizer, ref_model, ref_optimizer):
     return bad
 
 
+def dist_differences(model, optimizer, ref_model, ref_optimizer):
+    """What differs between a DistributedOptimizer's shard of the state and the same range of a
+    non-distributed optimizer's (masters, moments, steps, group settings), and between the models."""
+    bad = [f"parameter {n}" for (n, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters())
+           if not same(p.detach(), q.detach())]
+    if len(optimizer.chained_optimizers) != len(ref_optimizer.chained_optimizers):
+        return bad + ["optimizers: a chain of another length"]
+    for c, (dist_opt, ref) in enumerate(zip(optimizer.chained_optimizers, ref_optimizer.chained_optimizers)):
+        bad += [f"optimizer {c}: {b}" for b in dist_shard_differences(model, ref_model, dist_opt, ref)]
+    return bad
+
+
 def distopt_refused_save(rank, model, optimizer, root, iteration, errors):
     """The step's state saved as Megatron-LM saves the distributed optimizer, then the tracker, whose
     close must fail."""
@@ -360,15 +372,15 @@ def distopt_refused_save(rank, model, optimizer, root, iteration, errors):
             pass
 
 
-def distopt_builders(moe):
+def distopt_builders(moe, ep):
     """The bf16 model and optimizer of a grid, and the legacy path's load into them: mcore_gpt.py's
-    model, or mcore_moe.py's at ep = 1."""
+    model, or mcore_moe.py's at ep `ep`."""
     if not moe:
         return bf16_model, lambda m, o, legacy, tp, pp: legacy_load(
             m, o, legacy, parallel_state_ranks()[0], parallel_state_ranks()[1], pp)
     import mcore_moe
-    return (lambda tp, pp: mcore_moe.bf16_moe(tp, 1, pp),
-            lambda m, o, legacy, tp, pp: mcore_moe.legacy_optim_load(m, o, legacy, tp, 1, pp))
+    return (lambda tp, pp: mcore_moe.bf16_moe(tp, ep, pp),
+            lambda m, o, legacy, tp, pp: mcore_moe.legacy_optim_load(m, o, legacy, tp, ep, pp))
 
 
 def parallel_state_ranks():
@@ -376,10 +388,10 @@ def parallel_state_ranks():
     return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank()
 
 
-def distopt_loader(rank, world, port, tp, pp, root, legacy, errors, save_iter, moe=False):
+def distopt_loader(rank, world, port, tp, pp, root, legacy, errors, save_iter, moe=False, ep=1):
     init(rank, world, port)
     from megatron.core import dist_checkpointing, parallel_state
-    make_model, load_legacy = distopt_builders(moe)
+    make_model, load_legacy = distopt_builders(moe, ep)
     model, _ = make_model(tp, pp)
     ddp, optimizer = dist_optimizer(model)
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
@@ -423,8 +435,10 @@ def main():
         print(f"OPTIM-SAVE-RANK OK: rank {rank} of {world}")
         return 0
     if sys.argv[1] in ("distopt-load", "distopt-load-moe"):
+        moe = sys.argv[1].endswith("-moe")
+        extra = int(sys.argv[7]) if len(sys.argv) > 7 else None  # the refused save's ITER, or the moe model's EP
         return distopt_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6],
-                            int(sys.argv[7]) if len(sys.argv) > 7 else None, sys.argv[1].endswith("-moe"))
+                            None if moe else extra, moe, extra or 1 if moe else 1)
     cmd, root, tp, pp, legacy = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     assert cmd in ("load", "save", "optim-load", "optim-save"), __doc__
     if cmd in ("save", "optim-save"):
@@ -449,11 +463,11 @@ def main():
     return 0
 
 
-def distopt_main(root, tp, pp, dp, legacy, save_iter, moe):
+def distopt_main(root, tp, pp, dp, legacy, save_iter, moe, ep):
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
     world = tp * pp * dp
-    mp.start_processes(distopt_loader, args=(world, free_port(), tp, pp, root, legacy, errors, save_iter, moe),
+    mp.start_processes(distopt_loader, args=(world, free_port(), tp, pp, root, legacy, errors, save_iter, moe, ep),
                        nprocs=world, start_method="spawn")
     failed = []
     while not errors.empty():

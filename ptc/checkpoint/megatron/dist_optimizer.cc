@@ -1,6 +1,8 @@
 #include "ptc/checkpoint/megatron/dist_optimizer.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 #include <cstring>
 #include <string_view>
 
@@ -57,24 +59,21 @@ Result<Value> CommonStep(const MegatronState& state) {
                                  " elements: the distributed optimizer's groups take one number");
 }
 
-// The parameters of domain (tp, pp) in the registration order of `names`, checked.
+// The parameters of `rank` in the registration order of `names`: its routed
+// experts' (`experts`) or the others, checked.
 // \error FailedPrecondition as PlanDpReshardable's.
-Result<std::vector<LocalTensor>> DomainParams(const ModelLayout& layout, NameSet names, int tp, int pp) {
-  RankCoords k;
-  k.tp = tp, k.pp = pp;
-  PTC_ASSIGN_OR_RETURN(const RankView view, layout.View(layout.config().RankOf(k)));
+Result<std::vector<LocalTensor>> DomainParams(const ModelLayout& layout, NameSet names, int rank, bool experts) {
+  PTC_ASSIGN_OR_RETURN(const RankView view, layout.View(rank));
   std::vector<std::string> te_order;
   for (const LocalTensor& t : view.model) te_order.push_back(t.name);
   std::vector<LocalTensor> params;
-  for (size_t i : RegistrationOrder(names, te_order)) params.push_back(view.model[i]);
-  for (const LocalTensor& p : params) {
+  for (size_t i : RegistrationOrder(names, te_order)) {
     // At ep = 1 a routed expert is an ordinary parameter (Megatron-Core's param.allreduce is
     // False only with expert parallelism); at ep > 1 it is in the expert-parallel buffers.
-    if (IsExpertParameter(p) && layout.config().ep > 1) {
-      return FailedPreconditionError(p.name +
-                                     ": at ep > 1 a routed expert's state is in the expert-parallel optimizer's "
-                                     "buffers, whose dp_reshardable form ptcfs does not render yet");
-    }
+    const bool expert = layout.config().ep > 1 && IsExpertParameter(view.model[i]);
+    if (expert == experts) params.push_back(view.model[i]);
+  }
+  for (const LocalTensor& p : params) {
     if (p.dtype != params.front().dtype || TorchName(p.dtype).empty()) {
       return FailedPreconditionError(p.name + ": dtype " + std::string(DTypeName(p.dtype)) + " beside " +
                                      std::string(DTypeName(params.front().dtype)) +
@@ -122,6 +121,80 @@ Status CheckEveryRankHoldsAParameter(const DdpBuffer& buffer, int dp, const std:
 
 }  // namespace
 
+namespace {
+
+// One optimizer's domain: its keys' prefix ("[chained_k.]optimizer.distributed.dp_group_idx_G."),
+// parameters (registration order), data-parallel group and groups' settings (each with `step`).
+struct Domain {
+  std::string prefix;
+  std::vector<LocalTensor> params;
+  int dp = 1;
+  Value groups;
+};
+
+// Its bucket states and objects into `out`.
+// \error FailedPrecondition as CheckEveryRankHoldsAParameter; InvalidArgument as LayOutDdpBuffer.
+Status AddDomain(const Domain& d, DpReshardable* out) {
+  std::vector<DdpParam> sizes;
+  for (const LocalTensor& p : d.params) sizes.push_back({NumElements(p.shape)});
+  PTC_ASSIGN_OR_RETURN(const DdpBuffer buffer, LayOutDdpBuffer(sizes, {d.dp}));
+  const DType param = d.params.front().dtype;
+  const DType grad = param == DType::kF16 ? DType::kF16 : DType::kF32;
+  const std::string gbuf = d.prefix + "gbuf_idx_0.dtype_(torch." + std::string(TorchName(param)) + ", torch." +
+                           std::string(TorchName(grad)) + ").";
+  PTC_RETURN_IF_ERROR(CheckEveryRankHoldsAParameter(buffer, d.dp, gbuf));
+  Value numel = Value::List(), unpadded = Value::List();
+  for (size_t b = 0; b < buffer.buckets.size(); ++b) {
+    numel.items().push_back(Value::Int(buffer.buckets[b].numel));
+    unpadded.items().push_back(Value::Int(buffer.buckets[b].numel_unpadded));
+    for (const auto& [name, suffix] : kStates) {
+      out->tensors.push_back(BucketState(gbuf + "bucket_idx_" + std::to_string(b) + "." + name, buffer, b, d.params, suffix));
+    }
+  }
+  const Value dtypes = Value::Tuple({TorchDType(param), TorchDType(grad)});
+  out->objects.emplace_back(d.prefix + "optimizer/shard_0_1", Value::Dict({{Value::Str("param_groups"), d.groups}}));
+  out->objects.emplace_back(d.prefix + "per_bucket_numel/shard_0_1",
+                            Value::List({Value::Dict({{dtypes, std::move(numel)}})}));
+  out->objects.emplace_back(d.prefix + "per_bucket_numel_unpadded/shard_0_1",
+                            Value::List({Value::Dict({{dtypes, std::move(unpadded)}})}));
+  return Status::OK();
+}
+
+// Megatron's groups `gs` (0: with weight decay, 1: without) as rendered, each with `step`.
+Value Groups(const OptimizerMeta& meta, const std::vector<size_t>& gs, bool experts, const Value& step) {
+  Value groups = Value::List();
+  for (size_t g : gs) {
+    Value settings = experts ? RenderedExpertSettings(meta, g) : RenderedSettings(meta, g);
+    settings.Set("step", step);
+    groups.items().push_back(std::move(settings));
+  }
+  return groups;
+}
+
+// The expert-parallel domains at ep > 1: per (pp, ep, etp) the experts of its
+// edp rank 0, G = etp_rank + etp * (ep_rank + ep * pp_rank).
+Status AddExpertDomains(const ModelLayout& layout, NameSet names, const MegatronState& state, const Value& step,
+                        DpReshardable* out) {
+  const ParallelConfig& c = layout.config();
+  std::map<int, int> rank_of;  // G -> a rank of edp 0 holding it
+  for (int rank = 0; rank < c.world_size(); ++rank) {
+    const RankCoords k = c.CoordsOf(rank);
+    if (k.edp == 0) rank_of.try_emplace(k.etp + c.expert_tp() * (k.ep + c.ep * k.pp), rank);
+  }
+  for (const auto& [g, rank] : rank_of) {
+    PTC_ASSIGN_OR_RETURN(std::vector<LocalTensor> params, DomainParams(layout, names, rank, /*experts=*/true));
+    if (params.empty()) continue;  // a stage without MoE layers: an expert optimizer without state
+    std::set<size_t> gs;
+    for (const LocalTensor& p : params) gs.insert(WithoutWeightDecay(p) ? 1 : 0);
+    Domain d{"chained_1.optimizer.distributed.dp_group_idx_" + std::to_string(g) + ".", std::move(params),
+             c.expert_dp(), Groups(state.optimizer, {gs.begin(), gs.end()}, true, step)};
+    PTC_RETURN_IF_ERROR(AddDomain(d, out));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<DpReshardable> PlanDpReshardable(const ModelLayout& layout, NameSet names, const MegatronState& state) {
   const ParallelConfig& config = layout.config();
   for (const TensorRule& rule : layout.spec().schema.rules) {
@@ -132,44 +205,28 @@ Result<DpReshardable> PlanDpReshardable(const ModelLayout& layout, NameSet names
     }
   }
   PTC_ASSIGN_OR_RETURN(const Value step, CommonStep(state));
+  // A model with routed experts at ep > 1: Megatron-Core's ChainedOptimizer of the dense and the
+  // expert-parallel DistributedOptimizer, each key prefixed with its index.
+  const bool chained = layout.spec().dims.experts > 0 && config.ep > 1;
   DpReshardable out;
-  Value groups = Value::List();
-  for (size_t g : {size_t{0}, size_t{1}}) {
-    Value settings = RenderedSettings(state.optimizer, g);
-    settings.Set("step", step);
-    groups.items().push_back(std::move(settings));
-  }
-  const int dp = config.dense_zero_ranks();
   for (int pp = 0; pp < config.pp; ++pp) {
     for (int tp = 0; tp < config.tp; ++tp) {
-      PTC_ASSIGN_OR_RETURN(const std::vector<LocalTensor> params, DomainParams(layout, names, tp, pp));
-      std::vector<DdpParam> sizes;
-      for (const LocalTensor& p : params) sizes.push_back({NumElements(p.shape)});
-      PTC_ASSIGN_OR_RETURN(const DdpBuffer buffer, LayOutDdpBuffer(sizes, {dp}));
-      const DType grad = params.front().dtype == DType::kF16 ? DType::kF16 : DType::kF32;
-      const std::string dtypes =
-          "(torch." + std::string(TorchName(params.front().dtype)) + ", torch." + std::string(TorchName(grad)) + ")";
-      const std::string prefix = "optimizer.distributed.dp_group_idx_" + std::to_string(tp + config.tp * pp) + ".";
-      const std::string gbuf = prefix + "gbuf_idx_0.dtype_" + dtypes + ".";
-      PTC_RETURN_IF_ERROR(CheckEveryRankHoldsAParameter(buffer, dp, gbuf));
-      Value numel = Value::List(), unpadded = Value::List();
-      for (size_t b = 0; b < buffer.buckets.size(); ++b) {
-        numel.items().push_back(Value::Int(buffer.buckets[b].numel));
-        unpadded.items().push_back(Value::Int(buffer.buckets[b].numel_unpadded));
-        for (const auto& [name, suffix] : kStates) {
-          const std::string key = gbuf + "bucket_idx_" + std::to_string(b) + "." + name;
-          out.tensors.push_back(BucketState(key, buffer, b, params, suffix));
-        }
-      }
-      const Value dtype_key = Value::Tuple({TorchDType(params.front().dtype), TorchDType(grad)});
-      out.objects.emplace_back(prefix + "optimizer/shard_0_1", Value::Dict({{Value::Str("param_groups"), groups}}));
-      out.objects.emplace_back(prefix + "per_bucket_numel/shard_0_1",
-                               Value::List({Value::Dict({{dtype_key, std::move(numel)}})}));
-      out.objects.emplace_back(prefix + "per_bucket_numel_unpadded/shard_0_1",
-                               Value::List({Value::Dict({{dtype_key, std::move(unpadded)}})}));
+      RankCoords k;
+      k.tp = tp, k.pp = pp;
+      PTC_ASSIGN_OR_RETURN(std::vector<LocalTensor> params,
+                           DomainParams(layout, names, config.RankOf(k), /*experts=*/false));
+      Domain d{std::string(chained ? "chained_0." : "") + "optimizer.distributed.dp_group_idx_" +
+                   std::to_string(tp + config.tp * pp) + ".",
+               std::move(params), config.dense_zero_ranks(), Groups(state.optimizer, {0, 1}, false, step)};
+      PTC_RETURN_IF_ERROR(AddDomain(d, &out));
     }
   }
-  out.common = Value::Dict({{Value::Str("param_state_sharding_type"), Value::Str(kDpReshardable)}});
+  const Value common = Value::Dict({{Value::Str("param_state_sharding_type"), Value::Str(kDpReshardable)}});
+  out.common = common;
+  if (chained) {
+    PTC_RETURN_IF_ERROR(AddExpertDomains(layout, names, state, step, &out));
+    out.common = Value::Dict({{Value::Int(0), common}, {Value::Int(1), common}});
+  }
   return out;
 }
 

@@ -12,6 +12,14 @@
 //       each with the common `step`), the buckets' sizes by (P, Gd);
 //   common.pt's optimizer: {"param_state_sharding_type": "dp_reshardable"}.
 //
+// Routed experts at ep = 1 are ordinary parameters of the one buffer. At ep > 1
+// Megatron-Core's ChainedOptimizer holds a DistributedOptimizer of the dense
+// parameters and one of the experts', each key prefixed chained_0. / chained_1.,
+// common.pt's optimizer {0: ..., 1: ...}; the experts' domains are per
+// (pp, ep, etp), G = etp_rank + etp * (ep_rank + ep * pp_rank), their buffer cut
+// over edp, their groups those holding experts (is_expert_parallel); a stage
+// without MoE layers has no expert domain.
+//
 // The buffer is Megatron-LM's default one: every parameter of a domain in one
 // buffer of (its dtype, float32 gradients; float16 gradients for float16
 // parameters), one bucket (overlap_grad_reduce off), over the dp x cp group,
@@ -43,9 +51,7 @@ struct DpReshardable {
 };
 
 // That form for `layout` (zero=1, optimizer state) and `state`'s groups and step.
-// \error FailedPrecondition naming the rule: routed experts at ep > 1 (their
-//        expert-parallel buffers are not rendered yet; at ep = 1 they are
-//        ordinary parameters of the one buffer), embeddings tied across
+// \error FailedPrecondition naming the rule: embeddings tied across
 //        pipeline stages (Megatron's shared_embedding buckets), a domain whose
 //        parameters differ in dtype, a bucket some dp rank would hold no
 //        parameter of (megatron-core cannot save or load it: "empty bucket");
