@@ -11,9 +11,11 @@ namespace ptcfs {
 namespace {
 
 // The chunk as a local tensor: its box of the global tensor, densely (in the
-// key's shape: a stacked key's chunk has a leading 1).
-ptc::LocalTensor ChunkTensor(const ptc::dcp::Tensor& t, const ptc::Box& box) {
-  return ptc::LocalTensor{t.key, t.dtype, ptc::dcp::KeyBox(t, box).shape(), ptc::dcp::ChunkSegments(t, box)};
+// key's shape: a stacked key's chunk has a leading 1); a flat key's tensor.
+ptc::LocalTensor ChunkTensor(const ptc::dcp::Plan& plan, const ptc::dcp::Chunk& c) {
+  if (c.flat >= 0) return plan.flats[static_cast<size_t>(c.flat)].local;
+  const ptc::dcp::Tensor& t = plan.tensors[c.tensor];
+  return ptc::LocalTensor{t.key, t.dtype, ptc::dcp::KeyBox(t, c.box).shape(), ptc::dcp::ChunkSegments(t, c.box)};
 }
 
 }  // namespace
@@ -24,10 +26,11 @@ ptc::Result<DcpChunkBytes> LayDcpChunk(const ptc::dcp::Plan& plan, const ptc::dc
     out.literals.emplace_back(c.offset, plan.objects[static_cast<size_t>(c.object)].bytes);
     return out;
   }
-  const ptc::dcp::Tensor& t = plan.tensors[c.tensor];
-  PTC_ASSIGN_OR_RETURN(ptc::TorchFilePlan torch, ptc::dcp::ChunkFile(t.dtype, ptc::dcp::KeyBox(t, c.box)), t.key);
-  PTC_ASSIGN_OR_RETURN(ptc::ZipLayout layout, ptc::LayoutTorchFile(torch), t.key);
-  if (layout.size != c.size) return ptc::InternalError("a chunk of " + t.name + " changed size");
+  const ptc::LocalTensor chunk = ChunkTensor(plan, c);
+  PTC_ASSIGN_OR_RETURN(ptc::TorchFilePlan torch, ptc::dcp::ChunkFile(chunk.dtype, ptc::Box::Full(chunk.shape)),
+                       chunk.name);
+  PTC_ASSIGN_OR_RETURN(ptc::ZipLayout layout, ptc::LayoutTorchFile(torch), chunk.name);
+  if (layout.size != c.size) return ptc::InternalError("a chunk of " + chunk.name + " changed size");
   for (const ptc::ZipPiece& piece : layout.pieces) {
     if (piece.size == 0) continue;
     const uint64_t at = c.offset + piece.offset;
@@ -66,7 +69,7 @@ ptc::Result<std::unique_ptr<VirtualFile>> MakeDcpFile(const ptc::GenerationReade
     }
     if (bytes.storage_size > 0) {
       extents.push_back(Extent{bytes.storage_offset, bytes.storage_size, Extent::kLazy, parts.size(), nullptr, 0});
-      parts.push_back([&reader, tensor = ChunkTensor(plan.tensors[c.tensor], c.box), at = bytes.storage_offset,
+      parts.push_back([&reader, tensor = ChunkTensor(plan, c), at = bytes.storage_offset,
                        prefer_worker](std::vector<Extent>* out) {
         return AppendTensorExtents(reader, tensor, at, prefer_worker, out);
       });

@@ -13,6 +13,7 @@
 
 #include "ptc/base/mutex.h"
 #include "ptc/checkpoint/dcp/dcp.h"
+#include "ptc/checkpoint/megatron/dist_optimizer.h"
 #include "ptc/checkpoint/megatron/optimizer.h"
 #include "ptc/format/zip_reader.h"
 #include "view/megatron_file.h"
@@ -123,6 +124,9 @@ class MegatronRenderer final : public FileRenderer {
   std::shared_ptr<CrcCache> crcs_;
 };
 
+// The file of the distributed optimizer's bucket states (beside __W_0/__W_1.distcp).
+constexpr const char* kDistOptimizerFile = "__0_2.distcp";
+
 class MegatronView final : public ViewTree {
  public:
   explicit MegatronView(const ViewOptions& options)
@@ -172,7 +176,9 @@ class MegatronView final : public ViewTree {
     // fp32 masters make it Float16OptimizerWithFloat16Params' layout).
     std::vector<ptc::megatron::CarriedTensor> storages;
     std::optional<ptc::pickle::Value> optimizer_common;
-    if (snap->spec().optimizer) {
+    if (snap->spec().optimizer && snap->config().zero == 1) {  // the distributed optimizer's form
+      PTC_ASSIGN_OR_RETURN(optimizer_common, AddDpReshardable(*snap, state, &plan));
+    } else if (snap->spec().optimizer) {
       PTC_ASSIGN_OR_RETURN(optimizer_common,
                            ptc::megatron::McoreOptimizerCommon(state, /*masters=*/true, &storages,
                                                                chained ? ExpertGroups(plan) : std::vector<size_t>{}));
@@ -184,6 +190,26 @@ class MegatronView final : public ViewTree {
     files->push_back(LiteralFile(dir + ptc::dcp::kMcoreCommonFile, std::move(common)));
     AddDcpFiles({dir}, snap, std::move(plan), worker_, files);
     return ptc::Status::OK();
+  }
+
+  // With zero=1: the DistributedOptimizer's dp_reshardable bucket states and
+  // objects in a file of their own (the plan's others stay as PlanCheckpoint
+  // makes them, so compacted rank files still serve them); returns common.pt's
+  // optimizer entry. \error as PlanDpReshardable and AddFlatFile.
+  ptc::Result<ptc::pickle::Value> AddDpReshardable(const Snapshot& snap, const ptc::megatron::MegatronState& state,
+                                                   ptc::dcp::Plan* plan) const {
+    PTC_ASSIGN_OR_RETURN(ptc::megatron::DpReshardable dist,
+                         ptc::megatron::PlanDpReshardable(snap.layout(), names_, state));
+    std::vector<ptc::dcp::FlatTensor> flats;
+    for (ptc::LocalTensor& t : dist.tensors) flats.push_back({std::move(t)});
+    std::vector<ptc::dcp::Object> objects;
+    for (auto& [key, value] : dist.objects) {
+      PTC_ASSIGN_OR_RETURN(std::string bytes, ptc::dcp::TorchSaveBytes(ptc::pickle::Value::List({std::move(value)})),
+                           key);
+      objects.push_back(ptc::dcp::Object{key, std::move(bytes)});
+    }
+    PTC_RETURN_IF_ERROR(ptc::dcp::AddFlatFile(kDistOptimizerFile, std::move(flats), std::move(objects), plan));
+    return std::move(dist.common);
   }
 
   ptc::megatron::NameSet names_;

@@ -6,6 +6,7 @@
 
 #include "ptc/checkpoint/dcp/entries.h"
 #include "ptc/checkpoint/dcp/read.h"
+#include "ptc/checkpoint/megatron/dist_optimizer.h"
 #include "ptc/checkpoint/megatron/megatron.h"
 #include "ptc/checkpoint/megatron/optimizer.h"
 #include "ptc/format/torch_file.h"
@@ -89,6 +90,7 @@ ptc::Result<TorchDistState> ReadTorchDistState(const ptc::Store& store, const st
     state.carried.Set("args", *args);
   }
   if (const ptc::pickle::Value* optimizer = common.root.Find("optimizer"); optimizer != nullptr) {
+    PTC_RETURN_IF_ERROR(ptc::megatron::RefuseDistributedOptimizerSave(*optimizer, common_path));
     PTC_RETURN_IF_ERROR(TakeOptimizerCommon(*optimizer, *common_file, common, common_path, current.spec(), &state));
   }
   extra[std::string(ptc::megatron::kManifestKey)] = ptc::megatron::EncodeMegatronState(state);

@@ -39,11 +39,30 @@
                           hosts, each saving into its own host's mount, each making DIR/iter_ITER/
                           there; rank 0 writes the tracker). Prints "OPTIM-SAVE-RANK OK".
 
+  distopt-load DIR TP PP DP LEGACY [ITER]
+  distopt-load-moe DIR TP PP DP LEGACY [EP]
+                          Megatron-Core's DistributedOptimizer (--use-distributed-optimizer: the bf16
+                          model in DDP with fp32 gradient buffers, one bucket) of TP*PP*DP gloo ranks
+                          loads DIR's dp_reshardable form as Megatron-LM does (its metadata:
+                          distrib_optim_sharding_type dp_reshardable); each rank's fp32 masters and
+                          moments (its shard of the buffer), steps and group settings must equal, bit
+                          for bit, the matching range of the state the legacy path loads from LEGACY
+                          (zero=0 rank files of the same tp and pp) into the non-distributed optimizer,
+                          and the model its parameters; then the optimizer steps (finite). Prints
+                          "DISTOPT-LOAD OK". With ITER: then saves model and optimizer as Megatron-LM
+                          does (dp_reshardable) into DIR/iter_ITER/ and writes the tracker, whose
+                          close must fail (ptcfs does not take that form): prints "DISTOPT-SAVE REFUSED".
+                          distopt-load-moe: the same with mcore_moe.py's model at ep EP (default 1: its
+                          routed experts ordinary parameters of the one buffer; at ep > 1 Megatron-Core's
+                          ChainedOptimizer of the dense and the expert-parallel DistributedOptimizer, the
+                          experts' buffers cut over edp, compared optimizer by optimizer).
+
 CPU shims as mcore_gpt.py's, torch.cuda.synchronize is a no-op, and the save's results queue
 is in-process (below, saver). Megatron-Core's mixed-precision optimizer is CUDA-only in two
 places, shimmed while it is built (cpu_optimizer): a `torch.tensor(..., device="cuda")` is made
 on the CPU, and a parameter's `type()` reads as its CUDA type (`torch.cuda.BFloat16Tensor`).
 """
+import contextlib
 import os
 import pathlib
 import queue
@@ -125,20 +144,27 @@ def init(rank, world, port):
     torch.cuda.synchronize = lambda *a, **k: None
 
 
-def cpu_optimizer(model):
-    """Megatron-Core's optimizer for `model` (bf16, Adam), built on the CPU (the shims above)."""
-    from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+@contextlib.contextmanager
+def optimizer_shims():
+    """The two CUDA-only places of Megatron-Core's optimizers, on the CPU while they are built (above)."""
     tensor, type_ = torch.tensor, torch.Tensor.type
     torch.tensor = lambda *a, device=None, **k: tensor(*a, device="cpu" if device == "cuda" else device, **k)
     torch.Tensor.type = lambda self, *a, **k: type_(self, *a, **k) if a or k else type_(self).replace("torch.", "torch.cuda.", 1)
     try:
+        yield
+    finally:
+        torch.tensor, torch.Tensor.type = tensor, type_
+
+
+def cpu_optimizer(model):
+    """Megatron-Core's optimizer for `model` (bf16, Adam), built on the CPU (the shims above)."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    with optimizer_shims():
         model.ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=False)
         config = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=0.0, weight_decay=0.1, bf16=True,
                                  params_dtype=torch.bfloat16)
         return get_megatron_optimizer(config, [model])
-    finally:
-        torch.tensor, torch.Tensor.type = tensor, type_
 
 
 def bf16_model(tp, pp):
@@ -258,12 +284,154 @@ def optim_saver(rank, world, port, tp, pp, root, legacy, iteration):
     dist.destroy_process_group()
 
 
+def dist_optimizer(model):
+    """Megatron-Core's DistributedOptimizer over `model` wrapped in its DDP (bf16 parameters, fp32
+    gradient buffers, one bucket: Megatron-LM's defaults), built on the CPU (cpu_optimizer's shims)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    with optimizer_shims():
+        ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(
+            use_distributed_optimizer=True, grad_reduce_in_fp32=True), model)
+        config = OptimizerConfig(optimizer="adam", lr=1e-3, min_lr=0.0, weight_decay=0.1, bf16=True,
+                                 params_dtype=torch.bfloat16, use_distributed_optimizer=True)
+        return ddp, get_megatron_optimizer(config, [ddp])
+
+
+DIST_METADATA = {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False,
+                 "chained_optim_avoid_prefix": True}  # Megatron-LM 0.16's get_sharded_sd_metadata
+
+
+def dist_shard_differences(model, ref_model, dist_opt, ref):
+    """What differs between one DistributedOptimizer's shard of the state and the same range of the
+    matching non-distributed optimizer's (masters, moments, steps, group settings)."""
+    bad = []
+    ref_index = {p: (g, i) for g, group in enumerate(ref.float16_groups) for i, p in enumerate(group)}
+    names = {p: n for n, p in model.named_parameters()}
+    ref_params = dict(ref_model.named_parameters())
+    checked = 0
+    for gbuf in dist_opt.gbuf_ranges:
+        for ranges in gbuf.values():
+            for bucket in ranges:
+                for param, where in bucket["param_map"].items():
+                    lo, hi = where["param"].start, where["param"].end
+                    g, i = ref_index[ref_params[names[param]]]
+                    master = ref.fp32_from_float16_groups[g][i]
+                    want = {"param": master, **ref.optimizer.state[master]}
+                    got = dist_opt._get_main_param_and_optimizer_states(param)
+                    for kind in ("param", "exp_avg", "exp_avg_sq"):
+                        if not same(got[kind].detach(), want[kind].detach().reshape(-1)[lo:hi]):
+                            bad.append(f"{names[param]} {kind} [{lo}:{hi}]")
+                    checked += 1
+    if checked == 0:
+        bad.append("no parameter range on this rank")
+    # The step: each group's, as the load read it from the checkpoint's groups. (With torch's AdamW,
+    # megatron-core 0.16.1's dp_reshardable load then copies each parameter's pre-load step over
+    # the state's: Megatron-LM's GPU optimizers, TE's and Apex's FusedAdam, keep it in the groups.)
+    steps = {float(st["step"]) for st in ref.optimizer.state.values()}
+    for g, (x, y) in enumerate(zip(dist_opt.optimizer.param_groups, ref.optimizer.param_groups)):
+        if steps != {float(x.get("step", "nan"))}:
+            bad.append(f"group {g} step {x.get('step')} != {steps}")
+        for key in sorted((set(x) | set(y)) - {"params", "step"}):
+            if x.get(key) != y.get(key):
+                bad.append(f"group {g} {key}: {x.get(key)} != {y.get(key)}")
+    return bad
+
+
+def dist_differences(model, optimizer, ref_model, ref_optimizer):
+    """What differs between a DistributedOptimizer's shard of the state and the same range of a
+    non-distributed optimizer's (masters, moments, steps, group settings), and between the models."""
+    bad = [f"parameter {n}" for (n, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters())
+           if not same(p.detach(), q.detach())]
+    if len(optimizer.chained_optimizers) != len(ref_optimizer.chained_optimizers):
+        return bad + ["optimizers: a chain of another length"]
+    for c, (dist_opt, ref) in enumerate(zip(optimizer.chained_optimizers, ref_optimizer.chained_optimizers)):
+        bad += [f"optimizer {c}: {b}" for b in dist_shard_differences(model, ref_model, dist_opt, ref)]
+    return bad
+
+
+def distopt_refused_save(rank, model, optimizer, root, iteration, errors):
+    """The step's state saved as Megatron-LM saves the distributed optimizer, then the tracker, whose
+    close must fail."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    filesystem_async._results_queue = queue.Queue()  # as in saver
+    ckpt = pathlib.Path(root) / f"iter_{iteration:07d}"
+    if rank == 0:
+        ckpt.mkdir()
+    dist.barrier()
+    model_sd = model.sharded_state_dict()
+    dist_checkpointing.save({"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd, metadata=DIST_METADATA),
+                             "iteration": iteration, "checkpoint_version": 3.0}, str(ckpt))
+    dist.barrier()
+    if rank == 0:
+        try:
+            (pathlib.Path(root) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+            errors.put("the tracker's close of a distributed optimizer's save succeeded")
+        except OSError:
+            pass
+
+
+def distopt_builders(moe, ep):
+    """The bf16 model and optimizer of a grid, and the legacy path's load into them: mcore_gpt.py's
+    model, or mcore_moe.py's at ep `ep`."""
+    if not moe:
+        return bf16_model, lambda m, o, legacy, tp, pp: legacy_load(
+            m, o, legacy, parallel_state_ranks()[0], parallel_state_ranks()[1], pp)
+    import mcore_moe
+    return (lambda tp, pp: mcore_moe.bf16_moe(tp, ep, pp),
+            lambda m, o, legacy, tp, pp: mcore_moe.legacy_optim_load(m, o, legacy, tp, ep, pp))
+
+
+def parallel_state_ranks():
+    from megatron.core import parallel_state
+    return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank()
+
+
+def distopt_loader(rank, world, port, tp, pp, root, legacy, errors, save_iter, moe=False, ep=1):
+    init(rank, world, port)
+    from megatron.core import dist_checkpointing, parallel_state
+    make_model, load_legacy = distopt_builders(moe, ep)
+    model, _ = make_model(tp, pp)
+    ddp, optimizer = dist_optimizer(model)
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    # Megatron-LM's load makes the optimizer's state before asking for it (sharded_state_dict(is_loading)
+    # reads the groups' steps): DistributedOptimizer's own dummy state.
+    for inner in optimizer.chained_optimizers:
+        inner._init_optimizer_states_with_dummy_values()
+    model_sd = model.sharded_state_dict()
+    sharded = {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=True,
+                                                                            metadata=DIST_METADATA)}
+    loaded = dist_checkpointing.load(sharded, str(pathlib.Path(root) / f"iter_{latest(root):07d}"))
+    model.load_state_dict({k: v for k, v in loaded["model"].items() if not k.endswith("_extra_state")}, strict=False)
+    optimizer.load_state_dict(loaded["optimizer"])
+    parallel_state.destroy_model_parallel()
+    ref_model, ref_optimizer = make_model(tp, pp)
+    load_legacy(ref_model, ref_optimizer, legacy, tp, pp)
+    bad = dist_differences(model, optimizer, ref_model, ref_optimizer)
+    if not bad:
+        import mcore_moe
+        mcore_moe.step_with_grads(ddp, optimizer)
+        bad = [n for n, p in model.named_parameters() if not torch.isfinite(p.float()).all()]
+    if save_iter is not None:
+        distopt_refused_save(rank, model, optimizer, root, save_iter, errors)
+    if bad:
+        errors.put(f"rank {rank} (tp {tp_rank}, pp {pp_rank}): {len(bad)} differ: {bad[:6]}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main():
     if sys.argv[1] == "optim-save-rank":
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         optim_saver(rank, world, None, world, 1, sys.argv[2], sys.argv[3], int(sys.argv[4]))
         print(f"OPTIM-SAVE-RANK OK: rank {rank} of {world}")
         return 0
+    if sys.argv[1] in ("distopt-load", "distopt-load-moe"):
+        moe = sys.argv[1].endswith("-moe")
+        extra = int(sys.argv[7]) if len(sys.argv) > 7 else None  # the refused save's ITER, or the moe model's EP
+        return distopt_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6],
+                            None if moe else extra, moe, extra or 1 if moe else 1)
     cmd, root, tp, pp, legacy = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     assert cmd in ("load", "save", "optim-load", "optim-save"), __doc__
     if cmd in ("save", "optim-save"):
@@ -284,6 +452,23 @@ def main():
         print("\n".join(failed))
         return 1
     print(f"{cmd.upper()} OK: tp={tp} pp={pp}")
+    return 0
+
+
+def distopt_main(root, tp, pp, dp, legacy, save_iter, moe, ep):
+    errors = ranks.queue()
+    world = tp * pp * dp
+    ranks.start(distopt_loader, (world, ranks.free_port(), tp, pp, root, legacy, errors, save_iter, moe, ep), world,
+                preload=ranks.MEGATRON)
+    failed = []
+    while not errors.empty():
+        failed.append(errors.get())
+    if failed:
+        print("\n".join(failed))
+        return 1
+    print(f"DISTOPT-LOAD OK: tp={tp} pp={pp} dp={dp}")
+    if save_iter is not None:
+        print(f"DISTOPT-SAVE REFUSED: iteration {save_iter}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """DeepSeek-V3's multi-head latent attention through ptcfs's mount: transformers' DeepseekV3ForCausalLM
 and torchtitan's DeepSeekV3Model (0.3, its own builder, a small flavour), float32, on the CPU.
 
-The harness is titan_clients.py's (gloo processes, spawn, its flattening and comparisons).
+The harness is titan_clients.py's (gloo processes, forked, its flattening and comparisons).
 
   titan_mla_clients.py hf HF_DIR SEED
       DeepseekV3ForCausalLM of a small config (3 layers, the first dense, q compressed, 4 experts
@@ -71,7 +71,7 @@ def model_config(hf_dir):
     return cfg, c
 
 
-tc.model_config = model_config  # titan_clients' harness over this model (spawn imports this module)
+tc.model_config = model_config  # titan_clients' harness over this model (the ranks are forked after it patched it)
 
 
 def float32_experts(self, x_RD, num_tokens_per_expert_E):

@@ -96,6 +96,20 @@ Value Properties(DType dtype, const Shape& shape) {
   return DataObject(kMetadataModule, "TensorProperties", Value::Tuple(std::move(state)));
 }
 
+// A chunk's MetadataIndex and _StorageInfo (storage_data's key and value).
+Value ChunkIndex(const std::string& key, Value offset, Value index) {
+  return DataObject(kMetadataModule, "MetadataIndex",
+                    Value::Dict({{Value::Str("fqn"), Value::Str(key)},
+                                 {Value::Str("offset"), std::move(offset)},
+                                 {Value::Str("index"), std::move(index)}}));
+}
+Value ChunkInfo(const std::string& file, const Chunk& c) {
+  return DataObject("torch.distributed.checkpoint.filesystem", "_StorageInfo",
+                    Value::Dict({{Value::Str("relative_path"), Value::Str(file)},
+                                 {Value::Str("offset"), Value::Int(static_cast<int64_t>(c.offset))},
+                                 {Value::Str("length"), Value::Int(static_cast<int64_t>(c.size))}}));
+}
+
 }  // namespace
 
 std::vector<std::pair<Box, size_t>> DisjointBoxes(const std::vector<Box>& stored) {
@@ -519,6 +533,26 @@ Result<std::string> McoreCommon(uint64_t iteration, const pickle::Value* args, c
   return TorchBytes(common, "common", storages);
 }
 
+Status AddFlatFile(std::string name, std::vector<FlatTensor> flats, std::vector<Object> objects, Plan* plan) {
+  File f;
+  f.name = std::move(name);
+  for (FlatTensor& flat : flats) {
+    PTC_ASSIGN_OR_RETURN(TorchFilePlan chunk_file, ChunkFile(flat.local.dtype, Box::Full(flat.local.shape)),
+                         flat.local.name);
+    PTC_ASSIGN_OR_RETURN(ZipLayout layout, LayoutTorchFile(chunk_file), flat.local.name);
+    f.chunks.push_back(Chunk{0, Box{}, f.size, layout.size, -1, static_cast<int64_t>(plan->flats.size())});
+    f.size += layout.size;
+    plan->flats.push_back(std::move(flat));
+  }
+  for (Object& o : objects) {
+    f.chunks.push_back(Chunk{0, Box{}, f.size, o.bytes.size(), static_cast<int64_t>(plan->objects.size())});
+    f.size += o.bytes.size();
+    plan->objects.push_back(std::move(o));
+  }
+  plan->files.push_back(std::move(f));
+  return Status::OK();
+}
+
 std::string EncodeMetadata(const Plan& plan) {
   // One entry per key, in the order keys first appear; its tensors' chunks in it.
   std::vector<size_t> entry_of(plan.tensors.size());
@@ -532,7 +566,7 @@ std::string EncodeMetadata(const Plan& plan) {
   std::vector<pickle::Items> chunks(first.size());
   std::vector<int64_t> count(first.size(), 0);
   pickle::Pairs storage;
-  pickle::Pairs objects, object_paths;
+  pickle::Pairs objects, object_paths, flats;
   for (const File& f : plan.files) {
     for (const Chunk& c : f.chunks) {
       if (c.object >= 0) {
@@ -553,15 +587,24 @@ std::string EncodeMetadata(const Plan& plan) {
                                                                                 {Value::Str("sizes"), size}}))})}}))
                 : DataObject(kMetadataModule, "BytesStorageMetadata", Value::Dict()));
         if (!o.path.empty()) object_paths.emplace_back(Value::Str(key), Value::Tuple(o.path));
-        storage.emplace_back(
-            DataObject(kMetadataModule, "MetadataIndex",
-                       Value::Dict({{Value::Str("fqn"), Value::Str(key)},
-                                    {Value::Str("offset"), o.scalar ? empty : Value::None()},
-                                    {Value::Str("index"), o.scalar ? Value::Int(0) : Value::None()}})),
-            DataObject("torch.distributed.checkpoint.filesystem", "_StorageInfo",
-                       Value::Dict({{Value::Str("relative_path"), Value::Str(f.name)},
-                                    {Value::Str("offset"), Value::Int(static_cast<int64_t>(c.offset))},
-                                    {Value::Str("length"), Value::Int(static_cast<int64_t>(c.size))}})));
+        storage.emplace_back(ChunkIndex(key, o.scalar ? empty : Value::None(), o.scalar ? Value::Int(0) : Value::None()),
+                             ChunkInfo(f.name, c));
+        continue;
+      }
+      if (c.flat >= 0) {  // a key of its own, one chunk of it whole
+        const LocalTensor& local = plan.flats[static_cast<size_t>(c.flat)].local;
+        const Value zeros = TorchSize(std::vector<Index>(local.shape.size(), 0));
+        flats.emplace_back(
+            Value::Str(local.name),
+            DataObject(kMetadataModule, "TensorStorageMetadata",
+                       Value::Dict({{Value::Str("properties"), Properties(local.dtype, local.shape)},
+                                    {Value::Str("size"), TorchSize(local.shape)},
+                                    {Value::Str("chunks"),
+                                     Value::List({DataObject(kMetadataModule, "ChunkStorageMetadata",
+                                                             Value::Dict({{Value::Str("offsets"), zeros},
+                                                                          {Value::Str("sizes"),
+                                                                           TorchSize(local.shape)}}))})}})));
+        storage.emplace_back(ChunkIndex(local.name, zeros, Value::Int(0)), ChunkInfo(f.name, c));
         continue;
       }
       const Tensor& t = plan.tensors[c.tensor];
@@ -570,15 +613,7 @@ std::string EncodeMetadata(const Plan& plan) {
       chunks[e].push_back(DataObject(
           kMetadataModule, "ChunkStorageMetadata",
           Value::Dict({{Value::Str("offsets"), TorchSize(box.begin)}, {Value::Str("sizes"), TorchSize(box.shape())}})));
-      Value index = DataObject(kMetadataModule, "MetadataIndex",
-                               Value::Dict({{Value::Str("fqn"), Value::Str(t.key)},
-                                            {Value::Str("offset"), TorchSize(box.begin)},
-                                            {Value::Str("index"), Value::Int(count[e]++)}}));
-      Value info = DataObject("torch.distributed.checkpoint.filesystem", "_StorageInfo",
-                              Value::Dict({{Value::Str("relative_path"), Value::Str(f.name)},
-                                           {Value::Str("offset"), Value::Int(static_cast<int64_t>(c.offset))},
-                                           {Value::Str("length"), Value::Int(static_cast<int64_t>(c.size))}}));
-      storage.emplace_back(std::move(index), std::move(info));
+      storage.emplace_back(ChunkIndex(t.key, TorchSize(box.begin), Value::Int(count[e]++)), ChunkInfo(f.name, c));
     }
   }
   pickle::Pairs tensors, planner;
@@ -594,6 +629,7 @@ std::string EncodeMetadata(const Plan& plan) {
     for (const std::string& p : tensor.path) path.push_back(Value::Str(p));
     planner.emplace_back(Value::Str(tensor.key), Value::Tuple(std::move(path)));
   }
+  for (auto& entry : flats) tensors.push_back(std::move(entry));
   for (auto& entry : objects) tensors.push_back(std::move(entry));
   for (auto& entry : object_paths) planner.push_back(std::move(entry));
   // Megatron-Core's planner keeps no planner_data (its keys are flat).

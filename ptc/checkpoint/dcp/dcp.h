@@ -148,6 +148,7 @@ struct Chunk {
   uint64_t offset = 0;  // of its torch.save bytes in the file
   uint64_t size = 0;
   int64_t object = -1;  // else: an index into Plan::objects, whose bytes these are
+  int64_t flat = -1;    // else: an index into Plan::flats, whose whole tensor this chunk is
 };
 
 // An entry that is no stored tensor: its torch.save bytes. With
@@ -174,10 +175,19 @@ struct File {
   uint64_t size = 0;
 };
 
+// A key whose tensor is a local tensor of its own, one chunk of it whole:
+// Megatron-Core's distributed optimizer's flat bucket states
+// (ptc/checkpoint/megatron/dist_optimizer.h). Its key is local.name, its
+// shape local.shape; elements no segment covers are zeros.
+struct FlatTensor {
+  LocalTensor local;
+};
+
 struct Plan {
   Keys keys = Keys::kTorch;
   std::vector<Tensor> tensors;  // in manifest order
   std::vector<Object> objects;  // their chunks in the first file, after its tensors
+  std::vector<FlatTensor> flats{};  // their chunks in a file of their own (AddFlatFile)
   std::vector<File> files;      // by worker, then part
 };
 
@@ -234,6 +244,10 @@ Result<std::vector<Object>> OptimizerObjects(const std::vector<Tensor>& tensors,
 // \error as PlanTorchFile.
 Result<std::string> TorchSaveBytes(const pickle::Value& root,
                                    const std::vector<megatron::CarriedTensor>& storages = {});
+
+// `flats` and `objects` into `plan` as a file of their own, `name` (worker 0).
+// \error as torch.save's planning.
+Status AddFlatFile(std::string name, std::vector<FlatTensor> flats, std::vector<Object> objects, Plan* plan);
 
 // The .metadata pickle of `plan`.
 std::string EncodeMetadata(const Plan& plan);

@@ -345,6 +345,7 @@ void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t i
 }
 
 Value RenderedSettings(const OptimizerMeta& meta, size_t g) { return Settings(meta, g); }
+Value RenderedExpertSettings(const OptimizerMeta& meta, size_t g) { return ExpertSettings(meta, g); }
 
 StepValue RenderedStep(const OptimizerMeta& meta, const std::string& param, uint64_t iteration) {
   for (const StepValue& s : meta.steps) {

@@ -109,6 +109,10 @@ void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t i
 // keys, the kept ones of a single group over them (but for group 1's weight
 // decay). A dict without 'params'.
 pickle::Value RenderedSettings(const OptimizerMeta& meta, size_t g);
+// The expert-parallel optimizer's group g as rendered (a model with experts
+// at ep > 1): the kept expert group's settings, else RenderedSettings' with
+// is_expert_parallel True.
+pickle::Value RenderedExpertSettings(const OptimizerMeta& meta, size_t g);
 
 // The step of parameter `param` (a global name) as rendered: its kept value
 // (a number, or a 0-dim tensor of storage "s" with its bytes), else a float32

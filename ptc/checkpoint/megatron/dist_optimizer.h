@@ -1,0 +1,69 @@
+// Megatron-Core's DistributedOptimizer in a torch_dist checkpoint, its
+// dp_reshardable form (megatron-core 0.16.1, Megatron-LM's default with
+// --use-distributed-optimizer; docs/megatron_format.md, "The distributed
+// optimizer in torch_dist"), of a store whose config has zero=1:
+//
+//   optimizer.distributed.dp_group_idx_G.gbuf_idx_0.dtype_(torch.P, torch.Gd).bucket_idx_b.{param,exp_avg,exp_avg_sq}
+//       per (tp, pp) domain G = tp_rank + tp * pp_rank and DDP bucket b: a
+//       float32 [numel_unpadded] tensor, the domain's parameters' fp32 masters
+//       and moments at their places in the bucket (ddp_buffer.h), gaps zero;
+//   optimizer.distributed.dp_group_idx_G.{optimizer,per_bucket_numel,per_bucket_numel_unpadded}/shard_0_1
+//       ShardedObjects: the groups (Megatron's two, as the legacy render's,
+//       each with the common `step`), the buckets' sizes by (P, Gd);
+//   common.pt's optimizer: {"param_state_sharding_type": "dp_reshardable"}.
+//
+// Routed experts at ep = 1 are ordinary parameters of the one buffer. At ep > 1
+// Megatron-Core's ChainedOptimizer holds a DistributedOptimizer of the dense
+// parameters and one of the experts', each key prefixed chained_0. / chained_1.,
+// common.pt's optimizer {0: ..., 1: ...}; the experts' domains are per
+// (pp, ep, etp), G = etp_rank + etp * (ep_rank + ep * pp_rank), their buffer cut
+// over edp, their groups those holding experts (is_expert_parallel); a stage
+// without MoE layers has no expert domain.
+//
+// The buffer is Megatron-LM's default one: every parameter of a domain in one
+// buffer of (its dtype, float32 gradients; float16 gradients for float16
+// parameters), one bucket (overlap_grad_reduce off), over the dp x cp group,
+// in the registration order of the name set's model (`names`: te or local).
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ptc/base/status.h"
+#include "ptc/checkpoint/megatron/megatron.h"
+#include "ptc/checkpoint/megatron/names.h"
+#include "ptc/format/pickle.h"
+#include "ptc/model/model_layout.h"
+#include "ptc/model/view.h"
+
+namespace ptc::megatron {
+
+inline constexpr const char* kDpReshardable = "dp_reshardable";
+
+struct DpReshardable {
+  std::vector<LocalTensor> tensors;  // each a bucket state's key (LocalTensor::name), F32, 1-D
+  // The ShardedObjects: each key ("…/shard_0_1") and its value (saved as torch.save([value])).
+  std::vector<std::pair<std::string, pickle::Value>> objects;
+  pickle::Value common;  // common.pt's 'optimizer'
+};
+
+// That form for `layout` (zero=1, optimizer state) and `state`'s groups and step.
+// \error FailedPrecondition naming the rule: embeddings tied across
+//        pipeline stages (Megatron's shared_embedding buckets), a domain whose
+//        parameters differ in dtype, a bucket some dp rank would hold no
+//        parameter of (megatron-core cannot save or load it: "empty bucket");
+//        steps that differ between parameters; InvalidArgument from the layout.
+Result<DpReshardable> PlanDpReshardable(const ModelLayout& layout, NameSet names, const MegatronState& state);
+
+// A torch_dist save's common.pt 'optimizer' entry (`optimizer`, in file
+// `what`) from Megatron-Core's DistributedOptimizer: one whose
+// 'param_state_sharding_type' (or a ChainedOptimizer part's) names its form.
+// \error InvalidArgument naming the entry and the form: taking a distributed
+// optimizer's save is not built (dp_reshardable, fully_reshardable,
+// fully_sharded_model_space, ... alike); OK for any other entry.
+Status RefuseDistributedOptimizerSave(const pickle::Value& optimizer, const std::string& what);
+
+}  // namespace ptc::megatron
