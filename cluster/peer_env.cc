@@ -1,6 +1,7 @@
 #include "cluster/peer_env.h"
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 
 #include "cluster/durable.h"
@@ -18,6 +19,8 @@ class PeerEnv::RemoteFile : public RandomAccessFile {
   }
 
   Status Read(uint64_t offset, size_t n, void* dst) const override {
+    // A read that starts where this file's previous one ended is a step of a sweep.
+    const bool sequential = next_.exchange(offset + n, std::memory_order_relaxed) == offset;
     char* out = static_cast<char*>(dst);
     while (n > 0) {
       const ShardRecord* record = RecordAt(offset);
@@ -29,7 +32,7 @@ class PeerEnv::RemoteFile : public RandomAccessFile {
       const size_t block = BlockOf(*record, in_shard);
       const uint64_t skip = in_shard - BlockBegin(*record, block);
       const uint64_t take = std::min<uint64_t>(n, BlockEnd(*record, block) - in_shard);
-      PTC_RETURN_IF_ERROR(env_->ReadBlock(target_.peer, *record, block, skip, take, out));
+      PTC_RETURN_IF_ERROR(env_->ReadBlock(target_.peer, *record, block, skip, take, out, sequential));
       out += take;
       offset += take;
       n -= static_cast<size_t>(take);
@@ -52,6 +55,7 @@ class PeerEnv::RemoteFile : public RandomAccessFile {
   const std::string path_;
   const Target target_;
   uint64_t size_ = 0;
+  mutable std::atomic<uint64_t> next_{UINT64_MAX};  // where the last read ended
 };
 
 PeerEnv::PeerEnv(Env* local, std::string root, PeerEnvOptions options)
@@ -246,14 +250,9 @@ void PeerEnv::Trim() {
 
 void PeerEnv::MaybeAhead(const PeerAddress& peer, const ShardRecord& record, const Span& span) {
   if (options_.ahead_spans == 0 || stopping_ || span.end >= BlockCount(record) ||
-      ahead_in_flight_ >= options_.ahead_spans) {
+      ahead_in_flight_ >= options_.ahead_spans || FindSpan(record, span.end) != nullptr) {
     return;
   }
-  const bool sweeping = span.ahead || span.first == 0 ||
-                        std::any_of(cache_.begin(), cache_.end(), [&](const std::shared_ptr<Span>& c) {
-                          return c->end == span.first && c->offset == record.offset && c->file == record.file;
-                        });
-  if (!sweeping || FindSpan(record, span.end) != nullptr) return;
   ahead_jobs_.push_back({peer, record, AddSpan(record, span.end, /*ahead=*/true)});
   ++ahead_in_flight_;
   stats_.ahead++;
@@ -299,7 +298,7 @@ void PeerEnv::Fill(const PeerAddress& peer, const ShardRecord& record, const std
 }
 
 Status PeerEnv::ReadBlock(const PeerAddress& peer, const ShardRecord& record, size_t block, uint64_t skip, uint64_t n,
-                          char* dst) {
+                          char* dst, bool sequential) {
   std::shared_ptr<Span> span;
   bool mine = false;
   {
@@ -311,7 +310,7 @@ Status PeerEnv::ReadBlock(const PeerAddress& peer, const ShardRecord& record, si
       span = AddSpan(record, block, /*ahead=*/false);
       mine = true;
     }
-    MaybeAhead(peer, record, *span);
+    if (sequential) MaybeAhead(peer, record, *span);
   }
   if (mine) Fill(peer, record, span);
   Status status;

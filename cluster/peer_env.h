@@ -13,9 +13,9 @@
 // cache shared by the files), so that a reader verifying a block and then
 // reading it in parts, or sweeping a shard in order, fetches it once.
 //
-// Spans in flight: a reader sweeping a shard in order (reading in a span that
-// is the shard's first, one fetched ahead, or one that follows a span in the
-// cache) has the next span fetched
+// Spans in flight: a reader sweeping a shard in order (a read of an open
+// file that starts where that file's previous read ended, as the executor's
+// readers do) has the next span fetched
 // ahead on a thread of the env (up to ahead_spans at once across the env),
 // so that the next span's receive overlaps the reader's use of this one
 // (the executor writing and hashing it). A read of a span in flight waits for
@@ -150,15 +150,15 @@ class PeerEnv : public Env {
 
   // Copies bytes [skip, skip + n) of block `block` of `record` (as served by
   // `peer`) into dst: from the span in the cache holding it (waiting while it
-  // is fetched), else fetched with the span it begins (then kept).
+  // is fetched), else fetched with the span it begins (then kept). A
+  // `sequential` read (a step of a sweep) has the next span fetched ahead.
   Status ReadBlock(const PeerAddress& peer, const ShardRecord& record, size_t block, uint64_t skip, uint64_t n,
-                   char* dst) EXCLUDES(mu_);
+                   char* dst, bool sequential) EXCLUDES(mu_);
   // The cached span of `record` holding `block` (moved to the front), or null.
   std::shared_ptr<Span> FindSpan(const ShardRecord& record, size_t block) REQUIRES(mu_);
   // A new span of `record` from `first` (span_blocks at most), in flight, at the cache's front.
   std::shared_ptr<Span> AddSpan(const ShardRecord& record, size_t first, bool ahead) REQUIRES(mu_);
-  // Has the span after `span` fetched ahead when a read in `span` is a step
-  // of a sweep (see the header), that span is not cached, and there is room.
+  // Has the span after `span` fetched ahead when it is not cached and there is room.
   void MaybeAhead(const PeerAddress& peer, const ShardRecord& record, const Span& span) REQUIRES(mu_);
   // Fetches `span` (in flight, this thread's to fill), then wakes its readers;
   // a failed span leaves the cache.
