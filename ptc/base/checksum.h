@@ -59,10 +59,10 @@ struct ShardDigest {
 };
 
 // Hashes a stream's bytes block by block: blocks of kChecksumBlockBytes from
-// the stream's start, the last one ending with the stream. The one place that
-// cuts a stream at block boundaries, for the writer (ShardHasher) and the
-// reader that checks blocks as it reads (store/shard_verify.h).
-// Used by one thread at a time.
+// the stream's start, the last one ending with the stream: for the reader
+// that checks blocks as it reads (store/shard_verify.h, the peer client).
+// It, BlockCrcs and ShardHasher cut a stream at block boundaries with one
+// walk (checksum.cc). Used by one thread at a time.
 class BlockHasher {
  public:
   // Called with a block's index and digest as its last byte is hashed; an
