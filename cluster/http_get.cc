@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <utility>
 
 namespace ptc::cluster {
 namespace {
@@ -24,6 +25,8 @@ class Socket {
     if (fd_ >= 0) ::close(fd_);
   }
   int fd() const { return fd_; }
+  // The descriptor, no longer closed here.
+  int Release() { return std::exchange(fd_, -1); }
 
  private:
   int fd_;
@@ -132,6 +135,7 @@ Result<HttpHead> ParseHttpHead(std::string_view head, const std::string& where) 
     out.status = out.status * 10 + (c - '0');
   }
   std::string_view rest = eol == std::string_view::npos ? std::string_view() : head.substr(eol + 2);
+  std::string_view connection;
   while (!rest.empty()) {
     const size_t end = rest.find("\r\n");
     const std::string_view line = rest.substr(0, end);
@@ -152,56 +156,105 @@ Result<HttpHead> ParseHttpHead(std::string_view head, const std::string& where) 
       out.content_length = n;
     } else if (EqualsIgnoringCase(name, "Transfer-Encoding") && !EqualsIgnoringCase(value, "identity")) {
       return bad("Transfer-Encoding " + std::string(value) + " is not supported");
+    } else if (EqualsIgnoringCase(name, "Connection")) {
+      connection = value;
     }
   }
+  // HTTP/1.1 keeps a connection unless told otherwise; 1.0 closes it unless told otherwise.
+  out.close = status_line[7] == '1' ? EqualsIgnoringCase(connection, "close")
+                                    : !EqualsIgnoringCase(connection, "keep-alive");
   return out;
 }
 
-Status HttpGet(const HttpGetRequest& request, const std::function<HttpBody(const HttpHead&)>& on_head,
-               const std::function<bool(const char*, size_t)>& on_body) {
-  const std::string where = "peer " + request.peer.ToString();
-  const Limits limits{request.deadline, request.stall};
-  PTC_ASSIGN_OR_RETURN(std::unique_ptr<Socket> socket, Connect(request.peer, limits, where));
+namespace {
+
+// What one request on one connection came to.
+struct Exchanged {
+  Status status;
+  bool reusable = false;           // the response read whole, the connection left open: it may carry another
+  bool closed_unanswered = false;  // the peer closed or reset it before the response's first byte
+};
+
+// A send or receive that failed because the peer had closed the connection
+// (not a timeout, not a silence).
+bool ClosedByPeer(const Status& s) { return s.os_errno() == EPIPE || s.os_errno() == ECONNRESET; }
+
+// Sends the request on `fd` and reads the response (HttpGet's contract).
+Exchanged Exchange(int fd, const HttpGetRequest& request, bool keep, const Limits& limits, const std::string& where,
+                   const std::function<HttpBody(const HttpHead&)>& on_head,
+                   const std::function<bool(const char*, size_t)>& on_body) {
   std::string text = "GET " + request.target + " HTTP/1.1\r\nHost: " + request.peer.ToString() +
-                     "\r\nConnection: close\r\nAccept-Encoding: identity\r\n";
+                     (keep ? "\r\n" : "\r\nConnection: close\r\n") + "Accept-Encoding: identity\r\n";
   for (const auto& [name, value] : request.headers) text += name + ": " + value + "\r\n";
   text += "\r\n";
-  PTC_RETURN_IF_ERROR(SendAll(socket->fd(), text, limits, where));
+  if (Status s = SendAll(fd, text, limits, where); !s.ok()) return {s, false, ClosedByPeer(s)};
   // The head, and whatever of the body came with it.
   std::string head_buf(kHeadLimit, '\0');
   size_t have = 0, head_end = std::string_view::npos;
   while (head_end == std::string_view::npos) {
-    if (have >= kHeadLimit) return IOError(where + ": response head larger than " + std::to_string(kHeadLimit));
-    PTC_ASSIGN_OR_RETURN(size_t got, Receive(socket->fd(), head_buf.data() + have, kHeadLimit - have, limits, where));
-    if (got == 0) return IOError(where + ": connection closed before the response head");
-    have += got;
+    if (have >= kHeadLimit) return {IOError(where + ": response head larger than " + std::to_string(kHeadLimit))};
+    Result<size_t> got = Receive(fd, head_buf.data() + have, kHeadLimit - have, limits, where);
+    if (!got.ok()) return {got.status(), false, have == 0 && ClosedByPeer(got.status())};
+    if (*got == 0) return {IOError(where + ": connection closed before the response head"), false, have == 0};
+    have += *got;
     head_end = std::string_view(head_buf.data(), have).find("\r\n\r\n");
   }
-  PTC_ASSIGN_OR_RETURN(HttpHead head, ParseHttpHead(std::string_view(head_buf.data(), head_end), where));
-  const HttpBody body = on_head(head);
-  if (!body.read) return Status::OK();
+  Result<HttpHead> head = ParseHttpHead(std::string_view(head_buf.data(), head_end), where);
+  if (!head.ok()) return {head.status()};
+  const HttpBody body = on_head(*head);
+  if (!body.read) return {Status::OK()};
   // The body's destination: the caller's buffer, or one of ours reused for every read.
-  const bool direct = body.into != nullptr && head.content_length && *head.content_length <= body.capacity;
+  const bool direct = body.into != nullptr && head->content_length && *head->content_length <= body.capacity;
   std::unique_ptr<char[]> own;
   if (!direct) own = std::make_unique_for_overwrite<char[]>(kReadBytes);
-  uint64_t left = head.content_length.value_or(UINT64_MAX), received = 0;
+  uint64_t left = head->content_length.value_or(UINT64_MAX), received = 0;
   auto place = [&] { return direct ? body.into + received : own.get(); };
-  // What came with the head first.
-  size_t chunk = static_cast<size_t>(std::min<uint64_t>(have - (head_end + 4), left));
+  // What came with the head first; more than the body: not a response to reuse the connection after.
+  const size_t extra = have - (head_end + 4);
+  size_t chunk = static_cast<size_t>(std::min<uint64_t>(extra, left));
+  const bool clean = extra == chunk && head->content_length && !head->close;
   if (chunk > 0) std::memcpy(place(), head_buf.data() + head_end + 4, chunk);
   for (;;) {
     if (chunk > 0) {
-      if (!on_body(place(), chunk)) return Status::OK();
+      if (!on_body(place(), chunk)) return {Status::OK()};
       left -= chunk;
       received += chunk;
     }
-    if (left == 0) return Status::OK();
-    PTC_ASSIGN_OR_RETURN(chunk, Receive(socket->fd(), place(), static_cast<size_t>(std::min<uint64_t>(kReadBytes, left)),
-                                        limits, where));
+    if (left == 0) return {Status::OK(), clean};
+    Result<size_t> got =
+        Receive(fd, place(), static_cast<size_t>(std::min<uint64_t>(kReadBytes, left)), limits, where);
+    if (!got.ok()) return {got.status()};
+    chunk = *got;
     if (chunk == 0) {
-      if (!head.content_length) return Status::OK();
-      return IOError(where + ": connection closed " + std::to_string(left) + " bytes before the body's end");
+      if (!head->content_length) return {Status::OK()};
+      return {IOError(where + ": connection closed " + std::to_string(left) + " bytes before the body's end")};
     }
+  }
+}
+
+}  // namespace
+
+Status HttpGet(const HttpGetRequest& request, const std::function<HttpBody(const HttpHead&)>& on_head,
+               const std::function<bool(const char*, size_t)>& on_body, ConnectionPool* pool) {
+  const std::string where = "peer " + request.peer.ToString();
+  const Limits limits{request.deadline, request.stall};
+  for (bool may_reuse = pool != nullptr;;) {
+    const int kept = may_reuse ? pool->Take(request.peer) : -1;
+    std::unique_ptr<Socket> socket;
+    if (kept >= 0) {
+      socket = std::make_unique<Socket>(kept);
+    } else {
+      PTC_ASSIGN_OR_RETURN(socket, Connect(request.peer, limits, where));
+      if (pool != nullptr) pool->CountConnect();
+    }
+    Exchanged e = Exchange(socket->fd(), request, pool != nullptr, limits, where, on_head, on_body);
+    if (kept >= 0 && e.closed_unanswered) {
+      pool->CountStale();  // closed by the peer while kept: once more, on a fresh connection
+      may_reuse = false;
+      continue;
+    }
+    if (e.status.ok() && e.reusable && pool != nullptr) pool->Put(request.peer, socket->Release());
+    return e.status;
   }
 }
 

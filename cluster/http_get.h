@@ -1,10 +1,12 @@
-// One HTTP/1.1 GET over a TCP connection of its own, for the data plane's
-// client (peer_client.h): the response body is received in reads of up to
-// 1 MiB, into the caller's buffer when it gives one. cpp-httplib's client, as Debian builds it,
+// One HTTP/1.1 GET, for the data plane's client (peer_client.h): over a
+// connection of its own, or one kept open between requests by a
+// ConnectionPool (connection_pool.h). The response body is received in reads
+// of up to 1 MiB, into the caller's buffer when it gives one. cpp-httplib's client, as Debian builds it,
 // reads 4 KiB per recv with a poll before each: over a fast link that cost
 // more CPU than the bytes (bench/cluster.py).
 //
-// Thread safety: a pure function of its arguments (each call its own socket).
+// Thread safety: HttpGet may be called concurrently (each call its own
+// socket, a pool's connections handed to one call at a time).
 #pragma once
 
 #include <chrono>
@@ -16,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "cluster/connection_pool.h"
 #include "cluster/peer_protocol.h"
 #include "ptc/base/status.h"
 
@@ -35,6 +38,7 @@ struct HttpGetRequest {
 struct HttpHead {
   int status = 0;
   std::optional<uint64_t> content_length;  // nullopt: the body ends with the connection
+  bool close = false;  // "Connection: close", or HTTP/1.0 without "Connection: keep-alive"
 };
 
 // What to do with a response's body, as on_head decides from its head.
@@ -57,11 +61,18 @@ Result<HttpHead> ParseHttpHead(std::string_view head, const std::string& where);
 // Sends the request; calls on_head once the response's head is in, then
 // on_body with the body's bytes in order. on_body returning false stops the
 // transfer (the connection is closed) and HttpGet returns OK.
+// With a pool: the request goes on a kept connection to the peer when the
+// pool has one (else a new one), without "Connection: close"; the connection
+// goes back to the pool when the response was read whole (a Content-Length,
+// every byte of it taken by on_body) and the peer did not say it closes it.
+// A kept connection the peer closed before answering (the end of the stream
+// or a reset before the response's first byte) is tried once more on a
+// fresh connection. Without a pool: "Connection: close", a connection per call.
 // \error IOError naming the peer for what the transport does: no connection,
 //        a send or receive failing, the deadline passing, nothing from the
 //        peer for `stall`, a malformed or
 //        chunked response head, a body shorter than its Content-Length.
 Status HttpGet(const HttpGetRequest& request, const std::function<HttpBody(const HttpHead&)>& on_head,
-               const std::function<bool(const char*, size_t)>& on_body);
+               const std::function<bool(const char*, size_t)>& on_body, ConnectionPool* pool = nullptr);
 
 }  // namespace ptc::cluster

@@ -61,9 +61,10 @@ struct Outcome {
 // copied to dst.
 class BlockFetch {
  public:
-  BlockFetch(const PeerClientOptions& o, const PeerAddress& peer, const ShardRecord& shard, uint64_t begin,
-             uint64_t end, std::string where)
+  BlockFetch(const PeerClientOptions& o, ConnectionPool* pool, const PeerAddress& peer, const ShardRecord& shard,
+             uint64_t begin, uint64_t end, std::string where)
       : o_(o),
+        pool_(pool),
         peer_(peer),
         shard_(shard),
         begin_(begin),
@@ -95,7 +96,7 @@ class BlockFetch {
       }
       return Consume(data, len, want, n, dst);
     };
-    Status transport = HttpGet(get, on_head, on_body);
+    Status transport = HttpGet(get, on_head, on_body, pool_);
     if (!verify_.ok()) return {verify_, verify_.code() != Code::kCorruption};
     if (!transport.ok()) return {transport.WithContext(where_), true};
     if (status != 200) return {StatusOfHttp(status, where_, error_body), false};
@@ -133,6 +134,7 @@ class BlockFetch {
   }
 
   const PeerClientOptions& o_;
+  ConnectionPool* const pool_;
   const PeerAddress& peer_;
   const ShardRecord& shard_;
   const uint64_t begin_, end_;
@@ -144,7 +146,11 @@ class BlockFetch {
 
 }  // namespace
 
-PeerClient::PeerClient(PeerClientOptions options) : options_(std::move(options)) {}
+PeerClient::PeerClient(PeerClientOptions options)
+    : options_(std::move(options)),
+      pool_(options_.pool.per_peer > 0 ? std::make_shared<ConnectionPool>(options_.pool) : nullptr) {}
+
+ConnectionPoolStats PeerClient::pool_stats() const { return pool_ ? pool_->stats() : ConnectionPoolStats{}; }
 
 Status PeerClient::ReadShardRange(const PeerAddress& peer, const ShardRecord& shard, uint64_t offset_in_shard,
                                   uint64_t length, void* dst) const {
@@ -168,8 +174,8 @@ Status PeerClient::ReadShardRange(const PeerAddress& peer, const ShardRecord& sh
     const uint64_t chunk_end = std::min(end, chunk + options_.max_request_bytes);
     const std::string where = who + " bytes " + std::to_string(chunk) + "-" + std::to_string(chunk_end);
     for (int attempt = 1;; ++attempt) {
-      Outcome o =
-          BlockFetch(options_, peer, shard, chunk, chunk_end, where).Run(offset_in_shard, length, out, deadline);
+      Outcome o = BlockFetch(options_, pool_.get(), peer, shard, chunk, chunk_end, where)
+                      .Run(offset_in_shard, length, out, deadline);
       if (o.status.ok()) break;
       const auto left = deadline - Clock::now();
       if (!o.retry || attempt >= options_.attempts || left <= Clock::duration::zero()) {
@@ -206,7 +212,7 @@ Result<GenerationManifest> PeerClient::FetchManifest(const PeerAddress& peer, ui
     body.append(data, len);
     return true;
   };
-  PTC_RETURN_IF_ERROR(HttpGet(get, on_head, on_body), where);
+  PTC_RETURN_IF_ERROR(HttpGet(get, on_head, on_body, pool_.get()), where);
   if (too_large) return IOError(where + ": larger than " + std::to_string(kMaxManifestBytes) + " bytes");
   if (status != 200) return StatusOfHttp(status, where, body.substr(0, 512));
   PTC_ASSIGN_OR_RETURN(GenerationManifest m, DecodeManifest(where, body));
@@ -241,7 +247,7 @@ Result<std::string> PeerClient::FetchPublished(const PeerAddress& peer, const st
     if (status != 200) reason.append(data, std::min(len, 512 - std::min<size_t>(512, reason.size())));
     return true;
   };
-  PTC_RETURN_IF_ERROR(HttpGet(get, on_head, on_body), where);
+  PTC_RETURN_IF_ERROR(HttpGet(get, on_head, on_body, pool_.get()), where);
   if (status != 200) return StatusOfHttp(status, where, reason);
   if (length != bytes || got != bytes) {
     return CorruptionError(where + ": " + (length ? std::to_string(*length) : std::string("unknown")) +

@@ -7,14 +7,23 @@
 // requests of at most max_request_bytes), hashed as they stream in, and only
 // the asked part is copied out; nothing is buffered beyond one network read.
 //
-// Thread safety: ReadShardRange may be called from any thread concurrently;
-// each call uses a connection of its own.
+// Connections are kept per peer between requests (connection_pool.h,
+// options.pool): a sweep of span requests connects about once per peer and
+// concurrent request. A kept connection the peer closed is replaced by a
+// fresh one for the same request; a request broken mid-response is tried
+// again (attempts) on a fresh one.
+//
+// Thread safety: every method may be called from any thread concurrently;
+// each request has a connection to itself while it runs. Copies share the
+// kept connections.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "cluster/connection_pool.h"
 #include "cluster/peer_protocol.h"
 #include "ptc/base/status.h"
 #include "ptc/store/manifest.h"
@@ -33,6 +42,9 @@ struct PeerClientOptions {
   std::chrono::milliseconds stall{3000};
   // Bytes per request, a multiple of kChecksumBlockBytes, at most the server's limit.
   uint64_t max_request_bytes = kDefaultMaxRequestBytes;
+  // Connections kept per peer between requests (pool.per_peer 0: a
+  // connection per request, "Connection: close", as before keep-alive).
+  ConnectionPoolOptions pool{};
 };
 
 class PeerClient {
@@ -71,8 +83,12 @@ class PeerClient {
   Result<std::string> FetchPublished(const PeerAddress& peer, const std::string& name, uint64_t bytes,
                                      uint64_t checksum) const;
 
+  // The kept connections' counters (all zero without a pool).
+  ConnectionPoolStats pool_stats() const;
+
  private:
   PeerClientOptions options_;
+  std::shared_ptr<ConnectionPool> pool_;  // null: options.pool.per_peer == 0
 };
 
 }  // namespace ptc::cluster

@@ -1,6 +1,7 @@
 #include "cluster/peer_env.h"
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 
 #include "cluster/durable.h"
@@ -18,6 +19,8 @@ class PeerEnv::RemoteFile : public RandomAccessFile {
   }
 
   Status Read(uint64_t offset, size_t n, void* dst) const override {
+    // A read that starts where this file's previous one ended is a step of a sweep.
+    const bool sequential = next_.exchange(offset + n, std::memory_order_relaxed) == offset;
     char* out = static_cast<char*>(dst);
     while (n > 0) {
       const ShardRecord* record = RecordAt(offset);
@@ -29,7 +32,7 @@ class PeerEnv::RemoteFile : public RandomAccessFile {
       const size_t block = BlockOf(*record, in_shard);
       const uint64_t skip = in_shard - BlockBegin(*record, block);
       const uint64_t take = std::min<uint64_t>(n, BlockEnd(*record, block) - in_shard);
-      PTC_RETURN_IF_ERROR(env_->ReadBlock(target_.peer, *record, block, skip, take, out));
+      PTC_RETURN_IF_ERROR(env_->ReadBlock(target_.peer, *record, block, skip, take, out, sequential));
       out += take;
       offset += take;
       n -= static_cast<size_t>(take);
@@ -52,6 +55,7 @@ class PeerEnv::RemoteFile : public RandomAccessFile {
   const std::string path_;
   const Target target_;
   uint64_t size_ = 0;
+  mutable std::atomic<uint64_t> next_{UINT64_MAX};  // where the last read ended
 };
 
 PeerEnv::PeerEnv(Env* local, std::string root, PeerEnvOptions options)
@@ -77,7 +81,9 @@ void PeerEnv::SetCurrent(std::function<std::shared_ptr<const GenerationManifest>
 
 PeerEnv::Stats PeerEnv::stats() const {
   MutexLock lock(&mu_);
-  return stats_;
+  Stats s = stats_;
+  s.connections = client_.pool_stats();
+  return s;
 }
 
 int PeerEnv::RemoteWorker(const std::string& path) const {
@@ -171,6 +177,25 @@ Result<uint64_t> PeerEnv::FileSize(const std::string& path) {
   return file->Size();
 }
 
+PeerEnv::~PeerEnv() {
+  std::vector<std::thread> fetchers;
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+    for (AheadJob& job : ahead_jobs_) {  // never fetched: no reader may wait on them
+      job.span->status = FailedPreconditionError("peer env closing");
+      job.span->ready = true;
+      cache_.remove(job.span);
+    }
+    ahead_in_flight_ -= ahead_jobs_.size();
+    ahead_jobs_.clear();
+    arrived_.SignalAll();
+    fetchers.swap(fetchers_);
+    work_.SignalAll();
+  }
+  for (std::thread& t : fetchers) t.join();
+}
+
 std::shared_ptr<char[]> PeerEnv::SpanBuffer() {
   {
     MutexLock lock(&mu_);
@@ -183,53 +208,134 @@ std::shared_ptr<char[]> PeerEnv::SpanBuffer() {
   return std::make_shared_for_overwrite<char[]>(std::max<size_t>(1, options_.span_blocks) * kChecksumBlockBytes);
 }
 
+std::shared_ptr<PeerEnv::Span> PeerEnv::FindSpan(const ShardRecord& record, size_t block) {
+  for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+    const Span& c = **it;
+    if (c.first <= block && block < c.end && c.offset == record.offset && c.file == record.file) {
+      cache_.splice(cache_.begin(), cache_, it);
+      return cache_.front();
+    }
+  }
+  return nullptr;
+}
+
+std::shared_ptr<PeerEnv::Span> PeerEnv::AddSpan(const ShardRecord& record, size_t first, bool ahead) {
+  auto span = std::make_shared<Span>();
+  span->file = record.file;
+  span->offset = record.offset;
+  span->first = first;
+  span->end = std::min(BlockCount(record), first + std::max<size_t>(1, options_.span_blocks));
+  span->begin = BlockBegin(record, first);
+  span->ahead = ahead;
+  cache_.push_front(span);
+  return span;
+}
+
+void PeerEnv::Trim() {
+  size_t ready = 0;
+  for (auto it = cache_.begin(); it != cache_.end();) {
+    if (!(*it)->ready || ++ready <= options_.cached_spans) {
+      ++it;
+      continue;
+    }
+    // Kept for the next fetch when no reader holds it (nor its span, whose
+    // bytes a reader takes once it is ready): a fresh 16 MiB buffer is faulted
+    // in and zeroed page by page.
+    if (it->use_count() == 1 && (*it)->bytes.use_count() == 1 && free_.size() < options_.cached_spans) {
+      free_.push_back(std::move((*it)->bytes));
+    }
+    it = cache_.erase(it);
+  }
+}
+
+void PeerEnv::MaybeAhead(const PeerAddress& peer, const ShardRecord& record, const Span& span) {
+  if (options_.ahead_spans == 0 || stopping_ || span.end >= BlockCount(record) ||
+      ahead_in_flight_ >= options_.ahead_spans || FindSpan(record, span.end) != nullptr) {
+    return;
+  }
+  ahead_jobs_.push_back({peer, record, AddSpan(record, span.end, /*ahead=*/true)});
+  ++ahead_in_flight_;
+  stats_.ahead++;
+  if (fetchers_.size() < options_.ahead_spans) fetchers_.emplace_back([this] { AheadLoop(); });
+  work_.SignalAll();
+}
+
+void PeerEnv::AheadLoop() {
+  for (;;) {
+    AheadJob job;
+    {
+      MutexLock lock(&mu_);
+      while (!stopping_ && ahead_jobs_.empty()) work_.Wait();
+      if (stopping_) return;
+      job = std::move(ahead_jobs_.front());
+      ahead_jobs_.pop_front();
+    }
+    Fill(job.peer, job.record, job.span);
+  }
+}
+
+void PeerEnv::Fill(const PeerAddress& peer, const ShardRecord& record, const std::shared_ptr<Span>& span) {
+  std::shared_ptr<char[]> bytes = SpanBuffer();
+  const uint64_t end = BlockEnd(record, span->end - 1);
+  Status s = client_.ReadShardRange(peer, record, span->begin, end - span->begin, bytes.get());
+  MutexLock lock(&mu_);
+  span->status = s;
+  span->ready = true;
+  if (span->ahead) {
+    --ahead_in_flight_;  // with `ready`: a reader woken by this span may have the next one fetched at once
+    stats_.ahead_failed += s.ok() ? 0 : 1;
+  }
+  if (s.ok()) {
+    span->bytes = std::move(bytes);
+    stats_.requests++;
+    stats_.bytes += end - span->begin;
+  } else {
+    cache_.remove(span);
+    if (free_.size() < options_.cached_spans) free_.push_back(std::move(bytes));
+  }
+  Trim();
+  arrived_.SignalAll();
+}
+
 Status PeerEnv::ReadBlock(const PeerAddress& peer, const ShardRecord& record, size_t block, uint64_t skip, uint64_t n,
-                          char* dst) {
-  auto holds = [&](const Cached& c) {
-    return c.first <= block && block < c.end && c.offset == record.offset && c.file == record.file;
-  };
-  std::shared_ptr<const char[]> bytes;
-  uint64_t begin = 0;
+                          char* dst, bool sequential) {
+  std::shared_ptr<Span> span;
+  bool mine = false;
   {
     MutexLock lock(&mu_);
-    auto it = std::find_if(cache_.begin(), cache_.end(), holds);
-    if (it != cache_.end()) {
-      cache_.splice(cache_.begin(), cache_, it);
-      bytes = it->bytes;
-      begin = it->begin;
+    span = FindSpan(record, block);
+    if (span != nullptr) {
       stats_.cache_hits++;
+    } else {
+      span = AddSpan(record, block, /*ahead=*/false);
+      mine = true;
     }
+    if (sequential) MaybeAhead(peer, record, *span);
   }
-  if (bytes == nullptr) {
-    size_t end_block = std::min(BlockCount(record), block + std::max<size_t>(1, options_.span_blocks));
-    begin = BlockBegin(record, block);
-    uint64_t end = BlockEnd(record, end_block - 1);
-    std::shared_ptr<char[]> fetched = SpanBuffer();
-    Status s = client_.ReadShardRange(peer, record, begin, end - begin, fetched.get());
-    if (!s.ok() && end_block > block + 1) {
-      // The block asked for alone: a bad block after it is not this read's.
-      end_block = block + 1;
-      end = BlockEnd(record, block);
-      s = client_.ReadShardRange(peer, record, begin, end - begin, fetched.get());
-    }
-    PTC_RETURN_IF_ERROR(s);
-    bytes = fetched;
+  if (mine) Fill(peer, record, span);
+  Status status;
+  std::shared_ptr<const char[]> bytes;  // held: a span dropped from the cache meanwhile keeps its buffer
+  {
     MutexLock lock(&mu_);
-    stats_.requests++;
-    stats_.bytes += end - begin;
-    if (options_.cached_spans > 0 && std::find_if(cache_.begin(), cache_.end(), holds) == cache_.end()) {
-      cache_.push_front({record.file, record.offset, block, end_block, begin, bytes});
-      if (cache_.size() > options_.cached_spans) {
-        // Kept for the next fetch when no reader holds it: a fresh 16 MiB buffer
-        // is faulted in and zeroed page by page.
-        if (cache_.back().bytes.use_count() == 1 && free_.size() < options_.cached_spans) {
-          free_.push_back(std::const_pointer_cast<char[]>(std::move(cache_.back().bytes)));
-        }
-        cache_.pop_back();
-      }
-    }
+    while (!span->ready) arrived_.Wait();
+    status = span->status;
+    bytes = span->bytes;
   }
-  std::copy_n(bytes.get() + (BlockBegin(record, block) - begin) + skip, n, dst);
+  if (!status.ok() && (span->ahead || span->end > block + 1)) {
+    // Fetched ahead, or a span beyond this block: the block asked for alone
+    // (a bad block after it is not this read's).
+    {
+      MutexLock lock(&mu_);
+      span = AddSpan(record, block, /*ahead=*/false);
+      span->end = block + 1;
+    }
+    Fill(peer, record, span);
+    MutexLock lock(&mu_);
+    status = span->status;
+    bytes = span->bytes;
+  }
+  PTC_RETURN_IF_ERROR(status);
+  std::copy_n(bytes.get() + (BlockBegin(record, block) - span->begin) + skip, n, dst);
   return Status::OK();
 }
 

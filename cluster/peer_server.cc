@@ -25,9 +25,11 @@ namespace {
 
 // Bytes read from the file and written to the socket at a time.
 constexpr size_t kStreamChunk = 1 << 20;
-// Requests on one kept-alive connection (cpp-httplib's default): the last is answered
-// with "Connection: close".
-constexpr int kKeepAliveRequests = 5;
+// Requests on one kept-alive connection: the last is answered with "Connection:
+// close". A kept-alive connection holds no worker between requests (it waits in
+// the gate), so the limit only bounds one connection's life: a client's
+// connection pool (connection_pool.h) sweeps a shard's spans on one connection.
+constexpr int kKeepAliveRequests = 100;
 // A kept-alive connection's wait for its next request (as before the gate: cpp-httplib's).
 constexpr std::chrono::seconds kKeepAliveTimeout{2};
 

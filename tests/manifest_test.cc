@@ -139,6 +139,50 @@ TEST(Checksum, ShardBlocks) {
   EXPECT_EQ(ParseBlockChecksums("00000000000000011").status().code(), Code::kInvalidArgument);
   EXPECT_NE(ParseBlockChecksums("0000000000000001000000000000000x").status().message().find("block checksum 1"),
             std::string::npos);
+  EXPECT_EQ(ParseBlockChecksums("00000000000000011").status().message(),
+            "block checksums of 17 characters (expected 16 hex digits per block)");
+  // The block CRC-32s' codec, the same over 8 digits.
+  EXPECT_EQ(BlockCrc32sToString({1, 0xdeadbeef}), "00000001deadbeef");
+  EXPECT_EQ(*ParseBlockCrc32s("00000001DEADBEEF"), (std::vector<uint32_t>{1, 0xdeadbeef}));
+  EXPECT_TRUE(ParseBlockCrc32s("")->empty());
+  EXPECT_EQ(ParseBlockCrc32s("000000011").status().message(),
+            "block CRC-32s of 9 characters (expected 8 hex digits per block)");
+  EXPECT_EQ(ParseBlockCrc32s("00000001deadbeeg").status().message(), "block CRC-32 1 'deadbeeg' is not 8 hex digits");
+  EXPECT_EQ(ParseBlockChecksums("000000000000000100000000deadbeeg").status().message(),
+            "block checksum 1 '00000000deadbeeg' is not 16 hex digits");
+}
+
+// The manifest bytes the writer's hasher leads to stay what they were before
+// the one-pass hasher (issue 42): shards of sizes around block edges, fed in
+// writes of several sizes (one byte to 40 MiB), hashed, recorded and encoded;
+// the manifest's xxh64 is the one the two-pass hasher gave (commit 6c4d534).
+TEST(Checksum, ManifestBytesOfHashedShardsAreUnchanged) {
+  const uint64_t B = kChecksumBlockBytes;
+  std::string data(10 * B + 777, '\0');
+  uint64_t x = 88172645463325252ULL;  // xorshift64: the same bytes on every machine
+  for (char& c : data) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  GenerationManifest m = Sample();
+  m.shards.clear();
+  const std::vector<uint64_t> sizes = {0, 1, 1000, B - 1, B, B + 1, 2 * B + 12345, 10 * B + 777};
+  const std::vector<size_t> writes = {1 << 20, 1, 4093, 16 << 20, 40 << 20, 3 << 20, 1 << 19, 10 * (1 << 22)};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ShardHasher h;
+    for (uint64_t pos = 0; pos < sizes[i];) {
+      const size_t take = static_cast<size_t>(std::min<uint64_t>(sizes[i] - pos, pos < 4096 ? 4093 : writes[i]));
+      h.Update(data.data() + pos, take);
+      pos += take;
+    }
+    ShardDigest d = h.Finish();
+    ShardRecord r{"big", {Box::Full({2 * 1048576 + 25})}, 0, "gen-000003/worker-00/s" + std::to_string(i) + ".h5",
+                  4096, sizes[i], d.checksum, d.blocks};
+    r.block_crc32s = d.crc32s;
+    m.shards.push_back(std::move(r));
+  }
+  const std::string text = EncodeManifest(m);
+  EXPECT_EQ(ChecksumToString(Xxh64(text.data(), text.size())), "xxh64:ec5315430ce85a1e") << text.substr(0, 4000);
 }
 
 TEST(Checksum, StringForm) {

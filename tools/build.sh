@@ -18,7 +18,7 @@ case "$kind" in
     flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPTCFS_TSAN=ON -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
            -DPTCFS_THREAD_SAFETY=ON -DPTCFS_SHARED_LAYERS=ON)
     [ "$#" -gt 0 ] || target=(--target ptcfs env_test virtual_file_test transform_test mount_test store_lock_test filesystem_test
-            cluster_peer_test cluster_etcd_test cluster_slowloris_test switch_cpu_test worker_agent_test cluster_kv_test)
+            cluster_peer_test cluster_pull_test cluster_etcd_test cluster_slowloris_test switch_cpu_test worker_agent_test cluster_kv_test)
     ;;
   *) echo "usage: $0 [release|asan|tsan] [TARGET...]" >&2; exit 2 ;;
 esac

@@ -520,7 +520,11 @@ nlohmann::json Agent::StatusPart() const {
   j["member"] = member_.load();
   if (env_ != nullptr) {  // what this worker's store read from the other workers, since the mount
     const ptc::cluster::PeerEnv::Stats pulled = env_->stats();
-    j["pulled"] = {{"requests", pulled.requests}, {"bytes", pulled.bytes}};
+    j["pulled"] = {{"requests", pulled.requests},
+                   {"bytes", pulled.bytes},
+                   {"ahead", pulled.ahead},
+                   {"connects", pulled.connections.connects},
+                   {"reuses", pulled.connections.reuses}};
   }
   if (durable_) j["durable"] = durable_->Report();
   return j;

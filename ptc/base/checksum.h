@@ -59,10 +59,10 @@ struct ShardDigest {
 };
 
 // Hashes a stream's bytes block by block: blocks of kChecksumBlockBytes from
-// the stream's start, the last one ending with the stream. The one place that
-// cuts a stream at block boundaries, for the writer (ShardHasher) and the
-// reader that checks blocks as it reads (store/shard_verify.h).
-// Used by one thread at a time.
+// the stream's start, the last one ending with the stream: for the reader
+// that checks blocks as it reads (store/shard_verify.h, the peer client).
+// It, BlockCrcs and ShardHasher cut a stream at block boundaries with one
+// walk (checksum.cc). Used by one thread at a time.
 class BlockHasher {
  public:
   // Called with a block's index and digest as its last byte is hashed; an
@@ -106,7 +106,9 @@ class BlockCrcs {
 };
 
 // Hashes a shard's bytes in order, block by block: xxh64 and CRC-32 of
-// each. Used by one thread at a time.
+// each, in one walk over the blocks, each 256 KiB slice hashed by both while
+// it is in cache (one pass over memory however large the write). Used by one
+// thread at a time.
 class ShardHasher {
  public:
   void Update(const void* data, size_t n);
@@ -114,9 +116,11 @@ class ShardHasher {
   ShardDigest Finish();
 
  private:
-  BlockHasher hasher_;
+  uint64_t pos_ = 0;
+  Xxh64Stream block_;             // of the current block's bytes
+  uint32_t crc_ = 0;              // of the current block's bytes
   std::vector<uint64_t> blocks_;  // digests of the blocks completed
-  BlockCrcs crcs_;
+  std::vector<uint32_t> crcs_;    // their CRC-32s
 };
 
 // "xxh64:%016x".
