@@ -111,8 +111,9 @@ struct PeerServer::Impl {
   void ServeShard(const httplib::Request& req, httplib::Response& res);
   void ServeManifest(const httplib::Request& req, httplib::Response& res) EXCLUDES(mu);
   void ServePublished(const httplib::Request& req, httplib::Response& res) EXCLUDES(mu);
-  // The generations served now: the store's current one, then the kept ones.
-  std::vector<std::shared_ptr<const GenerationManifest>> Generations() EXCLUDES(mu);
+  // The generations served now: the store's current one, then the kept ones, then
+  // (with_part) this worker's part of a change past them.
+  std::vector<std::shared_ptr<const GenerationManifest>> Generations(bool with_part = true) EXCLUDES(mu);
   // Their index.
   std::shared_ptr<const ServedFiles> Served() EXCLUDES(mu);
 
@@ -139,11 +140,11 @@ struct PeerServer::Impl {
   std::atomic<uint64_t> served_count{0}, refused{0}, files_opened{0}, bytes_sent{0};
 };
 
-std::vector<std::shared_ptr<const GenerationManifest>> PeerServer::Impl::Generations() {
+std::vector<std::shared_ptr<const GenerationManifest>> PeerServer::Impl::Generations(bool with_part) {
   std::vector<std::shared_ptr<const GenerationManifest>> all = {store->CurrentSnapshot()};
   MutexLock lock(&mu);
   all.insert(all.end(), kept.begin(), kept.end());
-  if (part != nullptr && (all.front() == nullptr || part->generation > all.front()->generation)) all.push_back(part);
+  if (with_part && part != nullptr && (all.front() == nullptr || part->generation > all.front()->generation)) all.push_back(part);
   return all;
 }
 
@@ -192,7 +193,10 @@ void PeerServer::Impl::ServeManifest(const httplib::Request& req, httplib::Respo
   if (text.empty() || ec != std::errc() || end != text.data() + text.size() || req.params.size() != 1) {
     return Refuse(res, 400, "expected ?generation=G (a decimal)");
   }
-  const std::vector<std::shared_ptr<const GenerationManifest>> all = Generations();
+  // A committed generation's manifest only: a part (this worker's pieces of a change it
+  // has not applied yet) carries the generation's number but not its tensors, and a
+  // worker catching up must ask a worker that has applied it.
+  const std::vector<std::shared_ptr<const GenerationManifest>> all = Generations(/*with_part=*/false);
   for (const auto& m : all) {
     if (m != nullptr && m->generation == g) {
       served_count.fetch_add(1, std::memory_order_relaxed);

@@ -170,8 +170,12 @@ class Job:
         durable = os.path.join(self.tmp, "durable")
 
         def one_copy():
-            j = json.loads(ptcfs("cluster", "status", "--cluster", self.url, "--token-file", self.token, "--json",
-                                 "--durable", durable).stdout)
+            r = subprocess.run([PTCFS, "cluster", "status", "--cluster", self.url, "--token-file", self.token, "--json",
+                                "--durable", durable], capture_output=True, text=True)
+            if r.returncode != 0 and "no live worker serves generation" in r.stderr:
+                return False  # the job committed a change (the save's replica copy) no worker applied yet
+            assert r.returncode == 0, "ptcfs cluster status: exit %d\n%s" % (r.returncode, r.stderr)
+            j = json.loads(r.stdout)
             with open(os.path.join(durable, "durable.json")) as f:
                 files = {s["file"].split("/")[0] for s in json.load(f)["shards"]}
             gens = {d for d in os.listdir(durable) if d.startswith("gen-")}

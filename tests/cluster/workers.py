@@ -30,8 +30,11 @@ class Model:
         self.ptcfs, self.schema, self.dims = ptcfs, schema, dims
 
     def run(self, *args, **kw):
-        """`ptcfs ARGS`, checked: its CompletedProcess, output as text."""
-        return subprocess.run([self.ptcfs, *args], check=True, capture_output=True, text=True, **kw)
+        """`ptcfs ARGS`, checked (a failure says what it printed): its CompletedProcess, output as text."""
+        r = subprocess.run([self.ptcfs, *args], capture_output=True, text=True, **kw)
+        if r.returncode != 0:
+            raise AssertionError("ptcfs %s: exit %d\n%s%s" % (" ".join(args), r.returncode, r.stdout, r.stderr))
+        return r
 
     def expect_ranks(self, tmp, mnts, config, placement, tag):
         """Rank r's files, on the mount of worker placement[r // 2] (two
