@@ -49,7 +49,12 @@ std::string OneLine(std::string text) {
 int FinishStandardOutput(const std::string& command, int exit_code) {
   errno = 0;
   if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return exit_code;
-  const int err = errno != 0 ? errno : EIO;
+  // An output larger than stdio's buffer failed on an earlier flush, whose errno is
+  // gone: a write of nothing still says EBADF for the read-only /dev/null in place of
+  // a closed stdout (KeepStandardDescriptorsOpen); else EIO.
+  int err = errno;
+  if (err == 0 && ::write(STDOUT_FILENO, "", 0) < 0) err = errno;
+  if (err == 0) err = EIO;
   std::fprintf(stderr, "%s: writing standard output: %s\n", command.c_str(), std::strerror(err));
   return exit_code == 0 ? 1 : exit_code;
 }
