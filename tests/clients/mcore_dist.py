@@ -440,31 +440,30 @@ def main():
                     preload=ranks.MEGATRON)
         print(f"{cmd.upper()} OK: tp={tp} pp={pp}")
         return 0
-    errors = ranks.queue()
-    args = (tp * pp, ranks.free_port(), tp, pp, root, legacy, errors)
-    if cmd == "optim-load":
-        args += (sys.argv[6:] == ["tweaked"],)
-    ranks.start(worker if cmd == "load" else optim_loader, args, tp * pp, preload=ranks.MEGATRON)
-    failed = []
-    while not errors.empty():
-        failed.append(errors.get())
-    if failed:
-        print("\n".join(failed))
+    extra = (sys.argv[6:] == ["tweaked"],) if cmd == "optim-load" else ()
+    if ranks_failed(worker if cmd == "load" else optim_loader, tp * pp,
+                    lambda errors: (tp * pp, ranks.free_port(), tp, pp, root, legacy, errors) + extra):
         return 1
     print(f"{cmd.upper()} OK: tp={tp} pp={pp}")
     return 0
 
 
-def distopt_main(root, tp, pp, dp, legacy, save_iter, moe, ep):
+def ranks_failed(fn, world, make_args):
+    """fn(rank, *make_args(errors)) in WORLD forked ranks; prints and returns what they put in errors."""
     errors = ranks.queue()
-    world = tp * pp * dp
-    ranks.start(distopt_loader, (world, ranks.free_port(), tp, pp, root, legacy, errors, save_iter, moe, ep), world,
-                preload=ranks.MEGATRON)
+    ranks.start(fn, make_args(errors), world, preload=ranks.MEGATRON)
     failed = []
     while not errors.empty():
         failed.append(errors.get())
     if failed:
         print("\n".join(failed))
+    return failed
+
+
+def distopt_main(root, tp, pp, dp, legacy, save_iter, moe, ep):
+    world = tp * pp * dp
+    if ranks_failed(distopt_loader, world,
+                    lambda errors: (world, ranks.free_port(), tp, pp, root, legacy, errors, save_iter, moe, ep)):
         return 1
     print(f"DISTOPT-LOAD OK: tp={tp} pp={pp} dp={dp}")
     if save_iter is not None:
