@@ -47,12 +47,14 @@ std::string OneLine(std::string text) {
 }
 
 int FinishStandardOutput(const std::string& command, int exit_code) {
+  // An output larger than stdio's buffer may have failed on an earlier flush, whose
+  // errno is gone (and what fflush then says varies): a write of nothing still says
+  // EBADF for the read-only /dev/null in place of a closed stdout
+  // (KeepStandardDescriptorsOpen); else the final flush's errno, else EIO.
+  const bool failed_before = std::ferror(stdout);
   errno = 0;
   if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return exit_code;
-  // An output larger than stdio's buffer failed on an earlier flush, whose errno is
-  // gone: a write of nothing still says EBADF for the read-only /dev/null in place of
-  // a closed stdout (KeepStandardDescriptorsOpen); else EIO.
-  int err = errno;
+  int err = failed_before ? 0 : errno;
   if (err == 0 && ::write(STDOUT_FILENO, "", 0) < 0) err = errno;
   if (err == 0) err = EIO;
   std::fprintf(stderr, "%s: writing standard output: %s\n", command.c_str(), std::strerror(err));
