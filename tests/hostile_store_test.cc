@@ -15,6 +15,7 @@
 
 #include "ptc/base/env.h"
 #include "ptc/store/store_lock.h"
+#include "mount_util.h"
 #include "test_util.h"
 
 namespace ptc {
@@ -168,7 +169,7 @@ TEST_F(HostileStoreTest, ACommitWhoseCollectionFailsSaysSoAndSucceeds) {
   std::string as_user;
   if (::geteuid() == 0) {
     ASSERT_EQ(Sh("chown -R nobody: " + tmp_.path() + " && chmod 0755 " + tmp_.path()).first, 0);
-    as_user = "setpriv --reuid=nobody --regid=nogroup --clear-groups ";
+    as_user = AsNobody(tmp_.path());
   }
   // Generation 2 holds new pieces only: the next commit collects generation 1.
   auto r = Ptcfs("import --schema megatron-gpt --dims " + std::string(kDims) + " --config tp=2,pp=2 " + tmp_ / "ckpt" +

@@ -240,13 +240,13 @@ TEST_P(MountSaveTest, ANonRootDaemonWritesTheSaveItself) {
     mode_t mode;
     ~Restore() { chmod("/dev/fuse", mode); }
   } restore{dev.st_mode & 07777};
-  const std::string nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups ";
   fs::create_directories(tmp_ / "mnt");
   fs::create_directories(tmp_ / "mirror");
   ASSERT_EQ(Sh("chmod 755 " + tmp_.path() + " && chown -R 65534:65534 " + tmp_ / "store " + tmp_ / "mnt " +
                tmp_ / "mirror")
                 .first,
             0);
+  const std::string nobody = AsNobody(tmp_.path());
   auto [code, out] = Sh(nobody + PTCFS_BINARY + " mount " + MountFlags() + " " + tmp_ / "store " + tmp_ / "mnt");
   ASSERT_EQ(code, 0) << out;
   struct Unmount {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -19,6 +20,32 @@
 #include "test_util.h"
 
 namespace ptc::testing {
+
+// The command prefix that runs what follows as nobody (uid and gid 65534). The
+// checkout may sit under a directory only root may enter (a clone in /root,
+// bench/newcomer.sh's mktemp -d), where the ptcfs of a build with shared layers
+// (the sanitizer builds) cannot open its libraries as nobody: they are copied
+// into DIR/nobody-lib, found first through LD_LIBRARY_PATH. DIR must be one
+// nobody may enter. A static build has none to copy.
+inline std::string AsNobody(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  const fs::path lib = dir / "nobody-lib";
+  fs::create_directories(lib);
+  fs::permissions(lib, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                           fs::perms::others_read | fs::perms::others_exec);
+  const std::string build = fs::path(PTCFS_BINARY).parent_path().parent_path().string() + "/";
+  std::istringstream lines(Sh("ldd " + std::string(PTCFS_BINARY)).second);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t arrow = line.find("=> ");
+    if (arrow == std::string::npos) continue;
+    const std::string path = line.substr(arrow + 3, line.find(' ', arrow + 3) - arrow - 3);
+    if (path.rfind(build, 0) != 0) continue;  // the system's libraries nobody can read
+    const fs::path copy = lib / fs::path(path).filename();
+    fs::copy_file(path, copy, fs::copy_options::overwrite_existing);
+    fs::permissions(copy, fs::perms::owner_read | fs::perms::group_read | fs::perms::others_read);
+  }
+  return "env LD_LIBRARY_PATH=" + lib.string() + " setpriv --reuid=65534 --regid=65534 --clear-groups ";
+}
 
 // Exits the test binary with 77 (ctest: skipped) when FUSE cannot be used;
 // under CI (CI=true) it fails instead: a green run that mounted nothing
