@@ -144,7 +144,9 @@ std::vector<std::shared_ptr<const GenerationManifest>> PeerServer::Impl::Generat
   std::vector<std::shared_ptr<const GenerationManifest>> all = {store->CurrentSnapshot()};
   MutexLock lock(&mu);
   all.insert(all.end(), kept.begin(), kept.end());
-  if (with_part && part != nullptr && (all.front() == nullptr || part->generation > all.front()->generation)) all.push_back(part);
+  if (with_part && part != nullptr && (all.front() == nullptr || part->generation > all.front()->generation)) {
+    all.push_back(part);
+  }
   return all;
 }
 

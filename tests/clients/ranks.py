@@ -50,14 +50,8 @@ def queue():
 
 
 def run(target, world, *args, preload=()):
-    """target(rank, world, *args) in WORLD forked processes; asserts each exits 0."""
-    _preload(preload)
+    """target(rank, world, *args) in WORLD forked processes, MASTER_ADDR/PORT in the
+    environment; raises when a rank fails (start's ProcessExitedException)."""
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(free_port())
-    ctx = mp.get_context(START)
-    procs = [ctx.Process(target=target, args=(r, world) + args) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    start(target, (world,) + args, world, preload)

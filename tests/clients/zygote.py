@@ -194,11 +194,9 @@ def serve_one(conn):
         if pid == 0:
             conn.close()
             run_script(request, out.fileno(), caller_pid)
-        status = None
-        while status is None:
-            done, st = os.waitpid(pid, os.WNOHANG)
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
             if done:
-                status = st
                 break
             readable, _, _ = select.select([conn], [], [], 0.2)
             if readable and not conn.recv(1, socket.MSG_PEEK):  # the caller went away
