@@ -187,20 +187,27 @@ TEST(DpReshardable, ExpertsAtEpTwoAreTheExpertParallelOptimizersBuckets) {
   }
 }
 
-TEST(DpReshardable, ASaveOfTheDistributedOptimizerIsRefusedNamingItsForm) {
+TEST(DpReshardable, ASaveIsTakenInTheDpReshardableFormOnlyAndRefusedNamingAnyOther) {
   const Value form = Value::Dict({{Value::Str("param_state_sharding_type"), Value::Str("fully_reshardable")}});
-  Status s = RefuseDistributedOptimizerSave(form, "iter_0000300/common.pt");
+  Result<bool> s = DpReshardableSave(form, "iter_0000300/common.pt");
   ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.message().rfind("iter_0000300/common.pt: optimizer/param_state_sharding_type 'fully_reshardable': "
-                              "a save of Megatron-Core's distributed optimizer",
-                              0),
+  EXPECT_EQ(s.status().message().rfind("iter_0000300/common.pt: optimizer/param_state_sharding_type "
+                                       "'fully_reshardable': a save of Megatron-Core's distributed optimizer in a "
+                                       "form ptcfs does not take",
+                                       0),
             0u)
-      << s.message();
-  s = RefuseDistributedOptimizerSave(Value::Dict({{Value::Int(0), Value::Dict()}, {Value::Int(1), form}}), "c.pt");
+      << s.status().message();
+  const Value dp = Value::Dict({{Value::Str("param_state_sharding_type"), Value::Str("dp_reshardable")}});
+  s = DpReshardableSave(Value::Dict({{Value::Int(0), dp}, {Value::Int(1), form}}), "c.pt");
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("c.pt: optimizer/1/param_state_sharding_type"), std::string::npos) << s.message();
+  EXPECT_NE(s.status().message().find("c.pt: optimizer/1/param_state_sharding_type"), std::string::npos);
+  s = DpReshardableSave(Value::Dict({{Value::Int(0), dp}, {Value::Int(1), Value::Dict()}}), "c.pt");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("c.pt: optimizer/1 has no param_state_sharding_type"), std::string::npos);
+  EXPECT_TRUE(*DpReshardableSave(dp, "c.pt"));
+  EXPECT_TRUE(*DpReshardableSave(DpReshardableCommon(/*chained=*/true), "c.pt"));
   const Value plain = Value::Dict({{Value::Str("optimizer"), Value::Dict({{Value::Str("param_groups"), Value::List()}})}});
-  EXPECT_TRUE(RefuseDistributedOptimizerSave(plain, "c.pt").ok());
+  EXPECT_FALSE(*DpReshardableSave(plain, "c.pt"));
 }
 
 }  // namespace
