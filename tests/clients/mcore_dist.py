@@ -416,7 +416,7 @@ def distopt_groups(optimizer):
 
 
 def distopt_dump(model, optimizer):
-    steps = {float(st["step"]) for o in optimizer.chained_optimizers for st in o.optimizer.state.values()}
+    steps = {float(g["step"]) for o in optimizer.chained_optimizers for g in o.state_dict()["optimizer"]["param_groups"]}
     return {"ranges": list(distopt_ranges(model, optimizer)), "steps": sorted(steps),
             "groups": distopt_groups(optimizer)}
 
@@ -518,6 +518,12 @@ def distopt_loader(rank, world, port, tp, pp, root, legacy, errors, save, moe=Fa
         mcore_moe.step_with_grads(ddp, optimizer)
         bad = [n for n, p in model.named_parameters() if not torch.isfinite(p.float()).all()]
     if save is not None:
+        # One Adam step in every state of the chain, as Megatron-Core's GPU optimizers (TE's, Apex's FusedAdam)
+        # keep it in their groups: on the CPU (torch's AdamW) megatron-core 0.16.1's load leaves each parameter's
+        # pre-load step, so the chain's two optimizers would save different steps, which ptcfs refuses.
+        for o in optimizer.chained_optimizers:
+            for state in o.optimizer.state.values():
+                state["step"] = torch.tensor(float(save[0]))
         distopt_save(rank, model, optimizer, root, save[0], save[1], errors)
     if bad:
         errors.put(f"rank {rank} (tp {tp_rank}, pp {pp_rank}): {len(bad)} differ: {bad[:6]}")
