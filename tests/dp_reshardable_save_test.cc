@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "dist_optimizer_util.h"
 #include "ptc/checkpoint/dcp/dist_optimizer_read.h"
 #include "ptc/checkpoint/megatron/dist_optimizer.h"
 #include "test_util.h"
@@ -23,29 +24,11 @@ namespace ptc::megatron {
 namespace {
 
 using pickle::Value;
+using ::ptc::megatron::testing::LocalOrder;
 using ::ptc::testing::FitLayout;
 using ::ptc::testing::Spec;
 
 constexpr const char* kDims = "layers=4,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32";
-
-// The global names of stage `pp` of 2 (2 layers each) in the local spec's registration order.
-std::vector<std::string> LocalOrder(int pp) {
-  std::vector<std::string> order;
-  if (pp == 0) order.push_back("embedding.word_embeddings.weight");
-  for (int i = 2 * pp; i < 2 * pp + 2; ++i) {
-    const std::string l = "decoder.layers." + std::to_string(i) + ".";
-    for (const char* m : {"self_attention.linear_qkv.layer_norm_weight", "self_attention.linear_proj.weight",
-                          "self_attention.linear_qkv.weight", "mlp.linear_fc1.layer_norm_weight",
-                          "mlp.linear_fc1.weight", "mlp.linear_fc2.weight"}) {
-      order.push_back(l + m);
-    }
-  }
-  if (pp == 1) {
-    order.push_back("decoder.final_layernorm.weight");
-    order.push_back("output_layer.weight");
-  }
-  return order;
-}
 
 // An element of a global tensor: (name, flat index).
 using Element = std::pair<std::string, Index>;

@@ -117,8 +117,8 @@ Result<pickle::Value> ReadDpReshardableCommon(Env* env, const std::string& dir, 
     const std::string where = metadata_path + ": key " + key;
     auto found = objects.find(key);
     if (found == objects.end()) {
-      return InvalidArgumentError(where + ": missing (an object of the distributed optimizer's dp_reshardable form in " +
-                                  text + ")");
+      return InvalidArgumentError(
+          where + ": missing (an object of the distributed optimizer's dp_reshardable form in " + text + ")");
     }
     const SavedBytes* it = found->second;
     if (it->file.empty()) return InvalidArgumentError(where + ": has no storage record");
