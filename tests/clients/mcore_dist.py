@@ -394,19 +394,19 @@ def global_name(model, name):
 
 
 def distopt_ranges(model, optimizer):
-    """(global name, tp rank, [lo, hi) of the parameter's flat elements, its master and moments there, optimizer
-    index) of every range this rank's DistributedOptimizers hold."""
+    """(global name, tp rank, [lo, hi) of the parameter's flat elements, its master and moments there) of every
+    range this rank's DistributedOptimizers hold."""
     from megatron.core import parallel_state
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     names = {p: n for n, p in model.named_parameters()}
-    for c, dist_opt in enumerate(optimizer.chained_optimizers):
+    for dist_opt in optimizer.chained_optimizers:
         for gbuf in dist_opt.gbuf_ranges:
             for ranges in gbuf.values():
                 for bucket in ranges:
                     for param, where in bucket["param_map"].items():
                         states = dist_opt._get_main_param_and_optimizer_states(param)
                         yield (global_name(model, names[param]), tp_rank, where["param"].start, where["param"].end,
-                               {k: states[k].detach().clone() for k in ("param", "exp_avg", "exp_avg_sq")}, c)
+                               {k: states[k].detach().clone() for k in ("param", "exp_avg", "exp_avg_sq")})
 
 
 def distopt_groups(optimizer):
@@ -416,7 +416,8 @@ def distopt_groups(optimizer):
 
 
 def distopt_dump(model, optimizer):
-    steps = {float(g["step"]) for o in optimizer.chained_optimizers for g in o.state_dict()["optimizer"]["param_groups"]}
+    steps = {float(g["step"]) for o in optimizer.chained_optimizers
+             for g in o.state_dict()["optimizer"]["param_groups"]}
     return {"ranges": list(distopt_ranges(model, optimizer)), "steps": sorted(steps),
             "groups": distopt_groups(optimizer)}
 
@@ -426,7 +427,7 @@ def distopt_checker(rank, world, port, tp, pp, root, dump, errors, moe, ep):
     from megatron.core import parallel_state
     make_model, _ = distopt_builders(moe, ep)
     model, _ = make_model(tp, pp)
-    ddp, optimizer = dist_optimizer(model)
+    _, optimizer = dist_optimizer(model)
     distopt_load(model, optimizer, root)
     saved = {}  # (name, tp rank) -> [(lo, hi, states)]
     steps, groups = set(), None
@@ -434,11 +435,11 @@ def distopt_checker(rank, world, port, tp, pp, root, dump, errors, moe, ep):
         d = torch.load(f, weights_only=False)
         steps.update(d["steps"])
         groups = groups or d["groups"]
-        for name, tp_rank, lo, hi, states, _ in d["ranges"]:
+        for name, tp_rank, lo, hi, states in d["ranges"]:
             saved.setdefault((name, tp_rank), []).append((lo, hi, states))
     bad = [] if len(steps) == 1 else [f"the saving ranks' steps {sorted(steps)}"]
     checked = 0
-    for name, tp_rank, lo, hi, states, _ in distopt_ranges(model, optimizer):
+    for name, tp_rank, lo, hi, states in distopt_ranges(model, optimizer):
         held = 0
         for slo, shi, sstates in saved.get((name, tp_rank), []):
             a, b = max(lo, slo), min(hi, shi)
