@@ -111,7 +111,7 @@ ptc::Status Controller::Ingest(const std::string& staging_root, uint64_t iterati
 
 ptc::Status Controller::SaveTorchDist(JobParticipant* job, const std::string& iter_dir, const std::string& name,
                                       uint64_t iteration, const std::shared_ptr<const Snapshot>& current) {
-  auto state = ReadTorchDistState(ctx_.store(), iter_dir, iteration, *current);
+  auto state = ReadTorchDistState(ctx_.store(), iter_dir, iteration, *current, megatron_names_);
   ptc::Status s = state.ok() ? SaveDcp(job, iter_dir, name, ptc::dcp::Keys::kMegatronCore, &*state, current, {})
                              : state.status();
   return s.ok() || job == nullptr ? s : ptc::IOError(s.message());
@@ -138,7 +138,8 @@ ptc::Status Controller::SaveDcp(JobParticipant* job, const std::string& dir, con
     PTC_ASSIGN_OR_RETURN(metadata, ptc::dcp::ReadMetadata(ctx_.store().env(), dir));
     PTC_ASSIGN_OR_RETURN(change, job->ProposeDcpSave(save, metadata));
   }
-  const ptc::Status s = DcpSaveWrite(ctx_, dir, keys, current, state).Run(*change, metadata, committed);
+  const ptc::Status s =
+      DcpSaveWrite(ctx_, dir, keys, current, megatron_names_, state).Run(*change, metadata, committed);
   if (!s.ok()) change->Failed(s);
   return s;
 }
@@ -150,7 +151,7 @@ ptc::Status Controller::ApplyDcpSave(const std::string& dir, std::string metadat
   return ctx_.RunInBackground(
       MountState::kSaving, kApplyBusy, "DCP save " + dir + ": ", std::move(change),
       [this, dir, metadata = std::move(metadata), keys, current, done, committed](AgreedChange& c) {
-        return DcpSaveWrite(ctx_, dir, keys, current).Run(c, metadata, [&] {
+        return DcpSaveWrite(ctx_, dir, keys, current, megatron_names_).Run(c, metadata, [&] {
           *committed = true;
           done(true);
         });

@@ -22,6 +22,7 @@
 #include "fs/writes/mount_status.h"
 #include "fs/writes/write_context.h"
 #include "ptc/checkpoint/dcp/dcp.h"
+#include "ptc/checkpoint/megatron/names.h"
 #include "ptc/store/store.h"
 #include "view/snapshot.h"
 
@@ -49,6 +50,10 @@ class Controller {
   // no compaction runs on its own (the job runs one as a change). `job`
   // outlives the controller or is reset first.
   void SetParticipant(JobParticipant* job) { ctx_.SetJob(job); }
+  // The name set whose registration order a torch_dist save of Megatron-Core's
+  // distributed optimizer is read in (the mount's --names; te by default).
+  // Before the first save.
+  void SetMegatronNames(ptc::megatron::NameSet names) { megatron_names_ = names; }
 
   // A change of layout ("tp=4,pp=1" or {"config": ..., "step": S, "epoch":
   // E}, RelayoutWrite). Alone: written at once. In a job: once valid, proposed
@@ -146,6 +151,7 @@ class Controller {
                       const std::function<void()>& committed);
 
   WriteContext ctx_;
+  ptc::megatron::NameSet megatron_names_ = ptc::megatron::NameSet::kTe;
 };
 
 }  // namespace ptcfs

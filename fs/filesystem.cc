@@ -110,6 +110,7 @@ ptc::Result<std::unique_ptr<Filesystem>> Filesystem::Create(const MountOptions& 
   fs->controller_ = std::make_unique<Controller>(
       fs->store_.get(), options.worker, options.transform_threads, options.compaction, checks, source,
       [self](std::shared_ptr<const Snapshot> s) { self->Serve(s); }, [self] { return self->CollectReplaced(); });
+  fs->controller_->SetMegatronNames(options.megatron_names);
   ScrubOptions scrub = options.scrub;
   scrub.enabled = scrub.enabled && options.passthrough;  // only what the kernel reads needs it
   fs->scrubber_ = std::make_unique<Scrubber>(fs->store_.get(), scrub, [self](const std::string& error) {

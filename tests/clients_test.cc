@@ -770,59 +770,66 @@ TEST_F(ClientsTest, MegatronCoreOptimizerLoadsAndSavesTheTorchDistTree) {
 
 // Megatron-Core's DistributedOptimizer (--use-distributed-optimizer, ZeRO-1) loads the
 // dp_reshardable form a zero=1 store's torch_dist tree shows (docs/megatron_format.md, "The
-// distributed optimizer in torch_dist"): at tp=1,dp=2 and, the mount reconfigured, at
-// tp=2,pp=2,dp=1, each rank's masters and moments equal bit for bit the range of its buffer
-// shard in the state the legacy path loads from a zero=0 export, steps and settings too, and
-// the optimizer steps; a save of that form through the mount is refused naming it, the
-// generation unchanged.
-TEST_F(ClientsTest, MegatronCoreDistributedOptimizerLoadsTheDpReshardableTreeAtTwoLayouts) {
+// distributed optimizer in torch_dist") at tp=2,dp=2: each rank's masters and moments equal bit
+// for bit the range of its buffer shard in the state the legacy path loads from a zero=0 export,
+// steps and settings too; it steps and saves that form through the mount (every bucket cut where
+// dp=2 cuts it), which commits; the mount reconfigured to tp=2,pp=2,dp=1, the optimizer loads it
+// there, every range of every master and moment bit for bit what the saving ranks held.
+TEST_F(ClientsTest, MegatronCoreDistributedOptimizerLoadsAndSavesTheDpReshardableTreeAcrossLayouts) {
   const std::string model = kLlama + " --dtype bf16 --optimizer adam";
   Run("synth " + model + " --config tp=1 " + tmp_ / "src");
   Run("import " + kLlama + " --config tp=1 " + tmp_ / "src " + tmp_ / "store");
-  Run("export --format megatron --names local --config tp=1 " + tmp_ / "store " + tmp_ / "legacy-tp1");
-  Run("export --format megatron --names local --config tp=2,pp=2 " + tmp_ / "store " + tmp_ / "legacy-tp2pp2");
-  Run("transform --to tp=1,dp=2,zero=1 " + tmp_ / "store");
+  Run("export --format megatron --names local --config tp=2 " + tmp_ / "store " + tmp_ / "legacy-tp2");
+  Run("transform --to tp=2,dp=2,zero=1 " + tmp_ / "store");
   Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron --ckpt-format torch_dist --names local");
-  const std::string load = Python() + Script("mcore_dist.py") + "distopt-load " + m.dir() + "/megatron ";
-  auto [code, out] = Sh(load + "1 1 2 " + tmp_ / "legacy-tp1 2>&1");
+  const std::string mcore = Python() + Script("mcore_dist.py");
+  const std::string tree = m.dir() + "/megatron ";
+  const int generation = MountStatus(m.dir())["generation"].get<int>();
+  auto [code, out] =
+      Sh(mcore + "distopt-load " + tree + "2 1 2 " + tmp_ / "legacy-tp2 --save 300 " + tmp_ / "dump 2>&1");
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("DISTOPT-LOAD OK"), std::string::npos) << out;
+  EXPECT_NE(out.find("DISTOPT-SAVE OK"), std::string::npos) << out;
+  const auto status = MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
   ASSERT_EQ(WriteConfig(m.dir(), "tp=2,pp=2,dp=1,zero=1"), 0);
   WaitServing(m.dir());
-  const int generation = MountStatus(m.dir())["generation"].get<int>();
-  std::tie(code, out) = Sh(load + "2 2 1 " + tmp_ / "legacy-tp2pp2 300 2>&1");
+  std::tie(code, out) = Sh(mcore + "distopt-check " + tree + "2 2 1 " + tmp_ / "dump 2>&1");
   EXPECT_EQ(code, 0) << out;
-  EXPECT_NE(out.find("DISTOPT-LOAD OK"), std::string::npos) << out;
-  EXPECT_NE(out.find("DISTOPT-SAVE REFUSED"), std::string::npos) << out;
-  const auto status = MountStatus(m.dir());
-  EXPECT_EQ(status["generation"], generation) << status.dump();
-  EXPECT_NE(status["last_error"].dump().find("optimizer/param_state_sharding_type 'dp_reshardable'"),
-            std::string::npos)
-      << status.dump();
+  EXPECT_NE(out.find("DISTOPT-CHECK OK"), std::string::npos) << out;
 }
 
-// The same with mcore_moe.py's MoE model: at tp=1,dp=2 (ep = 1: its routed experts ordinary
-// parameters of the one buffer, in SequentialMLP's order) and, the mount reconfigured, at
-// tp=1,dp=4,ep=2 (Megatron-Core's ChainedOptimizer: the dense DistributedOptimizer over dp=4,
-// the experts' over edp=2, compared with the legacy path's ChainedOptimizer optimizer by optimizer).
-TEST_F(ClientsTest, MegatronCoreDistributedOptimizerLoadsAnMoeDpReshardableTreeAtEpOneAndTwo) {
+// The same with mcore_moe.py's MoE model: at tp=1,dp=4,ep=2 Megatron-Core's ChainedOptimizer (the
+// dense DistributedOptimizer over dp=4, the experts' over edp=2) loads the tree, compared with the
+// legacy path's ChainedOptimizer optimizer by optimizer, steps and saves it through the mount
+// (chained_0. and chained_1. keys); the mount reconfigured to tp=1,dp=2 (ep = 1: the routed experts
+// ordinary parameters of the one buffer, in SequentialMLP's order), the one DistributedOptimizer
+// loads every expert's and every dense parameter's state the saving ranks held.
+TEST_F(ClientsTest, MegatronCoreDistributedOptimizerSavesAnMoeDpReshardableTreeAtEpTwoAndLoadsItAtEpOne) {
   const std::string model =
       "--schema llama --dims layers=2,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32,experts=4,moe_ffn=32,shared_ffn=32";
   Run("synth " + model + " --dtype bf16 --optimizer adam --config tp=1 " + tmp_ / "src");
   Run("import " + model + " --config tp=1 " + tmp_ / "src " + tmp_ / "store");
-  Run("export --format megatron --names local --config tp=1 " + tmp_ / "store " + tmp_ / "legacy");
   Run("export --format megatron --names local --config tp=1,dp=2,ep=2 " + tmp_ / "store " + tmp_ / "legacy-ep2");
-  Run("transform --to tp=1,dp=2,zero=1 " + tmp_ / "store");
+  Run("transform --to tp=1,dp=4,ep=2,zero=1 " + tmp_ / "store");
   Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron --ckpt-format torch_dist --names local");
-  const std::string load = Python() + Script("mcore_dist.py") + "distopt-load-moe " + m.dir() + "/megatron ";
-  auto [code, out] = Sh(load + "1 1 2 " + tmp_ / "legacy 2>&1");
+  const std::string mcore = Python() + Script("mcore_dist.py");
+  const std::string tree = m.dir() + "/megatron ";
+  const int generation = MountStatus(m.dir())["generation"].get<int>();
+  auto [code, out] =
+      Sh(mcore + "distopt-load-moe " + tree + "1 1 4 " + tmp_ / "legacy-ep2 --ep 2 --save 400 " + tmp_ / "dump 2>&1");
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("DISTOPT-LOAD OK"), std::string::npos) << out;
-  ASSERT_EQ(WriteConfig(m.dir(), "tp=1,dp=4,ep=2,zero=1"), 0);
+  EXPECT_NE(out.find("DISTOPT-SAVE OK"), std::string::npos) << out;
+  const auto status = MountStatus(m.dir());
+  EXPECT_EQ(status["generation"], generation + 1) << status.dump();
+  EXPECT_TRUE(status["last_error"].is_null()) << status.dump();
+  ASSERT_EQ(WriteConfig(m.dir(), "tp=1,dp=2,zero=1"), 0);
   WaitServing(m.dir());
-  std::tie(code, out) = Sh(load + "1 1 4 " + tmp_ / "legacy-ep2 2 2>&1");
+  std::tie(code, out) = Sh(mcore + "distopt-check " + tree + "1 1 2 " + tmp_ / "dump --moe 2>&1");
   EXPECT_EQ(code, 0) << out;
-  EXPECT_NE(out.find("DISTOPT-LOAD OK"), std::string::npos) << out;
+  EXPECT_NE(out.find("DISTOPT-CHECK OK"), std::string::npos) << out;
 }
 
 // Issue 41, item 8: a torch_dist save with Adam state into a store that had

@@ -6,6 +6,8 @@
 // (reversed, 64-element starts, padding to lcm(dp, 128)); its objects; and
 // the refusals. The real client's load of it is clients_test's
 // MegatronCoreDistributedOptimizer... case.
+#include "ptc/checkpoint/megatron/dist_optimizer.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -13,38 +15,20 @@
 #include <string>
 #include <vector>
 
-#include "ptc/checkpoint/megatron/dist_optimizer.h"
+#include "dist_optimizer_util.h"
 #include "ptc/model/box.h"
 #include "test_util.h"
 
 namespace ptc::megatron {
 namespace {
 
+using pickle::Value;
+using ::ptc::megatron::testing::LocalOrder;
 using ::ptc::testing::FitLayout;
 using ::ptc::testing::Spec;
-using pickle::Value;
 
 constexpr const char* kDims = "layers=4,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32";
 constexpr const char* kBucket = "gbuf_idx_0.dtype_(torch.bfloat16, torch.float32).bucket_idx_0.";
-
-// The global names of stage `pp` of 2 (2 layers each) in the local spec's registration order.
-std::vector<std::string> LocalOrder(int pp) {
-  std::vector<std::string> order;
-  if (pp == 0) order.push_back("embedding.word_embeddings.weight");
-  for (int i = 2 * pp; i < 2 * pp + 2; ++i) {
-    const std::string l = "decoder.layers." + std::to_string(i) + ".";
-    for (const char* m : {"self_attention.linear_qkv.layer_norm_weight", "self_attention.linear_proj.weight",
-                          "self_attention.linear_qkv.weight", "mlp.linear_fc1.layer_norm_weight",
-                          "mlp.linear_fc1.weight", "mlp.linear_fc2.weight"}) {
-      order.push_back(l + m);  // the norms are the store's (te) names of input_ and pre_mlp_layernorm
-    }
-  }
-  if (pp == 1) {
-    order.push_back("decoder.final_layernorm.weight");
-    order.push_back("output_layer.weight");
-  }
-  return order;
-}
 
 TEST(DpReshardable, PlacesEveryParametersStateWhereTheBufferRulesSay) {
   const ModelSpec spec = Spec("llama", kDims, DType::kBF16, /*optimizer=*/true);
@@ -187,20 +171,27 @@ TEST(DpReshardable, ExpertsAtEpTwoAreTheExpertParallelOptimizersBuckets) {
   }
 }
 
-TEST(DpReshardable, ASaveOfTheDistributedOptimizerIsRefusedNamingItsForm) {
+TEST(DpReshardable, ASaveIsTakenInTheDpReshardableFormOnlyAndRefusedNamingAnyOther) {
   const Value form = Value::Dict({{Value::Str("param_state_sharding_type"), Value::Str("fully_reshardable")}});
-  Status s = RefuseDistributedOptimizerSave(form, "iter_0000300/common.pt");
+  Result<bool> s = DpReshardableSave(form, "iter_0000300/common.pt");
   ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.message().rfind("iter_0000300/common.pt: optimizer/param_state_sharding_type 'fully_reshardable': "
-                              "a save of Megatron-Core's distributed optimizer",
-                              0),
+  EXPECT_EQ(s.status().message().rfind("iter_0000300/common.pt: optimizer/param_state_sharding_type "
+                                       "'fully_reshardable': a save of Megatron-Core's distributed optimizer in a "
+                                       "form ptcfs does not take",
+                                       0),
             0u)
-      << s.message();
-  s = RefuseDistributedOptimizerSave(Value::Dict({{Value::Int(0), Value::Dict()}, {Value::Int(1), form}}), "c.pt");
+      << s.status().message();
+  const Value dp = Value::Dict({{Value::Str("param_state_sharding_type"), Value::Str("dp_reshardable")}});
+  s = DpReshardableSave(Value::Dict({{Value::Int(0), dp}, {Value::Int(1), form}}), "c.pt");
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("c.pt: optimizer/1/param_state_sharding_type"), std::string::npos) << s.message();
+  EXPECT_NE(s.status().message().find("c.pt: optimizer/1/param_state_sharding_type"), std::string::npos);
+  s = DpReshardableSave(Value::Dict({{Value::Int(0), dp}, {Value::Int(1), Value::Dict()}}), "c.pt");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("c.pt: optimizer/1 has no param_state_sharding_type"), std::string::npos);
+  EXPECT_TRUE(*DpReshardableSave(dp, "c.pt"));
+  EXPECT_TRUE(*DpReshardableSave(DpReshardableCommon(/*chained=*/true), "c.pt"));
   const Value plain = Value::Dict({{Value::Str("optimizer"), Value::Dict({{Value::Str("param_groups"), Value::List()}})}});
-  EXPECT_TRUE(RefuseDistributedOptimizerSave(plain, "c.pt").ok());
+  EXPECT_FALSE(*DpReshardableSave(plain, "c.pt"));
 }
 
 }  // namespace

@@ -69,7 +69,7 @@ ptc::Status DcpSaveWrite::SaveWhole(const std::function<void()>& committed) {
   ptc::Store& store = ctx_.store();
   const ptc::ModelSpec& spec = current_->spec();
   PTC_ASSIGN_OR_RETURN(const ptc::dcp::DcpSource source,
-                       ptc::dcp::OpenDcp(store.env(), dir_, spec.schema, spec.dims, current_->config(), keys_));
+                       ptc::dcp::OpenDcp(store.env(), dir_, spec.schema, spec.dims, current_->config(), keys_, names_));
   PTC_RETURN_IF_ERROR(CheckKeepsOptimizer(spec, source, dir_));
   // A dcp/ save keeps the data position; a torch_dist save commits its own.
   nlohmann::json extra = state_ != nullptr ? state_->extra : store.current().extra;
@@ -89,7 +89,7 @@ ptc::Status DcpSaveWrite::SavePart(AgreedChange& change, const std::string& meta
   // This worker's part: the chunk files written here (none on a worker without ranks).
   PTC_ASSIGN_OR_RETURN(const ptc::dcp::DcpSource source,
                        ptc::dcp::OpenDcpPart(store.env(), dir_, metadata, spec.schema, spec.dims, current_->config(),
-                                             keys_, /*part=*/true));
+                                             keys_, /*part=*/true, names_));
   PTC_RETURN_IF_ERROR(CheckKeepsOptimizer(spec, source, dir_));
   PTC_ASSIGN_OR_RETURN(auto writer, store.BeginGeneration());
   ptc::ImportResult written;

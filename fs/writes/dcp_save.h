@@ -26,9 +26,11 @@ class DcpSaveWrite {
   // The save in `dir` (in the staging area), its keys as `keys` says, over
   // `current`. `state`: a torch_dist save's, as the proposer read it (in a
   // job published in its part: every worker commits it); null otherwise.
+  // `names`: the registration order a torch_dist save of the distributed
+  // optimizer is read in (the mount's --names).
   DcpSaveWrite(WriteContext& ctx, std::string dir, ptc::dcp::Keys keys, std::shared_ptr<const Snapshot> current,
-               const TorchDistState* state = nullptr)
-      : ctx_(ctx), dir_(std::move(dir)), keys_(keys), current_(std::move(current)), state_(state) {}
+               ptc::megatron::NameSet names, const TorchDistState* state = nullptr)
+      : ctx_(ctx), dir_(std::move(dir)), keys_(keys), current_(std::move(current)), names_(names), state_(state) {}
 
   // Writes the save (alone) or this worker's part of it (in a job: the
   // chunk files in the directory, perhaps none; `metadata` the .metadata the
@@ -53,6 +55,7 @@ class DcpSaveWrite {
   const std::string dir_;
   const ptc::dcp::Keys keys_;
   const std::shared_ptr<const Snapshot> current_;
+  const ptc::megatron::NameSet names_;
   const TorchDistState* const state_;
 };
 

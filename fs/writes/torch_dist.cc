@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "ptc/checkpoint/dcp/dist_optimizer_read.h"
 #include "ptc/checkpoint/dcp/entries.h"
 #include "ptc/checkpoint/dcp/read.h"
 #include "ptc/checkpoint/megatron/dist_optimizer.h"
@@ -66,8 +67,8 @@ ptc::Status TakeOptimizerCommon(const ptc::pickle::Value& optimizer, const ptc::
 
 }  // namespace
 
-ptc::Result<TorchDistState> ReadTorchDistState(const ptc::Store& store, const std::string& iter_dir,
-                                               uint64_t iteration, const Snapshot& current) {
+ptc::Result<TorchDistState> ReadTorchDistState(const ptc::Store& store, const std::string& iter_dir, uint64_t iteration,
+                                               const Snapshot& current, ptc::megatron::NameSet names) {
   PTC_RETURN_IF_ERROR(ptc::dcp::CheckMcoreMetadata(store.env(), iter_dir));
   // common.pt: the state dict's entries that are not sharded (args, iteration, ...).
   const std::string common_path = ptc::JoinPath(iter_dir, ptc::dcp::kMcoreCommonFile);
@@ -90,8 +91,14 @@ ptc::Result<TorchDistState> ReadTorchDistState(const ptc::Store& store, const st
     state.carried.Set("args", *args);
   }
   if (const ptc::pickle::Value* optimizer = common.root.Find("optimizer"); optimizer != nullptr) {
-    PTC_RETURN_IF_ERROR(ptc::megatron::RefuseDistributedOptimizerSave(*optimizer, common_path));
-    PTC_RETURN_IF_ERROR(TakeOptimizerCommon(*optimizer, *common_file, common, common_path, current.spec(), &state));
+    // The distributed optimizer's groups and step are in its ShardedObjects, not in common.pt.
+    PTC_ASSIGN_OR_RETURN(const bool distributed, ptc::megatron::DpReshardableSave(*optimizer, common_path));
+    ptc::pickle::Value taken = *optimizer;
+    if (distributed) {
+      PTC_ASSIGN_OR_RETURN(
+          taken, ptc::dcp::ReadDpReshardableCommon(store.env(), iter_dir, current.spec(), current.config(), names));
+    }
+    PTC_RETURN_IF_ERROR(TakeOptimizerCommon(taken, *common_file, common, common_path, current.spec(), &state));
   }
   extra[std::string(ptc::megatron::kManifestKey)] = ptc::megatron::EncodeMegatronState(state);
   if (dataset) extra["dataset"] = ptc::EncodeDatasetState(*dataset);

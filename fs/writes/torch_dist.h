@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ptc/base/status.h"
+#include "ptc/checkpoint/megatron/names.h"
 #include "ptc/dataset/state.h"
 #include "ptc/store/store.h"
 #include "view/snapshot.h"
@@ -25,11 +26,14 @@ struct TorchDistState {
   std::optional<ptc::DatasetState> dataset;  // the position it commits
 };
 
-// The torch_dist save of `iteration` in `iter_dir`, over `current`.
+// The torch_dist save of `iteration` in `iter_dir`, over `current`. A save of
+// Megatron-Core's DistributedOptimizer (dp_reshardable) has its groups and
+// step in its ShardedObjects, read by the buffers of the current config in
+// the registration order of `names` (the mount's --names).
 // \error as CheckMcoreMetadata, ReadTorchFile (common.pt), SavedDataPosition,
-//        LoadMegatronState and ReadMcoreOptimizerCommon; InvalidArgument for a
-//        common.pt that is no dict.
-ptc::Result<TorchDistState> ReadTorchDistState(const ptc::Store& store, const std::string& iter_dir,
-                                               uint64_t iteration, const Snapshot& current);
+//        LoadMegatronState, DpReshardableSave, ReadDpReshardableCommon and
+//        ReadMcoreOptimizerCommon; InvalidArgument for a common.pt that is no dict.
+ptc::Result<TorchDistState> ReadTorchDistState(const ptc::Store& store, const std::string& iter_dir, uint64_t iteration,
+                                               const Snapshot& current, ptc::megatron::NameSet names);
 
 }  // namespace ptcfs

@@ -39,8 +39,8 @@
                           hosts, each saving into its own host's mount, each making DIR/iter_ITER/
                           there; rank 0 writes the tracker). Prints "OPTIM-SAVE-RANK OK".
 
-  distopt-load DIR TP PP DP LEGACY [ITER]
-  distopt-load-moe DIR TP PP DP LEGACY [EP]
+  distopt-load DIR TP PP DP LEGACY [--ep EP] [--save ITER DUMP]
+  distopt-load-moe DIR TP PP DP LEGACY [--ep EP] [--save ITER DUMP]
                           Megatron-Core's DistributedOptimizer (--use-distributed-optimizer: the bf16
                           model in DDP with fp32 gradient buffers, one bucket) of TP*PP*DP gloo ranks
                           loads DIR's dp_reshardable form as Megatron-LM does (its metadata:
@@ -49,13 +49,21 @@
                           for bit, the matching range of the state the legacy path loads from LEGACY
                           (zero=0 rank files of the same tp and pp) into the non-distributed optimizer,
                           and the model its parameters; then the optimizer steps (finite). Prints
-                          "DISTOPT-LOAD OK". With ITER: then saves model and optimizer as Megatron-LM
-                          does (dp_reshardable) into DIR/iter_ITER/ and writes the tracker, whose
-                          close must fail (ptcfs does not take that form): prints "DISTOPT-SAVE REFUSED".
+                          "DISTOPT-LOAD OK". With --save: then saves model and optimizer as Megatron-LM
+                          does (dp_reshardable) into DIR/iter_ITER/ and writes the tracker, whose close
+                          must succeed (ptcfs commits the save), and each rank writes what it saved
+                          (distopt_dump) to DUMP/rank-R.pt: prints "DISTOPT-SAVE OK".
                           distopt-load-moe: the same with mcore_moe.py's model at ep EP (default 1: its
                           routed experts ordinary parameters of the one buffer; at ep > 1 Megatron-Core's
                           ChainedOptimizer of the dense and the expert-parallel DistributedOptimizer, the
                           experts' buffers cut over edp, compared optimizer by optimizer).
+  distopt-check DIR TP PP DP DUMP [--moe] [--ep EP]
+                          the DistributedOptimizer of TP*PP*DP ranks (mcore_moe.py's model with --moe)
+                          loads DIR's dp_reshardable form as distopt-load does; every range of every
+                          parameter's master and moments it holds must equal, bit for bit, what the
+                          saving ranks of DUMP held there (the same tp, any pp, dp and ep: parameters
+                          matched by their global names), every element of it saved once, and its groups'
+                          step and settings theirs. Prints "DISTOPT-CHECK OK".
 
 CPU shims as mcore_gpt.py's, torch.cuda.synchronize is a no-op, and the save's results queue
 is in-process (below, saver). Megatron-Core's mixed-precision optimizer is CUDA-only in two
@@ -349,9 +357,9 @@ def dist_differences(model, optimizer, ref_model, ref_optimizer):
     return bad
 
 
-def distopt_refused_save(rank, model, optimizer, root, iteration, errors):
-    """The step's state saved as Megatron-LM saves the distributed optimizer, then the tracker, whose
-    close must fail."""
+def distopt_save(rank, model, optimizer, root, iteration, dump, errors):
+    """The step's state saved as Megatron-LM saves the distributed optimizer, then the tracker (whose
+    close must succeed: ptcfs commits the save), and what this rank saved into DUMP/rank-R.pt."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.strategies import filesystem_async
     filesystem_async._results_queue = queue.Queue()  # as in saver
@@ -362,13 +370,119 @@ def distopt_refused_save(rank, model, optimizer, root, iteration, errors):
     model_sd = model.sharded_state_dict()
     dist_checkpointing.save({"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd, metadata=DIST_METADATA),
                              "iteration": iteration, "checkpoint_version": 3.0}, str(ckpt))
+    torch.save(distopt_dump(model, optimizer), pathlib.Path(dump) / f"rank-{rank}.pt")
     dist.barrier()
     if rank == 0:
         try:
             (pathlib.Path(root) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
-            errors.put("the tracker's close of a distributed optimizer's save succeeded")
-        except OSError:
-            pass
+        except OSError as e:
+            errors.put(f"the tracker's close of a distributed optimizer's save failed: {e}")
+    dist.barrier()
+
+
+def global_name(model, name):
+    """A parameter's name in the whole model: its stage's layers and its ep rank's experts numbered globally."""
+    import re
+    from megatron.core import parallel_state
+    config = model.config
+    layers = parallel_state.get_pipeline_model_parallel_rank() * (
+        config.num_layers // parallel_state.get_pipeline_model_parallel_world_size())
+    experts = parallel_state.get_expert_model_parallel_rank() * (
+        (config.num_moe_experts or 0) // parallel_state.get_expert_model_parallel_world_size())
+    name = re.sub(r"^decoder\.layers\.(\d+)\.", lambda m: f"decoder.layers.{int(m.group(1)) + layers}.", name)
+    return re.sub(r"\.local_experts\.(\d+)\.", lambda m: f".local_experts.{int(m.group(1)) + experts}.", name)
+
+
+def distopt_ranges(model, optimizer):
+    """(global name, tp rank, [lo, hi) of the parameter's flat elements, its master and moments there) of every
+    range this rank's DistributedOptimizers hold."""
+    from megatron.core import parallel_state
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    names = {p: n for n, p in model.named_parameters()}
+    for dist_opt in optimizer.chained_optimizers:
+        for gbuf in dist_opt.gbuf_ranges:
+            for ranges in gbuf.values():
+                for bucket in ranges:
+                    for param, where in bucket["param_map"].items():
+                        states = dist_opt._get_main_param_and_optimizer_states(param)
+                        yield (global_name(model, names[param]), tp_rank, where["param"].start, where["param"].end,
+                               {k: states[k].detach().clone() for k in ("param", "exp_avg", "exp_avg_sq")})
+
+
+def distopt_groups(optimizer):
+    """Each optimizer's groups as its state_dict saves them (without params)."""
+    return [[{k: v for k, v in g.items() if k != "params"} for g in o.optimizer.param_groups]
+            for o in optimizer.chained_optimizers]
+
+
+def distopt_dump(model, optimizer):
+    steps = {float(g["step"]) for o in optimizer.chained_optimizers
+             for g in o.state_dict()["optimizer"]["param_groups"]}
+    return {"ranges": list(distopt_ranges(model, optimizer)), "steps": sorted(steps),
+            "groups": distopt_groups(optimizer)}
+
+
+def distopt_checker(rank, world, port, tp, pp, root, dump, errors, moe, ep):
+    init(rank, world, port)
+    from megatron.core import parallel_state
+    make_model, _ = distopt_builders(moe, ep)
+    model, _ = make_model(tp, pp)
+    _, optimizer = dist_optimizer(model)
+    distopt_load(model, optimizer, root)
+    saved = {}  # (name, tp rank) -> [(lo, hi, states)]
+    steps, groups = set(), None
+    for f in sorted(pathlib.Path(dump).glob("rank-*.pt")):
+        d = torch.load(f, weights_only=False)
+        steps.update(d["steps"])
+        groups = groups or d["groups"]
+        for name, tp_rank, lo, hi, states in d["ranges"]:
+            saved.setdefault((name, tp_rank), []).append((lo, hi, states))
+    bad = [] if len(steps) == 1 else [f"the saving ranks' steps {sorted(steps)}"]
+    checked = 0
+    for name, tp_rank, lo, hi, states in distopt_ranges(model, optimizer):
+        held = 0
+        for slo, shi, sstates in saved.get((name, tp_rank), []):
+            a, b = max(lo, slo), min(hi, shi)
+            if a >= b:
+                continue
+            held += b - a
+            for kind in ("param", "exp_avg", "exp_avg_sq"):
+                if not same(states[kind][a - lo:b - lo], sstates[kind][a - slo:b - slo]):
+                    bad.append(f"{name} (tp {tp_rank}) {kind} [{a}:{b}]")
+        if held != hi - lo:
+            bad.append(f"{name} (tp {tp_rank}) [{lo}:{hi}]: the saving ranks held {held} of its {hi - lo} elements")
+        checked += 1
+    if checked == 0:
+        bad.append("no parameter range on this rank")
+    got = distopt_groups(optimizer)
+    for c, (mine, theirs) in enumerate(zip(got, groups or [])):
+        for g, (x, y) in enumerate(zip(mine, theirs)):
+            if steps and float(x.get("step", "nan")) != min(steps):
+                bad.append(f"optimizer {c} group {g} step {x.get('step')} != {sorted(steps)}")
+            for key in sorted((set(x) | set(y)) - {"step"}):
+                if x.get(key) != y.get(key):
+                    bad.append(f"optimizer {c} group {g} {key}: {x.get(key)} != {y.get(key)}")
+    if bad:
+        tp_rank, pp_rank = parallel_state_ranks()
+        errors.put(f"rank {rank} (tp {tp_rank}, pp {pp_rank}): {len(bad)} differ: {bad[:6]}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def distopt_load(model, optimizer, root):
+    """Megatron-LM's load of the dp_reshardable form in ROOT (the tracker's iteration) into the model and its
+    DistributedOptimizer."""
+    from megatron.core import dist_checkpointing
+    # Megatron-LM's load makes the optimizer's state before asking for it (sharded_state_dict(is_loading)
+    # reads the groups' steps): DistributedOptimizer's own dummy state.
+    for inner in optimizer.chained_optimizers:
+        inner._init_optimizer_states_with_dummy_values()
+    model_sd = model.sharded_state_dict()
+    sharded = {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=True,
+                                                                            metadata=DIST_METADATA)}
+    loaded = dist_checkpointing.load(sharded, str(pathlib.Path(root) / f"iter_{latest(root):07d}"))
+    model.load_state_dict({k: v for k, v in loaded["model"].items() if not k.endswith("_extra_state")}, strict=False)
+    optimizer.load_state_dict(loaded["optimizer"])
 
 
 def distopt_builders(moe, ep):
@@ -387,24 +501,15 @@ def parallel_state_ranks():
     return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank()
 
 
-def distopt_loader(rank, world, port, tp, pp, root, legacy, errors, save_iter, moe=False, ep=1):
+def distopt_loader(rank, world, port, tp, pp, root, legacy, errors, save, moe=False, ep=1):
     init(rank, world, port)
-    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core import parallel_state
     make_model, load_legacy = distopt_builders(moe, ep)
     model, _ = make_model(tp, pp)
     ddp, optimizer = dist_optimizer(model)
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-    # Megatron-LM's load makes the optimizer's state before asking for it (sharded_state_dict(is_loading)
-    # reads the groups' steps): DistributedOptimizer's own dummy state.
-    for inner in optimizer.chained_optimizers:
-        inner._init_optimizer_states_with_dummy_values()
-    model_sd = model.sharded_state_dict()
-    sharded = {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=True,
-                                                                            metadata=DIST_METADATA)}
-    loaded = dist_checkpointing.load(sharded, str(pathlib.Path(root) / f"iter_{latest(root):07d}"))
-    model.load_state_dict({k: v for k, v in loaded["model"].items() if not k.endswith("_extra_state")}, strict=False)
-    optimizer.load_state_dict(loaded["optimizer"])
+    distopt_load(model, optimizer, root)
     parallel_state.destroy_model_parallel()
     ref_model, ref_optimizer = make_model(tp, pp)
     load_legacy(ref_model, ref_optimizer, legacy, tp, pp)
@@ -413,8 +518,14 @@ def distopt_loader(rank, world, port, tp, pp, root, legacy, errors, save_iter, m
         import mcore_moe
         mcore_moe.step_with_grads(ddp, optimizer)
         bad = [n for n, p in model.named_parameters() if not torch.isfinite(p.float()).all()]
-    if save_iter is not None:
-        distopt_refused_save(rank, model, optimizer, root, save_iter, errors)
+    if save is not None:
+        # One Adam step in every state of the chain, as Megatron-Core's GPU optimizers (TE's, Apex's FusedAdam)
+        # keep it in their groups: on the CPU (torch's AdamW) megatron-core 0.16.1's load leaves each parameter's
+        # pre-load step, so the chain's two optimizers would save different steps, which ptcfs refuses.
+        for o in optimizer.chained_optimizers:
+            for state in o.optimizer.state.values():
+                state["step"] = torch.tensor(float(save[0]))
+        distopt_save(rank, model, optimizer, root, save[0], save[1], errors)
     if bad:
         errors.put(f"rank {rank} (tp {tp_rank}, pp {pp_rank}): {len(bad)} differ: {bad[:6]}")
     dist.barrier()
@@ -427,11 +538,8 @@ def main():
         optim_saver(rank, world, None, world, 1, sys.argv[2], sys.argv[3], int(sys.argv[4]))
         print(f"OPTIM-SAVE-RANK OK: rank {rank} of {world}")
         return 0
-    if sys.argv[1] in ("distopt-load", "distopt-load-moe"):
-        moe = sys.argv[1].endswith("-moe")
-        extra = int(sys.argv[7]) if len(sys.argv) > 7 else None  # the refused save's ITER, or the moe model's EP
-        return distopt_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6],
-                            None if moe else extra, moe, extra or 1 if moe else 1)
+    if sys.argv[1] in ("distopt-load", "distopt-load-moe", "distopt-check"):
+        return distopt_main(sys.argv[1], sys.argv[2:])
     cmd, root, tp, pp, legacy = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     assert cmd in ("load", "save", "optim-load", "optim-save"), __doc__
     if cmd in ("save", "optim-save"):
@@ -460,14 +568,32 @@ def ranks_failed(fn, world, make_args):
     return failed
 
 
-def distopt_main(root, tp, pp, dp, legacy, save_iter, moe, ep):
-    world = tp * pp * dp
-    if ranks_failed(distopt_loader, world,
-                    lambda errors: (world, ranks.free_port(), tp, pp, root, legacy, errors, save_iter, moe, ep)):
+def distopt_main(cmd, argv):
+    import argparse
+    parser = argparse.ArgumentParser(prog=f"mcore_dist.py {cmd}")
+    for name in ("root", "tp", "pp", "dp", "source"):
+        parser.add_argument(name, type=int if name in ("tp", "pp", "dp") else str)
+    parser.add_argument("--ep", type=int, default=1)
+    parser.add_argument("--moe", action="store_true")
+    parser.add_argument("--save", nargs=2, metavar=("ITER", "DUMP"))
+    a = parser.parse_args(argv)
+    moe = a.moe or cmd == "distopt-load-moe"
+    world = a.tp * a.pp * a.dp
+    if cmd == "distopt-check":
+        fn, args = distopt_checker, lambda errors: (world, ranks.free_port(), a.tp, a.pp, a.root, a.source, errors,
+                                                    moe, a.ep)
+    else:
+        save = (int(a.save[0]), a.save[1]) if a.save else None
+        if save:
+            pathlib.Path(save[1]).mkdir(parents=True, exist_ok=True)
+        fn, args = distopt_loader, lambda errors: (world, ranks.free_port(), a.tp, a.pp, a.root, a.source, errors,
+                                                   save, moe, a.ep)
+    if ranks_failed(fn, world, args):
         return 1
-    print(f"DISTOPT-LOAD OK: tp={tp} pp={pp} dp={dp}")
-    if save_iter is not None:
-        print(f"DISTOPT-SAVE REFUSED: iteration {save_iter}")
+    grid = f"tp={a.tp} pp={a.pp} dp={a.dp} ep={a.ep}"
+    print(f"DISTOPT-CHECK OK: {grid}" if cmd == "distopt-check" else f"DISTOPT-LOAD OK: {grid}")
+    if a.save:
+        print(f"DISTOPT-SAVE OK: iteration {a.save[0]}")
     return 0
 
 

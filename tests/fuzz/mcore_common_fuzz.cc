@@ -6,17 +6,23 @@
 // for the parameters, and renders back (McoreOptimizerCommon, also chained)
 // and reads back to the same groups and step; kept in the manifest
 // (Encode/LoadMegatronState) it decodes to the same groups, the experts' too.
+// The same pickle is also every ShardedObject of a DistributedOptimizer's
+// dp_reshardable save (DpReshardableSave, DpReshardableSavedCommon): what
+// those accept reads as such an entry too.
 // Build: cmake -DPTCFS_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ (tests/fuzz/CMakeLists.txt);
 // run:   ./mcore_common_fuzz -max_total_time=60 -max_len=4096 [corpus dir]
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "ptc/checkpoint/megatron/dist_optimizer.h"
+#include "ptc/checkpoint/megatron/dp_reshardable_save.h"
 #include "ptc/checkpoint/megatron/megatron.h"
 #include "ptc/checkpoint/megatron/optimizer.h"
 #include "ptc/format/torch_file.h"
@@ -32,11 +38,62 @@ ptc::Result<std::string> Zeros(const ptc::pickle::Tensor& t) {
   return std::string(n, '\0');
 }
 
+// The dp_reshardable form of a small model (dense, and a ChainedOptimizer's).
+const ptc::megatron::DpReshardableLayout& Form(bool chained) {
+  static const auto make = [](const char* dims, const char* config) {
+    ptc::ModelSpec spec;
+    spec.schema = *ptc::LoadSchema("llama");
+    spec.dims = *ptc::ParseDims(dims);
+    spec.dtype = ptc::DType::kBF16;
+    spec.optimizer = true;
+    const ptc::ModelLayout layout = *ptc::ModelLayout::Make(spec, *ptc::ParseConfig(config));
+    return *ptc::megatron::LayOutDpReshardable(layout, ptc::megatron::NameSet::kLocal);
+  };
+  static const ptc::megatron::DpReshardableLayout dense = make("layers=2,hidden=64,heads=4,vocab=256", "tp=2,dp=2");
+  static const ptc::megatron::DpReshardableLayout moe =
+      make("layers=2,hidden=64,heads=4,vocab=256,experts=4,moe_ffn=32", "tp=1,dp=4,ep=2");
+  return chained ? moe : dense;
+}
+
+// The fuzzed value as a dp_reshardable save's common.pt entry, and as every
+// optimizer object of one (every per_bucket_numel the layout's, once as well
+// the fuzzed value): one or two groups it accepts read as a common.pt entry.
+void DpReshardable(const Value& root) {
+  (void)ptc::megatron::DpReshardableSave(root, "fuzz");
+  for (const bool chained : {false, true}) {
+    const ptc::megatron::DpReshardableLayout& form = Form(chained);
+    for (const bool sizes : {true, false}) {
+      auto object = [&](const std::string& key) -> ptc::Result<std::optional<Value>> {
+        for (const ptc::megatron::DpDomain& d : form.domains) {
+          if (!sizes) break;
+          if (key == d.prefix + "per_bucket_numel/shard_0_1")
+            return std::optional(ptc::megatron::PerBucketNumel(d, true));
+          if (key == d.prefix + "per_bucket_numel_unpadded/shard_0_1") {
+            return std::optional(ptc::megatron::PerBucketNumel(d, false));
+          }
+        }
+        return std::optional<Value>(root);
+      };
+      auto common = ptc::megatron::DpReshardableSavedCommon(form, object, "fuzz", "fuzz");
+      if (!common.ok()) continue;
+      if (!sizes) __builtin_trap();  // a value both the groups and the bucket sizes
+      auto read = [](const ptc::pickle::Tensor&) -> ptc::Result<std::string> {
+        return ptc::InvalidArgumentError("fuzz: the common part holds no tensor");
+      };
+      if (root.Find("param_groups")->items().size() <= 2 &&
+          !ptc::megatron::ReadMcoreOptimizerCommon(*common, {"a"}, read, "fuzz").ok()) {
+        __builtin_trap();
+      }
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto root = ptc::pickle::Unpickle(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
   if (!root.ok()) return 0;
+  DpReshardable(*root);
   const Value* optimizer = root->Find("optimizer");
   if (optimizer == nullptr) return 0;
   const std::vector<std::string> params{"a", "b"};

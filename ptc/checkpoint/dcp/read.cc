@@ -1,6 +1,7 @@
 #include "ptc/checkpoint/dcp/read.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -9,7 +10,9 @@
 #include "ptc/base/file_range.h"
 #include "ptc/base/json_fields.h"
 #include "ptc/checkpoint/dcp/dcp.h"
+#include "ptc/checkpoint/dcp/dist_optimizer_read.h"
 #include "ptc/checkpoint/dcp/entries.h"
+#include "ptc/checkpoint/megatron/dist_optimizer.h"
 #include "ptc/format/pickle.h"
 #include "ptc/format/torch_file.h"
 #include "ptc/model/model_layout.h"
@@ -337,9 +340,9 @@ Status CheckMcoreMetadata(Env* env, const std::string& dir) {
 }
 
 Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema, const ModelDims& dims,
-                          const ParallelConfig& config, Keys keys) {
+                          const ParallelConfig& config, Keys keys, megatron::NameSet names) {
   PTC_ASSIGN_OR_RETURN(const std::string metadata, ReadMetadata(env, dir));
-  return OpenDcpPart(env, dir, metadata, schema, dims, config, keys, /*part=*/false);
+  return OpenDcpPart(env, dir, metadata, schema, dims, config, keys, /*part=*/false, names);
 }
 
 namespace {
@@ -549,13 +552,10 @@ class SourceFiles {
   std::map<std::string, size_t> index_;
 };
 
-// The pieces of chunk `c` of `t` (the model's `tensors` of its key) in file
-// `file` of `source`, after its torch.save record is checked: one piece,
-// or one per layer a chunk of a stacked key spans (each a contiguous run of it).
+// Where the tensor bytes of chunk `c` of `t` in `f` begin, after its torch.save record is checked.
 // \error InvalidArgument naming the chunk (`what`).
-Status AddChunk(const SavedTensor& t, const SavedChunk& c, const std::vector<const Tensor*>& tensors, size_t file,
-                const std::string& what, DcpSource* source) {
-  const RandomAccessFile& f = *source->files[file];
+Result<uint64_t> TensorBytesAt(const SavedTensor& t, const SavedChunk& c, const RandomAccessFile& f,
+                               const std::string& what) {
   if (c.offset > f.Size() || c.length > f.Size() - c.offset) {
     return Bad(what, "lies past the end of the file (" + std::to_string(f.Size()) + " bytes)");
   }
@@ -570,8 +570,16 @@ Status AddChunk(const SavedTensor& t, const SavedChunk& c, const std::vector<con
   }
   const TorchStorage* storage = tf.FindStorage(tensor.storage_key);
   if (storage == nullptr) return Bad(what, "has no storage " + tensor.storage_key);
-  const uint64_t at =
-      c.offset + storage->member.data_offset + static_cast<uint64_t>(tensor.storage_offset) * DTypeSize(t.dtype);
+  return c.offset + storage->member.data_offset + static_cast<uint64_t>(tensor.storage_offset) * DTypeSize(t.dtype);
+}
+
+// The pieces of chunk `c` of `t` (the model's `tensors` of its key) in file
+// `file` of `source`, after its torch.save record is checked: one piece,
+// or one per layer a chunk of a stacked key spans (each a contiguous run of it).
+// \error InvalidArgument naming the chunk (`what`).
+Status AddChunk(const SavedTensor& t, const SavedChunk& c, const std::vector<const Tensor*>& tensors, size_t file,
+                const std::string& what, DcpSource* source) {
+  PTC_ASSIGN_OR_RETURN(const uint64_t at, TensorBytesAt(t, c, *source->files[file], what));
   const Tensor& front = FrontOf(tensors);
   if (!front.blocks.empty() && front.layer < 0) {  // a chunk of a key whose rows are blocks of the global tensor's
     AddBlockChunks(front, c.box, file, at, &source->chunks);
@@ -608,6 +616,19 @@ Status AddChunk(const SavedTensor& t, const SavedChunk& c, const std::vector<con
   return Status::OK();
 }
 
+// The index in source->files of the file of chunk `c` of `t`, opened; nullopt
+// for a part whose directory lacks it (another worker's).
+// \error as SourceFiles::Open.
+Result<std::optional<size_t>> ChunkFile(const SavedTensor& t, const SavedChunk& c, bool part,
+                                        const std::string& metadata_path, SourceFiles& files, DcpSource* source) {
+  if (part && !files.Opened(c.file)) {
+    source->all_files.insert(c.file);
+    if (!files.Exists(c.file)) return std::nullopt;
+  }
+  PTC_ASSIGN_OR_RETURN(const size_t index, files.Open(c.file, metadata_path + ": " + ChunkName(t, c)));
+  return std::optional(index);
+}
+
 // Every chunk's piece(s), before the store is touched. A part reads the
 // files this worker holds (the others are other workers').
 Status AddChunks(const KeyMatch& keys, bool part, const std::string& dir, const std::string& metadata_path,
@@ -616,15 +637,45 @@ Status AddChunks(const KeyMatch& keys, bool part, const std::string& dir, const 
     const SavedTensor& t = *keys.saved.at(key);
     for (const SavedChunk& c : t.chunks) {
       if (c.box.volume() == 0) continue;  // holds nothing: nothing to read or store
-      if (part && !files.Opened(c.file)) {
-        source->all_files.insert(c.file);
-        if (!files.Exists(c.file)) continue;  // another worker's
-      }
-      PTC_ASSIGN_OR_RETURN(size_t file, files.Open(c.file, metadata_path + ": " + ChunkName(t, c)));
-      PTC_RETURN_IF_ERROR(AddChunk(t, c, keys.tensors.at(key), file, dir + ": " + ChunkName(t, c), source));
+      PTC_ASSIGN_OR_RETURN(const std::optional<size_t> file, ChunkFile(t, c, part, metadata_path, files, source));
+      if (!file) continue;
+      PTC_RETURN_IF_ERROR(AddChunk(t, c, keys.tensors.at(key), *file, dir + ": " + ChunkName(t, c), source));
     }
   }
   return Status::OK();
+}
+
+// The DistributedOptimizer's bucket states of a torch_dist save (dist_optimizer_read.h), taken
+// out of `saved`; when there are any, the model's optimizer keys are not asked for (`model` without them).
+std::vector<SavedTensor> TakeBucketKeys(SavedCheckpoint* saved, std::vector<Tensor>* model) {
+  auto first = std::stable_partition(saved->tensors.begin(), saved->tensors.end(),
+                                     [](const SavedTensor& t) { return !DistributedOptimizerKey(t.key); });
+  std::vector<SavedTensor> buckets(std::make_move_iterator(first), std::make_move_iterator(saved->tensors.end()));
+  saved->tensors.erase(first, saved->tensors.end());
+  if (buckets.empty()) return buckets;
+  std::erase_if(*model, [](const Tensor& t) {
+    return WithoutChainedPrefix(t.key).first.starts_with(OptimizerPrefix(Keys::kMegatronCore));
+  });
+  return buckets;
+}
+
+// The pieces of the bucket states `buckets` of the DistributedOptimizer's dp_reshardable form,
+// read in source->layout's config in the registration order of `names`.
+// \error as LayOutDpReshardable and AddBucketChunks.
+Status AddDistributedOptimizerChunks(const std::vector<SavedTensor>& buckets, megatron::NameSet names, bool part,
+                                     const std::string& dir, const std::string& metadata_path, SourceFiles& files,
+                                     DcpSource* source) {
+  const std::string config =
+      "config " + source->layout.config().ToString() + " in " + std::string(megatron::NameSetName(names)) + " names";
+  PTC_ASSIGN_OR_RETURN(const megatron::DpReshardableLayout layout, megatron::LayOutDpReshardable(source->layout, names),
+                       metadata_path + ": the distributed optimizer's dp_reshardable save in " + config);
+  auto bytes = [&](const SavedTensor& t, const SavedChunk& c) -> Result<std::optional<std::pair<size_t, uint64_t>>> {
+    PTC_ASSIGN_OR_RETURN(const std::optional<size_t> file, ChunkFile(t, c, part, metadata_path, files, source));
+    if (!file) return std::nullopt;
+    PTC_ASSIGN_OR_RETURN(const uint64_t at, TensorBytesAt(t, c, *source->files[*file], dir + ": " + ChunkName(t, c)));
+    return std::make_pair(*file, at);
+  };
+  return AddBucketChunks(buckets, layout, config, bytes, metadata_path, source);
 }
 
 // A part's Adam steps and groups and carried entries in this worker's files,
@@ -687,19 +738,27 @@ void AddTorchtitanMasters(const std::vector<Tensor>& model, Keys keys, DcpSource
 }  // namespace
 
 Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view metadata, const Schema& schema,
-                              const ModelDims& dims, const ParallelConfig& config, Keys keys, bool part) {
+                              const ModelDims& dims, const ParallelConfig& config, Keys keys, bool part,
+                              megatron::NameSet names) {
   const std::string metadata_path = JoinPath(dir, kMetadataFile);
   PTC_ASSIGN_OR_RETURN(SavedCheckpoint saved, ParseMetadata(metadata, metadata_path));
   keys = SavedKeys(saved, keys);
   PTC_ASSIGN_OR_RETURN(const ModelSpec spec, SavedSpec(saved, schema, dims, keys, metadata_path));
   PTC_ASSIGN_OR_RETURN(ModelLayout layout, ModelLayout::Make(spec, config));
   PTC_ASSIGN_OR_RETURN(std::vector<Tensor> model, ModelKeys(spec, keys, ChainedSave(saved, keys), metadata_path));
-  if (keys == Keys::kMegatronCore) TakeTeSpecNormKeys(&model, &saved);
+  std::vector<SavedTensor> buckets;  // the distributed optimizer's state
+  if (keys == Keys::kMegatronCore) {
+    TakeTeSpecNormKeys(&model, &saved);
+    buckets = TakeBucketKeys(&saved, &model);
+  }
   PTC_ASSIGN_OR_RETURN(const KeyMatch matched, MatchKeys(model, saved, keys, metadata_path));
 
   DcpSource source{std::move(layout), {}, {}, {}, {}};
   SourceFiles files(env, dir, &source);
   PTC_RETURN_IF_ERROR(AddChunks(matched, part, dir, metadata_path, files, &source));
+  if (!buckets.empty()) {
+    PTC_RETURN_IF_ERROR(AddDistributedOptimizerChunks(buckets, names, part, dir, metadata_path, files, &source));
+  }
   if (part && keys != Keys::kMegatronCore) {
     PTC_RETURN_IF_ERROR(ReadOptimizerPart(saved, model, keys, metadata_path, files, &source));
   }

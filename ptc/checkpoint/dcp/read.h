@@ -26,6 +26,7 @@
 #include "ptc/checkpoint/dcp/dcp.h"
 #include "ptc/checkpoint/import.h"
 #include "ptc/checkpoint/megatron/megatron.h"
+#include "ptc/checkpoint/megatron/names.h"
 #include "ptc/model/box.h"
 #include "ptc/model/config.h"
 #include "ptc/model/dtype.h"
@@ -201,8 +202,14 @@ Result<std::string> ReadMetadata(Env* env, const std::string& dir);
 // \error InvalidArgument naming the key and chunk (file and byte range) at
 //        fault, or as SavedOptimizer; NotFound naming a missing file; as
 //        ModelLayout::Make.
+// With kMegatronCore the optimizer state may be Megatron-Core's
+// DistributedOptimizer's dp_reshardable form (its bucket states, read by the
+// buffer layout of `config` in the registration order of `names`:
+// dist_optimizer_read.h) instead of its keys of the parameters.
+// \error as above, LayOutDpReshardable and AddBucketChunks (naming the key).
 Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema, const ModelDims& dims,
-                          const ParallelConfig& config, Keys keys = Keys::kTorch);
+                          const ParallelConfig& config, Keys keys = Keys::kTorch,
+                          megatron::NameSet names = megatron::NameSet::kTe);
 
 // As OpenDcp with the metadata given (`metadata`, named as `dir`'s). With
 // `part`, the files of `dir` are one worker's share of a save taken on many
@@ -212,7 +219,8 @@ Result<DcpSource> OpenDcp(Env* env, const std::string& dir, const Schema& schema
 // carried entries in the files that are (PartsOptimizer and PartsEntries read
 // them with the other parts').
 Result<DcpSource> OpenDcpPart(Env* env, const std::string& dir, std::string_view metadata, const Schema& schema,
-                              const ModelDims& dims, const ParallelConfig& config, Keys keys, bool part);
+                              const ModelDims& dims, const ParallelConfig& config, Keys keys, bool part,
+                              megatron::NameSet names = megatron::NameSet::kTe);
 
 // Writes the chunks of `source` into `writer`, each one stored piece on `worker`.
 // \error as the writer and the reads of the files.

@@ -1,9 +1,9 @@
 #include "ptc/checkpoint/megatron/dist_optimizer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <set>
-#include <cstring>
 #include <string_view>
 
 #include "ptc/checkpoint/megatron/ddp_buffer.h"
@@ -119,44 +119,42 @@ Status CheckEveryRankHoldsAParameter(const DdpBuffer& buffer, int dp, const std:
   return Status::OK();
 }
 
-}  // namespace
-
-namespace {
-
-// One optimizer's domain: its keys' prefix ("[chained_k.]optimizer.distributed.dp_group_idx_G."),
-// parameters (registration order), data-parallel group and groups' settings (each with `step`).
-struct Domain {
+// One optimizer's domain: its keys' prefix, parameters (registration order),
+// data-parallel group and whether it is the experts'.
+struct DomainSpec {
   std::string prefix;
   std::vector<LocalTensor> params;
   int dp = 1;
-  Value groups;
+  bool experts = false;
 };
 
-// Its bucket states and objects into `out`.
+// Its bucket states into `out`, and its sizes.
 // \error FailedPrecondition as CheckEveryRankHoldsAParameter; InvalidArgument as LayOutDdpBuffer.
-Status AddDomain(const Domain& d, DpReshardable* out) {
+Status AddDomain(const DomainSpec& d, DpReshardableLayout* out) {
   std::vector<DdpParam> sizes;
   for (const LocalTensor& p : d.params) sizes.push_back({NumElements(p.shape)});
   PTC_ASSIGN_OR_RETURN(const DdpBuffer buffer, LayOutDdpBuffer(sizes, {d.dp}));
   const DType param = d.params.front().dtype;
   const DType grad = param == DType::kF16 ? DType::kF16 : DType::kF32;
-  const std::string gbuf = d.prefix + "gbuf_idx_0.dtype_(torch." + std::string(TorchName(param)) + ", torch." +
-                           std::string(TorchName(grad)) + ").";
-  PTC_RETURN_IF_ERROR(CheckEveryRankHoldsAParameter(buffer, d.dp, gbuf));
-  Value numel = Value::List(), unpadded = Value::List();
+  DpDomain domain;
+  domain.prefix = d.prefix;
+  domain.gbuf = d.prefix + "gbuf_idx_0.dtype_(torch." + std::string(TorchName(param)) + ", torch." +
+                std::string(TorchName(grad)) + ").";
+  domain.experts = d.experts;
+  PTC_RETURN_IF_ERROR(CheckEveryRankHoldsAParameter(buffer, d.dp, domain.gbuf));
+  std::set<size_t> groups;  // the experts' optimizer has the groups of its parameters, the dense one both
+  for (const LocalTensor& p : d.params) groups.insert(WithoutWeightDecay(p) ? 1 : 0);
+  domain.groups = d.experts ? std::vector<size_t>(groups.begin(), groups.end()) : std::vector<size_t>{0, 1};
+  domain.dtypes = Value::Tuple({TorchDType(param), TorchDType(grad)});
   for (size_t b = 0; b < buffer.buckets.size(); ++b) {
-    numel.items().push_back(Value::Int(buffer.buckets[b].numel));
-    unpadded.items().push_back(Value::Int(buffer.buckets[b].numel_unpadded));
+    domain.numel.push_back(buffer.buckets[b].numel);
+    domain.numel_unpadded.push_back(buffer.buckets[b].numel_unpadded);
     for (const auto& [name, suffix] : kStates) {
-      out->tensors.push_back(BucketState(gbuf + "bucket_idx_" + std::to_string(b) + "." + name, buffer, b, d.params, suffix));
+      out->tensors.push_back(
+          BucketState(domain.gbuf + "bucket_idx_" + std::to_string(b) + "." + name, buffer, b, d.params, suffix));
     }
   }
-  const Value dtypes = Value::Tuple({TorchDType(param), TorchDType(grad)});
-  out->objects.emplace_back(d.prefix + "optimizer/shard_0_1", Value::Dict({{Value::Str("param_groups"), d.groups}}));
-  out->objects.emplace_back(d.prefix + "per_bucket_numel/shard_0_1",
-                            Value::List({Value::Dict({{dtypes, std::move(numel)}})}));
-  out->objects.emplace_back(d.prefix + "per_bucket_numel_unpadded/shard_0_1",
-                            Value::List({Value::Dict({{dtypes, std::move(unpadded)}})}));
+  out->domains.push_back(std::move(domain));
   return Status::OK();
 }
 
@@ -173,8 +171,7 @@ Value Groups(const OptimizerMeta& meta, const std::vector<size_t>& gs, bool expe
 
 // The expert-parallel domains at ep > 1: per (pp, ep, etp) the experts of its
 // edp rank 0, G = etp_rank + etp * (ep_rank + ep * pp_rank).
-Status AddExpertDomains(const ModelLayout& layout, NameSet names, const MegatronState& state, const Value& step,
-                        DpReshardable* out) {
+Status AddExpertDomains(const ModelLayout& layout, NameSet names, DpReshardableLayout* out) {
   const ParallelConfig& c = layout.config();
   std::map<int, int> rank_of;  // G -> a rank of edp 0 holding it
   for (int rank = 0; rank < c.world_size(); ++rank) {
@@ -184,67 +181,101 @@ Status AddExpertDomains(const ModelLayout& layout, NameSet names, const Megatron
   for (const auto& [g, rank] : rank_of) {
     PTC_ASSIGN_OR_RETURN(std::vector<LocalTensor> params, DomainParams(layout, names, rank, /*experts=*/true));
     if (params.empty()) continue;  // a stage without MoE layers: an expert optimizer without state
-    std::set<size_t> gs;
-    for (const LocalTensor& p : params) gs.insert(WithoutWeightDecay(p) ? 1 : 0);
-    Domain d{"chained_1.optimizer.distributed.dp_group_idx_" + std::to_string(g) + ".", std::move(params),
-             c.expert_dp(), Groups(state.optimizer, {gs.begin(), gs.end()}, true, step)};
-    PTC_RETURN_IF_ERROR(AddDomain(d, out));
+    PTC_RETURN_IF_ERROR(AddDomain({"chained_1.optimizer.distributed.dp_group_idx_" + std::to_string(g) + ".",
+                                   std::move(params), c.expert_dp(), /*experts=*/true},
+                                  out));
   }
   return Status::OK();
 }
 
 }  // namespace
 
-Result<DpReshardable> PlanDpReshardable(const ModelLayout& layout, NameSet names, const MegatronState& state) {
+Result<DpReshardableLayout> LayOutDpReshardable(const ModelLayout& layout, NameSet names) {
   const ParallelConfig& config = layout.config();
   for (const TensorRule& rule : layout.spec().schema.rules) {
     if (!rule.tied_to.empty() && config.pp > 1) {
       return FailedPreconditionError("rule '" + rule.name + "' is tied to '" + rule.tied_to +
                                      "' across pipeline stages: Megatron's shared-embedding buckets of the "
-                                     "distributed optimizer are not rendered yet");
+                                     "distributed optimizer are not rendered or taken yet");
     }
   }
-  PTC_ASSIGN_OR_RETURN(const Value step, CommonStep(state));
   // A model with routed experts at ep > 1: Megatron-Core's ChainedOptimizer of the dense and the
   // expert-parallel DistributedOptimizer, each key prefixed with its index.
-  const bool chained = layout.spec().dims.experts > 0 && config.ep > 1;
-  DpReshardable out;
+  DpReshardableLayout out;
+  out.chained = layout.spec().dims.experts > 0 && config.ep > 1;
   for (int pp = 0; pp < config.pp; ++pp) {
     for (int tp = 0; tp < config.tp; ++tp) {
       RankCoords k;
       k.tp = tp, k.pp = pp;
       PTC_ASSIGN_OR_RETURN(std::vector<LocalTensor> params,
                            DomainParams(layout, names, config.RankOf(k), /*experts=*/false));
-      Domain d{std::string(chained ? "chained_0." : "") + "optimizer.distributed.dp_group_idx_" +
-                   std::to_string(tp + config.tp * pp) + ".",
-               std::move(params), config.dense_zero_ranks(), Groups(state.optimizer, {0, 1}, false, step)};
-      PTC_RETURN_IF_ERROR(AddDomain(d, &out));
+      PTC_RETURN_IF_ERROR(
+          AddDomain({std::string(out.chained ? "chained_0." : "") + "optimizer.distributed.dp_group_idx_" +
+                         std::to_string(tp + config.tp * pp) + ".",
+                     std::move(params), config.dense_zero_ranks(), /*experts=*/false},
+                    &out));
     }
   }
-  const Value common = Value::Dict({{Value::Str("param_state_sharding_type"), Value::Str(kDpReshardable)}});
-  out.common = common;
-  if (chained) {
-    PTC_RETURN_IF_ERROR(AddExpertDomains(layout, names, state, step, &out));
-    out.common = Value::Dict({{Value::Int(0), common}, {Value::Int(1), common}});
-  }
+  if (out.chained) PTC_RETURN_IF_ERROR(AddExpertDomains(layout, names, &out));
   return out;
 }
 
-Status RefuseDistributedOptimizerSave(const Value& optimizer, const std::string& what) {
-  if (!optimizer.is_dict()) return Status::OK();
+Value PerBucketNumel(const DpDomain& domain, bool padded) {
+  Value sizes = Value::List();
+  for (Index n : padded ? domain.numel : domain.numel_unpadded) sizes.items().push_back(Value::Int(n));
+  return Value::List({Value::Dict({{domain.dtypes, std::move(sizes)}})});
+}
+
+Value DpReshardableCommon(bool chained) {
+  const Value common = Value::Dict({{Value::Str("param_state_sharding_type"), Value::Str(kDpReshardable)}});
+  return chained ? Value::Dict({{Value::Int(0), common}, {Value::Int(1), common}}) : common;
+}
+
+Result<DpReshardable> PlanDpReshardable(const ModelLayout& layout, NameSet names, const MegatronState& state) {
+  PTC_ASSIGN_OR_RETURN(DpReshardableLayout form, LayOutDpReshardable(layout, names));
+  PTC_ASSIGN_OR_RETURN(const Value step, CommonStep(state));
+  DpReshardable out;
+  out.tensors = std::move(form.tensors);
+  for (const DpDomain& d : form.domains) {
+    out.objects.emplace_back(
+        d.prefix + "optimizer/shard_0_1",
+        Value::Dict({{Value::Str("param_groups"), Groups(state.optimizer, d.groups, d.experts, step)}}));
+    out.objects.emplace_back(d.prefix + "per_bucket_numel/shard_0_1", PerBucketNumel(d, true));
+    out.objects.emplace_back(d.prefix + "per_bucket_numel_unpadded/shard_0_1", PerBucketNumel(d, false));
+  }
+  out.common = DpReshardableCommon(form.chained);
+  return out;
+}
+
+Result<bool> DpReshardableSave(const Value& optimizer, const std::string& what) {
+  if (!optimizer.is_dict()) return false;
   std::vector<std::pair<std::string, const Value*>> parts = {{"optimizer", &optimizer}};
   for (const auto& [k, v] : optimizer.pairs()) {
     if (k.kind() == pickle::Kind::kInt && v.is_dict()) parts.emplace_back("optimizer/" + std::to_string(k.as_int()), &v);
   }
+  std::string without;  // a ChainedOptimizer's part without a form
+  bool any = false;
   for (const auto& [where, part] : parts) {
     const Value* type = part->Find("param_state_sharding_type");
-    if (type == nullptr) continue;
-    return InvalidArgumentError(what + ": " + where + "/param_state_sharding_type " + type->DebugString() +
-                                ": a save of Megatron-Core's distributed optimizer (--use-distributed-optimizer), "
-                                "which ptcfs does not take yet (docs/megatron_format.md, \"The distributed "
-                                "optimizer in torch_dist\"); nothing was changed");
+    if (type == nullptr) {
+      if (where != "optimizer" && without.empty()) without = where;
+      continue;
+    }
+    if (type->kind() != pickle::Kind::kStr || type->as_str() != kDpReshardable) {
+      return InvalidArgumentError(what + ": " + where + "/param_state_sharding_type " + type->DebugString() +
+                                  ": a save of Megatron-Core's distributed optimizer in a form ptcfs does not take "
+                                  "(it takes dp_reshardable, Megatron-LM's default; docs/megatron_format.md, \"The "
+                                  "distributed optimizer in torch_dist\"); nothing was changed");
+    }
+    any = true;
   }
-  return Status::OK();
+  if (any && !without.empty()) {
+    return InvalidArgumentError(what + ": " + without +
+                                " has no param_state_sharding_type beside a part of the distributed optimizer's "
+                                "dp_reshardable form: a chain of a distributed and another optimizer, which ptcfs "
+                                "does not take; nothing was changed");
+  }
+  return any;
 }
 
 }  // namespace ptc::megatron

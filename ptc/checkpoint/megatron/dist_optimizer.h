@@ -43,6 +43,41 @@ namespace ptc::megatron {
 
 inline constexpr const char* kDpReshardable = "dp_reshardable";
 
+// One optimizer's domain of the form: a (tp, pp) domain of the dense
+// DistributedOptimizer, or a (pp, ep, etp) one of the expert-parallel one.
+struct DpDomain {
+  std::string prefix;  // of its keys: "[chained_k.]optimizer.distributed.dp_group_idx_G."
+  std::string gbuf;    // its buffer's: prefix + "gbuf_idx_0.dtype_(torch.P, torch.Gd)."
+  bool experts = false;
+  std::vector<size_t> groups;                // Megatron's groups (0: with weight decay, 1: without) it holds
+  pickle::Value dtypes;                      // (torch.P, torch.Gd)
+  std::vector<Index> numel, numel_unpadded;  // per bucket
+};
+
+// Where every state of the form lies: each bucket state's key and segments
+// (LocalTensor::name, F32, [numel_unpadded]; gaps are covered by none), by domain.
+struct DpReshardableLayout {
+  std::vector<LocalTensor> tensors;  // per domain, per bucket: param (the masters), exp_avg, exp_avg_sq
+  std::vector<DpDomain> domains;     // the dense ones (G order), then the experts'
+  bool chained = false;              // Megatron-Core's ChainedOptimizer (experts at ep > 1)
+};
+
+// That layout for `layout` in the registration order of `names`.
+// \error FailedPrecondition naming the rule: embeddings tied across
+//        pipeline stages (Megatron's shared_embedding buckets), a domain whose
+//        parameters differ in dtype, a bucket some dp rank would hold no
+//        parameter of (megatron-core cannot save or load it: "empty bucket");
+//        InvalidArgument from the layout.
+Result<DpReshardableLayout> LayOutDpReshardable(const ModelLayout& layout, NameSet names);
+
+// A domain's per_bucket_numel (`padded`) or per_bucket_numel_unpadded object:
+// [{(torch.P, torch.Gd): [the size of each bucket]}].
+pickle::Value PerBucketNumel(const DpDomain& domain, bool padded);
+
+// common.pt's 'optimizer' of the form: {"param_state_sharding_type": "dp_reshardable"}
+// ({0: that, 1: that} for a ChainedOptimizer).
+pickle::Value DpReshardableCommon(bool chained);
+
 struct DpReshardable {
   std::vector<LocalTensor> tensors;  // each a bucket state's key (LocalTensor::name), F32, 1-D
   // The ShardedObjects: each key ("…/shard_0_1") and its value (saved as torch.save([value])).
@@ -51,19 +86,16 @@ struct DpReshardable {
 };
 
 // That form for `layout` (zero=1, optimizer state) and `state`'s groups and step.
-// \error FailedPrecondition naming the rule: embeddings tied across
-//        pipeline stages (Megatron's shared_embedding buckets), a domain whose
-//        parameters differ in dtype, a bucket some dp rank would hold no
-//        parameter of (megatron-core cannot save or load it: "empty bucket");
-//        steps that differ between parameters; InvalidArgument from the layout.
+// \error as LayOutDpReshardable; FailedPrecondition when steps differ between parameters.
 Result<DpReshardable> PlanDpReshardable(const ModelLayout& layout, NameSet names, const MegatronState& state);
 
-// A torch_dist save's common.pt 'optimizer' entry (`optimizer`, in file
-// `what`) from Megatron-Core's DistributedOptimizer: one whose
-// 'param_state_sharding_type' (or a ChainedOptimizer part's) names its form.
-// \error InvalidArgument naming the entry and the form: taking a distributed
-// optimizer's save is not built (dp_reshardable, fully_reshardable,
-// fully_sharded_model_space, ... alike); OK for any other entry.
-Status RefuseDistributedOptimizerSave(const pickle::Value& optimizer, const std::string& what);
+// Whether a torch_dist save's common.pt 'optimizer' entry (`optimizer`, in
+// file `what`) is Megatron-Core's DistributedOptimizer's dp_reshardable form
+// (its 'param_state_sharding_type', or every ChainedOptimizer part's); false
+// for an entry without one (the non-distributed optimizer).
+// \error InvalidArgument naming the entry and the form: another form
+//        (fully_reshardable, fully_sharded_model_space, ...), which ptcfs
+//        does not take, or parts of different forms.
+Result<bool> DpReshardableSave(const pickle::Value& optimizer, const std::string& what);
 
 }  // namespace ptc::megatron
