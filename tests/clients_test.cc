@@ -249,6 +249,40 @@ TEST_F(ClientsTest, MegatronCoreMoeModelLoadsItsRankFilesAtEachEpAndSavesAcrossA
   EXPECT_NE(text.find("RUN OK"), std::string::npos) << text;
 }
 
+// The router's expert bias (Megatron-Core's TopKRouter.expert_bias with
+// moe_router_enable_expert_bias, a persistent buffer) as llama-eb holds it: a rule marked
+// "buffer" (docs/schema_format.md). A store of mcore_moe.py's model with it, Adam's state
+// synth'd, rendered at ep=2 through the mount: the model loads its rank files strict (the
+// bias in the model dict), and the ChainedOptimizer's state numbers exactly Megatron-Core's
+// own parameter groups, key for key (no state of the bias), which torch Adam loads and steps.
+TEST_F(ClientsTest, MegatronCoreRouterExpertBiasIsABufferWithoutOptimizerState) {
+  auto [code, out] = Ptcfs("schema llama");
+  ASSERT_EQ(code, 0) << out;
+  nlohmann::json doc = nlohmann::json::parse(out), rules = nlohmann::json::array();
+  for (const auto& rule : doc["tensors"]) {
+    rules.push_back(rule);
+    if (rule["name"] != "decoder.layers.{i}.mlp.router.weight") continue;
+    rules.push_back({{"name", "decoder.layers.{i}.mlp.router.expert_bias"},
+                     {"shape", {"experts"}},
+                     {"pp", "layer"},
+                     {"layers", "moe"},
+                     {"buffer", true}});
+  }
+  doc["name"] = "llama-eb";
+  doc["tensors"] = rules;
+  Spit(tmp_ / "llama-eb.json", doc.dump());
+  const std::string model = "--schema " + tmp_ / "llama-eb.json" +
+                            " --dims layers=2,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32,experts=4,moe_ffn=32,shared_ffn=32";
+  Run("synth " + model + " --dtype f64 --optimizer adam --config tp=1,dp=2,ep=2 " + tmp_ / "src");
+  Run("import " + model + " --config tp=1,dp=2,ep=2 " + tmp_ / "src " + tmp_ / "store");
+  Mount m(tmp_ / "store", tmp_ / "mnt", "--format megatron --names local");
+  ASSERT_EQ(Sh("mkdir -p " + tmp_ / "out").first, 0);
+  std::tie(code, out) = Sh(Python() + Script("mcore_moe.py") + "run " + m.dir() + "/megatron 1 2 1 " + tmp_ / "out" +
+                           " --expert-bias 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("RUN OK"), std::string::npos) << out;
+}
+
 TEST_F(ClientsTest, MegatronCoreDistCheckpointingLoadsAndSavesAnMoeTorchDistTreeAtEachEp) {
   // megatron-core's dist_checkpointing.load of megatron/ as torch_dist for the MoE model of
   // mcore_moe.py (the experts stacked over layers and global experts, SequentialMLP's keys),

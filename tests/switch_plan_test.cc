@@ -170,6 +170,43 @@ TEST(SwitchPlan, DeterministicAndCached) {
   EXPECT_EQ(cache.hits(), 1u);
 }
 
+// A schema's buffer (llama-eb's router bias, "buffer": true) moves with the
+// parameters and has no gradient; the plan moves exactly what no rank holds.
+TEST(SwitchPlan, ABufferMovesWithTheParametersAndHasNoGradient) {
+  SwitchRequest request;
+  request.spec = Spec("llama", "layers=2,hidden=16,heads=4,kv_heads=2,vocab=32,seq=8,ffn=24,experts=4,moe_ffn=8");
+  TensorRule bias;
+  bias.name = "decoder.layers.{i}.mlp.router.expert_bias";
+  bias.shape = {"experts"};
+  bias.layers = LayerKind::kMoe;
+  bias.buffer = true;
+  std::vector<TensorRule>& rules = request.spec.schema.rules;
+  rules.insert(std::find_if(rules.begin(), rules.end(),
+                            [](const TensorRule& r) { return r.name == "decoder.layers.{i}.mlp.router.weight"; }) + 1,
+               bias);
+  request.from = *ParseConfig("tp=1,dp=2,ep=2");
+  request.to = *ParseConfig("tp=2,dp=2,ep=4,etp=1");
+  auto plan = MakeSwitchPlan(request);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  int biases = 0, bias_grads = 0, router_grads = 0;
+  uint64_t must = 0;
+  for (const RankSchedule& r : plan->ranks) {
+    for (const auto* side : {&r.from, &r.to}) {
+      for (const LocalTensor& t : *side) {
+        biases += t.name.ends_with(".router.expert_bias") ? 1 : 0;
+        bias_grads += t.name.ends_with(".router.expert_bias.grad") ? 1 : 0;
+        router_grads += t.name.ends_with(".router.weight.grad") ? 1 : 0;
+      }
+    }
+    must += MustMove(r.from, r.to);
+  }
+  EXPECT_EQ(plan->bytes_moved, must);
+  EXPECT_EQ(plan->bytes_local + plan->bytes_moved, plan->bytes_total);
+  EXPECT_EQ(biases, (2 + 4) * 2);  // every rank of both layouts holds both layers' bias
+  EXPECT_EQ(bias_grads, 0);
+  EXPECT_EQ(router_grads, (2 + 4) * 2);
+}
+
 TEST(SwitchPlan, MakeCopyCollapsesContiguousDimensions) {
   StridedCopy c;
   // A [4, 8] box inside a [4, 16] row-major tensor into dense staging: rows stay apart.

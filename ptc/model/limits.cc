@@ -40,13 +40,14 @@ Result<LayoutSize> CheckModelLimits(const ModelSpec& spec) {
     return InvalidArgumentError(m + ": layers=" + std::to_string(spec.dims.layers) + " exceeds the limit of " +
                                 std::to_string(kMaxLayers) + " layers");
   }
-  // Per parameter: itself, then exp_avg, exp_avg_sq and fp32 (F32) with Adam.
-  const uint64_t kinds = spec.optimizer ? 4 : 1;
-  const uint64_t state_elem = spec.optimizer ? std::max<uint64_t>(DTypeSize(spec.dtype), 4) : DTypeSize(spec.dtype);
-  const uint64_t per_elem = DTypeSize(spec.dtype) + (spec.optimizer ? 12 : 0);
   LayoutSize size;
   for (const TensorRule& rule : spec.schema.rules) {
     if (!rule.tied_to.empty()) continue;  // the same global tensor as its target
+    // Per parameter: itself, then exp_avg, exp_avg_sq and fp32 (F32) with Adam; a buffer itself only.
+    const bool state = spec.optimizer && HasOptimizerState(rule);
+    const uint64_t kinds = state ? 4 : 1;
+    const uint64_t state_elem = state ? std::max<uint64_t>(DTypeSize(spec.dtype), 4) : DTypeSize(spec.dtype);
+    const uint64_t per_elem = DTypeSize(spec.dtype) + (state ? 12 : 0);
     PTC_ASSIGN_OR_RETURN(const uint64_t count, RuleTensors(rule, spec.dims), m);
     if (count == 0) continue;  // no tensor for these dims (an MoE rule of a dense model, "when")
     PTC_ASSIGN_OR_RETURN(Shape shape, RuleShape(rule, spec.dims), m);
@@ -103,16 +104,16 @@ Status CheckLayoutLimits(const ModelSpec& spec, const ParallelConfig& config) {
   for (int n : config.pp_layers) stage_layers = std::max<Index>(stage_layers, n);
   stage_layers = std::min(stage_layers, spec.dims.layers);
   const bool zero = spec.optimizer && config.zero;
-  const uint64_t kinds = spec.optimizer && !zero ? 4 : 1;
   const uint64_t rank_experts =
       spec.dims.experts > 0 && config.ep > 0 ? static_cast<uint64_t>(spec.dims.experts / config.ep) : 0;
-  uint64_t stage_rules = 0, layer_rules = 0;
+  uint64_t stage_rules = 0, layer_rules = 0;  // local tensors per stage and per layer, optimizer state included
   for (const TensorRule& rule : spec.schema.rules) {
     if (const Result<bool> when = RuleWhen(rule, spec.dims); when.ok() && !*when) continue;  // no tensor (MLA's, ...)
-    if (rule.pp != PpPlacement::kLayer) stage_rules += 1;
-    else layer_rules += rule.expert ? rank_experts : 1;
+    const uint64_t kinds = spec.optimizer && !zero && HasOptimizerState(rule) ? 4 : 1;
+    if (rule.pp != PpPlacement::kLayer) stage_rules += kinds;
+    else layer_rules += (rule.expert ? rank_experts : 1) * kinds;
   }
-  const uint64_t per_rank = (stage_rules + layer_rules * static_cast<uint64_t>(stage_layers)) * kinds + (zero ? 6 : 0);
+  const uint64_t per_rank = stage_rules + layer_rules * static_cast<uint64_t>(stage_layers) + (zero ? 6 : 0);
   const uint64_t layout = per_rank * static_cast<uint64_t>(ranks);  // <= 2^20 * 2^16
   if (layout > kMaxLayoutTensors) {
     return InvalidArgumentError(c + ": " + std::to_string(ranks) + " ranks x " + std::to_string(per_rank) +

@@ -85,7 +85,7 @@ Result<TensorRule> ParseRule(const std::string& label, size_t index, const json&
   if (!r.is_object()) return InvalidArgumentError(where + ": must be an object");
   for (const auto& [key, _] : r.items()) {
     if (key != "name" && key != "shape" && key != "tp" && key != "pp" && key != "tied_to" && key != "layers" &&
-        key != "when") {
+        key != "when" && key != "buffer") {
       return InvalidArgumentError(where + ": unknown field '" + key + "'");
     }
   }
@@ -135,6 +135,12 @@ Result<TensorRule> ParseRule(const std::string& label, size_t index, const json&
     return InvalidArgumentError(where + ": a name contains {i} exactly when pp is \"layer\"");
   }
   PTC_RETURN_IF_ERROR(ParseMoeFields(where, r, &rule));
+  if (r.contains("buffer")) {
+    if (!r["buffer"].is_boolean()) {
+      return InvalidArgumentError(where + ": buffer must be true or false (true: model state without optimizer state)");
+    }
+    rule.buffer = r["buffer"].get<bool>();
+  }
   if (r.contains("tp")) {
     const json& tp = r["tp"];
     if (!tp.is_object() || !tp.contains("dim") || !tp["dim"].is_number_integer() || tp["dim"].get<int64_t>() < 0 ||
@@ -183,6 +189,7 @@ json Schema::ToJson() const {
     if (!r.tied_to.empty()) j["tied_to"] = r.tied_to;
     if (r.layers != LayerKind::kAll && !r.expert) j["layers"] = LayerKindName(r.layers);
     if (!r.when.empty()) j["when"] = r.when;
+    if (r.buffer) j["buffer"] = true;
     tensors.push_back(std::move(j));
   }
   return json{{"name", name}, {"tensors", std::move(tensors)}};
@@ -218,6 +225,10 @@ Result<Schema> ParseSchema(std::string_view label_view, const json& doc) {
     }
     if (!rule.when.empty() || !target->when.empty()) {
       return InvalidArgumentError(label + ": rule '" + rule.name + "': a tied rule and its target take no \"when\"");
+    }
+    if (rule.buffer || target->buffer) {
+      return InvalidArgumentError(label + ": rule '" + rule.name +
+                                  "': a tied rule and its target take no \"buffer\" (tied embeddings are parameters)");
     }
     if (rule.shape.empty()) rule.shape = target->shape;
     if (rule.shape != target->shape) {

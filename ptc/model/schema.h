@@ -23,6 +23,11 @@
 //   "when": a formula over the dims; the rule exists only where it is not 0
 //     ("shared_ffn": the shared experts).
 //
+// "buffer": true: the rule's tensors are model state but no parameter (a
+// persistent buffer, as the router's expert bias is in Megatron-Core,
+// torchtitan and Hugging Face): in every view and format of the model, moved
+// like any tensor, but with no optimizer state (HasOptimizerState, view.h).
+//
 // Global tensor names use the global layer index for {i}; local names (what a
 // rank's files call the tensor) use the index local to the pipeline stage.
 #pragma once
@@ -56,6 +61,7 @@ struct TensorRule {
   LayerKind layers = LayerKind::kAll;  // with kLayer: which layers hold it
   bool expert = false;                 // the name has "{e}" (then layers is kMoe)
   std::string when;                    // formula; empty: always
+  bool buffer = false;                 // "buffer": model state without optimizer state
 };
 
 struct Schema {
@@ -76,7 +82,8 @@ struct Schema {
 //   duplicate rule names, a name that fails ValidateTensorName (with {i} and
 //   {e} as 0) or is too long to take a layer index and an optimizer suffix,
 //   "layers" other than all/dense/moe or on a non-layer rule, "{e}" twice,
-//   on a non-layer rule or with "layers": "dense", "when" not a formula.
+//   on a non-layer rule or with "layers": "dense", "when" not a formula,
+//   "buffer" not a boolean or on a tied rule or its target.
 Result<Schema> ParseSchema(std::string_view label, const nlohmann::json& doc);
 // A built-in name ("megatron-gpt", "llama") or the path of a JSON file.
 // \error NotFound when it is neither; InvalidArgument as ParseSchema.

@@ -49,6 +49,7 @@ Placement Place(const TensorRule& rule, const Shape& shape, std::string global, 
   Placement p;
   p.local.name = std::move(local_name);
   p.local.dtype = dtype;
+  p.local.buffer = rule.buffer;
   p.expert = rule.expert;
   if (!rule.tp.split || parts == 1) {
     p.local.shape = shape;
@@ -147,16 +148,18 @@ LocalTensor OptimizerTensor(const LocalTensor& param, const char* kind) {
 // padded to a multiple of `ranks` (the dp x cp group, or the edp group) and cut
 // into that many pieces; piece `index` is the rank's.
 LocalTensor ZeroPiece(const std::vector<Placement>& params, bool experts, int ranks, int index, const char* kind) {
+  // The rank's parameters of this buffer (no model buffer: those have no optimizer state).
+  auto in_buffer = [experts](const Placement& p) { return p.expert == experts && HasOptimizerState(p.local); };
   Index total = 0;
   for (const Placement& p : params) {
-    if (p.expert == experts) total += NumElements(p.local.shape);
+    if (in_buffer(p)) total += NumElements(p.local.shape);
   }
   const Index piece = (total + ranks - 1) / ranks;
   const Index lo = index * piece, hi = lo + piece;
   LocalTensor t{std::string(experts ? "optimizer.experts." : "optimizer.") + kind, DType::kF32, Shape{piece}, {}};
   Index base = 0;
   for (const Placement& p : params) {
-    if (p.expert != experts) continue;
+    if (!in_buffer(p)) continue;
     const Index n = NumElements(p.local.shape);
     const Index a = std::max(lo, base), b = std::min(hi, base + n);
     if (a < b) {
@@ -267,7 +270,7 @@ Result<std::vector<GlobalTensor>> GlobalTensors(const ModelSpec& spec) {
           for (Index e = 0; e < (rule.expert ? spec.dims.experts : 1); ++e) {
             for (size_t k = r; k < end; ++k) {
               PTC_ASSIGN_OR_RETURN(Shape shape, RuleShape(*rules[k], spec.dims));
-              params.push_back({Substitute(rules[k]->name, l, e), spec.dtype, shape});
+              params.push_back({Substitute(rules[k]->name, l, e), spec.dtype, shape, rules[k]->buffer});
             }
           }
           r = end - 1;
@@ -278,12 +281,13 @@ Result<std::vector<GlobalTensor>> GlobalTensors(const ModelSpec& spec) {
     for (const TensorRule* rule : rules) {
       if (rule->pp != which || !rule->tied_to.empty()) continue;
       PTC_ASSIGN_OR_RETURN(Shape shape, RuleShape(*rule, spec.dims));
-      params.push_back({Substitute(rule->name, 0), spec.dtype, shape});
+      params.push_back({Substitute(rule->name, 0), spec.dtype, shape, rule->buffer});
     }
   }
   std::vector<GlobalTensor> out = params;
   if (spec.optimizer) {
     for (const GlobalTensor& p : params) {
+      if (!HasOptimizerState(p)) continue;
       for (const char* kind : kOptimizerKinds) out.push_back({p.name + "." + kind, DType::kF32, p.shape});
     }
   }
@@ -381,13 +385,15 @@ Result<RankView> ComputeCheckedView(const ModelSpec& spec, const ParallelConfig&
       view.optim.push_back(
           ZeroPiece(params, false, config.dense_zero_ranks(), ParallelConfig::DenseZeroIndex(c, config.cp), kind));
     }
-    if (std::any_of(params.begin(), params.end(), [](const Placement& p) { return p.expert; })) {
+    if (std::any_of(params.begin(), params.end(),
+                    [](const Placement& p) { return p.expert && HasOptimizerState(p.local); })) {
       for (const char* kind : kOptimizerKinds) {
         view.optim.push_back(ZeroPiece(params, true, config.expert_dp(), c.edp, kind));
       }
     }
   } else {
     for (const Placement& p : params) {
+      if (!HasOptimizerState(p.local)) continue;
       for (const char* kind : kOptimizerKinds) view.optim.push_back(OptimizerTensor(p.local, kind));
     }
   }

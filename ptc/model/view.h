@@ -24,7 +24,8 @@ namespace ptc {
 
 // What is being partitioned: schema, dims, the parameters' dtype and whether
 // Adam state exists. Optimizer state is always F32: for every parameter P the
-// global tensors "P.exp_avg", "P.exp_avg_sq" and "P.fp32" (master copy).
+// global tensors "P.exp_avg", "P.exp_avg_sq" and "P.fp32" (master copy); a
+// buffer (a rule with "buffer": true) has none.
 struct ModelSpec {
   Schema schema;
   ModelDims dims;
@@ -38,6 +39,7 @@ struct GlobalTensor {
   std::string name;
   DType dtype;
   Shape shape;
+  bool buffer = false;  // of a "buffer" rule: model state without optimizer state
 };
 
 struct Segment {
@@ -52,8 +54,20 @@ struct LocalTensor {
   DType dtype;
   Shape shape;
   std::vector<Segment> segments;  // disjoint; ZeRO padding is covered by none
+  bool buffer = false;            // a model tensor of a "buffer" rule: no optimizer state
   friend bool operator==(const LocalTensor&, const LocalTensor&) = default;
 };
+
+// Whether a model tensor has optimizer state (Adam's exp_avg, exp_avg_sq and
+// fp32 master): every parameter does, a buffer (a schema rule with "buffer":
+// true, docs/schema_format.md) does not. Everything that lists the optimizer's
+// parameters asks this: the optimizer's global tensors and views (ZeRO-1's
+// flat buffers included), the layout limits, Megatron's param groups and
+// order, its DDP buffer, DCP's optimizer keys, and the saves that bring
+// optimizer state.
+inline bool HasOptimizerState(const TensorRule& rule) { return !rule.buffer; }
+inline bool HasOptimizerState(const GlobalTensor& t) { return !t.buffer; }
+inline bool HasOptimizerState(const LocalTensor& t) { return !t.buffer; }
 
 struct RankView {
   int rank = 0;
@@ -63,8 +77,9 @@ struct RankView {
   friend bool operator==(const RankView&, const RankView&) = default;
 };
 
-// Every global tensor, parameters in schema order (layers expanded), then the
-// optimizer state of each parameter.
+// Every global tensor, the model's (parameters and buffers) in schema order
+// (layers expanded), then the optimizer state of each parameter (none for a
+// buffer).
 // \error InvalidArgument naming the rule whose shape formula fails.
 Result<std::vector<GlobalTensor>> GlobalTensors(const ModelSpec& spec);
 

@@ -6,7 +6,8 @@ The built-in llama schema with experts (every layer an MoELayer: router, 4 route
 local spec's names (`--names local`). Each rank reads the file Megatron names for it,
 iter_N/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt (_EEE: its expert-parallel rank, when ep > 1).
 
-  run DIR TP EP PP OUT    TP*EP*PP gloo processes (dp = EP: Megatron-Core's expert grid puts ep
+  run DIR TP EP PP OUT [--expert-bias]
+                          TP*EP*PP gloo processes (dp = EP: Megatron-Core's expert grid puts ep
                           rank r at dp rank r); each builds GPTModel (local MoE spec, float64,
                           the allgather token dispatcher, top-2 routing), loads its rank file's
                           model strict=True (missing _extra_state entries filled from the model),
@@ -20,7 +21,10 @@ iter_N/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt (_EEE: its expert-parallel rank
                           over the data-parallel group, as Megatron's DDP), and with --save ITER saves
                           as Megatron does: the expert-data-parallel rank 0 of each (tp, pp, ep)
                           torch.saves model and optimizer state into DIR/iter_ITER/ (args naming
-                          the grid), a copy to OUT/saved-TP-PP-EP.pt, then DIR/latest_checkpointed_iteration.txt
+                          the grid), a copy to OUT/saved-TP-PP-EP.pt, then DIR/latest_checkpointed_iteration.txt;
+                          --expert-bias: the router with moe_router_enable_expert_bias (sigmoid scores), whose
+                          TopKRouter.expert_bias is a persistent buffer: in the file's model dict (loaded strict),
+                          in no optimizer (its state numbers exactly _get_param_groups' parameters, key for key)
   compare A B             two logits files equal within 1e-12 (the experts' outputs are summed
                           in another order when the tokens travel between ep ranks)
   dist-load DIR TP EP PP LEGACY [--te-norm-keys]
@@ -75,6 +79,9 @@ DIMS = dict(layers=2, hidden=64, heads=4, kv_heads=2, vocab=256, seq=32, experts
 TOKENS = 16
 
 
+EXPERT_BIAS = False  # --expert-bias: the router's aux-loss-free load-balancing bias (a buffer)
+
+
 def build(tp, ep, pp):
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.models.gpt import GPTModel
@@ -105,7 +112,8 @@ def build(tp, ep, pp):
         pipeline_dtype=torch.float64, num_moe_experts=DIMS["experts"], moe_ffn_hidden_size=DIMS["moe_ffn"],
         moe_shared_expert_intermediate_size=DIMS["shared_ffn"], moe_router_topk=2, moe_token_dispatcher_type="allgather",
         moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_permute_fusion=False,
-        moe_grouped_gemm=False)
+        moe_grouped_gemm=False, moe_router_enable_expert_bias=EXPERT_BIAS,
+        moe_router_score_function="sigmoid" if EXPERT_BIAS else "softmax")
     spec = get_gpt_layer_local_spec(num_experts=DIMS["experts"], moe_grouped_gemm=False, normalization="RMSNorm")
     model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=DIMS["vocab"],
                      max_sequence_length=DIMS["seq"], pre_process=parallel_state.is_pipeline_first_stage(),
@@ -170,7 +178,11 @@ def worker(rank, world, tp, ep, pp, root, out, save):
     extra = {k: v for k, v in model.state_dict().items() if k.endswith("._extra_state") and k not in sd["model"]}
     model.load_state_dict({**sd["model"], **extra}, strict=True)
     names = [n for n, _ in model.named_parameters()]
-    in_file = [k for k in sd["model"] if not k.endswith("._extra_state")]
+    buffers = {k for k in model.state_dict() if k.endswith(".expert_bias")}  # the router's persistent buffers
+    assert len(buffers) == (DIMS["layers"] // pp if EXPERT_BIAS else 0), sorted(buffers)
+    for k in buffers:  # loaded as the file holds them (Megatron-Core keeps the bias float32: _maintain_float32_expert_bias)
+        same_value(model.state_dict()[k], sd["model"][k].to(torch.float32), f"{k}: the loaded buffer")
+    in_file = [k for k in sd["model"] if not k.endswith("._extra_state") and k not in buffers]
     assert in_file == names, f"file order {in_file[:4]}... != named_parameters() {names[:4]}..."
     # The optimizer state against Megatron-Core's own groups: with ep > 1 ChainedOptimizer's
     # [dense, expert-parallel], each numbering its parameters from 0.
@@ -185,6 +197,9 @@ def worker(rank, world, tp, ep, pp, root, out, save):
     for c, (mine, state) in enumerate(zip(chains, saved)):
         assert [len(g["params"]) for g in state["optimizer"]["param_groups"]] == [len(g["params"]) for g in mine], c
         assert [g["is_expert_parallel"] for g in state["optimizer"]["param_groups"]] == [bool(c)] * len(mine)
+        count = sum(len(g["params"]) for g in mine)  # Megatron-Core's parameters, key for key: no buffer among them
+        assert sorted(state["optimizer"]["state"]) == list(range(count)), (c, sorted(state["optimizer"]["state"]), count)
+        assert sum(len(m) for m in state["fp32_from_fp16_params"]) == count, c
         masters = [m for group in state["fp32_from_fp16_params"] for m in group]
         for k, name in enumerate(index[id(p)] for g in mine for p in g["params"]):
             moments, p = state["optimizer"]["state"][k], params[name]
@@ -446,6 +461,8 @@ def merged(root, ep, out):
 
 
 def main():
+    global EXPERT_BIAS
+    EXPERT_BIAS = "--expert-bias" in sys.argv
     cmd = sys.argv[1]
     if cmd == "run":
         root, tp, ep, pp, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]

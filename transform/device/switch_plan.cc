@@ -121,7 +121,10 @@ class Scheduler {
     PTC_ASSIGN_OR_RETURN(const ModelLayout a, SwitchLayout(req_.spec, from, req_.contents), "layout A");
     const ModelSpec& spec = a.spec();
     PTC_ASSIGN_OR_RETURN(std::vector<GlobalTensor> globals, GlobalTensors(spec));
-    for (const GlobalTensor& g : globals) source_.tensors.push_back({g.name, g.dtype, g.shape});
+    for (const GlobalTensor& g : globals) {
+      source_.tensors.push_back({g.name, g.dtype, g.shape});
+      if (!HasOptimizerState(g)) buffers_.insert(g.name);
+    }
     for (int r = 0; r < from.world_size(); ++r) {
       PTC_ASSIGN_OR_RETURN(RankView view, a.View(r), "layout A");
       for (const auto* list : {&view.model, &view.optim}) {
@@ -203,7 +206,9 @@ class Scheduler {
     return Status();
   }
 
+  // A parameter (with a gradient): no optimizer state, no model buffer.
   bool IsParameter(const std::string& tensor) const {
+    if (buffers_.count(tensor) != 0) return false;
     for (const char* kind : kOptimizerKinds) {
       const std::string suffix = std::string(".") + kind;
       if (tensor.size() > suffix.size() && tensor.compare(tensor.size() - suffix.size(), suffix.size(), suffix) == 0)
@@ -304,6 +309,7 @@ class Scheduler {
   const SwitchRequest& req_;
   SwitchPlan* plan_;
   GenerationManifest source_;
+  std::set<std::string> buffers_;  // the model's buffers (HasOptimizerState false): no gradient
   std::vector<PlaceMap> from_places_, to_places_;
   std::vector<Piece> pieces_;
 };
@@ -328,6 +334,7 @@ Result<std::vector<LocalTensor>> SwitchBuffers(const ModelLayout& layout, int ra
   }
   if (contents.grads) {
     for (const LocalTensor& t : view.model) {
+      if (!HasOptimizerState(t)) continue;  // a buffer has no gradient
       LocalTensor g = t;
       g.name += kGradSuffix;
       g.dtype = contents.grad_dtype;

@@ -20,8 +20,9 @@
 // rank. Every rank has the same number of buckets; bucket b of all ranks runs
 // together (one grouped exchange).
 //
-// A rank's buffers, in order: its parameters (the view's model tensors), then
-// their gradients (the same tensors with ".grad" appended to the name), then
+// A rank's buffers, in order: its parameters (the view's model tensors, a
+// schema's "buffer" tensors among them), then the parameters' gradients (the
+// same tensors with ".grad" appended to the name; a model buffer has none), then
 // its optimizer tensors (the view's optim list) when they move.
 //
 // Thread safety: MakeSwitchPlan is pure; SwitchPlanCache is thread-safe.

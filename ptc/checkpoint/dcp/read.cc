@@ -463,6 +463,30 @@ const Tensor& FrontOf(const std::vector<const Tensor*>& tensors) {
   return *tensors.front();  // MatchKeys puts one in every list
 }
 
+// The model key whose optimizer state `key` would be (optim.state.P.K with
+// kTorch, optimizer.state.P.K with kTorchtitan, [chained_N.]optimizer.state.K.P
+// with kMegatronCore), when the model has that key; else empty. A save's key
+// of that form that the model lacks is the state of a buffer (HasOptimizerState).
+std::string StateOfModelKey(const std::string& key, Keys keys,
+                            const std::map<std::string, std::vector<const Tensor*>>& model) {
+  constexpr const char* kKinds[] = {"exp_avg_sq", "exp_avg", "fp32", "fp32_param"};
+  std::string_view k = keys == Keys::kMegatronCore ? WithoutChainedPrefix(key).first : std::string_view(key);
+  const std::string_view prefix = keys == Keys::kTorch ? "optim.state." : "optimizer.state.";
+  if (!k.starts_with(prefix)) return "";
+  k.remove_prefix(prefix.size());
+  for (std::string_view kind : kKinds) {
+    std::string stem;
+    if (keys == Keys::kMegatronCore && k.starts_with(kind) && k.substr(kind.size()).starts_with(".")) {
+      stem = std::string(k.substr(kind.size() + 1));
+    } else if (keys != Keys::kMegatronCore && k.ends_with(kind) && k.size() > kind.size() &&
+               k[k.size() - kind.size() - 1] == '.') {
+      stem = (keys == Keys::kTorch ? "model." : "") + std::string(k.substr(0, k.size() - kind.size() - 1));
+    }
+    if (!stem.empty() && model.count(stem) != 0) return stem;
+  }
+  return "";
+}
+
 // The model's keys matched with the save's.
 struct KeyMatch {
   // Each key's global tensors (by StackSlot when stacked; null at a slot the key has no tensor).
@@ -490,6 +514,11 @@ Result<KeyMatch> MatchKeys(const std::vector<Tensor>& model, const SavedCheckpoi
   for (const SavedTensor& t : saved.tensors) {
     if (m.tensors.count(t.key) == 0) {
       if (PassedOver(t.key, keys)) continue;
+      if (const std::string of = StateOfModelKey(t.key, keys, m.tensors); !of.empty()) {
+        return Bad(metadata_path, "key " + t.key + ": optimizer state of " + FrontOf(m.tensors.at(of)).name +
+                                      ", a buffer (its schema rule is marked \"buffer\"), which has none: "
+                                      "buffers are no parameters of the optimizer (docs/schema_format.md)");
+      }
       const std::string name = keys == Keys::kTorch ? TensorOfKey(t.key) : "";
       if (!name.empty()) return Bad(metadata_path, "key " + t.key + ": the model has no tensor " + name);
       return Bad(metadata_path, "key " + t.key + " names no tensor ptcfs keeps (docs/dcp_format.md, Keys)");
@@ -721,9 +750,12 @@ Status ReadOptimizerPart(const SavedCheckpoint& saved, std::vector<Tensor> model
 // torchtitan's fp32 masters are its (float32) parameters: each parameter's
 // chunks again, as the store's `.fp32` tensor.
 void AddTorchtitanMasters(const std::vector<Tensor>& model, Keys keys, DcpSource* source) {
-  std::set<std::string> params;
+  constexpr std::string_view kState = ".exp_avg";
+  std::set<std::string> params;  // those with optimizer state (no buffer: expert_bias_E of a marked schema)
   for (const Tensor& t : model) {
-    if (t.key.rfind(OptimizerPrefix(keys), 0) != 0) params.insert(t.name);
+    if (t.key.starts_with(OptimizerPrefix(keys)) && t.name.ends_with(kState)) {
+      params.insert(t.name.substr(0, t.name.size() - kState.size()));
+    }
   }
   std::vector<DcpSource::Chunk> masters;
   for (const DcpSource::Chunk& c : source->chunks) {

@@ -1,6 +1,7 @@
 // torchtitan's names of a Llama, Qwen3 MoE or DeepSeek-V3 model in a DCP checkpoint (dcp.h, TorchtitanTensors).
 #include <algorithm>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -168,7 +169,9 @@ Result<std::vector<Tensor>> TorchtitanTensors(const ModelSpec& spec) {
     return InvalidArgumentError("dims " + spec.dims.ToString() + ": torchtitan's RoPE needs an even head_dim");
   }
   std::vector<Tensor> params;
+  std::set<std::string> buffers;  // global tensors without optimizer state (its expert_bias_E in a marked schema)
   for (const LocalTensor& hf : model.tensors) {
+    if (!HasOptimizerState(hf)) buffers.insert(hf.segments.front().tensor);
     std::string name;
     Index expert = -1;
     const Rename* r = Find(hf.name, renames, moe, &name, &expert);
@@ -203,6 +206,7 @@ Result<std::vector<Tensor>> TorchtitanTensors(const ModelSpec& spec) {
   std::vector<Tensor> optimized;
   const Index groups = spec.dims.kv_heads, per_group = spec.dims.heads / spec.dims.kv_heads;
   for (const Tensor& p : params) {
+    if (buffers.count(p.name) != 0) continue;
     if (moe) {  // Qwen3's wqkv: linear_qkv's rows as they are (no RoPE weave)
       if (p.key.find(".qkv_linear.wk.") != std::string::npos || p.key.find(".qkv_linear.wv.") != std::string::npos) {
         continue;

@@ -339,7 +339,8 @@ Result<Schema> ExpertBiasSchema(const Schema& base) {
   const nlohmann::json bias = {{"name", "decoder.layers.{i}.mlp.router.expert_bias"},
                                {"shape", {"experts"}},
                                {"pp", "layer"},
-                               {"layers", "moe"}};
+                               {"layers", "moe"},
+                               {"buffer", true}};
   return WithRulesAfter(base, "decoder.layers.{i}.mlp.router.weight", {bias}, "-eb", "an expert bias");
 }
 

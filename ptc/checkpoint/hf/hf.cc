@@ -571,6 +571,7 @@ Status AddTensors(const ModelSpec& spec, const ArchInfo& info, Model* model) {
     auto it = by_name.find(global);
     if (it == by_name.end()) return InternalError("no global tensor " + global);
     PTC_ASSIGN_OR_RETURN(LocalTensor t, CutTensor(name, *it->second, e.cut, dims));
+    t.buffer = it->second->buffer;  // e_score_correction_bias: no optimizer state (torchtitan's keys)
     TensorRule want;
     want.name = e.hf;
     for (const std::string& f : e.shape) want.shape.push_back(f);

@@ -63,7 +63,8 @@ const char* ArchName(Arch arch);
 // The HF tensors of a model, in the order HF's state_dict lists them.
 struct Model {
   Arch arch = Arch::kLlama;
-  std::vector<LocalTensor> tensors;  // name: HF's; segments: boxes of global tensors, dense, in order
+  std::vector<LocalTensor> tensors;  // name: HF's; segments: boxes of global tensors, dense, in order;
+                                     // buffer: its global tensor's
   bool tied = false;                 // the output layer is the input embedding (no lm_head.weight)
 };
 
@@ -162,9 +163,9 @@ Result<Schema> SharedGateSchema(const Schema& base);
 // decoder.layers.{i}.mlp.router.expert_bias [experts] per MoE layer, whole on
 // every tp rank, after mlp.router.weight, named NAME-eb. HF's DeepseekV3
 // mlp.gate.e_score_correction_bias and torchtitan's moe.expert_bias_E are
-// this tensor. (A buffer in all three, which keep no optimizer state for it;
-// ptcfs's schema has no such mark yet, so a store of this schema with
-// --optimizer adam has Adam state for it: docs/hf_format.md.)
+// this tensor. A buffer in all three, which keep no optimizer state for it:
+// the rule is marked "buffer" (a store made before the mark keeps its schema,
+// and Adam state for the bias: docs/hf_format.md).
 // \error InvalidArgument when `base` has no mlp.router.weight rule.
 Result<Schema> ExpertBiasSchema(const Schema& base);
 

@@ -68,6 +68,7 @@ Result<std::vector<LocalTensor>> DomainParams(const ModelLayout& layout, NameSet
   for (const LocalTensor& t : view.model) te_order.push_back(t.name);
   std::vector<LocalTensor> params;
   for (size_t i : RegistrationOrder(names, te_order)) {
+    if (!HasOptimizerState(view.model[i])) continue;  // a buffer: in no DDP buffer
     // At ep = 1 a routed expert is an ordinary parameter (Megatron-Core's param.allreduce is
     // False only with expert parallelism); at ep > 1 it is in the expert-parallel buffers.
     const bool expert = layout.config().ep > 1 && IsExpertParameter(view.model[i]);

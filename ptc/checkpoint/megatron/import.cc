@@ -285,6 +285,7 @@ Status KeepSteps(const RankView& view, const megatron::OptimizerLayout& layout, 
   }
   pickle::DictIndex index;  // state holds an entry per parameter
   for (size_t i = 0; i < view.model.size(); ++i) {
+    if (!HasOptimizerState(view.model[i])) continue;  // a buffer: no slot
     const pickle::Value* state = states[layout.chained ? layout.slots[i].chain : 0];
     const pickle::Value* entry = state == nullptr ? nullptr : index.Find(*state, layout.slots[i].key);
     const pickle::Value* step = entry == nullptr ? nullptr : entry->Find("step");

@@ -43,14 +43,33 @@ std::array<std::vector<size_t>, 2> MegatronGroups(const RankView& view, const st
   return groups;
 }
 
+// The rank's parameters (its model tensors but the buffers, which the
+// optimizer never sees): indices into view.model, in its order.
+std::vector<size_t> Parameters(const RankView& view) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < view.model.size(); ++i) {
+    if (HasOptimizerState(view.model[i])) out.push_back(i);
+  }
+  return out;
+}
+
 // The rank's parameters of the dense optimizer (`experts` false) or of the
 // expert-parallel one: indices into view.model, in its order.
 std::vector<size_t> Members(const RankView& view, bool experts) {
-  std::vector<size_t> out;
-  for (size_t i = 0; i < view.model.size(); ++i) {
-    if (IsExpertParameter(view.model[i]) == experts) out.push_back(i);
-  }
+  std::vector<size_t> out = Parameters(view);
+  std::erase_if(out, [&](size_t i) { return IsExpertParameter(view.model[i]) != experts; });
   return out;
+}
+
+// " (its buffers, X ..., have none)" for a view with buffers; empty without.
+std::string BuffersNote(const RankView& view) {
+  std::vector<std::string> buffers;
+  for (const LocalTensor& t : view.model) {
+    if (!HasOptimizerState(t)) buffers.push_back(t.name);
+  }
+  if (buffers.empty()) return "";
+  return " (its " + std::to_string(buffers.size()) + " buffer" + (buffers.size() == 1 ? ", " : "s, ") + buffers[0] +
+         (buffers.size() == 1 ? ", has" : " ..., have") + " no optimizer state: schema \"buffer\")";
 }
 
 // The param groups of one optimizer `optimizer` (a Float16Optimizer's state
@@ -95,6 +114,7 @@ Status ReadGroups(const RankView& view, const std::vector<size_t>& all, const Va
                                             std::to_string(groups_of[1].size()) +
                                             " without (Megatron's rule: 1-D parameters and biases have none)";
       if (chain >= 0) why += chain == 0 ? " (the dense optimizer's)" : " (the expert-parallel optimizer's)";
+      why += BuffersNote(view);
       return InvalidArgumentError(label + ": " + std::to_string(params->items().size()) + " parameters, " +
                                   std::to_string(members[f].size()) + " expected: " + why);
     }
@@ -170,9 +190,8 @@ Result<OptimizerLayout> ReadOptimizerLayout(const RankView& view, const Value& o
   OptimizerLayout layout;
   layout.slots.resize(view.model.size());
   if (!optimizer.is_sequence()) {
-    std::vector<size_t> all(view.model.size());
-    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-    PTC_RETURN_IF_ERROR(ReadGroups(view, all, optimizer, -1, what + ": optimizer/optimizer/param_groups", &layout));
+    PTC_RETURN_IF_ERROR(
+        ReadGroups(view, Parameters(view), optimizer, -1, what + ": optimizer/optimizer/param_groups", &layout));
     return layout;
   }
   // Megatron-Core's ChainedOptimizer: the dense optimizer, then the expert-parallel one.
@@ -333,9 +352,7 @@ void RenderOptimizer(const RankView& view, const OptimizerMeta& meta, uint64_t i
     for (const std::string& p : s.params) c.step_of[p] = &s;
   }
   if (!expert_parallel) {
-    std::vector<size_t> all(view.model.size());
-    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-    out->root.Set("optimizer", RenderOne(c, all, false));
+    out->root.Set("optimizer", RenderOne(c, Parameters(view), false));
     return;
   }
   // Megatron-Core's ChainedOptimizer over the dense and the expert-parallel optimizer.

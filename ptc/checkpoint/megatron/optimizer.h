@@ -12,9 +12,10 @@
 // _get_param_groups): group 0 with weight decay, group 1 without (1-D
 // parameters and biases: `len(param.shape) == 1 or name.endswith(".bias")`),
 // each in the order of the model's named_parameters (the rank's model
-// tensors). torch's Optimizer.state_dict() numbers the parameters
-// consecutively across groups: group 0 holds 0..a-1, group 1 a..n-1, and
-// 'state' is keyed by those numbers.
+// tensors but its buffers, which have no optimizer state: HasOptimizerState).
+// torch's Optimizer.state_dict() numbers the parameters consecutively across
+// groups: group 0 holds 0..a-1, group 1 a..n-1, and 'state' is keyed by those
+// numbers.
 //
 // A model with routed experts at ep > 1 has Megatron-Core's ChainedOptimizer
 // instead (an expert's parameters are expert-parallel, `allreduce` False, only
@@ -60,7 +61,7 @@ struct OptimizerLayout {
     pickle::Value key;    // the key of its entry in 'state'
     int chain = -1;       // its optimizer in a ChainedOptimizer's list (0 dense, 1 experts); -1: one optimizer
   };
-  std::vector<Slot> slots;          // one per view.model entry
+  std::vector<Slot> slots;          // one per view.model entry (a buffer's, HasOptimizerState false: unused)
   std::vector<size_t> file_groups;  // the (dense) file's group of Megatron's group g (one entry: a one-group file)
   std::vector<size_t> expert_groups;  // chained: Megatron's group of each of the expert optimizer's file groups
   bool chained = false;               // 'optimizer' is [dense, expert-parallel]
